@@ -1,0 +1,239 @@
+//! Optimizer configuration: typed fields, defaults and validation. Field names follow
+//! Megatron-LM's where one exists. The C mirror is `capi::config::muon_config_t`.
+
+use crate::bail;
+use crate::error::Result;
+
+/// Declares a `u32`-coded enumeration whose decoding names the config field on failure.
+macro_rules! coded_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $code:expr => $text:expr),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name { $($(#[$vmeta])* $variant),+ }
+
+        impl $name {
+            /// Every variant, in code order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The C code of this variant.
+            pub fn code(self) -> u32 {
+                match self { $($name::$variant => $code),+ }
+            }
+
+            /// The lower-case name used in JSON, the CLI and messages.
+            pub fn name(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            /// Decodes the C code of field `field`, naming the field and the valid codes on error.
+            pub fn from_code(field: &str, code: u32) -> Result<Self> {
+                match code {
+                    $(c if c == $code => Ok($name::$variant),)+
+                    other => {
+                        let valid: Vec<String> = Self::ALL.iter().map(|v| format!("{} ({})", v.code(), v.name())).collect();
+                        bail!(InvalidEnumValue, "{field}: unknown value {other}; valid values are {}", valid.join(", "))
+                    }
+                }
+            }
+
+            /// Parses the lower-case name.
+            pub fn from_name(field: &str, text: &str) -> Result<Self> {
+                match text {
+                    $($text => Ok($name::$variant),)+
+                    other => {
+                        let valid: Vec<&str> = Self::ALL.iter().map(|v| v.name()).collect();
+                        bail!(InvalidEnumValue, "{field}: unknown value '{other}'; valid values are {}", valid.join(", "))
+                    }
+                }
+            }
+        }
+    };
+}
+
+coded_enum! {
+    /// How Muon buckets are laid out and synchronized (DESIGN.md section 4).
+    MuonLayout {
+        /// Owner-sorted, no persistent padding; reduce to owner, broadcast from owner.
+        Compact = 0 => "compact",
+        /// Megatron-LM's shard-aligned layer-wise layout; reduce-scatter, all-gather.
+        Padded = 1 => "padded",
+        /// Compact layout; all-reduce of gradients, broadcast of params.
+        Allreduce = 2 => "allreduce",
+    }
+}
+
+coded_enum! {
+    /// Element type of a buffer or tensor.
+    Dtype {
+        F32 = 0 => "f32",
+        Bf16 = 1 => "bf16",
+    }
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+        }
+    }
+}
+
+coded_enum! {
+    /// Newton–Schulz coefficient schedule.
+    CoefficientSet {
+        /// Five per-step triples (Keller Jordan's tuned quintic), the default.
+        Quintic = 0 => "quintic",
+        /// (3.4445, −4.7750, 2.0315) every step.
+        Simple = 1 => "simple",
+        /// Polar Express per-step coefficients.
+        PolarExpress = 2 => "polar_express",
+    }
+}
+
+coded_enum! {
+    /// Precision of the Newton–Schulz products.
+    NsPrecision {
+        /// bf16 operands, fp32 accumulation (the GPU default).
+        Bf16 = 0 => "bf16",
+        /// fp32 throughout.
+        F32 = 1 => "f32",
+    }
+}
+
+coded_enum! {
+    /// Scale applied to the orthogonalized update of an m×n matrix.
+    ScaleMode {
+        /// √max(m, n).
+        Spectral = 0 => "spectral",
+        /// √max(1, m/n).
+        ShapeScaling = 1 => "shape_scaling",
+        /// √(m/n).
+        UnitRmsNorm = 2 => "unit_rms_norm",
+    }
+}
+
+coded_enum! {
+    /// When the host backend's comm stream runs its queue.
+    CommMode {
+        /// Take the mode from `MUON_HOST_COMM_MODE` (`eager` or `lazy`), else eager.
+        FromEnv = 0 => "from_env",
+        /// The comm worker runs work as soon as it can.
+        Eager = 1 => "eager",
+        /// Comm work runs only when an event wait or synchronize needs it.
+        Lazy = 2 => "lazy",
+    }
+}
+
+/// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
+pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
+
+/// Typed optimizer configuration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Config {
+    /// Elements per bucket; 0 = `max(40_000_000, 1_000_000·dp)`.
+    pub bucket_size: u64,
+    pub muon_layout: MuonLayout,
+    pub overlap_grad_reduce: bool,
+    pub overlap_param_gather: bool,
+    pub grad_dtype: Dtype,
+    pub muon_momentum: f32,
+    pub muon_nesterov: bool,
+    pub muon_coefficient_set: CoefficientSet,
+    pub muon_num_ns_steps: u32,
+    pub muon_ns_precision: NsPrecision,
+    pub muon_scale_mode: ScaleMode,
+    pub muon_extra_scale_factor: f32,
+    pub adam_beta1: f32,
+    pub adam_beta2: f32,
+    pub adam_eps: f32,
+    /// Global grad-norm clip threshold; 0 = off.
+    pub clip_grad: f32,
+    pub mxfp8_param_gather: bool,
+    pub mxfp8_swizzled_scales: bool,
+    /// Vocabulary size used to catch untagged embeddings; 0 = unknown.
+    pub vocab_size: u64,
+    pub collective_timeout_ms: u32,
+    pub host_comm_mode: CommMode,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bucket_size: 0,
+            muon_layout: MuonLayout::Compact,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+            grad_dtype: Dtype::F32,
+            muon_momentum: 0.95,
+            muon_nesterov: false,
+            muon_coefficient_set: CoefficientSet::Quintic,
+            muon_num_ns_steps: 5,
+            muon_ns_precision: NsPrecision::Bf16,
+            muon_scale_mode: ScaleMode::Spectral,
+            muon_extra_scale_factor: 1.0,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_eps: 1e-8,
+            clip_grad: 1.0,
+            mxfp8_param_gather: false,
+            mxfp8_swizzled_scales: false,
+            vocab_size: 0,
+            collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
+            host_comm_mode: CommMode::FromEnv,
+        }
+    }
+}
+
+/// Upper bound on `muon_num_ns_steps`: more steps than this only waste compute.
+pub const MAX_NS_STEPS: u32 = 100;
+
+fn check_unit_interval(field: &str, value: f32) -> Result<()> {
+    if !(0.0..1.0).contains(&value) {
+        bail!(OutOfRange, "{field}: {value} is outside [0, 1)");
+    }
+    Ok(())
+}
+
+fn check_positive_finite(field: &str, value: f32) -> Result<()> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!(OutOfRange, "{field}: {value} must be finite and > 0");
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Checks every field and combination; the error names the field and the rule.
+    pub fn validate(&self) -> Result<()> {
+        check_unit_interval("muon_momentum", self.muon_momentum)?;
+        check_unit_interval("adam_beta1", self.adam_beta1)?;
+        check_unit_interval("adam_beta2", self.adam_beta2)?;
+        check_positive_finite("adam_eps", self.adam_eps)?;
+        check_positive_finite("muon_extra_scale_factor", self.muon_extra_scale_factor)?;
+        if self.muon_num_ns_steps == 0 || self.muon_num_ns_steps > MAX_NS_STEPS {
+            bail!(
+                OutOfRange,
+                "muon_num_ns_steps: {} is outside 1..={MAX_NS_STEPS}",
+                self.muon_num_ns_steps
+            );
+        }
+        if !(self.clip_grad.is_finite() && self.clip_grad >= 0.0) {
+            bail!(OutOfRange, "clip_grad: {} must be finite and >= 0 (0 = off)", self.clip_grad);
+        }
+        if self.collective_timeout_ms == 0 {
+            bail!(OutOfRange, "collective_timeout_ms: must be > 0");
+        }
+        Ok(())
+    }
+
+    /// The effective bucket size in elements for `dp` ranks.
+    pub fn effective_bucket_size(&self, dp: usize) -> u64 {
+        if self.bucket_size == 0 {
+            40_000_000u64.max(1_000_000 * dp as u64)
+        } else {
+            self.bucket_size
+        }
+    }
+}

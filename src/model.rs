@@ -1,0 +1,397 @@
+//! Parameter specifications, the routing rule (Muon or AdamW) and the registry that validates
+//! every registration against the ones before it (DESIGN.md section 4, "Routing").
+
+use std::collections::HashMap;
+
+use crate::bail;
+use crate::config::{Config, Dtype};
+use crate::error::Result;
+
+/// Bit flags of a parameter description (`MUON_PARAM_FLAG_*` in C).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+pub struct ParamFlags(pub u32);
+
+impl ParamFlags {
+    /// Embedding or output layer: always AdamW.
+    pub const EMBEDDING_OR_OUTPUT: u32 = 1 << 0;
+    /// Opt out of Muon: AdamW even when 2-D.
+    pub const NO_MUON: u32 = 1 << 1;
+    /// A 3-D `[E, m, n]` stack of E expert matrices, each a Muon unit.
+    pub const EXPERT_STACK: u32 = 1 << 2;
+    /// Persistent MXFP8 storage instead of a model-dtype copy.
+    pub const MXFP8: u32 = 1 << 3;
+    /// No weight decay for this parameter.
+    pub const NO_WEIGHT_DECAY: u32 = 1 << 4;
+    /// Allow a Muon-routed parameter to have a dimension equal to `vocab_size`.
+    pub const ALLOW_VOCAB_DIM: u32 = 1 << 5;
+    /// Every defined bit.
+    pub const ALL: u32 = (1 << 6) - 1;
+
+    pub fn has(self, bit: u32) -> bool {
+        self.0 & bit != 0
+    }
+}
+
+/// Which optimizer updates a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Route {
+    Muon,
+    Adamw,
+}
+
+impl Route {
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Muon => "muon",
+            Route::Adamw => "adamw",
+        }
+    }
+}
+
+/// One registered tensor, validated. Registration order is forward order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: Dtype,
+    pub flags: ParamFlags,
+    /// 0 = not tied; members of one non-zero group are copies of one logical weight.
+    pub tie_group: u32,
+    /// Fused components along the matrix row dimension (dim 0 of a matrix, dim 1 of an
+    /// expert stack); empty = not fused.
+    pub split_sizes: Vec<u64>,
+    pub lr_scale: f32,
+    pub wd_scale: f32,
+}
+
+/// One Newton–Schulz problem: an m×n matrix (as stored, before any transpose).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatrixShape {
+    pub rows: u64,
+    pub cols: u64,
+}
+
+impl ParamSpec {
+    /// A plain parameter with default flags and scales.
+    pub fn new(name: impl Into<String>, shape: &[u64], dtype: Dtype) -> Self {
+        ParamSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dtype,
+            flags: ParamFlags::default(),
+            tie_group: 0,
+            split_sizes: Vec::new(),
+            lr_scale: 1.0,
+            wd_scale: 1.0,
+        }
+    }
+
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    pub fn is_expert_stack(&self) -> bool {
+        self.flags.has(ParamFlags::EXPERT_STACK)
+    }
+
+    /// The route this parameter takes on its own (tie groups are checked by the registry).
+    pub fn route(&self) -> Route {
+        let matrix_like = self.shape.len() == 2 || (self.shape.len() == 3 && self.is_expert_stack());
+        if matrix_like && !self.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && !self.flags.has(ParamFlags::NO_MUON) {
+            Route::Muon
+        } else {
+            Route::Adamw
+        }
+    }
+
+    /// Number of Muon ownership units: E for an expert stack, else 1.
+    pub fn num_units(&self) -> u64 {
+        if self.is_expert_stack() { self.shape[0] } else { 1 }
+    }
+
+    /// The matrix of one ownership unit (a whole 2-D param or one expert).
+    pub fn unit_matrix(&self) -> MatrixShape {
+        let n = self.shape.len();
+        MatrixShape {
+            rows: self.shape[n - 2],
+            cols: self.shape[n - 1],
+        }
+    }
+
+    /// The Newton–Schulz problems inside one unit: one per fused component, else the unit.
+    pub fn unit_components(&self) -> Vec<MatrixShape> {
+        let unit = self.unit_matrix();
+        if self.split_sizes.is_empty() {
+            vec![unit]
+        } else {
+            self.split_sizes.iter().map(|&rows| MatrixShape { rows, cols: unit.cols }).collect()
+        }
+    }
+
+    /// The 2-D view used by MXFP8: `[prod(shape[:-1]), shape[-1]]`.
+    pub fn flat_2d(&self) -> (u64, u64) {
+        let n = self.shape.len();
+        (self.shape[..n - 1].iter().product(), self.shape[n - 1])
+    }
+
+    /// Checks everything that can be checked on this parameter alone.
+    pub fn validate(&self) -> Result<()> {
+        let name = &self.name;
+        if name.is_empty() {
+            bail!(InvalidParam, "name: must not be empty");
+        }
+        if name.chars().any(char::is_control) {
+            bail!(InvalidParam, "name '{}': must not contain control characters", name.escape_debug());
+        }
+        if !(1..=4).contains(&self.shape.len()) {
+            bail!(InvalidParam, "param '{name}': ndim {} is outside 1..=4", self.shape.len());
+        }
+        if let Some(d) = self.shape.iter().position(|&d| d == 0) {
+            bail!(InvalidParam, "param '{name}': shape[{d}] is 0; every dimension must be >= 1");
+        }
+        if self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > (1u64 << 48)) {
+            bail!(InvalidParam, "param '{name}': element count overflows (shape {:?})", self.shape);
+        }
+        if self.flags.0 & !ParamFlags::ALL != 0 {
+            bail!(
+                InvalidParam,
+                "param '{name}': unknown flag bits 0x{:x} (defined bits: 0x{:x})",
+                self.flags.0 & !ParamFlags::ALL,
+                ParamFlags::ALL
+            );
+        }
+        if self.is_expert_stack() && self.shape.len() != 3 {
+            bail!(
+                InvalidParam,
+                "param '{name}': EXPERT_STACK needs a 3-D [E, m, n] shape, got ndim {}",
+                self.shape.len()
+            );
+        }
+        self.validate_splits()?;
+        self.validate_mxfp8()?;
+        for (field, value) in [("lr_scale", self.lr_scale), ("wd_scale", self.wd_scale)] {
+            if !(value.is_finite() && value >= 0.0) {
+                bail!(InvalidParam, "param '{name}': {field} {value} must be finite and >= 0");
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_splits(&self) -> Result<()> {
+        let name = &self.name;
+        if self.split_sizes.is_empty() {
+            return Ok(());
+        }
+        if self.route() != Route::Muon {
+            bail!(
+                InvalidParam,
+                "param '{name}': split_sizes apply to Muon matrices only (this param routes to AdamW)"
+            );
+        }
+        let (dim, rows) = if self.is_expert_stack() { (1, self.shape[1]) } else { (0, self.shape[0]) };
+        if let Some(i) = self.split_sizes.iter().position(|&s| s == 0) {
+            bail!(InvalidParam, "param '{name}': split_sizes[{i}] is 0; every component needs >= 1 row");
+        }
+        let sum: u64 = self.split_sizes.iter().sum();
+        if sum != rows {
+            bail!(
+                InvalidParam,
+                "param '{name}': split_sizes {:?} sum to {sum}, but dim {dim} is {rows}",
+                self.split_sizes
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_mxfp8(&self) -> Result<()> {
+        let name = &self.name;
+        if !self.flags.has(ParamFlags::MXFP8) {
+            return Ok(());
+        }
+        if self.dtype != Dtype::Bf16 {
+            bail!(
+                InvalidParam,
+                "param '{name}': MXFP8 storage is quantized from bf16, so dtype must be bf16 (got {})",
+                self.dtype.name()
+            );
+        }
+        let (rows, cols) = self.flat_2d();
+        if rows % 32 != 0 || cols % 32 != 0 {
+            bail!(
+                InvalidParam,
+                "param '{name}': MXFP8 storage needs both flattened dims to be multiples of 32, got [{rows}, {cols}]"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The validated list of parameters and their routes.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    params: Vec<ParamSpec>,
+    routes: Vec<Route>,
+    by_name: HashMap<String, usize>,
+    tie_first: HashMap<u32, usize>,
+}
+
+impl Registry {
+    pub fn params(&self) -> &[ParamSpec] {
+        &self.params
+    }
+
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    pub fn len(&self) -> usize {
+        self.params.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
+    }
+
+    /// Validates `spec` against the config and earlier registrations and appends it.
+    /// Returns the new parameter's id (its registration index). On error nothing changes.
+    pub fn add(&mut self, spec: ParamSpec, cfg: &Config) -> Result<u32> {
+        spec.validate()?;
+        if let Some(&other) = self.by_name.get(&spec.name) {
+            bail!(DuplicateName, "name '{}': already registered as param id {other}", spec.name);
+        }
+        let route = spec.route();
+        if spec.tie_group != 0 {
+            if let Some(&first) = self.tie_first.get(&spec.tie_group) {
+                let other = &self.params[first];
+                if self.routes[first] != route {
+                    bail!(
+                        RoutingConflict,
+                        "tie_group {}: param '{}' routes to {} but its tied copy '{}' routes to {}; tied copies of one weight must route alike (flag both EMBEDDING_OR_OUTPUT, or neither)",
+                        spec.tie_group,
+                        spec.name,
+                        route.name(),
+                        other.name,
+                        self.routes[first].name()
+                    );
+                }
+                if other.shape != spec.shape {
+                    bail!(
+                        RoutingConflict,
+                        "tie_group {}: param '{}' has shape {:?} but its tied copy '{}' has shape {:?}",
+                        spec.tie_group,
+                        spec.name,
+                        spec.shape,
+                        other.name,
+                        other.shape
+                    );
+                }
+            }
+        }
+        if route == Route::Muon && cfg.vocab_size != 0 && !spec.flags.has(ParamFlags::ALLOW_VOCAB_DIM) {
+            if let Some(d) = spec.shape.iter().position(|&d| d == cfg.vocab_size) {
+                bail!(
+                    RoutingConflict,
+                    "param '{}': routes to Muon but shape[{d}] equals vocab_size {}; an embedding or output layer must be flagged EMBEDDING_OR_OUTPUT (or set ALLOW_VOCAB_DIM if this really is a hidden matrix)",
+                    spec.name,
+                    cfg.vocab_size
+                );
+            }
+        }
+        let id = self.params.len();
+        if spec.tie_group != 0 {
+            self.tie_first.entry(spec.tie_group).or_insert(id);
+        }
+        self.by_name.insert(spec.name.clone(), id);
+        self.params.push(spec);
+        self.routes.push(route);
+        Ok(id as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn flagged(name: &str, shape: &[u64], flags: u32) -> ParamSpec {
+        let mut p = ParamSpec::new(name, shape, Dtype::Bf16);
+        p.flags = ParamFlags(flags);
+        p
+    }
+
+    #[test]
+    fn routing_rule() {
+        assert_eq!(ParamSpec::new("w", &[4, 8], Dtype::F32).route(), Route::Muon);
+        assert_eq!(ParamSpec::new("b", &[8], Dtype::F32).route(), Route::Adamw);
+        assert_eq!(ParamSpec::new("c", &[2, 4, 8], Dtype::F32).route(), Route::Adamw);
+        assert_eq!(flagged("e", &[2, 4, 8], ParamFlags::EXPERT_STACK).route(), Route::Muon);
+        assert_eq!(flagged("emb", &[10, 8], ParamFlags::EMBEDDING_OR_OUTPUT).route(), Route::Adamw);
+        assert_eq!(flagged("x", &[10, 8], ParamFlags::NO_MUON).route(), Route::Adamw);
+    }
+
+    #[test]
+    fn mtp_duplicate_embedding_in_tie_group_is_rejected_naming_both() {
+        let cfg = Config::default();
+        let mut reg = Registry::default();
+        let mut emb = flagged("embedding.word_embeddings.weight", &[1000, 64], ParamFlags::EMBEDDING_OR_OUTPUT);
+        emb.tie_group = 7;
+        reg.add(emb, &cfg).unwrap();
+        let mut mtp = ParamSpec::new("mtp.0.embedding.word_embeddings.weight", &[1000, 64], Dtype::Bf16);
+        mtp.tie_group = 7;
+        let err = reg.add(mtp, &cfg).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::RoutingConflict);
+        assert!(err.message.contains("embedding.word_embeddings.weight"), "{}", err.message);
+        assert!(err.message.contains("mtp.0.embedding.word_embeddings.weight"), "{}", err.message);
+        assert_eq!(reg.len(), 1, "a failed add must not register anything");
+    }
+
+    #[test]
+    fn mtp_duplicate_without_tie_group_is_caught_by_vocab_size() {
+        let cfg = Config { vocab_size: 1000, ..Config::default() };
+        let mut reg = Registry::default();
+        reg.add(flagged("emb", &[1000, 64], ParamFlags::EMBEDDING_OR_OUTPUT), &cfg).unwrap();
+        let err = reg.add(ParamSpec::new("mtp.emb", &[1000, 64], Dtype::Bf16), &cfg).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::RoutingConflict);
+        assert!(err.message.contains("mtp.emb") && err.message.contains("vocab_size 1000"), "{}", err.message);
+        let allowed = flagged("mtp.emb", &[1000, 64], ParamFlags::ALLOW_VOCAB_DIM);
+        assert_eq!(reg.add(allowed, &cfg).unwrap(), 1);
+    }
+
+    #[test]
+    fn invalid_descriptions_name_the_rule() {
+        let cfg = Config::default();
+        let cases: Vec<(ParamSpec, &str)> = vec![
+            (ParamSpec::new("", &[4], Dtype::F32), "must not be empty"),
+            (ParamSpec::new("z", &[4, 0], Dtype::F32), "shape[1] is 0"),
+            (ParamSpec::new("n", &[1, 2, 3, 4, 5], Dtype::F32), "ndim 5"),
+            (ParamSpec { split_sizes: vec![3, 3], ..ParamSpec::new("s", &[8, 4], Dtype::F32) }, "sum to 6"),
+            (flagged("m", &[48, 64], ParamFlags::MXFP8), "multiples of 32"),
+            (flagged("u", &[4, 4], 1 << 20), "unknown flag bits"),
+            (flagged("x", &[4, 4], ParamFlags::EXPERT_STACK), "3-D"),
+        ];
+        for (spec, needle) in cases {
+            let err = Registry::default().add(spec, &cfg).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::InvalidParam);
+            assert!(err.message.contains(needle), "{} lacks {needle}", err.message);
+        }
+    }
+
+    #[test]
+    fn duplicate_names_are_rejected() {
+        let cfg = Config::default();
+        let mut reg = Registry::default();
+        reg.add(ParamSpec::new("w", &[4, 4], Dtype::F32), &cfg).unwrap();
+        let err = reg.add(ParamSpec::new("w", &[4], Dtype::F32), &cfg).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::DuplicateName);
+    }
+
+    #[test]
+    fn expert_stack_units_and_components() {
+        let mut p = flagged("experts.fc1", &[8, 64, 32], ParamFlags::EXPERT_STACK);
+        p.split_sizes = vec![32, 32];
+        p.validate().unwrap();
+        assert_eq!(p.num_units(), 8);
+        assert_eq!(p.unit_components(), vec![MatrixShape { rows: 32, cols: 32 }; 2]);
+    }
+}
