@@ -1,1 +1,56 @@
-fn main() {}
+//! Writes include/muon_opt.h with cbindgen (the version macros come from Cargo.toml) and sets
+//! the shared library's soname.
+
+use std::env;
+use std::path::PathBuf;
+
+fn after_includes() -> String {
+    let part = |name: &str| env::var(name).expect("cargo sets CARGO_PKG_VERSION_*").parse::<u32>().expect("numeric version");
+    let (major, minor, patch) =
+        (part("CARGO_PKG_VERSION_MAJOR"), part("CARGO_PKG_VERSION_MINOR"), part("CARGO_PKG_VERSION_PATCH"));
+    format!(
+        r#"
+#define MUON_VERSION_MAJOR {major}
+#define MUON_VERSION_MINOR {minor}
+#define MUON_VERSION_PATCH {patch}
+#define MUON_VERSION_CODE {code}
+
+#ifndef MUON_API
+#define MUON_API
+#endif
+
+#ifndef MUON_NODISCARD
+#if defined(__cplusplus) && __cplusplus >= 201703L
+#define MUON_NODISCARD [[nodiscard]]
+#elif defined(__GNUC__) || defined(__clang__)
+#define MUON_NODISCARD __attribute__((warn_unused_result))
+#else
+#define MUON_NODISCARD
+#endif
+#endif
+
+/* The types behind cudaStream_t and ncclComm_t, so no CUDA or NCCL header is needed. */
+struct CUstream_st;
+struct ncclComm;
+"#,
+        code = major * 10_000 + minor * 100 + patch
+    )
+}
+
+fn main() {
+    let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=Cargo.toml");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmuon_opt.so");
+    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
+    config.after_includes = Some(after_includes());
+    let include = crate_dir.join("include");
+    match cbindgen::Builder::new().with_crate(&crate_dir).with_config(config).generate() {
+        Ok(bindings) => {
+            bindings.write_to_file(include.join("muon_opt.h"));
+        }
+        Err(err) => println!("cargo:warning=cbindgen could not generate include/muon_opt.h: {err}"),
+    }
+    println!("cargo:include={}", include.display());
+}

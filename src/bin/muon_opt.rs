@@ -1,1 +1,103 @@
-fn main() {}
+//! `muon-opt`: command-line tools of libmuon_opt. Each subcommand is a thin shell over the
+//! library; errors print one line and exit with code 2.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use muon_opt::config::{Config, MuonLayout};
+use muon_opt::plan::model_json::parse_model_json;
+use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
+use muon_opt::plan::{build_plans, render};
+
+#[derive(Parser)]
+#[command(name = "muon-opt", version, about = "Tools for the Muon optimizer runtime libmuon_opt")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan buckets and ownership for a model and print the report.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
+    #[arg(long)]
+    model: String,
+    /// Data-parallel size.
+    #[arg(long)]
+    dp: usize,
+    /// Muon layout to plan; `all` shows the three side by side.
+    #[arg(long, value_enum, default_value_t = LayoutChoice::All)]
+    layout: LayoutChoice,
+    /// Elements per bucket [default: max(40M, 1M·dp)].
+    #[arg(long)]
+    bucket_size: Option<u64>,
+    /// Print the reports as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write a per-rank bar chart of Newton–Schulz cost and optimizer state to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LayoutChoice {
+    Compact,
+    Padded,
+    Allreduce,
+    All,
+}
+
+impl LayoutChoice {
+    fn layouts(self) -> Vec<MuonLayout> {
+        match self {
+            LayoutChoice::Compact => vec![MuonLayout::Compact],
+            LayoutChoice::Padded => vec![MuonLayout::Padded],
+            LayoutChoice::Allreduce => vec![MuonLayout::Allreduce],
+            LayoutChoice::All => MuonLayout::ALL.to_vec(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Plan(args) => run_plan(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("muon-opt: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A preset by name, else a JSON parameter-list file.
+fn load_model(arg: &str) -> Result<ModelDesc, String> {
+    if let Some(model) = preset(arg) {
+        return Ok(model);
+    }
+    let text = std::fs::read_to_string(arg).map_err(|e| {
+        format!("--model '{arg}': not a preset ({}) and not a readable file: {e}", PRESET_NAMES.join(", "))
+    })?;
+    parse_model_json(arg, &text).map_err(|e| e.to_string())
+}
+
+fn run_plan(args: &PlanArgs) -> Result<(), String> {
+    let model = load_model(&args.model)?;
+    let cfg = Config { bucket_size: args.bucket_size.unwrap_or(0), vocab_size: model.vocab_size, ..Config::default() };
+    let plans = build_plans(&model, &cfg, args.dp, &args.layout.layouts()).map_err(|e| e.to_string())?;
+    if let Some(path) = &args.svg {
+        std::fs::write(path, render::svg(&model.name, &plans))
+            .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
+    }
+    let text = if args.json { render::json_summary(&model.name, &plans) } else { render::table(&model.name, &plans) };
+    println!("{text}");
+    Ok(())
+}

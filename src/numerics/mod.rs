@@ -1,1 +1,56 @@
-//! Host reference numerics.
+//! Host reference numerics: the executable specification of every floating-point operation
+//! of the optimizer step (DESIGN.md section 6). The CUDA backend mirrors these functions; each
+//! documents its exact operation order where a bit-for-bit mirror is required.
+//!
+//! Gradient norm and found-inf, the two reductions in front of the step:
+//! - every rank sums [`squared_norm`] over the gradient ranges it owns (each unique gradient
+//!   counted once) in f64, the ranks all-reduce that one f64 scalar, and
+//!   [`clip_coefficient`] turns the total into the multiplier both optimizers apply to the
+//!   gradient (`clip_coef`);
+//! - [`has_non_finite`] over the same ranges, OR-reduced across ranks, decides the skip.
+
+pub mod adamw;
+pub mod bf16;
+pub mod muon;
+pub mod mxfp8;
+pub mod newton_schulz;
+
+/// `Σ x²` accumulated in f64.
+///
+/// Each square is exact in f64 (an f32 product has at most 48 significant bits). The order is
+/// fixed: element `i` goes to partial sum `i mod 8`, the partial sums are then added in index
+/// order. The result therefore depends only on the data, not on threads or hardware.
+pub fn squared_norm(x: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            let v = f64::from(v);
+            *lane += v * v;
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(tail) {
+        let v = f64::from(v);
+        *lane += v * v;
+    }
+    lanes.iter().sum()
+}
+
+/// True if any element is NaN or ±∞ (the found-inf check of the step).
+pub fn has_non_finite(x: &[f32]) -> bool {
+    x.iter().any(|v| !v.is_finite())
+}
+
+/// The global gradient-clip multiplier from the all-reduced squared norm, Megatron-LM's rule
+/// (`clip_grads.py`): `min(1, clip_grad / (‖g‖ + 1e-6))` with `‖g‖ = sqrt(total_squared_norm)`,
+/// computed in f64 and rounded to f32. `clip_grad == 0` means clipping is off and gives 1.
+///
+/// Call it only for a finite norm: a non-finite gradient skips the step before clipping.
+pub fn clip_coefficient(total_squared_norm: f64, clip_grad: f32) -> f32 {
+    if clip_grad == 0.0 {
+        return 1.0;
+    }
+    let coef = f64::from(clip_grad) / (total_squared_norm.sqrt() + 1e-6);
+    coef.min(1.0) as f32
+}

@@ -1,0 +1,164 @@
+//! Host Newton–Schulz throughput, side by side with plain `matrixmultiply::sgemm` running the
+//! same three products per step (X·Xᵀ, A·A, B·X) on the same shapes.
+//!
+//! Run: `cargo bench --bench newton_schulz`. `MUON_BENCH_REPS` sets the repetitions (best of,
+//! default 3); `MATMUL_NUM_THREADS` the GEMM threads (default: physical cores).
+//!
+//! FLOPs per run (m = min(rows, cols), n = max): `T·(2·m²·n + 2·m³ + 2·m²·n)`.
+
+use std::time::{Duration, Instant};
+
+use muon_opt::config::{CoefficientSet, NsPrecision};
+use muon_opt::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
+
+const STEPS: u32 = 5;
+const SHAPES: [(usize, usize); 3] = [(1024, 1024), (1024, 4096), (2048, 2048)];
+
+/// The GEMM content of `STEPS` Newton–Schulz steps, nothing else.
+struct PlainGemm {
+    m: usize,
+    n: usize,
+    x: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl PlainGemm {
+    fn new(x: &[f32], m: usize, n: usize) -> Self {
+        PlainGemm {
+            m,
+            n,
+            x: x.to_vec(),
+            a: vec![0.0; m * m],
+            b: vec![0.0; m * m],
+            y: vec![0.0; m * n],
+        }
+    }
+
+    fn run(&mut self) {
+        let (m, n) = (self.m as isize, self.n as isize);
+        let (mu, nu) = (self.m, self.n);
+        for _ in 0..STEPS {
+            // SAFETY: every operand is a contiguous row-major buffer of exactly the size the
+            // dimensions and strides address (x: m×n, read as n×m through strides (1, n);
+            // a, b: m×m; y: m×n); outputs are distinct buffers from their inputs.
+            unsafe {
+                matrixmultiply::sgemm(
+                    mu,
+                    nu,
+                    mu,
+                    1.0,
+                    self.x.as_ptr(),
+                    n,
+                    1,
+                    self.x.as_ptr(),
+                    1,
+                    n,
+                    0.0,
+                    self.a.as_mut_ptr(),
+                    m,
+                    1,
+                );
+                matrixmultiply::sgemm(
+                    mu,
+                    mu,
+                    mu,
+                    1.0,
+                    self.a.as_ptr(),
+                    m,
+                    1,
+                    self.a.as_ptr(),
+                    m,
+                    1,
+                    0.0,
+                    self.b.as_mut_ptr(),
+                    m,
+                    1,
+                );
+                matrixmultiply::sgemm(
+                    mu,
+                    mu,
+                    nu,
+                    1.0,
+                    self.b.as_ptr(),
+                    m,
+                    1,
+                    self.x.as_ptr(),
+                    n,
+                    1,
+                    0.0,
+                    self.y.as_mut_ptr(),
+                    n,
+                    1,
+                );
+            }
+        }
+    }
+}
+
+fn time(f: &mut dyn FnMut()) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
+}
+
+fn main() {
+    let reps: usize = std::env::var("MUON_BENCH_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    println!("host Newton–Schulz, {STEPS} quintic steps, best of {reps}; GFLOP/s");
+    println!(
+        "{:>11} | {:>8} | {:>8} | {:>8} | {:>9} | {:>10}",
+        "shape", "sgemm", "NS f32", "NS bf16", "f32/sgemm", "bf16/sgemm"
+    );
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    for (rows, cols) in SHAPES {
+        let (m, n) = (rows.min(cols), rows.max(cols));
+        let flops = f64::from(STEPS) * (4.0 * (m * m * n) as f64 + 2.0 * (m * m * m) as f64);
+        let input: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect();
+        let mut output = vec![0.0f32; rows * cols];
+        let mut ws = NsWorkspace::new(rows, cols);
+        let mut plain = PlainGemm::new(&input, m, n);
+        let mut ns = |precision| {
+            let opts = NsOptions {
+                coefficients: CoefficientSet::Quintic,
+                steps: STEPS,
+                precision,
+            };
+            newton_schulz(&input, &mut output, rows, cols, &opts, &mut ws).expect("valid arguments");
+        };
+        let mut best = [Duration::MAX; 3];
+        // One warm-up round, then `reps` interleaved rounds.
+        for rep in 0..=reps {
+            let t = [
+                time(&mut || plain.run()),
+                time(&mut || ns(NsPrecision::F32)),
+                time(&mut || ns(NsPrecision::Bf16)),
+            ];
+            if rep > 0 {
+                for (b, t) in best.iter_mut().zip(t) {
+                    *b = (*b).min(t);
+                }
+            }
+        }
+        let gflops = best.map(|t| flops / t.as_secs_f64() / 1e9);
+        println!(
+            "{:>11} | {:>8.1} | {:>8.1} | {:>8.1} | {:>9.3} | {:>10.3}",
+            format!("{rows}x{cols}"),
+            gflops[0],
+            gflops[1],
+            gflops[2],
+            gflops[1] / gflops[0],
+            gflops[2] / gflops[0]
+        );
+    }
+}

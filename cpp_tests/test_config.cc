@@ -1,0 +1,62 @@
+// Config defaults and validation through the header.
+#include "muon_test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+TEST(Config, MacroAndInitAgreeFieldByField) {
+    muon_config_t a = MUON_CONFIG_INIT;
+    muon_config_t b = default_config();
+    EXPECT_EQ(a.struct_size, b.struct_size);
+    EXPECT_EQ(a.abi_version, b.abi_version);
+    EXPECT_EQ(a.bucket_size, b.bucket_size);
+    EXPECT_EQ(a.muon_layout, b.muon_layout);
+    EXPECT_EQ(a.overlap_grad_reduce, b.overlap_grad_reduce);
+    EXPECT_EQ(a.overlap_param_gather, b.overlap_param_gather);
+    EXPECT_EQ(a.grad_dtype, b.grad_dtype);
+    EXPECT_EQ(a.muon_momentum, b.muon_momentum);
+    EXPECT_EQ(a.muon_nesterov, b.muon_nesterov);
+    EXPECT_EQ(a.muon_coefficient_set, b.muon_coefficient_set);
+    EXPECT_EQ(a.muon_num_ns_steps, b.muon_num_ns_steps);
+    EXPECT_EQ(a.muon_ns_precision, b.muon_ns_precision);
+    EXPECT_EQ(a.muon_scale_mode, b.muon_scale_mode);
+    EXPECT_EQ(a.muon_extra_scale_factor, b.muon_extra_scale_factor);
+    EXPECT_EQ(a.adam_beta1, b.adam_beta1);
+    EXPECT_EQ(a.adam_beta2, b.adam_beta2);
+    EXPECT_EQ(a.adam_eps, b.adam_eps);
+    EXPECT_EQ(a.clip_grad, b.clip_grad);
+    EXPECT_EQ(a.mxfp8_param_gather, b.mxfp8_param_gather);
+    EXPECT_EQ(a.mxfp8_swizzled_scales, b.mxfp8_swizzled_scales);
+    EXPECT_EQ(a.vocab_size, b.vocab_size);
+    EXPECT_EQ(a.collective_timeout_ms, b.collective_timeout_ms);
+    EXPECT_EQ(a.host_comm_mode, b.host_comm_mode);
+}
+
+struct BadField {
+    const char *field;
+    std::function<void(muon_config_t &)> edit;
+    muon_status_t status;
+};
+
+class ConfigRejects : public ::testing::TestWithParam<BadField> {};
+
+TEST_P(ConfigRejects, NamesTheField) {
+    muon_config_t cfg = default_config();
+    GetParam().edit(cfg);
+    EXPECT_EQ(muon_config_validate(&cfg), GetParam().status);
+    EXPECT_NE(last_error().find(GetParam().field), std::string::npos) << last_error();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryRule, ConfigRejects,
+    ::testing::Values(
+        BadField{"muon_layout", [](muon_config_t &c) { c.muon_layout = 3; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"grad_dtype", [](muon_config_t &c) { c.grad_dtype = 5; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_momentum", [](muon_config_t &c) { c.muon_momentum = 1.0f; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_num_ns_steps", [](muon_config_t &c) { c.muon_num_ns_steps = 0; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"adam_eps", [](muon_config_t &c) { c.adam_eps = -1.0f; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"clip_grad", [](muon_config_t &c) { c.clip_grad = -2.0f; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_nesterov", [](muon_config_t &c) { c.muon_nesterov = 7; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

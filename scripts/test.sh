@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test of the project: Rust unit and integration tests, the header check, clippy,
+# rustfmt, the export check, the NVRTC kernel compile test and the C/C++ googletest harness.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nvrtc_dir="${MUON_NVRTC_DIR:-$HOME/.cache/muon_nvrtc/13.0/nvidia/cu13}"
+if [ -d "$nvrtc_dir/lib" ]; then
+    export LD_LIBRARY_PATH="$nvrtc_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export MUON_CUDA_INCLUDE_DIR="${MUON_CUDA_INCLUDE_DIR:-$nvrtc_dir/include}"
+fi
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "panic = \"unwind\" in every profile (test and bench inherit dev and release)"
+for profile in dev release; do
+    awk -v p="[profile.$profile]" '$0==p{f=1;next} /^\[/{f=0} f&&/^panic *= *"unwind"/{ok=1} END{exit !ok}' Cargo.toml \
+        || { echo "Cargo.toml: [profile.$profile] must set panic = \"unwind\""; exit 1; }
+done
+
+step "build (release) and header freshness"
+cargo build --release --locked
+git diff --exit-code -- include/muon_opt.h \
+    || { echo "include/muon_opt.h changed when regenerated: commit the regenerated header"; exit 1; }
+
+step "exported symbols are muon_* only"
+bad=$(nm -D --defined-only target/release/libmuon_opt.so | awk '$2 ~ /^[TtWwDdBbRr]$/ {print $3}' | grep -v '^muon_' || true)
+[ -z "$bad" ] || { echo "unexpected exports:"; echo "$bad"; exit 1; }
+
+step "cargo test"
+cargo test --release --locked
+
+step "clippy and rustfmt"
+cargo clippy --release --locked --all-targets -- -D warnings
+cargo fmt --check
+
+step "C/C++ harness (googletest via ctest)"
+cmake -S cpp_tests -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release -DMUON_LIB_DIR="$PWD/target/release" >/dev/null
+cmake --build cpp_tests/build -j 2
+ctest --test-dir cpp_tests/build --output-on-failure

@@ -1,0 +1,138 @@
+//! NCCL bound to the process's own `libnccl.so.2`: the copy already loaded (RTLD_NOLOAD)
+//! first, then a normal `dlopen`; never a second copy next to the caller's. A `ncclComm_t`
+//! is only valid inside the NCCL instance that created it (TOOLCHAIN.md, "NCCL").
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+
+use once_cell::sync::OnceCell;
+
+use crate::bail;
+use crate::error::{Error, ErrorKind, Result};
+
+/// `ncclResult_t`.
+pub type NcclResult = c_int;
+/// Opaque `struct ncclComm`.
+#[repr(C)]
+pub struct NcclCommRaw {
+    _private: [u8; 0],
+}
+type Stream = *mut c_void;
+type Comm = *mut NcclCommRaw;
+
+/// The NCCL entry points the library uses, resolved once per process.
+pub struct NcclApi {
+    pub get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
+    pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
+    pub comm_count: unsafe extern "C" fn(Comm, *mut c_int) -> NcclResult,
+    pub comm_user_rank: unsafe extern "C" fn(Comm, *mut c_int) -> NcclResult,
+    pub comm_get_async_error: unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult,
+    pub group_start: unsafe extern "C" fn() -> NcclResult,
+    pub group_end: unsafe extern "C" fn() -> NcclResult,
+    pub reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, Stream) -> NcclResult,
+    pub broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
+    pub reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
+    pub all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> NcclResult,
+    pub all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
+}
+
+// SAFETY: plain function pointers into a library that stays loaded for the process lifetime.
+unsafe impl Send for NcclApi {}
+unsafe impl Sync for NcclApi {}
+
+const LIBRARY: &CStr = c"libnccl.so.2";
+
+fn open_library() -> Result<*mut c_void> {
+    // SAFETY: dlopen with a constant NUL-terminated name.
+    let loaded = unsafe { libc::dlopen(LIBRARY.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if !loaded.is_null() {
+        return Ok(loaded);
+    }
+    let handle = unsafe { libc::dlopen(LIBRARY.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        let reason = unsafe { libc::dlerror() };
+        let reason = if reason.is_null() {
+            "unknown dlopen error".to_string()
+        } else {
+            unsafe { CStr::from_ptr(reason) }.to_string_lossy().into_owned()
+        };
+        bail!(
+            NcclUnavailable,
+            "libnccl.so.2 is neither loaded in this process nor loadable ({reason}); load the NCCL your framework uses first, or put its lib directory on LD_LIBRARY_PATH"
+        );
+    }
+    Ok(handle)
+}
+
+fn symbol<T: Copy>(library: *mut c_void, name: &CStr) -> Result<T> {
+    // SAFETY: dlsym on a live handle; the caller states the function type of `name`.
+    let ptr = unsafe { libc::dlsym(library, name.as_ptr()) };
+    if ptr.is_null() {
+        bail!(NcclUnavailable, "libnccl.so.2 has no symbol {}; NCCL 2.12 or newer is required", name.to_string_lossy());
+    }
+    Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&ptr) })
+}
+
+fn resolve() -> Result<NcclApi> {
+    let lib = open_library()?;
+    Ok(NcclApi {
+        get_version: symbol(lib, c"ncclGetVersion")?,
+        get_error_string: symbol(lib, c"ncclGetErrorString")?,
+        comm_count: symbol(lib, c"ncclCommCount")?,
+        comm_user_rank: symbol(lib, c"ncclCommUserRank")?,
+        comm_get_async_error: symbol(lib, c"ncclCommGetAsyncError")?,
+        group_start: symbol(lib, c"ncclGroupStart")?,
+        group_end: symbol(lib, c"ncclGroupEnd")?,
+        reduce: symbol(lib, c"ncclReduce")?,
+        broadcast: symbol(lib, c"ncclBroadcast")?,
+        reduce_scatter: symbol(lib, c"ncclReduceScatter")?,
+        all_gather: symbol(lib, c"ncclAllGather")?,
+        all_reduce: symbol(lib, c"ncclAllReduce")?,
+    })
+}
+
+static API: OnceCell<std::result::Result<NcclApi, Error>> = OnceCell::new();
+
+/// The process's NCCL, resolved on first use; the failure is remembered.
+pub fn api() -> Result<&'static NcclApi> {
+    API.get_or_init(resolve).as_ref().map_err(Clone::clone)
+}
+
+impl NcclApi {
+    /// Converts an NCCL result into an error naming the call and NCCL's message.
+    pub fn check(&self, call: &str, result: NcclResult) -> Result<()> {
+        if result == 0 {
+            return Ok(());
+        }
+        // SAFETY: ncclGetErrorString returns a static string for any code.
+        let text = unsafe { CStr::from_ptr((self.get_error_string)(result)) }.to_string_lossy();
+        Err(Error::new(ErrorKind::NcclError, format!("{call} failed with ncclResult_t {result}: {text}")))
+    }
+}
+
+/// A borrowed NCCL communicator: never finalized, destroyed or aborted by this library.
+pub struct NcclComm {
+    pub api: &'static NcclApi,
+    pub raw: Comm,
+    pub rank: usize,
+    pub size: usize,
+}
+
+// SAFETY: a ncclComm_t may be used from any thread as long as calls are not concurrent,
+// which the one-thread-per-handle contract guarantees.
+unsafe impl Send for NcclComm {}
+unsafe impl Sync for NcclComm {}
+
+impl NcclComm {
+    /// Wraps the caller's communicator after asking NCCL for its size and rank.
+    pub fn borrow(raw: Comm) -> Result<Self> {
+        let api = api()?;
+        let (mut count, mut rank) = (0, 0);
+        // SAFETY: `raw` is the caller's live communicator (documented contract).
+        api.check("ncclCommCount", unsafe { (api.comm_count)(raw, &mut count) })?;
+        api.check("ncclCommUserRank", unsafe { (api.comm_user_rank)(raw, &mut rank) })?;
+        if count < 1 || rank < 0 || rank >= count {
+            bail!(CommMismatch, "nccl: communicator reports rank {rank} of {count}");
+        }
+        Ok(NcclComm { api, raw, rank: rank as usize, size: count as usize })
+    }
+}

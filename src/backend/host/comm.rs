@@ -1,0 +1,848 @@
+//! An in-process communicator for a group of ranks running on threads, with NCCL semantics.
+//!
+//! [`HostGroup::new`] creates one [`HostComm`] per rank. Each rank's handle is used by one
+//! thread at a time (normally its comm-stream worker); different ranks run on different threads
+//! concurrently. Collectives operate on [`Region`]s: element ranges of caller memory, f32 or
+//! bf16 (bf16 as `u16` bits), passed as raw pointers because the ranks share one address space.
+//!
+//! # Rendezvous
+//! Every call of every rank is a collective with a per-rank sequence number: the k-th call of
+//! each rank belongs to collective #k. A rank posts its descriptor (op kinds, dtype, element
+//! counts, roots) and its regions into the group's slot and blocks. The **last rank to arrive**
+//! checks nothing further (each arrival was already matched against the earlier ones), then
+//! performs the whole operation for every rank on its own thread, outside the lock, and
+//! releases all ranks. One thread computing everything makes the result independent of thread
+//! timing.
+//!
+//! # Numerics
+//! Sums are computed in rank order in f32: `acc = x₀; acc += x₁; …; acc += x_{n−1}`, every bf16
+//! input converted exactly to f32 first and the f32 sum rounded to bf16 once, to nearest even.
+//! The result is therefore bit-for-bit equal to that sequential loop on every run. Each op
+//! reads all of its inputs before it writes any output, so every in-place form NCCL allows
+//! works (and any other overlap of one op's inputs and outputs gives the same result as
+//! out of place). The ops of a group run in list order; one op's outputs must not overlap
+//! another op's inputs (undefined in NCCL as well).
+//!
+//! # Failures
+//! The group fails as a whole and stays failed: after the first failure every later call on
+//! any rank returns [`ErrorKind::CommBroken`] at once, naming the original failure.
+//! - **Mismatch.** The k-th calls of all ranks must agree in op kinds, dtypes, element counts
+//!   and roots. Every rank whose k-th call is the mismatched collective gets
+//!   [`ErrorKind::CommMismatch`] naming the ranks and both descriptors.
+//! - **Timeout.** A rank waits at most its timeout ([`HostComm::set_timeout`]) for the others
+//!   to arrive. When the first waiting rank's deadline passes, every rank that joined gets
+//!   [`ErrorKind::CommTimeout`] naming the ranks that did not arrive, the op, the sequence
+//!   number and the timeout. Once every rank has arrived the operation runs to completion; the
+//!   timeout bounds the rendezvous, not the computation.
+//! - **Invalid arguments** (region lengths, dtypes, root, alignment) are checked before
+//!   posting: the calling rank gets [`ErrorKind::InvalidArgument`] and the group breaks, so the
+//!   other ranks get [`ErrorKind::CommBroken`] instead of waiting for their timeout.
+//! - **Panic** while computing: every participant gets [`ErrorKind::Panic`].
+
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::config::Dtype;
+use crate::error::{Error, ErrorKind, Result};
+use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
+
+/// The longest timeout honoured; longer ones are clamped to it (one year).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A range of `len` elements of `dtype` in caller memory, used as a collective's input or
+/// output. Copyable: a region is a description, not an owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    ptr: *mut u8,
+    len: usize,
+    dtype: Dtype,
+}
+
+// SAFETY: a region is only dereferenced inside a collective, under the contract of
+// `Region::new`: the memory stays valid and is accessed by nobody else until the collective
+// returns, so moving or sharing the description between threads is sound.
+unsafe impl Send for Region {}
+// SAFETY: as for `Send`; `Region` has no interior mutability.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Describes `len` elements of `dtype` starting at `ptr`.
+    ///
+    /// # Safety
+    /// For as long as any collective that receives this region (or a sub-region of it) has not
+    /// returned, `ptr` must be valid for reads of `len` elements of `dtype` if the region is an
+    /// input and for writes if it is an output, and nothing else may access that memory except
+    /// through the collective. A region may be enqueued on a comm stream: the contract then
+    /// extends until that queued op has completed or been dropped. Alignment is checked when
+    /// the region is used; a zero-length region may use any pointer, including null.
+    pub unsafe fn new(ptr: *mut u8, len: usize, dtype: Dtype) -> Region {
+        Region { ptr, len, dtype }
+    }
+
+    /// Describes an f32 slice.
+    ///
+    /// # Safety
+    /// The region outlives the borrow: the contract of [`Region::new`] applies.
+    pub unsafe fn from_f32(data: &mut [f32]) -> Region {
+        Region {
+            ptr: data.as_mut_ptr().cast(),
+            len: data.len(),
+            dtype: Dtype::F32,
+        }
+    }
+
+    /// Describes a slice of bf16 values (as `u16` bits).
+    ///
+    /// # Safety
+    /// The region outlives the borrow: the contract of [`Region::new`] applies.
+    pub unsafe fn from_bf16(data: &mut [u16]) -> Region {
+        Region {
+            ptr: data.as_mut_ptr().cast(),
+            len: data.len(),
+            dtype: Dtype::Bf16,
+        }
+    }
+
+    /// An empty region of `dtype`.
+    pub fn empty(dtype: Dtype) -> Region {
+        Region {
+            ptr: std::ptr::null_mut(),
+            len: 0,
+            dtype,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if the region has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// Address of the first element.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The `len` elements starting at element `offset` (for in-place forms: a rank's chunk of
+    /// the whole buffer). Fails with `InvalidArgument` if the range does not fit.
+    pub fn sub(&self, offset: usize, len: usize) -> Result<Region> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Region {
+                ptr: self.ptr.wrapping_add(offset * self.dtype.size()),
+                len,
+                dtype: self.dtype,
+            }),
+            _ => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "region: elements {offset}..{offset}+{len} are outside the region of {} elements",
+                    self.len
+                ),
+            )),
+        }
+    }
+
+    fn check(&self, op: Kind, role: &str) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let size = self.dtype.size();
+        if self.ptr.is_null() {
+            return Err(invalid(format!("{op}: {role} is NULL with {} elements", self.len)));
+        }
+        let aligned = match self.dtype {
+            Dtype::F32 => self.ptr.cast::<f32>().is_aligned(),
+            Dtype::Bf16 => self.ptr.cast::<u16>().is_aligned(),
+        };
+        if !aligned {
+            return Err(invalid(format!(
+                "{op}: {role} at {:p} is not aligned to its {}-byte {} elements",
+                self.ptr,
+                size,
+                self.dtype.name()
+            )));
+        }
+        if self
+            .len
+            .checked_mul(size)
+            .is_none_or(|bytes| bytes > isize::MAX as usize)
+        {
+            return Err(invalid(format!("{op}: {role} of {} elements is too large", self.len)));
+        }
+        Ok(())
+    }
+
+    /// The elements as bytes.
+    ///
+    /// # Safety
+    /// The region contract holds and no mutable view of this memory is alive.
+    unsafe fn bytes<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: checked non-null and in size at posting; valid per the region contract.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len * self.dtype.size()) }
+    }
+
+    /// The elements as mutable bytes.
+    ///
+    /// # Safety
+    /// The region contract holds and no other view of this memory is alive.
+    unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, and exclusive per the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len * self.dtype.size()) }
+    }
+
+    /// The elements as f32 values (`dtype` must be f32).
+    ///
+    /// # Safety
+    /// As for [`Region::bytes`]; alignment was checked at posting.
+    unsafe fn f32s<'a>(self) -> &'a [f32] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: checked non-null, aligned and in size at posting; valid per the contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<f32>(), self.len) }
+    }
+
+    /// The elements as bf16 bits (`dtype` must be bf16).
+    ///
+    /// # Safety
+    /// As for [`Region::f32s`].
+    unsafe fn u16s<'a>(self) -> &'a [u16] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: as in `f32s`.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u16>(), self.len) }
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::new(ErrorKind::InvalidArgument, message)
+}
+
+/// One data collective (NCCL semantics, sum only). All regions of an op share one dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// `ncclReduce`: the sum of every rank's `send` is written to `recv` of rank `root`; the
+    /// other ranks' `recv` is not written. `send` and `recv` have equal lengths; in place:
+    /// `send == recv`.
+    Reduce { root: usize, send: Region, recv: Region },
+    /// `ncclBroadcast` in place: `buf` of rank `root` is copied into `buf` of every rank.
+    Broadcast { root: usize, buf: Region },
+    /// `ncclReduceScatter`: `send` holds `size × c` elements, `recv` receives chunk `rank` of the
+    /// sum (`c` elements). In place: `recv = send.sub(rank·c, c)`.
+    ReduceScatter { send: Region, recv: Region },
+    /// `ncclAllGather`: `recv` (`size × c` elements) receives every rank's `send` (`c`
+    /// elements) in rank order. In place: `send = recv.sub(rank·c, c)`.
+    AllGather { send: Region, recv: Region },
+    /// `ncclAllReduce`: every rank's `recv` receives the sum of all `send`s; equal lengths; in
+    /// place: `send == recv`.
+    AllReduce { send: Region, recv: Region },
+}
+
+impl Collective {
+    /// Checks the regions against each other and the group size and builds the posted item.
+    fn item(&self, size: usize) -> Result<Item> {
+        let (kind, root, send, recv) = match *self {
+            Collective::Reduce { root, send, recv } => (Kind::Reduce, Some(root), send, recv),
+            Collective::Broadcast { root, buf } => (Kind::Broadcast, Some(root), buf, buf),
+            Collective::ReduceScatter { send, recv } => (Kind::ReduceScatter, None, send, recv),
+            Collective::AllGather { send, recv } => (Kind::AllGather, None, send, recv),
+            Collective::AllReduce { send, recv } => (Kind::AllReduce, None, send, recv),
+        };
+        send.check(kind, "send")?;
+        recv.check(kind, "recv")?;
+        if send.dtype != recv.dtype {
+            return Err(invalid(format!(
+                "{kind}: send is {} but recv is {}",
+                send.dtype.name(),
+                recv.dtype.name()
+            )));
+        }
+        if let Some(root) = root.filter(|&root| root >= size) {
+            return Err(invalid(format!("{kind}: root {root} is outside 0..{size}")));
+        }
+        let count = match kind {
+            Kind::ReduceScatter => {
+                if recv.len.checked_mul(size) != Some(send.len) {
+                    return Err(invalid(format!(
+                        "{kind}: send has {} elements but must have recv's {} × {size} ranks",
+                        send.len, recv.len
+                    )));
+                }
+                recv.len
+            }
+            Kind::AllGather => {
+                if send.len.checked_mul(size) != Some(recv.len) {
+                    return Err(invalid(format!(
+                        "{kind}: recv has {} elements but must have send's {} × {size} ranks",
+                        recv.len, send.len
+                    )));
+                }
+                send.len
+            }
+            _ => {
+                if send.len != recv.len {
+                    return Err(invalid(format!(
+                        "{kind}: send has {} elements but recv has {}",
+                        send.len, recv.len
+                    )));
+                }
+                send.len
+            }
+        };
+        Ok(Item {
+            desc: Desc {
+                kind,
+                dtype: send.dtype,
+                count,
+                root,
+            },
+            send,
+            recv,
+            value: 0,
+        })
+    }
+}
+
+/// The operation kinds, including the private scalar exchanges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Reduce,
+    Broadcast,
+    ReduceScatter,
+    AllGather,
+    AllReduce,
+    AllGatherU64,
+    AllReduceSumF64,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Reduce => "reduce",
+            Kind::Broadcast => "broadcast",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::AllGather => "all_gather",
+            Kind::AllReduce => "all_reduce",
+            Kind::AllGatherU64 => "all_gather_u64",
+            Kind::AllReduceSumF64 => "all_reduce_sum_f64",
+        })
+    }
+}
+
+/// What must agree across ranks for one op: kind, dtype, element count (per rank for
+/// reduce-scatter and all-gather, as in NCCL) and root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Desc {
+    kind: Kind,
+    dtype: Dtype,
+    count: usize,
+    root: Option<usize>,
+}
+
+impl fmt::Display for Desc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.kind, self.root) {
+            (Kind::AllGatherU64 | Kind::AllReduceSumF64, _) => write!(f, "{}(one value)", self.kind),
+            (kind, Some(root)) => write!(f, "{kind}(root={root}, {}, count={})", self.dtype.name(), self.count),
+            (kind, None) => write!(f, "{kind}({}, count={})", self.dtype.name(), self.count),
+        }
+    }
+}
+
+/// One op as posted by one rank: what must match, and this rank's memory or value.
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    desc: Desc,
+    send: Region,
+    recv: Region,
+    value: u64,
+}
+
+impl Item {
+    fn scalar(kind: Kind, value: u64) -> Item {
+        Item {
+            desc: Desc {
+                kind,
+                dtype: Dtype::F32,
+                count: 1,
+                root: None,
+            },
+            send: Region::empty(Dtype::F32),
+            recv: Region::empty(Dtype::F32),
+            value,
+        }
+    }
+}
+
+/// Describes the ops of one call for messages.
+fn describe(items: &[Item]) -> String {
+    match items {
+        [] => "barrier".to_string(),
+        [one] => one.desc.to_string(),
+        many => {
+            let parts: Vec<String> = many.iter().map(|i| i.desc.to_string()).collect();
+            format!("group[{}]", parts.join(", "))
+        }
+    }
+}
+
+fn same_descs(a: &[Item], b: &[Item]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.desc == y.desc)
+}
+
+/// Why the group broke; decides what the other ranks are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Timeout,
+    Mismatch,
+    Panic,
+    InvalidArgument,
+}
+
+#[derive(Debug)]
+struct Failure {
+    seq: u64,
+    cause: Cause,
+    error: Error,
+}
+
+impl Failure {
+    /// The error for a rank that had posted collective #`seq` when the group broke.
+    fn for_participant(&self, rank: usize, seq: u64) -> Error {
+        if self.seq == seq && self.cause != Cause::InvalidArgument {
+            self.error.clone()
+        } else {
+            self.broken(rank, seq)
+        }
+    }
+
+    /// The error for a rank that calls collective #`seq` after the group broke.
+    fn for_arrival(&self, rank: usize, seq: u64) -> Error {
+        if self.seq == seq && self.cause == Cause::Mismatch {
+            self.error.clone()
+        } else {
+            self.broken(rank, seq)
+        }
+    }
+
+    fn broken(&self, rank: usize, seq: u64) -> Error {
+        Error::new(
+            ErrorKind::CommBroken,
+            format!(
+                "host group: rank {rank} cannot run collective #{seq}: the group is broken since collective #{} failed ({:?}): {}",
+                self.seq, self.error.kind, self.error.message
+            ),
+        )
+    }
+}
+
+/// The collective whose ranks are arriving (all ranks are in lockstep, so there is at most one).
+struct Gathering {
+    posts: Vec<Option<Vec<Item>>>,
+    executing: bool,
+}
+
+struct GroupState {
+    /// Per rank: how many collectives it has entered (its next sequence number).
+    entered: Vec<u64>,
+    /// Number of collectives completed (all ranks released).
+    completed: u64,
+    gathering: Option<Gathering>,
+    /// Per-rank values of the last completed scalar exchange. Stable until every rank has
+    /// entered the next collective, so a waiter released late still reads its own.
+    scalars: Vec<u64>,
+    failure: Option<Failure>,
+}
+
+/// The shared state of a group. Only [`HostGroup::new`] is public: ranks use [`HostComm`].
+pub struct HostGroup {
+    size: usize,
+    state: Mutex<GroupState>,
+    cv: Condvar,
+}
+
+impl HostGroup {
+    /// Creates a group of `world_size` ranks and returns their handles; element `r` is rank `r`.
+    /// Every handle starts with `timeout` (clamped to [`MAX_TIMEOUT`]) as its collective timeout.
+    #[allow(
+        clippy::new_ret_no_self,
+        reason = "a group is only reachable through its rank handles"
+    )]
+    pub fn new(world_size: usize, timeout: Duration) -> Vec<HostComm> {
+        let group = Arc::new(HostGroup {
+            size: world_size,
+            state: Mutex::new(GroupState {
+                entered: vec![0; world_size],
+                completed: 0,
+                gathering: None,
+                scalars: Vec::new(),
+                failure: None,
+            }),
+            cv: Condvar::new(),
+        });
+        (0..world_size)
+            .map(|rank| HostComm {
+                rank,
+                group: group.clone(),
+                timeout_nanos: AtomicU64::new(clamp_nanos(timeout)),
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GroupState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, GroupState>, timeout: Duration) -> MutexGuard<'a, GroupState> {
+        self.cv
+            .wait_timeout(guard, timeout)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
+}
+
+fn clamp_nanos(timeout: Duration) -> u64 {
+    timeout.min(MAX_TIMEOUT).as_nanos() as u64
+}
+
+/// One rank's handle on a [`HostGroup`]. `Send + Sync`; use it from one thread at a time.
+pub struct HostComm {
+    rank: usize,
+    group: Arc<HostGroup>,
+    timeout_nanos: AtomicU64,
+}
+
+impl HostComm {
+    /// This handle's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.group.size
+    }
+
+    /// How long this rank waits for the others to arrive at a collective.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Sets this rank's collective timeout (clamped to [`MAX_TIMEOUT`]) for its later calls.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.timeout_nanos.store(clamp_nanos(timeout), Ordering::Relaxed);
+    }
+
+    /// [`Collective::Reduce`]: sum of `send` over ranks into `recv` of `root`.
+    pub fn reduce(&self, root: usize, send: Region, recv: Region) -> Result<()> {
+        self.group(&[Collective::Reduce { root, send, recv }])
+    }
+
+    /// [`Collective::Broadcast`]: `buf` of `root` into `buf` of every rank.
+    pub fn broadcast(&self, root: usize, buf: Region) -> Result<()> {
+        self.group(&[Collective::Broadcast { root, buf }])
+    }
+
+    /// [`Collective::ReduceScatter`]: chunk `rank` of the sum of the `send`s into `recv`.
+    pub fn reduce_scatter(&self, send: Region, recv: Region) -> Result<()> {
+        self.group(&[Collective::ReduceScatter { send, recv }])
+    }
+
+    /// [`Collective::AllGather`]: every rank's `send` into `recv`, in rank order.
+    pub fn all_gather(&self, send: Region, recv: Region) -> Result<()> {
+        self.group(&[Collective::AllGather { send, recv }])
+    }
+
+    /// [`Collective::AllReduce`] in place: `buf` becomes the sum of every rank's `buf`.
+    pub fn all_reduce(&self, buf: Region) -> Result<()> {
+        self.group(&[Collective::AllReduce { send: buf, recv: buf }])
+    }
+
+    /// Runs `ops` as one collective (`ncclGroupStart` … `ncclGroupEnd`): one rendezvous, then
+    /// the ops in list order. Every rank must pass the same kinds, dtypes, counts and roots in
+    /// the same order. An empty list is a barrier.
+    pub fn group(&self, ops: &[Collective]) -> Result<()> {
+        let mut items = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op.item(self.size()) {
+                Ok(item) => items.push(item),
+                Err(err) => return Err(self.fail_invalid(err)),
+            }
+        }
+        self.run(items).map(drop)
+    }
+
+    /// Blocks until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.group(&[])
+    }
+
+    /// Sums one f64 per rank in rank order (`acc = v₀; acc += v₁; …`); every rank gets the
+    /// same bits.
+    pub fn all_reduce_sum_f64(&self, value: f64) -> Result<f64> {
+        let values = self.run(vec![Item::scalar(Kind::AllReduceSumF64, value.to_bits())])?;
+        let mut acc = f64::from_bits(values[0]);
+        for &bits in &values[1..] {
+            acc += f64::from_bits(bits);
+        }
+        Ok(acc)
+    }
+
+    /// Every rank's `value`, indexed by rank.
+    pub fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
+        self.run(vec![Item::scalar(Kind::AllGatherU64, value)])
+    }
+
+    /// Breaks the group because this rank's arguments are invalid, so nobody waits for it.
+    fn fail_invalid(&self, err: Error) -> Error {
+        let mut st = self.group.lock();
+        if st.failure.is_none() {
+            let seq = st.entered[self.rank];
+            st.gathering = None;
+            st.failure = Some(Failure {
+                seq,
+                cause: Cause::InvalidArgument,
+                error: Error::new(err.kind, format!("rank {}: {}", self.rank, err.message)),
+            });
+            self.group.cv.notify_all();
+        }
+        err
+    }
+
+    /// Posts `items` as this rank's next collective, waits for the rendezvous, and returns the
+    /// per-rank values of a scalar exchange (empty for data collectives).
+    fn run(&self, items: Vec<Item>) -> Result<Vec<u64>> {
+        let group = &*self.group;
+        let rank = self.rank;
+        let timeout = self.timeout();
+        let mut st = group.lock();
+        let seq = st.entered[rank];
+        if let Some(failure) = &st.failure {
+            return Err(failure.for_arrival(rank, seq));
+        }
+        st.entered[rank] += 1;
+        // Lockstep: a rank enters #k+1 only after #k completed (which cleared `gathering`), so
+        // an existing gathering is this rank's collective #seq.
+        let gathering = st.gathering.get_or_insert_with(|| Gathering {
+            posts: vec![None; group.size],
+            executing: false,
+        });
+        let mismatch = gathering
+            .posts
+            .iter()
+            .enumerate()
+            .find_map(|(r, p)| p.as_ref().map(|p| (r, p)))
+            .filter(|(_, posted)| !same_descs(posted, &items))
+            .map(|(other, posted)| {
+                format!(
+                    "host group: collective #{seq} does not match across ranks: rank {rank} called {} but rank {other} called {}",
+                    describe(&items),
+                    describe(posted)
+                )
+            });
+        if let Some(message) = mismatch {
+            let error = Error::new(ErrorKind::CommMismatch, message);
+            st.gathering = None;
+            st.failure = Some(Failure {
+                seq,
+                cause: Cause::Mismatch,
+                error: error.clone(),
+            });
+            group.cv.notify_all();
+            return Err(error);
+        }
+        let description = describe(&items);
+        gathering.posts[rank] = Some(items);
+        if gathering.posts.iter().all(Option::is_some) {
+            gathering.executing = true;
+            let posts: Vec<Vec<Item>> = gathering.posts.iter_mut().filter_map(Option::take).collect();
+            drop(st);
+            let outcome = catch_unwind(AssertUnwindSafe(|| execute(&posts)));
+            let mut st = group.lock();
+            st.gathering = None;
+            let result = match outcome {
+                Ok(scalars) => {
+                    st.completed = seq + 1;
+                    st.scalars = scalars.clone();
+                    Ok(scalars)
+                }
+                Err(payload) => {
+                    let error = Error::new(
+                        ErrorKind::Panic,
+                        format!(
+                            "host group: collective #{seq} {description} panicked on rank {rank}: {}",
+                            super::panic_message(payload.as_ref())
+                        ),
+                    );
+                    st.failure = Some(Failure {
+                        seq,
+                        cause: Cause::Panic,
+                        error: error.clone(),
+                    });
+                    Err(error)
+                }
+            };
+            group.cv.notify_all();
+            return result;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if st.completed > seq {
+                return Ok(st.scalars.clone());
+            }
+            if let Some(failure) = &st.failure {
+                return Err(failure.for_participant(rank, seq));
+            }
+            let Some(gathering) = &st.gathering else {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!("host group: collective #{seq} vanished on rank {rank}"),
+                ));
+            };
+            if gathering.executing {
+                // Every rank arrived; the last one is computing and always finishes (panics
+                // are caught), so this wait ends. The timeout bounds only the rendezvous.
+                st = group.wait(st, timeout.max(Duration::from_millis(1)));
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = (0..group.size).filter(|&r| gathering.posts[r].is_none()).collect();
+                let error = Error::new(
+                    ErrorKind::CommTimeout,
+                    format!(
+                        "host group: collective #{seq} {description} timed out after {} ms on rank {rank}: ranks {missing:?} did not arrive",
+                        timeout.as_millis()
+                    ),
+                );
+                st.gathering = None;
+                st.failure = Some(Failure {
+                    seq,
+                    cause: Cause::Timeout,
+                    error: error.clone(),
+                });
+                group.cv.notify_all();
+                return Err(error);
+            }
+            st = group.wait(st, deadline - now);
+        }
+    }
+}
+
+/// Performs a matched collective for all ranks; `posts[r]` is rank r's list of items. Returns
+/// the per-rank values of a scalar exchange (empty otherwise).
+fn execute(posts: &[Vec<Item>]) -> Vec<u64> {
+    let mut scalars = Vec::new();
+    for i in 0..posts[0].len() {
+        let column: Vec<Item> = posts.iter().map(|items| items[i]).collect();
+        let desc = column[0].desc;
+        let root = desc.root.unwrap_or(0);
+        // SAFETY (all blocks below): every rank's regions satisfy the `Region` contract while
+        // the ranks wait for this collective, and each op reads all inputs into `acc`/`bytes`
+        // before it creates any mutable view for its outputs.
+        match desc.kind {
+            Kind::Reduce => {
+                let acc = sum_in_rank_order(&column);
+                store(column[root].recv, &acc);
+            }
+            Kind::AllReduce => {
+                let acc = sum_in_rank_order(&column);
+                for item in &column {
+                    store(item.recv, &acc);
+                }
+            }
+            Kind::ReduceScatter => {
+                let acc = sum_in_rank_order(&column);
+                for (item, chunk) in column.iter().zip(acc.chunks(desc.count.max(1))) {
+                    store(item.recv, chunk);
+                }
+            }
+            Kind::Broadcast => {
+                let bytes = unsafe { column[root].send.bytes() }.to_vec();
+                for (r, item) in column.iter().enumerate() {
+                    if r != root {
+                        unsafe { item.recv.bytes_mut() }.copy_from_slice(&bytes);
+                    }
+                }
+            }
+            Kind::AllGather => {
+                let bytes: Vec<u8> = column
+                    .iter()
+                    .flat_map(|item| unsafe { item.send.bytes() }.iter().copied())
+                    .collect();
+                for item in &column {
+                    unsafe { item.recv.bytes_mut() }.copy_from_slice(&bytes);
+                }
+            }
+            Kind::AllGatherU64 | Kind::AllReduceSumF64 => {
+                scalars = column.iter().map(|item| item.value).collect();
+            }
+        }
+    }
+    scalars
+}
+
+/// `acc = send₀; acc += send₁; …` in f32, bf16 inputs converted exactly.
+fn sum_in_rank_order(column: &[Item]) -> Vec<f32> {
+    let mut acc: Vec<f32> = match column[0].send.dtype {
+        // SAFETY: see `execute`.
+        Dtype::F32 => unsafe { column[0].send.f32s() }.to_vec(),
+        // SAFETY: see `execute`.
+        Dtype::Bf16 => unsafe { column[0].send.u16s() }
+            .iter()
+            .map(|&b| bf16_to_f32(b))
+            .collect(),
+    };
+    for item in &column[1..] {
+        match item.send.dtype {
+            // SAFETY: see `execute`.
+            Dtype::F32 => acc
+                .iter_mut()
+                .zip(unsafe { item.send.f32s() })
+                .for_each(|(a, &x)| *a += x),
+            // SAFETY: see `execute`.
+            Dtype::Bf16 => acc
+                .iter_mut()
+                .zip(unsafe { item.send.u16s() })
+                .for_each(|(a, &x)| *a += bf16_to_f32(x)),
+        }
+    }
+    acc
+}
+
+/// Writes f32 values into `dst`, rounding once to bf16 (nearest even) for bf16 regions.
+fn store(dst: Region, values: &[f32]) {
+    // SAFETY: see `execute`; no view of the inputs is alive any more.
+    let bytes = unsafe { dst.bytes_mut() };
+    match dst.dtype {
+        Dtype::F32 => {
+            for (out, v) in bytes.chunks_exact_mut(4).zip(values) {
+                out.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+        Dtype::Bf16 => {
+            for (out, &v) in bytes.chunks_exact_mut(2).zip(values) {
+                out.copy_from_slice(&f32_to_bf16_rne(v).to_ne_bytes());
+            }
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! The panic boundary and the thread-local error slot.
+
+use std::cell::RefCell;
+use std::ffi::{CString, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::capi::status::muon_status_t;
+use crate::error::{Error, ErrorKind, Result};
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Stores `message` as this thread's last error (interior NULs are replaced).
+pub fn set_last_error(message: &str) {
+    let text = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|slot| *slot.borrow_mut() = text);
+}
+
+/// Pointer to this thread's last error message; valid until the next failing call on
+/// this thread. Never NULL.
+pub fn last_error_ptr() -> *const c_char {
+    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+}
+
+/// Text of a caught panic payload.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Converts a core error into a status, recording its message with the entry point name.
+pub fn fail(function: &str, err: Error) -> muon_status_t {
+    set_last_error(&format!("{function}: {}", err.message));
+    muon_status_t::from_kind(err.kind)
+}
+
+/// Runs `body` for the export `function`: `Ok` → SUCCESS, `Err` → its status and message,
+/// panic → `MUON_STATUS_PANIC` and the panic text. Nothing unwinds past this frame.
+pub fn run(function: &str, body: impl FnOnce() -> Result<()>) -> muon_status_t {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => muon_status_t::MUON_STATUS_SUCCESS,
+        Ok(Err(err)) => fail(function, err),
+        Err(payload) => fail(
+            function,
+            Error::new(ErrorKind::Panic, format!("internal panic: {}", panic_text(&*payload))),
+        ),
+    }
+}
+
+/// Like [`run`] for exports that return a value instead of a status: a panic yields
+/// `fallback` (and records the message).
+pub fn run_or<T>(function: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(payload) => {
+            set_last_error(&format!("{function}: internal panic: {}", panic_text(&*payload)));
+            fallback
+        }
+    }
+}
+
+/// Returns `NullArgument` naming `name` when `ptr` is NULL.
+pub fn non_null<T>(ptr: *const T, name: &str) -> Result<()> {
+    if ptr.is_null() {
+        return Err(Error::new(ErrorKind::NullArgument, format!("{name} is NULL")));
+    }
+    Ok(())
+}

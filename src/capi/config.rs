@@ -1,0 +1,186 @@
+//! `muon_config_t`: the C mirror of [`Config`], with `struct_size` versioning.
+
+use crate::capi::boundary::{non_null, run, run_or};
+use crate::capi::status::muon_status_t;
+use crate::capi::version::MUON_VERSION_CODE;
+use crate::config::{CoefficientSet, CommMode, Config, Dtype, MuonLayout, NsPrecision, ScaleMode};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Optimizer configuration. Initialise with muon_config_init() (or MUON_CONFIG_INIT), then
+/// change fields. Enumerations are `uint32_t` codes of the `MUON_*` constants; booleans are
+/// `uint32_t` 0 or 1. Fields are append-only: the library reads `struct_size` bytes and
+/// defaults the fields a smaller (older) struct does not have.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct muon_config_t {
+    /// sizeof(muon_config_t) as compiled by the caller.
+    pub struct_size: u32,
+    /// MUON_VERSION_CODE the caller compiled against (major must match).
+    pub abi_version: u32,
+    /// Elements per bucket; 0 = max(40,000,000, 1,000,000·dp).
+    pub bucket_size: u64,
+    /// MUON_LAYOUT_COMPACT (default), MUON_LAYOUT_PADDED or MUON_LAYOUT_ALLREDUCE.
+    pub muon_layout: u32,
+    /// 1 (default): start a bucket's gradient collective when its last gradient is ready.
+    pub overlap_grad_reduce: u32,
+    /// 1 (default): step() returns after launching param collectives; wait_params orders.
+    pub overlap_param_gather: u32,
+    /// Gradient buffer dtype: MUON_DTYPE_F32 (default) or MUON_DTYPE_BF16.
+    pub grad_dtype: u32,
+    /// Muon EMA momentum μ in [0, 1); default 0.95.
+    pub muon_momentum: f32,
+    /// 1 = Nesterov momentum; default 0.
+    pub muon_nesterov: u32,
+    /// MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE or _POLAR_EXPRESS.
+    pub muon_coefficient_set: u32,
+    /// Newton–Schulz steps, 1..=100; default 5.
+    pub muon_num_ns_steps: u32,
+    /// MUON_NS_PRECISION_BF16 (default) or MUON_NS_PRECISION_F32.
+    pub muon_ns_precision: u32,
+    /// MUON_SCALE_SPECTRAL (default), _SHAPE_SCALING or _UNIT_RMS_NORM.
+    pub muon_scale_mode: u32,
+    /// Extra factor on the Muon update scale (> 0); default 1.0 (0.2 = Moonlight's).
+    pub muon_extra_scale_factor: f32,
+    /// AdamW β1 in [0, 1); default 0.9.
+    pub adam_beta1: f32,
+    /// AdamW β2 in [0, 1); default 0.999.
+    pub adam_beta2: f32,
+    /// AdamW ε (> 0); default 1e-8.
+    pub adam_eps: f32,
+    /// Global grad-norm clip threshold; 0 = off; default 1.0.
+    pub clip_grad: f32,
+    /// 1 = gather params as bf16 staged on the grad buffer, re-quantize MXFP8 on every rank.
+    pub mxfp8_param_gather: u32,
+    /// 1 = MXFP8 scales in the swizzled (GEMM) layout; 0 (default) = compact.
+    pub mxfp8_swizzled_scales: u32,
+    /// Vocabulary size for the untagged-embedding check; 0 = unknown.
+    pub vocab_size: u64,
+    /// A collective not joined by every rank within this time fails; default 300,000.
+    pub collective_timeout_ms: u32,
+    /// Host backend comm stream: MUON_COMM_MODE_FROM_ENV (default), _EAGER or _LAZY.
+    pub host_comm_mode: u32,
+}
+
+/// `muon_config_t` fields of the first ABI; a smaller struct_size is rejected.
+pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::size_of::<muon_config_t>();
+
+fn flag(field: &str, value: u32) -> Result<bool> {
+    match value {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(Error::new(ErrorKind::OutOfRange, format!("{field}: {other} is not a boolean (0 or 1)"))),
+    }
+}
+
+impl muon_config_t {
+    /// The C struct holding `cfg`'s values.
+    pub fn from_config(cfg: &Config) -> Self {
+        muon_config_t {
+            struct_size: std::mem::size_of::<muon_config_t>() as u32,
+            abi_version: MUON_VERSION_CODE,
+            bucket_size: cfg.bucket_size,
+            muon_layout: cfg.muon_layout.code(),
+            overlap_grad_reduce: cfg.overlap_grad_reduce as u32,
+            overlap_param_gather: cfg.overlap_param_gather as u32,
+            grad_dtype: cfg.grad_dtype.code(),
+            muon_momentum: cfg.muon_momentum,
+            muon_nesterov: cfg.muon_nesterov as u32,
+            muon_coefficient_set: cfg.muon_coefficient_set.code(),
+            muon_num_ns_steps: cfg.muon_num_ns_steps,
+            muon_ns_precision: cfg.muon_ns_precision.code(),
+            muon_scale_mode: cfg.muon_scale_mode.code(),
+            muon_extra_scale_factor: cfg.muon_extra_scale_factor,
+            adam_beta1: cfg.adam_beta1,
+            adam_beta2: cfg.adam_beta2,
+            adam_eps: cfg.adam_eps,
+            clip_grad: cfg.clip_grad,
+            mxfp8_param_gather: cfg.mxfp8_param_gather as u32,
+            mxfp8_swizzled_scales: cfg.mxfp8_swizzled_scales as u32,
+            vocab_size: cfg.vocab_size,
+            collective_timeout_ms: cfg.collective_timeout_ms,
+            host_comm_mode: cfg.host_comm_mode.code(),
+        }
+    }
+
+    /// Decodes and validates every field.
+    pub fn to_config(&self) -> Result<Config> {
+        let cfg = Config {
+            bucket_size: self.bucket_size,
+            muon_layout: MuonLayout::from_code("muon_layout", self.muon_layout)?,
+            overlap_grad_reduce: flag("overlap_grad_reduce", self.overlap_grad_reduce)?,
+            overlap_param_gather: flag("overlap_param_gather", self.overlap_param_gather)?,
+            grad_dtype: Dtype::from_code("grad_dtype", self.grad_dtype)?,
+            muon_momentum: self.muon_momentum,
+            muon_nesterov: flag("muon_nesterov", self.muon_nesterov)?,
+            muon_coefficient_set: CoefficientSet::from_code("muon_coefficient_set", self.muon_coefficient_set)?,
+            muon_num_ns_steps: self.muon_num_ns_steps,
+            muon_ns_precision: NsPrecision::from_code("muon_ns_precision", self.muon_ns_precision)?,
+            muon_scale_mode: ScaleMode::from_code("muon_scale_mode", self.muon_scale_mode)?,
+            muon_extra_scale_factor: self.muon_extra_scale_factor,
+            adam_beta1: self.adam_beta1,
+            adam_beta2: self.adam_beta2,
+            adam_eps: self.adam_eps,
+            clip_grad: self.clip_grad,
+            mxfp8_param_gather: flag("mxfp8_param_gather", self.mxfp8_param_gather)?,
+            mxfp8_swizzled_scales: flag("mxfp8_swizzled_scales", self.mxfp8_swizzled_scales)?,
+            vocab_size: self.vocab_size,
+            collective_timeout_ms: self.collective_timeout_ms,
+            host_comm_mode: CommMode::from_code("host_comm_mode", self.host_comm_mode)?,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Reads a caller's config: checks `struct_size` and `abi_version`, copies
+/// `min(struct_size, sizeof)` bytes over the defaults, decodes and validates.
+///
+/// # Safety
+/// `ptr` must be NULL or point to at least `struct_size` readable bytes.
+pub unsafe fn read_config(ptr: *const muon_config_t) -> Result<Config> {
+    non_null(ptr, "cfg")?;
+    let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
+    if size < MIN_CONFIG_SIZE {
+        crate::bail!(
+            AbiMismatch,
+            "cfg->struct_size: {size} is smaller than the {MIN_CONFIG_SIZE} bytes of the oldest supported muon_config_t; initialise it with muon_config_init()"
+        );
+    }
+    let mut raw = muon_config_t::from_config(&Config::default());
+    let n = size.min(std::mem::size_of::<muon_config_t>());
+    // SAFETY: the caller guarantees `size` readable bytes; we copy at most our own size.
+    unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut raw as *mut muon_config_t).cast::<u8>(), n) };
+    let major = raw.abi_version / 10_000;
+    if major != MUON_VERSION_CODE / 10_000 {
+        crate::bail!(
+            AbiMismatch,
+            "cfg->abi_version: {} was compiled against major version {major}, this library is {}",
+            raw.abi_version,
+            MUON_VERSION_CODE / 10_000
+        );
+    }
+    raw.to_config()
+}
+
+/// @brief Fill @p cfg with the defaults and set struct_size and abi_version.
+/// @param[out] cfg Config to initialise; NULL is ignored.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_config_init(cfg: *mut muon_config_t) {
+    run_or("muon_config_init", (), || {
+        if !cfg.is_null() {
+            // SAFETY: non-NULL and, per the contract, points to a muon_config_t.
+            unsafe { cfg.write_unaligned(muon_config_t::from_config(&Config::default())) };
+        }
+    })
+}
+
+/// @brief Check every field of @p cfg and every combination of fields.
+/// @param[in] cfg Config initialised by muon_config_init().
+/// @return MUON_STATUS_SUCCESS, or the status of the first violated rule with a message
+///         naming the field and the rule (see muon_last_error_message()).
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_config_validate(cfg: *const muon_config_t) -> muon_status_t {
+    run("muon_config_validate", || unsafe { read_config(cfg) }.map(|_| ()))
+}

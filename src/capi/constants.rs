@@ -1,0 +1,102 @@
+//! Named values of the `uint32_t` enumerations and flags in the C API.
+
+use crate::model::Route;
+
+/// Owner-sorted Muon layout without persistent padding (default).
+pub const MUON_LAYOUT_COMPACT: u32 = 0;
+/// Megatron-LM's shard-aligned layer-wise layout.
+pub const MUON_LAYOUT_PADDED: u32 = 1;
+/// Compact layout with all-reduced gradients.
+pub const MUON_LAYOUT_ALLREDUCE: u32 = 2;
+
+/// 32-bit IEEE float.
+pub const MUON_DTYPE_F32: u32 = 0;
+/// bfloat16.
+pub const MUON_DTYPE_BF16: u32 = 1;
+
+/// Five tuned quintic triples (default).
+pub const MUON_COEFFICIENTS_QUINTIC: u32 = 0;
+/// (3.4445, −4.7750, 2.0315) every step.
+pub const MUON_COEFFICIENTS_SIMPLE: u32 = 1;
+/// Polar Express per-step coefficients.
+pub const MUON_COEFFICIENTS_POLAR_EXPRESS: u32 = 2;
+
+/// bf16 operands, fp32 accumulation (default).
+pub const MUON_NS_PRECISION_BF16: u32 = 0;
+/// fp32 throughout.
+pub const MUON_NS_PRECISION_F32: u32 = 1;
+
+/// √max(m, n) (default).
+pub const MUON_SCALE_SPECTRAL: u32 = 0;
+/// √max(1, m/n).
+pub const MUON_SCALE_SHAPE_SCALING: u32 = 1;
+/// √(m/n).
+pub const MUON_SCALE_UNIT_RMS_NORM: u32 = 2;
+
+/// Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
+pub const MUON_COMM_MODE_FROM_ENV: u32 = 0;
+/// Host comm worker runs work as soon as it can.
+pub const MUON_COMM_MODE_EAGER: u32 = 1;
+/// Host comm work runs only when a wait or synchronize needs it.
+pub const MUON_COMM_MODE_LAZY: u32 = 2;
+
+/// The param is updated by Muon on its owner rank.
+pub const MUON_ROUTE_MUON: u32 = 0;
+/// The param is updated by AdamW, sharded element-wise.
+pub const MUON_ROUTE_ADAMW: u32 = 1;
+
+/// Embedding or output layer: always AdamW.
+pub const MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT: u32 = 1 << 0;
+/// Opt out of Muon.
+pub const MUON_PARAM_FLAG_NO_MUON: u32 = 1 << 1;
+/// 3-D [E, m, n] stack of E expert matrices.
+pub const MUON_PARAM_FLAG_EXPERT_STACK: u32 = 1 << 2;
+/// Persistent MXFP8 storage (dims multiples of 32, dtype bf16).
+pub const MUON_PARAM_FLAG_MXFP8: u32 = 1 << 3;
+/// No weight decay.
+pub const MUON_PARAM_FLAG_NO_WEIGHT_DECAY: u32 = 1 << 4;
+/// Allow a Muon matrix with a dimension equal to vocab_size.
+pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
+
+/// Decodes a route for the C API.
+pub fn route_code(route: Route) -> u32 {
+    match route {
+        Route::Muon => MUON_ROUTE_MUON,
+        Route::Adamw => MUON_ROUTE_ADAMW,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CoefficientSet, CommMode, Dtype, MuonLayout, NsPrecision, ScaleMode};
+    use crate::model::ParamFlags;
+
+    #[test]
+    fn c_constants_equal_core_codes() {
+        assert_eq!(MuonLayout::Compact.code(), MUON_LAYOUT_COMPACT);
+        assert_eq!(MuonLayout::Padded.code(), MUON_LAYOUT_PADDED);
+        assert_eq!(MuonLayout::Allreduce.code(), MUON_LAYOUT_ALLREDUCE);
+        assert_eq!(Dtype::F32.code(), MUON_DTYPE_F32);
+        assert_eq!(Dtype::Bf16.code(), MUON_DTYPE_BF16);
+        assert_eq!(CoefficientSet::Quintic.code(), MUON_COEFFICIENTS_QUINTIC);
+        assert_eq!(CoefficientSet::Simple.code(), MUON_COEFFICIENTS_SIMPLE);
+        assert_eq!(CoefficientSet::PolarExpress.code(), MUON_COEFFICIENTS_POLAR_EXPRESS);
+        assert_eq!(NsPrecision::Bf16.code(), MUON_NS_PRECISION_BF16);
+        assert_eq!(NsPrecision::F32.code(), MUON_NS_PRECISION_F32);
+        assert_eq!(ScaleMode::Spectral.code(), MUON_SCALE_SPECTRAL);
+        assert_eq!(ScaleMode::ShapeScaling.code(), MUON_SCALE_SHAPE_SCALING);
+        assert_eq!(ScaleMode::UnitRmsNorm.code(), MUON_SCALE_UNIT_RMS_NORM);
+        assert_eq!(CommMode::FromEnv.code(), MUON_COMM_MODE_FROM_ENV);
+        assert_eq!(CommMode::Eager.code(), MUON_COMM_MODE_EAGER);
+        assert_eq!(CommMode::Lazy.code(), MUON_COMM_MODE_LAZY);
+        assert_eq!(ParamFlags::EMBEDDING_OR_OUTPUT, MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT);
+        assert_eq!(ParamFlags::NO_MUON, MUON_PARAM_FLAG_NO_MUON);
+        assert_eq!(ParamFlags::EXPERT_STACK, MUON_PARAM_FLAG_EXPERT_STACK);
+        assert_eq!(ParamFlags::MXFP8, MUON_PARAM_FLAG_MXFP8);
+        assert_eq!(ParamFlags::NO_WEIGHT_DECAY, MUON_PARAM_FLAG_NO_WEIGHT_DECAY);
+        assert_eq!(ParamFlags::ALLOW_VOCAB_DIM, MUON_PARAM_FLAG_ALLOW_VOCAB_DIM);
+        assert_eq!(route_code(Route::Muon), MUON_ROUTE_MUON);
+        assert_eq!(route_code(Route::Adamw), MUON_ROUTE_ADAMW);
+    }
+}

@@ -1,0 +1,116 @@
+//! Opaque handles: a `Box<Handle<T>>` behind a zero-sized C type, with a magic value as
+//! the first field (a best-effort guard against foreign pointers and double destroy) and
+//! a poison flag set when a call on the handle panicked.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::capi::boundary::{fail, panic_text};
+use crate::capi::status::muon_status_t;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Heap representation of every handle.
+#[repr(C)]
+pub struct Handle<T> {
+    magic: u32,
+    poisoned: bool,
+    value: T,
+}
+
+/// A Rust type exposed to C through an opaque handle type `C`.
+pub trait Exposed: Sized {
+    /// The zero-sized C-visible type.
+    type C;
+    /// Magic value of live handles of this type.
+    const MAGIC: u32;
+    /// Name used in messages ("optimizer", "comm").
+    const NAME: &'static str;
+}
+
+/// Boxes `value` and returns the opaque pointer the caller owns.
+pub fn into_raw<T: Exposed>(value: T) -> *mut T::C {
+    Box::into_raw(Box::new(Handle { magic: T::MAGIC, poisoned: false, value })).cast()
+}
+
+fn check<T: Exposed>(ptr: *const T::C, arg: &str) -> Result<*mut Handle<T>> {
+    if ptr.is_null() {
+        return Err(Error::new(ErrorKind::NullArgument, format!("{arg} is NULL")));
+    }
+    let handle = ptr as *mut Handle<T>;
+    // SAFETY: the contract says `ptr` came from `into_raw::<T>`; the magic read is the
+    // documented best-effort check for anything else.
+    let magic = unsafe { (*handle).magic };
+    if magic != T::MAGIC {
+        return Err(Error::new(
+            ErrorKind::InvalidHandle,
+            format!("{arg} is not a live {} handle (destroyed, or another type)", T::NAME),
+        ));
+    }
+    if unsafe { (*handle).poisoned } {
+        return Err(Error::new(
+            ErrorKind::InvalidState,
+            format!("{arg}: the {} handle is poisoned by an earlier internal panic; destroy it", T::NAME),
+        ));
+    }
+    Ok(handle)
+}
+
+/// Runs `body` on the handle behind `ptr` with the export's panic boundary; a panic poisons
+/// the handle.
+pub fn with_mut<T: Exposed>(
+    function: &str,
+    ptr: *mut T::C,
+    arg: &str,
+    body: impl FnOnce(&mut T) -> Result<()>,
+) -> muon_status_t {
+    let handle = match catch_unwind(AssertUnwindSafe(|| check::<T>(ptr, arg))) {
+        Ok(Ok(h)) => h,
+        Ok(Err(err)) => return fail(function, err),
+        Err(payload) => return fail(function, Error::new(ErrorKind::Panic, panic_text(&*payload))),
+    };
+    // SAFETY: checked above; one thread per handle at a time is the documented contract.
+    let value = unsafe { &mut (*handle).value };
+    match catch_unwind(AssertUnwindSafe(|| body(value))) {
+        Ok(Ok(())) => muon_status_t::MUON_STATUS_SUCCESS,
+        Ok(Err(err)) => fail(function, err),
+        Err(payload) => {
+            unsafe { (*handle).poisoned = true };
+            fail(
+                function,
+                Error::new(ErrorKind::Panic, format!("internal panic: {}", panic_text(&*payload))),
+            )
+        }
+    }
+}
+
+/// Shared-access variant of [`with_mut`] for `const` handle functions.
+pub fn with_ref<T: Exposed>(
+    function: &str,
+    ptr: *const T::C,
+    arg: &str,
+    body: impl FnOnce(&T) -> Result<()>,
+) -> muon_status_t {
+    with_mut::<T>(function, ptr as *mut T::C, arg, |value| body(value))
+}
+
+/// Destroys the handle behind `ptr`: NULL is a no-op; a foreign or already destroyed
+/// handle is reported, not freed.
+pub fn destroy<T: Exposed>(function: &str, ptr: *mut T::C, arg: &str) -> muon_status_t {
+    if ptr.is_null() {
+        return muon_status_t::MUON_STATUS_SUCCESS;
+    }
+    let handle = match check::<T>(ptr, arg) {
+        Ok(h) => h,
+        Err(err) if err.kind == ErrorKind::InvalidState => ptr as *mut Handle<T>,
+        Err(err) => return fail(function, err),
+    };
+    // SAFETY: a live handle of type T created by `into_raw`; the magic is cleared before the
+    // box is dropped so a second destroy is detected on a best-effort basis.
+    unsafe { (*handle).magic = 0 };
+    match catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(handle) }))) {
+        Ok(()) => muon_status_t::MUON_STATUS_SUCCESS,
+        Err(payload) => fail(
+            function,
+            Error::new(ErrorKind::Panic, format!("panic while destroying: {}", panic_text(&*payload))),
+        ),
+    }
+}

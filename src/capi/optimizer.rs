@@ -1,0 +1,206 @@
+//! `muon_optimizer_t`: lifecycle, registration, plan and views.
+
+use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+
+use crate::bail;
+use crate::capi::boundary::{non_null, run};
+use crate::capi::comm::muon_comm_t;
+use crate::capi::config::{muon_config_t, read_config};
+use crate::capi::constants::route_code;
+use crate::capi::handle::{Exposed, destroy, into_raw, with_mut, with_ref};
+use crate::capi::param::{muon_param_desc_t, muon_param_view_t, read_desc};
+use crate::capi::status::muon_status_t;
+use crate::comm::Communicator;
+use crate::optimizer::Optimizer;
+
+/// Opaque optimizer handle (one per rank).
+#[allow(non_camel_case_types)]
+pub struct muon_optimizer_t {
+    _private: [u8; 0],
+}
+
+/// `struct CUstream_st` — the type behind `cudaStream_t`; declared, never defined, in the header.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+pub struct CUstream_st {
+    _private: [u8; 0],
+}
+
+impl Exposed for Optimizer {
+    type C = muon_optimizer_t;
+    const MAGIC: u32 = 0x4D55_4F4E;
+    const NAME: &'static str = "optimizer";
+}
+
+/// @brief Create an optimizer for this rank.
+/// @param[in]  cfg    Configuration (see muon_config_init()); copied.
+/// @param[in]  comm   Communicator of this rank; must stay alive until the optimizer is
+///                    destroyed. One optimizer per communicator at a time.
+/// @param[in]  stream cudaStream_t the framework computes on (borrowed; NULL = legacy default
+///                    stream). Must be NULL with a host group.
+/// @param[out] out    The new optimizer (caller owns; release with muon_optimizer_destroy).
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_create(
+    cfg: *const muon_config_t,
+    comm: *mut muon_comm_t,
+    stream: *mut CUstream_st,
+    out: *mut *mut muon_optimizer_t,
+) -> muon_status_t {
+    let mut communicator: Option<Arc<Communicator>> = None;
+    let status = with_ref::<Arc<Communicator>>("muon_optimizer_create", comm, "comm", |c| {
+        communicator = Some(c.clone());
+        Ok(())
+    });
+    let Some(communicator) = communicator else { return status };
+    run("muon_optimizer_create", || {
+        non_null(out, "out")?;
+        let cfg = unsafe { read_config(cfg) }?;
+        let optimizer = Optimizer::new(cfg, communicator.claim()?, stream.is_null())?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = into_raw(optimizer) };
+        Ok(())
+    })
+}
+
+/// @brief Register a parameter (forward order). Only before muon_optimizer_finalize().
+/// @param[in,out] opt      Optimizer handle.
+/// @param[in]     desc     Description; every pointer in it is read during this call only.
+/// @param[out]    param_id Id of the new param (its registration index); may be NULL.
+/// @return On failure nothing is registered.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_add_param(
+    opt: *mut muon_optimizer_t,
+    desc: *const muon_param_desc_t,
+    param_id: *mut u32,
+) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_add_param", opt, "opt", |o| {
+        let decoded = unsafe { read_desc(desc) }?;
+        let id = o.add_param(decoded.spec, decoded.init)?;
+        if !param_id.is_null() {
+            // SAFETY: non-NULL out-pointer.
+            unsafe { *param_id = id };
+        }
+        Ok(())
+    })
+}
+
+/// @brief The route (MUON_ROUTE_MUON or MUON_ROUTE_ADAMW) of a registered param.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_param_route(
+    opt: *const muon_optimizer_t,
+    param_id: u32,
+    route: *mut u32,
+) -> muon_status_t {
+    with_ref::<Optimizer>("muon_optimizer_param_route", opt, "opt", |o| {
+        non_null(route, "route")?;
+        let r = o.route(param_id)?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *route = route_code(r) };
+        Ok(())
+    })
+}
+
+/// @brief Plan the layout and verify every rank planned the same. Collective: every rank of
+///        the communicator calls it.
+/// @return MUON_STATUS_PLAN_MISMATCH when ranks registered different models.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_finalize(opt: *mut muon_optimizer_t) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_finalize", opt, "opt", |o| o.finalize())
+}
+
+/// @brief Copy the plan and its report as JSON (NUL-terminated) into @p buf.
+/// @param[in]  opt Finalized optimizer.
+/// @param[out] buf Destination, or NULL with @p cap 0 to query the size.
+/// @param[in]  cap Capacity of @p buf in bytes.
+/// @param[out] len Bytes needed including the NUL; written on success and on
+///             MUON_STATUS_BUFFER_TOO_SMALL.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_plan_json(
+    opt: *const muon_optimizer_t,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> muon_status_t {
+    with_ref::<Optimizer>("muon_optimizer_plan_json", opt, "opt", |o| {
+        non_null(len, "len")?;
+        let json = o.plan()?.to_json();
+        let needed = json.len() + 1;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *len = needed };
+        if buf.is_null() && cap == 0 {
+            return Ok(());
+        }
+        non_null(buf, "buf")?;
+        if cap < needed {
+            bail!(BufferTooSmall, "buf: capacity {cap} < {needed} bytes needed (see *len)");
+        }
+        // SAFETY: buf has cap >= needed writable bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), json.len());
+            *buf.add(json.len()) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers.
+/// @param[in]  opt  Finalized optimizer.
+/// @param[out] view Written on success; view->struct_size must be set by the caller.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_param_view(
+    opt: *const muon_optimizer_t,
+    param_id: u32,
+    view: *mut muon_param_view_t,
+) -> muon_status_t {
+    with_ref::<Optimizer>("muon_optimizer_param_view", opt, "opt", |o| {
+        non_null(view, "view")?;
+        let size = unsafe { std::ptr::read_unaligned(view.cast::<u32>()) } as usize;
+        if size < std::mem::size_of::<muon_param_view_t>() {
+            bail!(
+                AbiMismatch,
+                "view->struct_size: {size} is smaller than sizeof(muon_param_view_t) = {}; set it before the call",
+                std::mem::size_of::<muon_param_view_t>()
+            );
+        }
+        let plan = o.plan_for(param_id)?;
+        let placement = plan.param(param_id as usize);
+        let out = muon_param_view_t {
+            struct_size: std::mem::size_of::<muon_param_view_t>() as u32,
+            route: route_code(o.registry().routes()[param_id as usize]),
+            bucket: placement.bucket as u32,
+            owner: placement.single_owner().map_or(-1, |r| r as i32),
+            offset: placement.offset,
+            numel: placement.numel,
+            data: std::ptr::null_mut::<c_void>(),
+            grad: std::ptr::null_mut::<c_void>(),
+            mxfp8_rowwise_data: std::ptr::null_mut(),
+            mxfp8_rowwise_scales: std::ptr::null_mut(),
+            mxfp8_colwise_data: std::ptr::null_mut(),
+            mxfp8_colwise_scales: std::ptr::null_mut(),
+        };
+        // SAFETY: non-NULL, struct_size checked.
+        unsafe { view.write_unaligned(out) };
+        Ok(())
+    })
+}
+
+/// @brief Destroy an optimizer. NULL is a no-op; must not be called twice. Synchronize the
+///        streams used before calling.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_destroy(opt: *mut muon_optimizer_t) -> muon_status_t {
+    destroy::<Optimizer>("muon_optimizer_destroy", opt, "opt")
+}
+
+/// Status for a test-only forced panic inside a handle call.
+#[cfg(test)]
+pub fn force_panic(opt: *mut muon_optimizer_t) -> muon_status_t {
+    with_mut::<Optimizer>("force_panic", opt, "opt", |_| panic!("forced panic for a test"))
+}

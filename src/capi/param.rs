@@ -1,0 +1,207 @@
+//! `muon_param_desc_t` (what the framework registers) and `muon_param_view_t` (where the
+//! library keeps it).
+
+use std::ffi::{CStr, c_char, c_void};
+
+use crate::bail;
+use crate::capi::boundary::{non_null, run_or};
+use crate::config::Dtype;
+use crate::error::Result;
+use crate::model::{ParamFlags, ParamSpec};
+use crate::numerics::bf16::bf16_to_f32;
+
+/// Largest number of dimensions of a registered tensor.
+pub const MUON_MAX_DIMS: usize = 4;
+
+/// Description of one parameter. Initialise with muon_param_desc_init(), then set name, ndim
+/// and shape (and the optional fields).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct muon_param_desc_t {
+    /// sizeof(muon_param_desc_t) as compiled by the caller.
+    pub struct_size: u32,
+    /// Number of dimensions, 1..=MUON_MAX_DIMS.
+    pub ndim: u32,
+    /// Unique UTF-8 name (the checkpoint key); copied during the call.
+    pub name: *const c_char,
+    /// Dimensions, each >= 1; entries past ndim are ignored.
+    pub shape: [i64; MUON_MAX_DIMS],
+    /// Model dtype of the param buffer: MUON_DTYPE_BF16 or MUON_DTYPE_F32.
+    pub dtype: u32,
+    /// Bitwise OR of MUON_PARAM_FLAG_* values.
+    pub flags: u32,
+    /// Non-zero: copies of one logical weight (e.g. an embedding and its MTP duplicate) share
+    /// a tie group and must route alike.
+    pub tie_group: u32,
+    /// Number of fused components (0 = not fused).
+    pub num_splits: u32,
+    /// num_splits row counts along dim 0 (dim 1 of an expert stack), summing to that dim.
+    pub split_sizes: *const i64,
+    /// High-precision initial values (NULL = zeros), read during the call. Host pointer on
+    /// the host backend; device pointer on the cuda backend.
+    pub init_data: *const c_void,
+    /// Dtype of init_data: MUON_DTYPE_F32 or MUON_DTYPE_BF16.
+    pub init_dtype: u32,
+    /// Multiplier on the learning rate of this param (default 1).
+    pub lr_scale: f32,
+    /// Multiplier on the weight decay of this param (default 1).
+    pub wd_scale: f32,
+}
+
+/// Where a registered parameter lives.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct muon_param_view_t {
+    /// sizeof(muon_param_view_t) as compiled by the caller.
+    pub struct_size: u32,
+    /// MUON_ROUTE_MUON or MUON_ROUTE_ADAMW.
+    pub route: u32,
+    /// Bucket index: call muon_optimizer_wait_params(bucket) before the first use in forward.
+    pub bucket: u32,
+    /// Owner rank of a Muon param; -1 when no single rank owns it (AdamW shards, or an
+    /// expert stack split across ranks).
+    pub owner: i32,
+    /// Element offset of the param in its buffer.
+    pub offset: u64,
+    /// Number of elements.
+    pub numel: u64,
+    /// Model-dtype storage; NULL for MXFP8 params, and NULL until buffers exist.
+    pub data: *mut c_void,
+    /// Gradient storage (grad_dtype) the framework accumulates into; NULL until buffers exist.
+    pub grad: *mut c_void,
+    /// MXFP8 rowwise E4M3 data [rows, cols]; NULL unless MUON_PARAM_FLAG_MXFP8.
+    pub mxfp8_rowwise_data: *mut u8,
+    /// MXFP8 rowwise E8M0 scales; NULL unless MXFP8.
+    pub mxfp8_rowwise_scales: *mut u8,
+    /// MXFP8 columnwise E4M3 data [rows, cols] (not transposed); NULL unless MXFP8.
+    pub mxfp8_colwise_data: *mut u8,
+    /// MXFP8 columnwise E8M0 scales; NULL unless MXFP8.
+    pub mxfp8_colwise_scales: *mut u8,
+}
+
+/// Size of the first ABI version of each struct; smaller struct_size values are rejected.
+pub(crate) const MIN_DESC_SIZE: usize = std::mem::size_of::<muon_param_desc_t>();
+
+impl muon_param_desc_t {
+    fn defaults() -> Self {
+        muon_param_desc_t {
+            struct_size: std::mem::size_of::<muon_param_desc_t>() as u32,
+            ndim: 0,
+            name: std::ptr::null(),
+            shape: [0; MUON_MAX_DIMS],
+            dtype: Dtype::Bf16.code(),
+            flags: 0,
+            tie_group: 0,
+            num_splits: 0,
+            split_sizes: std::ptr::null(),
+            init_data: std::ptr::null(),
+            init_dtype: Dtype::F32.code(),
+            lr_scale: 1.0,
+            wd_scale: 1.0,
+        }
+    }
+}
+
+/// @brief Fill @p desc with defaults (bf16, no flags, scales 1, no init data) and set
+///        struct_size. NULL is ignored.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_param_desc_init(desc: *mut muon_param_desc_t) {
+    run_or("muon_param_desc_init", (), || {
+        if !desc.is_null() {
+            // SAFETY: non-NULL, points to a muon_param_desc_t per the contract.
+            unsafe { desc.write_unaligned(muon_param_desc_t::defaults()) };
+        }
+    })
+}
+
+/// A registration decoded from C: the spec and its initial values.
+pub struct Decoded {
+    pub spec: ParamSpec,
+    pub init: Option<Vec<f32>>,
+}
+
+/// Decodes a caller's description; every pointer is read during this call only.
+///
+/// # Safety
+/// `ptr` must be NULL or point to `struct_size` readable bytes whose pointers are valid as
+/// documented on the fields.
+pub unsafe fn read_desc(ptr: *const muon_param_desc_t) -> Result<Decoded> {
+    non_null(ptr, "desc")?;
+    let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
+    if size < MIN_DESC_SIZE {
+        bail!(
+            AbiMismatch,
+            "desc->struct_size: {size} is smaller than the {MIN_DESC_SIZE} bytes of muon_param_desc_t; initialise it with muon_param_desc_init()"
+        );
+    }
+    let desc = unsafe { std::ptr::read_unaligned(ptr) };
+    if desc.name.is_null() {
+        bail!(NullArgument, "desc->name is NULL");
+    }
+    let name = match unsafe { CStr::from_ptr(desc.name) }.to_str() {
+        Ok(name) => name.to_string(),
+        Err(e) => bail!(InvalidParam, "desc->name: not valid UTF-8 ({e})"),
+    };
+    let ndim = desc.ndim as usize;
+    if !(1..=MUON_MAX_DIMS).contains(&ndim) {
+        bail!(InvalidParam, "param '{name}': ndim {ndim} is outside 1..={MUON_MAX_DIMS}");
+    }
+    let mut shape = Vec::with_capacity(ndim);
+    for (d, &dim) in desc.shape[..ndim].iter().enumerate() {
+        if dim <= 0 {
+            bail!(InvalidParam, "param '{name}': shape[{d}] is {dim}; every dimension must be >= 1");
+        }
+        shape.push(dim as u64);
+    }
+    let splits = read_splits(&name, &desc)?;
+    let spec = ParamSpec {
+        name,
+        shape,
+        dtype: Dtype::from_code("desc->dtype", desc.dtype)?,
+        flags: ParamFlags(desc.flags),
+        tie_group: desc.tie_group,
+        split_sizes: splits,
+        lr_scale: desc.lr_scale,
+        wd_scale: desc.wd_scale,
+    };
+    spec.validate()?;
+    let init_dtype = Dtype::from_code("desc->init_dtype", desc.init_dtype)?;
+    let init = (!desc.init_data.is_null()).then(|| read_init(desc.init_data, init_dtype, spec.numel() as usize));
+    Ok(Decoded { spec, init })
+}
+
+fn read_splits(name: &str, desc: &muon_param_desc_t) -> Result<Vec<u64>> {
+    if desc.num_splits == 0 {
+        return Ok(Vec::new());
+    }
+    if desc.split_sizes.is_null() {
+        bail!(NullArgument, "param '{name}': desc->split_sizes is NULL but num_splits is {}", desc.num_splits);
+    }
+    if desc.num_splits > 1 << 16 {
+        bail!(InvalidParam, "param '{name}': num_splits {} exceeds 65536", desc.num_splits);
+    }
+    // SAFETY: the caller provides num_splits readable values.
+    let raw = unsafe { std::slice::from_raw_parts(desc.split_sizes, desc.num_splits as usize) };
+    raw.iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            if s <= 0 {
+                bail!(InvalidParam, "param '{name}': split_sizes[{i}] is {s}; every component needs >= 1 row");
+            }
+            Ok(s as u64)
+        })
+        .collect()
+}
+
+fn read_init(data: *const c_void, dtype: Dtype, numel: usize) -> Vec<f32> {
+    match dtype {
+        // SAFETY: the caller provides numel readable values of init_dtype.
+        Dtype::F32 => unsafe { std::slice::from_raw_parts(data.cast::<f32>(), numel) }.to_vec(),
+        Dtype::Bf16 => unsafe { std::slice::from_raw_parts(data.cast::<u16>(), numel) }
+            .iter()
+            .map(|&b| bf16_to_f32(b))
+            .collect(),
+    }
+}

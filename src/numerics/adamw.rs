@@ -1,0 +1,112 @@
+//! Element-wise AdamW on fp32 masters: bias-corrected moments and decoupled weight decay
+//! (DESIGN.md section 6), the operation every rank applies to its shard of the AdamW buckets.
+//!
+//! Per step, three scalars are computed once, in f32, on the host (the CUDA backend passes
+//! the same host-computed values to its kernel): `bc1 = 1 − β1^t`, `bc2 = 1 − β2^t`
+//! ([`adamw_bias_corrections`], 1-based step `t`) and `decay = 1 − lr·wd`. The powers are
+//! [`powi_f32`], an explicit f32 binary exponentiation, not `f32::powi`: `powi` is documented
+//! as unspecified in precision, and the optimizer does fold it differently (a constant step
+//! gave a different last bit in release than in debug builds).
+//!
+//! Per element, in f32, each operation rounded on its own (no fused multiply-add; a CUDA
+//! mirror must use `__fmul_rn`/`__fadd_rn` or compile with `--fmad=false`, with IEEE division
+//! and square root), in this order:
+//! ```text
+//! g    = grad·clip_coef
+//! m    = β1·m + (1 − β1)·g
+//! v    = β2·v + ((1 − β2)·g)·g
+//! mhat = m / bc1
+//! vhat = v / bc2
+//! w    = w·decay − (lr·mhat) / (sqrt(vhat) + eps)
+//! ```
+//! (`1 − β1`, `1 − β2` are f32 scalars computed once.)
+
+use crate::bail;
+use crate::error::Result;
+
+/// The scalars of one AdamW step for one parameter group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWArgs {
+    /// Learning rate (already multiplied by any per-parameter scale).
+    pub lr: f32,
+    /// Decoupled weight decay (already multiplied by any per-parameter scale).
+    pub weight_decay: f32,
+    /// First-moment decay β1.
+    pub beta1: f32,
+    /// Second-moment decay β2.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// 1-based step count `t` of the bias corrections.
+    pub step: u64,
+    /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient));
+    /// 1 when clipping is off.
+    pub clip_coef: f32,
+}
+
+/// `base^exp` in f32 by binary exponentiation, every product rounded to f32: scanning the bits
+/// of `exp` from the least significant, `result *= square` for each set bit, then
+/// `square *= square`. Deterministic on every platform and optimization level.
+pub fn powi_f32(base: f32, exp: u64) -> f32 {
+    let (mut result, mut square, mut e) = (1.0f32, base, exp);
+    while e > 0 {
+        if e & 1 == 1 {
+            result *= square;
+        }
+        square *= square;
+        e >>= 1;
+    }
+    result
+}
+
+/// `(1 − β1^t, 1 − β2^t)` in f32 with [`powi_f32`].
+pub fn adamw_bias_corrections(beta1: f32, beta2: f32, step: u64) -> (f32, f32) {
+    (1.0 - powi_f32(beta1, step), 1.0 - powi_f32(beta2, step))
+}
+
+/// Applies one AdamW step to `master` with moments `exp_avg` (m) and `exp_avg_sq` (v) from
+/// `grad`, element by element; the exact operation order is in the module documentation.
+///
+/// # Errors
+/// `InvalidArgument` if the four slices differ in length; `OutOfRange` if `args.step` is 0.
+/// Nothing is modified on error.
+pub fn adamw_update(
+    master: &mut [f32],
+    exp_avg: &mut [f32],
+    exp_avg_sq: &mut [f32],
+    grad: &[f32],
+    args: &AdamWArgs,
+) -> Result<()> {
+    if args.step == 0 {
+        bail!(OutOfRange, "adamw_update: step must be >= 1 (1-based), got 0");
+    }
+    let len = master.len();
+    if exp_avg.len() != len || exp_avg_sq.len() != len || grad.len() != len {
+        bail!(
+            InvalidArgument,
+            "adamw_update: lengths differ (master {len}, exp_avg {}, exp_avg_sq {}, grad {})",
+            exp_avg.len(),
+            exp_avg_sq.len(),
+            grad.len()
+        );
+    }
+    let (bc1, bc2) = adamw_bias_corrections(args.beta1, args.beta2, args.step);
+    let (b1, b2) = (args.beta1, args.beta2);
+    let (one_minus_b1, one_minus_b2) = (1.0 - b1, 1.0 - b2);
+    let decay = 1.0 - args.lr * args.weight_decay;
+    let (lr, eps, clip) = (args.lr, args.eps, args.clip_coef);
+    let elements = master
+        .iter_mut()
+        .zip(exp_avg.iter_mut())
+        .zip(exp_avg_sq.iter_mut())
+        .zip(grad);
+    for (((w, m), v), &grad) in elements {
+        let g = grad * clip;
+        *m = b1 * *m + one_minus_b1 * g;
+        *v = b2 * *v + one_minus_b2 * g * g;
+        let mhat = *m / bc1;
+        let vhat = *v / bc2;
+        *w = *w * decay - lr * mhat / (vhat.sqrt() + eps);
+    }
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! The per-matrix Muon update on fp32 masters (DESIGN.md section 6), following
+//! Megatron-LM / Emerging-Optimizers (`OrthogonalizedOptimizer.step`, `Muon`).
+//!
+//! For one owned matrix `W` (`rows × cols`) with momentum `M` and reduced gradient `G`, every
+//! scalar operation in f32, in this order (`lr_eff = lr·lr_scale`, `wd_eff = wd·wd_scale`,
+//! `decay = 1 − lr_eff·wd_eff`):
+//! 1. `g = G·clip_coef`, `M = μ·M + (1−μ)·g`;
+//! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
+//! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
+//!    split): `X_k = NS(U_k)` ([`newton_schulz`](super::newton_schulz)) and
+//!    `scale_k = s(mode, rows_k, cols)·extra_scale_factor`, `s` from [`muon_scale`];
+//! 4. `W = W·decay − (lr_eff·scale_k)·X_k`.
+//!
+//! Step 4 fuses Megatron's decoupled weight decay `p.mul_(1 − lr·wd)` (done before the
+//! update there) with the update; it is the same `W ← W − lr·wd·W − lr·scale·X`. The scale is
+//! computed per component shape, as Emerging-Optimizers does when it orthogonalizes split
+//! QKV components one by one through `scaled_orthogonalize_fn`.
+
+use crate::bail;
+use crate::config::{Config, ScaleMode};
+use crate::error::Result;
+use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz_in_place};
+
+/// The Muon fields of a configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MuonOptions {
+    /// EMA momentum coefficient μ.
+    pub momentum: f32,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// The Newton–Schulz iteration.
+    pub ns: NsOptions,
+    /// How the orthogonalized update is scaled.
+    pub scale_mode: ScaleMode,
+    /// Extra multiplier of the update scale (0.2 matches AdamW's update RMS, Moonlight).
+    pub extra_scale_factor: f32,
+}
+
+impl MuonOptions {
+    /// Takes `muon_momentum`, `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode` and
+    /// `muon_extra_scale_factor` from `cfg`.
+    pub fn from_config(cfg: &Config) -> Self {
+        MuonOptions {
+            momentum: cfg.muon_momentum,
+            nesterov: cfg.muon_nesterov,
+            ns: NsOptions::from_config(cfg),
+            scale_mode: cfg.muon_scale_mode,
+            extra_scale_factor: cfg.muon_extra_scale_factor,
+        }
+    }
+}
+
+/// The per-step, per-parameter scalars of a Muon update.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MuonStepArgs {
+    /// Learning rate of the Muon group at this step.
+    pub lr: f32,
+    /// Weight decay of the Muon group.
+    pub weight_decay: f32,
+    /// The parameter's learning-rate multiplier.
+    pub lr_scale: f32,
+    /// The parameter's weight-decay multiplier (0 for no-weight-decay parameters).
+    pub wd_scale: f32,
+    /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient));
+    /// 1 when clipping is off.
+    pub clip_coef: f32,
+}
+
+/// The shape of one Muon matrix and its fused components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MuonShape<'a> {
+    /// Rows of the whole matrix (dim 0).
+    pub rows: usize,
+    /// Columns (dim 1), shared by every component.
+    pub cols: usize,
+    /// Rows of each fused component, summing to `rows`; empty = not fused.
+    pub split_rows: &'a [usize],
+}
+
+/// The update scale of an orthogonalized `rows × cols` matrix (`m = rows`, `n = cols`):
+/// `spectral` √max(m, n), `shape_scaling` √max(1, m/n), `unit_rms_norm` √(m/n), computed in
+/// f64 and rounded to f32, then multiplied in f32 by `extra_scale_factor`.
+pub fn muon_scale(mode: ScaleMode, rows: usize, cols: usize, extra_scale_factor: f32) -> f32 {
+    let (m, n) = (rows as f64, cols as f64);
+    let base = match mode {
+        ScaleMode::Spectral => m.max(n).sqrt(),
+        ScaleMode::ShapeScaling => (m / n).max(1.0).sqrt(),
+        ScaleMode::UnitRmsNorm => (m / n).sqrt(),
+    };
+    base as f32 * extra_scale_factor
+}
+
+/// Scratch memory of [`muon_update`]: the Newton–Schulz workspace and the update buffer.
+#[derive(Debug, Clone, Default)]
+pub struct MuonWorkspace {
+    ns: NsWorkspace,
+    update: Vec<f32>,
+}
+
+impl MuonWorkspace {
+    /// A workspace that never allocates for matrices up to `max_rows × max_cols`.
+    pub fn new(max_rows: usize, max_cols: usize) -> Self {
+        MuonWorkspace {
+            ns: NsWorkspace::new(max_rows, max_cols),
+            update: vec![0.0; max_rows * max_cols],
+        }
+    }
+}
+
+/// Applies one Muon update to `master` and `momentum` from `grad` (all `rows × cols`,
+/// row-major). The exact operation order is in the module documentation.
+///
+/// # Errors
+/// `InvalidArgument` if a dimension is 0, a slice is not `rows·cols` long, or the splits have
+/// a 0 or do not sum to `rows`; `OutOfRange` for bad `opts.ns.steps`. Nothing is modified on
+/// error.
+pub fn muon_update(
+    master: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    shape: &MuonShape<'_>,
+    args: &MuonStepArgs,
+    opts: &MuonOptions,
+    ws: &mut MuonWorkspace,
+) -> Result<()> {
+    let (rows, cols) = (shape.rows, shape.cols);
+    check_shape(shape)?;
+    let len = rows * cols;
+    for (name, actual) in [
+        ("master", master.len()),
+        ("momentum", momentum.len()),
+        ("grad", grad.len()),
+    ] {
+        if actual != len {
+            bail!(
+                InvalidArgument,
+                "muon_update: {name} has {actual} elements, expected {rows}×{cols}"
+            );
+        }
+    }
+    opts.ns.validate()?;
+
+    if ws.update.len() < len {
+        ws.update.resize(len, 0.0);
+    }
+    let update = &mut ws.update[..len];
+    let mu = opts.momentum;
+    let one_minus_mu = 1.0 - mu;
+    let clip = args.clip_coef;
+    for ((u, m), &g) in update.iter_mut().zip(momentum.iter_mut()).zip(grad) {
+        let g = g * clip;
+        *m = mu * *m + one_minus_mu * g;
+        *u = if opts.nesterov { g + mu * (*m - g) } else { *m };
+    }
+
+    let lr_eff = args.lr * args.lr_scale;
+    let wd_eff = args.weight_decay * args.wd_scale;
+    let decay = 1.0 - lr_eff * wd_eff;
+    let whole = [rows];
+    let components = if shape.split_rows.is_empty() {
+        &whole[..]
+    } else {
+        shape.split_rows
+    };
+    let mut start = 0;
+    for &comp_rows in components {
+        let range = start..start + comp_rows * cols;
+        start = range.end;
+        let x = &mut update[range.clone()];
+        newton_schulz_in_place(x, comp_rows, cols, &opts.ns, &mut ws.ns)?;
+        let step = lr_eff * muon_scale(opts.scale_mode, comp_rows, cols, opts.extra_scale_factor);
+        for (w, &x) in master[range].iter_mut().zip(x.iter()) {
+            *w = *w * decay - step * x;
+        }
+    }
+    Ok(())
+}
+
+fn check_shape(shape: &MuonShape<'_>) -> Result<()> {
+    let (rows, cols, splits) = (shape.rows, shape.cols, shape.split_rows);
+    if rows == 0 || cols == 0 || rows.checked_mul(cols).is_none() {
+        bail!(
+            InvalidArgument,
+            "muon_update: shape {rows}×{cols} is invalid; both dimensions must be >= 1"
+        );
+    }
+    if splits.is_empty() {
+        return Ok(());
+    }
+    if splits.contains(&0) {
+        bail!(
+            InvalidArgument,
+            "muon_update: split_rows {splits:?} has a 0; every component needs >= 1 row"
+        );
+    }
+    let sum = splits.iter().try_fold(0usize, |acc, &r| acc.checked_add(r));
+    if sum != Some(rows) {
+        bail!(
+            InvalidArgument,
+            "muon_update: split_rows {splits:?} do not sum to rows {rows}"
+        );
+    }
+    Ok(())
+}

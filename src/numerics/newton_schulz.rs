@@ -1,0 +1,431 @@
+//! Host Newton–Schulz orthogonalization (DESIGN.md section 6, step 3).
+//!
+//! For an input `U` of `rows × cols`:
+//! 1. if `rows > cols`, work on `Uᵀ` so the Gram matrix is the smaller one; below, `X` is
+//!    `m × n` with `m = min(rows, cols)`, `n = max(rows, cols)`;
+//! 2. `X = U / max(‖U‖_F, 1e-7)` (the squared norm is summed in f64, see
+//!    [`squared_norm`]; the quotient is an f32 division by the f32 norm);
+//! 3. for `t` in `0..steps`, with `(a, b, c)` = [`ns_coefficients`]`(set, t)`:
+//!    `A = X·Xᵀ`, `B = b·A + c·A·A`, `X = a·X + B·X`;
+//! 4. transpose back if step 1 transposed.
+//!
+//! Every matrix product is `matrixmultiply::sgemm` (`C ← α·A·B + β·C`): `B` is formed as
+//! `sgemm(α = c, A, A, β = b, C = copy of A)` and the new `X` as
+//! `sgemm(α = 1, B, X, β = a, C = copy of X)`.
+//!
+//! Precision ([`NsPrecision`]):
+//! - `F32`: every operand, product, accumulation and output is f32.
+//! - `Bf16`: bf16 GEMM inputs with f32 accumulation. The two operands of every product
+//!   (`X` and `Xᵀ` in `X·Xᵀ`, `A` and `A` in `A·A`, `B` and `X` in `B·X`) are rounded to bf16
+//!   (round to nearest even) before multiplying; the accumulation, the `β·C` addends
+//!   (`b·A` and `a·X` use the unrounded f32 `A` and `X`) and every stored result stay f32.
+//!   This is what cuBLAS computes with bf16 A/B, f32 C and `CUBLAS_COMPUTE_32F`, up to the
+//!   order of accumulation; the CUDA backend uses exactly that.
+
+use crate::bail;
+use crate::config::{CoefficientSet, Config, MUON_MAX_NS_STEPS, NsPrecision};
+use crate::error::Result;
+use crate::numerics::bf16::{round_slice_through_bf16, round_slice_through_bf16_in_place};
+use crate::numerics::squared_norm;
+
+/// The floor of the Frobenius norm in the normalization `X = U / max(‖U‖_F, NS_NORM_EPS)`.
+pub const NS_NORM_EPS: f32 = 1e-7;
+
+/// Keller Jordan's tuned quintic triples, one per step (modded-nanogpt `train_gpt_medium.py`,
+/// also Emerging-Optimizers' `quintic`).
+const QUINTIC: [[f32; 3]; 5] = [
+    [4.0848, -6.8946, 2.9270],
+    [3.9505, -6.3029, 2.6377],
+    [3.7418, -5.5913, 2.3037],
+    [2.8769, -3.1427, 1.2046],
+    [2.8366, -3.0525, 1.2012],
+];
+
+/// The original Muon triple, used at every step.
+const SIMPLE: [[f32; 3]; 1] = [[3.4445, -4.7750, 2.0315]];
+
+/// Polar Express degree-5 coefficients before the safety factor, as published by Amsel,
+/// Persson, Musco, Gower, "The Polar Express: Optimal Matrix Sign Methods and Their Application
+/// to the Muon Algorithm" (arXiv:2505.16932, Algorithm 1), and in their reference code
+/// github.com/NoahAmsel/PolarExpress `polar_express/basic.py` (`optimal_composition(l=1e-3,
+/// num_iters=8, safety_factor_eps=1e-2, cushion=0.02)`).
+const POLAR_EXPRESS_RAW: [[f64; 3]; 8] = [
+    [8.28721201814563, -23.595886519098837, 17.300387312530933],
+    [4.107059111542203, -2.9478499167379106, 0.5448431082926601],
+    [3.9486908534822946, -2.908902115962949, 0.5518191394370137],
+    [3.3184196573706015, -2.488488024314874, 0.51004894012372],
+    [2.300652019954817, -1.6689039845747493, 0.4188073119525673],
+    [1.891301407787398, -1.2679958271945868, 0.37680408948524835],
+    [1.8750014808534479, -1.2500016453999487, 0.3750001645474248],
+    [1.875, -1.25, 0.375],
+];
+
+/// The reference code's safety factor `s`: every triple but the last becomes
+/// `(a/s, b/s³, c/s⁵)`, i.e. `p(x/s)`, so values slightly above 1 are not amplified.
+const POLAR_EXPRESS_SAFETY: f64 = 1.01;
+
+/// [`POLAR_EXPRESS_RAW`] with the safety factor applied in f64, then rounded to f32.
+const POLAR_EXPRESS: [[f32; 3]; 8] = polar_express_with_safety();
+
+const fn polar_express_with_safety() -> [[f32; 3]; 8] {
+    let s = POLAR_EXPRESS_SAFETY;
+    let mut out = [[0.0f32; 3]; 8];
+    let mut i = 0;
+    while i < POLAR_EXPRESS_RAW.len() {
+        let [a, b, c] = POLAR_EXPRESS_RAW[i];
+        out[i] = if i + 1 < POLAR_EXPRESS_RAW.len() {
+            [
+                (a / s) as f32,
+                (b / (s * s * s)) as f32,
+                (c / (s * s * s * s * s)) as f32,
+            ]
+        } else {
+            [a as f32, b as f32, c as f32]
+        };
+        i += 1;
+    }
+    out
+}
+
+/// The `(a, b, c)` triple of step `step` (0-based) of a coefficient set.
+///
+/// - `Quintic`: the five tuned triples of DESIGN.md; steps past the fifth repeat the fifth.
+///   (Emerging-Optimizers instead cycles the five and requires a multiple of five; the two
+///   agree for `steps <= 5`.)
+/// - `Simple`: `(3.4445, −4.7750, 2.0315)` at every step.
+/// - `PolarExpress`: the eight published triples with the reference code's safety factor 1.01
+///   applied to the first seven (`a/1.01, b/1.01³, c/1.01⁵`, computed in f64, rounded to f32);
+///   steps past the eighth repeat the eighth, `(1.875, −1.25, 0.375)`, as the reference code
+///   does. Emerging-Optimizers lists the same safety-scaled values rounded to four decimals.
+///   The reference code also divides the input by `1.01·‖U‖_F + 1e-7`; this library keeps its
+///   one normalization `max(‖U‖_F, 1e-7)` for every set.
+pub fn ns_coefficients(set: CoefficientSet, step: usize) -> [f32; 3] {
+    let table: &[[f32; 3]] = match set {
+        CoefficientSet::Quintic => &QUINTIC,
+        CoefficientSet::Simple => &SIMPLE,
+        CoefficientSet::PolarExpress => &POLAR_EXPRESS,
+    };
+    table[step.min(table.len() - 1)]
+}
+
+/// What a Newton–Schulz run computes: coefficient set, number of steps, product precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsOptions {
+    /// The coefficient schedule.
+    pub coefficients: CoefficientSet,
+    /// Number of iterations, `1..=MUON_MAX_NS_STEPS`.
+    pub steps: u32,
+    /// Precision of the matrix products.
+    pub precision: NsPrecision,
+}
+
+impl NsOptions {
+    /// The Newton–Schulz fields of a configuration.
+    pub fn from_config(cfg: &Config) -> Self {
+        NsOptions {
+            coefficients: cfg.muon_coefficient_set,
+            steps: cfg.muon_num_ns_steps,
+            precision: cfg.muon_ns_precision,
+        }
+    }
+
+    /// Checks `steps`.
+    ///
+    /// # Errors
+    /// `OutOfRange` if `steps` is outside `1..=MUON_MAX_NS_STEPS`.
+    pub fn validate(&self) -> Result<()> {
+        if self.steps == 0 || self.steps > MUON_MAX_NS_STEPS {
+            bail!(
+                OutOfRange,
+                "newton_schulz: steps {} is outside 1..={MUON_MAX_NS_STEPS}",
+                self.steps
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Scratch memory of the Newton–Schulz iteration, reused across calls.
+///
+/// A workspace made by [`NsWorkspace::new`]`(max_rows, max_cols)` never allocates for a matrix
+/// with `rows <= max_rows` and `cols <= max_cols` (either orientation of the same bound works
+/// too, since only `rows·cols` and `min(rows, cols)` matter). Larger matrices grow it once.
+/// `NsWorkspace::default()` starts empty and grows on first use.
+#[derive(Debug, Clone, Default)]
+pub struct NsWorkspace {
+    /// The iterate `X`, `m × n`.
+    x: Vec<f32>,
+    /// The next iterate, `m × n`.
+    x_next: Vec<f32>,
+    /// `X` rounded to bf16 (bf16 precision only), `m × n`.
+    x_bf16: Vec<f32>,
+    /// `A = X·Xᵀ`, `m × m`.
+    gram: Vec<f32>,
+    /// `B = b·A + c·A·A`, `m × m`.
+    poly: Vec<f32>,
+}
+
+impl NsWorkspace {
+    /// A workspace sized for every matrix up to `max_rows × max_cols`, in both precisions.
+    pub fn new(max_rows: usize, max_cols: usize) -> Self {
+        let mut ws = NsWorkspace::default();
+        ws.reserve(max_rows, max_cols, NsPrecision::Bf16);
+        ws
+    }
+
+    fn reserve(&mut self, rows: usize, cols: usize, precision: NsPrecision) {
+        let mn = rows * cols;
+        let m = rows.min(cols);
+        grow(&mut self.x, mn);
+        grow(&mut self.x_next, mn);
+        grow(&mut self.gram, m * m);
+        grow(&mut self.poly, m * m);
+        if precision == NsPrecision::Bf16 {
+            grow(&mut self.x_bf16, mn);
+        }
+    }
+
+    /// Runs the whole iteration on `input` (`rows × cols`, validated) and leaves the result in
+    /// `self.x` as `m × n` (transposed when `rows > cols`).
+    fn orthogonalize(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
+        self.reserve(rows, cols, opts.precision);
+        let norm = (squared_norm(input).sqrt() as f32).max(NS_NORM_EPS);
+        let x = &mut self.x[..rows * cols];
+        if rows > cols {
+            transpose_map(input, rows, cols, x, |v| v / norm);
+        } else {
+            for (d, &s) in x.iter_mut().zip(input) {
+                *d = s / norm;
+            }
+        }
+        self.iterate(rows.min(cols), rows.max(cols), opts);
+    }
+
+    fn iterate(&mut self, m: usize, n: usize, opts: &NsOptions) {
+        let (mn, mm) = (m * n, m * m);
+        let bf16 = opts.precision == NsPrecision::Bf16;
+        let NsWorkspace {
+            x,
+            x_next,
+            x_bf16,
+            gram,
+            poly,
+        } = self;
+        for step in 0..opts.steps as usize {
+            let [a, b, c] = ns_coefficients(opts.coefficients, step);
+            let x_operand: &[f32] = if bf16 {
+                round_slice_through_bf16(&x[..mn], &mut x_bf16[..mn]);
+                &x_bf16[..mn]
+            } else {
+                &x[..mn]
+            };
+            gemm(m, n, m, 1.0, x_operand, x_operand, true, 0.0, &mut gram[..mm]);
+            poly[..mm].copy_from_slice(&gram[..mm]);
+            if bf16 {
+                round_slice_through_bf16_in_place(&mut gram[..mm]);
+            }
+            gemm(m, m, m, c, &gram[..mm], &gram[..mm], false, b, &mut poly[..mm]);
+            if bf16 {
+                round_slice_through_bf16_in_place(&mut poly[..mm]);
+            }
+            x_next[..mn].copy_from_slice(&x[..mn]);
+            gemm(m, m, n, 1.0, &poly[..mm], x_operand, false, a, &mut x_next[..mn]);
+            std::mem::swap(x, x_next);
+        }
+    }
+
+    /// Writes the result of [`Self::orthogonalize`] into `output` (`rows × cols`).
+    fn store(&self, output: &mut [f32], rows: usize, cols: usize) {
+        let x = &self.x[..rows * cols];
+        if rows > cols {
+            transpose_map(x, cols, rows, output, |v| v);
+        } else {
+            output.copy_from_slice(x);
+        }
+    }
+}
+
+fn grow(buffer: &mut Vec<f32>, len: usize) {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+}
+
+/// `dst[j][i] = f(src[i][j])` for row-major `src` (`rows × cols`) and `dst` (`cols × rows`),
+/// in 32 × 32 tiles.
+fn transpose_map(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], f: impl Fn(f32) -> f32) {
+    const TILE: usize = 32;
+    for i0 in (0..rows).step_by(TILE) {
+        for j0 in (0..cols).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(rows) {
+                for j in j0..(j0 + TILE).min(cols) {
+                    dst[j * rows + i] = f(src[i * cols + j]);
+                }
+            }
+        }
+    }
+}
+
+/// `C ← α·A·op(B) + β·C` for row-major contiguous `A` (`m × k`), `C` (`m × n`) and `B`, which
+/// is `k × n`, or `n × k` read as its transpose when `b_transposed`.
+#[allow(clippy::too_many_arguments)]
+fn gemm(m: usize, k: usize, n: usize, alpha: f32, a: &[f32], b: &[f32], b_transposed: bool, beta: f32, c: &mut [f32]) {
+    assert_eq!(a.len(), m * k, "gemm: A has the wrong length");
+    assert_eq!(b.len(), k * n, "gemm: B has the wrong length");
+    assert_eq!(c.len(), m * n, "gemm: C has the wrong length");
+    let (row_stride_b, col_stride_b) = if b_transposed { (1, k as isize) } else { (n as isize, 1) };
+    // SAFETY: with these strides sgemm reads exactly the elements of `a` (m·k) and `b` (k·n)
+    // and reads and writes exactly the elements of `c` (m·n), all in bounds by the asserts
+    // above. `c` is a unique borrow, so it aliases neither `a` nor `b`, and its strides
+    // (n, 1) map distinct (i, j) to distinct elements.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            row_stride_b,
+            col_stride_b,
+            beta,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+}
+
+/// Checks that `len` holds exactly a `rows × cols` matrix with both dimensions >= 1.
+fn check_matrix(what: &str, len: usize, rows: usize, cols: usize) -> Result<()> {
+    if rows == 0 || cols == 0 {
+        bail!(
+            InvalidArgument,
+            "newton_schulz: {what} is {rows}×{cols}; both dimensions must be >= 1"
+        );
+    }
+    match rows.checked_mul(cols) {
+        Some(elems) if elems == len => Ok(()),
+        _ => bail!(
+            InvalidArgument,
+            "newton_schulz: {what} has {len} elements, expected {rows}×{cols}"
+        ),
+    }
+}
+
+/// Orthogonalizes `input` (`rows × cols`, row-major) into `output` (same shape).
+///
+/// See the module documentation for the algorithm and the precision modes.
+///
+/// # Errors
+/// `InvalidArgument` if a dimension is 0 or a slice length is not `rows·cols`; `OutOfRange` if
+/// `opts.steps` is outside `1..=MUON_MAX_NS_STEPS`.
+pub fn newton_schulz(
+    input: &[f32],
+    output: &mut [f32],
+    rows: usize,
+    cols: usize,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+) -> Result<()> {
+    opts.validate()?;
+    check_matrix("input", input.len(), rows, cols)?;
+    check_matrix("output", output.len(), rows, cols)?;
+    ws.orthogonalize(input, rows, cols, opts);
+    ws.store(output, rows, cols);
+    Ok(())
+}
+
+/// Orthogonalizes `data` (`rows × cols`, row-major) in place; same result as
+/// [`newton_schulz`].
+///
+/// # Errors
+/// As [`newton_schulz`].
+pub fn newton_schulz_in_place(
+    data: &mut [f32],
+    rows: usize,
+    cols: usize,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+) -> Result<()> {
+    opts.validate()?;
+    check_matrix("data", data.len(), rows, cols)?;
+    ws.orthogonalize(data, rows, cols, opts);
+    ws.store(data, rows, cols);
+    Ok(())
+}
+
+/// Orthogonalizes a fused matrix per component: `input` is `Σ split_rows × cols`, split along
+/// the rows into consecutive blocks of `split_rows[i] × cols` (each contiguous), and each
+/// block is orthogonalized independently into the same place of `output`.
+///
+/// # Errors
+/// `InvalidArgument` if `split_rows` is empty or has a 0, or a slice length is not
+/// `Σ split_rows · cols`; `OutOfRange` for bad `opts.steps`.
+pub fn newton_schulz_split(
+    input: &[f32],
+    output: &mut [f32],
+    split_rows: &[usize],
+    cols: usize,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+) -> Result<()> {
+    opts.validate()?;
+    if split_rows.is_empty() || split_rows.contains(&0) {
+        bail!(
+            InvalidArgument,
+            "newton_schulz_split: split_rows {split_rows:?} must be non-empty with every entry >= 1"
+        );
+    }
+    let total_rows = split_rows.iter().try_fold(0usize, |acc, &r| acc.checked_add(r));
+    let Some(total_rows) = total_rows else {
+        bail!(
+            InvalidArgument,
+            "newton_schulz_split: split_rows {split_rows:?} overflow"
+        );
+    };
+    check_matrix("input", input.len(), total_rows, cols)?;
+    check_matrix("output", output.len(), total_rows, cols)?;
+    let mut start = 0;
+    for &rows in split_rows {
+        let range = start..start + rows * cols;
+        ws.orthogonalize(&input[range.clone()], rows, cols, opts);
+        ws.store(&mut output[range], rows, cols);
+        start += rows * cols;
+    }
+    Ok(())
+}
+
+/// Orthogonalizes a strided batch: `input` holds `batch` matrices of `rows × cols` back to
+/// back (an expert stack `[E, rows, cols]`); each is orthogonalized independently.
+///
+/// # Errors
+/// `InvalidArgument` if a dimension is 0 or a slice length is not `batch·rows·cols`;
+/// `OutOfRange` for bad `opts.steps`.
+pub fn newton_schulz_batched(
+    input: &[f32],
+    output: &mut [f32],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+) -> Result<()> {
+    opts.validate()?;
+    let Some(batch_rows) = batch.checked_mul(rows) else {
+        bail!(InvalidArgument, "newton_schulz_batched: {batch}×{rows} rows overflow");
+    };
+    if batch == 0 {
+        bail!(InvalidArgument, "newton_schulz_batched: batch must be >= 1");
+    }
+    check_matrix("input", input.len(), batch_rows, cols)?;
+    check_matrix("output", output.len(), batch_rows, cols)?;
+    let elems = rows * cols;
+    for (src, dst) in input.chunks_exact(elems).zip(output.chunks_exact_mut(elems)) {
+        ws.orthogonalize(src, rows, cols, opts);
+        ws.store(dst, rows, cols);
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The optimizer's safe core: configuration, the parameter registry and the lifecycle
+//! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
+
+use std::time::{Duration, Instant};
+
+use crate::bail;
+use crate::comm::{Claim, Transport};
+use crate::config::Config;
+use crate::error::Result;
+use crate::model::{ParamSpec, Registry, Route};
+use crate::plan::{Plan, build_plan};
+
+/// Lifecycle phase; calls check it so a wrong call order is a status, never UB.
+pub enum Phase {
+    /// Parameters may be added.
+    Registering,
+    /// The plan is fixed.
+    Finalized(Box<Plan>),
+}
+
+/// One rank's optimizer.
+pub struct Optimizer {
+    cfg: Config,
+    claim: Claim,
+    registry: Registry,
+    init_values: Vec<Option<Vec<f32>>>,
+    phase: Phase,
+    plan_time: Duration,
+}
+
+impl Optimizer {
+    /// Creates an optimizer on a claimed communicator. The host backend takes no stream.
+    pub fn new(cfg: Config, claim: Claim, stream_is_null: bool) -> Result<Self> {
+        cfg.validate()?;
+        match &claim.comm().transport {
+            Transport::Host(host) => {
+                if !stream_is_null {
+                    bail!(
+                        InvalidArgument,
+                        "stream: must be NULL with a host communicator (the host backend runs on the calling thread)"
+                    );
+                }
+                host.set_timeout(Duration::from_millis(cfg.collective_timeout_ms as u64));
+            }
+            Transport::Nccl(_) => {
+                crate::backend::cuda::probe::device_count()?;
+                bail!(Unsupported, "the cuda backend's optimizer is not available in this build yet; use a host group");
+            }
+        }
+        Ok(Optimizer {
+            cfg,
+            claim,
+            registry: Registry::default(),
+            init_values: Vec::new(),
+            phase: Phase::Registering,
+            plan_time: Duration::ZERO,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn rank(&self) -> usize {
+        self.claim.comm().rank()
+    }
+
+    pub fn dp(&self) -> usize {
+        self.claim.comm().size()
+    }
+
+    /// Registers a parameter; `init` holds its high-precision initial values (or None for
+    /// zeros). Returns the parameter id. Nothing changes on error.
+    pub fn add_param(&mut self, spec: ParamSpec, init: Option<Vec<f32>>) -> Result<u32> {
+        if !matches!(self.phase, Phase::Registering) {
+            bail!(InvalidState, "add_param: the optimizer is finalized; register every param before muon_optimizer_finalize");
+        }
+        if let Some(values) = &init {
+            if values.len() as u64 != spec.numel() {
+                bail!(InvalidArgument, "init_data of '{}': {} values for {} elements", spec.name, values.len(), spec.numel());
+            }
+        }
+        let id = self.registry.add(spec, &self.cfg)?;
+        self.init_values.push(init);
+        Ok(id)
+    }
+
+    /// The route of a registered parameter.
+    pub fn route(&self, id: u32) -> Result<Route> {
+        self.check_id(id)?;
+        Ok(self.registry.routes()[id as usize])
+    }
+
+    fn check_id(&self, id: u32) -> Result<()> {
+        if id as usize >= self.registry.len() {
+            bail!(InvalidArgument, "param_id: {id} is not registered ({} params)", self.registry.len());
+        }
+        Ok(())
+    }
+
+    /// Plans the layout and verifies that every rank planned the same (collective).
+    pub fn finalize(&mut self) -> Result<()> {
+        if !matches!(self.phase, Phase::Registering) {
+            bail!(InvalidState, "finalize: already finalized");
+        }
+        if self.registry.is_empty() {
+            bail!(InvalidState, "finalize: no params registered; call muon_optimizer_add_param first");
+        }
+        let start = Instant::now();
+        let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
+        self.plan_time = start.elapsed();
+        self.verify_same_plan(plan.hash)?;
+        self.phase = Phase::Finalized(Box::new(plan));
+        Ok(())
+    }
+
+    fn verify_same_plan(&self, hash: u64) -> Result<()> {
+        let hashes = match &self.claim.comm().transport {
+            Transport::Host(host) => host.all_gather_u64(hash)?,
+            Transport::Nccl(_) => bail!(Unsupported, "finalize: cuda backend not available"),
+        };
+        if let Some((rank, other)) = hashes.iter().enumerate().find(|(_, h)| **h != hash) {
+            bail!(
+                PlanMismatch,
+                "finalize: rank {} planned hash {hash:016x} but rank {rank} planned {other:016x}; every rank must register the same params (names, shapes, dtypes, flags, order) with the same config",
+                self.rank()
+            );
+        }
+        Ok(())
+    }
+
+    /// The plan, once finalized.
+    pub fn plan(&self) -> Result<&Plan> {
+        match &self.phase {
+            Phase::Finalized(plan) => Ok(plan),
+            Phase::Registering => bail!(InvalidState, "the optimizer is not finalized; call muon_optimizer_finalize first"),
+        }
+    }
+
+    /// Checks the id and returns the finalized plan.
+    pub fn plan_for(&self, id: u32) -> Result<&Plan> {
+        self.check_id(id)?;
+        self.plan()
+    }
+
+    /// Time the planner took at finalize.
+    pub fn plan_time(&self) -> Duration {
+        self.plan_time
+    }
+
+    /// Initial values of a param, if given at registration.
+    pub fn init_values(&self, id: u32) -> Option<&[f32]> {
+        self.init_values.get(id as usize).and_then(|v| v.as_deref())
+    }
+}

@@ -1,0 +1,242 @@
+//! Built-in model descriptions for `muon-opt plan` and the planner's benchmarks: GPT-2 124M,
+//! Llama 3 8B and 70B, and a DeepSeek-V3-like MoE. Shapes are `[out, in]` as in PyTorch;
+//! every param is bf16. Fused matrices carry `split_sizes` (QKV as q|k|v, SwiGLU as gate|up)
+//! so Muon orthogonalizes each component.
+
+use crate::config::{Config, Dtype};
+use crate::error::Result;
+use crate::model::{ParamFlags, ParamSpec, Registry};
+
+/// A model: its params in registration (forward) order and its vocabulary size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelDesc {
+    pub name: String,
+    /// Vocabulary size for the untagged-embedding check; 0 = unknown.
+    pub vocab_size: u64,
+    pub params: Vec<ParamSpec>,
+}
+
+impl ModelDesc {
+    /// Registers every param through [`Registry::add`], so routing rules and checks apply.
+    pub fn registry(&self, cfg: &Config) -> Result<Registry> {
+        let mut registry = Registry::default();
+        for spec in &self.params {
+            registry.add(spec.clone(), cfg)?;
+        }
+        Ok(registry)
+    }
+}
+
+/// Names accepted by [`preset`].
+pub const PRESET_NAMES: &[&str] = &["gpt2-124m", "llama3-8b", "llama3-70b", "deepseek-v3-like"];
+
+/// The preset called `name`, if any.
+pub fn preset(name: &str) -> Option<ModelDesc> {
+    let (vocab_size, params) = match name {
+        "gpt2-124m" => (GPT2_VOCAB, gpt2_124m()),
+        "llama3-8b" => (LLAMA3_VOCAB, llama3(&LLAMA3_8B)),
+        "llama3-70b" => (LLAMA3_VOCAB, llama3(&LLAMA3_70B)),
+        "deepseek-v3-like" => (DSV3_VOCAB, deepseek_v3_like()),
+        _ => return None,
+    };
+    Some(ModelDesc { name: name.to_string(), vocab_size, params })
+}
+
+/// Appends params in registration order.
+#[derive(Default)]
+struct Params(Vec<ParamSpec>);
+
+impl Params {
+    fn add(&mut self, name: String, shape: &[u64]) -> &mut ParamSpec {
+        let index = self.0.len();
+        self.0.push(ParamSpec::new(name, shape, Dtype::Bf16));
+        &mut self.0[index]
+    }
+
+    fn vector(&mut self, name: String, len: u64) {
+        self.add(name, &[len]);
+    }
+
+    fn matrix(&mut self, name: String, rows: u64, cols: u64) {
+        self.add(name, &[rows, cols]);
+    }
+
+    /// A matrix of stacked components along dim 0.
+    fn fused(&mut self, name: String, splits: &[u64], cols: u64) {
+        let spec = self.add(name, &[splits.iter().sum(), cols]);
+        spec.split_sizes = splits.to_vec();
+    }
+
+    fn flagged(&mut self, name: String, shape: &[u64], flags: u32, tie_group: u32) {
+        let spec = self.add(name, shape);
+        spec.flags = ParamFlags(flags);
+        spec.tie_group = tie_group;
+    }
+
+    /// An `[experts, sum(splits), cols]` expert stack.
+    fn experts(&mut self, name: String, experts: u64, splits: &[u64], cols: u64) {
+        let spec = self.add(name, &[experts, splits.iter().sum(), cols]);
+        spec.flags = ParamFlags(ParamFlags::EXPERT_STACK);
+        if splits.len() > 1 {
+            spec.split_sizes = splits.to_vec();
+        }
+    }
+}
+
+const GPT2_VOCAB: u64 = 50257;
+
+fn gpt2_124m() -> Vec<ParamSpec> {
+    let (hidden, layers, ctx) = (768, 12, 1024);
+    let emb = ParamFlags::EMBEDDING_OR_OUTPUT;
+    let mut p = Params::default();
+    p.flagged("embedding.word_embeddings.weight".into(), &[GPT2_VOCAB, hidden], emb, 0);
+    p.flagged("embedding.position_embeddings.weight".into(), &[ctx, hidden], emb, 0);
+    for i in 0..layers {
+        let l = format!("layers.{i}");
+        p.vector(format!("{l}.input_layernorm.weight"), hidden);
+        p.vector(format!("{l}.input_layernorm.bias"), hidden);
+        p.fused(format!("{l}.self_attention.qkv.weight"), &[hidden; 3], hidden);
+        p.vector(format!("{l}.self_attention.qkv.bias"), 3 * hidden);
+        p.matrix(format!("{l}.self_attention.proj.weight"), hidden, hidden);
+        p.vector(format!("{l}.self_attention.proj.bias"), hidden);
+        p.vector(format!("{l}.pre_mlp_layernorm.weight"), hidden);
+        p.vector(format!("{l}.pre_mlp_layernorm.bias"), hidden);
+        p.matrix(format!("{l}.mlp.fc1.weight"), 4 * hidden, hidden);
+        p.vector(format!("{l}.mlp.fc1.bias"), 4 * hidden);
+        p.matrix(format!("{l}.mlp.fc2.weight"), hidden, 4 * hidden);
+        p.vector(format!("{l}.mlp.fc2.bias"), hidden);
+    }
+    p.vector("final_layernorm.weight".into(), hidden);
+    p.vector("final_layernorm.bias".into(), hidden);
+    p.0
+}
+
+const LLAMA3_VOCAB: u64 = 128_256;
+
+/// Shape of a Llama 3 model.
+struct Llama {
+    hidden: u64,
+    layers: u64,
+    heads: u64,
+    kv_heads: u64,
+    ffn: u64,
+}
+
+const LLAMA3_8B: Llama = Llama { hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn: 14336 };
+const LLAMA3_70B: Llama = Llama { hidden: 8192, layers: 80, heads: 64, kv_heads: 8, ffn: 28672 };
+
+fn llama3(m: &Llama) -> Vec<ParamSpec> {
+    let emb = ParamFlags::EMBEDDING_OR_OUTPUT;
+    let kv = m.hidden / m.heads * m.kv_heads;
+    let mut p = Params::default();
+    p.flagged("embedding.word_embeddings.weight".into(), &[LLAMA3_VOCAB, m.hidden], emb, 0);
+    for i in 0..m.layers {
+        let l = format!("layers.{i}");
+        p.vector(format!("{l}.input_layernorm.weight"), m.hidden);
+        p.fused(format!("{l}.self_attention.qkv.weight"), &[m.hidden, kv, kv], m.hidden);
+        p.matrix(format!("{l}.self_attention.proj.weight"), m.hidden, m.hidden);
+        p.vector(format!("{l}.pre_mlp_layernorm.weight"), m.hidden);
+        p.fused(format!("{l}.mlp.fc1.weight"), &[m.ffn, m.ffn], m.hidden);
+        p.matrix(format!("{l}.mlp.fc2.weight"), m.hidden, m.ffn);
+    }
+    p.vector("final_layernorm.weight".into(), m.hidden);
+    p.flagged("output_layer.weight".into(), &[LLAMA3_VOCAB, m.hidden], emb, 0);
+    p.0
+}
+
+const DSV3_VOCAB: u64 = 129_280;
+const DSV3_HIDDEN: u64 = 7168;
+const DSV3_LAYERS: u64 = 61;
+const DSV3_DENSE_LAYERS: u64 = 3;
+const DSV3_EXPERTS: u64 = 256;
+/// Tie group of the embedding and its copy on the multi-token-prediction stage.
+const DSV3_EMBEDDING_TIE: u32 = 1;
+
+/// One DeepSeek-V3 transformer layer: MLA attention and a dense or MoE MLP.
+fn deepseek_layer(p: &mut Params, l: &str, moe: bool) {
+    let h = DSV3_HIDDEN;
+    let (q_lora, kv_lora, rope, heads) = (1536, 512, 64, 128);
+    p.vector(format!("{l}.input_layernorm.weight"), h);
+    p.matrix(format!("{l}.self_attention.q_a_proj.weight"), q_lora, h);
+    p.vector(format!("{l}.self_attention.q_a_layernorm.weight"), q_lora);
+    p.matrix(format!("{l}.self_attention.q_b_proj.weight"), heads * (128 + rope), q_lora);
+    p.fused(format!("{l}.self_attention.kv_a_proj.weight"), &[kv_lora, rope], h);
+    p.vector(format!("{l}.self_attention.kv_a_layernorm.weight"), kv_lora);
+    p.matrix(format!("{l}.self_attention.kv_b_proj.weight"), heads * (128 + 128), kv_lora);
+    p.matrix(format!("{l}.self_attention.o_proj.weight"), h, heads * 128);
+    p.vector(format!("{l}.pre_mlp_layernorm.weight"), h);
+    if !moe {
+        let ffn = 18432;
+        p.fused(format!("{l}.mlp.fc1.weight"), &[ffn, ffn], h);
+        p.matrix(format!("{l}.mlp.fc2.weight"), h, ffn);
+        return;
+    }
+    let ffn = 2048;
+    p.flagged(format!("{l}.mlp.router.weight"), &[DSV3_EXPERTS, h], ParamFlags::NO_MUON, 0);
+    p.vector(format!("{l}.mlp.router.expert_bias"), DSV3_EXPERTS);
+    p.experts(format!("{l}.mlp.experts.fc1.weight"), DSV3_EXPERTS, &[ffn, ffn], h);
+    p.experts(format!("{l}.mlp.experts.fc2.weight"), DSV3_EXPERTS, &[h], ffn);
+    p.fused(format!("{l}.mlp.shared_experts.fc1.weight"), &[ffn, ffn], h);
+    p.matrix(format!("{l}.mlp.shared_experts.fc2.weight"), h, ffn);
+}
+
+fn deepseek_v3_like() -> Vec<ParamSpec> {
+    let h = DSV3_HIDDEN;
+    let emb = ParamFlags::EMBEDDING_OR_OUTPUT;
+    let mut p = Params::default();
+    p.flagged("embedding.word_embeddings.weight".into(), &[DSV3_VOCAB, h], emb, DSV3_EMBEDDING_TIE);
+    for i in 0..DSV3_LAYERS {
+        deepseek_layer(&mut p, &format!("layers.{i}"), i >= DSV3_DENSE_LAYERS);
+    }
+    p.vector("final_layernorm.weight".into(), h);
+    p.flagged("output_layer.weight".into(), &[DSV3_VOCAB, h], emb, 0);
+    let mtp = "mtp.0";
+    p.flagged(format!("{mtp}.embedding.word_embeddings.weight"), &[DSV3_VOCAB, h], emb, DSV3_EMBEDDING_TIE);
+    p.vector(format!("{mtp}.enorm.weight"), h);
+    p.vector(format!("{mtp}.hnorm.weight"), h);
+    p.matrix(format!("{mtp}.eh_proj.weight"), h, 2 * h);
+    deepseek_layer(&mut p, &format!("{mtp}.layer"), true);
+    p.vector(format!("{mtp}.final_layernorm.weight"), h);
+    p.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Route;
+
+    fn total(name: &str) -> u64 {
+        preset(name).unwrap().params.iter().map(ParamSpec::numel).sum()
+    }
+
+    fn total_without_mtp(name: &str) -> u64 {
+        let params = preset(name).unwrap().params;
+        params.iter().filter(|p| !p.name.starts_with("mtp.")).map(ParamSpec::numel).sum()
+    }
+
+    #[test]
+    fn preset_sizes_match_the_published_models() {
+        assert_eq!(total("gpt2-124m"), 124_439_808);
+        assert!((8.02e9..8.04e9).contains(&(total("llama3-8b") as f64)));
+        assert!((70.5e9..70.6e9).contains(&(total("llama3-70b") as f64)));
+        assert!((670.5e9..671.5e9).contains(&(total_without_mtp("deepseek-v3-like") as f64)));
+        let mtp = total("deepseek-v3-like") - total_without_mtp("deepseek-v3-like");
+        assert!((12e9..13e9).contains(&(mtp as f64)), "multi-token-prediction stage: {mtp}");
+    }
+
+    #[test]
+    fn every_preset_registers_and_routes_as_documented() {
+        for &name in PRESET_NAMES {
+            let model = preset(name).unwrap();
+            let cfg = Config { vocab_size: model.vocab_size, ..Config::default() };
+            let registry = model.registry(&cfg).unwrap();
+            for (spec, route) in registry.params().iter().zip(registry.routes()) {
+                let expect_muon = spec.shape.len() >= 2
+                    && !spec.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT)
+                    && !spec.name.ends_with("router.weight");
+                assert_eq!(*route == Route::Muon, expect_muon, "{name}: {}", spec.name);
+            }
+        }
+        assert!(preset("gpt3").is_none());
+    }
+}

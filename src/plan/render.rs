@@ -1,0 +1,155 @@
+//! Renders plan reports for people and tools: a text table with the layouts side by side, a
+//! JSON summary, and an SVG bar chart of per-rank Newton–Schulz cost and optimizer state.
+
+use std::fmt::Write;
+
+use super::types::Plan;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// `1234567` → `"1.23 M"`.
+fn si(value: f64) -> String {
+    let units = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")];
+    match units.iter().find(|(scale, _)| value >= *scale) {
+        Some((scale, unit)) => format!("{:.2} {unit}", value / scale),
+        None => format!("{value:.0}"),
+    }
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.2} GiB", bytes / GIB)
+}
+
+/// One table row: a label and a value per plan.
+fn row(out: &mut String, label: &str, plans: &[Plan], value: impl Fn(&Plan) -> String) {
+    let _ = write!(out, "{label:<32}");
+    for plan in plans {
+        let _ = write!(out, "{:>22}", value(plan));
+    }
+    out.push('\n');
+}
+
+/// A readable table of the reports of `plans` (one column per layout) for model `model`.
+pub fn table(model: &str, plans: &[Plan]) -> String {
+    let mut out = String::new();
+    let Some(first) = plans.first() else {
+        return out;
+    };
+    let r = &first.report;
+    let _ = writeln!(
+        out,
+        "model {model}  dp {}  params {}  elements: muon {}, adamw {}\n",
+        r.dp,
+        r.num_params,
+        si(r.elements.muon as f64),
+        si(r.elements.adamw as f64)
+    );
+    row(&mut out, "", plans, |p| p.layout.name().to_string());
+    row(&mut out, "buckets", plans, |p| p.report.num_buckets.to_string());
+    row(&mut out, "padding elements", plans, |p| si(p.report.padding_elements as f64));
+    row(&mut out, "padding", plans, |p| format!("{:.4} %", 100.0 * p.report.padding_fraction));
+    row(&mut out, "param buffers", plans, |p| gib(p.report.param_buffer_bytes as f64));
+    row(&mut out, "grad buffers", plans, |p| gib(p.report.grad_buffer_bytes as f64));
+    row(&mut out, "optimizer state / rank, max", plans, |p| gib(p.report.optimizer_state_bytes.max as f64));
+    row(&mut out, "optimizer state / rank, mean", plans, |p| gib(p.report.optimizer_state_bytes.mean));
+    row(&mut out, "muon elements / rank, max/mean", plans, |p| {
+        let e = &p.report.muon_elements;
+        format!("{:.3}", if e.mean > 0.0 { e.max as f64 / e.mean } else { 1.0 })
+    });
+    row(&mut out, "NS cost / rank, max", plans, |p| si(p.report.ns_cost.max));
+    row(&mut out, "NS cost / rank, mean", plans, |p| si(p.report.ns_cost.mean));
+    row(&mut out, "NS makespan / lower bound", plans, |p| format!("{:.4}", p.report.ns_makespan_over_lower_bound));
+    row(&mut out, "wire / rank / step", plans, |p| gib(p.report.wire_bytes_per_rank));
+    row(&mut out, "wire / lower bound", plans, |p| format!("{:.4}", p.report.wire_over_lower_bound));
+    row(&mut out, "ownership", plans, |p| p.report.ownership.name().to_string());
+    row(&mut out, "planning time", plans, |p| format!("{:.2} ms", p.report.planning_time_ms));
+    row(&mut out, "plan hash", plans, |p| format!("{:#018x}", p.hash));
+    out
+}
+
+/// A JSON summary: `{"model", "dp", "plans": [{"layout", "hash", "report"}]}`.
+pub fn json_summary(model: &str, plans: &[Plan]) -> String {
+    let entries: Vec<serde_json::Value> = plans
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "layout": p.layout,
+                "hash": format!("{:#018x}", p.hash),
+                "report": p.report,
+            })
+        })
+        .collect();
+    let dp = plans.first().map_or(0, |p| p.dp);
+    let summary = serde_json::json!({ "model": model, "dp": dp, "plans": entries });
+    serde_json::to_string_pretty(&summary).unwrap_or_default()
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+const SVG_WIDTH: f64 = 960.0;
+const PANEL_HEIGHT: f64 = 180.0;
+const MARGIN: f64 = 50.0;
+const TITLE_HEIGHT: f64 = 30.0;
+
+/// One bar chart: a value per rank, scaled to the panel, with the mean as a dashed line.
+fn panel(out: &mut String, top: f64, title: &str, class: &str, values: &[f64], label: impl Fn(f64) -> String) {
+    let plot_width = SVG_WIDTH - 2.0 * MARGIN;
+    let plot_height = PANEL_HEIGHT - TITLE_HEIGHT - 10.0;
+    let base = top + PANEL_HEIGHT - 10.0;
+    let max = values.iter().copied().fold(0.0, f64::max);
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let scale = if max > 0.0 { plot_height / max } else { 0.0 };
+    let slot = plot_width / values.len().max(1) as f64;
+    let width = (slot * 0.8).max(0.5);
+    let _ = writeln!(out, r#"<text x="{MARGIN}" y="{:.1}" class="title">{}</text>"#, top + 20.0, xml_escape(title));
+    for (rank, &value) in values.iter().enumerate() {
+        let height = value * scale;
+        let _ = writeln!(
+            out,
+            r#"<rect class="bar {class}" x="{:.2}" y="{:.2}" width="{width:.2}" height="{height:.2}"><title>rank {rank}: {}</title></rect>"#,
+            MARGIN + rank as f64 * slot,
+            base - height,
+            label(value)
+        );
+    }
+    let y = base - mean * scale;
+    let _ = writeln!(
+        out,
+        r#"<line class="mean" x1="{MARGIN}" x2="{:.1}" y1="{y:.2}" y2="{y:.2}"><title>mean {}</title></line>"#,
+        MARGIN + plot_width,
+        label(mean)
+    );
+}
+
+/// An SVG with, per plan, a bar per rank of Newton–Schulz cost and of optimizer-state bytes.
+pub fn svg(model: &str, plans: &[Plan]) -> String {
+    let height = TITLE_HEIGHT + 2.0 * PANEL_HEIGHT * plans.len() as f64 + 10.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_WIDTH}" height="{height}" viewBox="0 0 {SVG_WIDTH} {height}">"#
+    );
+    out.push_str(
+        "<style>text{font:13px sans-serif} .title{font-weight:bold} .ns{fill:#4c72b0} \
+         .state{fill:#dd8452} .mean{stroke:#333;stroke-dasharray:4 3}</style>\n",
+    );
+    let dp = plans.first().map_or(0, |p| p.dp);
+    let _ = writeln!(out, r#"<text x="{MARGIN}" y="20">{} at dp {dp}</text>"#, xml_escape(model));
+    for (i, plan) in plans.iter().enumerate() {
+        let top = TITLE_HEIGHT + 2.0 * PANEL_HEIGHT * i as f64;
+        let r = &plan.report;
+        let layout = plan.layout.name();
+        let ns_title = format!(
+            "{layout}: Newton–Schulz cost per rank (makespan / lower bound {:.3})",
+            r.ns_makespan_over_lower_bound
+        );
+        panel(&mut out, top, &ns_title, "ns", &r.ns_cost.per_rank, si);
+        let state: Vec<f64> = r.optimizer_state_bytes.per_rank.iter().map(|&b| b as f64).collect();
+        let state_title = format!("{layout}: optimizer state per rank (max {})", gib(r.optimizer_state_bytes.max as f64));
+        panel(&mut out, top + PANEL_HEIGHT, &state_title, "state", &state, gib);
+    }
+    out.push_str("</svg>\n");
+    out
+}

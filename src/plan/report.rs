@@ -1,0 +1,215 @@
+//! The plan report: memory, padding, Newton–Schulz balance and communication volume.
+//!
+//! # Communication cost model
+//!
+//! Bytes on the wire per step per rank follow NCCL's bus-bandwidth model of ring algorithms
+//! (the "busbw" of `nccl-tests`): the volume is what crosses the busiest link, which for a
+//! ring is what every rank sends. For a collective over S bytes on `dp` ranks:
+//!
+//! | collective      | bytes per rank        |
+//! |-----------------|-----------------------|
+//! | reduce          | S (pipelined chain ending at the root: every link carries S) |
+//! | broadcast       | S (pipelined chain starting at the root) |
+//! | reduce-scatter  | (dp−1)/dp · S         |
+//! | all-gather      | (dp−1)/dp · S         |
+//! | all-reduce      | 2·(dp−1)/dp · S       |
+//!
+//! and nothing at dp = 1. Per layout, summed over buckets (grad bytes per element from
+//! `grad_dtype`, param bytes from the buffer dtype):
+//! - `compact` Muon: reduce of every owner range to its owner, broadcast of it back;
+//! - `allreduce` Muon: all-reduce of the whole bucket's grads, broadcast of every owner range;
+//! - `padded` Muon and every AdamW bucket: reduce-scatter of grads, all-gather of params over
+//!   the padded bucket.
+//!
+//! The lower bound is a reduce-scatter plus all-gather of the unpadded elements,
+//! `(dp−1)/dp · Σ numel · (grad bytes + param bytes)`; compact comes within `dp/(dp−1)` of it
+//! (a reduce moves all of S per link where reduce-scatter moves (dp−1)/dp of it).
+
+use crate::config::{Config, MuonLayout};
+use crate::model::{ParamSpec, Route};
+
+use super::Layout;
+use super::cost::ns_unit_cost;
+use super::ownership::OwnershipMethod;
+use super::queries::shard_pieces;
+use super::types::BucketSplit;
+
+/// Muon: fp32 master + fp32 momentum.
+pub const MUON_STATE_BYTES_PER_ELEMENT: u64 = 8;
+/// AdamW: fp32 master + m + v.
+pub const ADAMW_STATE_BYTES_PER_ELEMENT: u64 = 12;
+
+/// A per-rank quantity with its maximum and mean.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RankStats<T> {
+    pub max: T,
+    pub mean: f64,
+    pub per_rank: Vec<T>,
+}
+
+impl RankStats<u64> {
+    fn of(per_rank: Vec<u64>) -> Self {
+        let max = per_rank.iter().copied().max().unwrap_or(0);
+        let mean = per_rank.iter().sum::<u64>() as f64 / per_rank.len() as f64;
+        RankStats { max, mean, per_rank }
+    }
+}
+
+impl RankStats<f64> {
+    fn of(per_rank: Vec<f64>) -> Self {
+        let max = per_rank.iter().copied().fold(0.0, f64::max);
+        let mean = per_rank.iter().sum::<f64>() / per_rank.len() as f64;
+        RankStats { max, mean, per_rank }
+    }
+}
+
+/// Elements per route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RouteElements {
+    pub muon: u64,
+    pub adamw: u64,
+}
+
+/// What a plan costs, for one layout mode.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    pub layout: MuonLayout,
+    pub dp: u32,
+    pub ownership: OwnershipMethod,
+    pub num_params: u32,
+    /// Unpadded elements per route.
+    pub elements: RouteElements,
+    pub num_buckets: u32,
+    /// Buffer elements that hold no param (alignment, shard and bucket-end padding).
+    pub padding_elements: u64,
+    /// `padding_elements` over the unpadded element count.
+    pub padding_fraction: f64,
+    pub param_buffer_bytes: u64,
+    pub grad_buffer_bytes: u64,
+    /// Muon elements owned per rank (the memory cap is 1.3 × the mean).
+    pub muon_elements: RankStats<u64>,
+    /// Optimizer state per rank: 8 B per owned Muon element, 12 B per AdamW shard element.
+    pub optimizer_state_bytes: RankStats<u64>,
+    /// Newton–Schulz cost per rank, `T·(4m²n + 2m³)` summed over owned matrices.
+    pub ns_cost: RankStats<f64>,
+    /// `max(total / dp, largest unit)`.
+    pub ns_lower_bound: f64,
+    pub ns_makespan_over_lower_bound: f64,
+    /// Bytes each rank sends per step (see the module docs for the model).
+    pub wire_bytes_per_rank: f64,
+    pub wire_lower_bound_bytes: f64,
+    pub wire_over_lower_bound: f64,
+    /// Wall time of `build_plan`; the only field that differs between runs.
+    pub planning_time_ms: f64,
+}
+
+/// `value / bound`, or 1 when both are zero.
+fn ratio(value: f64, bound: f64) -> f64 {
+    if bound > 0.0 { value / bound } else { 1.0 }
+}
+
+impl Report {
+    pub(crate) fn of(
+        params: &[ParamSpec],
+        cfg: &Config,
+        dp: usize,
+        layout: &Layout,
+        ownership: OwnershipMethod,
+    ) -> Report {
+        let steps = cfg.muon_num_ns_steps;
+        let mut elements = RouteElements { muon: 0, adamw: 0 };
+        let mut ns_cost = vec![0u128; dp];
+        let mut muon_elements = vec![0u64; dp];
+        let mut largest = 0u128;
+        for (spec, placement) in params.iter().zip(&layout.params) {
+            match placement.route {
+                Route::Muon => elements.muon += spec.numel(),
+                Route::Adamw => elements.adamw += spec.numel(),
+            }
+            if placement.route == Route::Muon {
+                let cost = ns_unit_cost(spec, steps);
+                largest = largest.max(cost);
+                for &r in &placement.unit_owners {
+                    ns_cost[r as usize] += cost;
+                    muon_elements[r as usize] += placement.unit_numel;
+                }
+            }
+        }
+        let mut state: Vec<u64> = muon_elements.iter().map(|&n| n * MUON_STATE_BYTES_PER_ELEMENT).collect();
+        for bucket in layout.buckets.iter().filter(|b| b.route == Route::Adamw) {
+            for &p in &bucket.params {
+                for (rank, piece) in shard_pieces(bucket, p, &layout.params[p as usize]) {
+                    state[rank] += piece.param_range.len() * ADAMW_STATE_BYTES_PER_ELEMENT;
+                }
+            }
+        }
+        let total_cost: u128 = ns_cost.iter().sum();
+        let ns_lower_bound = (total_cost as f64 / dp as f64).max(largest as f64);
+        let makespan = ns_cost.iter().copied().max().unwrap_or(0) as f64;
+        let unpadded = elements.muon + elements.adamw;
+        let buffer_numel: u64 = layout.buffers.iter().map(|b| b.numel).sum();
+        let padding_elements = buffer_numel - unpadded;
+        let wire = wire_bytes(cfg, dp, layout);
+        let wire_lower_bound = wire_lower_bound(params, cfg, dp);
+        Report {
+            layout: cfg.muon_layout,
+            dp: dp as u32,
+            ownership,
+            num_params: params.len() as u32,
+            elements,
+            num_buckets: layout.buckets.len() as u32,
+            padding_elements,
+            padding_fraction: padding_elements as f64 / unpadded as f64,
+            param_buffer_bytes: layout.buffers.iter().map(|b| b.numel * b.dtype.size() as u64).sum(),
+            grad_buffer_bytes: buffer_numel * cfg.grad_dtype.size() as u64,
+            muon_elements: RankStats::<u64>::of(muon_elements),
+            optimizer_state_bytes: RankStats::<u64>::of(state),
+            ns_cost: RankStats::<f64>::of(ns_cost.into_iter().map(|c| c as f64).collect()),
+            ns_lower_bound,
+            ns_makespan_over_lower_bound: ratio(makespan, ns_lower_bound),
+            wire_bytes_per_rank: wire,
+            wire_lower_bound_bytes: wire_lower_bound,
+            wire_over_lower_bound: ratio(wire, wire_lower_bound),
+            planning_time_ms: 0.0,
+        }
+    }
+}
+
+/// Bytes every rank sends per step under the module's cost model.
+fn wire_bytes(cfg: &Config, dp: usize, layout: &Layout) -> f64 {
+    if dp == 1 {
+        return 0.0;
+    }
+    let share = (dp - 1) as f64 / dp as f64;
+    let grad = cfg.grad_dtype.size() as f64;
+    layout
+        .buckets
+        .iter()
+        .map(|bucket| {
+            let param = bucket.dtype.size() as f64;
+            let numel = bucket.numel() as f64;
+            match &bucket.split {
+                BucketSplit::EqualShards { .. } => share * numel * (grad + param),
+                BucketSplit::OwnerRanges(ranges) => {
+                    let owned = ranges.iter().map(|r| r.len()).sum::<u64>() as f64;
+                    let grads = if cfg.muon_layout == MuonLayout::Allreduce {
+                        2.0 * share * numel * grad
+                    } else {
+                        owned * grad
+                    };
+                    grads + owned * param
+                }
+            }
+        })
+        .sum()
+}
+
+/// Reduce-scatter plus all-gather of the unpadded elements.
+fn wire_lower_bound(params: &[ParamSpec], cfg: &Config, dp: usize) -> f64 {
+    let share = (dp - 1) as f64 / dp as f64;
+    let grad = cfg.grad_dtype.size() as f64;
+    params
+        .iter()
+        .map(|p| share * p.numel() as f64 * (grad + p.dtype.size() as f64))
+        .sum()
+}

@@ -1,0 +1,184 @@
+//! Helpers shared by the `numerics_*` integration tests: a seeded generator, an f64
+//! Newton–Schulz reference, singular values and the golden-vector directory.
+// Each test crate includes this module and uses a subset of it.
+#![allow(dead_code)]
+
+use muon_opt::config::CoefficientSet;
+use muon_opt::numerics::newton_schulz::ns_coefficients;
+
+/// The golden vectors shared by every implementation (`../shared/golden`).
+pub const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/golden");
+
+/// SplitMix64: a small seeded generator, enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// `n` normal values times `scale`, as f32.
+    pub fn normal_vec(&mut self, n: usize, scale: f64) -> Vec<f32> {
+        (0..n).map(|_| (self.normal() * scale) as f32).collect()
+    }
+}
+
+/// Row-major `a (m×k) · b (k×n)` in f64.
+pub fn matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let aip = a[i * k + p];
+            for j in 0..n {
+                c[i * n + j] += aip * b[p * n + j];
+            }
+        }
+    }
+    c
+}
+
+/// Row-major transpose of an `rows × cols` matrix.
+pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = Vec::with_capacity(x.len());
+    for j in 0..cols {
+        for i in 0..rows {
+            t.push(x[i * cols + j]);
+        }
+    }
+    t
+}
+
+/// The Newton–Schulz iteration of DESIGN.md section 6 in f64, written independently of the
+/// library (only the coefficient table is shared): transpose when rows > cols, normalize by
+/// max(‖U‖_F, 1e-7), `steps` quintic steps, transpose back.
+pub fn ns_reference_f64(u: &[f64], rows: usize, cols: usize, set: CoefficientSet, steps: usize) -> Vec<f64> {
+    let transposed = rows > cols;
+    let (m, n) = if transposed { (cols, rows) } else { (rows, cols) };
+    let mut x = if transposed {
+        transpose(u, rows, cols)
+    } else {
+        u.to_vec()
+    };
+    let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-7);
+    x.iter_mut().for_each(|v| *v /= norm);
+    for step in 0..steps {
+        let [a, b, c] = ns_coefficients(set, step).map(f64::from);
+        let xt = transpose(&x, m, n);
+        let gram = matmul(&x, &xt, m, n, m);
+        let gram2 = matmul(&gram, &gram, m, m, m);
+        let poly: Vec<f64> = gram.iter().zip(&gram2).map(|(g, g2)| b * g + c * g2).collect();
+        let px = matmul(&poly, &x, m, m, n);
+        x = x.iter().zip(&px).map(|(xv, pv)| a * xv + pv).collect();
+    }
+    if transposed { transpose(&x, m, n) } else { x }
+}
+
+/// Widens to f64.
+pub fn to_f64(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&v| f64::from(v)).collect()
+}
+
+/// Largest |a[i] − b[i]|.
+pub fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (f64::from(x) - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Eigenvalues of a symmetric `n × n` matrix by cyclic Jacobi rotations, ascending.
+pub fn symmetric_eigenvalues(mut a: Vec<f64>, n: usize) -> Vec<f64> {
+    let scale: f64 = a.iter().map(|v| v * v).sum();
+    for _sweep in 0..64 {
+        let mut off = 0.0;
+        for p in 0..n {
+            for q in 0..n {
+                if p != q {
+                    off += a[p * n + q] * a[p * n + q];
+                }
+            }
+        }
+        if off <= 1e-26 * scale {
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = a[p * n + q];
+                if apq == 0.0 {
+                    continue;
+                }
+                let theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                for k in 0..n {
+                    let (akp, akq) = (a[k * n + p], a[k * n + q]);
+                    a[k * n + p] = c * akp - s * akq;
+                    a[k * n + q] = s * akp + c * akq;
+                }
+                for k in 0..n {
+                    let (apk, aqk) = (a[p * n + k], a[q * n + k]);
+                    a[p * n + k] = c * apk - s * aqk;
+                    a[q * n + k] = s * apk + c * aqk;
+                }
+            }
+        }
+    }
+    let mut eig: Vec<f64> = (0..n).map(|i| a[i * n + i]).collect();
+    eig.sort_by(f64::total_cmp);
+    eig
+}
+
+/// Singular values of a row-major `rows × cols` matrix (min(rows, cols) of them), ascending.
+pub fn singular_values(x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
+    let x = to_f64(x);
+    let (x, m, n) = if rows > cols {
+        (transpose(&x, rows, cols), cols, rows)
+    } else {
+        (x, rows, cols)
+    };
+    let gram = matmul(&x, &transpose(&x, m, n), m, n, m);
+    symmetric_eigenvalues(gram, m)
+        .into_iter()
+        .map(|e| e.max(0.0).sqrt())
+        .collect()
+}
+
+/// Reads a little-endian f32 file.
+pub fn read_f32(path: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Reads a little-endian f64 file.
+pub fn read_f64(path: &str) -> Vec<f64> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    bytes
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}

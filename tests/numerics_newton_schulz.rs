@@ -1,0 +1,391 @@
+//! Host Newton–Schulz: golden vectors, orthogonality, precision modes, transposition,
+//! batched and split entry points, argument checks.
+
+mod numerics_common;
+
+use muon_opt::config::{CoefficientSet, NsPrecision};
+use muon_opt::error::ErrorKind;
+use muon_opt::numerics::newton_schulz::{
+    NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_in_place, newton_schulz_split,
+    ns_coefficients,
+};
+use numerics_common::{
+    GOLDEN_DIR, Rng, max_abs_diff, ns_reference_f64, read_f32, read_f64, singular_values, to_f64, transpose,
+};
+
+struct GoldenCase {
+    rows: usize,
+    cols: usize,
+    set: CoefficientSet,
+    steps: u32,
+    input: Vec<f32>,
+    output_f64: Vec<f64>,
+}
+
+fn golden_cases() -> Vec<GoldenCase> {
+    let text = std::fs::read_to_string(format!("{GOLDEN_DIR}/manifest.json")).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = manifest["ns"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    cases
+        .iter()
+        .map(|c| {
+            let rows = c["rows"].as_u64().unwrap() as usize;
+            let cols = c["cols"].as_u64().unwrap() as usize;
+            let set = CoefficientSet::from_name("coefficients", c["coefficients"].as_str().unwrap()).unwrap();
+            let input = read_f32(&format!("{GOLDEN_DIR}/{}", c["input_f32"].as_str().unwrap()));
+            let output_f64 = read_f64(&format!("{GOLDEN_DIR}/{}", c["output_f64"].as_str().unwrap()));
+            assert_eq!(input.len(), rows * cols);
+            assert_eq!(output_f64.len(), rows * cols);
+            GoldenCase {
+                rows,
+                cols,
+                set,
+                steps: c["steps"].as_u64().unwrap() as u32,
+                input,
+                output_f64,
+            }
+        })
+        .collect()
+}
+
+fn opts(set: CoefficientSet, steps: u32, precision: NsPrecision) -> NsOptions {
+    NsOptions {
+        coefficients: set,
+        steps,
+        precision,
+    }
+}
+
+fn run(input: &[f32], rows: usize, cols: usize, o: &NsOptions) -> Vec<f32> {
+    let mut out = vec![0.0; input.len()];
+    newton_schulz(input, &mut out, rows, cols, o, &mut NsWorkspace::default()).unwrap();
+    out
+}
+
+#[test]
+fn golden_f32_within_1e5_of_f64_truth() {
+    let cases = golden_cases();
+    let sets: Vec<_> = cases.iter().map(|c| c.set).collect();
+    assert!(sets.contains(&CoefficientSet::Simple) && sets.contains(&CoefficientSet::Quintic));
+    let mut ws = NsWorkspace::new(8, 8);
+    for case in &cases {
+        let o = opts(case.set, case.steps, NsPrecision::F32);
+        let mut out = vec![0.0; case.input.len()];
+        newton_schulz(&case.input, &mut out, case.rows, case.cols, &o, &mut ws).unwrap();
+        let diff = max_abs_diff(&out, &case.output_f64);
+        assert!(
+            diff <= 1e-5,
+            "{}×{} {:?}: max abs diff {diff:e}",
+            case.rows,
+            case.cols,
+            case.set
+        );
+    }
+}
+
+#[test]
+fn f64_test_reference_matches_golden() {
+    // The f64 reference of numerics_common is what the Muon tests compare against.
+    for case in golden_cases() {
+        let r = ns_reference_f64(
+            &to_f64(&case.input),
+            case.rows,
+            case.cols,
+            case.set,
+            case.steps as usize,
+        );
+        let diff = r
+            .iter()
+            .zip(&case.output_f64)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        // The golden normalization is ‖U‖ + 1e-7, ours max(‖U‖, 1e-7): a relative difference
+        // of 1e-7/‖U‖ in every element.
+        assert!(diff <= 1e-6, "{}×{}: {diff:e}", case.rows, case.cols);
+    }
+}
+
+#[test]
+fn golden_bf16_close_to_f64_truth() {
+    for case in golden_cases() {
+        let out = run(
+            &case.input,
+            case.rows,
+            case.cols,
+            &opts(case.set, case.steps, NsPrecision::Bf16),
+        );
+        let diff = max_abs_diff(&out, &case.output_f64);
+        assert!(diff <= 0.05, "{}×{} {:?}: {diff:e}", case.rows, case.cols, case.set);
+    }
+}
+
+/// The scalar map the iteration applies to every singular value of the normalized input:
+/// `σ ↦ p_T(…p_1(σ))`, `p_t(x) = a x + b x³ + c x⁵`, in f64.
+fn scalar_composition(set: CoefficientSet, steps: usize, mut x: f64) -> f64 {
+    for t in 0..steps {
+        let [a, b, c] = ns_coefficients(set, t).map(f64::from);
+        x = a * x + b * x.powi(3) + c * x.powi(5);
+    }
+    x
+}
+
+/// `[min, max]` of [`scalar_composition`] over a log grid of `[lo, 1]`.
+fn scalar_band(set: CoefficientSet, steps: usize, lo: f64) -> (f64, f64) {
+    (0..=4000)
+        .map(|i| lo.powf(1.0 - f64::from(i) / 4000.0))
+        .map(|x| scalar_composition(set, steps, x))
+        .fold((f64::MAX, f64::MIN), |(l, h), y| (l.min(y), h.max(y)))
+}
+
+#[test]
+fn polar_express_maps_singular_values_as_designed() {
+    let mut rng = Rng::new(7);
+    // Rectangular Gaussian matrices: singular values spread over a range inside the design
+    // interval [1e-3, 1] of the coefficients once normalized.
+    for (rows, cols) in [(64, 128), (96, 48), (40, 120)] {
+        let input = rng.normal_vec(rows * cols, 1.0);
+        let before = singular_values(&input, rows, cols);
+        let norm = before.iter().map(|s| s * s).sum::<f64>().sqrt();
+        assert!(before.last().unwrap() / before[0] > 3.0, "input too well conditioned");
+        assert!(before[0] / norm > 1e-3, "input outside the design interval");
+        for steps in [5, 8] {
+            let o = opts(CoefficientSet::PolarExpress, steps, NsPrecision::F32);
+            let after = singular_values(&run(&input, rows, cols, &o), rows, cols);
+            // NS acts on each singular value separately: sorted outputs equal the sorted
+            // images of the normalized input singular values under the scalar composition.
+            let mut expected: Vec<f64> = before
+                .iter()
+                .map(|s| scalar_composition(CoefficientSet::PolarExpress, steps as usize, s / norm))
+                .collect();
+            expected.sort_by(f64::total_cmp);
+            let diff = after
+                .iter()
+                .zip(&expected)
+                .map(|(a, e)| (a - e).abs())
+                .fold(0.0, f64::max);
+            assert!(diff <= 1e-4, "{rows}×{cols}, {steps} steps: {diff:e}");
+            // After 5 steps every singular value is inside the band the composition guarantees
+            // on [1e-3, 1] (about [0.85, 1.12]); after 8 it has converged to 1.
+            let (lo, hi) = scalar_band(CoefficientSet::PolarExpress, steps as usize, 1e-3);
+            let (first, last) = (after[0], *after.last().unwrap());
+            assert!(lo > 0.8 && hi < 1.2, "band [{lo}, {hi}]");
+            assert!(
+                first >= lo - 1e-4 && last <= hi + 1e-4,
+                "{steps} steps: [{first}, {last}]"
+            );
+            if steps == 8 {
+                assert!(first >= 0.999 && last <= 1.001, "[{first}, {last}]");
+            }
+        }
+    }
+}
+
+#[test]
+fn quintic_and_simple_singular_values_in_band() {
+    let mut rng = Rng::new(8);
+    let (rows, cols) = (64, 128);
+    let input = rng.normal_vec(rows * cols, 1.0);
+    for set in [CoefficientSet::Quintic, CoefficientSet::Simple] {
+        let after = singular_values(&run(&input, rows, cols, &opts(set, 5, NsPrecision::F32)), rows, cols);
+        // Jordan's coefficients trade exact convergence for speed: singular values land in a
+        // band around 1, about [0.68, 1.13] for the simple triple.
+        let (first, last) = (after[0], *after.last().unwrap());
+        assert!(first >= 0.6 && last <= 1.2, "{set:?}: [{first}, {last}]");
+    }
+}
+
+#[test]
+fn bf16_close_to_f32() {
+    let mut rng = Rng::new(9);
+    for (rows, cols) in [(64, 128), (100, 36)] {
+        let input = rng.normal_vec(rows * cols, 0.01);
+        for set in CoefficientSet::ALL.iter().copied() {
+            let f = run(&input, rows, cols, &opts(set, 5, NsPrecision::F32));
+            let b = run(&input, rows, cols, &opts(set, 5, NsPrecision::Bf16));
+            let num: f64 = f.iter().zip(&b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+            let den: f64 = f.iter().map(|x| f64::from(*x).powi(2)).sum();
+            let rel = (num / den).sqrt();
+            // bf16 operands do round (the modes differ) but only at bf16 resolution.
+            assert!(rel > 1e-4 && rel < 0.03, "{set:?}: {rel:e}");
+        }
+    }
+}
+
+#[test]
+fn tall_matrix_equals_transposed_wide_matrix() {
+    let mut rng = Rng::new(10);
+    let (rows, cols) = (90, 40);
+    let input = rng.normal_vec(rows * cols, 1.0);
+    for precision in [NsPrecision::F32, NsPrecision::Bf16] {
+        let o = opts(CoefficientSet::Quintic, 5, precision);
+        let tall = run(&input, rows, cols, &o);
+        let wide = run(&transpose(&input, rows, cols), cols, rows, &o);
+        let wide_back = to_f64(&transpose(&wide, cols, rows));
+        assert!(max_abs_diff(&tall, &wide_back) <= 1e-6, "{precision:?}");
+    }
+}
+
+#[test]
+fn in_place_equals_out_of_place() {
+    let mut rng = Rng::new(11);
+    let (rows, cols) = (50, 30);
+    let input = rng.normal_vec(rows * cols, 1.0);
+    let o = opts(CoefficientSet::Quintic, 5, NsPrecision::Bf16);
+    let expected = run(&input, rows, cols, &o);
+    let mut data = input.clone();
+    newton_schulz_in_place(&mut data, rows, cols, &o, &mut NsWorkspace::default()).unwrap();
+    assert_eq!(data, expected);
+}
+
+#[test]
+fn batched_equals_one_by_one() {
+    let mut rng = Rng::new(12);
+    let (batch, rows, cols) = (3, 24, 40);
+    let input = rng.normal_vec(batch * rows * cols, 1.0);
+    let o = opts(CoefficientSet::Simple, 5, NsPrecision::F32);
+    let mut out = vec![0.0; input.len()];
+    let mut ws = NsWorkspace::new(rows, cols);
+    newton_schulz_batched(&input, &mut out, batch, rows, cols, &o, &mut ws).unwrap();
+    for (src, got) in input.chunks(rows * cols).zip(out.chunks(rows * cols)) {
+        assert_eq!(got, run(src, rows, cols, &o).as_slice());
+    }
+}
+
+#[test]
+fn split_equals_each_component() {
+    let mut rng = Rng::new(13);
+    let (splits, cols) = ([16usize, 48, 8], 32);
+    let rows: usize = splits.iter().sum();
+    let input = rng.normal_vec(rows * cols, 1.0);
+    let o = opts(CoefficientSet::Quintic, 5, NsPrecision::F32);
+    let mut out = vec![0.0; input.len()];
+    newton_schulz_split(&input, &mut out, &splits, cols, &o, &mut NsWorkspace::default()).unwrap();
+    let mut start = 0;
+    for r in splits {
+        let range = start..start + r * cols;
+        assert_eq!(&out[range.clone()], run(&input[range.clone()], r, cols, &o).as_slice());
+        start = range.end;
+    }
+    // Components are not the whole matrix: orthogonalizing it jointly gives another result.
+    assert_ne!(out, run(&input, rows, cols, &o));
+}
+
+#[test]
+fn reused_workspace_gives_fresh_results() {
+    let mut rng = Rng::new(14);
+    let big = rng.normal_vec(70 * 90, 1.0);
+    let small = rng.normal_vec(20 * 10, 1.0);
+    let o = opts(CoefficientSet::PolarExpress, 6, NsPrecision::Bf16);
+    let mut ws = NsWorkspace::new(90, 70);
+    let mut out_big = vec![0.0; big.len()];
+    let mut out_small = vec![0.0; small.len()];
+    newton_schulz(&big, &mut out_big, 70, 90, &o, &mut ws).unwrap();
+    newton_schulz(&small, &mut out_small, 20, 10, &o, &mut ws).unwrap();
+    assert_eq!(out_small, run(&small, 20, 10, &o));
+    newton_schulz(&big, &mut out_big, 70, 90, &o, &mut ws).unwrap();
+    assert_eq!(out_big, run(&big, 70, 90, &o));
+}
+
+#[test]
+fn zero_input_gives_zero_output() {
+    for precision in [NsPrecision::F32, NsPrecision::Bf16] {
+        let out = run(&[0.0; 12], 3, 4, &opts(CoefficientSet::Quintic, 5, precision));
+        assert!(out.iter().all(|&v| v == 0.0), "{out:?}");
+    }
+}
+
+#[test]
+fn coefficient_schedules() {
+    // Quintic: five distinct triples, then the fifth repeats.
+    for t in 0..4 {
+        assert_ne!(
+            ns_coefficients(CoefficientSet::Quintic, t),
+            ns_coefficients(CoefficientSet::Quintic, t + 1)
+        );
+    }
+    for t in 5..12 {
+        assert_eq!(
+            ns_coefficients(CoefficientSet::Quintic, t),
+            ns_coefficients(CoefficientSet::Quintic, 4)
+        );
+    }
+    // Simple: one triple.
+    for t in 1..12 {
+        assert_eq!(
+            ns_coefficients(CoefficientSet::Simple, t),
+            ns_coefficients(CoefficientSet::Simple, 0)
+        );
+    }
+    // Polar Express: the last listed polynomial (eighth, no safety factor) has a fixed point
+    // at 1 with zero slope, p(1) = a + b + c = 1, p'(1) = a + 3b + 5c = 0, and repeats.
+    let [a, b, c] = ns_coefficients(CoefficientSet::PolarExpress, 7);
+    assert_eq!(a + b + c, 1.0);
+    assert_eq!(a + 3.0 * b + 5.0 * c, 0.0);
+    for t in 8..20 {
+        assert_eq!(ns_coefficients(CoefficientSet::PolarExpress, t), [a, b, c]);
+    }
+    // The eight Polar Express steps, safety factor included, take every singular value in
+    // [1e-3, 1] (the design interval) to 1.
+    let (lo, hi) = scalar_band(CoefficientSet::PolarExpress, 8, 1e-3);
+    assert!((lo - 1.0).abs() < 1e-6 && (hi - 1.0).abs() < 1e-6, "[{lo}, {hi}]");
+}
+
+#[test]
+fn steps_past_the_table_repeat_the_last_triple() {
+    let mut rng = Rng::new(15);
+    let input = rng.normal_vec(16 * 24, 1.0);
+    let o = opts(CoefficientSet::PolarExpress, 10, NsPrecision::F32);
+    let out = run(&input, 16, 24, &o);
+    let reference = ns_reference_f64(&to_f64(&input), 16, 24, CoefficientSet::PolarExpress, 10);
+    assert!(max_abs_diff(&out, &reference) <= 1e-5);
+}
+
+#[test]
+fn rejects_bad_arguments() {
+    let mut ws = NsWorkspace::default();
+    let o = opts(CoefficientSet::Quintic, 5, NsPrecision::F32);
+    let input = vec![1.0; 12];
+    let mut out = vec![0.0; 12];
+    let kind = |r: muon_opt::error::Result<()>| r.unwrap_err().kind;
+    assert_eq!(
+        kind(newton_schulz(&input, &mut out, 3, 5, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(newton_schulz(&input, &mut out[..11], 3, 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(newton_schulz(&[], &mut [], 0, 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    for steps in [0, 101] {
+        let bad = NsOptions { steps, ..o };
+        assert_eq!(
+            kind(newton_schulz(&input, &mut out, 3, 4, &bad, &mut ws)),
+            ErrorKind::OutOfRange
+        );
+    }
+    assert_eq!(
+        kind(newton_schulz_split(&input, &mut out, &[1, 1], 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(newton_schulz_split(&input, &mut out, &[3, 0], 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(newton_schulz_split(&input, &mut out, &[], 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(newton_schulz_batched(&input, &mut out, 2, 2, 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(newton_schulz_batched(&input, &mut out, 0, 3, 4, &o, &mut ws)),
+        ErrorKind::InvalidArgument
+    );
+    assert!(out.iter().all(|&v| v == 0.0), "output written on error");
+}
