@@ -514,6 +514,62 @@ typedef struct muon_config_t {
 } muon_config_t;
 
 /**
+ * Learning rates and weight decays of one step.
+ */
+typedef struct muon_step_args_t {
+  /**
+   * sizeof(muon_step_args_t) as compiled by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Muon learning rate.
+   */
+  float lr;
+  /**
+   * Muon decoupled weight decay.
+   */
+  float weight_decay;
+  /**
+   * AdamW learning rate.
+   */
+  float adam_lr;
+  /**
+   * AdamW decoupled weight decay.
+   */
+  float adam_weight_decay;
+} muon_step_args_t;
+
+/**
+ * What a step did.
+ */
+typedef struct muon_step_info_t {
+  /**
+   * sizeof(muon_step_info_t) as compiled by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * 1 when a non-finite gradient skipped the step on every rank (no state changed).
+   */
+  uint32_t skipped;
+  /**
+   * Global gradient norm, each unique gradient counted once (before clipping).
+   */
+  double grad_norm;
+  /**
+   * Clip multiplier applied to every gradient (1 = none).
+   */
+  float clip_coef;
+  /**
+   * Reserved for alignment; written as 0.
+   */
+  uint32_t reserved;
+  /**
+   * Optimizer steps taken so far (skipped steps excluded).
+   */
+  uint64_t step;
+} muon_step_info_t;
+
+/**
  * Description of one parameter. Initialise with muon_param_desc_init(), then set name, ndim
  * and shape (and the optional fields).
  */
@@ -707,6 +763,71 @@ void muon_config_init(struct muon_config_t *cfg);
 MUON_API
 MUON_NODISCARD
 muon_status_t muon_config_validate(const struct muon_config_t *cfg);
+
+/**
+ * @brief Zero the gradient buffer before accumulating a new iteration's gradients.
+ * @note Stream: async on the host backend's terms; each bucket's memset is ordered after
+ *       everything that still reads its gradient bytes.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_zero_grad(struct muon_optimizer_t *opt);
+
+/**
+ * @brief Forward pre-hook: order the caller after bucket @p bucket's param collective.
+ * @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket).
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_wait_params(struct muon_optimizer_t *opt,
+                                         uint32_t bucket);
+
+/**
+ * @brief Backward hook: param @p param_id's gradient is fully accumulated for this iteration.
+ *        With overlap_grad_reduce, the bucket's gradient collective starts when its last param
+ *        is ready. Call once per param per iteration.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
+                                        uint32_t param_id);
+
+/**
+ * @brief One optimizer step: waits for the gradient collectives, computes the global grad
+ *        norm, clips, skips on non-finite gradients, updates owned params, and launches the
+ *        param collectives (with overlap_param_gather, wait_params orders their use).
+ * @param[in]  args Learning rates and weight decays.
+ * @param[out] info What the step did; may be NULL.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
+                                  const struct muon_step_args_t *args,
+                                  struct muon_step_info_t *info);
+
+/**
+ * @brief Block until every operation the optimizer enqueued has finished.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_synchronize(struct muon_optimizer_t *opt);
+
+/**
+ * @brief The library's own host Newton–Schulz orthogonalization (for checking numerics).
+ * @param[in]  in   rows×cols row-major f32 input (host).
+ * @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
+ * @param[in]  coefficient_set MUON_COEFFICIENTS_*; @p steps 1..=100;
+ *             @p precision MUON_NS_PRECISION_*.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_newton_schulz_host(const float *input,
+                                      float *out,
+                                      uint32_t rows,
+                                      uint32_t cols,
+                                      uint32_t coefficient_set,
+                                      uint32_t steps,
+                                      uint32_t precision);
 
 /**
  * @brief Create an optimizer for this rank.

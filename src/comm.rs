@@ -62,6 +62,11 @@ impl Claim {
     pub fn comm(&self) -> &Communicator {
         &self.0
     }
+
+    /// A shared reference to the communicator, for the backend's comm stream.
+    pub fn shared(&self) -> Arc<Communicator> {
+        self.0.clone()
+    }
 }
 
 impl Drop for Claim {

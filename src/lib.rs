@@ -38,3 +38,4 @@ pub mod model;
 pub mod numerics;
 pub mod optimizer;
 pub mod plan;
+pub mod schedule;

@@ -1,21 +1,24 @@
 //! The optimizer's safe core: configuration, the parameter registry and the lifecycle
 //! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::bail;
 use crate::comm::{Claim, Transport};
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{ParamSpec, Registry, Route};
+use crate::backend::host::executor::HostBackend;
+use crate::numerics::muon::MuonOptions;
 use crate::plan::{Plan, build_plan};
+use crate::schedule::{Runtime, StepArgs, StepInfo};
 
 /// Lifecycle phase; calls check it so a wrong call order is a status, never UB.
 pub enum Phase {
     /// Parameters may be added.
     Registering,
-    /// The plan is fixed.
-    Finalized(Box<Plan>),
+    /// Planned, allocated and initialised: the iteration API is available.
+    Running(Box<Runtime>),
 }
 
 /// One rank's optimizer.
@@ -25,7 +28,6 @@ pub struct Optimizer {
     registry: Registry,
     init_values: Vec<Option<Vec<f32>>>,
     phase: Phase,
-    plan_time: Duration,
 }
 
 impl Optimizer {
@@ -53,7 +55,6 @@ impl Optimizer {
             registry: Registry::default(),
             init_values: Vec::new(),
             phase: Phase::Registering,
-            plan_time: Duration::ZERO,
         })
     }
 
@@ -110,11 +111,19 @@ impl Optimizer {
         if self.registry.is_empty() {
             bail!(InvalidState, "finalize: no params registered; call muon_optimizer_add_param first");
         }
-        let start = Instant::now();
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
-        self.plan_time = start.elapsed();
         self.verify_same_plan(plan.hash)?;
-        self.phase = Phase::Finalized(Box::new(plan));
+        let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, MuonOptions::from_config(&self.cfg))?;
+        let init = &self.init_values;
+        let runtime = Runtime::new(
+            Box::new(plan),
+            self.registry.params().to_vec(),
+            self.cfg.clone(),
+            self.rank(),
+            Box::new(backend),
+            |p| init[p].as_deref(),
+        )?;
+        self.phase = Phase::Running(Box::new(runtime));
         Ok(())
     }
 
@@ -133,12 +142,67 @@ impl Optimizer {
         Ok(())
     }
 
-    /// The plan, once finalized.
-    pub fn plan(&self) -> Result<&Plan> {
+    /// The runtime, once finalized.
+    pub fn runtime(&self) -> Result<&Runtime> {
         match &self.phase {
-            Phase::Finalized(plan) => Ok(plan),
+            Phase::Running(runtime) => Ok(runtime),
             Phase::Registering => bail!(InvalidState, "the optimizer is not finalized; call muon_optimizer_finalize first"),
         }
+    }
+
+    /// The runtime for an iteration call named `call`.
+    pub fn runtime_mut(&mut self, call: &str) -> Result<&mut Runtime> {
+        match &mut self.phase {
+            Phase::Running(runtime) => Ok(runtime),
+            Phase::Registering => {
+                bail!(InvalidState, "{call}: the optimizer is not finalized; call muon_optimizer_finalize first")
+            }
+        }
+    }
+
+    /// The plan, once finalized.
+    pub fn plan(&self) -> Result<&Plan> {
+        Ok(self.runtime()?.plan())
+    }
+
+    /// Zeroes the grad buffer (ordered after everything that still reads it).
+    pub fn zero_grad(&mut self) -> Result<()> {
+        self.runtime_mut("zero_grad")?.zero_grad()
+    }
+
+    /// Forward pre-hook for bucket `bucket`.
+    pub fn wait_params(&mut self, bucket: u32) -> Result<()> {
+        self.runtime_mut("wait_params")?.wait_params(bucket)
+    }
+
+    /// Backward hook for param `id`.
+    pub fn grad_ready(&mut self, id: u32) -> Result<()> {
+        self.runtime_mut("grad_ready")?.grad_ready(id)
+    }
+
+    /// One optimizer step.
+    pub fn step(&mut self, args: &StepArgs) -> Result<StepInfo> {
+        for (field, value) in [
+            ("lr", args.lr),
+            ("weight_decay", args.weight_decay),
+            ("adam_lr", args.adam_lr),
+            ("adam_weight_decay", args.adam_weight_decay),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                bail!(OutOfRange, "step: args->{field} {value} must be finite and >= 0");
+            }
+        }
+        self.runtime_mut("step")?.step(args)
+    }
+
+    /// The runtime for tests and tools that inspect state (state, param values).
+    pub fn running(&mut self) -> Result<&mut Runtime> {
+        self.runtime_mut("inspect")
+    }
+
+    /// Waits for everything enqueued.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.runtime_mut("synchronize")?.synchronize()
     }
 
     /// Checks the id and returns the finalized plan.
@@ -147,13 +211,4 @@ impl Optimizer {
         self.plan()
     }
 
-    /// Time the planner took at finalize.
-    pub fn plan_time(&self) -> Duration {
-        self.plan_time
-    }
-
-    /// Initial values of a param, if given at registration.
-    pub fn init_values(&self, id: u32) -> Option<&[f32]> {
-        self.init_values.get(id as usize).and_then(|v| v.as_deref())
-    }
 }

@@ -470,3 +470,12 @@ fn region_sub_checks_bounds() {
     assert!(err.message.contains("5..5+6"), "{}", err.message);
     assert!(region.sub(usize::MAX, 2).is_err());
 }
+
+#[test]
+fn handles_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<HostComm>();
+    send_sync::<Region>();
+    send_sync::<muon_opt::backend::host::stream::HostStream>();
+    send_sync::<muon_opt::backend::host::stream::HostEvent>();
+}

@@ -280,3 +280,33 @@ fn invalid_regions_are_rejected() {
     let comms = HostGroup::new(1, LONG);
     comms[0].all_reduce(Region::empty(Dtype::F32)).unwrap();
 }
+
+#[test]
+fn a_rank_used_from_two_threads_at_once_is_rejected() {
+    let comms = HostGroup::new(2, Duration::from_secs(10));
+    let results = thread::scope(|s| {
+        let first = s.spawn(|| comms[0].all_gather_u64(1));
+        // Sequencing only: whichever rank-0 call posts first is the real one.
+        thread::sleep(Duration::from_millis(50));
+        let second = s.spawn(|| comms[0].all_gather_u64(2));
+        thread::sleep(Duration::from_millis(50));
+        let peer = comms[1].all_gather_u64(5);
+        (first.join().unwrap(), second.join().unwrap(), peer)
+    });
+    let (first, second, peer) = results;
+    let (accepted, rejected) = if first.is_ok() {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let rejected = rejected.unwrap_err();
+    assert_eq!(rejected.kind, ErrorKind::InvalidState, "{}", rejected.message);
+    assert!(
+        rejected.message.contains("one thread at a time"),
+        "{}",
+        rejected.message
+    );
+    let gathered = accepted.unwrap();
+    assert_eq!(peer.unwrap(), gathered);
+    assert!(gathered == vec![1, 5] || gathered == vec![2, 5], "{gathered:?}");
+}

@@ -1,4 +1,49 @@
-//! Backends execute the schedule's operations; they make no decisions of their own.
+//! Backends execute the schedule's operations; they make no decisions of their own. The
+//! host backend runs them on the CPU (the executable specification); the cuda backend runs
+//! the same sequence on the caller's stream and NCCL communicator.
 
 pub mod cuda;
 pub mod host;
+pub mod ops;
+
+use std::ffi::c_void;
+
+use crate::error::Result;
+use ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Span, StreamKind};
+
+/// What the schedule needs from a backend. Compute-stream operations are ordered by call
+/// order; comm-stream operations by call order on the comm stream; the two streams are
+/// ordered only by events, exactly as CUDA orders them.
+pub trait Backend: Send {
+    /// Allocates every buffer and state array (zeroed).
+    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()>;
+    /// Writes host f32 values into `dst`, converting to its dtype (round to nearest even).
+    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()>;
+    /// Reads `src` as f32 (exact for bf16).
+    fn download(&mut self, src: Span) -> Result<Vec<f32>>;
+    /// Compute stream: zero `span`.
+    fn memset_zero(&mut self, span: Span) -> Result<()>;
+    /// Compute stream: `span *= factor` (in its dtype, one rounding).
+    fn scale(&mut self, span: Span, factor: f32) -> Result<()>;
+    /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
+    fn cast(&mut self, src: Span, dst: Span) -> Result<()>;
+    /// Compute stream, host-synchronizing: Σ x² over `spans` in f64, spans in order
+    /// ([`crate::numerics::squared_norm`] per span).
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64>;
+    /// Compute stream: one Muon update.
+    fn muon_update(&mut self, job: &MuonJob) -> Result<()>;
+    /// Compute stream: one AdamW update.
+    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()>;
+    /// Records `event` on `stream`.
+    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()>;
+    /// `stream` waits for `event` (the compute stream blocks the caller on the host).
+    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()>;
+    /// Comm stream: the collectives as one group.
+    fn collectives(&mut self, ops: &[CollOp]) -> Result<()>;
+    /// Comm stream, host-synchronizing: sum of `value` over ranks, in rank order.
+    fn all_reduce_f64(&mut self, value: f64) -> Result<f64>;
+    /// Blocks until both streams finished everything enqueued.
+    fn synchronize(&mut self) -> Result<()>;
+    /// Address of the first element of `span` (host or device), for views.
+    fn address(&self, span: Span) -> *mut c_void;
+}

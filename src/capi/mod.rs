@@ -6,6 +6,7 @@ pub mod comm;
 pub mod config;
 pub mod constants;
 pub mod handle;
+pub mod iteration;
 pub mod optimizer;
 pub mod param;
 pub mod status;

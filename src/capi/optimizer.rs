@@ -1,6 +1,6 @@
 //! `muon_optimizer_t`: lifecycle, registration, plan and views.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 use std::sync::Arc;
 
 use crate::bail;
@@ -171,6 +171,7 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
         }
         let plan = o.plan_for(param_id)?;
         let placement = plan.param(param_id as usize);
+        let runtime = o.runtime()?;
         let out = muon_param_view_t {
             struct_size: std::mem::size_of::<muon_param_view_t>() as u32,
             route: route_code(o.registry().routes()[param_id as usize]),
@@ -178,8 +179,8 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
             owner: placement.single_owner().map_or(-1, |r| r as i32),
             offset: placement.offset,
             numel: placement.numel,
-            data: std::ptr::null_mut::<c_void>(),
-            grad: std::ptr::null_mut::<c_void>(),
+            data: runtime.address(param_id as usize, false),
+            grad: runtime.address(param_id as usize, true),
             mxfp8_rowwise_data: std::ptr::null_mut(),
             mxfp8_rowwise_scales: std::ptr::null_mut(),
             mxfp8_colwise_data: std::ptr::null_mut(),

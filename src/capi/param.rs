@@ -67,9 +67,9 @@ pub struct muon_param_view_t {
     pub offset: u64,
     /// Number of elements.
     pub numel: u64,
-    /// Model-dtype storage; NULL for MXFP8 params, and NULL until buffers exist.
+    /// Model-dtype storage (host pointer on the host backend, device pointer on cuda).
     pub data: *mut c_void,
-    /// Gradient storage (grad_dtype) the framework accumulates into; NULL until buffers exist.
+    /// Gradient storage (grad_dtype) the framework accumulates into.
     pub grad: *mut c_void,
     /// MXFP8 rowwise E4M3 data [rows, cols]; NULL unless MUON_PARAM_FLAG_MXFP8.
     pub mxfp8_rowwise_data: *mut u8,

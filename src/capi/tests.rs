@@ -158,7 +158,7 @@ fn wrong_call_order_is_a_state_error() {
     assert_eq!(unsafe { muon_optimizer_finalize(opt) }, MUON_STATUS_INVALID_STATE);
     assert_eq!(unsafe { muon_optimizer_param_view(opt, 0, &mut view) }, MUON_STATUS_SUCCESS);
     assert_eq!((view.route, view.owner, view.numel), (MUON_ROUTE_MUON, 0, 64 * 32));
-    assert!(view.data.is_null() && view.grad.is_null());
+    assert!(!view.data.is_null() && !view.grad.is_null(), "finalize allocates the buffers");
     teardown(comm, opt);
 }
 

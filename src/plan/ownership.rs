@@ -167,6 +167,10 @@ impl Intermediates {
     }
 }
 
+/// Rounds of "wrap stacks, move conflicting atomics" before the last conflicts are settled
+/// without re-wrapping.
+const MAX_REWRAPS: usize = 8;
+
 /// Assigns an owner to every Muon unit of `buckets` (memberships in layout order) and writes
 /// them to `placements[param].unit_owners`.
 pub(crate) fn assign_owners(
@@ -177,19 +181,30 @@ pub(crate) fn assign_owners(
     placements: &mut [ParamPlacement],
 ) -> OwnershipMethod {
     let units = Units::collect(params, buckets, steps);
-    let mut loads = Loads::new(dp, units.total_numel);
     let order = lpt_order(&units.atoms);
     let mut atom_owner = vec![0u32; units.atoms.len()];
+    let mut loads = Loads::new(dp, units.total_numel);
     for &i in &order {
         let atom = &units.atoms[i];
         let r = loads.pick(atom.numel, |_| true);
         loads.add(r, atom.cost, atom.numel);
         atom_owner[i] = r as u32;
     }
-    let stack_owners = wrap_stacks(&units, &mut loads);
-    let intermediates = Intermediates::of(&units.stacks, &stack_owners, buckets.len());
-    resolve_conflicts(&units.atoms, &order, &intermediates, &mut loads, &mut atom_owner);
-
+    let mut round = 0;
+    let (stack_owners, loads) = loop {
+        let atom_loads = loads_of_atoms(&units, &atom_owner, dp);
+        let stack_owners = wrap_stacks(&units, &atom_loads.cost);
+        let mut loads = atom_loads;
+        for (stack, owners) in units.stacks.iter().zip(&stack_owners) {
+            owners.iter().for_each(|&r| loads.add(r as usize, stack.unit_cost, stack.unit_numel));
+        }
+        let intermediates = Intermediates::of(&units.stacks, &stack_owners, buckets.len());
+        let moved = resolve_conflicts(&units.atoms, &order, &intermediates, &mut loads, &mut atom_owner);
+        round += 1;
+        if !moved || round > MAX_REWRAPS {
+            break (stack_owners, loads);
+        }
+    };
     let dpu = dp as u128;
     let makespan = loads.cost.iter().copied().max().unwrap_or(0);
     if dpu * makespan > units.total_cost + dpu * units.largest {
@@ -212,25 +227,33 @@ fn lpt_order(atoms: &[Atom]) -> Vec<usize> {
     order
 }
 
+/// Per-rank loads of the atomic matrices alone.
+fn loads_of_atoms(units: &Units, owner: &[u32], dp: usize) -> Loads {
+    let mut loads = Loads::new(dp, units.total_numel);
+    for (atom, &r) in units.atoms.iter().zip(owner) {
+        loads.add(r as usize, atom.cost, atom.numel);
+    }
+    loads
+}
+
 /// Step 2 of the module docs: stacks fill each rank's capacity `T − atomic load`.
-fn wrap_stacks(units: &Units, loads: &mut Loads) -> Vec<Vec<u32>> {
-    let dp = loads.cost.len();
+fn wrap_stacks(units: &Units, atom_cost: &[u128]) -> Vec<Vec<u32>> {
+    let dp = atom_cost.len();
     let dpu = dp as u128;
     // Capacities and boundaries are scaled by dp to stay integral: dp·(T − a) = total − dp·a.
-    let capacity: Vec<u128> = loads.cost.iter().map(|&a| units.total_cost.saturating_sub(dpu * a)).collect();
+    let capacity: Vec<u128> = atom_cost.iter().map(|&a| units.total_cost.saturating_sub(dpu * a)).collect();
     let mut rank = 0;
     let mut boundary = capacity[0];
     let mut cumulative = 0u128;
     let mut owners = Vec::with_capacity(units.stacks.len());
     for stack in &units.stacks {
+        let c = stack.unit_cost;
         let mut stack_owners = Vec::with_capacity(stack.units);
         for _ in 0..stack.units {
-            let c = stack.unit_cost;
             while rank + 1 < dp && dpu * (2 * cumulative + c) > 2 * boundary {
                 rank += 1;
                 boundary += capacity[rank];
             }
-            loads.add(rank, c, stack.unit_numel);
             stack_owners.push(rank as u32);
             cumulative += c;
         }
@@ -239,14 +262,16 @@ fn wrap_stacks(units: &Units, loads: &mut Loads) -> Vec<Vec<u32>> {
     owners
 }
 
-/// Step 3 of the module docs.
+/// Step 3 of the module docs. Returns true if an atomic matrix moved (loads changed), so
+/// the stacks should be wrapped again.
 fn resolve_conflicts(
     atoms: &[Atom],
     order: &[usize],
     intermediates: &Intermediates,
     loads: &mut Loads,
     owner: &mut [u32],
-) {
+) -> bool {
+    let mut moved = false;
     for (pos, &i) in order.iter().enumerate() {
         let atom = &atoms[i];
         if !intermediates.contains(atom.bucket, owner[i]) {
@@ -266,9 +291,11 @@ fn resolve_conflicts(
                 let r = loads.pick(atom.numel, |r| !intermediates.contains(atom.bucket, r as u32));
                 loads.add(r, atom.cost, atom.numel);
                 owner[i] = r as u32;
+                moved = true;
             }
         }
     }
+    moved
 }
 
 /// Atom indices of equal cost around position `pos` of the LPT order (excluding it).

@@ -89,41 +89,62 @@ fn xml_escape(text: &str) -> String {
 }
 
 const SVG_WIDTH: f64 = 960.0;
-const PANEL_HEIGHT: f64 = 180.0;
+const PANEL_HEIGHT: f64 = 190.0;
 const MARGIN: f64 = 50.0;
 const TITLE_HEIGHT: f64 = 30.0;
+const AXIS_HEIGHT: f64 = 22.0;
 
-/// One bar chart: a value per rank, scaled to the panel, with the mean as a dashed line.
-fn panel(out: &mut String, top: f64, title: &str, class: &str, values: &[f64], label: impl Fn(f64) -> String) {
-    let plot_width = SVG_WIDTH - 2.0 * MARGIN;
-    let plot_height = PANEL_HEIGHT - TITLE_HEIGHT - 10.0;
-    let base = top + PANEL_HEIGHT - 10.0;
-    let max = values.iter().copied().fold(0.0, f64::max);
-    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
-    let scale = if max > 0.0 { plot_height / max } else { 0.0 };
-    let slot = plot_width / values.len().max(1) as f64;
-    let width = (slot * 0.8).max(0.5);
-    let _ = writeln!(out, r#"<text x="{MARGIN}" y="{:.1}" class="title">{}</text>"#, top + 20.0, xml_escape(title));
-    for (rank, &value) in values.iter().enumerate() {
-        let height = value * scale;
+/// One bar chart of a value per rank, bars scaled so that `top_value` fills the panel, with
+/// the mean as a dashed line and the first and last rank labelled.
+struct Panel<'a> {
+    title: String,
+    class: &'a str,
+    values: &'a [f64],
+    top_value: f64,
+}
+
+impl Panel<'_> {
+    fn draw(&self, out: &mut String, top: f64, label: impl Fn(f64) -> String) {
+        let plot_width = SVG_WIDTH - 2.0 * MARGIN;
+        let plot_height = PANEL_HEIGHT - TITLE_HEIGHT - AXIS_HEIGHT;
+        let base = top + PANEL_HEIGHT - AXIS_HEIGHT;
+        let ranks = self.values.len().max(1);
+        let mean = self.values.iter().sum::<f64>() / ranks as f64;
+        let scale = if self.top_value > 0.0 { plot_height / self.top_value } else { 0.0 };
+        let slot = plot_width / ranks as f64;
+        let width = (slot * 0.8).max(0.5);
+        let _ = writeln!(out, r#"<text x="{MARGIN}" y="{:.1}" class="title">{}</text>"#, top + 20.0, xml_escape(&self.title));
+        for (rank, &value) in self.values.iter().enumerate() {
+            let height = value * scale;
+            let _ = writeln!(
+                out,
+                r#"<rect class="bar {}" x="{:.2}" y="{:.2}" width="{width:.2}" height="{height:.2}"><title>rank {rank}: {}</title></rect>"#,
+                self.class,
+                MARGIN + rank as f64 * slot,
+                base - height,
+                label(value)
+            );
+        }
+        let y = base - mean * scale;
+        let right = MARGIN + plot_width;
         let _ = writeln!(
             out,
-            r#"<rect class="bar {class}" x="{:.2}" y="{:.2}" width="{width:.2}" height="{height:.2}"><title>rank {rank}: {}</title></rect>"#,
-            MARGIN + rank as f64 * slot,
-            base - height,
-            label(value)
+            r#"<line class="mean" x1="{MARGIN}" x2="{right:.1}" y1="{y:.2}" y2="{y:.2}"><title>mean {}</title></line>"#,
+            label(mean)
+        );
+        let _ = writeln!(out, r#"<line class="axis" x1="{MARGIN}" x2="{right:.1}" y1="{base:.2}" y2="{base:.2}"/>"#);
+        let label_y = base + 15.0;
+        let _ = writeln!(out, r#"<text x="{MARGIN}" y="{label_y:.1}">rank 0</text>"#);
+        let _ = writeln!(
+            out,
+            r#"<text x="{right:.1}" y="{label_y:.1}" text-anchor="end">rank {}</text>"#,
+            ranks - 1
         );
     }
-    let y = base - mean * scale;
-    let _ = writeln!(
-        out,
-        r#"<line class="mean" x1="{MARGIN}" x2="{:.1}" y1="{y:.2}" y2="{y:.2}"><title>mean {}</title></line>"#,
-        MARGIN + plot_width,
-        label(mean)
-    );
 }
 
 /// An SVG with, per plan, a bar per rank of Newton–Schulz cost and of optimizer-state bytes.
+/// Each metric uses one scale across plans, so layouts compare at a glance.
 pub fn svg(model: &str, plans: &[Plan]) -> String {
     let height = TITLE_HEIGHT + 2.0 * PANEL_HEIGHT * plans.len() as f64 + 10.0;
     let mut out = String::new();
@@ -133,22 +154,35 @@ pub fn svg(model: &str, plans: &[Plan]) -> String {
     );
     out.push_str(
         "<style>text{font:13px sans-serif} .title{font-weight:bold} .ns{fill:#4c72b0} \
-         .state{fill:#dd8452} .mean{stroke:#333;stroke-dasharray:4 3}</style>\n",
+         .state{fill:#dd8452} .mean{stroke:#333;stroke-dasharray:4 3} .axis{stroke:#999}</style>\n",
     );
     let dp = plans.first().map_or(0, |p| p.dp);
     let _ = writeln!(out, r#"<text x="{MARGIN}" y="20">{} at dp {dp}</text>"#, xml_escape(model));
+    let top_ns = plans.iter().map(|p| p.report.ns_cost.max).fold(0.0, f64::max);
+    let top_state = plans.iter().map(|p| p.report.optimizer_state_bytes.max as f64).fold(0.0, f64::max);
     for (i, plan) in plans.iter().enumerate() {
         let top = TITLE_HEIGHT + 2.0 * PANEL_HEIGHT * i as f64;
         let r = &plan.report;
         let layout = plan.layout.name();
-        let ns_title = format!(
-            "{layout}: Newton–Schulz cost per rank (makespan / lower bound {:.3})",
-            r.ns_makespan_over_lower_bound
-        );
-        panel(&mut out, top, &ns_title, "ns", &r.ns_cost.per_rank, si);
+        let ns = Panel {
+            title: format!(
+                "{layout}: Newton–Schulz cost per rank (max {}, makespan / lower bound {:.3})",
+                si(r.ns_cost.max),
+                r.ns_makespan_over_lower_bound
+            ),
+            class: "ns",
+            values: &r.ns_cost.per_rank,
+            top_value: top_ns,
+        };
+        ns.draw(&mut out, top, si);
         let state: Vec<f64> = r.optimizer_state_bytes.per_rank.iter().map(|&b| b as f64).collect();
-        let state_title = format!("{layout}: optimizer state per rank (max {})", gib(r.optimizer_state_bytes.max as f64));
-        panel(&mut out, top + PANEL_HEIGHT, &state_title, "state", &state, gib);
+        let state_panel = Panel {
+            title: format!("{layout}: optimizer state per rank (max {})", gib(r.optimizer_state_bytes.max as f64)),
+            class: "state",
+            values: &state,
+            top_value: top_state,
+        };
+        state_panel.draw(&mut out, top + PANEL_HEIGHT, gib);
     }
     out.push_str("</svg>\n");
     out

@@ -639,6 +639,18 @@ impl HostComm {
         if let Some(failure) = &st.failure {
             return Err(failure.for_arrival(rank, seq));
         }
+        if st
+            .gathering
+            .as_ref()
+            .is_some_and(|g| g.executing || g.posts[rank].is_some())
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidState,
+                format!(
+                    "host group: rank {rank} called a collective while its previous one is still running; use each rank's handle from one thread at a time"
+                ),
+            ));
+        }
         st.entered[rank] += 1;
         // Lockstep: a rank enters #k+1 only after #k completed (which cleared `gathering`), so
         // an existing gathering is this rank's collective #seq.

@@ -7,6 +7,7 @@
 //! queued closures, typically collectives of a [`comm::HostComm`], in FIFO order.
 
 pub mod comm;
+pub mod executor;
 pub mod stream;
 
 /// The text of a caught panic's payload.

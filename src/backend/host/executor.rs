@@ -1,0 +1,382 @@
+//! The host backend: the schedule's operations on host memory. Compute-stream operations run
+//! on the calling thread; collectives run on the rank's [`HostStream`] worker over a
+//! [`HostComm`].
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::backend::Backend;
+use crate::backend::host::comm::{Collective, HostComm, Region};
+use crate::backend::host::stream::{HostEvent, HostStream};
+use crate::backend::ops::{AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::bail;
+use crate::comm::{Communicator, Transport};
+use crate::config::{CommMode, Dtype};
+use crate::error::{Error, ErrorKind, Result};
+use crate::numerics::adamw::adamw_update;
+use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
+use crate::numerics::muon::{MuonOptions, MuonShape, MuonWorkspace, muon_update};
+use crate::numerics::squared_norm;
+
+const ALIGN: usize = 64;
+
+/// One zeroed, 64-byte aligned host allocation.
+struct Storage {
+    ptr: *mut u8,
+    numel: usize,
+    dtype: Dtype,
+}
+
+impl Storage {
+    fn new(numel: u64, dtype: Dtype) -> Result<Storage> {
+        let bytes = (numel as usize)
+            .checked_mul(dtype.size())
+            .filter(|b| *b < isize::MAX as usize);
+        let Some(bytes) = bytes else {
+            bail!(OutOfMemory, "host allocation of {numel} elements overflows")
+        };
+        if bytes == 0 {
+            return Ok(Storage {
+                ptr: std::ptr::null_mut(),
+                numel: 0,
+                dtype,
+            });
+        }
+        let layout =
+            Layout::from_size_align(bytes, ALIGN).map_err(|e| Error::new(ErrorKind::OutOfMemory, e.to_string()))?;
+        // SAFETY: non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            bail!(OutOfMemory, "host allocation of {bytes} bytes failed");
+        }
+        Ok(Storage {
+            ptr,
+            numel: numel as usize,
+            dtype,
+        })
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            let layout = Layout::from_size_align(self.numel * self.dtype.size(), ALIGN).expect("checked at allocation");
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr, layout) };
+        }
+    }
+}
+
+/// One rank's host backend.
+pub struct HostBackend {
+    // Field order matters: the stream (and the closures it holds) is dropped before memory.
+    stream: HostStream,
+    comm: Arc<Communicator>,
+    events: Vec<HostEvent>,
+    mems: HashMap<Mem, Storage>,
+    muon_opts: MuonOptions,
+    workspace: MuonWorkspace,
+    scratch: Vec<f32>,
+}
+
+// SAFETY: the raw pointers in `mems` are owned allocations only touched by this backend's
+// calls and by its own stream worker under the event ordering of the schedule.
+unsafe impl Send for HostBackend {}
+
+impl HostBackend {
+    /// A backend for `comm`'s rank with the Muon options of the config.
+    pub fn new(comm: Arc<Communicator>, mode: CommMode, muon_opts: MuonOptions) -> Result<Self> {
+        if !matches!(comm.transport, Transport::Host(_)) {
+            bail!(CommMismatch, "the host backend needs a host group communicator");
+        }
+        Ok(HostBackend {
+            stream: HostStream::new(mode)?,
+            comm,
+            events: Vec::new(),
+            mems: HashMap::new(),
+            muon_opts,
+            workspace: MuonWorkspace::default(),
+            scratch: Vec::new(),
+        })
+    }
+
+    fn host_comm(comm: &Communicator) -> &HostComm {
+        match &comm.transport {
+            Transport::Host(host) => host,
+            Transport::Nccl(_) => unreachable!("checked in HostBackend::new"),
+        }
+    }
+
+    fn storage(&self, span: Span) -> Result<&Storage> {
+        let Some(storage) = self.mems.get(&span.mem) else {
+            bail!(Internal, "{:?} is not allocated", span.mem)
+        };
+        if span.start + span.len > storage.numel as u64 {
+            bail!(
+                Internal,
+                "span {span:?} exceeds its allocation of {} elements",
+                storage.numel
+            );
+        }
+        Ok(storage)
+    }
+
+    fn region(&self, span: Span) -> Result<Region> {
+        let storage = self.storage(span)?;
+        let ptr = unsafe { storage.ptr.add(span.start as usize * storage.dtype.size()) };
+        // SAFETY: inside a live allocation that outlives the stream's queued work (field order).
+        Ok(unsafe { Region::new(ptr, span.len as usize, storage.dtype) })
+    }
+
+    /// # Safety
+    /// No other live slice may alias `span` while the returned slice is used.
+    unsafe fn f32s(&self, span: Span) -> Result<&mut [f32]> {
+        let storage = self.storage(span)?;
+        if storage.dtype != Dtype::F32 {
+            bail!(Internal, "{:?} is not f32", span.mem);
+        }
+        let ptr = unsafe { storage.ptr.cast::<f32>().add(span.start as usize) };
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, span.len as usize) })
+    }
+
+    /// # Safety
+    /// As for [`HostBackend::f32s`].
+    unsafe fn u16s(&self, span: Span) -> Result<&mut [u16]> {
+        let storage = self.storage(span)?;
+        let ptr = unsafe { storage.ptr.cast::<u16>().add(span.start as usize) };
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, span.len as usize) })
+    }
+
+    /// `span` as f32 values: borrowed when f32, converted into `scratch` when bf16.
+    fn read_as_f32<'a>(&'a self, span: Span, scratch: &'a mut Vec<f32>) -> Result<&'a [f32]> {
+        match self.storage(span)?.dtype {
+            Dtype::F32 => Ok(unsafe { self.f32s(span) }?),
+            Dtype::Bf16 => {
+                scratch.clear();
+                scratch.extend(unsafe { self.u16s(span) }?.iter().map(|&b| bf16_to_f32(b)));
+                Ok(scratch)
+            }
+        }
+    }
+
+    fn event(&mut self, event: EventId) -> &HostEvent {
+        if self.events.len() <= event.0 {
+            self.events.resize_with(event.0 + 1, HostEvent::new);
+        }
+        &self.events[event.0]
+    }
+
+    fn to_collective(&self, op: &CollOp) -> Result<Collective> {
+        let rank = self.comm.rank();
+        let dp = self.comm.size() as u64;
+        Ok(match *op {
+            CollOp::Reduce { root, span } => {
+                let r = self.region(span)?;
+                Collective::Reduce {
+                    root: root as usize,
+                    send: r,
+                    recv: r,
+                }
+            }
+            CollOp::Broadcast { root, span } => Collective::Broadcast {
+                root: root as usize,
+                buf: self.region(span)?,
+            },
+            CollOp::ReduceScatter { span } => {
+                let whole = self.region(span)?;
+                let chunk = span.len / dp;
+                Collective::ReduceScatter {
+                    send: whole,
+                    recv: whole.sub(rank * chunk as usize, chunk as usize)?,
+                }
+            }
+            CollOp::AllGather { span } => {
+                let whole = self.region(span)?;
+                let chunk = span.len / dp;
+                Collective::AllGather {
+                    send: whole.sub(rank * chunk as usize, chunk as usize)?,
+                    recv: whole,
+                }
+            }
+            CollOp::AllReduce { span } => {
+                let r = self.region(span)?;
+                Collective::AllReduce { send: r, recv: r }
+            }
+        })
+    }
+}
+
+impl Backend for HostBackend {
+    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
+        let mut mems = HashMap::new();
+        for (i, &(numel, dtype)) in layout.buffers.iter().enumerate() {
+            mems.insert(Mem::Param(i as u32), Storage::new(numel, dtype)?);
+            mems.insert(Mem::Grad(i as u32), Storage::new(numel, layout.grad_dtype)?);
+        }
+        mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
+        mems.insert(Mem::Momentum, Storage::new(layout.momentum, Dtype::F32)?);
+        mems.insert(Mem::ExpAvg, Storage::new(layout.adam_moments, Dtype::F32)?);
+        mems.insert(Mem::ExpAvgSq, Storage::new(layout.adam_moments, Dtype::F32)?);
+        self.mems = mems;
+        self.workspace = MuonWorkspace::new(layout.max_matrix.0, layout.max_matrix.1);
+        Ok(())
+    }
+
+    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()> {
+        if values.len() as u64 != dst.len {
+            bail!(Internal, "upload of {} values into {dst:?}", values.len());
+        }
+        match self.storage(dst)?.dtype {
+            Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
+            Dtype::Bf16 => {
+                for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
+                    *d = f32_to_bf16_rne(v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn download(&mut self, src: Span) -> Result<Vec<f32>> {
+        let mut scratch = Vec::new();
+        Ok(self.read_as_f32(src, &mut scratch)?.to_vec())
+    }
+
+    fn memset_zero(&mut self, span: Span) -> Result<()> {
+        let storage = self.storage(span)?;
+        let size = storage.dtype.size();
+        // SAFETY: bounds checked by `storage`.
+        unsafe { std::ptr::write_bytes(storage.ptr.add(span.start as usize * size), 0, span.len as usize * size) };
+        Ok(())
+    }
+
+    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
+        match self.storage(span)?.dtype {
+            Dtype::F32 => unsafe { self.f32s(span) }?.iter_mut().for_each(|x| *x *= factor),
+            Dtype::Bf16 => unsafe { self.u16s(span) }?
+                .iter_mut()
+                .for_each(|x| *x = f32_to_bf16_rne(bf16_to_f32(*x) * factor)),
+        }
+        Ok(())
+    }
+
+    fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
+        if src.len != dst.len || src.mem == dst.mem {
+            bail!(
+                Internal,
+                "cast {src:?} -> {dst:?}: lengths differ or spans share memory"
+            );
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let values = self.read_as_f32(src, &mut scratch)?;
+        match self.storage(dst)?.dtype {
+            Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
+            Dtype::Bf16 => {
+                for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
+                    *d = f32_to_bf16_rne(v);
+                }
+            }
+        }
+        self.scratch = scratch;
+        Ok(())
+    }
+
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut total = 0.0f64;
+        for span in spans {
+            total += squared_norm(self.read_as_f32(*span, &mut scratch)?);
+        }
+        self.scratch = scratch;
+        Ok(total)
+    }
+
+    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut workspace = std::mem::take(&mut self.workspace);
+        let result = (|| {
+            let grad = self.read_as_f32(job.grad, &mut scratch)?;
+            let master = unsafe { self.f32s(job.master) }?;
+            let momentum = unsafe { self.f32s(job.momentum) }?;
+            let shape = MuonShape {
+                rows: job.rows,
+                cols: job.cols,
+                split_rows: &job.split_rows,
+            };
+            muon_update(
+                master,
+                momentum,
+                grad,
+                &shape,
+                &job.args,
+                &self.muon_opts,
+                &mut workspace,
+            )
+        })();
+        self.scratch = scratch;
+        self.workspace = workspace;
+        result
+    }
+
+    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = (|| {
+            let grad = self.read_as_f32(job.grad, &mut scratch)?;
+            let master = unsafe { self.f32s(job.master) }?;
+            let m = unsafe { self.f32s(job.exp_avg) }?;
+            let v = unsafe { self.f32s(job.exp_avg_sq) }?;
+            adamw_update(master, m, v, grad, &job.args)
+        })();
+        self.scratch = scratch;
+        result
+    }
+
+    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.event(event);
+        match stream {
+            StreamKind::Compute => self.events[event.0].record_on_compute(),
+            StreamKind::Comm => self.stream.record_on_comm(&self.events[event.0]),
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.event(event);
+        match stream {
+            StreamKind::Compute => self.events[event.0].synchronize(),
+            StreamKind::Comm => self.stream.comm_wait_event(&self.events[event.0]),
+        }
+    }
+
+    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
+        let group = ops
+            .iter()
+            .map(|op| self.to_collective(op))
+            .collect::<Result<Vec<_>>>()?;
+        let comm = self.comm.clone();
+        self.stream.enqueue(move || Self::host_comm(&comm).group(&group))
+    }
+
+    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
+        let result = Arc::new(Mutex::new(None));
+        let (comm, slot) = (self.comm.clone(), result.clone());
+        self.stream.enqueue(move || {
+            let sum = Self::host_comm(&comm).all_reduce_sum_f64(value)?;
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(sum);
+            Ok(())
+        })?;
+        self.stream.synchronize()?;
+        let sum = *result.lock().unwrap_or_else(PoisonError::into_inner);
+        sum.ok_or_else(|| Error::new(ErrorKind::Internal, "all_reduce_f64: no result after synchronize"))
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.stream.synchronize()
+    }
+
+    fn address(&self, span: Span) -> *mut c_void {
+        self.region(span).map_or(std::ptr::null_mut(), |r| r.as_ptr().cast())
+    }
+}

@@ -1,0 +1,391 @@
+//! The step pipeline as backend-neutral operations with stream and event order (DESIGN.md
+//! section 5). Every decision — which bytes move, when, after which event, which state is
+//! updated — is made here; a backend only executes.
+//!
+//! Events per bucket b: `GRAD_READY` (compute: all of b's grads accumulated), `GRAD_SYNCED`
+//! (comm: b's gradient collective done), `PARAM_READY` (compute: owners wrote b's new values),
+//! `PARAM_SYNCED` (comm: b's param collective done).
+
+pub mod state;
+
+use crate::backend::Backend;
+use crate::backend::ops::{AdamwJob, CollOp, EventId, Mem, MuonJob, Span, StreamKind};
+use crate::bail;
+use crate::config::{Config, MuonLayout};
+use crate::error::Result;
+use crate::model::{ParamFlags, ParamSpec};
+use crate::numerics::adamw::AdamWArgs;
+use crate::numerics::clip_coefficient;
+use crate::numerics::muon::MuonStepArgs;
+use crate::plan::Plan;
+use crate::plan::{Bucket, BucketSplit, ElemRange};
+use state::StateLayout;
+
+/// Learning rates and weight decays of one step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepArgs {
+    pub lr: f32,
+    pub weight_decay: f32,
+    pub adam_lr: f32,
+    pub adam_weight_decay: f32,
+}
+
+/// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepInfo {
+    /// Global gradient norm (each unique gradient counted once); NaN or inf when skipped.
+    pub grad_norm: f64,
+    /// The clip multiplier applied (1 when clipping is off or not needed).
+    pub clip_coef: f32,
+    /// True when a non-finite gradient skipped the step on every rank.
+    pub skipped: bool,
+    /// Optimizer steps taken so far (skipped steps excluded).
+    pub step: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    GradReady,
+    GradSynced,
+    ParamReady,
+    ParamSynced,
+}
+
+fn event(bucket: usize, ev: Ev) -> EventId {
+    EventId(bucket * 4 + ev as usize)
+}
+
+/// One rank's runtime after finalize.
+pub struct Runtime {
+    plan: Box<Plan>,
+    params: Vec<ParamSpec>,
+    cfg: Config,
+    layout: StateLayout,
+    backend: Box<dyn Backend>,
+    /// Per param: grad_ready called since the last step.
+    ready: Vec<bool>,
+    /// Per bucket: params still to become ready.
+    pending: Vec<usize>,
+    /// Per bucket: gradient collective launched since the last step.
+    launched: Vec<bool>,
+    steps: u64,
+}
+
+impl Runtime {
+    /// Allocates the buffers and state, writes the initial params on every rank and the
+    /// masters on their owners. `init(p)` gives param p's initial values (None = zeros).
+    pub fn new<'a>(
+        plan: Box<Plan>,
+        params: Vec<ParamSpec>,
+        cfg: Config,
+        rank: usize,
+        mut backend: Box<dyn Backend>,
+        init: impl Fn(usize) -> Option<&'a [f32]>,
+    ) -> Result<Self> {
+        let layout = StateLayout::new(&plan, &params, &cfg, rank);
+        backend.allocate(&layout.memory)?;
+        let zeros = |n: u64| vec![0.0f32; n as usize];
+        for (p, placement) in plan.params.iter().enumerate() {
+            let values = init(p).map_or_else(|| zeros(placement.numel), <[f32]>::to_vec);
+            backend.upload(Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel), &values)?;
+        }
+        for slot in &layout.muon {
+            let p = slot.unit.param as usize;
+            let local = slot.unit.range.start - plan.params[p].offset;
+            let values = init(p).map_or_else(
+                || zeros(slot.unit.range.len()),
+                |v| v[local as usize..(local + slot.unit.range.len()) as usize].to_vec(),
+            );
+            backend.upload(slot.master(), &values)?;
+        }
+        for slot in &layout.adamw {
+            let r = slot.piece.param_range;
+            let values = init(slot.piece.param as usize)
+                .map_or_else(|| zeros(r.len()), |v| v[r.start as usize..r.end as usize].to_vec());
+            backend.upload(slot.master(), &values)?;
+        }
+        let pending = plan.buckets.iter().map(|b| b.params.len()).collect();
+        Ok(Runtime {
+            ready: vec![false; params.len()],
+            launched: vec![false; plan.buckets.len()],
+            pending,
+            plan,
+            params,
+            cfg,
+            layout,
+            backend,
+            steps: 0,
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn layout(&self) -> &StateLayout {
+        &self.layout
+    }
+
+    pub fn backend_mut(&mut self) -> &mut dyn Backend {
+        self.backend.as_mut()
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn dp(&self) -> usize {
+        self.plan.dp as usize
+    }
+
+    fn bucket_span(bucket: &Bucket, mem: Mem) -> Span {
+        Span::new(mem, bucket.start, bucket.numel())
+    }
+
+    fn grad_ops(&self, bucket: &Bucket) -> Vec<CollOp> {
+        let span = Self::bucket_span(bucket, Mem::Grad(bucket.buffer));
+        match (&bucket.split, self.plan.layout) {
+            (BucketSplit::OwnerRanges(_), MuonLayout::Allreduce) => vec![CollOp::AllReduce { span }],
+            (BucketSplit::OwnerRanges(ranges), _) => owner_ops(ranges, Mem::Grad(bucket.buffer), |root, span| {
+                CollOp::Reduce { root, span }
+            }),
+            (BucketSplit::EqualShards { .. }, _) => vec![CollOp::ReduceScatter { span }],
+        }
+    }
+
+    fn param_ops(&self, bucket: &Bucket) -> Vec<CollOp> {
+        match &bucket.split {
+            BucketSplit::OwnerRanges(ranges) => {
+                owner_ops(ranges, Mem::Param(bucket.buffer), |root, span| CollOp::Broadcast { root, span })
+            }
+            BucketSplit::EqualShards { .. } => {
+                vec![CollOp::AllGather { span: Self::bucket_span(bucket, Mem::Param(bucket.buffer)) }]
+            }
+        }
+    }
+
+    /// Marks the grad buffer for zeroing: each bucket's memset is ordered after everything
+    /// that still reads its grad bytes (its gradient collective).
+    pub fn zero_grad(&mut self) -> Result<()> {
+        for b in 0..self.plan.buckets.len() {
+            self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
+            let bucket = &self.plan.buckets[b];
+            self.backend.memset_zero(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)))?;
+        }
+        Ok(())
+    }
+
+    /// Forward pre-hook: the compute stream waits for bucket `b`'s params.
+    pub fn wait_params(&mut self, b: u32) -> Result<()> {
+        if b as usize >= self.plan.buckets.len() {
+            bail!(InvalidState, "wait_params: bucket {b} does not exist (the plan has {} buckets)", self.plan.buckets.len());
+        }
+        self.backend.wait(StreamKind::Compute, event(b as usize, Ev::ParamSynced))
+    }
+
+    /// Backward hook: param `p`'s gradient is final for this iteration.
+    pub fn grad_ready(&mut self, p: u32) -> Result<()> {
+        let Some(ready) = self.ready.get_mut(p as usize) else {
+            bail!(InvalidArgument, "grad_ready: param_id {p} is not registered ({} params)", self.params.len());
+        };
+        if *ready {
+            bail!(
+                InvalidState,
+                "grad_ready: param {p} ('{}') was already marked ready in this iteration; call it once per param between steps",
+                self.params[p as usize].name
+            );
+        }
+        *ready = true;
+        let b = self.plan.params[p as usize].bucket as usize;
+        self.pending[b] -= 1;
+        if self.pending[b] == 0 && self.cfg.overlap_grad_reduce {
+            self.launch_grad_sync(b)?;
+        }
+        Ok(())
+    }
+
+    fn launch_grad_sync(&mut self, b: usize) -> Result<()> {
+        let bucket = &self.plan.buckets[b];
+        if self.dp() > 1 {
+            self.backend.scale(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)), 1.0 / self.dp() as f32)?;
+        }
+        let ops = self.grad_ops(bucket);
+        self.backend.record(StreamKind::Compute, event(b, Ev::GradReady))?;
+        self.backend.wait(StreamKind::Comm, event(b, Ev::GradReady))?;
+        self.backend.collectives(&ops)?;
+        self.backend.record(StreamKind::Comm, event(b, Ev::GradSynced))?;
+        self.launched[b] = true;
+        Ok(())
+    }
+
+    fn owned_grad_spans(&self) -> Vec<Span> {
+        let muon = self.layout.muon.iter().map(|s| s.grad());
+        muon.chain(self.layout.adamw.iter().map(|s| s.grad())).collect()
+    }
+
+    /// One optimizer step (DESIGN.md sections 5 and 6).
+    pub fn step(&mut self, args: &StepArgs) -> Result<StepInfo> {
+        for b in 0..self.plan.buckets.len() {
+            if !self.launched[b] {
+                self.launch_grad_sync(b)?;
+            }
+        }
+        for b in 0..self.plan.buckets.len() {
+            self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
+        }
+        let local = self.backend.squared_norm(&self.owned_grad_spans())?;
+        let total = self.backend.all_reduce_f64(local)?;
+        self.end_iteration();
+        if !total.is_finite() {
+            return Ok(StepInfo { grad_norm: total.sqrt(), clip_coef: 1.0, skipped: true, step: self.steps });
+        }
+        let clip_coef = clip_coefficient(total, self.cfg.clip_grad);
+        self.steps += 1;
+        self.update_muon(args, clip_coef)?;
+        self.update_adamw(args, clip_coef)?;
+        for b in 0..self.plan.buckets.len() {
+            let ops = self.param_ops(&self.plan.buckets[b]);
+            self.backend.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
+            self.backend.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
+            self.backend.collectives(&ops)?;
+            self.backend.record(StreamKind::Comm, event(b, Ev::ParamSynced))?;
+        }
+        if !self.cfg.overlap_param_gather {
+            for b in 0..self.plan.buckets.len() {
+                self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
+            }
+        }
+        Ok(StepInfo { grad_norm: total.sqrt(), clip_coef, skipped: false, step: self.steps })
+    }
+
+    fn end_iteration(&mut self) {
+        self.ready.iter_mut().for_each(|r| *r = false);
+        self.launched.iter_mut().for_each(|l| *l = false);
+        for (pending, bucket) in self.pending.iter_mut().zip(&self.plan.buckets) {
+            *pending = bucket.params.len();
+        }
+    }
+
+    fn wd_scale(spec: &ParamSpec) -> f32 {
+        if spec.flags.has(ParamFlags::NO_WEIGHT_DECAY) { 0.0 } else { spec.wd_scale }
+    }
+
+    fn update_muon(&mut self, args: &StepArgs, clip_coef: f32) -> Result<()> {
+        for i in 0..self.layout.muon.len() {
+            let slot = self.layout.muon[i];
+            let spec = &self.params[slot.unit.param as usize];
+            let matrix = spec.unit_matrix();
+            let job = MuonJob {
+                master: slot.master(),
+                momentum: slot.momentum(),
+                grad: slot.grad(),
+                rows: matrix.rows as usize,
+                cols: matrix.cols as usize,
+                split_rows: spec.split_sizes.iter().map(|&s| s as usize).collect(),
+                args: MuonStepArgs {
+                    lr: args.lr,
+                    weight_decay: args.weight_decay,
+                    lr_scale: spec.lr_scale,
+                    wd_scale: Self::wd_scale(spec),
+                    clip_coef,
+                },
+            };
+            self.backend.muon_update(&job)?;
+            self.backend.cast(slot.master(), slot.param())?;
+        }
+        Ok(())
+    }
+
+    fn update_adamw(&mut self, args: &StepArgs, clip_coef: f32) -> Result<()> {
+        for i in 0..self.layout.adamw.len() {
+            let slot = self.layout.adamw[i];
+            let spec = &self.params[slot.piece.param as usize];
+            let job = AdamwJob {
+                master: slot.master(),
+                exp_avg: slot.exp_avg(),
+                exp_avg_sq: slot.exp_avg_sq(),
+                grad: slot.grad(),
+                args: AdamWArgs {
+                    lr: args.adam_lr * spec.lr_scale,
+                    weight_decay: args.adam_weight_decay * Self::wd_scale(spec),
+                    beta1: self.cfg.adam_beta1,
+                    beta2: self.cfg.adam_beta2,
+                    eps: self.cfg.adam_eps,
+                    step: self.steps,
+                    clip_coef,
+                },
+            };
+            self.backend.adamw_update(&job)?;
+            self.backend.cast(slot.master(), slot.param())?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until every enqueued operation finished.
+    pub fn synchronize(&mut self) -> Result<()> {
+        self.backend.synchronize()
+    }
+
+    /// Address of param `p`'s storage in `mem_of(buffer)` (param or grad buffer).
+    pub fn address(&self, p: usize, grad: bool) -> *mut std::ffi::c_void {
+        let placement = &self.plan.params[p];
+        let mem = if grad { Mem::Grad(placement.buffer) } else { Mem::Param(placement.buffer) };
+        self.backend.address(Span::new(mem, placement.offset, placement.numel))
+    }
+}
+
+/// The fp32 state a rank owns for one piece of a param, in the param's flat coordinates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedState {
+    pub param: u32,
+    /// Element range inside the param.
+    pub range: ElemRange,
+    pub master: Vec<f32>,
+    /// Muon: `[momentum]`; AdamW: `[exp_avg, exp_avg_sq]`.
+    pub moments: Vec<Vec<f32>>,
+}
+
+impl Runtime {
+    /// Everything this rank owns, Muon units first, after synchronizing.
+    pub fn owned_state(&mut self) -> Result<Vec<OwnedState>> {
+        self.backend.synchronize()?;
+        let mut out = Vec::new();
+        for slot in self.layout.muon.clone() {
+            let offset = self.plan.params[slot.unit.param as usize].offset;
+            out.push(OwnedState {
+                param: slot.unit.param,
+                range: slot.unit.range.shifted_down(offset),
+                master: self.backend.download(slot.master())?,
+                moments: vec![self.backend.download(slot.momentum())?],
+            });
+        }
+        for slot in self.layout.adamw.clone() {
+            out.push(OwnedState {
+                param: slot.piece.param,
+                range: slot.piece.param_range,
+                master: self.backend.download(slot.master())?,
+                moments: vec![self.backend.download(slot.exp_avg())?, self.backend.download(slot.exp_avg_sq())?],
+            });
+        }
+        Ok(out)
+    }
+
+    /// This rank's copy of param `p` as f32 (what its forward would read).
+    pub fn param_values(&mut self, p: usize) -> Result<Vec<f32>> {
+        let placement = &self.plan.params[p];
+        self.backend.download(Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel))
+    }
+}
+
+fn owner_ops(
+    ranges: &[ElemRange],
+    mem: Mem,
+    op: impl Fn(u32, Span) -> CollOp,
+) -> Vec<CollOp> {
+    ranges
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(root, r)| op(root as u32, Span::new(mem, r.start, r.len())))
+        .collect()
+}

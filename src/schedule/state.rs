@@ -1,0 +1,110 @@
+//! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
+//! AdamW pieces of its shards, packed in plan order.
+
+use crate::backend::ops::{Mem, MemoryLayout, Span};
+use crate::config::Config;
+use crate::model::ParamSpec;
+use crate::plan::Plan;
+use crate::plan::{OwnedUnit, ShardPiece};
+
+/// One owned Muon unit and the offset of its state.
+#[derive(Debug, Clone, Copy)]
+pub struct MuonSlot {
+    pub unit: OwnedUnit,
+    /// Offset in `Mem::Master` and `Mem::Momentum`.
+    pub state: u64,
+}
+
+/// One owned AdamW piece and the offsets of its state.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamwSlot {
+    pub bucket: u32,
+    pub buffer: u32,
+    pub piece: ShardPiece,
+    /// Offset in `Mem::Master`.
+    pub master: u64,
+    /// Offset in `Mem::ExpAvg` and `Mem::ExpAvgSq`.
+    pub moments: u64,
+}
+
+/// A rank's state layout.
+#[derive(Debug, Clone)]
+pub struct StateLayout {
+    pub muon: Vec<MuonSlot>,
+    pub adamw: Vec<AdamwSlot>,
+    pub memory: MemoryLayout,
+}
+
+impl StateLayout {
+    /// Lays out the state of `rank`.
+    pub fn new(plan: &Plan, params: &[ParamSpec], cfg: &Config, rank: usize) -> Self {
+        let mut offset = 0u64;
+        let mut max_matrix = (0usize, 0usize);
+        let muon: Vec<MuonSlot> = plan
+            .muon_units_of(rank)
+            .into_iter()
+            .map(|unit| {
+                let slot = MuonSlot { unit, state: offset };
+                offset += unit.range.len();
+                let m = params[unit.param as usize].unit_matrix();
+                max_matrix = (max_matrix.0.max(m.rows as usize), max_matrix.1.max(m.cols as usize));
+                slot
+            })
+            .collect();
+        let momentum = offset;
+        let mut moments = 0u64;
+        let mut adamw = Vec::new();
+        for shard in plan.adamw_shards_of(rank) {
+            for piece in shard.pieces {
+                adamw.push(AdamwSlot { bucket: shard.bucket, buffer: shard.buffer, piece, master: offset, moments });
+                offset += piece.param_range.len();
+                moments += piece.param_range.len();
+            }
+        }
+        let memory = MemoryLayout {
+            buffers: plan.buffers.iter().map(|b| (b.numel, b.dtype)).collect(),
+            grad_dtype: cfg.grad_dtype,
+            master: offset,
+            momentum,
+            adam_moments: moments,
+            max_matrix,
+        };
+        StateLayout { muon, adamw, memory }
+    }
+}
+
+impl MuonSlot {
+    pub fn master(&self) -> Span {
+        Span::new(Mem::Master, self.state, self.unit.range.len())
+    }
+    pub fn momentum(&self) -> Span {
+        Span::new(Mem::Momentum, self.state, self.unit.range.len())
+    }
+    pub fn param(&self) -> Span {
+        Span::new(Mem::Param(self.unit.buffer), self.unit.range.start, self.unit.range.len())
+    }
+    pub fn grad(&self) -> Span {
+        Span::new(Mem::Grad(self.unit.buffer), self.unit.range.start, self.unit.range.len())
+    }
+}
+
+impl AdamwSlot {
+    fn len(&self) -> u64 {
+        self.piece.buffer_range.len()
+    }
+    pub fn master(&self) -> Span {
+        Span::new(Mem::Master, self.master, self.len())
+    }
+    pub fn exp_avg(&self) -> Span {
+        Span::new(Mem::ExpAvg, self.moments, self.len())
+    }
+    pub fn exp_avg_sq(&self) -> Span {
+        Span::new(Mem::ExpAvgSq, self.moments, self.len())
+    }
+    pub fn param(&self) -> Span {
+        Span::new(Mem::Param(self.buffer), self.piece.buffer_range.start, self.len())
+    }
+    pub fn grad(&self) -> Span {
+        Span::new(Mem::Grad(self.buffer), self.piece.buffer_range.start, self.len())
+    }
+}

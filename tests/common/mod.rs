@@ -1,0 +1,183 @@
+//! Multi-rank harness for the runtime tests: ranks on threads over a host group, a small model
+//! with every kind of param, deterministic per-rank gradients that depend on the params each
+//! rank sees (so a missing param sync changes the result).
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{Config, Dtype};
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::optimizer::Optimizer;
+use muon_opt::schedule::{OwnedState, StepArgs};
+
+/// The test model: embedding, fused QKV, an expert stack, plain matrices, biases, a norm.
+pub fn model() -> Vec<ParamSpec> {
+    let mut params = Vec::new();
+    let mut emb = ParamSpec::new("embedding.weight", &[50, 32], Dtype::Bf16);
+    emb.flags = ParamFlags(ParamFlags::EMBEDDING_OR_OUTPUT);
+    params.push(emb);
+    for layer in 0..2 {
+        let mut qkv = ParamSpec::new(format!("layers.{layer}.qkv.weight"), &[96, 32], Dtype::Bf16);
+        qkv.split_sizes = vec![32, 32, 32];
+        params.push(qkv);
+        params.push(ParamSpec::new(format!("layers.{layer}.proj.weight"), &[32, 32], Dtype::Bf16));
+        params.push(ParamSpec::new(format!("layers.{layer}.norm.weight"), &[32], Dtype::Bf16));
+        let mut experts = ParamSpec::new(format!("layers.{layer}.experts.fc1"), &[4, 48, 32], Dtype::Bf16);
+        experts.flags = ParamFlags(ParamFlags::EXPERT_STACK);
+        params.push(experts);
+        let mut fc2 = ParamSpec::new(format!("layers.{layer}.fc2.weight"), &[32, 64], Dtype::Bf16);
+        fc2.lr_scale = 0.5;
+        params.push(fc2);
+        let mut bias = ParamSpec::new(format!("layers.{layer}.fc2.bias"), &[32], Dtype::Bf16);
+        bias.flags = ParamFlags(ParamFlags::NO_WEIGHT_DECAY);
+        params.push(bias);
+    }
+    let mut out = ParamSpec::new("output.weight", &[50, 32], Dtype::Bf16);
+    out.flags = ParamFlags(ParamFlags::EMBEDDING_OR_OUTPUT);
+    params.push(out);
+    params
+}
+
+/// Deterministic pseudo-random value in [-1, 1).
+pub fn noise(seed: u64) -> f32 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+pub fn init_values(p: usize, numel: u64) -> Vec<f32> {
+    (0..numel).map(|i| 0.1 * noise(1_000_000 * p as u64 + i)).collect()
+}
+
+/// Rank `rank`'s gradient of param `p` at `step`, from the params it sees.
+pub fn rank_grad(step: u64, rank: usize, p: usize, params: &[f32]) -> Vec<f32> {
+    params
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| noise((step << 40) ^ ((rank as u64) << 32) ^ ((p as u64) << 20) ^ i as u64) * 0.01 + 0.05 * w)
+        .collect()
+}
+
+pub const ARGS: StepArgs = StepArgs { lr: 0.02, weight_decay: 0.1, adam_lr: 0.003, adam_weight_decay: 0.01 };
+
+/// Everything observable after a step: every rank's params and the assembled owned state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// Per rank, per param: the param values that rank holds.
+    pub params: Vec<Vec<Vec<f32>>>,
+    /// Per param: master, then each moment, assembled in global coordinates.
+    pub state: Vec<Vec<Vec<f32>>>,
+}
+
+pub fn assemble(specs: &[ParamSpec], owned: Vec<Vec<OwnedState>>) -> Vec<Vec<Vec<f32>>> {
+    let mut state: Vec<Vec<Vec<f32>>> = specs.iter().map(|_| Vec::new()).collect();
+    for pieces in owned {
+        for piece in pieces {
+            let n = specs[piece.param as usize].numel() as usize;
+            let slot = &mut state[piece.param as usize];
+            if slot.is_empty() {
+                *slot = vec![vec![f32::NAN; n]; 1 + piece.moments.len()];
+            }
+            let r = piece.range.start as usize..piece.range.end as usize;
+            slot[0][r.clone()].copy_from_slice(&piece.master);
+            for (k, m) in piece.moments.iter().enumerate() {
+                slot[1 + k][r.clone()].copy_from_slice(m);
+            }
+        }
+    }
+    state
+}
+
+/// How a rank produces its gradient for a step: per rank by default; the dp=1 reference
+/// sums the per-rank gradients of `emulated_dp` ranks in rank order.
+#[derive(Debug, Clone, Copy)]
+pub struct Data {
+    pub emulated_dp: usize,
+}
+
+pub fn optimizers(cfg: &Config, dp: usize, timeout: Duration) -> Vec<Optimizer> {
+    HostGroup::new(dp, timeout)
+        .into_iter()
+        .map(|c| {
+            let comm = Communicator::new(Transport::Host(c));
+            Optimizer::new(cfg.clone(), comm.claim().unwrap(), true).unwrap()
+        })
+        .collect()
+}
+
+/// Trains `steps` steps at `dp` ranks and returns a snapshot after every step.
+pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
+    let specs = model();
+    let opts = optimizers(cfg, dp, Duration::from_secs(20));
+    let per_rank: Vec<Vec<(Vec<Vec<f32>>, Vec<OwnedState>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = opts
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut opt)| {
+                let specs = specs.clone();
+                scope.spawn(move || run_rank(&mut opt, &specs, rank, dp, data, steps))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    (0..steps as usize)
+        .map(|s| Snapshot {
+            params: per_rank.iter().map(|r| r[s].0.clone()).collect(),
+            state: assemble(&specs, per_rank.iter().map(|r| r[s].1.clone()).collect()),
+        })
+        .collect()
+}
+
+fn run_rank(
+    opt: &mut Optimizer,
+    specs: &[ParamSpec],
+    rank: usize,
+    dp: usize,
+    data: Data,
+    steps: u64,
+) -> Vec<(Vec<Vec<f32>>, Vec<OwnedState>)> {
+    for (p, spec) in specs.iter().enumerate() {
+        opt.add_param(spec.clone(), Some(init_values(p, spec.numel()))).unwrap();
+    }
+    opt.finalize().unwrap();
+    let mut out = Vec::new();
+    for step in 0..steps {
+        opt.zero_grad().unwrap();
+        let num_buckets = opt.plan().unwrap().buckets.len() as u32;
+        for b in 0..num_buckets {
+            opt.wait_params(b).unwrap();
+        }
+        for p in (0..specs.len()).rev() {
+            let seen = opt.running().unwrap().param_values(p).unwrap();
+            let grad = if dp == 1 && data.emulated_dp > 1 {
+                let scale = 1.0 / data.emulated_dp as f32;
+                let mut sum = vec![0.0f32; seen.len()];
+                for r in 0..data.emulated_dp {
+                    for (s, g) in sum.iter_mut().zip(rank_grad(step, r, p, &seen)) {
+                        *s += g * scale;
+                    }
+                }
+                sum
+            } else {
+                rank_grad(step, rank, p, &seen)
+            };
+            let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
+            // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
+            unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
+            opt.grad_ready(p as u32).unwrap();
+        }
+        let info = opt.step(&ARGS).unwrap();
+        assert!(!info.skipped);
+        for b in 0..num_buckets {
+            opt.wait_params(b).unwrap();
+        }
+        let params = (0..specs.len()).map(|p| opt.running().unwrap().param_values(p).unwrap()).collect();
+        out.push((params, opt.running().unwrap().owned_state().unwrap()));
+    }
+    out
+}

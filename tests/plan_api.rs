@@ -1,0 +1,174 @@
+//! The planner's public API on small hand-checked models, its errors, and the figures it must
+//! reach on the presets.
+
+use muon_opt::config::{Config, Dtype, MuonLayout};
+use muon_opt::error::ErrorKind;
+use muon_opt::model::{ParamFlags, ParamSpec, Registry, Route};
+use muon_opt::plan::presets::{PRESET_NAMES, preset};
+use muon_opt::plan::{ElemRange, OwnershipMethod, Plan, ShardPiece, build_plan, build_plans};
+
+fn register(specs: Vec<ParamSpec>) -> Registry {
+    let mut registry = Registry::default();
+    for spec in specs {
+        registry.add(spec, &Config::default()).unwrap();
+    }
+    registry
+}
+
+fn plan(registry: &Registry, cfg: &Config, dp: usize) -> Plan {
+    build_plan(registry.params(), registry.routes(), cfg, dp).unwrap()
+}
+
+fn stack(name: &str, shape: &[u64]) -> ParamSpec {
+    let mut spec = ParamSpec::new(name, shape, Dtype::Bf16);
+    spec.flags = ParamFlags(ParamFlags::EXPERT_STACK);
+    spec
+}
+
+#[test]
+fn invalid_inputs_are_errors_naming_the_rule() {
+    let registry = register(vec![ParamSpec::new("w", &[4, 4], Dtype::F32)]);
+    let cfg = Config::default();
+    let err = build_plan(registry.params(), registry.routes(), &cfg, 0).unwrap_err();
+    assert_eq!((err.kind, err.message.as_str()), (ErrorKind::OutOfRange, "dp: must be >= 1"));
+    let err = build_plan(&[], &[], &cfg, 2).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidState);
+    let err = build_plan(registry.params(), &[], &cfg, 2).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    let vector = [ParamSpec::new("b", &[4], Dtype::F32)];
+    let err = build_plan(&vector, &[Route::Muon], &cfg, 2).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("'b'"), "{}", err.message);
+}
+
+#[test]
+fn buffers_are_muon_first_then_adamw_each_f32_before_bf16() {
+    let registry = register(vec![
+        ParamSpec::new("a", &[64], Dtype::Bf16),
+        ParamSpec::new("b", &[8, 8], Dtype::Bf16),
+        ParamSpec::new("c", &[64], Dtype::F32),
+        ParamSpec::new("d", &[8, 8], Dtype::F32),
+    ]);
+    let p = plan(&registry, &Config::default(), 2);
+    let keys: Vec<(Route, Dtype)> = p.buffers.iter().map(|b| (b.route, b.dtype)).collect();
+    let expected = [(Route::Muon, Dtype::F32), (Route::Muon, Dtype::Bf16), (Route::Adamw, Dtype::F32), (Route::Adamw, Dtype::Bf16)];
+    assert_eq!(keys, expected);
+    assert_eq!(p.param(3).buffer, 0);
+    assert_eq!(p.param(0).buffer, 3);
+}
+
+#[test]
+fn buckets_close_in_backward_order_unless_overlap_is_off() {
+    let specs = (0..6).map(|i| ParamSpec::new(format!("w{i}"), &[16, 16], Dtype::F32)).collect();
+    let registry = register(specs);
+    let cfg = Config { bucket_size: 512, ..Config::default() };
+    let p = plan(&registry, &cfg, 2);
+    let members: Vec<Vec<u32>> = p.buckets.iter().map(|b| {
+        let mut ids = b.params.clone();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        ids
+    }).collect();
+    assert_eq!(members, vec![vec![5, 4], vec![3, 2], vec![1, 0]]);
+    let one = plan(&registry, &Config { overlap_grad_reduce: false, ..cfg }, 2);
+    assert_eq!(one.buckets.len(), 1);
+    assert_eq!(one.buckets[0].params.len(), 6);
+}
+
+#[test]
+fn adamw_params_span_equal_shards() {
+    let registry = register(vec![ParamSpec::new("big", &[300], Dtype::F32), ParamSpec::new("small", &[100], Dtype::F32)]);
+    let p = plan(&registry, &Config::default(), 4);
+    let bucket = &p.buckets[0];
+    // Backward order: small at 0..100, big at 128..428; end padded to lcm(4, 128) = 128.
+    assert_eq!((bucket.start, bucket.end, bucket.shard_size()), (0, 512, Some(128)));
+    assert_eq!((p.param(1).offset, p.param(0).offset), (0, 128));
+    let piece = |param, p0, p1, b0, b1| ShardPiece {
+        param,
+        param_range: ElemRange::new(p0, p1),
+        buffer_range: ElemRange::new(b0, b1),
+    };
+    let expected = vec![(1, piece(0, 0, 128, 128, 256)), (2, piece(0, 128, 256, 256, 384)), (3, piece(0, 256, 300, 384, 428))];
+    assert_eq!(p.adamw_pieces(0), expected);
+    assert_eq!(p.adamw_pieces(1), vec![(0, piece(1, 0, 100, 0, 100))]);
+    let shard = &p.adamw_shards_of(3)[0];
+    assert_eq!((shard.range, shard.pieces.clone()), (ElemRange::new(384, 512), vec![piece(0, 256, 300, 384, 428)]));
+    assert_eq!(p.param(0).single_owner(), None);
+    assert_eq!(p.report.optimizer_state_bytes.per_rank, vec![1200, 1536, 1536, 528]);
+}
+
+#[test]
+fn an_expert_stack_is_wrapped_over_consecutive_ranks() {
+    let registry = register(vec![stack("experts", &[8, 64, 64])]);
+    let p = plan(&registry, &Config::default(), 4);
+    assert_eq!(p.param(0).unit_owners, vec![0, 0, 1, 1, 2, 2, 3, 3]);
+    let quarter = 2 * 64 * 64;
+    let ranges = p.buckets[0].owner_ranges().unwrap().to_vec();
+    let expected: Vec<ElemRange> = (0..4).map(|r| ElemRange::new(r * quarter, (r + 1) * quarter)).collect();
+    assert_eq!(ranges, expected);
+    let units = p.muon_units_of(2);
+    assert_eq!(units.iter().map(|u| (u.unit, u.range)).collect::<Vec<_>>(), vec![
+        (4, ElemRange::new(4 * 4096, 5 * 4096)),
+        (5, ElemRange::new(5 * 4096, 6 * 4096)),
+    ]);
+    assert_eq!(p.report.ns_makespan_over_lower_bound, 1.0);
+}
+
+#[test]
+fn atomic_matrices_fill_owner_ranges_around_split_stacks() {
+    // One bucket: an expert stack worth three ranks and three dense matrices.
+    let registry = register(vec![
+        ParamSpec::new("dense.0", &[64, 64], Dtype::Bf16),
+        ParamSpec::new("dense.1", &[64, 64], Dtype::Bf16),
+        ParamSpec::new("dense.2", &[64, 64], Dtype::Bf16),
+        stack("experts", &[9, 64, 64]),
+    ]);
+    let p = plan(&registry, &Config::default(), 4);
+    assert_eq!(p.report.ownership, OwnershipMethod::LptStackFill);
+    assert_eq!(p.report.ns_makespan_over_lower_bound, 1.0);
+    let owners: Vec<u32> = (0..3).map(|i| p.param(i).single_owner().unwrap()).collect();
+    assert_eq!(owners, vec![0, 1, 2]);
+    // Rank 3 takes 3 experts, the others 2 each on top of their dense matrix.
+    assert_eq!(p.param(3).unit_owners, vec![0, 0, 1, 1, 2, 2, 3, 3, 3]);
+    let bucket = &p.buckets[0];
+    let unit = 64 * 64;
+    let ranges = bucket.owner_ranges().unwrap();
+    for (rank, range) in ranges.iter().enumerate() {
+        let expected = if rank == 3 { 3 * unit } else { 3 * unit };
+        assert_eq!(range.len(), expected, "rank {rank}");
+    }
+    // Rank 0: dense.0 then the stack's head; rank 1: tail, dense.1, head; ...
+    assert_eq!(p.param(0).offset, 0);
+    assert_eq!(p.param(3).offset, unit);
+    assert_eq!(p.param(1).offset, 5 * unit);
+}
+
+#[test]
+fn plan_json_round_trips_with_a_hex_hash() {
+    let model = preset("gpt2-124m").unwrap();
+    let plans = build_plans(&model, &Config::default(), 8, MuonLayout::ALL).unwrap();
+    for p in plans {
+        let json = p.to_json();
+        assert!(json.contains(&format!("\"hash\":\"{:#018x}\"", p.hash)));
+        let back: Plan = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+    }
+}
+
+#[test]
+fn compact_layout_reaches_the_figures_on_every_preset() {
+    for &name in PRESET_NAMES {
+        let model = preset(name).unwrap();
+        let cfg = Config { vocab_size: model.vocab_size, ..Config::default() };
+        let registry = model.registry(&cfg).unwrap();
+        for dp in [2usize, 3, 4, 8, 64, 256] {
+            let r = plan(&registry, &cfg, dp).report;
+            assert!(r.padding_fraction <= 0.001, "{name} dp {dp}: padding {}", r.padding_fraction);
+            let wire_limit = dp as f64 / (dp - 1) as f64 + 0.001;
+            assert!(r.wire_over_lower_bound <= wire_limit, "{name} dp {dp}: wire {}", r.wire_over_lower_bound);
+            let makespan = r.ns_makespan_over_lower_bound;
+            if (name, dp) == ("llama3-70b", 64) || (name, dp) == ("deepseek-v3-like", 256) {
+                assert!(makespan <= 1.05, "{name} dp {dp}: makespan / lower bound {makespan}");
+            }
+        }
+    }
+}
