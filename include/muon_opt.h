@@ -660,11 +660,11 @@ typedef struct muon_param_view_t {
    */
   uint64_t numel;
   /**
-   * Model-dtype storage; NULL for MXFP8 params, and NULL until buffers exist.
+   * Model-dtype storage (host pointer on the host backend, device pointer on cuda).
    */
   void *data;
   /**
-   * Gradient storage (grad_dtype) the framework accumulates into; NULL until buffers exist.
+   * Gradient storage (grad_dtype) the framework accumulates into.
    */
   void *grad;
   /**

@@ -10,8 +10,17 @@ use muon_opt::plan::{Plan, build_plan};
 fn four_layers() -> Vec<ParamSpec> {
     let mut params = Vec::new();
     for layer in 0..4 {
-        for (name, rows, cols) in [("qkv", 3072, 1024), ("proj", 1024, 1024), ("fc1", 8192, 1024), ("fc2", 1024, 4096)] {
-            params.push(ParamSpec::new(format!("layer{layer}.{name}"), &[rows, cols], Dtype::Bf16));
+        for (name, rows, cols) in [
+            ("qkv", 3072, 1024),
+            ("proj", 1024, 1024),
+            ("fc1", 8192, 1024),
+            ("fc2", 1024, 4096),
+        ] {
+            params.push(ParamSpec::new(
+                format!("layer{layer}.{name}"),
+                &[rows, cols],
+                Dtype::Bf16,
+            ));
         }
     }
     params
@@ -20,12 +29,23 @@ fn four_layers() -> Vec<ParamSpec> {
 /// One-row matrices, so Megatron's `max·min²` cost equals the element count as for the 1-D
 /// params of the upstream unit tests. `numels` is in forward (registration) order.
 fn rows(numels: &[u64]) -> Vec<ParamSpec> {
-    numels.iter().enumerate().map(|(i, &n)| ParamSpec::new(format!("p{i}"), &[1, n], Dtype::Bf16)).collect()
+    numels
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| ParamSpec::new(format!("p{i}"), &[1, n], Dtype::Bf16))
+        .collect()
 }
+
+/// Expected `(start, end)` of every bucket.
+type Bounds = &'static [(u64, u64)];
 
 fn padded(params: &[ParamSpec], bucket_size: u64, dp: usize) -> Plan {
     let routes = vec![Route::Muon; params.len()];
-    let cfg = Config { bucket_size, muon_layout: MuonLayout::Padded, ..Config::default() };
+    let cfg = Config {
+        bucket_size,
+        muon_layout: MuonLayout::Padded,
+        ..Config::default()
+    };
     build_plan(params, &routes, &cfg, dp).unwrap()
 }
 
@@ -42,7 +62,7 @@ fn four_layers_at_40m_elements_per_bucket() {
     let params = four_layers();
     let total: u64 = params.iter().map(ParamSpec::numel).sum();
     assert_eq!(total, 67_108_864);
-    let cases: [(usize, &[(u64, u64)], u64); 4] = [
+    let cases: [(usize, Bounds, u64); 4] = [
         (2, &[(0, 50_331_648), (50_331_648, 67_108_864)], 0),
         (3, &[(0, 56_623_104), (56_623_104, 81_788_928)], 14_680_064),
         (4, &[(0, 58_720_256), (58_720_256, 92_274_688)], 25_165_824),

@@ -44,7 +44,9 @@ fn model() -> impl Strategy<Value = Registry> {
         let mut registry = Registry::default();
         for (i, mut spec) in specs.into_iter().enumerate() {
             spec.name = format!("layers.{i}.weight");
-            registry.add(spec, &Config::default()).expect("generated params are valid");
+            registry
+                .add(spec, &Config::default())
+                .expect("generated params are valid");
         }
         registry
     })
@@ -52,10 +54,22 @@ fn model() -> impl Strategy<Value = Registry> {
 
 fn config() -> impl Strategy<Value = (Config, usize)> {
     let bucket_size = prop_oneof![Just(0u64), 200u64..20_000];
-    let layout = prop_oneof![Just(MuonLayout::Compact), Just(MuonLayout::Padded), Just(MuonLayout::Allreduce)];
+    let layout = prop_oneof![
+        Just(MuonLayout::Compact),
+        Just(MuonLayout::Padded),
+        Just(MuonLayout::Allreduce)
+    ];
     let dp = prop_oneof![1usize..=8, Just(16), Just(64)];
     (bucket_size, layout, any::<bool>(), dp).prop_map(|(bucket_size, muon_layout, overlap_grad_reduce, dp)| {
-        (Config { bucket_size, muon_layout, overlap_grad_reduce, ..Config::default() }, dp)
+        (
+            Config {
+                bucket_size,
+                muon_layout,
+                overlap_grad_reduce,
+                ..Config::default()
+            },
+            dp,
+        )
     })
 }
 
@@ -92,7 +106,10 @@ fn check_placement(plan: &Plan, reg: &Registry) {
         for bucket in buckets {
             assert_eq!(bucket.id, next_id);
             next_id += 1;
-            assert_eq!((bucket.buffer as usize, bucket.route, bucket.dtype), (index, buffer.route, buffer.dtype));
+            assert_eq!(
+                (bucket.buffer as usize, bucket.route, bucket.dtype),
+                (index, buffer.route, buffer.dtype)
+            );
             assert_eq!(bucket.start, cursor, "buckets tile the buffer");
             cursor = bucket.end;
             for &p in &bucket.params {
@@ -111,7 +128,10 @@ fn check_placement(plan: &Plan, reg: &Registry) {
         assert!(ranges.windows(2).all(|w| w[0].end <= w[1].start), "params overlap");
     }
     assert_eq!(next_id as usize, plan.buckets.len());
-    assert!(seen.iter().all(|&n| n == 1), "every param is placed exactly once: {seen:?}");
+    assert!(
+        seen.iter().all(|&n| n == 1),
+        "every param is placed exactly once: {seen:?}"
+    );
     let routes: Vec<Route> = plan.buffers.iter().map(|b| b.route).collect();
     assert!(routes.windows(2).all(|w| w[0] <= w[1]), "Muon buffers come first");
 }
@@ -127,9 +147,15 @@ fn check_owner_ranges(plan: &Plan, reg: &Registry) {
         assert_eq!(nonempty[0].start, bucket.start);
         assert!(bucket.end - nonempty.last().unwrap().end < 64);
         for w in nonempty.windows(2) {
-            assert!(w[0].end <= w[1].start && w[1].start - w[0].end < 64, "only alignment between ranges");
+            assert!(
+                w[0].end <= w[1].start && w[1].start - w[0].end < 64,
+                "only alignment between ranges"
+            );
         }
-        assert!(ranges.windows(2).all(|w| w[0].end <= w[1].start), "ranges are in rank order");
+        assert!(
+            ranges.windows(2).all(|w| w[0].end <= w[1].start),
+            "ranges are in rank order"
+        );
         let mut owned = vec![0u64; dp];
         for &p in &bucket.params {
             let placement = plan.param(p as usize);
@@ -137,13 +163,19 @@ fn check_owner_ranges(plan: &Plan, reg: &Registry) {
             for (unit, &owner) in placement.unit_owners.iter().enumerate() {
                 let range = placement.unit_range(unit);
                 let own = ranges[owner as usize];
-                assert!(own.start <= range.start && range.end <= own.end, "unit outside its owner's range");
+                assert!(
+                    own.start <= range.start && range.end <= own.end,
+                    "unit outside its owner's range"
+                );
                 owned[owner as usize] += range.len();
             }
         }
         for (rank, range) in ranges.iter().enumerate() {
             let padding = range.len() - owned[rank];
-            assert!(padding < 64 * bucket.params.len() as u64, "rank {rank} range holds foreign data");
+            assert!(
+                padding < 64 * bucket.params.len() as u64,
+                "rank {rank} range holds foreign data"
+            );
         }
     }
 }
@@ -214,15 +246,25 @@ fn check_ownership(plan: &Plan, reg: &Registry, cfg: &Config) {
     let makespan = cost.iter().copied().max().unwrap_or(0);
     if plan.layout != MuonLayout::Padded {
         let dpu = dp as u128;
-        assert!(dpu * makespan <= total + dpu * largest, "makespan {makespan} > {total}/{dp} + {largest}");
+        assert!(
+            dpu * makespan <= total + dpu * largest,
+            "makespan {makespan} > {total}/{dp} + {largest}"
+        );
         let has_stacks = reg.params().iter().any(|p| p.is_expert_stack());
         if !has_stacks && plan.report.ownership == OwnershipMethod::LptStackFill {
             let elements = &plan.report.muon_elements;
             let total_e = plan.report.elements.muon as u128;
-            let largest_e = reg.params().iter().zip(reg.routes()).filter(|(_, r)| **r == Route::Muon);
+            let largest_e = reg
+                .params()
+                .iter()
+                .zip(reg.routes())
+                .filter(|(_, r)| **r == Route::Muon);
             let largest_e = largest_e.map(|(p, _)| p.numel()).max().unwrap_or(0) as u128;
             let max_e = elements.max as u128;
-            assert!(10 * dpu * max_e <= 13 * total_e || dpu * max_e <= total_e + dpu * largest_e, "memory cap");
+            assert!(
+                10 * dpu * max_e <= 13 * total_e || dpu * max_e <= total_e + dpu * largest_e,
+                "memory cap"
+            );
         }
     }
 }

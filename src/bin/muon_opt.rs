@@ -12,7 +12,11 @@ use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 use muon_opt::plan::{build_plans, render};
 
 #[derive(Parser)]
-#[command(name = "muon-opt", version, about = "Tools for the Muon optimizer runtime libmuon_opt")]
+#[command(
+    name = "muon-opt",
+    version,
+    about = "Tools for the Muon optimizer runtime libmuon_opt"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -84,20 +88,31 @@ fn load_model(arg: &str) -> Result<ModelDesc, String> {
         return Ok(model);
     }
     let text = std::fs::read_to_string(arg).map_err(|e| {
-        format!("--model '{arg}': not a preset ({}) and not a readable file: {e}", PRESET_NAMES.join(", "))
+        format!(
+            "--model '{arg}': not a preset ({}) and not a readable file: {e}",
+            PRESET_NAMES.join(", ")
+        )
     })?;
     parse_model_json(arg, &text).map_err(|e| e.to_string())
 }
 
 fn run_plan(args: &PlanArgs) -> Result<(), String> {
     let model = load_model(&args.model)?;
-    let cfg = Config { bucket_size: args.bucket_size.unwrap_or(0), vocab_size: model.vocab_size, ..Config::default() };
+    let cfg = Config {
+        bucket_size: args.bucket_size.unwrap_or(0),
+        vocab_size: model.vocab_size,
+        ..Config::default()
+    };
     let plans = build_plans(&model, &cfg, args.dp, &args.layout.layouts()).map_err(|e| e.to_string())?;
     if let Some(path) = &args.svg {
         std::fs::write(path, render::svg(&model.name, &plans))
             .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
     }
-    let text = if args.json { render::json_summary(&model.name, &plans) } else { render::table(&model.name, &plans) };
+    let text = if args.json {
+        render::json_summary(&model.name, &plans)
+    } else {
+        render::table(&model.name, &plans)
+    };
     println!("{text}");
     Ok(())
 }

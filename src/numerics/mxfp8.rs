@@ -17,6 +17,7 @@
 //!   "Padding contents"), so consumers must not rely on compact padding anyway.
 
 mod dequantize;
+mod fast;
 mod quantize;
 mod scalar;
 

@@ -29,7 +29,13 @@ pub(crate) fn layout_adamw(
         }
         let end = pad_to(cursor, end_divisor);
         let shard_size = (end - start) / dp as u64;
-        buckets.push(key.bucket(local, start, end, chunk.clone(), BucketSplit::EqualShards { shard_size }));
+        buckets.push(key.bucket(
+            local,
+            start,
+            end,
+            chunk.clone(),
+            BucketSplit::EqualShards { shard_size },
+        ));
         cursor = end;
     }
     buckets

@@ -80,7 +80,11 @@ pub(crate) fn group_buffers(params: &[ParamSpec], routes: &[Route]) -> Vec<Buffe
                 .map(|i| i as u32)
                 .collect();
             if !ids.is_empty() {
-                groups.push(BufferGroup { route, dtype, params: ids });
+                groups.push(BufferGroup {
+                    route,
+                    dtype,
+                    params: ids,
+                });
             }
         }
     }

@@ -37,7 +37,12 @@ impl RankItems {
 }
 
 /// Sorts the params of one bucket (membership in backward order) into per-rank items.
-fn items_per_rank(params: &[ParamSpec], chunk: &[u32], placements: &[ParamPlacement], dp: usize) -> Result<Vec<RankItems>> {
+fn items_per_rank(
+    params: &[ParamSpec],
+    chunk: &[u32],
+    placements: &[ParamPlacement],
+    dp: usize,
+) -> Result<Vec<RankItems>> {
     let mut items: Vec<RankItems> = (0..dp).map(|_| RankItems::default()).collect();
     for &param in chunk {
         let owners = &placements[param as usize].unit_owners;
@@ -47,7 +52,10 @@ fn items_per_rank(params: &[ParamSpec], chunk: &[u32], placements: &[ParamPlacem
         }
         let runs = owner_runs(owners);
         if runs.windows(2).any(|w| w[0].0 >= w[1].0) {
-            bail!(Internal, "plan: expert stack {param} has owners out of rank order: {owners:?}");
+            bail!(
+                Internal,
+                "plan: expert stack {param} has owners out of rank order: {owners:?}"
+            );
         }
         if let [(rank, _)] = runs[..] {
             items[rank as usize].entire.push(param);
@@ -62,7 +70,10 @@ fn items_per_rank(params: &[ParamSpec], chunk: &[u32], placements: &[ParamPlacem
                 _ => &mut items[rank as usize].middle,
             };
             if slot.is_some() {
-                bail!(Internal, "plan: rank {rank} holds pieces of two split stacks in one bucket");
+                bail!(
+                    Internal,
+                    "plan: rank {rank} holds pieces of two split stacks in one bucket"
+                );
             }
             *slot = piece;
         }
@@ -115,11 +126,20 @@ pub(crate) fn layout_compact_bucket(
             }
             (Some(_), None, None) if !items.holds_whole_params() => {}
             (None, None, None) => {}
-            _ => bail!(Internal, "plan: bucket {id}: rank {rank}'s owned range would not be contiguous"),
+            _ => bail!(
+                Internal,
+                "plan: bucket {id}: rank {rank}'s owned range would not be contiguous"
+            ),
         }
         if open.is_none() {
-            let whole = items.atoms.iter().chain(&items.entire).map(|&p| (p, params[p as usize].numel()));
-            let head = items.head.map(|h| (h.param, h.units * placements[h.param as usize].unit_numel));
+            let whole = items
+                .atoms
+                .iter()
+                .chain(&items.entire)
+                .map(|&p| (p, params[p as usize].numel()));
+            let head = items
+                .head
+                .map(|h| (h.param, h.units * placements[h.param as usize].unit_numel));
             for (param, numel) in whole.chain(head) {
                 cursor = pad64(cursor);
                 first.get_or_insert(cursor);

@@ -12,7 +12,10 @@ fn ns_matrix_cost(shape: MatrixShape, steps: u32) -> u128 {
 /// Newton–Schulz cost of one ownership unit of a Muon param: the sum over its fused
 /// components (one component when not fused).
 pub(crate) fn ns_unit_cost(spec: &ParamSpec, steps: u32) -> u128 {
-    spec.unit_components().into_iter().map(|c| ns_matrix_cost(c, steps)).sum()
+    spec.unit_components()
+        .into_iter()
+        .map(|c| ns_matrix_cost(c, steps))
+        .sum()
 }
 
 /// Newton–Schulz cost of a whole Muon param (all units).
@@ -42,7 +45,10 @@ mod tests {
         // m = 2, n = 3: 5·(4·4·3 + 2·8) = 320.
         assert_eq!(ns_unit_cost(&wide, 5), 320);
         assert_eq!(ns_unit_cost(&tall, 5), 320);
-        let fused = ParamSpec { split_sizes: vec![1, 1], ..ParamSpec::new("f", &[2, 3], Dtype::F32) };
+        let fused = ParamSpec {
+            split_sizes: vec![1, 1],
+            ..ParamSpec::new("f", &[2, 3], Dtype::F32)
+        };
         // Two 1×3 problems: 2·(4·3 + 2) = 28 per step.
         assert_eq!(ns_unit_cost(&fused, 1), 28);
     }

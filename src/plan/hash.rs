@@ -87,7 +87,15 @@ pub(crate) fn plan_hash(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp
         }
     }
     for placement in &layout.params {
-        h.list([placement.buffer as u64, placement.bucket as u64, placement.offset, placement.numel].into_iter());
+        h.list(
+            [
+                placement.buffer as u64,
+                placement.bucket as u64,
+                placement.offset,
+                placement.numel,
+            ]
+            .into_iter(),
+        );
         h.list(placement.unit_owners.iter().map(|&r| r as u64));
     }
     h.0

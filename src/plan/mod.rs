@@ -64,7 +64,10 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
     let groups = group_buffers(params, routes);
-    let chunks: Vec<Vec<Vec<u32>>> = groups.iter().map(|g| backward_chunks(params, &g.params, bucket_size)).collect();
+    let chunks: Vec<Vec<Vec<u32>>> = groups
+        .iter()
+        .map(|g| backward_chunks(params, &g.params, bucket_size))
+        .collect();
     let ownership = match cfg.muon_layout {
         MuonLayout::Padded => OwnershipMethod::MegatronPadded,
         MuonLayout::Compact | MuonLayout::Allreduce => {
@@ -77,7 +80,11 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
             ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
         }
     };
-    let mut layout = Layout { buffers: Vec::new(), buckets: Vec::new(), params: Vec::new() };
+    let mut layout = Layout {
+        buffers: Vec::new(),
+        buckets: Vec::new(),
+        params: Vec::new(),
+    };
     for (index, (group, chunks)) in groups.iter().zip(&chunks).enumerate() {
         let key = BufferKey {
             index: index as u32,
@@ -123,7 +130,10 @@ pub fn build_plans(model: &ModelDesc, cfg: &Config, dp: usize, layouts: &[MuonLa
     layouts
         .iter()
         .map(|&muon_layout| {
-            let cfg = Config { muon_layout, ..cfg.clone() };
+            let cfg = Config {
+                muon_layout,
+                ..cfg.clone()
+            };
             build_plan(registry.params(), registry.routes(), &cfg, dp)
         })
         .collect()
@@ -137,10 +147,18 @@ fn check_inputs(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usize)
         bail!(OutOfRange, "dp: {dp} exceeds {}", u32::MAX);
     }
     if params.is_empty() {
-        bail!(InvalidState, "plan: no params registered; register at least one param before planning");
+        bail!(
+            InvalidState,
+            "plan: no params registered; register at least one param before planning"
+        );
     }
     if routes.len() != params.len() {
-        bail!(InvalidArgument, "plan: {} routes given for {} params", routes.len(), params.len());
+        bail!(
+            InvalidArgument,
+            "plan: {} routes given for {} params",
+            routes.len(),
+            params.len()
+        );
     }
     cfg.validate()?;
     for (spec, &route) in params.iter().zip(routes) {
@@ -172,7 +190,11 @@ fn initial_placements(params: &[ParamSpec], routes: &[Route]) -> Vec<ParamPlacem
                 offset: 0,
                 numel: spec.numel(),
                 unit_numel: spec.numel() / units,
-                unit_owners: if route == Route::Muon { vec![0; units as usize] } else { Vec::new() },
+                unit_owners: if route == Route::Muon {
+                    vec![0; units as usize]
+                } else {
+                    Vec::new()
+                },
             }
         })
         .collect()

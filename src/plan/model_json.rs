@@ -114,8 +114,16 @@ pub fn parse_model_json(name: &str, text: &str) -> Result<ModelDesc> {
     if file.params.is_empty() {
         bail!(InvalidArgument, "model '{name}': \"params\" is empty");
     }
-    let params = file.params.into_iter().map(ParamEntry::into_spec).collect::<Result<Vec<_>>>()?;
-    Ok(ModelDesc { name: name.to_string(), vocab_size: file.vocab_size, params })
+    let params = file
+        .params
+        .into_iter()
+        .map(ParamEntry::into_spec)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(ModelDesc {
+        name: name.to_string(),
+        vocab_size: file.vocab_size,
+        params,
+    })
 }
 
 #[cfg(test)]
@@ -136,11 +144,17 @@ mod tests {
              "dtype": "f32", "flags": ["expert_stack"], "lr_scale": 0.5}]}"#;
         let model = parse_model_json("example", text).unwrap();
         assert_eq!(model.vocab_size, 50257);
-        let cfg = Config { vocab_size: model.vocab_size, ..Config::default() };
+        let cfg = Config {
+            vocab_size: model.vocab_size,
+            ..Config::default()
+        };
         let registry = model.registry(&cfg).unwrap();
         assert_eq!(registry.routes(), &[Route::Adamw, Route::Muon, Route::Muon]);
         let experts = &registry.params()[2];
-        assert_eq!((experts.dtype, experts.num_units(), experts.lr_scale), (Dtype::F32, 64, 0.5));
+        assert_eq!(
+            (experts.dtype, experts.num_units(), experts.lr_scale),
+            (Dtype::F32, 64, 0.5)
+        );
         assert_eq!(registry.params()[1].split_sizes, vec![768, 768, 768]);
         assert_eq!(registry.params()[0].tie_group, 1);
     }
@@ -148,16 +162,28 @@ mod tests {
     #[test]
     fn errors_name_the_param_and_the_rule() {
         let cases = [
-            (r#"{"params": [{"name": "w", "shape": [4, 4], "flags": ["muon"]}]}"#, "unknown flag 'muon'"),
-            (r#"{"params": [{"name": "w", "shape": [4, 4], "dtype": "fp8"}]}"#, "param 'w': dtype"),
-            (r#"{"params": [{"name": "w", "shape": [4], "bias": true}]}"#, "unknown field `bias`"),
+            (
+                r#"{"params": [{"name": "w", "shape": [4, 4], "flags": ["muon"]}]}"#,
+                "unknown flag 'muon'",
+            ),
+            (
+                r#"{"params": [{"name": "w", "shape": [4, 4], "dtype": "fp8"}]}"#,
+                "param 'w': dtype",
+            ),
+            (
+                r#"{"params": [{"name": "w", "shape": [4], "bias": true}]}"#,
+                "unknown field `bias`",
+            ),
             (r#"{"params": []}"#, "\"params\" is empty"),
             ("[1, 2]", "not a valid parameter list"),
         ];
         for (text, needle) in cases {
             let err = parse_model_json("m", text).unwrap_err();
             assert!(err.message.contains(needle), "{} lacks {needle}", err.message);
-            assert!(matches!(err.kind, ErrorKind::InvalidArgument | ErrorKind::InvalidEnumValue));
+            assert!(matches!(
+                err.kind,
+                ErrorKind::InvalidArgument | ErrorKind::InvalidEnumValue
+            ));
         }
     }
 }

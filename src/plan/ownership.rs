@@ -5,41 +5,48 @@
 //! such a split ("intermediate" for that bucket) can own nothing else in that bucket — else its
 //! owned range in the bucket would not be contiguous. The assignment:
 //!
-//! 1. **Atomic matrices** (every Muon param that is not an expert stack) go through global LPT:
-//!    cost descending (ties: registration index ascending) onto the rank with the least
-//!    accumulated cost (ties: lowest rank), skipping ranks that would exceed the memory cap
-//!    (1.3 × the mean Muon elements per rank) unless none fits, then the one with the fewest
-//!    elements.
-//! 2. **Expert stacks** are divisible work that fills the gaps: with `T = total cost / dp`, rank
-//!    r has capacity `max(0, T − atomic load of r)`; stacks are walked in layout order (buckets
-//!    in order, params in bucket order) and unit u (cost c, cumulative stack cost A before it)
-//!    goes to the first rank whose cumulative capacity reaches `A + c/2` (McNaughton's wrap
-//!    rule with global boundaries, so rounding never drifts). A stack's owners are therefore
-//!    nondecreasing along it, every rank's load is at most `max(T, atomic load) + c`, and
-//!    the stacks of one bucket follow the pointer order.
+//! 1. **Atomic matrices** (Muon params that are not expert stacks) are placed by global LPT
+//!    over *all* units, stack units included: cost descending (ties: registration index, then
+//!    unit index) onto the rank with the least accumulated cost (ties: lowest rank), skipping
+//!    ranks that would exceed the memory cap (1.3 × the mean Muon elements per rank) unless
+//!    none fits, then the one with the fewest elements. Only the atomics keep their rank:
+//!    counting stack units here just tells LPT how much indivisible work is still to come.
+//! 2. **Expert stacks** fill around the atomics, largest unit first (ties: layout order): each
+//!    stack goes to consecutive ranks starting from the last rank used by an earlier stack of
+//!    the same bucket (rank 0 for a bucket's first stack), filling each rank while its load
+//!    stays within a limit M. M is the smallest limit for which every unit finds a rank
+//!    (binary search). Each stack's owners are nondecreasing along it, and the stacks of one
+//!    bucket follow rank order, so their pieces line up in memory.
 //! 3. **Conflicts**: an atomic matrix whose owner is intermediate for a stack of its bucket
 //!    swaps owners with an atomic matrix of equal cost and size for which the swap is allowed
-//!    (loads unchanged); without such a twin it moves to the allowed rank with the least cost.
+//!    (loads unchanged); without such a twin it moves to the allowed rank with the least cost,
+//!    and step 2 runs again on the new loads (at most `MAX_REWRAPS` times).
 //! 4. **Guarantee**: if the makespan then exceeds `total/dp + largest unit` (possible only in
 //!    adversarial models where the memory cap or conflicts bind), the whole assignment is
 //!    replaced by one global wrap over all units in layout order, which satisfies that bound
-//!    and contiguity by construction (every rank's units have their cost midpoints inside a
-//!    window of width `T`).
+//!    and contiguity by construction: unit u with cumulative cost A before it and cost c goes
+//!    to the first rank p with `A + c/2 <= (p+1)·total/dp`, so every rank's units have their
+//!    cost midpoints inside a window of width `total/dp`.
 //!
-//! Doing atomics first and letting stacks fill the remaining capacity is what keeps large
-//! dense matrices (e.g. the dense MLPs of a MoE model) from landing on top of a full share of
-//! expert work. All arithmetic is exact (`u128`), so every rank computes the same owners.
+//! A plain global LPT would scatter a stack's experts over arbitrary ranks (its memory order
+//! is fixed, so owner ranges would not be contiguous); wrapping stacks first at `total/dp`
+//! each would put the large dense matrices (e.g. a MoE model's dense MLPs) on top of a full
+//! share of expert work. All arithmetic is exact (`u128`), so every rank computes the same
+//! owners.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use crate::model::ParamSpec;
 
-use super::cost::ns_unit_cost;
+use super::cost::{ns_param_cost, ns_unit_cost};
 use super::types::ParamPlacement;
 
-/// How the owners of a compact plan were chosen (see the module docs).
+/// How the owners of a plan were chosen (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OwnershipMethod {
-    /// LPT of atomic matrices, then the capacity wrap of expert stacks (compact, allreduce).
+    /// LPT of atomic matrices, then first-fit of expert stacks (compact, allreduce).
     LptStackFill,
     /// One wrap over all units in layout order (the guaranteed fallback).
     GlobalWrap,
@@ -58,6 +65,10 @@ impl OwnershipMethod {
     }
 }
 
+/// Rounds of "partition stacks, move conflicting atomics" before the last conflicts are
+/// settled without partitioning again.
+const MAX_REWRAPS: usize = 8;
+
 /// A Muon param that is one unit.
 struct Atom {
     param: u32,
@@ -70,9 +81,58 @@ struct Atom {
 struct Stack {
     param: u32,
     bucket: usize,
-    units: usize,
+    units: u64,
     unit_cost: u128,
     unit_numel: u64,
+}
+
+/// The units of the Muon buckets, in layout order.
+struct Units {
+    atoms: Vec<Atom>,
+    stacks: Vec<Stack>,
+    total_cost: u128,
+    total_numel: u64,
+    largest: u128,
+}
+
+impl Units {
+    fn collect(params: &[ParamSpec], buckets: &[Vec<u32>], steps: u32) -> Self {
+        let mut units = Units {
+            atoms: Vec::new(),
+            stacks: Vec::new(),
+            total_cost: 0,
+            total_numel: 0,
+            largest: 0,
+        };
+        for (bucket, ids) in buckets.iter().enumerate() {
+            for &param in ids {
+                let spec = &params[param as usize];
+                let cost = ns_unit_cost(spec, steps);
+                let count = spec.num_units();
+                units.total_cost += cost * count as u128;
+                units.total_numel += spec.numel();
+                units.largest = units.largest.max(cost);
+                if spec.is_expert_stack() {
+                    let unit_numel = spec.numel() / count;
+                    units.stacks.push(Stack {
+                        param,
+                        bucket,
+                        units: count,
+                        unit_cost: cost,
+                        unit_numel,
+                    });
+                } else {
+                    units.atoms.push(Atom {
+                        param,
+                        bucket,
+                        cost,
+                        numel: spec.numel(),
+                    });
+                }
+            }
+        }
+        units
+    }
 }
 
 /// Accumulated cost and elements per rank, and the memory cap.
@@ -84,7 +144,11 @@ struct Loads {
 
 impl Loads {
     fn new(dp: usize, total_numel: u64) -> Self {
-        Loads { cost: vec![0; dp], numel: vec![0; dp], total_numel }
+        Loads {
+            cost: vec![0; dp],
+            numel: vec![0; dp],
+            total_numel,
+        }
     }
 
     /// True if `numel` more elements keep rank `r` within 1.3 × the mean.
@@ -102,48 +166,22 @@ impl Loads {
         self.numel[r] -= numel;
     }
 
+    /// The allowed rank with the fewest elements (ties: lowest rank).
+    fn fewest_elements(&self, allowed: impl Fn(usize) -> bool) -> usize {
+        (0..self.cost.len())
+            .filter(|&r| allowed(r))
+            .min_by_key(|&r| self.numel[r])
+            .unwrap_or(0)
+    }
+
     /// The allowed rank with the least cost among those that stay within the memory cap with
     /// `numel` more elements, else the allowed rank with the fewest elements; ties go to the
     /// lowest rank.
     fn pick(&self, numel: u64, allowed: impl Fn(usize) -> bool) -> usize {
-        let dp = self.cost.len();
-        (0..dp)
+        (0..self.cost.len())
             .filter(|&r| allowed(r) && self.fits(r, numel))
             .min_by_key(|&r| self.cost[r])
-            .or_else(|| (0..dp).filter(|&r| allowed(r)).min_by_key(|&r| self.numel[r]))
-            .unwrap_or(0)
-    }
-}
-
-/// Units of the Muon buckets, in layout order.
-struct Units {
-    atoms: Vec<Atom>,
-    stacks: Vec<Stack>,
-    total_cost: u128,
-    total_numel: u64,
-    largest: u128,
-}
-
-impl Units {
-    fn collect(params: &[ParamSpec], buckets: &[Vec<u32>], steps: u32) -> Self {
-        let mut units = Units { atoms: Vec::new(), stacks: Vec::new(), total_cost: 0, total_numel: 0, largest: 0 };
-        for (bucket, ids) in buckets.iter().enumerate() {
-            for &param in ids {
-                let spec = &params[param as usize];
-                let cost = ns_unit_cost(spec, steps);
-                let count = spec.num_units();
-                units.total_cost += cost * count as u128;
-                units.total_numel += spec.numel();
-                units.largest = units.largest.max(cost);
-                if spec.is_expert_stack() {
-                    let unit_numel = spec.numel() / count;
-                    units.stacks.push(Stack { param, bucket, units: count as usize, unit_cost: cost, unit_numel });
-                } else {
-                    units.atoms.push(Atom { param, bucket, cost, numel: spec.numel() });
-                }
-            }
-        }
-        units
+            .unwrap_or_else(|| self.fewest_elements(allowed))
     }
 }
 
@@ -167,10 +205,6 @@ impl Intermediates {
     }
 }
 
-/// Rounds of "wrap stacks, move conflicting atomics" before the last conflicts are settled
-/// without re-wrapping.
-const MAX_REWRAPS: usize = 8;
-
 /// Assigns an owner to every Muon unit of `buckets` (memberships in layout order) and writes
 /// them to `placements[param].unit_owners`.
 pub(crate) fn assign_owners(
@@ -181,22 +215,19 @@ pub(crate) fn assign_owners(
     placements: &mut [ParamPlacement],
 ) -> OwnershipMethod {
     let units = Units::collect(params, buckets, steps);
-    let order = lpt_order(&units.atoms);
-    let mut atom_owner = vec![0u32; units.atoms.len()];
-    let mut loads = Loads::new(dp, units.total_numel);
-    for &i in &order {
-        let atom = &units.atoms[i];
-        let r = loads.pick(atom.numel, |_| true);
-        loads.add(r, atom.cost, atom.numel);
-        atom_owner[i] = r as u32;
-    }
+    let mut atom_owner = place_atoms(&units, dp);
+    let order = atoms_by_cost(&units.atoms);
     let mut round = 0;
     let (stack_owners, loads) = loop {
-        let atom_loads = loads_of_atoms(&units, &atom_owner, dp);
-        let stack_owners = wrap_stacks(&units, &atom_loads.cost);
-        let mut loads = atom_loads;
+        let mut loads = Loads::new(dp, units.total_numel);
+        for (atom, &r) in units.atoms.iter().zip(&atom_owner) {
+            loads.add(r as usize, atom.cost, atom.numel);
+        }
+        let stack_owners = partition_stacks(&units.stacks, buckets.len(), &loads.cost);
         for (stack, owners) in units.stacks.iter().zip(&stack_owners) {
-            owners.iter().for_each(|&r| loads.add(r as usize, stack.unit_cost, stack.unit_numel));
+            owners
+                .iter()
+                .for_each(|&r| loads.add(r as usize, stack.unit_cost, stack.unit_numel));
         }
         let intermediates = Intermediates::of(&units.stacks, &stack_owners, buckets.len());
         let moved = resolve_conflicts(&units.atoms, &order, &intermediates, &mut loads, &mut atom_owner);
@@ -221,49 +252,126 @@ pub(crate) fn assign_owners(
 }
 
 /// Atom indices by cost descending, then registration index ascending.
-fn lpt_order(atoms: &[Atom]) -> Vec<usize> {
+fn atoms_by_cost(atoms: &[Atom]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..atoms.len()).collect();
-    order.sort_by(|&a, &b| atoms[b].cost.cmp(&atoms[a].cost).then(atoms[a].param.cmp(&atoms[b].param)));
+    order.sort_by_key(|&i| (Reverse(atoms[i].cost), atoms[i].param));
     order
 }
 
-/// Per-rank loads of the atomic matrices alone.
-fn loads_of_atoms(units: &Units, owner: &[u32], dp: usize) -> Loads {
-    let mut loads = Loads::new(dp, units.total_numel);
-    for (atom, &r) in units.atoms.iter().zip(owner) {
-        loads.add(r as usize, atom.cost, atom.numel);
+/// Step 1 of the module docs: LPT over all units; returns the rank of every atom.
+fn place_atoms(units: &Units, dp: usize) -> Vec<u32> {
+    // (cost, registration index, unit index, atom index or None for a stack unit, elements)
+    let mut items: Vec<(u128, u32, u64, Option<usize>, u64)> = Vec::new();
+    for (i, atom) in units.atoms.iter().enumerate() {
+        items.push((atom.cost, atom.param, 0, Some(i), atom.numel));
     }
-    loads
+    for stack in &units.stacks {
+        items.extend((0..stack.units).map(|u| (stack.unit_cost, stack.param, u, None, stack.unit_numel)));
+    }
+    items.sort_by_key(|&(cost, param, unit, _, _)| (Reverse(cost), param, unit));
+    let mut loads = Loads::new(dp, units.total_numel);
+    let mut least: BinaryHeap<Reverse<(u128, usize)>> = (0..dp).map(|r| Reverse((0, r))).collect();
+    let mut atom_owner = vec![0u32; units.atoms.len()];
+    let mut skipped = Vec::new();
+    for (cost, _, _, atom, numel) in items {
+        let fitting = loop {
+            match least.pop() {
+                Some(Reverse((_, r))) if loads.fits(r, numel) => break Some(r),
+                Some(Reverse((_, r))) => skipped.push(r),
+                None => break None,
+            }
+        };
+        let r = fitting.unwrap_or_else(|| loads.fewest_elements(|_| true));
+        loads.add(r, cost, numel);
+        if let Some(i) = atom {
+            atom_owner[i] = r as u32;
+        }
+        least.extend(
+            skipped
+                .drain(..)
+                .filter(|&s| s != r)
+                .map(|s| Reverse((loads.cost[s], s))),
+        );
+        least.push(Reverse((loads.cost[r], r)));
+    }
+    atom_owner
 }
 
-/// Step 2 of the module docs: stacks fill each rank's capacity `T − atomic load`.
-fn wrap_stacks(units: &Units, atom_cost: &[u128]) -> Vec<Vec<u32>> {
-    let dp = atom_cost.len();
-    let dpu = dp as u128;
-    // Capacities and boundaries are scaled by dp to stay integral: dp·(T − a) = total − dp·a.
-    let capacity: Vec<u128> = atom_cost.iter().map(|&a| units.total_cost.saturating_sub(dpu * a)).collect();
-    let mut rank = 0;
-    let mut boundary = capacity[0];
-    let mut cumulative = 0u128;
-    let mut owners = Vec::with_capacity(units.stacks.len());
-    for stack in &units.stacks {
-        let c = stack.unit_cost;
-        let mut stack_owners = Vec::with_capacity(stack.units);
-        for _ in 0..stack.units {
-            while rank + 1 < dp && dpu * (2 * cumulative + c) > 2 * boundary {
-                rank += 1;
-                boundary += capacity[rank];
-            }
-            stack_owners.push(rank as u32);
-            cumulative += c;
-        }
-        owners.push(stack_owners);
+/// Step 2 of the module docs: stacks by first-fit decreasing under the smallest limit.
+fn partition_stacks(stacks: &[Stack], num_buckets: usize, atom_cost: &[u128]) -> Vec<Vec<u32>> {
+    if stacks.is_empty() {
+        return Vec::new();
     }
+    let mut order: Vec<usize> = (0..stacks.len()).collect();
+    order.sort_by_key(|&i| Reverse(stacks[i].unit_cost));
+    let stack_total: u128 = stacks.iter().map(|s| s.units as u128 * s.unit_cost).sum();
+    let fill = StackFill {
+        stacks,
+        order: &order,
+        num_buckets,
+        atom_cost,
+    };
+    // Everything fits on rank 0 below this limit, so the search starts from a feasible one.
+    let (mut lo, mut hi) = (0u128, atom_cost.iter().copied().max().unwrap_or(0) + stack_total);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fill.run(mid, None) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let mut owners = vec![Vec::new(); stacks.len()];
+    fill.run(hi, Some(&mut owners));
     owners
 }
 
+/// First-fit of stack units onto ranks under a per-rank limit.
+struct StackFill<'a> {
+    stacks: &'a [Stack],
+    /// Stack indices, largest unit first.
+    order: &'a [usize],
+    num_buckets: usize,
+    atom_cost: &'a [u128],
+}
+
+impl StackFill<'_> {
+    /// Places every stack, in `order`, on consecutive ranks starting from the last rank used
+    /// by an earlier stack of the same bucket (rank 0 for the first), filling each rank while
+    /// its load stays within `limit`. True if every unit found a rank; records the owners
+    /// (indexed like `stacks`) when asked.
+    fn run(&self, limit: u128, mut owners: Option<&mut Vec<Vec<u32>>>) -> bool {
+        let dp = self.atom_cost.len();
+        let mut load = self.atom_cost.to_vec();
+        let mut start = vec![0usize; self.num_buckets];
+        for &i in self.order {
+            let stack = &self.stacks[i];
+            let mut rank = start[stack.bucket];
+            let mut left = stack.units;
+            while left > 0 {
+                let room = limit.saturating_sub(load[rank]) / stack.unit_cost;
+                let take = room.min(left as u128) as u64;
+                if take == 0 {
+                    rank += 1;
+                    if rank == dp {
+                        return false;
+                    }
+                    continue;
+                }
+                if let Some(owners) = owners.as_deref_mut() {
+                    owners[i].extend(std::iter::repeat_n(rank as u32, take as usize));
+                }
+                load[rank] += take as u128 * stack.unit_cost;
+                left -= take;
+            }
+            start[stack.bucket] = rank;
+        }
+        true
+    }
+}
+
 /// Step 3 of the module docs. Returns true if an atomic matrix moved (loads changed), so
-/// the stacks should be wrapped again.
+/// the stacks should be partitioned again.
 fn resolve_conflicts(
     atoms: &[Atom],
     order: &[usize],
@@ -298,7 +406,7 @@ fn resolve_conflicts(
     moved
 }
 
-/// Atom indices of equal cost around position `pos` of the LPT order (excluding it).
+/// Atom indices of equal cost around position `pos` of the cost order (excluding it).
 fn equal_cost_run<'a>(atoms: &'a [Atom], order: &'a [usize], pos: usize) -> impl Iterator<Item = usize> + 'a {
     let cost = atoms[order[pos]].cost;
     let same = move |&&j: &&usize| atoms[j].cost == cost;
@@ -307,13 +415,12 @@ fn equal_cost_run<'a>(atoms: &'a [Atom], order: &'a [usize], pos: usize) -> impl
     before.chain(after).copied()
 }
 
-/// Step 4 of the module docs: unit with cumulative cost A before it and cost c goes to the
-/// first rank p with `A + c/2 <= (p+1)·total/dp`.
+/// Step 4 of the module docs.
 fn global_wrap(params: &[ParamSpec], buckets: &[Vec<u32>], dp: usize, steps: u32, placements: &mut [ParamPlacement]) {
     let total: u128 = buckets
         .iter()
         .flatten()
-        .map(|&p| super::cost::ns_param_cost(&params[p as usize], steps))
+        .map(|&p| ns_param_cost(&params[p as usize], steps))
         .sum();
     let dpu = dp as u128;
     let mut cumulative = 0u128;

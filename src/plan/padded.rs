@@ -149,7 +149,8 @@ impl Emitter<'_> {
         }
         let end = start + dp as u64 * shard_size;
         let split = BucketSplit::EqualShards { shard_size };
-        self.buckets.push(self.key.bucket(local, start, end, layout_order, split));
+        self.buckets
+            .push(self.key.bucket(local, start, end, layout_order, split));
         self.cursor = end;
     }
 }

@@ -39,7 +39,11 @@ pub fn preset(name: &str) -> Option<ModelDesc> {
         "deepseek-v3-like" => (DSV3_VOCAB, deepseek_v3_like()),
         _ => return None,
     };
-    Some(ModelDesc { name: name.to_string(), vocab_size, params })
+    Some(ModelDesc {
+        name: name.to_string(),
+        vocab_size,
+        params,
+    })
 }
 
 /// Appends params in registration order.
@@ -122,14 +126,31 @@ struct Llama {
     ffn: u64,
 }
 
-const LLAMA3_8B: Llama = Llama { hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn: 14336 };
-const LLAMA3_70B: Llama = Llama { hidden: 8192, layers: 80, heads: 64, kv_heads: 8, ffn: 28672 };
+const LLAMA3_8B: Llama = Llama {
+    hidden: 4096,
+    layers: 32,
+    heads: 32,
+    kv_heads: 8,
+    ffn: 14336,
+};
+const LLAMA3_70B: Llama = Llama {
+    hidden: 8192,
+    layers: 80,
+    heads: 64,
+    kv_heads: 8,
+    ffn: 28672,
+};
 
 fn llama3(m: &Llama) -> Vec<ParamSpec> {
     let emb = ParamFlags::EMBEDDING_OR_OUTPUT;
     let kv = m.hidden / m.heads * m.kv_heads;
     let mut p = Params::default();
-    p.flagged("embedding.word_embeddings.weight".into(), &[LLAMA3_VOCAB, m.hidden], emb, 0);
+    p.flagged(
+        "embedding.word_embeddings.weight".into(),
+        &[LLAMA3_VOCAB, m.hidden],
+        emb,
+        0,
+    );
     for i in 0..m.layers {
         let l = format!("layers.{i}");
         p.vector(format!("{l}.input_layernorm.weight"), m.hidden);
@@ -159,10 +180,18 @@ fn deepseek_layer(p: &mut Params, l: &str, moe: bool) {
     p.vector(format!("{l}.input_layernorm.weight"), h);
     p.matrix(format!("{l}.self_attention.q_a_proj.weight"), q_lora, h);
     p.vector(format!("{l}.self_attention.q_a_layernorm.weight"), q_lora);
-    p.matrix(format!("{l}.self_attention.q_b_proj.weight"), heads * (128 + rope), q_lora);
+    p.matrix(
+        format!("{l}.self_attention.q_b_proj.weight"),
+        heads * (128 + rope),
+        q_lora,
+    );
     p.fused(format!("{l}.self_attention.kv_a_proj.weight"), &[kv_lora, rope], h);
     p.vector(format!("{l}.self_attention.kv_a_layernorm.weight"), kv_lora);
-    p.matrix(format!("{l}.self_attention.kv_b_proj.weight"), heads * (128 + 128), kv_lora);
+    p.matrix(
+        format!("{l}.self_attention.kv_b_proj.weight"),
+        heads * (128 + 128),
+        kv_lora,
+    );
     p.matrix(format!("{l}.self_attention.o_proj.weight"), h, heads * 128);
     p.vector(format!("{l}.pre_mlp_layernorm.weight"), h);
     if !moe {
@@ -172,7 +201,12 @@ fn deepseek_layer(p: &mut Params, l: &str, moe: bool) {
         return;
     }
     let ffn = 2048;
-    p.flagged(format!("{l}.mlp.router.weight"), &[DSV3_EXPERTS, h], ParamFlags::NO_MUON, 0);
+    p.flagged(
+        format!("{l}.mlp.router.weight"),
+        &[DSV3_EXPERTS, h],
+        ParamFlags::NO_MUON,
+        0,
+    );
     p.vector(format!("{l}.mlp.router.expert_bias"), DSV3_EXPERTS);
     p.experts(format!("{l}.mlp.experts.fc1.weight"), DSV3_EXPERTS, &[ffn, ffn], h);
     p.experts(format!("{l}.mlp.experts.fc2.weight"), DSV3_EXPERTS, &[h], ffn);
@@ -184,14 +218,24 @@ fn deepseek_v3_like() -> Vec<ParamSpec> {
     let h = DSV3_HIDDEN;
     let emb = ParamFlags::EMBEDDING_OR_OUTPUT;
     let mut p = Params::default();
-    p.flagged("embedding.word_embeddings.weight".into(), &[DSV3_VOCAB, h], emb, DSV3_EMBEDDING_TIE);
+    p.flagged(
+        "embedding.word_embeddings.weight".into(),
+        &[DSV3_VOCAB, h],
+        emb,
+        DSV3_EMBEDDING_TIE,
+    );
     for i in 0..DSV3_LAYERS {
         deepseek_layer(&mut p, &format!("layers.{i}"), i >= DSV3_DENSE_LAYERS);
     }
     p.vector("final_layernorm.weight".into(), h);
     p.flagged("output_layer.weight".into(), &[DSV3_VOCAB, h], emb, 0);
     let mtp = "mtp.0";
-    p.flagged(format!("{mtp}.embedding.word_embeddings.weight"), &[DSV3_VOCAB, h], emb, DSV3_EMBEDDING_TIE);
+    p.flagged(
+        format!("{mtp}.embedding.word_embeddings.weight"),
+        &[DSV3_VOCAB, h],
+        emb,
+        DSV3_EMBEDDING_TIE,
+    );
     p.vector(format!("{mtp}.enorm.weight"), h);
     p.vector(format!("{mtp}.hnorm.weight"), h);
     p.matrix(format!("{mtp}.eh_proj.weight"), h, 2 * h);
@@ -211,7 +255,11 @@ mod tests {
 
     fn total_without_mtp(name: &str) -> u64 {
         let params = preset(name).unwrap().params;
-        params.iter().filter(|p| !p.name.starts_with("mtp.")).map(ParamSpec::numel).sum()
+        params
+            .iter()
+            .filter(|p| !p.name.starts_with("mtp."))
+            .map(ParamSpec::numel)
+            .sum()
     }
 
     #[test]
@@ -221,14 +269,20 @@ mod tests {
         assert!((70.5e9..70.6e9).contains(&(total("llama3-70b") as f64)));
         assert!((670.5e9..671.5e9).contains(&(total_without_mtp("deepseek-v3-like") as f64)));
         let mtp = total("deepseek-v3-like") - total_without_mtp("deepseek-v3-like");
-        assert!((12e9..13e9).contains(&(mtp as f64)), "multi-token-prediction stage: {mtp}");
+        assert!(
+            (12e9..13e9).contains(&(mtp as f64)),
+            "multi-token-prediction stage: {mtp}"
+        );
     }
 
     #[test]
     fn every_preset_registers_and_routes_as_documented() {
         for &name in PRESET_NAMES {
             let model = preset(name).unwrap();
-            let cfg = Config { vocab_size: model.vocab_size, ..Config::default() };
+            let cfg = Config {
+                vocab_size: model.vocab_size,
+                ..Config::default()
+            };
             let registry = model.registry(&cfg).unwrap();
             for (spec, route) in registry.params().iter().zip(registry.routes()) {
                 let expect_muon = spec.shape.len() >= 2

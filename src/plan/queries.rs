@@ -54,7 +54,14 @@ pub(crate) fn shard_pieces(
         let start = bucket_start + rank * shard;
         let buffer_range = ElemRange::new(start, start + shard).intersect(whole)?;
         let param_range = buffer_range.shifted_down(offset);
-        Some((rank as usize, ShardPiece { param, param_range, buffer_range }))
+        Some((
+            rank as usize,
+            ShardPiece {
+                param,
+                param_range,
+                buffer_range,
+            },
+        ))
     })
 }
 
@@ -74,7 +81,13 @@ impl Plan {
                     if owner as usize == rank {
                         let range = placement.unit_range(unit);
                         let (buffer, bucket) = (placement.buffer, placement.bucket);
-                        units.push(OwnedUnit { param, unit: unit as u32, buffer, bucket, range });
+                        units.push(OwnedUnit {
+                            param,
+                            unit: unit as u32,
+                            buffer,
+                            bucket,
+                            range,
+                        });
                     }
                 }
             }
@@ -97,10 +110,19 @@ impl Plan {
                         let placement = &self.params[param as usize];
                         let buffer_range = placement.range().intersect(range)?;
                         let param_range = buffer_range.shifted_down(placement.offset);
-                        Some(ShardPiece { param, param_range, buffer_range })
+                        Some(ShardPiece {
+                            param,
+                            param_range,
+                            buffer_range,
+                        })
                     })
                     .collect();
-                AdamwShard { bucket: bucket.id, buffer: bucket.buffer, range, pieces }
+                AdamwShard {
+                    bucket: bucket.id,
+                    buffer: bucket.buffer,
+                    range,
+                    pieces,
+                }
             })
             .collect()
     }
@@ -112,7 +134,9 @@ impl Plan {
             return Vec::new();
         }
         let bucket = &self.buckets[placement.bucket as usize];
-        shard_pieces(bucket, param, placement).map(|(r, piece)| (r as u32, piece)).collect()
+        shard_pieces(bucket, param, placement)
+            .map(|(r, piece)| (r as u32, piece))
+            .collect()
     }
 
     /// The plan (layout and report) as JSON.

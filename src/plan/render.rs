@@ -46,23 +46,43 @@ pub fn table(model: &str, plans: &[Plan]) -> String {
     );
     row(&mut out, "", plans, |p| p.layout.name().to_string());
     row(&mut out, "buckets", plans, |p| p.report.num_buckets.to_string());
-    row(&mut out, "padding elements", plans, |p| si(p.report.padding_elements as f64));
-    row(&mut out, "padding", plans, |p| format!("{:.4} %", 100.0 * p.report.padding_fraction));
-    row(&mut out, "param buffers", plans, |p| gib(p.report.param_buffer_bytes as f64));
-    row(&mut out, "grad buffers", plans, |p| gib(p.report.grad_buffer_bytes as f64));
-    row(&mut out, "optimizer state / rank, max", plans, |p| gib(p.report.optimizer_state_bytes.max as f64));
-    row(&mut out, "optimizer state / rank, mean", plans, |p| gib(p.report.optimizer_state_bytes.mean));
+    row(&mut out, "padding elements", plans, |p| {
+        si(p.report.padding_elements as f64)
+    });
+    row(&mut out, "padding", plans, |p| {
+        format!("{:.4} %", 100.0 * p.report.padding_fraction)
+    });
+    row(&mut out, "param buffers", plans, |p| {
+        gib(p.report.param_buffer_bytes as f64)
+    });
+    row(&mut out, "grad buffers", plans, |p| {
+        gib(p.report.grad_buffer_bytes as f64)
+    });
+    row(&mut out, "optimizer state / rank, max", plans, |p| {
+        gib(p.report.optimizer_state_bytes.max as f64)
+    });
+    row(&mut out, "optimizer state / rank, mean", plans, |p| {
+        gib(p.report.optimizer_state_bytes.mean)
+    });
     row(&mut out, "muon elements / rank, max/mean", plans, |p| {
         let e = &p.report.muon_elements;
         format!("{:.3}", if e.mean > 0.0 { e.max as f64 / e.mean } else { 1.0 })
     });
     row(&mut out, "NS cost / rank, max", plans, |p| si(p.report.ns_cost.max));
     row(&mut out, "NS cost / rank, mean", plans, |p| si(p.report.ns_cost.mean));
-    row(&mut out, "NS makespan / lower bound", plans, |p| format!("{:.4}", p.report.ns_makespan_over_lower_bound));
-    row(&mut out, "wire / rank / step", plans, |p| gib(p.report.wire_bytes_per_rank));
-    row(&mut out, "wire / lower bound", plans, |p| format!("{:.4}", p.report.wire_over_lower_bound));
+    row(&mut out, "NS makespan / lower bound", plans, |p| {
+        format!("{:.4}", p.report.ns_makespan_over_lower_bound)
+    });
+    row(&mut out, "wire / rank / step", plans, |p| {
+        gib(p.report.wire_bytes_per_rank)
+    });
+    row(&mut out, "wire / lower bound", plans, |p| {
+        format!("{:.4}", p.report.wire_over_lower_bound)
+    });
     row(&mut out, "ownership", plans, |p| p.report.ownership.name().to_string());
-    row(&mut out, "planning time", plans, |p| format!("{:.2} ms", p.report.planning_time_ms));
+    row(&mut out, "planning time", plans, |p| {
+        format!("{:.2} ms", p.report.planning_time_ms)
+    });
     row(&mut out, "plan hash", plans, |p| format!("{:#018x}", p.hash));
     out
 }
@@ -85,7 +105,10 @@ pub fn json_summary(model: &str, plans: &[Plan]) -> String {
 }
 
 fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 const SVG_WIDTH: f64 = 960.0;
@@ -110,10 +133,19 @@ impl Panel<'_> {
         let base = top + PANEL_HEIGHT - AXIS_HEIGHT;
         let ranks = self.values.len().max(1);
         let mean = self.values.iter().sum::<f64>() / ranks as f64;
-        let scale = if self.top_value > 0.0 { plot_height / self.top_value } else { 0.0 };
+        let scale = if self.top_value > 0.0 {
+            plot_height / self.top_value
+        } else {
+            0.0
+        };
         let slot = plot_width / ranks as f64;
         let width = (slot * 0.8).max(0.5);
-        let _ = writeln!(out, r#"<text x="{MARGIN}" y="{:.1}" class="title">{}</text>"#, top + 20.0, xml_escape(&self.title));
+        let _ = writeln!(
+            out,
+            r#"<text x="{MARGIN}" y="{:.1}" class="title">{}</text>"#,
+            top + 20.0,
+            xml_escape(&self.title)
+        );
         for (rank, &value) in self.values.iter().enumerate() {
             let height = value * scale;
             let _ = writeln!(
@@ -132,7 +164,10 @@ impl Panel<'_> {
             r#"<line class="mean" x1="{MARGIN}" x2="{right:.1}" y1="{y:.2}" y2="{y:.2}"><title>mean {}</title></line>"#,
             label(mean)
         );
-        let _ = writeln!(out, r#"<line class="axis" x1="{MARGIN}" x2="{right:.1}" y1="{base:.2}" y2="{base:.2}"/>"#);
+        let _ = writeln!(
+            out,
+            r#"<line class="axis" x1="{MARGIN}" x2="{right:.1}" y1="{base:.2}" y2="{base:.2}"/>"#
+        );
         let label_y = base + 15.0;
         let _ = writeln!(out, r#"<text x="{MARGIN}" y="{label_y:.1}">rank 0</text>"#);
         let _ = writeln!(
@@ -157,9 +192,16 @@ pub fn svg(model: &str, plans: &[Plan]) -> String {
          .state{fill:#dd8452} .mean{stroke:#333;stroke-dasharray:4 3} .axis{stroke:#999}</style>\n",
     );
     let dp = plans.first().map_or(0, |p| p.dp);
-    let _ = writeln!(out, r#"<text x="{MARGIN}" y="20">{} at dp {dp}</text>"#, xml_escape(model));
+    let _ = writeln!(
+        out,
+        r#"<text x="{MARGIN}" y="20">{} at dp {dp}</text>"#,
+        xml_escape(model)
+    );
     let top_ns = plans.iter().map(|p| p.report.ns_cost.max).fold(0.0, f64::max);
-    let top_state = plans.iter().map(|p| p.report.optimizer_state_bytes.max as f64).fold(0.0, f64::max);
+    let top_state = plans
+        .iter()
+        .map(|p| p.report.optimizer_state_bytes.max as f64)
+        .fold(0.0, f64::max);
     for (i, plan) in plans.iter().enumerate() {
         let top = TITLE_HEIGHT + 2.0 * PANEL_HEIGHT * i as f64;
         let r = &plan.report;
@@ -177,7 +219,10 @@ pub fn svg(model: &str, plans: &[Plan]) -> String {
         ns.draw(&mut out, top, si);
         let state: Vec<f64> = r.optimizer_state_bytes.per_rank.iter().map(|&b| b as f64).collect();
         let state_panel = Panel {
-            title: format!("{layout}: optimizer state per rank (max {})", gib(r.optimizer_state_bytes.max as f64)),
+            title: format!(
+                "{layout}: optimizer state per rank (max {})",
+                gib(r.optimizer_state_bytes.max as f64)
+            ),
             class: "state",
             values: &state,
             top_value: top_state,

@@ -135,7 +135,10 @@ impl Report {
                 }
             }
         }
-        let mut state: Vec<u64> = muon_elements.iter().map(|&n| n * MUON_STATE_BYTES_PER_ELEMENT).collect();
+        let mut state: Vec<u64> = muon_elements
+            .iter()
+            .map(|&n| n * MUON_STATE_BYTES_PER_ELEMENT)
+            .collect();
         for bucket in layout.buckets.iter().filter(|b| b.route == Route::Adamw) {
             for &p in &bucket.params {
                 for (rank, piece) in shard_pieces(bucket, p, &layout.params[p as usize]) {

@@ -334,6 +334,15 @@ impl Runtime {
     }
 }
 
+impl Drop for Runtime {
+    /// Finishes the queued collectives before the memory goes away, so peers in the same
+    /// collectives are not left waiting for this rank. A failure here (a broken group) has
+    /// already been reported by the call that hit it.
+    fn drop(&mut self) {
+        let _ = self.backend.synchronize();
+    }
+}
+
 /// The fp32 state a rank owns for one piece of a param, in the param's flat coordinates.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwnedState {

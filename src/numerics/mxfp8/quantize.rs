@@ -2,133 +2,24 @@
 //!
 //! The input is walked in strips of 32 rows (one columnwise block row) and, inside a strip,
 //! in chunks of [`CHUNK_COLS`] columns. For each 32 × `CHUNK_COLS` piece, one pass takes the
-//! rowwise and columnwise amaxes, the scale bytes of all its blocks are computed together,
-//! and a second pass, with the piece still in L1, encodes both copies. The inner loops are
-//! branch-free over contiguous slices so that they vectorize; on x86-64 the whole loop nest
-//! is also compiled for AVX2 and AVX-512 and picked at run time.
+//! rowwise and columnwise amaxes from the same loads, the scale bytes of all its blocks are
+//! computed together, and a second pass, with the piece still in L2, encodes both copies
+//! (sharing the scale-independent half of the fast encoding, see `fast.rs`). The inner loops
+//! run over whole rows of the piece, branch-free, so that they vectorize; on x86-64 the loop
+//! nest is also compiled for AVX2 and AVX-512 and picked at run time.
 
-use super::scalar::{BLOCK_SIZE, bf16_bits_to_f32, e8m0_from_amax, f32_to_e4m3, scale_inv};
+use super::fast::{Element, FAST_MIN_SCALE, FastScale};
+use super::scalar::{BLOCK_SIZE, e8m0_from_amax, f32_to_e4m3, scale_inv};
 use super::{Direction, Input, QuantizedMut, ScaleLayout, ScaleMap, check_len, element_count, scale_shape};
 use crate::error::Result;
+use std::ops::Range;
 
-/// Columns per chunk of a strip: 32 rows × 256 bf16 = 16 KiB (32 KiB for f32) stays in L1.
-const CHUNK_COLS: usize = 256;
+/// Columns per chunk of a strip: 32 rows × 2048 bf16 = 128 KiB (256 KiB for f32) stays in L2
+/// between the two passes, and each row is read as one run the prefetcher can follow.
+const CHUNK_COLS: usize = 2048;
 
-/// Rowwise blocks per row of a chunk.
-const CHUNK_BLOCKS: usize = CHUNK_COLS / BLOCK_SIZE;
-
-/// Blocks with a scale byte at least this large, and no NaN or ±∞, take the fast path
-/// ([`Element::encode_fast`]). With `b >= 11` the inverse scale is `2^k` with `k <= 116`, so
-/// an input subnormal, or an element whose product underflows f32, lands below `2^-10` and
-/// encodes as ±0 either way.
-const FAST_MIN_SCALE: u8 = 11;
-
-/// A high-precision element type.
-trait Element: Copy {
-    /// `|x|` as an integer (sign bit cleared); for non-NaN values, integer order is magnitude
-    /// order.
-    type Key: Copy + Ord + Default;
-    /// The fast path's `k << mantissa_bits` for an inverse scale `2^k`.
-    type Step: Copy + Default;
-    /// Smallest key of a non-finite value (+∞); larger keys are NaN.
-    const NON_FINITE: Self::Key;
-    fn raw_key(self) -> Self::Key;
-    /// The f32 magnitude a key stands for.
-    fn key_to_f32(key: Self::Key) -> f32;
-    /// Exact conversion to f32.
-    fn to_f32(self) -> f32;
-    /// The fast-path step of scale byte `b` (`FAST_MIN_SCALE <= b <= 253`).
-    fn step(b: u8) -> Self::Step;
-    /// `f32_to_e4m3(x * 2^k)` computed by adding `k` to the exponent field, exact when `x` is
-    /// finite, `|x| * 2^k <= 448` and `k <= 116` (the fast-path conditions; checked
-    /// exhaustively for bf16 by this module's tests).
-    fn encode_fast(self, step: Self::Step) -> u8;
-}
-
-/// bf16 bits. The amax is taken on the bf16 values, which equals the amax of the upcast values.
-impl Element for u16 {
-    type Key = u16;
-    type Step = i16;
-    const NON_FINITE: u16 = 0x7F80;
-
-    #[inline(always)]
-    fn raw_key(self) -> u16 {
-        self & 0x7FFF
-    }
-
-    #[inline(always)]
-    fn key_to_f32(key: u16) -> f32 {
-        bf16_bits_to_f32(key)
-    }
-
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16_bits_to_f32(self)
-    }
-
-    #[inline(always)]
-    fn step(b: u8) -> i16 {
-        (127 - i16::from(b)) << 7
-    }
-
-    /// With `t` the bf16 bits of `|x| * 2^k` (negative when the product underflows):
-    /// - `t >= 2^-6`: drop 4 mantissa bits with ties to even and rebias (`960 << 4 = 15360`);
-    /// - `t < 2^-6`: the significand `M` (8 bits) times `2^(e-117)` has the E4M3 subnormal
-    ///   code in its bits 8 and up (`e` in 117..=120); round that at bit 8 with ties to even.
-    ///   Smaller exponents give a shift outside `0..16` and the code 0.
-    #[inline(always)]
-    fn encode_fast(self, step: i16) -> u8 {
-        let t = ((self & 0x7FFF) as i16).wrapping_add(step);
-        let normal = (t.wrapping_sub(15353) + ((t >> 4) & 1)) >> 4;
-        let shift = ((t >> 7) - 117) as u16;
-        let m = ((t & 0x7F) | 0x80) as u16;
-        let p = if shift < 16 { m << shift } else { 0 };
-        let sub = (p.wrapping_add(0x7F) + ((p >> 8) & 1)) >> 8;
-        let mag = if t < 0x3C80 { sub as u8 } else { normal as u8 };
-        ((self >> 8) as u8 & 0x80) | mag
-    }
-}
-
-impl Element for f32 {
-    type Key = u32;
-    type Step = i32;
-    const NON_FINITE: u32 = 0x7F80_0000;
-
-    #[inline(always)]
-    fn raw_key(self) -> u32 {
-        self.to_bits() & 0x7FFF_FFFF
-    }
-
-    #[inline(always)]
-    fn key_to_f32(key: u32) -> f32 {
-        f32::from_bits(key)
-    }
-
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-
-    #[inline(always)]
-    fn step(b: u8) -> i32 {
-        (127 - i32::from(b)) << 23
-    }
-
-    /// As for bf16 with 23 mantissa bits: the significand has 24 bits and the subnormal code
-    /// is rounded at bit 24.
-    #[inline(always)]
-    fn encode_fast(self, step: i32) -> u8 {
-        let bits = self.to_bits();
-        let t = ((bits & 0x7FFF_FFFF) as i32).wrapping_add(step);
-        let normal = (t.wrapping_sub(0x3C00_0000 - 0x7_FFFF) + ((t >> 20) & 1)) >> 20;
-        let shift = ((t >> 23) - 117) as u32;
-        let m = ((t & 0x7F_FFFF) | 0x80_0000) as u32;
-        let p = if shift < 32 { m << shift } else { 0 };
-        let sub = (p.wrapping_add(0x7F_FFFF) + ((p >> 24) & 1)) >> 24;
-        let mag = if t < 0x3C80_0000 { sub as u8 } else { normal as u8 };
-        ((bits >> 24) as u8 & 0x80) | mag
-    }
-}
+/// Rowwise blocks per chunk (all 32 rows).
+const CHUNK_ROW_BLOCKS: usize = CHUNK_COLS;
 
 /// Quantizes a `[rows, cols]` row-major input into the requested MXFP8 copies: the host
 /// reference behind `muon_mxfp8_quantize_host`. Either copy may be omitted; when both are
@@ -252,50 +143,16 @@ fn nan_free_key<E: Element>(x: E) -> E::Key {
     if k > E::NON_FINITE { E::Key::default() } else { k }
 }
 
-/// The maximum raw key of `xs` (NaN not filtered out).
-#[inline(always)]
-fn raw_max<E: Element>(xs: &[E]) -> E::Key {
-    xs.iter()
-        .map(|v| v.raw_key())
-        .fold(E::Key::default(), Ord::max)
-}
-
 /// The maximum NaN-free key of `xs`: the block amax of MXFP8.md §7.
 fn nan_free_max<E: Element>(xs: impl Iterator<Item = E>) -> E::Key {
     xs.map(nan_free_key).fold(E::Key::default(), Ord::max)
 }
 
-/// Whether a block with raw amax key `raw` and scale byte `b` takes the fast path.
+/// Whether a block with raw amax key `raw` (NaN not filtered out) and scale byte `b` takes the
+/// fast path.
 #[inline(always)]
 fn is_fast<E: Element>(raw: E::Key, b: u8) -> bool {
     raw < E::NON_FINITE && b >= FAST_MIN_SCALE
-}
-
-/// Fills `b` and `step` with the scale bytes and fast-path steps of a run of blocks whose raw
-/// amax keys are `raw`, and returns whether every block takes the fast path. `nan_free(i)`
-/// recomputes the amax of block `i` without NaN; it is called only for blocks holding a NaN
-/// or ±∞.
-#[inline(always)]
-fn scale_bytes<E: Element>(
-    raw: &[E::Key],
-    b: &mut [u8],
-    step: &mut [E::Step],
-    nan_free: impl Fn(usize) -> E::Key,
-) -> bool {
-    let mut all_fast = true;
-    for ((b, step), &k) in b.iter_mut().zip(step.iter_mut()).zip(raw) {
-        *b = e8m0_from_amax(E::key_to_f32(k));
-        *step = E::step(*b);
-        all_fast &= is_fast::<E>(k, *b);
-    }
-    if !all_fast {
-        for (i, (b, &k)) in b.iter_mut().zip(raw).enumerate() {
-            if k >= E::NON_FINITE {
-                *b = e8m0_from_amax(E::key_to_f32(nan_free(i)));
-            }
-        }
-    }
-    all_fast
 }
 
 /// `f32_to_e4m3(v * s)`: the exact path, for blocks that do not qualify for the fast one.
@@ -304,60 +161,175 @@ fn encode_exact<E: Element>(v: E, s: f32) -> u8 {
     f32_to_e4m3(v.to_f32() * s)
 }
 
-/// Encodes one rowwise block with scale byte `b` and raw amax key `raw`.
-#[inline(always)]
-fn encode_row_block<E: Element>(src: &[E], raw: E::Key, b: u8, dst: &mut [u8]) {
-    if is_fast::<E>(raw, b) {
-        let step = E::step(b);
-        for (d, &v) in dst.iter_mut().zip(src) {
-            *d = v.encode_fast(step);
+/// Fast-path constants, one entry per block or per column, as separate arrays so that the
+/// loops over them vectorize.
+struct Lanes<L> {
+    normal_offset: Vec<L>,
+    shift_offset: Vec<L>,
+}
+
+impl<L: Copy + Default> Lanes<L> {
+    fn new(n: usize) -> Self {
+        Lanes {
+            normal_offset: vec![L::default(); n],
+            shift_offset: vec![L::default(); n],
         }
-    } else {
-        let s = scale_inv(b);
-        for (d, &v) in dst.iter_mut().zip(src) {
-            *d = encode_exact(v, s);
+    }
+
+    /// Sets entry `32k + j` to entry `blocks.start + k` of `per_block`: the constants of
+    /// rowwise blocks spread over their columns.
+    #[inline(always)]
+    fn expand(&mut self, per_block: &Lanes<L>, blocks: Range<usize>) {
+        let pairs = [
+            (&mut self.normal_offset, &per_block.normal_offset),
+            (&mut self.shift_offset, &per_block.shift_offset),
+        ];
+        for (lanes, src) in pairs {
+            let n = blocks.len();
+            let (full, _) = lanes.as_chunks_mut::<BLOCK_SIZE>();
+            for (chunk, &v) in full[..n].iter_mut().zip(&src[blocks.clone()]) {
+                *chunk = [v; BLOCK_SIZE];
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> FastScale<L> {
+        FastScale {
+            normal_offset: self.normal_offset[i],
+            shift_offset: self.shift_offset[i],
         }
     }
 }
 
-/// Encodes one block of a row into both copies, all on the fast path: rowwise with `row_step`,
-/// columnwise with the per-column `col_step`.
+/// Fills `b` and `fast` with the scale bytes and fast-path constants of a run of blocks whose
+/// raw amax keys (NaN not filtered out) are `raw`, and returns whether every block takes the
+/// fast path. `nan_free(i)` recomputes the amax of block `i` without NaN; it is called only
+/// for blocks holding a NaN or ±∞.
+#[inline(always)]
+fn scale_bytes<E: Element>(
+    raw: &[E::Key],
+    b: &mut [u8],
+    fast: &mut Lanes<E::Lane>,
+    nan_free: impl Fn(usize) -> E::Key,
+) -> bool {
+    let n = raw.len();
+    let (b, normal, shift) = (
+        &mut b[..n],
+        &mut fast.normal_offset[..n],
+        &mut fast.shift_offset[..n],
+    );
+    let mut all_fast = true;
+    for i in 0..n {
+        b[i] = e8m0_from_amax(E::key_to_f32(raw[i]));
+        let s = E::fast_scale(b[i]);
+        normal[i] = s.normal_offset;
+        shift[i] = s.shift_offset;
+        all_fast &= is_fast::<E>(raw[i], b[i]);
+    }
+    if !all_fast {
+        for i in 0..n {
+            if raw[i] >= E::NON_FINITE {
+                b[i] = e8m0_from_amax(E::key_to_f32(nan_free(i)));
+            }
+        }
+    }
+    all_fast
+}
+
+/// The amax pass over one row of a piece: the raw maximum of each rowwise block into
+/// `row_raw` (when `ROW`) and the running columnwise maxima in `col_raw` (when `COL`).
+#[inline(always)]
+fn amax_row<E: Element, const ROW: bool, const COL: bool>(
+    src: &[E],
+    row_raw: &mut [E::Key],
+    col_raw: &mut [E::Key],
+) {
+    let (blocks, tail) = src.as_chunks::<BLOCK_SIZE>();
+    let (accs, acc_tail) = col_raw[..src.len()].as_chunks_mut::<BLOCK_SIZE>();
+    for (k, (blk, acc)) in blocks.iter().zip(accs).enumerate() {
+        // Keys in a local array first: the compiler cannot rule out that `acc` aliases `src`.
+        let keys: [E::Key; BLOCK_SIZE] = std::array::from_fn(|j| blk[j].raw_key());
+        if COL {
+            for (a, &k) in acc.iter_mut().zip(&keys) {
+                *a = (*a).max(k);
+            }
+        }
+        if ROW {
+            row_raw[k] = keys.into_iter().fold(E::Key::default(), Ord::max);
+        }
+    }
+    if !tail.is_empty() {
+        let mut m = E::Key::default();
+        for (a, v) in acc_tail.iter_mut().zip(tail) {
+            let k = v.raw_key();
+            if COL {
+                *a = (*a).max(k);
+            }
+            m = m.max(k);
+        }
+        if ROW {
+            row_raw[blocks.len()] = m;
+        }
+    }
+}
+
+/// Encodes one row of a piece into both copies on the fast path, with per-column constants
+/// for either copy.
 #[inline(always)]
 fn encode_both_fast<E: Element>(
     src: &[E],
-    row_step: E::Step,
-    col_step: &[E::Step],
+    row: &Lanes<E::Lane>,
+    col: &Lanes<E::Lane>,
     row_dst: &mut [u8],
     col_dst: &mut [u8],
 ) {
-    for (((&v, rd), cd), &cs) in src.iter().zip(row_dst).zip(col_dst).zip(col_step) {
-        *rd = v.encode_fast(row_step);
-        *cd = v.encode_fast(cs);
+    let n = src.len();
+    let (rn, rs) = (&row.normal_offset[..n], &row.shift_offset[..n]);
+    let (cn, cs) = (&col.normal_offset[..n], &col.shift_offset[..n]);
+    let (rd, cd) = (&mut row_dst[..n], &mut col_dst[..n]);
+    for i in 0..n {
+        let p = src[i].prepare();
+        rd[i] = E::finish(p, FastScale { normal_offset: rn[i], shift_offset: rs[i] });
+        cd[i] = E::finish(p, FastScale { normal_offset: cn[i], shift_offset: cs[i] });
     }
 }
 
-/// Per-chunk scratch: rowwise parameters of the strip's `32 × CHUNK_BLOCKS` blocks (dense,
-/// `nb` per row) and columnwise parameters of its columns.
+/// Encodes one row of a piece into one copy on the fast path, with per-column constants.
+#[inline(always)]
+fn encode_fast<E: Element>(src: &[E], lanes: &Lanes<E::Lane>, dst: &mut [u8]) {
+    let n = src.len();
+    let (ln, ls) = (&lanes.normal_offset[..n], &lanes.shift_offset[..n]);
+    let d = &mut dst[..n];
+    for i in 0..n {
+        d[i] = E::finish(src[i].prepare(), FastScale { normal_offset: ln[i], shift_offset: ls[i] });
+    }
+}
+
+/// Per-call scratch. Rowwise block entries are dense, `nb` blocks per row of the strip;
+/// `row_lanes` holds the rowwise constants of the current row expanded to one per column.
 struct Scratch<E: Element> {
-    row_raw: [E::Key; BLOCK_SIZE * CHUNK_BLOCKS],
-    row_b: [u8; BLOCK_SIZE * CHUNK_BLOCKS],
-    row_step: [E::Step; BLOCK_SIZE * CHUNK_BLOCKS],
-    col_raw: [E::Key; CHUNK_COLS],
-    col_b: [u8; CHUNK_COLS],
-    col_step: [E::Step; CHUNK_COLS],
-    col_scale_inv: [f32; CHUNK_COLS],
+    row_raw: Vec<E::Key>,
+    row_b: Vec<u8>,
+    row_fast: Lanes<E::Lane>,
+    row_lanes: Lanes<E::Lane>,
+    col_raw: Vec<E::Key>,
+    col_b: Vec<u8>,
+    col_fast: Lanes<E::Lane>,
+    col_scale_inv: Vec<f32>,
 }
 
 impl<E: Element> Scratch<E> {
     fn new() -> Self {
         Scratch {
-            row_raw: [E::Key::default(); BLOCK_SIZE * CHUNK_BLOCKS],
-            row_b: [0; BLOCK_SIZE * CHUNK_BLOCKS],
-            row_step: [E::Step::default(); BLOCK_SIZE * CHUNK_BLOCKS],
-            col_raw: [E::Key::default(); CHUNK_COLS],
-            col_b: [0; CHUNK_COLS],
-            col_step: [E::Step::default(); CHUNK_COLS],
-            col_scale_inv: [0.0; CHUNK_COLS],
+            row_raw: vec![E::Key::default(); CHUNK_ROW_BLOCKS],
+            row_b: vec![0; CHUNK_ROW_BLOCKS],
+            row_fast: Lanes::new(CHUNK_ROW_BLOCKS),
+            row_lanes: Lanes::new(CHUNK_COLS),
+            col_raw: vec![E::Key::default(); CHUNK_COLS],
+            col_b: vec![0; CHUNK_COLS],
+            col_fast: Lanes::new(CHUNK_COLS),
+            col_scale_inv: vec![0.0; CHUNK_COLS],
         }
     }
 }
@@ -421,56 +393,54 @@ fn quantize_impl<E: Element>(
     mut colwise: Option<&mut Target<'_>>,
 ) {
     let mut s = Scratch::<E>::new();
+    let (want_row, want_col) = (rowwise.is_some(), colwise.is_some());
     for r0 in (0..rows).step_by(BLOCK_SIZE) {
         let nr = BLOCK_SIZE.min(rows - r0);
-        let rb = r0 / BLOCK_SIZE;
         for c0 in (0..cols).step_by(CHUNK_COLS) {
             let width = CHUNK_COLS.min(cols - c0);
             let nb = width.div_ceil(BLOCK_SIZE);
-            let cb0 = c0 / BLOCK_SIZE;
             let at = |i: usize| (r0 + i) * cols + c0..(r0 + i) * cols + c0 + width;
 
-            // Pass 1: amaxes and scale bytes.
+            // Pass 1: raw amaxes of both directions from the same loads.
+            s.col_raw[..width].fill(E::Key::default());
+            for i in 0..nr {
+                let (src, row_raw) = (&x[at(i)], &mut s.row_raw[i * nb..(i + 1) * nb]);
+                match (want_row, want_col) {
+                    (true, true) => amax_row::<E, true, true>(src, row_raw, &mut s.col_raw),
+                    (true, false) => amax_row::<E, true, false>(src, row_raw, &mut s.col_raw),
+                    _ => amax_row::<E, false, true>(src, row_raw, &mut s.col_raw),
+                }
+            }
+
+            // Scale bytes.
             let mut row_all_fast = false;
             if let Some(t) = rowwise.as_deref_mut() {
-                for i in 0..nr {
-                    let raw = &mut s.row_raw[i * nb..(i + 1) * nb];
-                    for (raw, block) in raw.iter_mut().zip(x[at(i)].chunks(BLOCK_SIZE)) {
-                        *raw = raw_max(block);
-                    }
-                }
                 row_all_fast = scale_bytes::<E>(
                     &s.row_raw[..nr * nb],
-                    &mut s.row_b[..nr * nb],
-                    &mut s.row_step[..nr * nb],
+                    &mut s.row_b,
+                    &mut s.row_fast,
                     |j| {
-                        let block = x[at(j / nb)].chunks(BLOCK_SIZE).nth(j % nb);
-                        nan_free_max(block.unwrap_or_default().iter().copied())
+                        let (i, k) = (j / nb, j % nb);
+                        let block = x[at(i)].chunks(BLOCK_SIZE).nth(k).unwrap_or_default();
+                        nan_free_max(block.iter().copied())
                     },
                 );
                 for i in 0..nr {
                     for (k, &b) in s.row_b[i * nb..(i + 1) * nb].iter().enumerate() {
-                        t.scales[t.map.offset(r0 + i, cb0 + k)] = b;
+                        t.scales[t.map.offset(r0 + i, c0 / BLOCK_SIZE + k)] = b;
                     }
                 }
             }
             let mut col_all_fast = false;
             if let Some(t) = colwise.as_deref_mut() {
-                let raw = &mut s.col_raw[..width];
-                raw.fill(E::Key::default());
-                for i in 0..nr {
-                    for (k, v) in raw.iter_mut().zip(&x[at(i)]) {
-                        *k = (*k).max(v.raw_key());
-                    }
-                }
                 col_all_fast = scale_bytes::<E>(
                     &s.col_raw[..width],
-                    &mut s.col_b[..width],
-                    &mut s.col_step[..width],
+                    &mut s.col_b,
+                    &mut s.col_fast,
                     |c| nan_free_max((0..nr).map(|i| x[at(i).start + c])),
                 );
                 for (c, &b) in s.col_b[..width].iter().enumerate() {
-                    t.scales[t.map.offset(rb, c0 + c)] = b;
+                    t.scales[t.map.offset(r0 / BLOCK_SIZE, c0 + c)] = b;
                 }
                 if !col_all_fast {
                     for (si, &b) in s.col_scale_inv.iter_mut().zip(&s.col_b[..width]) {
@@ -480,48 +450,58 @@ fn quantize_impl<E: Element>(
             }
 
             // Pass 2: encode.
-            if let (Some(rt), Some(ct), true, true) = (
-                rowwise.as_deref_mut(),
-                colwise.as_deref_mut(),
-                row_all_fast,
-                col_all_fast,
-            ) {
-                for i in 0..nr {
-                    let src = &x[at(i)];
-                    let row_dst = &mut rt.data[at(i)];
-                    let col_dst = &mut ct.data[at(i)];
-                    for ((((blk, rd), cd), cs), &rs) in src
-                        .chunks(BLOCK_SIZE)
-                        .zip(row_dst.chunks_mut(BLOCK_SIZE))
-                        .zip(col_dst.chunks_mut(BLOCK_SIZE))
-                        .zip(s.col_step.chunks(BLOCK_SIZE))
-                        .zip(&s.row_step[i * nb..(i + 1) * nb])
-                    {
-                        encode_both_fast(blk, rs, cs, rd, cd);
+            let next = if c0 + CHUNK_COLS < cols { Some((r0, c0 + CHUNK_COLS)) } else if r0 + BLOCK_SIZE < rows { Some((r0 + BLOCK_SIZE, 0)) } else { None };
+            for i in 0..nr {
+                if let Some((nr0, nc0)) = next {
+                    if nr0 + i < rows {
+                        let start = (nr0 + i) * cols + nc0;
+                        let end = (start + CHUNK_COLS).min((nr0 + i + 1) * cols);
+                        let per_line = 64 / std::mem::size_of::<E>();
+                        for j in (start..end).step_by(per_line) {
+                            unsafe { std::arch::x86_64::_mm_prefetch::<{std::arch::x86_64::_MM_HINT_T1}>(x.as_ptr().add(j) as *const i8) };
+                        }
                     }
                 }
-                continue;
-            }
-            if let Some(t) = rowwise.as_deref_mut() {
-                for i in 0..nr {
-                    let params = s.row_raw[i * nb..].iter().zip(&s.row_b[i * nb..]);
-                    for ((blk, out), (&raw, &b)) in x[at(i)]
-                        .chunks(BLOCK_SIZE)
-                        .zip(t.data[at(i)].chunks_mut(BLOCK_SIZE))
-                        .zip(params)
-                    {
-                        encode_row_block(blk, raw, b, out);
+                let src = &x[at(i)];
+                if row_all_fast {
+                    s.row_lanes.expand(&s.row_fast, i * nb..(i + 1) * nb);
+                }
+                if let (Some(rt), Some(ct), true, true) = (
+                    rowwise.as_deref_mut(),
+                    colwise.as_deref_mut(),
+                    row_all_fast,
+                    col_all_fast,
+                ) {
+                    let (rd, cd) = (&mut rt.data[at(i)], &mut ct.data[at(i)]);
+                    encode_both_fast(src, &s.row_lanes, &s.col_fast, rd, cd);
+                    continue;
+                }
+                if let Some(t) = rowwise.as_deref_mut() {
+                    let dst = &mut t.data[at(i)];
+                    if row_all_fast {
+                        encode_fast(src, &s.row_lanes, dst);
+                    } else {
+                        let blocks = src.chunks(BLOCK_SIZE).zip(dst.chunks_mut(BLOCK_SIZE));
+                        for (k, (blk, out)) in blocks.enumerate() {
+                            let j = i * nb + k;
+                            if is_fast::<E>(s.row_raw[j], s.row_b[j]) {
+                                let f = s.row_fast.get(j);
+                                for (d, &v) in out.iter_mut().zip(blk) {
+                                    *d = E::finish(v.prepare(), f);
+                                }
+                            } else {
+                                let si = scale_inv(s.row_b[j]);
+                                for (d, &v) in out.iter_mut().zip(blk) {
+                                    *d = encode_exact(v, si);
+                                }
+                            }
+                        }
                     }
                 }
-            }
-            if let Some(t) = colwise.as_deref_mut() {
-                for i in 0..nr {
-                    let src = &x[at(i)];
+                if let Some(t) = colwise.as_deref_mut() {
                     let dst = &mut t.data[at(i)];
                     if col_all_fast {
-                        for ((d, &v), &step) in dst.iter_mut().zip(src).zip(&s.col_step) {
-                            *d = v.encode_fast(step);
-                        }
+                        encode_fast(src, &s.col_fast, dst);
                     } else {
                         for ((d, &v), &si) in dst.iter_mut().zip(src).zip(&s.col_scale_inv) {
                             *d = encode_exact(v, si);

@@ -1,0 +1,152 @@
+//! Rendering of plan reports (table, JSON, SVG) and the `muon-opt plan` command line.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use muon_opt::config::{Config, MuonLayout};
+use muon_opt::plan::presets::preset;
+use muon_opt::plan::{Plan, build_plans, render};
+
+fn gpt2_plans(dp: usize) -> Vec<Plan> {
+    build_plans(&preset("gpt2-124m").unwrap(), &Config::default(), dp, MuonLayout::ALL).unwrap()
+}
+
+#[test]
+fn json_summary_parses_and_carries_every_report_field() {
+    let plans = gpt2_plans(4);
+    let json: serde_json::Value = serde_json::from_str(&render::json_summary("gpt2-124m", &plans)).unwrap();
+    assert_eq!(json["model"], "gpt2-124m");
+    assert_eq!(json["dp"], 4);
+    let entries = json["plans"].as_array().unwrap();
+    let layouts: Vec<&str> = entries.iter().map(|e| e["layout"].as_str().unwrap()).collect();
+    assert_eq!(layouts, ["compact", "padded", "allreduce"]);
+    for (entry, plan) in entries.iter().zip(&plans) {
+        assert_eq!(entry["hash"], format!("{:#018x}", plan.hash));
+        let report = &entry["report"];
+        for field in [
+            "elements",
+            "num_buckets",
+            "padding_elements",
+            "padding_fraction",
+            "param_buffer_bytes",
+            "grad_buffer_bytes",
+            "ns_makespan_over_lower_bound",
+            "wire_bytes_per_rank",
+            "wire_over_lower_bound",
+            "planning_time_ms",
+        ] {
+            assert!(!report[field].is_null(), "report lacks {field}");
+        }
+        assert_eq!(report["optimizer_state_bytes"]["per_rank"].as_array().unwrap().len(), 4);
+        assert_eq!(report["ns_cost"]["per_rank"].as_array().unwrap().len(), 4);
+        assert_eq!(report["elements"]["muon"], plan.report.elements.muon);
+        assert_eq!(report["padding_elements"], plan.report.padding_elements);
+    }
+}
+
+#[test]
+fn svg_draws_one_bar_per_rank_per_chart() {
+    let plans = gpt2_plans(8);
+    let svg = render::svg("gpt2 <124m> & co", &plans);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches(r#"class="bar ns""#).count(), 8 * plans.len());
+    assert_eq!(svg.matches(r#"class="bar state""#).count(), 8 * plans.len());
+    assert!(svg.contains("gpt2 &lt;124m&gt; &amp; co"));
+    for rank in 0..8 {
+        assert!(svg.contains(&format!("<title>rank {rank}: ")));
+    }
+}
+
+#[test]
+fn table_shows_layouts_side_by_side() {
+    let plans = gpt2_plans(2);
+    let table = render::table("gpt2-124m", &plans);
+    let header = table.lines().find(|l| l.contains("compact")).unwrap();
+    let order: Vec<usize> = ["compact", "padded", "allreduce"]
+        .iter()
+        .map(|l| header.find(l).unwrap())
+        .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{header}");
+    for label in [
+        "padding",
+        "NS makespan / lower bound",
+        "wire / lower bound",
+        "plan hash",
+    ] {
+        assert!(table.contains(label), "table lacks {label}");
+    }
+    assert!(table.contains(&format!("{:#018x}", plans[1].hash)));
+}
+
+fn muon_opt(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn scratch_file(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("muon-opt-plan-render-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn cli_plans_a_preset_and_writes_json_and_svg() {
+    let svg = scratch_file("chart.svg");
+    let out = muon_opt(&[
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--dp",
+        "4",
+        "--layout",
+        "compact",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["plans"].as_array().unwrap().len(), 1);
+    assert_eq!(json["plans"][0]["layout"], "compact");
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(chart.matches(r#"class="bar ns""#).count(), 4);
+    std::fs::remove_file(svg).unwrap();
+}
+
+#[test]
+fn cli_reads_a_json_parameter_list() {
+    let model = scratch_file("model.json");
+    let text = r#"{"params": [
+        {"name": "embedding", "shape": [1000, 64], "flags": ["embedding_or_output"]},
+        {"name": "layers.0.fc1.weight", "shape": [256, 64]},
+        {"name": "layers.0.experts.fc1.weight", "shape": [8, 128, 64], "flags": ["expert_stack"]}]}"#;
+    std::fs::write(&model, text).unwrap();
+    let out = muon_opt(&[
+        "plan",
+        "--model",
+        model.to_str().unwrap(),
+        "--dp",
+        "2",
+        "--bucket-size",
+        "4096",
+    ]);
+    std::fs::remove_file(&model).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("padded") && table.contains("allreduce"), "{table}");
+}
+
+#[test]
+fn cli_errors_exit_with_code_2_and_a_message() {
+    let cases: [(&[&str], &str); 3] = [
+        (&["plan", "--model", "no-such-model", "--dp", "2"], "not a preset"),
+        (&["plan", "--model", "gpt2-124m", "--dp", "0"], "dp: must be >= 1"),
+        (&["plan", "--model", "gpt2-124m"], "--dp"),
+    ];
+    for (args, needle) in cases {
+        let out = muon_opt(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
