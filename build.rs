@@ -46,7 +46,10 @@ fn main() {
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     config.after_includes = Some(after_includes());
     let include = crate_dir.join("include");
-    match cbindgen::Builder::new().with_crate(&crate_dir).with_config(config).generate() {
+    // Only the C layer (src/capi and the modules it declares) is parsed, so nothing of the
+    // safe core leaks into the header.
+    let builder = cbindgen::Builder::new().with_config(config).with_src(crate_dir.join("src/capi/mod.rs"));
+    match builder.generate() {
         Ok(bindings) => {
             bindings.write_to_file(include.join("muon_opt.h"));
         }

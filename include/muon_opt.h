@@ -162,98 +162,19 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_ALLOW_VOCAB_DIM (1 << 5)
 
 /**
- * Largest number of dimensions of a registered tensor.
- */
-#define MUON_MAX_DIMS 4
-
-/**
- * `MAJOR*10000 + MINOR*100 + PATCH`, as MUON_VERSION_CODE in the header.
- */
-#define MUON_VERSION_CODE (((VERSION_MAJOR * 10000) + (VERSION_MINOR * 100)) + VERSION_PATCH)
-
-/**
- * The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
- */
-#define MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS 300000
-
-/**
- * Upper bound on `muon_num_ns_steps`: more steps than this only waste compute.
+ * Largest muon_num_ns_steps.
  */
 #define MUON_MAX_NS_STEPS 100
 
 /**
- * Embedding or output layer: always AdamW.
+ * Default collective_timeout_ms (five minutes).
  */
-#define ParamFlags_EMBEDDING_OR_OUTPUT (1 << 0)
+#define MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS 300000
 
 /**
- * Opt out of Muon: AdamW even when 2-D.
+ * Largest number of dimensions of a registered tensor.
  */
-#define ParamFlags_NO_MUON (1 << 1)
-
-/**
- * A 3-D `[E, m, n]` stack of E expert matrices, each a Muon unit.
- */
-#define ParamFlags_EXPERT_STACK (1 << 2)
-
-/**
- * Persistent MXFP8 storage instead of a model-dtype copy.
- */
-#define ParamFlags_MXFP8 (1 << 3)
-
-/**
- * No weight decay for this parameter.
- */
-#define ParamFlags_NO_WEIGHT_DECAY (1 << 4)
-
-/**
- * Allow a Muon-routed parameter to have a dimension equal to `vocab_size`.
- */
-#define ParamFlags_ALLOW_VOCAB_DIM (1 << 5)
-
-/**
- * Every defined bit.
- */
-#define ParamFlags_ALL ((1 << 6) - 1)
-
-/**
- * Elements per scaling block: 1×32 rowwise, 32×1 columnwise (MXFP8.md §3).
- */
-#define BLOCK_SIZE 32
-
-/**
- * Largest finite E4M3 magnitude, 448 (`Quantized_Limits<fp8e4m3>::max_norm`, MXFP8.md §1).
- */
-#define MAX_NORM 448.0
-
-/**
- * The E4M3 code this crate emits for a NaN input of either sign.
- *
- * NVIDIA's host converter keeps the sign (`0xFF` for −NaN), but on the GPU the NaN first goes
- * through an f32 multiply that very probably yields the canonical `0x7FFFFFFF`, so TE's
- * expected output is `0x7F` (MXFP8.md §2, "NaN sign"; the golden vectors use `0x7F`).
- */
-#define E4M3_NAN 127
-
-/**
- * E4M3 code of +448, the largest finite value (MXFP8.md §6).
- */
-#define E4M3_MAX 126
-
-/**
- * The floor of the Frobenius norm in the normalization `X = U / max(‖U‖_F, NS_NORM_EPS)`.
- */
-#define NS_NORM_EPS 1e-7
-
-/**
- * Muon: fp32 master + fp32 momentum.
- */
-#define MUON_STATE_BYTES_PER_ELEMENT 8
-
-/**
- * AdamW: fp32 master + m + v.
- */
-#define ADAMW_STATE_BYTES_PER_ELEMENT 12
+#define MUON_MAX_DIMS 4
 
 /**
  * Result of every fallible `muon_*` call. 0 = success; 1xx usage, 2xx CUDA, 3xx NCCL,

@@ -128,7 +128,7 @@ coded_enum! {
 }
 
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
-pub const MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
+pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
 
 /// Typed optimizer configuration.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -181,14 +181,14 @@ impl Default for Config {
             mxfp8_param_gather: false,
             mxfp8_swizzled_scales: false,
             vocab_size: 0,
-            collective_timeout_ms: MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS,
+            collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_comm_mode: CommMode::FromEnv,
         }
     }
 }
 
 /// Upper bound on `muon_num_ns_steps`: more steps than this only waste compute.
-pub const MUON_MAX_NS_STEPS: u32 = 100;
+pub const MAX_NS_STEPS: u32 = 100;
 
 fn check_unit_interval(field: &str, value: f32) -> Result<()> {
     if !(0.0..1.0).contains(&value) {
@@ -212,10 +212,10 @@ impl Config {
         check_unit_interval("adam_beta2", self.adam_beta2)?;
         check_positive_finite("adam_eps", self.adam_eps)?;
         check_positive_finite("muon_extra_scale_factor", self.muon_extra_scale_factor)?;
-        if self.muon_num_ns_steps == 0 || self.muon_num_ns_steps > MUON_MAX_NS_STEPS {
+        if self.muon_num_ns_steps == 0 || self.muon_num_ns_steps > MAX_NS_STEPS {
             bail!(
                 OutOfRange,
-                "muon_num_ns_steps: {} is outside 1..={MUON_MAX_NS_STEPS}",
+                "muon_num_ns_steps: {} is outside 1..={MAX_NS_STEPS}",
                 self.muon_num_ns_steps
             );
         }

@@ -9,7 +9,7 @@ use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::handle::{Exposed, destroy, into_raw, with_ref};
 use crate::capi::status::muon_status_t;
 use crate::comm::{Communicator, Transport};
-use crate::config::MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS;
+use crate::config::DEFAULT_COLLECTIVE_TIMEOUT_MS;
 use crate::error::Result;
 
 /// Opaque communicator handle: one rank of a host group or a borrowed NCCL communicator.
@@ -44,7 +44,7 @@ pub unsafe extern "C" fn muon_host_group_create(world_size: u32, comms: *mut *mu
         if world_size == 0 || world_size > MUON_MAX_HOST_GROUP_SIZE {
             crate::bail!(OutOfRange, "world_size: {world_size} is outside 1..={MUON_MAX_HOST_GROUP_SIZE}");
         }
-        let timeout = Duration::from_millis(MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS as u64);
+        let timeout = Duration::from_millis(DEFAULT_COLLECTIVE_TIMEOUT_MS as u64);
         let handles: Vec<*mut muon_comm_t> = HostGroup::new(world_size as usize, timeout)
             .into_iter()
             .map(|c| into_raw(Communicator::new(Transport::Host(c))))

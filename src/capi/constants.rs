@@ -58,6 +58,11 @@ pub const MUON_PARAM_FLAG_NO_WEIGHT_DECAY: u32 = 1 << 4;
 /// Allow a Muon matrix with a dimension equal to vocab_size.
 pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
 
+/// Largest muon_num_ns_steps.
+pub const MUON_MAX_NS_STEPS: u32 = 100;
+/// Default collective_timeout_ms (five minutes).
+pub const MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
+
 /// Decodes a route for the C API.
 pub fn route_code(route: Route) -> u32 {
     match route {
@@ -97,6 +102,8 @@ mod tests {
         assert_eq!(ParamFlags::NO_WEIGHT_DECAY, MUON_PARAM_FLAG_NO_WEIGHT_DECAY);
         assert_eq!(ParamFlags::ALLOW_VOCAB_DIM, MUON_PARAM_FLAG_ALLOW_VOCAB_DIM);
         assert_eq!(route_code(Route::Muon), MUON_ROUTE_MUON);
+        assert_eq!(crate::config::MAX_NS_STEPS, MUON_MAX_NS_STEPS);
+        assert_eq!(crate::config::DEFAULT_COLLECTIVE_TIMEOUT_MS, MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS);
         assert_eq!(route_code(Route::Adamw), MUON_ROUTE_ADAMW);
     }
 }

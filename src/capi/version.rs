@@ -13,13 +13,13 @@ const fn parse(text: &str) -> u32 {
 }
 
 /// Major version (Cargo.toml).
-pub const VERSION_MAJOR: u32 = parse(env!("CARGO_PKG_VERSION_MAJOR"));
+pub(crate) const VERSION_MAJOR: u32 = parse(env!("CARGO_PKG_VERSION_MAJOR"));
 /// Minor version (Cargo.toml).
-pub const VERSION_MINOR: u32 = parse(env!("CARGO_PKG_VERSION_MINOR"));
+pub(crate) const VERSION_MINOR: u32 = parse(env!("CARGO_PKG_VERSION_MINOR"));
 /// Patch version (Cargo.toml).
-pub const VERSION_PATCH: u32 = parse(env!("CARGO_PKG_VERSION_PATCH"));
+pub(crate) const VERSION_PATCH: u32 = parse(env!("CARGO_PKG_VERSION_PATCH"));
 /// `MAJOR*10000 + MINOR*100 + PATCH`, as MUON_VERSION_CODE in the header.
-pub const MUON_VERSION_CODE: u32 = VERSION_MAJOR * 10_000 + VERSION_MINOR * 100 + VERSION_PATCH;
+pub(crate) const MUON_VERSION_CODE: u32 = VERSION_MAJOR * 10_000 + VERSION_MINOR * 100 + VERSION_PATCH;
 
 /// @brief The library's version as MAJOR*10000 + MINOR*100 + PATCH (= MUON_VERSION_CODE of
 ///        the header it was built with).

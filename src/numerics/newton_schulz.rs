@@ -23,7 +23,7 @@
 //!   order of accumulation; the CUDA backend uses exactly that.
 
 use crate::bail;
-use crate::config::{CoefficientSet, Config, MUON_MAX_NS_STEPS, NsPrecision};
+use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsPrecision};
 use crate::error::Result;
 use crate::numerics::bf16::{round_slice_through_bf16, round_slice_through_bf16_in_place};
 use crate::numerics::squared_norm;
@@ -113,7 +113,7 @@ pub fn ns_coefficients(set: CoefficientSet, step: usize) -> [f32; 3] {
 pub struct NsOptions {
     /// The coefficient schedule.
     pub coefficients: CoefficientSet,
-    /// Number of iterations, `1..=MUON_MAX_NS_STEPS`.
+    /// Number of iterations, `1..=MAX_NS_STEPS`.
     pub steps: u32,
     /// Precision of the matrix products.
     pub precision: NsPrecision,
@@ -132,12 +132,12 @@ impl NsOptions {
     /// Checks `steps`.
     ///
     /// # Errors
-    /// `OutOfRange` if `steps` is outside `1..=MUON_MAX_NS_STEPS`.
+    /// `OutOfRange` if `steps` is outside `1..=MAX_NS_STEPS`.
     pub fn validate(&self) -> Result<()> {
-        if self.steps == 0 || self.steps > MUON_MAX_NS_STEPS {
+        if self.steps == 0 || self.steps > MAX_NS_STEPS {
             bail!(
                 OutOfRange,
-                "newton_schulz: steps {} is outside 1..={MUON_MAX_NS_STEPS}",
+                "newton_schulz: steps {} is outside 1..={MAX_NS_STEPS}",
                 self.steps
             );
         }
@@ -321,7 +321,7 @@ fn check_matrix(what: &str, len: usize, rows: usize, cols: usize) -> Result<()> 
 ///
 /// # Errors
 /// `InvalidArgument` if a dimension is 0 or a slice length is not `rows·cols`; `OutOfRange` if
-/// `opts.steps` is outside `1..=MUON_MAX_NS_STEPS`.
+/// `opts.steps` is outside `1..=MAX_NS_STEPS`.
 pub fn newton_schulz(
     input: &[f32],
     output: &mut [f32],

@@ -5,18 +5,20 @@
 //! [`FAST_MIN_SCALE`] and that holds no NaN or ±∞, the same codes follow from integer
 //! arithmetic on the input's own bits, split into a scale-independent part
 //! ([`Element::prepare`], shared by the rowwise and the columnwise copy) and a cheap
-//! scale-dependent part ([`Element::finish`]):
+//! scale-dependent part:
 //!
 //! - With `t = |x|_bits + (k << mantissa_bits)` the bits of `|x| * 2^k`, the normal E4M3 code
 //!   is `rne(t >> (mantissa_bits - 3)) - 960` (ties to even; `960 = (127 - 7) << 3`
 //!   rebiases). Because `k << mantissa_bits` is a multiple of `2^(mantissa_bits - 3)` whose
-//!   bit `mantissa_bits - 3` is clear, this equals `rne(|x|_bits >> (mantissa_bits - 3)) +
-//!   8k - 960`: the rounding is done once per element.
-//! - Below `2^-6` the code is on the subnormal grid `2^-9`: with the significand `M` (hidden
-//!   bit set) and the exponent `e` of `|x| * 2^k`, it is `rne(M * 2^(e-117) >> (mantissa_bits
-//!   + 1))` for `e` in 117..=120, and 0 below (the shift `e - 117` then falls outside the lane
-//!   width). The normal formula gives a value below 8 exactly when `t` is below the
-//!   midpoint of 7·2^-9 and 2^-6, where both formulas agree, so it also selects the branch.
+//!   bit `mantissa_bits - 3` is clear, this equals `rne(|x|_bits >> (mantissa_bits - 3)) -
+//!   (960 - 8k)`: the rounding is done once per element, and a saturating subtraction of
+//!   `960 - 8k` (positive, as `k <= 116`) also maps every product below `2^-10` to code 0.
+//! - Products in `[2^-10, 2^-6)` (exponent `e` in 117..=120) land on the subnormal grid
+//!   `2^-9`: their code is `rne(M * 2^(e-117) >> (mantissa_bits + 1))` with `M` the
+//!   significand (hidden bit set). [`Element::finish_common`] reports such lanes; they are
+//!   rare in real data (elements 2^9 to 2^14 times smaller than their block's amax), so the
+//!   loops compute this second formula ([`Element::finish`]) only for the 32-lane groups
+//!   that contain one.
 //!
 //! The conditions make the fast path exact: `|x| * 2^k <= 448` holds for every finite element
 //! of a block (the scale rounds up, MXFP8.md §1), so no saturation is needed; and `k <= 116`
@@ -46,9 +48,10 @@ pub(super) struct Prepared<L> {
 /// The scale-dependent constants of the fast encoding for an inverse scale `2^k`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct FastScale<L> {
-    /// `8k - 960`.
-    pub(super) normal_offset: L,
-    /// `k - 117`.
+    /// `960 - 8k`, subtracted with saturation at 0.
+    pub(super) drop: L,
+    /// `k - 117` (wrapping): added to the exponent it gives the left shift of the subnormal
+    /// formula, in `0..4` exactly for the lanes that need it.
     pub(super) shift_offset: L,
 }
 
@@ -57,7 +60,7 @@ pub(super) trait Element: Copy {
     /// `|x|` as an integer (sign bit cleared). For non-NaN values, integer order is magnitude
     /// order, so the block amax is the integer maximum.
     type Key: Copy + Ord + Default;
-    /// Signed lane type of the fast path.
+    /// Unsigned lane type of the fast path.
     type Lane: Copy + Default;
     /// The key of +∞; larger keys are NaN.
     const NON_FINITE: Self::Key;
@@ -69,7 +72,11 @@ pub(super) trait Element: Copy {
     /// The fast-path constants of scale byte `b` (meaningful for `FAST_MIN_SCALE <= b <= 253`).
     fn fast_scale(b: u8) -> FastScale<Self::Lane>;
     fn prepare(self) -> Prepared<Self::Lane>;
-    /// `f32_to_e4m3(x * scale_inv(b))` for a fast-path block with constants `s`.
+    /// The code of a lane whose product is not in `[2^-10, 2^-6)`, and whether it is (then the
+    /// code is wrong and [`Element::finish`] is needed).
+    fn finish_common(p: Prepared<Self::Lane>, s: FastScale<Self::Lane>) -> (u8, bool);
+    /// `f32_to_e4m3(x * scale_inv(b))` for a fast-path block with constants `s`: both
+    /// formulas, selected per lane.
     fn finish(p: Prepared<Self::Lane>, s: FastScale<Self::Lane>) -> u8;
 }
 
@@ -77,7 +84,7 @@ pub(super) trait Element: Copy {
 /// (MXFP8.md §7).
 impl Element for u16 {
     type Key = u16;
-    type Lane = i16;
+    type Lane = u16;
     const NON_FINITE: u16 = 0x7F80;
 
     #[inline(always)]
@@ -96,40 +103,44 @@ impl Element for u16 {
     }
 
     #[inline(always)]
-    fn fast_scale(b: u8) -> FastScale<i16> {
-        let k = 127 - i16::from(b);
+    fn fast_scale(b: u8) -> FastScale<u16> {
+        let k = 127u16.wrapping_sub(u16::from(b));
         FastScale {
-            normal_offset: 8 * k - 960,
-            shift_offset: k - 117,
+            drop: 960u16.wrapping_sub(k.wrapping_mul(8)),
+            shift_offset: k.wrapping_sub(117),
         }
     }
 
     #[inline(always)]
-    fn prepare(self) -> Prepared<i16> {
+    fn prepare(self) -> Prepared<u16> {
         let a = self & 0x7FFF;
         Prepared {
-            normal: ((a + 7 + ((a >> 4) & 1)) >> 4) as i16,
-            exponent: (a >> 7) as i16,
-            significand: ((a & 0x7F) | 0x80) as i16,
+            normal: (a + 7 + ((a >> 4) & 1)) >> 4,
+            exponent: a >> 7,
+            significand: (a & 0x7F) | 0x80,
             sign: (self >> 8) as u8 & 0x80,
         }
     }
 
     #[inline(always)]
-    fn finish(p: Prepared<i16>, s: FastScale<i16>) -> u8 {
-        let normal = p.normal + s.normal_offset;
-        let shift = (p.exponent + s.shift_offset) as u16;
-        let m = p.significand as u16;
-        let scaled = if shift < 16 { m << shift } else { 0 };
-        let sub = (scaled.wrapping_add(0x7F) + ((scaled >> 8) & 1)) >> 8;
-        let mag = if normal < 8 { sub as u8 } else { normal as u8 };
-        p.sign | mag
+    fn finish_common(p: Prepared<u16>, s: FastScale<u16>) -> (u8, bool) {
+        let code = p.sign | p.normal.saturating_sub(s.drop) as u8;
+        (code, p.exponent.wrapping_add(s.shift_offset) < 4)
+    }
+
+    #[inline(always)]
+    fn finish(p: Prepared<u16>, s: FastScale<u16>) -> u8 {
+        let shift = p.exponent.wrapping_add(s.shift_offset);
+        let scaled = p.significand << (shift & 3);
+        let sub = (scaled + 0x7F + ((scaled >> 8) & 1)) >> 8;
+        let normal = p.normal.saturating_sub(s.drop);
+        p.sign | if shift < 4 { sub as u8 } else { normal as u8 }
     }
 }
 
 impl Element for f32 {
     type Key = u32;
-    type Lane = i32;
+    type Lane = u32;
     const NON_FINITE: u32 = 0x7F80_0000;
 
     #[inline(always)]
@@ -148,35 +159,41 @@ impl Element for f32 {
     }
 
     #[inline(always)]
-    fn fast_scale(b: u8) -> FastScale<i32> {
-        let k = 127 - i32::from(b);
+    fn fast_scale(b: u8) -> FastScale<u32> {
+        let k = 127u32.wrapping_sub(u32::from(b));
         FastScale {
-            normal_offset: 8 * k - 960,
-            shift_offset: k - 117,
+            drop: 960u32.wrapping_sub(k.wrapping_mul(8)),
+            shift_offset: k.wrapping_sub(117),
         }
     }
 
+    /// As for bf16 with 23 mantissa bits: the significand has 24 bits and the subnormal code
+    /// is rounded at bit 24.
     #[inline(always)]
-    fn prepare(self) -> Prepared<i32> {
+    fn prepare(self) -> Prepared<u32> {
         let bits = self.to_bits();
         let a = bits & 0x7FFF_FFFF;
         Prepared {
-            normal: ((a + 0x7_FFFF + ((a >> 20) & 1)) >> 20) as i32,
-            exponent: (a >> 23) as i32,
-            significand: ((a & 0x7F_FFFF) | 0x80_0000) as i32,
+            normal: (a + 0x7_FFFF + ((a >> 20) & 1)) >> 20,
+            exponent: a >> 23,
+            significand: (a & 0x7F_FFFF) | 0x80_0000,
             sign: (bits >> 24) as u8 & 0x80,
         }
     }
 
     #[inline(always)]
-    fn finish(p: Prepared<i32>, s: FastScale<i32>) -> u8 {
-        let normal = p.normal + s.normal_offset;
-        let shift = (p.exponent + s.shift_offset) as u32;
-        let m = p.significand as u32;
-        let scaled = if shift < 32 { m << shift } else { 0 };
-        let sub = (scaled.wrapping_add(0x7F_FFFF) + ((scaled >> 24) & 1)) >> 24;
-        let mag = if normal < 8 { sub as u8 } else { normal as u8 };
-        p.sign | mag
+    fn finish_common(p: Prepared<u32>, s: FastScale<u32>) -> (u8, bool) {
+        let code = p.sign | p.normal.saturating_sub(s.drop) as u8;
+        (code, p.exponent.wrapping_add(s.shift_offset) < 4)
+    }
+
+    #[inline(always)]
+    fn finish(p: Prepared<u32>, s: FastScale<u32>) -> u8 {
+        let shift = p.exponent.wrapping_add(s.shift_offset);
+        let scaled = p.significand << (shift & 3);
+        let sub = (scaled + 0x7F_FFFF + ((scaled >> 24) & 1)) >> 24;
+        let normal = p.normal.saturating_sub(s.drop);
+        p.sign | if shift < 4 { sub as u8 } else { normal as u8 }
     }
 }
 
@@ -188,8 +205,15 @@ mod tests {
     /// Largest scale byte a finite bf16 or f32 amax produces (MXFP8.md §1).
     const MAX_FINITE_SCALE: u8 = 0xF7;
 
+    /// Both the full formula and, where it applies, the common one.
     fn fast<E: Element>(x: E, b: u8) -> u8 {
-        E::finish(x.prepare(), E::fast_scale(b))
+        let (p, s) = (x.prepare(), E::fast_scale(b));
+        let full = E::finish(p, s);
+        let (common, needs_full) = E::finish_common(p, s);
+        if !needs_full {
+            assert_eq!(common, full, "common formula, b={b}");
+        }
+        full
     }
 
     #[test]

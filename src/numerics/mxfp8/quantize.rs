@@ -164,14 +164,14 @@ fn encode_exact<E: Element>(v: E, s: f32) -> u8 {
 /// Fast-path constants, one entry per block or per column, as separate arrays so that the
 /// loops over them vectorize.
 struct Lanes<L> {
-    normal_offset: Vec<L>,
+    drop: Vec<L>,
     shift_offset: Vec<L>,
 }
 
 impl<L: Copy + Default> Lanes<L> {
     fn new(n: usize) -> Self {
         Lanes {
-            normal_offset: vec![L::default(); n],
+            drop: vec![L::default(); n],
             shift_offset: vec![L::default(); n],
         }
     }
@@ -181,7 +181,7 @@ impl<L: Copy + Default> Lanes<L> {
     #[inline(always)]
     fn expand(&mut self, per_block: &Lanes<L>, blocks: Range<usize>) {
         let pairs = [
-            (&mut self.normal_offset, &per_block.normal_offset),
+            (&mut self.drop, &per_block.drop),
             (&mut self.shift_offset, &per_block.shift_offset),
         ];
         for (lanes, src) in pairs {
@@ -196,7 +196,7 @@ impl<L: Copy + Default> Lanes<L> {
     #[inline(always)]
     fn get(&self, i: usize) -> FastScale<L> {
         FastScale {
-            normal_offset: self.normal_offset[i],
+            drop: self.drop[i],
             shift_offset: self.shift_offset[i],
         }
     }
@@ -214,16 +214,16 @@ fn scale_bytes<E: Element>(
     nan_free: impl Fn(usize) -> E::Key,
 ) -> bool {
     let n = raw.len();
-    let (b, normal, shift) = (
+    let (b, drop, shift) = (
         &mut b[..n],
-        &mut fast.normal_offset[..n],
+        &mut fast.drop[..n],
         &mut fast.shift_offset[..n],
     );
     let mut all_fast = true;
     for i in 0..n {
         b[i] = e8m0_from_amax(E::key_to_f32(raw[i]));
         let s = E::fast_scale(b[i]);
-        normal[i] = s.normal_offset;
+        drop[i] = s.drop;
         shift[i] = s.shift_offset;
         all_fast &= is_fast::<E>(raw[i], b[i]);
     }
@@ -274,6 +274,43 @@ fn amax_row<E: Element, const ROW: bool, const COL: bool>(
     }
 }
 
+/// Lanes per group of the fast encoding loops: the full formula is evaluated only for groups
+/// that contain a lane needing it (see `fast.rs`).
+const GROUP: usize = 32;
+
+/// One group's fast-path constants.
+type GroupScales<'a, L> = (&'a [L; GROUP], &'a [L; GROUP]);
+
+/// Encodes a group with the common formula and returns whether any lane needs the full one.
+#[inline(always)]
+fn encode_group<E: Element>(x: &[E; GROUP], (drop, shift): GroupScales<'_, E::Lane>, out: &mut [u8; GROUP]) -> bool {
+    let mut need = false;
+    for j in 0..GROUP {
+        let s = FastScale { drop: drop[j], shift_offset: shift[j] };
+        let (code, n) = E::finish_common(x[j].prepare(), s);
+        out[j] = code;
+        need |= n;
+    }
+    need
+}
+
+/// Encodes a group with the full formula.
+#[inline(always)]
+fn encode_group_full<E: Element>(x: &[E; GROUP], (drop, shift): GroupScales<'_, E::Lane>, out: &mut [u8; GROUP]) {
+    for j in 0..GROUP {
+        let s = FastScale { drop: drop[j], shift_offset: shift[j] };
+        out[j] = E::finish(x[j].prepare(), s);
+    }
+}
+
+/// The constants of a row of a piece, in groups.
+#[inline(always)]
+fn groups<L>(lanes: &Lanes<L>, n: usize) -> impl Iterator<Item = GroupScales<'_, L>> {
+    let drop = lanes.drop[..n].as_chunks::<GROUP>().0;
+    let shift = lanes.shift_offset[..n].as_chunks::<GROUP>().0;
+    drop.iter().zip(shift)
+}
+
 /// Encodes one row of a piece into both copies on the fast path, with per-column constants
 /// for either copy.
 #[inline(always)]
@@ -285,13 +322,26 @@ fn encode_both_fast<E: Element>(
     col_dst: &mut [u8],
 ) {
     let n = src.len();
-    let (rn, rs) = (&row.normal_offset[..n], &row.shift_offset[..n]);
-    let (cn, cs) = (&col.normal_offset[..n], &col.shift_offset[..n]);
-    let (rd, cd) = (&mut row_dst[..n], &mut col_dst[..n]);
-    for i in 0..n {
-        let p = src[i].prepare();
-        rd[i] = E::finish(p, FastScale { normal_offset: rn[i], shift_offset: rs[i] });
-        cd[i] = E::finish(p, FastScale { normal_offset: cn[i], shift_offset: cs[i] });
+    let (xs, x_tail) = src.as_chunks::<GROUP>();
+    let (rds, rd_tail) = row_dst[..n].as_chunks_mut::<GROUP>();
+    let (cds, cd_tail) = col_dst[..n].as_chunks_mut::<GROUP>();
+    let outs = rds.iter_mut().zip(cds.iter_mut());
+    let consts = groups(row, n).zip(groups(col, n));
+    for ((x, (rd, cd)), (rs, cs)) in xs.iter().zip(outs).zip(consts) {
+        let need_row = encode_group::<E>(x, rs, rd);
+        let need_col = encode_group::<E>(x, cs, cd);
+        if need_row {
+            encode_group_full::<E>(x, rs, rd);
+        }
+        if need_col {
+            encode_group_full::<E>(x, cs, cd);
+        }
+    }
+    let start = n - x_tail.len();
+    for (j, (&v, (rd, cd))) in x_tail.iter().zip(rd_tail.iter_mut().zip(cd_tail)).enumerate() {
+        let p = v.prepare();
+        *rd = E::finish(p, row.get(start + j));
+        *cd = E::finish(p, col.get(start + j));
     }
 }
 
@@ -299,10 +349,16 @@ fn encode_both_fast<E: Element>(
 #[inline(always)]
 fn encode_fast<E: Element>(src: &[E], lanes: &Lanes<E::Lane>, dst: &mut [u8]) {
     let n = src.len();
-    let (ln, ls) = (&lanes.normal_offset[..n], &lanes.shift_offset[..n]);
-    let d = &mut dst[..n];
-    for i in 0..n {
-        d[i] = E::finish(src[i].prepare(), FastScale { normal_offset: ln[i], shift_offset: ls[i] });
+    let (xs, x_tail) = src.as_chunks::<GROUP>();
+    let (ds, d_tail) = dst[..n].as_chunks_mut::<GROUP>();
+    for ((x, d), s) in xs.iter().zip(ds.iter_mut()).zip(groups(lanes, n)) {
+        if encode_group::<E>(x, s, d) {
+            encode_group_full::<E>(x, s, d);
+        }
+    }
+    let start = n - x_tail.len();
+    for (j, (&v, d)) in x_tail.iter().zip(d_tail).enumerate() {
+        *d = E::finish(v.prepare(), lanes.get(start + j));
     }
 }
 
@@ -450,18 +506,7 @@ fn quantize_impl<E: Element>(
             }
 
             // Pass 2: encode.
-            let next = if c0 + CHUNK_COLS < cols { Some((r0, c0 + CHUNK_COLS)) } else if r0 + BLOCK_SIZE < rows { Some((r0 + BLOCK_SIZE, 0)) } else { None };
             for i in 0..nr {
-                if let Some((nr0, nc0)) = next {
-                    if nr0 + i < rows {
-                        let start = (nr0 + i) * cols + nc0;
-                        let end = (start + CHUNK_COLS).min((nr0 + i + 1) * cols);
-                        let per_line = 64 / std::mem::size_of::<E>();
-                        for j in (start..end).step_by(per_line) {
-                            unsafe { std::arch::x86_64::_mm_prefetch::<{std::arch::x86_64::_MM_HINT_T1}>(x.as_ptr().add(j) as *const i8) };
-                        }
-                    }
-                }
                 let src = &x[at(i)];
                 if row_all_fast {
                     s.row_lanes.expand(&s.row_fast, i * nb..(i + 1) * nb);
