@@ -5,9 +5,17 @@ use std::env;
 use std::path::PathBuf;
 
 fn after_includes() -> String {
-    let part = |name: &str| env::var(name).expect("cargo sets CARGO_PKG_VERSION_*").parse::<u32>().expect("numeric version");
-    let (major, minor, patch) =
-        (part("CARGO_PKG_VERSION_MAJOR"), part("CARGO_PKG_VERSION_MINOR"), part("CARGO_PKG_VERSION_PATCH"));
+    let part = |name: &str| {
+        env::var(name)
+            .expect("cargo sets CARGO_PKG_VERSION_*")
+            .parse::<u32>()
+            .expect("numeric version")
+    };
+    let (major, minor, patch) = (
+        part("CARGO_PKG_VERSION_MAJOR"),
+        part("CARGO_PKG_VERSION_MINOR"),
+        part("CARGO_PKG_VERSION_PATCH"),
+    );
     format!(
         r#"
 #define MUON_VERSION_MAJOR {major}
@@ -48,7 +56,9 @@ fn main() {
     let include = crate_dir.join("include");
     // Only the C layer (src/capi and the modules it declares) is parsed, so nothing of the
     // safe core leaks into the header.
-    let builder = cbindgen::Builder::new().with_config(config).with_src(crate_dir.join("src/capi/mod.rs"));
+    let builder = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(crate_dir.join("src/capi/mod.rs"));
     match builder.generate() {
         Ok(bindings) => {
             bindings.write_to_file(include.join("muon_opt.h"));

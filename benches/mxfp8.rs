@@ -8,8 +8,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use muon_opt::numerics::mxfp8::{
-    Direction, Input, QuantizedMut, ScaleLayout, quantize_both, quantize_colwise, quantize_rowwise,
-    scale_shape,
+    Direction, Input, QuantizedMut, ScaleLayout, quantize_both, quantize_colwise, quantize_rowwise, scale_shape,
 };
 
 /// Best wall time of `f` over `reps` runs after one warm-up run.
@@ -43,10 +42,7 @@ fn make_input(n: usize) -> Vec<u16> {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (rows, cols) = match args[..] {
         [r, c, ..] => (r, c),
         _ => (4096, 4096),
@@ -54,10 +50,7 @@ fn main() {
     let reps = 15;
     let n = rows * cols;
     let input = make_input(n);
-    let f32_input: Vec<f32> = input
-        .iter()
-        .map(|&b| f32::from_bits(u32::from(b) << 16))
-        .collect();
+    let f32_input: Vec<f32> = input.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
     let (rs_r, rs_c) = scale_shape(rows, cols, Direction::Rowwise);
     let (cs_r, cs_c) = scale_shape(rows, cols, Direction::Colwise);
     let mut row_data = vec![1u8; n];
@@ -88,27 +81,23 @@ fn main() {
     };
 
     for layout in [ScaleLayout::Compact, ScaleLayout::Swizzled] {
-        report(
-            &format!("both bf16 {layout:?}"),
-            bf16_bytes,
-            &mut || {
-                quantize_both(
-                    Input::Bf16(black_box(&input)),
-                    rows,
-                    cols,
-                    layout,
-                    QuantizedMut {
-                        data: &mut row_data,
-                        scales: &mut row_scales,
-                    },
-                    QuantizedMut {
-                        data: &mut col_data,
-                        scales: &mut col_scales,
-                    },
-                )
-                .expect("quantize_both");
-            },
-        );
+        report(&format!("both bf16 {layout:?}"), bf16_bytes, &mut || {
+            quantize_both(
+                Input::Bf16(black_box(&input)),
+                rows,
+                cols,
+                layout,
+                QuantizedMut {
+                    data: &mut row_data,
+                    scales: &mut row_scales,
+                },
+                QuantizedMut {
+                    data: &mut col_data,
+                    scales: &mut col_scales,
+                },
+            )
+            .expect("quantize_both");
+        });
     }
     report("rowwise bf16 Compact", bf16_bytes, &mut || {
         quantize_rowwise(

@@ -25,7 +25,10 @@ pub struct Communicator {
 
 impl Communicator {
     pub fn new(transport: Transport) -> Arc<Self> {
-        Arc::new(Communicator { transport, in_use: AtomicBool::new(false) })
+        Arc::new(Communicator {
+            transport,
+            in_use: AtomicBool::new(false),
+        })
     }
 
     pub fn rank(&self) -> usize {

@@ -220,7 +220,11 @@ impl Config {
             );
         }
         if !(self.clip_grad.is_finite() && self.clip_grad >= 0.0) {
-            bail!(OutOfRange, "clip_grad: {} must be finite and >= 0 (0 = off)", self.clip_grad);
+            bail!(
+                OutOfRange,
+                "clip_grad: {} must be finite and >= 0 (0 = off)",
+                self.clip_grad
+            );
         }
         if self.collective_timeout_ms == 0 {
             bail!(OutOfRange, "collective_timeout_ms: must be > 0");

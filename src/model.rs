@@ -125,7 +125,10 @@ impl ParamSpec {
         if self.split_sizes.is_empty() {
             vec![unit]
         } else {
-            self.split_sizes.iter().map(|&rows| MatrixShape { rows, cols: unit.cols }).collect()
+            self.split_sizes
+                .iter()
+                .map(|&rows| MatrixShape { rows, cols: unit.cols })
+                .collect()
         }
     }
 
@@ -142,16 +145,36 @@ impl ParamSpec {
             bail!(InvalidParam, "name: must not be empty");
         }
         if name.chars().any(char::is_control) {
-            bail!(InvalidParam, "name '{}': must not contain control characters", name.escape_debug());
+            bail!(
+                InvalidParam,
+                "name '{}': must not contain control characters",
+                name.escape_debug()
+            );
         }
         if !(1..=4).contains(&self.shape.len()) {
-            bail!(InvalidParam, "param '{name}': ndim {} is outside 1..=4", self.shape.len());
+            bail!(
+                InvalidParam,
+                "param '{name}': ndim {} is outside 1..=4",
+                self.shape.len()
+            );
         }
         if let Some(d) = self.shape.iter().position(|&d| d == 0) {
-            bail!(InvalidParam, "param '{name}': shape[{d}] is 0; every dimension must be >= 1");
+            bail!(
+                InvalidParam,
+                "param '{name}': shape[{d}] is 0; every dimension must be >= 1"
+            );
         }
-        if self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_none_or(|n| n > (1u64 << 48)) {
-            bail!(InvalidParam, "param '{name}': element count overflows (shape {:?})", self.shape);
+        if self
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .is_none_or(|n| n > (1u64 << 48))
+        {
+            bail!(
+                InvalidParam,
+                "param '{name}': element count overflows (shape {:?})",
+                self.shape
+            );
         }
         if self.flags.0 & !ParamFlags::ALL != 0 {
             bail!(
@@ -189,9 +212,16 @@ impl ParamSpec {
                 "param '{name}': split_sizes apply to Muon matrices only (this param routes to AdamW)"
             );
         }
-        let (dim, rows) = if self.is_expert_stack() { (1, self.shape[1]) } else { (0, self.shape[0]) };
+        let (dim, rows) = if self.is_expert_stack() {
+            (1, self.shape[1])
+        } else {
+            (0, self.shape[0])
+        };
         if let Some(i) = self.split_sizes.iter().position(|&s| s == 0) {
-            bail!(InvalidParam, "param '{name}': split_sizes[{i}] is 0; every component needs >= 1 row");
+            bail!(
+                InvalidParam,
+                "param '{name}': split_sizes[{i}] is 0; every component needs >= 1 row"
+            );
         }
         let sum: u64 = self.split_sizes.iter().sum();
         if sum != rows {
@@ -258,45 +288,51 @@ impl Registry {
     pub fn add(&mut self, spec: ParamSpec, cfg: &Config) -> Result<u32> {
         spec.validate()?;
         if let Some(&other) = self.by_name.get(&spec.name) {
-            bail!(DuplicateName, "name '{}': already registered as param id {other}", spec.name);
+            bail!(
+                DuplicateName,
+                "name '{}': already registered as param id {other}",
+                spec.name
+            );
         }
         let route = spec.route();
-        if spec.tie_group != 0 {
-            if let Some(&first) = self.tie_first.get(&spec.tie_group) {
-                let other = &self.params[first];
-                if self.routes[first] != route {
-                    bail!(
-                        RoutingConflict,
-                        "tie_group {}: param '{}' routes to {} but its tied copy '{}' routes to {}; tied copies of one weight must route alike (flag both EMBEDDING_OR_OUTPUT, or neither)",
-                        spec.tie_group,
-                        spec.name,
-                        route.name(),
-                        other.name,
-                        self.routes[first].name()
-                    );
-                }
-                if other.shape != spec.shape {
-                    bail!(
-                        RoutingConflict,
-                        "tie_group {}: param '{}' has shape {:?} but its tied copy '{}' has shape {:?}",
-                        spec.tie_group,
-                        spec.name,
-                        spec.shape,
-                        other.name,
-                        other.shape
-                    );
-                }
-            }
-        }
-        if route == Route::Muon && cfg.vocab_size != 0 && !spec.flags.has(ParamFlags::ALLOW_VOCAB_DIM) {
-            if let Some(d) = spec.shape.iter().position(|&d| d == cfg.vocab_size) {
+        if spec.tie_group != 0
+            && let Some(&first) = self.tie_first.get(&spec.tie_group)
+        {
+            let other = &self.params[first];
+            if self.routes[first] != route {
                 bail!(
                     RoutingConflict,
-                    "param '{}': routes to Muon but shape[{d}] equals vocab_size {}; an embedding or output layer must be flagged EMBEDDING_OR_OUTPUT (or set ALLOW_VOCAB_DIM if this really is a hidden matrix)",
+                    "tie_group {}: param '{}' routes to {} but its tied copy '{}' routes to {}; tied copies of one weight must route alike (flag both EMBEDDING_OR_OUTPUT, or neither)",
+                    spec.tie_group,
                     spec.name,
-                    cfg.vocab_size
+                    route.name(),
+                    other.name,
+                    self.routes[first].name()
                 );
             }
+            if other.shape != spec.shape {
+                bail!(
+                    RoutingConflict,
+                    "tie_group {}: param '{}' has shape {:?} but its tied copy '{}' has shape {:?}",
+                    spec.tie_group,
+                    spec.name,
+                    spec.shape,
+                    other.name,
+                    other.shape
+                );
+            }
+        }
+        if route == Route::Muon
+            && cfg.vocab_size != 0
+            && !spec.flags.has(ParamFlags::ALLOW_VOCAB_DIM)
+            && let Some(d) = spec.shape.iter().position(|&d| d == cfg.vocab_size)
+        {
+            bail!(
+                RoutingConflict,
+                "param '{}': routes to Muon but shape[{d}] equals vocab_size {}; an embedding or output layer must be flagged EMBEDDING_OR_OUTPUT (or set ALLOW_VOCAB_DIM if this really is a hidden matrix)",
+                spec.name,
+                cfg.vocab_size
+            );
         }
         let id = self.params.len();
         if spec.tie_group != 0 {
@@ -326,7 +362,10 @@ mod tests {
         assert_eq!(ParamSpec::new("b", &[8], Dtype::F32).route(), Route::Adamw);
         assert_eq!(ParamSpec::new("c", &[2, 4, 8], Dtype::F32).route(), Route::Adamw);
         assert_eq!(flagged("e", &[2, 4, 8], ParamFlags::EXPERT_STACK).route(), Route::Muon);
-        assert_eq!(flagged("emb", &[10, 8], ParamFlags::EMBEDDING_OR_OUTPUT).route(), Route::Adamw);
+        assert_eq!(
+            flagged("emb", &[10, 8], ParamFlags::EMBEDDING_OR_OUTPUT).route(),
+            Route::Adamw
+        );
         assert_eq!(flagged("x", &[10, 8], ParamFlags::NO_MUON).route(), Route::Adamw);
     }
 
@@ -334,26 +373,48 @@ mod tests {
     fn mtp_duplicate_embedding_in_tie_group_is_rejected_naming_both() {
         let cfg = Config::default();
         let mut reg = Registry::default();
-        let mut emb = flagged("embedding.word_embeddings.weight", &[1000, 64], ParamFlags::EMBEDDING_OR_OUTPUT);
+        let mut emb = flagged(
+            "embedding.word_embeddings.weight",
+            &[1000, 64],
+            ParamFlags::EMBEDDING_OR_OUTPUT,
+        );
         emb.tie_group = 7;
         reg.add(emb, &cfg).unwrap();
         let mut mtp = ParamSpec::new("mtp.0.embedding.word_embeddings.weight", &[1000, 64], Dtype::Bf16);
         mtp.tie_group = 7;
         let err = reg.add(mtp, &cfg).unwrap_err();
         assert_eq!(err.kind, ErrorKind::RoutingConflict);
-        assert!(err.message.contains("embedding.word_embeddings.weight"), "{}", err.message);
-        assert!(err.message.contains("mtp.0.embedding.word_embeddings.weight"), "{}", err.message);
+        assert!(
+            err.message.contains("embedding.word_embeddings.weight"),
+            "{}",
+            err.message
+        );
+        assert!(
+            err.message.contains("mtp.0.embedding.word_embeddings.weight"),
+            "{}",
+            err.message
+        );
         assert_eq!(reg.len(), 1, "a failed add must not register anything");
     }
 
     #[test]
     fn mtp_duplicate_without_tie_group_is_caught_by_vocab_size() {
-        let cfg = Config { vocab_size: 1000, ..Config::default() };
+        let cfg = Config {
+            vocab_size: 1000,
+            ..Config::default()
+        };
         let mut reg = Registry::default();
-        reg.add(flagged("emb", &[1000, 64], ParamFlags::EMBEDDING_OR_OUTPUT), &cfg).unwrap();
-        let err = reg.add(ParamSpec::new("mtp.emb", &[1000, 64], Dtype::Bf16), &cfg).unwrap_err();
+        reg.add(flagged("emb", &[1000, 64], ParamFlags::EMBEDDING_OR_OUTPUT), &cfg)
+            .unwrap();
+        let err = reg
+            .add(ParamSpec::new("mtp.emb", &[1000, 64], Dtype::Bf16), &cfg)
+            .unwrap_err();
         assert_eq!(err.kind, ErrorKind::RoutingConflict);
-        assert!(err.message.contains("mtp.emb") && err.message.contains("vocab_size 1000"), "{}", err.message);
+        assert!(
+            err.message.contains("mtp.emb") && err.message.contains("vocab_size 1000"),
+            "{}",
+            err.message
+        );
         let allowed = flagged("mtp.emb", &[1000, 64], ParamFlags::ALLOW_VOCAB_DIM);
         assert_eq!(reg.add(allowed, &cfg).unwrap(), 1);
     }
@@ -365,7 +426,13 @@ mod tests {
             (ParamSpec::new("", &[4], Dtype::F32), "must not be empty"),
             (ParamSpec::new("z", &[4, 0], Dtype::F32), "shape[1] is 0"),
             (ParamSpec::new("n", &[1, 2, 3, 4, 5], Dtype::F32), "ndim 5"),
-            (ParamSpec { split_sizes: vec![3, 3], ..ParamSpec::new("s", &[8, 4], Dtype::F32) }, "sum to 6"),
+            (
+                ParamSpec {
+                    split_sizes: vec![3, 3],
+                    ..ParamSpec::new("s", &[8, 4], Dtype::F32)
+                },
+                "sum to 6",
+            ),
             (flagged("m", &[48, 64], ParamFlags::MXFP8), "multiples of 32"),
             (flagged("u", &[4, 4], 1 << 20), "unknown flag bits"),
             (flagged("x", &[4, 4], ParamFlags::EXPERT_STACK), "3-D"),

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
+use crate::backend::host::executor::HostBackend;
 use crate::bail;
 use crate::comm::{Claim, Transport};
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{ParamSpec, Registry, Route};
-use crate::backend::host::executor::HostBackend;
 use crate::numerics::muon::MuonOptions;
 use crate::plan::{Plan, build_plan};
 use crate::schedule::{Runtime, StepArgs, StepInfo};
@@ -46,7 +46,10 @@ impl Optimizer {
             }
             Transport::Nccl(_) => {
                 crate::backend::cuda::probe::device_count()?;
-                bail!(Unsupported, "the cuda backend's optimizer is not available in this build yet; use a host group");
+                bail!(
+                    Unsupported,
+                    "the cuda backend's optimizer is not available in this build yet; use a host group"
+                );
             }
         }
         Ok(Optimizer {
@@ -78,12 +81,21 @@ impl Optimizer {
     /// zeros). Returns the parameter id. Nothing changes on error.
     pub fn add_param(&mut self, spec: ParamSpec, init: Option<Vec<f32>>) -> Result<u32> {
         if !matches!(self.phase, Phase::Registering) {
-            bail!(InvalidState, "add_param: the optimizer is finalized; register every param before muon_optimizer_finalize");
+            bail!(
+                InvalidState,
+                "add_param: the optimizer is finalized; register every param before muon_optimizer_finalize"
+            );
         }
-        if let Some(values) = &init {
-            if values.len() as u64 != spec.numel() {
-                bail!(InvalidArgument, "init_data of '{}': {} values for {} elements", spec.name, values.len(), spec.numel());
-            }
+        if let Some(values) = &init
+            && values.len() as u64 != spec.numel()
+        {
+            bail!(
+                InvalidArgument,
+                "init_data of '{}': {} values for {} elements",
+                spec.name,
+                values.len(),
+                spec.numel()
+            );
         }
         let id = self.registry.add(spec, &self.cfg)?;
         self.init_values.push(init);
@@ -98,7 +110,11 @@ impl Optimizer {
 
     fn check_id(&self, id: u32) -> Result<()> {
         if id as usize >= self.registry.len() {
-            bail!(InvalidArgument, "param_id: {id} is not registered ({} params)", self.registry.len());
+            bail!(
+                InvalidArgument,
+                "param_id: {id} is not registered ({} params)",
+                self.registry.len()
+            );
         }
         Ok(())
     }
@@ -109,11 +125,18 @@ impl Optimizer {
             bail!(InvalidState, "finalize: already finalized");
         }
         if self.registry.is_empty() {
-            bail!(InvalidState, "finalize: no params registered; call muon_optimizer_add_param first");
+            bail!(
+                InvalidState,
+                "finalize: no params registered; call muon_optimizer_add_param first"
+            );
         }
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
         self.verify_same_plan(plan.hash)?;
-        let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, MuonOptions::from_config(&self.cfg))?;
+        let backend = HostBackend::new(
+            self.claim.shared(),
+            self.cfg.host_comm_mode,
+            MuonOptions::from_config(&self.cfg),
+        )?;
         let init = &self.init_values;
         let runtime = Runtime::new(
             Box::new(plan),
@@ -146,7 +169,10 @@ impl Optimizer {
     pub fn runtime(&self) -> Result<&Runtime> {
         match &self.phase {
             Phase::Running(runtime) => Ok(runtime),
-            Phase::Registering => bail!(InvalidState, "the optimizer is not finalized; call muon_optimizer_finalize first"),
+            Phase::Registering => bail!(
+                InvalidState,
+                "the optimizer is not finalized; call muon_optimizer_finalize first"
+            ),
         }
     }
 
@@ -155,7 +181,10 @@ impl Optimizer {
         match &mut self.phase {
             Phase::Running(runtime) => Ok(runtime),
             Phase::Registering => {
-                bail!(InvalidState, "{call}: the optimizer is not finalized; call muon_optimizer_finalize first")
+                bail!(
+                    InvalidState,
+                    "{call}: the optimizer is not finalized; call muon_optimizer_finalize first"
+                )
             }
         }
     }
@@ -210,5 +239,4 @@ impl Optimizer {
         self.check_id(id)?;
         self.plan()
     }
-
 }

@@ -28,7 +28,10 @@ fn every_kernel_file_is_embedded() {
     on_disk.sort();
     let mut embedded: Vec<String> = SOURCES.iter().map(|s| s.name.to_string()).collect();
     embedded.sort();
-    assert_eq!(on_disk, embedded, "kernels/*.cu and nvrtc::SOURCES must list the same files");
+    assert_eq!(
+        on_disk, embedded,
+        "kernels/*.cu and nvrtc::SOURCES must list the same files"
+    );
     for source in SOURCES {
         let on_disk = std::fs::read_to_string(format!("{dir}/{}", source.name)).unwrap();
         assert_eq!(on_disk, source.text);
@@ -41,7 +44,10 @@ fn every_kernel_compiles_for_hopper_and_blackwell() {
         return;
     }
     let (major, minor) = nvrtc::version().expect("NVRTC loads");
-    assert_eq!(major, 13, "NVRTC 13.x is pinned (PTX ISA a CUDA 13.0 driver accepts), got {major}.{minor}");
+    assert_eq!(
+        major, 13,
+        "NVRTC 13.x is pinned (PTX ISA a CUDA 13.0 driver accepts), got {major}.{minor}"
+    );
     for source in SOURCES {
         let kernels: Vec<&str> = source
             .text
@@ -52,12 +58,25 @@ fn every_kernel_compiles_for_hopper_and_blackwell() {
         assert!(!kernels.is_empty(), "{} defines no extern \"C\" kernel", source.name);
         for cc in [90, 100] {
             let ptx = String::from_utf8(nvrtc::compile(source, Target::Ptx(cc)).unwrap()).unwrap();
-            assert!(ptx.contains(&format!(".target sm_{cc}")), "{}: PTX for compute_{cc} lacks its target", source.name);
+            assert!(
+                ptx.contains(&format!(".target sm_{cc}")),
+                "{}: PTX for compute_{cc} lacks its target",
+                source.name
+            );
             for kernel in &kernels {
-                assert!(ptx.contains(&format!(".entry {kernel}(")), "{}: PTX lacks entry {kernel}", source.name);
+                assert!(
+                    ptx.contains(&format!(".entry {kernel}(")),
+                    "{}: PTX lacks entry {kernel}",
+                    source.name
+                );
             }
             let cubin = nvrtc::compile(source, Target::Cubin(cc)).unwrap();
-            assert_eq!(&cubin[..4], b"\x7fELF", "{}: sm_{cc} output is not a CUBIN (ELF)", source.name);
+            assert_eq!(
+                &cubin[..4],
+                b"\x7fELF",
+                "{}: sm_{cc} output is not a CUBIN (ELF)",
+                source.name
+            );
         }
     }
 }
@@ -67,7 +86,10 @@ fn a_broken_kernel_reports_the_nvrtc_log() {
     if !nvrtc_or_skip() {
         return;
     }
-    let broken = nvrtc::Source { name: "broken.cu", text: "extern \"C\" __global__ void k() { undefined_call(); }" };
+    let broken = nvrtc::Source {
+        name: "broken.cu",
+        text: "extern \"C\" __global__ void k() { undefined_call(); }",
+    };
     let err = nvrtc::compile(&broken, Target::Ptx(90)).unwrap_err();
     assert_eq!(err.kind, muon_opt::error::ErrorKind::KernelCompileFailed);
     assert!(err.message.contains("undefined_call"), "{}", err.message);

@@ -6,12 +6,10 @@ mod mxfp8_common;
 
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::mxfp8::{
-    Direction, Input, Output, QuantizedMut, ScaleLayout, dequantize_colwise, dequantize_rowwise,
-    e4m3_to_f32, quantize, quantize_rowwise, scale, scale_index, scale_shape,
+    Direction, Input, Output, QuantizedMut, ScaleLayout, dequantize_colwise, dequantize_rowwise, e4m3_to_f32, quantize,
+    quantize_rowwise, scale, scale_index, scale_shape,
 };
-use mxfp8_common::{
-    Copy, DIRECTIONS, LAYOUTS, bf16_to_f32, reference_quantize, run_both, run_single,
-};
+use mxfp8_common::{Copy, DIRECTIONS, LAYOUTS, bf16_to_f32, reference_quantize, run_both, run_single};
 
 /// Deterministic xorshift generator.
 struct Rng(u64);
@@ -173,15 +171,7 @@ fn wrong_buffer_lengths_are_invalid_arguments_and_write_nothing() {
         assert!(err.message.contains(name), "{}", err.message);
         assert!(data.iter().chain(&scales).all(|&b| b == 7));
     }
-    let err = quantize(
-        Input::F32(&[]),
-        usize::MAX,
-        2,
-        ScaleLayout::Compact,
-        None,
-        None,
-    )
-    .expect_err("overflow");
+    let err = quantize(Input::F32(&[]), usize::MAX, 2, ScaleLayout::Compact, None, None).expect_err("overflow");
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     let mut data = vec![0u8; 40 * 64];
     let mut scales = vec![0u8; 4];
@@ -243,15 +233,8 @@ fn dequantize_is_scale_times_code_in_both_layouts_and_output_types() {
 #[test]
 fn dequantize_rejects_wrong_lengths() {
     let mut out = vec![0f32; 64];
-    let err = dequantize_rowwise(
-        &[0; 64],
-        &[0; 3],
-        2,
-        32,
-        ScaleLayout::Compact,
-        Output::F32(&mut out),
-    )
-    .expect_err("short scales");
+    let err = dequantize_rowwise(&[0; 64], &[0; 3], 2, 32, ScaleLayout::Compact, Output::F32(&mut out))
+        .expect_err("short scales");
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     let err = dequantize_colwise(
         &[0; 64],

@@ -32,7 +32,10 @@ fn write_grads(opt: &mut Optimizer, value: impl Fn(usize, usize) -> f32) {
 #[test]
 fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_and_changes_nothing() {
     let dp = 3;
-    let cfg = Config { bucket_size: 3000, ..Config::default() };
+    let cfg = Config {
+        bucket_size: 3000,
+        ..Config::default()
+    };
     let opts = optimizers(&cfg, dp, Duration::from_secs(20));
     std::thread::scope(|scope| {
         for (rank, mut opt) in opts.into_iter().enumerate() {
@@ -43,17 +46,28 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_and_changes_nothi
                 write_grads(&mut opt, |p, i| ((p * 7 + i) % 13) as f32 * 1e-3);
                 assert!(!opt.step(&ARGS).unwrap().skipped);
                 let before = opt.running().unwrap().owned_state().unwrap();
-                let params_before: Vec<Vec<f32>> =
-                    (0..model().len()).map(|p| opt.running().unwrap().param_values(p).unwrap()).collect();
+                let params_before: Vec<Vec<f32>> = (0..model().len())
+                    .map(|p| opt.running().unwrap().param_values(p).unwrap())
+                    .collect();
                 opt.zero_grad().unwrap();
-                write_grads(&mut opt, |p, i| if rank == 1 && p == 2 && i == 5 { f32::NAN } else { 1e-3 });
+                write_grads(
+                    &mut opt,
+                    |p, i| if rank == 1 && p == 2 && i == 5 { f32::NAN } else { 1e-3 },
+                );
                 let info = opt.step(&ARGS).unwrap();
-                assert!(info.skipped, "rank {rank}: a NaN on rank 1 must skip the step on every rank");
+                assert!(
+                    info.skipped,
+                    "rank {rank}: a NaN on rank 1 must skip the step on every rank"
+                );
                 assert_eq!(info.step, 1, "a skipped step is not counted");
                 assert!(!info.grad_norm.is_finite());
                 opt.synchronize().unwrap();
                 let after = opt.running().unwrap().owned_state().unwrap();
-                assert_eq!(format!("{before:?}"), format!("{after:?}"), "rank {rank}: state changed on a skipped step");
+                assert_eq!(
+                    format!("{before:?}"),
+                    format!("{after:?}"),
+                    "rank {rank}: state changed on a skipped step"
+                );
                 for (p, values) in params_before.iter().enumerate() {
                     let now = opt.running().unwrap().param_values(p).unwrap();
                     assert_eq!(
@@ -63,7 +77,10 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_and_changes_nothi
                 }
                 opt.zero_grad().unwrap();
                 write_grads(&mut opt, |_, _| 1e-3);
-                assert!(!opt.step(&ARGS).unwrap().skipped, "training continues after a skipped step");
+                assert!(
+                    !opt.step(&ARGS).unwrap().skipped,
+                    "training continues after a skipped step"
+                );
             });
         }
     });
@@ -72,7 +89,10 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_and_changes_nothi
 #[test]
 fn a_rank_that_stops_calling_times_out_the_others_without_hanging() {
     let timeout = Duration::from_millis(300);
-    let cfg = Config { collective_timeout_ms: 300, ..Config::default() };
+    let cfg = Config {
+        collective_timeout_ms: 300,
+        ..Config::default()
+    };
     let opts = optimizers(&cfg, 3, timeout);
     let results: Vec<(usize, Option<(ErrorKind, Duration)>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = opts
@@ -102,7 +122,10 @@ fn a_rank_that_stops_calling_times_out_the_others_without_hanging() {
     for (rank, outcome) in results {
         if let Some((kind, elapsed)) = outcome {
             assert_eq!(kind, ErrorKind::CommTimeout, "rank {rank}");
-            assert!(elapsed < 2 * timeout, "rank {rank} took {elapsed:?}, more than 2x the timeout");
+            assert!(
+                elapsed < 2 * timeout,
+                "rank {rank} took {elapsed:?}, more than 2x the timeout"
+            );
         }
     }
 }
@@ -123,8 +146,14 @@ fn wrong_call_order_is_a_state_error_with_a_message() {
     let buckets = opt.plan().unwrap().buckets.len() as u32;
     let unknown = opt.wait_params(buckets).unwrap_err();
     assert_eq!(unknown.kind, ErrorKind::InvalidState);
-    assert!(unknown.message.contains(&format!("bucket {buckets} does not exist")), "{}", unknown.message);
-    let bad_lr = opt.step(&muon_opt::schedule::StepArgs { lr: f32::NAN, ..ARGS }).unwrap_err();
+    assert!(
+        unknown.message.contains(&format!("bucket {buckets} does not exist")),
+        "{}",
+        unknown.message
+    );
+    let bad_lr = opt
+        .step(&muon_opt::schedule::StepArgs { lr: f32::NAN, ..ARGS })
+        .unwrap_err();
     assert_eq!(bad_lr.kind, ErrorKind::OutOfRange);
     assert!(bad_lr.message.contains("args->lr"));
 }

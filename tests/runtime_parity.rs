@@ -20,12 +20,20 @@ fn assert_same(reference: &[Snapshot], run: &[Snapshot], label: &str) {
     for (step, (a, b)) in reference.iter().zip(run).enumerate() {
         for (p, (sa, sb)) in a.state.iter().zip(&b.state).enumerate() {
             for (k, (x, y)) in sa.iter().zip(sb).enumerate() {
-                assert_eq!(bits(x), bits(y), "{label}: step {step}, param {p}, state tensor {k} differs");
+                assert_eq!(
+                    bits(x),
+                    bits(y),
+                    "{label}: step {step}, param {p}, state tensor {k} differs"
+                );
             }
         }
         for (rank, params) in b.params.iter().enumerate() {
             for (p, values) in params.iter().enumerate() {
-                assert_eq!(bits(values), bits(&a.params[0][p]), "{label}: step {step}, rank {rank}, param {p}");
+                assert_eq!(
+                    bits(values),
+                    bits(&a.params[0][p]),
+                    "{label}: step {step}, rank {rank}, param {p}"
+                );
             }
         }
     }
@@ -47,8 +55,17 @@ fn config(layout: MuonLayout, overlap: bool, mode: CommMode) -> Config {
 #[test]
 fn every_dp_layout_overlap_and_comm_mode_matches_dp1_bitwise() {
     for dp in [2usize, 3, 4] {
-        let reference = train(&config(MuonLayout::Compact, false, CommMode::Eager), 1, Data { emulated_dp: dp }, STEPS);
-        assert_ne!(reference[0].params[0], reference[STEPS as usize - 1].params[0], "training must move the params");
+        let reference = train(
+            &config(MuonLayout::Compact, false, CommMode::Eager),
+            1,
+            Data { emulated_dp: dp },
+            STEPS,
+        );
+        assert_ne!(
+            reference[0].params[0],
+            reference[STEPS as usize - 1].params[0],
+            "training must move the params"
+        );
         for layout in [MuonLayout::Compact, MuonLayout::Padded, MuonLayout::Allreduce] {
             for overlap in [true, false] {
                 for mode in [CommMode::Eager, CommMode::Lazy] {

@@ -42,7 +42,10 @@ pub unsafe extern "C" fn muon_host_group_create(world_size: u32, comms: *mut *mu
     run("muon_host_group_create", || {
         non_null(comms, "comms")?;
         if world_size == 0 || world_size > MUON_MAX_HOST_GROUP_SIZE {
-            crate::bail!(OutOfRange, "world_size: {world_size} is outside 1..={MUON_MAX_HOST_GROUP_SIZE}");
+            crate::bail!(
+                OutOfRange,
+                "world_size: {world_size} is outside 1..={MUON_MAX_HOST_GROUP_SIZE}"
+            );
         }
         let timeout = Duration::from_millis(DEFAULT_COLLECTIVE_TIMEOUT_MS as u64);
         let handles: Vec<*mut muon_comm_t> = HostGroup::new(world_size as usize, timeout)
@@ -67,7 +70,8 @@ pub unsafe extern "C" fn muon_comm_create_nccl(nccl: *mut ncclComm, out: *mut *m
     run("muon_comm_create_nccl", || {
         non_null(nccl, "nccl")?;
         non_null(out, "out")?;
-        let comm = NcclComm::borrow(nccl)?;
+        // SAFETY: the documented contract: `nccl` is the caller's live communicator.
+        let comm = unsafe { NcclComm::borrow(nccl) }?;
         // SAFETY: non-NULL out-pointer.
         unsafe { *out = into_raw(Communicator::new(Transport::Nccl(comm))) };
         Ok(())
@@ -111,11 +115,15 @@ pub unsafe extern "C" fn muon_comm_destroy(comm: *mut muon_comm_t) -> muon_statu
 ///         left in muon_last_error_message().
 #[unsafe(no_mangle)]
 pub extern "C" fn muon_cuda_available() -> bool {
-    run_or("muon_cuda_available", false, || match crate::backend::cuda::probe::device_count() {
-        Ok(_) => true,
-        Err(err) => {
-            crate::capi::boundary::set_last_error(&format!("muon_cuda_available: {}", err.message));
-            false
-        }
-    })
+    run_or(
+        "muon_cuda_available",
+        false,
+        || match crate::backend::cuda::probe::device_count() {
+            Ok(_) => true,
+            Err(err) => {
+                crate::capi::boundary::set_last_error(&format!("muon_cuda_available: {}", err.message));
+                false
+            }
+        },
+    )
 }

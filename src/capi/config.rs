@@ -69,7 +69,10 @@ fn flag(field: &str, value: u32) -> Result<bool> {
     match value {
         0 => Ok(false),
         1 => Ok(true),
-        other => Err(Error::new(ErrorKind::OutOfRange, format!("{field}: {other} is not a boolean (0 or 1)"))),
+        other => Err(Error::new(
+            ErrorKind::OutOfRange,
+            format!("{field}: {other} is not a boolean (0 or 1)"),
+        )),
     }
 }
 

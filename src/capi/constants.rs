@@ -103,7 +103,10 @@ mod tests {
         assert_eq!(ParamFlags::ALLOW_VOCAB_DIM, MUON_PARAM_FLAG_ALLOW_VOCAB_DIM);
         assert_eq!(route_code(Route::Muon), MUON_ROUTE_MUON);
         assert_eq!(crate::config::MAX_NS_STEPS, MUON_MAX_NS_STEPS);
-        assert_eq!(crate::config::DEFAULT_COLLECTIVE_TIMEOUT_MS, MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS);
+        assert_eq!(
+            crate::config::DEFAULT_COLLECTIVE_TIMEOUT_MS,
+            MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS
+        );
         assert_eq!(route_code(Route::Adamw), MUON_ROUTE_ADAMW);
     }
 }

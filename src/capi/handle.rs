@@ -28,7 +28,12 @@ pub trait Exposed: Sized {
 
 /// Boxes `value` and returns the opaque pointer the caller owns.
 pub fn into_raw<T: Exposed>(value: T) -> *mut T::C {
-    Box::into_raw(Box::new(Handle { magic: T::MAGIC, poisoned: false, value })).cast()
+    Box::into_raw(Box::new(Handle {
+        magic: T::MAGIC,
+        poisoned: false,
+        value,
+    }))
+    .cast()
 }
 
 fn check<T: Exposed>(ptr: *const T::C, arg: &str) -> Result<*mut Handle<T>> {
@@ -48,7 +53,10 @@ fn check<T: Exposed>(ptr: *const T::C, arg: &str) -> Result<*mut Handle<T>> {
     if unsafe { (*handle).poisoned } {
         return Err(Error::new(
             ErrorKind::InvalidState,
-            format!("{arg}: the {} handle is poisoned by an earlier internal panic; destroy it", T::NAME),
+            format!(
+                "{arg}: the {} handle is poisoned by an earlier internal panic; destroy it",
+                T::NAME
+            ),
         ));
     }
     Ok(handle)
@@ -110,7 +118,10 @@ pub fn destroy<T: Exposed>(function: &str, ptr: *mut T::C, arg: &str) -> muon_st
         Ok(()) => muon_status_t::MUON_STATUS_SUCCESS,
         Err(payload) => fail(
             function,
-            Error::new(ErrorKind::Panic, format!("panic while destroying: {}", panic_text(&*payload))),
+            Error::new(
+                ErrorKind::Panic,
+                format!("panic while destroying: {}", panic_text(&*payload)),
+            ),
         ),
     }
 }

@@ -51,7 +51,11 @@ fn checked_size<T>(ptr: *const T, name: &str) -> crate::error::Result<()> {
     non_null(ptr, name)?;
     let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
     if size < std::mem::size_of::<T>() {
-        bail!(AbiMismatch, "{name}->struct_size: {size} is smaller than {}; set it to sizeof", std::mem::size_of::<T>());
+        bail!(
+            AbiMismatch,
+            "{name}->struct_size: {size} is smaller than {}; set it to sizeof",
+            std::mem::size_of::<T>()
+        );
     }
     Ok(())
 }
@@ -158,7 +162,19 @@ pub unsafe extern "C" fn muon_newton_schulz_host(
         };
         let n = rows as usize * cols as usize;
         // SAFETY: the caller provides rows·cols values in each array.
-        let (src, dst) = unsafe { (std::slice::from_raw_parts(input, n), std::slice::from_raw_parts_mut(out, n)) };
-        newton_schulz(src, dst, rows as usize, cols as usize, &opts, &mut NsWorkspace::default())
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(input, n),
+                std::slice::from_raw_parts_mut(out, n),
+            )
+        };
+        newton_schulz(
+            src,
+            dst,
+            rows as usize,
+            cols as usize,
+            &opts,
+            &mut NsWorkspace::default(),
+        )
     })
 }

@@ -1,5 +1,11 @@
 //! The only `extern "C"` layer. Every export runs inside [`boundary`]: errors become a
 //! `muon_status_t` plus a thread-local message, panics are caught and never unwind into C.
+//!
+//! The safety contract of every export is its C documentation (which pointers may be NULL,
+//! how many elements they hold, how long they must live), so the Rust `# Safety` sections
+//! would only repeat it. `#[must_use]` sits on each status-returning export, although the
+//! status type is already `#[must_use]`, because cbindgen turns it into MUON_NODISCARD.
+#![allow(clippy::missing_safety_doc, clippy::double_must_use)]
 
 pub mod boundary;
 pub mod comm;

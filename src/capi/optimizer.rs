@@ -53,7 +53,9 @@ pub unsafe extern "C" fn muon_optimizer_create(
         communicator = Some(c.clone());
         Ok(())
     });
-    let Some(communicator) = communicator else { return status };
+    let Some(communicator) = communicator else {
+        return status;
+    };
     run("muon_optimizer_create", || {
         non_null(out, "out")?;
         let cfg = unsafe { read_config(cfg) }?;
@@ -175,7 +177,7 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
         let out = muon_param_view_t {
             struct_size: std::mem::size_of::<muon_param_view_t>() as u32,
             route: route_code(o.registry().routes()[param_id as usize]),
-            bucket: placement.bucket as u32,
+            bucket: placement.bucket,
             owner: placement.single_owner().map_or(-1, |r| r as i32),
             offset: placement.offset,
             numel: placement.numel,

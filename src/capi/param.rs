@@ -146,12 +146,18 @@ pub unsafe fn read_desc(ptr: *const muon_param_desc_t) -> Result<Decoded> {
     };
     let ndim = desc.ndim as usize;
     if !(1..=MUON_MAX_DIMS).contains(&ndim) {
-        bail!(InvalidParam, "param '{name}': ndim {ndim} is outside 1..={MUON_MAX_DIMS}");
+        bail!(
+            InvalidParam,
+            "param '{name}': ndim {ndim} is outside 1..={MUON_MAX_DIMS}"
+        );
     }
     let mut shape = Vec::with_capacity(ndim);
     for (d, &dim) in desc.shape[..ndim].iter().enumerate() {
         if dim <= 0 {
-            bail!(InvalidParam, "param '{name}': shape[{d}] is {dim}; every dimension must be >= 1");
+            bail!(
+                InvalidParam,
+                "param '{name}': shape[{d}] is {dim}; every dimension must be >= 1"
+            );
         }
         shape.push(dim as u64);
     }
@@ -177,10 +183,18 @@ fn read_splits(name: &str, desc: &muon_param_desc_t) -> Result<Vec<u64>> {
         return Ok(Vec::new());
     }
     if desc.split_sizes.is_null() {
-        bail!(NullArgument, "param '{name}': desc->split_sizes is NULL but num_splits is {}", desc.num_splits);
+        bail!(
+            NullArgument,
+            "param '{name}': desc->split_sizes is NULL but num_splits is {}",
+            desc.num_splits
+        );
     }
     if desc.num_splits > 1 << 16 {
-        bail!(InvalidParam, "param '{name}': num_splits {} exceeds 65536", desc.num_splits);
+        bail!(
+            InvalidParam,
+            "param '{name}': num_splits {} exceeds 65536",
+            desc.num_splits
+        );
     }
     // SAFETY: the caller provides num_splits readable values.
     let raw = unsafe { std::slice::from_raw_parts(desc.split_sizes, desc.num_splits as usize) };
@@ -188,7 +202,10 @@ fn read_splits(name: &str, desc: &muon_param_desc_t) -> Result<Vec<u64>> {
         .enumerate()
         .map(|(i, &s)| {
             if s <= 0 {
-                bail!(InvalidParam, "param '{name}': split_sizes[{i}] is {s}; every component needs >= 1 row");
+                bail!(
+                    InvalidParam,
+                    "param '{name}': split_sizes[{i}] is {s}; every component needs >= 1 row"
+                );
             }
             Ok(s as u64)
         })

@@ -80,7 +80,40 @@ pub enum muon_status_t {
 
 impl muon_status_t {
     /// Every status, success first.
-    pub const ALL: &'static [muon_status_t] = &[muon_status_t::MUON_STATUS_SUCCESS, muon_status_t::MUON_STATUS_NULL_ARGUMENT, muon_status_t::MUON_STATUS_INVALID_ARGUMENT, muon_status_t::MUON_STATUS_INVALID_HANDLE, muon_status_t::MUON_STATUS_INVALID_STATE, muon_status_t::MUON_STATUS_ABI_MISMATCH, muon_status_t::MUON_STATUS_INVALID_ENUM_VALUE, muon_status_t::MUON_STATUS_OUT_OF_RANGE, muon_status_t::MUON_STATUS_INCOMPATIBLE_OPTIONS, muon_status_t::MUON_STATUS_BUFFER_TOO_SMALL, muon_status_t::MUON_STATUS_INVALID_PARAM, muon_status_t::MUON_STATUS_DUPLICATE_NAME, muon_status_t::MUON_STATUS_ROUTING_CONFLICT, muon_status_t::MUON_STATUS_CUDA_UNAVAILABLE, muon_status_t::MUON_STATUS_CUDA_NO_DEVICE, muon_status_t::MUON_STATUS_CUDA_ERROR, muon_status_t::MUON_STATUS_NVRTC_UNAVAILABLE, muon_status_t::MUON_STATUS_KERNEL_COMPILE_FAILED, muon_status_t::MUON_STATUS_NCCL_UNAVAILABLE, muon_status_t::MUON_STATUS_NCCL_ERROR, muon_status_t::MUON_STATUS_COMM_MISMATCH, muon_status_t::MUON_STATUS_OUT_OF_MEMORY, muon_status_t::MUON_STATUS_COMM_TIMEOUT, muon_status_t::MUON_STATUS_COMM_BROKEN, muon_status_t::MUON_STATUS_PLAN_MISMATCH, muon_status_t::MUON_STATUS_IO_ERROR, muon_status_t::MUON_STATUS_CHECKPOINT_CORRUPT, muon_status_t::MUON_STATUS_CHECKPOINT_MISMATCH, muon_status_t::MUON_STATUS_CHECKPOINT_VERSION, muon_status_t::MUON_STATUS_UNSUPPORTED, muon_status_t::MUON_STATUS_INTERNAL, muon_status_t::MUON_STATUS_PANIC];
+    pub const ALL: &'static [muon_status_t] = &[
+        muon_status_t::MUON_STATUS_SUCCESS,
+        muon_status_t::MUON_STATUS_NULL_ARGUMENT,
+        muon_status_t::MUON_STATUS_INVALID_ARGUMENT,
+        muon_status_t::MUON_STATUS_INVALID_HANDLE,
+        muon_status_t::MUON_STATUS_INVALID_STATE,
+        muon_status_t::MUON_STATUS_ABI_MISMATCH,
+        muon_status_t::MUON_STATUS_INVALID_ENUM_VALUE,
+        muon_status_t::MUON_STATUS_OUT_OF_RANGE,
+        muon_status_t::MUON_STATUS_INCOMPATIBLE_OPTIONS,
+        muon_status_t::MUON_STATUS_BUFFER_TOO_SMALL,
+        muon_status_t::MUON_STATUS_INVALID_PARAM,
+        muon_status_t::MUON_STATUS_DUPLICATE_NAME,
+        muon_status_t::MUON_STATUS_ROUTING_CONFLICT,
+        muon_status_t::MUON_STATUS_CUDA_UNAVAILABLE,
+        muon_status_t::MUON_STATUS_CUDA_NO_DEVICE,
+        muon_status_t::MUON_STATUS_CUDA_ERROR,
+        muon_status_t::MUON_STATUS_NVRTC_UNAVAILABLE,
+        muon_status_t::MUON_STATUS_KERNEL_COMPILE_FAILED,
+        muon_status_t::MUON_STATUS_NCCL_UNAVAILABLE,
+        muon_status_t::MUON_STATUS_NCCL_ERROR,
+        muon_status_t::MUON_STATUS_COMM_MISMATCH,
+        muon_status_t::MUON_STATUS_OUT_OF_MEMORY,
+        muon_status_t::MUON_STATUS_COMM_TIMEOUT,
+        muon_status_t::MUON_STATUS_COMM_BROKEN,
+        muon_status_t::MUON_STATUS_PLAN_MISMATCH,
+        muon_status_t::MUON_STATUS_IO_ERROR,
+        muon_status_t::MUON_STATUS_CHECKPOINT_CORRUPT,
+        muon_status_t::MUON_STATUS_CHECKPOINT_MISMATCH,
+        muon_status_t::MUON_STATUS_CHECKPOINT_VERSION,
+        muon_status_t::MUON_STATUS_UNSUPPORTED,
+        muon_status_t::MUON_STATUS_INTERNAL,
+        muon_status_t::MUON_STATUS_PANIC,
+    ];
     /// The status reported for a core error kind.
     pub fn from_kind(kind: ErrorKind) -> Self {
         match kind {

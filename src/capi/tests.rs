@@ -8,11 +8,14 @@ use crate::capi::config::*;
 use crate::capi::constants::*;
 use crate::capi::optimizer::*;
 use crate::capi::param::*;
-use crate::capi::status::muon_status_t::{self, *};
 use crate::capi::status::muon_last_error_message;
+use crate::capi::status::muon_status_t::{self, *};
 
 fn last_error() -> String {
-    unsafe { CStr::from_ptr(muon_last_error_message()) }.to_str().unwrap().to_string()
+    unsafe { CStr::from_ptr(muon_last_error_message()) }
+        .to_str()
+        .unwrap()
+        .to_string()
 }
 
 fn default_config() -> muon_config_t {
@@ -28,14 +31,22 @@ fn validate(cfg: &muon_config_t) -> (muon_status_t, String) {
 
 fn host_group(n: u32) -> Vec<*mut muon_comm_t> {
     let mut comms = vec![null_mut(); n as usize];
-    assert_eq!(unsafe { muon_host_group_create(n, comms.as_mut_ptr()) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_host_group_create(n, comms.as_mut_ptr()) },
+        MUON_STATUS_SUCCESS
+    );
     comms
 }
 
 fn single_rank_optimizer(cfg: &muon_config_t) -> (*mut muon_comm_t, *mut muon_optimizer_t) {
     let comm = host_group(1)[0];
     let mut opt = null_mut();
-    assert_eq!(unsafe { muon_optimizer_create(cfg, comm, null_mut(), &mut opt) }, MUON_STATUS_SUCCESS, "{}", last_error());
+    assert_eq!(
+        unsafe { muon_optimizer_create(cfg, comm, null_mut(), &mut opt) },
+        MUON_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
     (comm, opt)
 }
 
@@ -70,23 +81,67 @@ fn defaults_validate_and_match_the_design() {
 fn each_invalid_field_gets_its_status_and_names_the_field() {
     type Edit = fn(&mut muon_config_t);
     let cases: Vec<(Edit, muon_status_t, &str)> = vec![
-        (|c| c.muon_layout = 7, MUON_STATUS_INVALID_ENUM_VALUE, "muon_layout: unknown value 7"),
+        (
+            |c| c.muon_layout = 7,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_layout: unknown value 7",
+        ),
         (|c| c.grad_dtype = 9, MUON_STATUS_INVALID_ENUM_VALUE, "grad_dtype"),
-        (|c| c.muon_coefficient_set = 3, MUON_STATUS_INVALID_ENUM_VALUE, "muon_coefficient_set"),
-        (|c| c.muon_ns_precision = 2, MUON_STATUS_INVALID_ENUM_VALUE, "muon_ns_precision"),
-        (|c| c.muon_scale_mode = 3, MUON_STATUS_INVALID_ENUM_VALUE, "muon_scale_mode"),
-        (|c| c.host_comm_mode = 3, MUON_STATUS_INVALID_ENUM_VALUE, "host_comm_mode"),
-        (|c| c.muon_momentum = 1.0, MUON_STATUS_OUT_OF_RANGE, "muon_momentum: 1 is outside [0, 1)"),
+        (
+            |c| c.muon_coefficient_set = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_coefficient_set",
+        ),
+        (
+            |c| c.muon_ns_precision = 2,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_ns_precision",
+        ),
+        (
+            |c| c.muon_scale_mode = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_scale_mode",
+        ),
+        (
+            |c| c.host_comm_mode = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "host_comm_mode",
+        ),
+        (
+            |c| c.muon_momentum = 1.0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_momentum: 1 is outside [0, 1)",
+        ),
         (|c| c.muon_momentum = -0.1, MUON_STATUS_OUT_OF_RANGE, "muon_momentum"),
-        (|c| c.muon_momentum = f32::NAN, MUON_STATUS_OUT_OF_RANGE, "muon_momentum"),
+        (
+            |c| c.muon_momentum = f32::NAN,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_momentum",
+        ),
         (|c| c.adam_beta1 = 1.5, MUON_STATUS_OUT_OF_RANGE, "adam_beta1"),
         (|c| c.adam_beta2 = 1.0, MUON_STATUS_OUT_OF_RANGE, "adam_beta2"),
         (|c| c.adam_eps = 0.0, MUON_STATUS_OUT_OF_RANGE, "adam_eps"),
-        (|c| c.muon_num_ns_steps = 0, MUON_STATUS_OUT_OF_RANGE, "muon_num_ns_steps: 0"),
-        (|c| c.muon_extra_scale_factor = 0.0, MUON_STATUS_OUT_OF_RANGE, "muon_extra_scale_factor"),
+        (
+            |c| c.muon_num_ns_steps = 0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_num_ns_steps: 0",
+        ),
+        (
+            |c| c.muon_extra_scale_factor = 0.0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_extra_scale_factor",
+        ),
         (|c| c.clip_grad = -1.0, MUON_STATUS_OUT_OF_RANGE, "clip_grad"),
-        (|c| c.collective_timeout_ms = 0, MUON_STATUS_OUT_OF_RANGE, "collective_timeout_ms"),
-        (|c| c.overlap_grad_reduce = 2, MUON_STATUS_OUT_OF_RANGE, "overlap_grad_reduce: 2 is not a boolean"),
+        (
+            |c| c.collective_timeout_ms = 0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "collective_timeout_ms",
+        ),
+        (
+            |c| c.overlap_grad_reduce = 2,
+            MUON_STATUS_OUT_OF_RANGE,
+            "overlap_grad_reduce: 2 is not a boolean",
+        ),
         (|c| c.struct_size = 8, MUON_STATUS_ABI_MISMATCH, "struct_size: 8"),
         (|c| c.abi_version = 10_000 * 7, MUON_STATUS_ABI_MISMATCH, "abi_version"),
     ];
@@ -105,22 +160,43 @@ fn null_arguments_are_reported_not_dereferenced() {
     assert_eq!(unsafe { muon_config_validate(null()) }, MUON_STATUS_NULL_ARGUMENT);
     assert!(last_error().contains("cfg is NULL"));
     unsafe { muon_config_init(null_mut()) };
-    assert_eq!(unsafe { muon_host_group_create(2, null_mut()) }, MUON_STATUS_NULL_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_host_group_create(2, null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     let cfg = default_config();
     let mut opt = null_mut();
-    assert_eq!(unsafe { muon_optimizer_create(&cfg, null_mut(), null_mut(), &mut opt) }, MUON_STATUS_NULL_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_optimizer_create(&cfg, null_mut(), null_mut(), &mut opt) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     assert!(opt.is_null(), "outputs are written only on success");
-    assert_eq!(unsafe { muon_optimizer_add_param(null_mut(), null(), null_mut()) }, MUON_STATUS_NULL_ARGUMENT);
-    assert_eq!(unsafe { muon_optimizer_finalize(null_mut()) }, MUON_STATUS_NULL_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(null_mut(), null(), null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
+    assert_eq!(
+        unsafe { muon_optimizer_finalize(null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     let mut rank = 0;
     assert_eq!(unsafe { muon_comm_rank(null(), &mut rank) }, MUON_STATUS_NULL_ARGUMENT);
-    assert_eq!(unsafe { muon_comm_create_nccl(null_mut(), null_mut()) }, MUON_STATUS_NULL_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_comm_create_nccl(null_mut(), null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     let (comm, opt) = single_rank_optimizer(&cfg);
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, null(), null_mut()) }, MUON_STATUS_NULL_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, null(), null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     assert!(last_error().contains("desc is NULL"));
     let mut d = desc(&CString::new("w").unwrap(), &[4, 4]);
     d.name = null();
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &d, null_mut()) }, MUON_STATUS_NULL_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &d, null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     assert!(last_error().contains("desc->name is NULL"));
     teardown(comm, opt);
 }
@@ -131,7 +207,10 @@ fn destroy_null_is_success_and_wrong_handles_are_rejected() {
     assert_eq!(unsafe { muon_comm_destroy(null_mut()) }, MUON_STATUS_SUCCESS);
     let comm = host_group(1)[0];
     let as_optimizer = comm.cast::<muon_optimizer_t>();
-    assert_eq!(unsafe { muon_optimizer_finalize(as_optimizer) }, MUON_STATUS_INVALID_HANDLE);
+    assert_eq!(
+        unsafe { muon_optimizer_finalize(as_optimizer) },
+        MUON_STATUS_INVALID_HANDLE
+    );
     assert!(last_error().contains("not a live optimizer handle"));
     assert_eq!(unsafe { muon_comm_destroy(comm) }, MUON_STATUS_SUCCESS);
 }
@@ -144,21 +223,44 @@ fn wrong_call_order_is_a_state_error() {
     assert!(last_error().contains("no params registered"));
     let mut view = unsafe { std::mem::zeroed::<muon_param_view_t>() };
     view.struct_size = std::mem::size_of::<muon_param_view_t>() as u32;
-    assert_eq!(unsafe { muon_optimizer_param_view(opt, 0, &mut view) }, MUON_STATUS_INVALID_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_optimizer_param_view(opt, 0, &mut view) },
+        MUON_STATUS_INVALID_ARGUMENT
+    );
     let name = CString::new("layers.0.fc1.weight").unwrap();
     let mut id = u32::MAX;
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &desc(&name, &[64, 32]), &mut id) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &desc(&name, &[64, 32]), &mut id) },
+        MUON_STATUS_SUCCESS
+    );
     assert_eq!(id, 0);
-    assert_eq!(unsafe { muon_optimizer_param_view(opt, 0, &mut view) }, MUON_STATUS_INVALID_STATE);
+    assert_eq!(
+        unsafe { muon_optimizer_param_view(opt, 0, &mut view) },
+        MUON_STATUS_INVALID_STATE
+    );
     assert!(last_error().contains("not finalized"));
-    assert_eq!(unsafe { muon_optimizer_finalize(opt) }, MUON_STATUS_SUCCESS, "{}", last_error());
+    assert_eq!(
+        unsafe { muon_optimizer_finalize(opt) },
+        MUON_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
     let late = CString::new("late").unwrap();
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &desc(&late, &[4]), null_mut()) }, MUON_STATUS_INVALID_STATE);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &desc(&late, &[4]), null_mut()) },
+        MUON_STATUS_INVALID_STATE
+    );
     assert!(last_error().contains("finalized"));
     assert_eq!(unsafe { muon_optimizer_finalize(opt) }, MUON_STATUS_INVALID_STATE);
-    assert_eq!(unsafe { muon_optimizer_param_view(opt, 0, &mut view) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_optimizer_param_view(opt, 0, &mut view) },
+        MUON_STATUS_SUCCESS
+    );
     assert_eq!((view.route, view.owner, view.numel), (MUON_ROUTE_MUON, 0, 64 * 32));
-    assert!(!view.data.is_null() && !view.grad.is_null(), "finalize allocates the buffers");
+    assert!(
+        !view.data.is_null() && !view.grad.is_null(),
+        "finalize allocates the buffers"
+    );
     teardown(comm, opt);
 }
 
@@ -167,9 +269,15 @@ fn a_comm_serves_one_optimizer_at_a_time() {
     let cfg = default_config();
     let (comm, opt) = single_rank_optimizer(&cfg);
     let mut second = null_mut();
-    assert_eq!(unsafe { muon_optimizer_create(&cfg, comm, null_mut(), &mut second) }, MUON_STATUS_INVALID_STATE);
+    assert_eq!(
+        unsafe { muon_optimizer_create(&cfg, comm, null_mut(), &mut second) },
+        MUON_STATUS_INVALID_STATE
+    );
     assert_eq!(unsafe { muon_optimizer_destroy(opt) }, MUON_STATUS_SUCCESS);
-    assert_eq!(unsafe { muon_optimizer_create(&cfg, comm, null_mut(), &mut second) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_optimizer_create(&cfg, comm, null_mut(), &mut second) },
+        MUON_STATUS_SUCCESS
+    );
     teardown(comm, second);
 }
 
@@ -199,7 +307,11 @@ fn last_error_is_per_thread() {
     .unwrap();
     assert_eq!(there.0, "", "a new thread starts with an empty message");
     assert!(there.1.contains("muon_layout"));
-    assert_eq!(last_error(), here, "another thread's failure must not change this thread's message");
+    assert_eq!(
+        last_error(),
+        here,
+        "another thread's failure must not change this thread's message"
+    );
 }
 
 #[test]
@@ -215,7 +327,10 @@ fn host_group_ranks_and_bounds() {
         assert_eq!(unsafe { muon_comm_destroy(comm) }, MUON_STATUS_SUCCESS);
     }
     let mut out = [null_mut(); 1];
-    assert_eq!(unsafe { muon_host_group_create(0, out.as_mut_ptr()) }, MUON_STATUS_OUT_OF_RANGE);
+    assert_eq!(
+        unsafe { muon_host_group_create(0, out.as_mut_ptr()) },
+        MUON_STATUS_OUT_OF_RANGE
+    );
     assert!(last_error().contains("world_size: 0"));
 }
 
@@ -226,7 +341,10 @@ fn nccl_and_cuda_absence_are_statuses() {
     if unsafe { libc::dlopen(c"libnccl.so.2".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) }.is_null()
         && std::env::var_os("LD_LIBRARY_PATH").is_none_or(|p| !p.to_string_lossy().contains("nccl"))
     {
-        assert_eq!(unsafe { muon_comm_create_nccl(fake, &mut out) }, MUON_STATUS_NCCL_UNAVAILABLE);
+        assert_eq!(
+            unsafe { muon_comm_create_nccl(fake, &mut out) },
+            MUON_STATUS_NCCL_UNAVAILABLE
+        );
         assert!(last_error().contains("libnccl.so.2"), "{}", last_error());
         assert!(out.is_null());
     }
@@ -244,38 +362,71 @@ fn registration_errors_through_the_c_api() {
     let mut d = desc(&emb, &[1000, 64]);
     d.flags = MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT;
     d.tie_group = 1;
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &d, null_mut()) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &d, null_mut()) },
+        MUON_STATUS_SUCCESS
+    );
     let mtp = CString::new("mtp.embedding.weight").unwrap();
     let mut dup = desc(&mtp, &[1000, 64]);
     dup.tie_group = 1;
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &dup, null_mut()) }, MUON_STATUS_ROUTING_CONFLICT);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &dup, null_mut()) },
+        MUON_STATUS_ROUTING_CONFLICT
+    );
     let message = last_error();
-    assert!(message.contains("'embedding.weight'") && message.contains("'mtp.embedding.weight'"), "{message}");
+    assert!(
+        message.contains("'embedding.weight'") && message.contains("'mtp.embedding.weight'"),
+        "{message}"
+    );
     dup.tie_group = 0;
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &dup, null_mut()) }, MUON_STATUS_ROUTING_CONFLICT);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &dup, null_mut()) },
+        MUON_STATUS_ROUTING_CONFLICT
+    );
     assert!(last_error().contains("vocab_size 1000"));
     let bad_utf8 = CString::new(vec![0xff, 0xfe]).unwrap();
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &desc(&bad_utf8, &[4]), null_mut()) }, MUON_STATUS_INVALID_PARAM);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &desc(&bad_utf8, &[4]), null_mut()) },
+        MUON_STATUS_INVALID_PARAM
+    );
     assert!(last_error().contains("UTF-8"));
     let neg = CString::new("neg").unwrap();
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &desc(&neg, &[4, -2]), null_mut()) }, MUON_STATUS_INVALID_PARAM);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &desc(&neg, &[4, -2]), null_mut()) },
+        MUON_STATUS_INVALID_PARAM
+    );
     assert!(last_error().contains("shape[1] is -2"));
     let mut d5 = desc(&neg, &[4]);
     d5.ndim = 5;
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &d5, null_mut()) }, MUON_STATUS_INVALID_PARAM);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &d5, null_mut()) },
+        MUON_STATUS_INVALID_PARAM
+    );
     let mut small = desc(&neg, &[4]);
     small.struct_size = 4;
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &small, null_mut()) }, MUON_STATUS_ABI_MISMATCH);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &small, null_mut()) },
+        MUON_STATUS_ABI_MISMATCH
+    );
     let mut route = 9;
-    assert_eq!(unsafe { muon_optimizer_param_route(opt, 0, &mut route) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_optimizer_param_route(opt, 0, &mut route) },
+        MUON_STATUS_SUCCESS
+    );
     assert_eq!(route, MUON_ROUTE_ADAMW);
-    assert_eq!(unsafe { muon_optimizer_param_route(opt, 1, &mut route) }, MUON_STATUS_INVALID_ARGUMENT);
+    assert_eq!(
+        unsafe { muon_optimizer_param_route(opt, 1, &mut route) },
+        MUON_STATUS_INVALID_ARGUMENT
+    );
     let split = CString::new("qkv").unwrap();
     let mut fused = desc(&split, &[96, 32]);
     let sizes = [32i64, 32, 16];
     fused.num_splits = 3;
     fused.split_sizes = sizes.as_ptr();
-    assert_eq!(unsafe { muon_optimizer_add_param(opt, &fused, null_mut()) }, MUON_STATUS_INVALID_PARAM);
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &fused, null_mut()) },
+        MUON_STATUS_INVALID_PARAM
+    );
     assert!(last_error().contains("sum to 80, but dim 0 is 96"), "{}", last_error());
     teardown(comm, opt);
 }

@@ -43,7 +43,10 @@ mod tests {
     #[test]
     fn header_version_macros_match_cargo_toml() {
         let header = include_str!("../../include/muon_opt.h");
-        let cargo: Vec<u32> = env!("CARGO_PKG_VERSION").split('.').map(|p| p.parse().unwrap()).collect();
+        let cargo: Vec<u32> = env!("CARGO_PKG_VERSION")
+            .split('.')
+            .map(|p| p.parse().unwrap())
+            .collect();
         assert_eq!(header_macro(header, "MUON_VERSION_MAJOR"), cargo[0]);
         assert_eq!(header_macro(header, "MUON_VERSION_MINOR"), cargo[1]);
         assert_eq!(header_macro(header, "MUON_VERSION_PATCH"), cargo[2]);

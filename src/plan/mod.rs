@@ -43,7 +43,7 @@ pub use queries::{AdamwShard, OwnedUnit, ShardPiece};
 pub use report::{ADAMW_STATE_BYTES_PER_ELEMENT, MUON_STATE_BYTES_PER_ELEMENT, RankStats, Report, RouteElements};
 pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan};
 
-use buckets::{BufferKey, backward_chunks, group_buffers};
+use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};
 use presets::ModelDesc;
 
 /// The layout part of a plan, before the report and hash are added.
@@ -80,35 +80,12 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
             ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
         }
     };
-    let mut layout = Layout {
-        buffers: Vec::new(),
-        buckets: Vec::new(),
-        params: Vec::new(),
+    let (buffers, buckets) = lay_out_buffers(params, &groups, &chunks, cfg, dp, &mut placements)?;
+    let layout = Layout {
+        buffers,
+        buckets,
+        params: placements,
     };
-    for (index, (group, chunks)) in groups.iter().zip(&chunks).enumerate() {
-        let key = BufferKey {
-            index: index as u32,
-            route: group.route,
-            dtype: group.dtype,
-            first_bucket: layout.buckets.len() as u32,
-        };
-        let buckets = match (group.route, cfg.muon_layout) {
-            (Route::Adamw, _) => adamw::layout_adamw(params, chunks, dp, key, &mut placements),
-            (Route::Muon, MuonLayout::Padded) => {
-                padded::layout_padded(params, &group.params, bucket_size, dp, key, &mut placements)
-            }
-            (Route::Muon, _) => compact::layout_compact(params, chunks, dp, key, &mut placements)?,
-        };
-        layout.buffers.push(Buffer {
-            route: group.route,
-            dtype: group.dtype,
-            numel: buckets.last().map_or(0, |b| b.end),
-            first_bucket: key.first_bucket,
-            num_buckets: buckets.len() as u32,
-        });
-        layout.buckets.extend(buckets);
-    }
-    layout.params = placements;
     let mut report = Report::of(params, cfg, dp, &layout, ownership);
     let hash = hash::plan_hash(params, routes, cfg, dp, &layout);
     report.planning_time_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -121,6 +98,44 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
         hash,
         report,
     })
+}
+
+/// Lays out every buffer (bucket ids global, in buffer order); records param offsets.
+fn lay_out_buffers(
+    params: &[ParamSpec],
+    groups: &[BufferGroup],
+    chunks: &[Vec<Vec<u32>>],
+    cfg: &Config,
+    dp: usize,
+    placements: &mut [ParamPlacement],
+) -> Result<(Vec<Buffer>, Vec<Bucket>)> {
+    let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
+    let mut buffers = Vec::with_capacity(groups.len());
+    let mut all_buckets: Vec<Bucket> = Vec::new();
+    for (index, (group, chunks)) in groups.iter().zip(chunks).enumerate() {
+        let key = BufferKey {
+            index: index as u32,
+            route: group.route,
+            dtype: group.dtype,
+            first_bucket: all_buckets.len() as u32,
+        };
+        let buckets = match (group.route, cfg.muon_layout) {
+            (Route::Adamw, _) => adamw::layout_adamw(params, chunks, dp, key, placements),
+            (Route::Muon, MuonLayout::Padded) => {
+                padded::layout_padded(params, &group.params, bucket_size, dp, key, placements)
+            }
+            (Route::Muon, _) => compact::layout_compact(params, chunks, dp, key, placements)?,
+        };
+        buffers.push(Buffer {
+            route: group.route,
+            dtype: group.dtype,
+            numel: buckets.last().map_or(0, |b| b.end),
+            first_bucket: key.first_bucket,
+            num_buckets: buckets.len() as u32,
+        });
+        all_buckets.extend(buckets);
+    }
+    Ok((buffers, all_buckets))
 }
 
 /// Plans `model` once per Muon layout in `layouts` (the CLI's side-by-side comparison); every

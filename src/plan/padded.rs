@@ -67,7 +67,7 @@ pub(crate) fn layout_padded(
     for &id in ids.iter().rev() {
         let numel = params[id as usize].numel();
         if let (Some(size), false) = (bucket_size, chunk.is_empty()) {
-            let floor = ((dp as u64 * chunk_max) as f64 * PADDING_FLOOR) as u64;
+            let floor = ((dp as u128 * chunk_max as u128) as f64 * PADDING_FLOOR) as u64;
             let threshold = size.max(floor);
             if chunk_numel >= threshold && !absorbs(&shard_loads, numel, emitter.divisor) {
                 emitter.emit(&chunk, placements);

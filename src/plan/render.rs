@@ -5,8 +5,6 @@ use std::fmt::Write;
 
 use super::types::Plan;
 
-const GIB: f64 = (1u64 << 30) as f64;
-
 /// `1234567` → `"1.23 M"`.
 fn si(value: f64) -> String {
     let units = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")];
@@ -16,8 +14,13 @@ fn si(value: f64) -> String {
     }
 }
 
-fn gib(bytes: f64) -> String {
-    format!("{:.2} GiB", bytes / GIB)
+/// `3221225472` → `"3.00 GiB"`.
+fn bytes(value: f64) -> String {
+    let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    match units.iter().find(|(shift, _)| value >= (1u64 << shift) as f64) {
+        Some((shift, unit)) => format!("{:.2} {unit}", value / (1u64 << shift) as f64),
+        None => format!("{value:.0} B"),
+    }
 }
 
 /// One table row: a label and a value per plan.
@@ -53,16 +56,16 @@ pub fn table(model: &str, plans: &[Plan]) -> String {
         format!("{:.4} %", 100.0 * p.report.padding_fraction)
     });
     row(&mut out, "param buffers", plans, |p| {
-        gib(p.report.param_buffer_bytes as f64)
+        bytes(p.report.param_buffer_bytes as f64)
     });
     row(&mut out, "grad buffers", plans, |p| {
-        gib(p.report.grad_buffer_bytes as f64)
+        bytes(p.report.grad_buffer_bytes as f64)
     });
     row(&mut out, "optimizer state / rank, max", plans, |p| {
-        gib(p.report.optimizer_state_bytes.max as f64)
+        bytes(p.report.optimizer_state_bytes.max as f64)
     });
     row(&mut out, "optimizer state / rank, mean", plans, |p| {
-        gib(p.report.optimizer_state_bytes.mean)
+        bytes(p.report.optimizer_state_bytes.mean)
     });
     row(&mut out, "muon elements / rank, max/mean", plans, |p| {
         let e = &p.report.muon_elements;
@@ -74,7 +77,7 @@ pub fn table(model: &str, plans: &[Plan]) -> String {
         format!("{:.4}", p.report.ns_makespan_over_lower_bound)
     });
     row(&mut out, "wire / rank / step", plans, |p| {
-        gib(p.report.wire_bytes_per_rank)
+        bytes(p.report.wire_bytes_per_rank)
     });
     row(&mut out, "wire / lower bound", plans, |p| {
         format!("{:.4}", p.report.wire_over_lower_bound)
@@ -221,13 +224,13 @@ pub fn svg(model: &str, plans: &[Plan]) -> String {
         let state_panel = Panel {
             title: format!(
                 "{layout}: optimizer state per rank (max {})",
-                gib(r.optimizer_state_bytes.max as f64)
+                bytes(r.optimizer_state_bytes.max as f64)
             ),
             class: "state",
             values: &state,
             top_value: top_state,
         };
-        state_panel.draw(&mut out, top + PANEL_HEIGHT, gib);
+        state_panel.draw(&mut out, top + PANEL_HEIGHT, bytes);
     }
     out.push_str("</svg>\n");
     out

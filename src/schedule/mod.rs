@@ -87,7 +87,10 @@ impl Runtime {
         let zeros = |n: u64| vec![0.0f32; n as usize];
         for (p, placement) in plan.params.iter().enumerate() {
             let values = init(p).map_or_else(|| zeros(placement.numel), <[f32]>::to_vec);
-            backend.upload(Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel), &values)?;
+            backend.upload(
+                Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel),
+                &values,
+            )?;
         }
         for slot in &layout.muon {
             let p = slot.unit.param as usize;
@@ -155,11 +158,13 @@ impl Runtime {
 
     fn param_ops(&self, bucket: &Bucket) -> Vec<CollOp> {
         match &bucket.split {
-            BucketSplit::OwnerRanges(ranges) => {
-                owner_ops(ranges, Mem::Param(bucket.buffer), |root, span| CollOp::Broadcast { root, span })
-            }
+            BucketSplit::OwnerRanges(ranges) => owner_ops(ranges, Mem::Param(bucket.buffer), |root, span| {
+                CollOp::Broadcast { root, span }
+            }),
             BucketSplit::EqualShards { .. } => {
-                vec![CollOp::AllGather { span: Self::bucket_span(bucket, Mem::Param(bucket.buffer)) }]
+                vec![CollOp::AllGather {
+                    span: Self::bucket_span(bucket, Mem::Param(bucket.buffer)),
+                }]
             }
         }
     }
@@ -170,7 +175,8 @@ impl Runtime {
         for b in 0..self.plan.buckets.len() {
             self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
             let bucket = &self.plan.buckets[b];
-            self.backend.memset_zero(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)))?;
+            self.backend
+                .memset_zero(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)))?;
         }
         Ok(())
     }
@@ -178,15 +184,24 @@ impl Runtime {
     /// Forward pre-hook: the compute stream waits for bucket `b`'s params.
     pub fn wait_params(&mut self, b: u32) -> Result<()> {
         if b as usize >= self.plan.buckets.len() {
-            bail!(InvalidState, "wait_params: bucket {b} does not exist (the plan has {} buckets)", self.plan.buckets.len());
+            bail!(
+                InvalidState,
+                "wait_params: bucket {b} does not exist (the plan has {} buckets)",
+                self.plan.buckets.len()
+            );
         }
-        self.backend.wait(StreamKind::Compute, event(b as usize, Ev::ParamSynced))
+        self.backend
+            .wait(StreamKind::Compute, event(b as usize, Ev::ParamSynced))
     }
 
     /// Backward hook: param `p`'s gradient is final for this iteration.
     pub fn grad_ready(&mut self, p: u32) -> Result<()> {
         let Some(ready) = self.ready.get_mut(p as usize) else {
-            bail!(InvalidArgument, "grad_ready: param_id {p} is not registered ({} params)", self.params.len());
+            bail!(
+                InvalidArgument,
+                "grad_ready: param_id {p} is not registered ({} params)",
+                self.params.len()
+            );
         };
         if *ready {
             bail!(
@@ -207,7 +222,10 @@ impl Runtime {
     fn launch_grad_sync(&mut self, b: usize) -> Result<()> {
         let bucket = &self.plan.buckets[b];
         if self.dp() > 1 {
-            self.backend.scale(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)), 1.0 / self.dp() as f32)?;
+            self.backend.scale(
+                Self::bucket_span(bucket, Mem::Grad(bucket.buffer)),
+                1.0 / self.dp() as f32,
+            )?;
         }
         let ops = self.grad_ops(bucket);
         self.backend.record(StreamKind::Compute, event(b, Ev::GradReady))?;
@@ -237,7 +255,12 @@ impl Runtime {
         let total = self.backend.all_reduce_f64(local)?;
         self.end_iteration();
         if !total.is_finite() {
-            return Ok(StepInfo { grad_norm: total.sqrt(), clip_coef: 1.0, skipped: true, step: self.steps });
+            return Ok(StepInfo {
+                grad_norm: total.sqrt(),
+                clip_coef: 1.0,
+                skipped: true,
+                step: self.steps,
+            });
         }
         let clip_coef = clip_coefficient(total, self.cfg.clip_grad);
         self.steps += 1;
@@ -255,7 +278,12 @@ impl Runtime {
                 self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
         }
-        Ok(StepInfo { grad_norm: total.sqrt(), clip_coef, skipped: false, step: self.steps })
+        Ok(StepInfo {
+            grad_norm: total.sqrt(),
+            clip_coef,
+            skipped: false,
+            step: self.steps,
+        })
     }
 
     fn end_iteration(&mut self) {
@@ -267,7 +295,11 @@ impl Runtime {
     }
 
     fn wd_scale(spec: &ParamSpec) -> f32 {
-        if spec.flags.has(ParamFlags::NO_WEIGHT_DECAY) { 0.0 } else { spec.wd_scale }
+        if spec.flags.has(ParamFlags::NO_WEIGHT_DECAY) {
+            0.0
+        } else {
+            spec.wd_scale
+        }
     }
 
     fn update_muon(&mut self, args: &StepArgs, clip_coef: f32) -> Result<()> {
@@ -329,7 +361,11 @@ impl Runtime {
     /// Address of param `p`'s storage in `mem_of(buffer)` (param or grad buffer).
     pub fn address(&self, p: usize, grad: bool) -> *mut std::ffi::c_void {
         let placement = &self.plan.params[p];
-        let mem = if grad { Mem::Grad(placement.buffer) } else { Mem::Param(placement.buffer) };
+        let mem = if grad {
+            Mem::Grad(placement.buffer)
+        } else {
+            Mem::Param(placement.buffer)
+        };
         self.backend.address(Span::new(mem, placement.offset, placement.numel))
     }
 }
@@ -373,7 +409,10 @@ impl Runtime {
                 param: slot.piece.param,
                 range: slot.piece.param_range,
                 master: self.backend.download(slot.master())?,
-                moments: vec![self.backend.download(slot.exp_avg())?, self.backend.download(slot.exp_avg_sq())?],
+                moments: vec![
+                    self.backend.download(slot.exp_avg())?,
+                    self.backend.download(slot.exp_avg_sq())?,
+                ],
             });
         }
         Ok(out)
@@ -382,15 +421,15 @@ impl Runtime {
     /// This rank's copy of param `p` as f32 (what its forward would read).
     pub fn param_values(&mut self, p: usize) -> Result<Vec<f32>> {
         let placement = &self.plan.params[p];
-        self.backend.download(Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel))
+        self.backend.download(Span::new(
+            Mem::Param(placement.buffer),
+            placement.offset,
+            placement.numel,
+        ))
     }
 }
 
-fn owner_ops(
-    ranges: &[ElemRange],
-    mem: Mem,
-    op: impl Fn(u32, Span) -> CollOp,
-) -> Vec<CollOp> {
+fn owner_ops(ranges: &[ElemRange], mem: Mem, op: impl Fn(u32, Span) -> CollOp) -> Vec<CollOp> {
     ranges
         .iter()
         .enumerate()

@@ -56,7 +56,13 @@ impl StateLayout {
         let mut adamw = Vec::new();
         for shard in plan.adamw_shards_of(rank) {
             for piece in shard.pieces {
-                adamw.push(AdamwSlot { bucket: shard.bucket, buffer: shard.buffer, piece, master: offset, moments });
+                adamw.push(AdamwSlot {
+                    bucket: shard.bucket,
+                    buffer: shard.buffer,
+                    piece,
+                    master: offset,
+                    moments,
+                });
                 offset += piece.param_range.len();
                 moments += piece.param_range.len();
             }
@@ -81,10 +87,18 @@ impl MuonSlot {
         Span::new(Mem::Momentum, self.state, self.unit.range.len())
     }
     pub fn param(&self) -> Span {
-        Span::new(Mem::Param(self.unit.buffer), self.unit.range.start, self.unit.range.len())
+        Span::new(
+            Mem::Param(self.unit.buffer),
+            self.unit.range.start,
+            self.unit.range.len(),
+        )
     }
     pub fn grad(&self) -> Span {
-        Span::new(Mem::Grad(self.unit.buffer), self.unit.range.start, self.unit.range.len())
+        Span::new(
+            Mem::Grad(self.unit.buffer),
+            self.unit.range.start,
+            self.unit.range.len(),
+        )
     }
 }
 

@@ -23,8 +23,16 @@ pub fn model() -> Vec<ParamSpec> {
         let mut qkv = ParamSpec::new(format!("layers.{layer}.qkv.weight"), &[96, 32], Dtype::Bf16);
         qkv.split_sizes = vec![32, 32, 32];
         params.push(qkv);
-        params.push(ParamSpec::new(format!("layers.{layer}.proj.weight"), &[32, 32], Dtype::Bf16));
-        params.push(ParamSpec::new(format!("layers.{layer}.norm.weight"), &[32], Dtype::Bf16));
+        params.push(ParamSpec::new(
+            format!("layers.{layer}.proj.weight"),
+            &[32, 32],
+            Dtype::Bf16,
+        ));
+        params.push(ParamSpec::new(
+            format!("layers.{layer}.norm.weight"),
+            &[32],
+            Dtype::Bf16,
+        ));
         let mut experts = ParamSpec::new(format!("layers.{layer}.experts.fc1"), &[4, 48, 32], Dtype::Bf16);
         experts.flags = ParamFlags(ParamFlags::EXPERT_STACK);
         params.push(experts);
@@ -63,7 +71,12 @@ pub fn rank_grad(step: u64, rank: usize, p: usize, params: &[f32]) -> Vec<f32> {
         .collect()
 }
 
-pub const ARGS: StepArgs = StepArgs { lr: 0.02, weight_decay: 0.1, adam_lr: 0.003, adam_weight_decay: 0.01 };
+pub const ARGS: StepArgs = StepArgs {
+    lr: 0.02,
+    weight_decay: 0.1,
+    adam_lr: 0.003,
+    adam_weight_decay: 0.01,
+};
 
 /// Everything observable after a step: every rank's params and the assembled owned state.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +113,9 @@ pub struct Data {
     pub emulated_dp: usize,
 }
 
+/// Per step: every param as this rank sees it, and this rank's owned state.
+type RankHistory = Vec<(Vec<Vec<f32>>, Vec<OwnedState>)>;
+
 pub fn optimizers(cfg: &Config, dp: usize, timeout: Duration) -> Vec<Optimizer> {
     HostGroup::new(dp, timeout)
         .into_iter()
@@ -114,7 +130,7 @@ pub fn optimizers(cfg: &Config, dp: usize, timeout: Duration) -> Vec<Optimizer> 
 pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
     let specs = model();
     let opts = optimizers(cfg, dp, Duration::from_secs(20));
-    let per_rank: Vec<Vec<(Vec<Vec<f32>>, Vec<OwnedState>)>> = std::thread::scope(|scope| {
+    let per_rank: Vec<RankHistory> = std::thread::scope(|scope| {
         let handles: Vec<_> = opts
             .into_iter()
             .enumerate()
@@ -133,14 +149,7 @@ pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
         .collect()
 }
 
-fn run_rank(
-    opt: &mut Optimizer,
-    specs: &[ParamSpec],
-    rank: usize,
-    dp: usize,
-    data: Data,
-    steps: u64,
-) -> Vec<(Vec<Vec<f32>>, Vec<OwnedState>)> {
+fn run_rank(opt: &mut Optimizer, specs: &[ParamSpec], rank: usize, dp: usize, data: Data, steps: u64) -> RankHistory {
     for (p, spec) in specs.iter().enumerate() {
         opt.add_param(spec.clone(), Some(init_values(p, spec.numel()))).unwrap();
     }
@@ -176,7 +185,9 @@ fn run_rank(
         for b in 0..num_buckets {
             opt.wait_params(b).unwrap();
         }
-        let params = (0..specs.len()).map(|p| opt.running().unwrap().param_values(p).unwrap()).collect();
+        let params = (0..specs.len())
+            .map(|p| opt.running().unwrap().param_values(p).unwrap())
+            .collect();
         out.push((params, opt.running().unwrap().owned_state().unwrap()));
     }
     out

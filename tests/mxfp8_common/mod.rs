@@ -5,8 +5,8 @@
 #![allow(dead_code)] // Each test crate uses a different subset of these helpers.
 
 use muon_opt::numerics::mxfp8::{
-    Direction, Input, MAX_NORM_RCP, QuantizedMut, ScaleLayout, f32_to_e4m3, float_to_e8m0,
-    quantize_both, quantize_colwise, quantize_rowwise, scale_index, scale_inv, scale_shape,
+    Direction, Input, MAX_NORM_RCP, QuantizedMut, ScaleLayout, f32_to_e4m3, float_to_e8m0, quantize_both,
+    quantize_colwise, quantize_rowwise, scale_index, scale_inv, scale_shape,
 };
 
 pub const DIRECTIONS: [Direction; 2] = [Direction::Rowwise, Direction::Colwise];
@@ -70,13 +70,7 @@ pub fn reference_e4m3(y: f32) -> u8 {
 
 /// Naive reference quantization of upcast values `x` (MXFP8.md §10), one block at a time,
 /// built on the scalar primitives (which have their own exhaustive tests).
-pub fn reference_quantize(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    direction: Direction,
-    layout: ScaleLayout,
-) -> Copy {
+pub fn reference_quantize(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Copy {
     let (sr, sc) = scale_shape(rows, cols, direction);
     let mut out = Copy {
         data: vec![0; rows * cols],
@@ -117,13 +111,7 @@ pub fn reference_quantize(
 }
 
 /// Runs the library on `input` for one direction, through the single-direction entry point.
-pub fn run_single(
-    input: Input<'_>,
-    rows: usize,
-    cols: usize,
-    direction: Direction,
-    layout: ScaleLayout,
-) -> Copy {
+pub fn run_single(input: Input<'_>, rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Copy {
     let (sr, sc) = scale_shape(rows, cols, direction);
     // Non-zero fill: every byte must be written by the library.
     let mut out = Copy {
@@ -169,13 +157,7 @@ pub fn run_both(input: Input<'_>, rows: usize, cols: usize, layout: ScaleLayout)
 /// Quantizes `x` (f32 values) with every entry point, layout and, when every value is exact
 /// in bf16, both input types; asserts they all agree with each other and returns the result
 /// for `direction` and `layout` together with the number of input types run.
-pub fn run_all(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    direction: Direction,
-    layout: ScaleLayout,
-) -> (Copy, usize) {
+pub fn run_all(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> (Copy, usize) {
     let bf16: Option<Vec<u16>> = x.iter().map(|&v| bf16_exact(v)).collect();
     let mut inputs = vec![Input::F32(x)];
     if let Some(b) = &bf16 {

@@ -28,9 +28,11 @@ pub struct NcclApi {
     pub comm_get_async_error: unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult,
     pub group_start: unsafe extern "C" fn() -> NcclResult,
     pub group_end: unsafe extern "C" fn() -> NcclResult,
-    pub reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, Stream) -> NcclResult,
+    pub reduce:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, Comm, Stream) -> NcclResult,
     pub broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
-    pub reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
+    pub reduce_scatter:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
     pub all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> NcclResult,
     pub all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
 }
@@ -67,7 +69,11 @@ fn symbol<T: Copy>(library: *mut c_void, name: &CStr) -> Result<T> {
     // SAFETY: dlsym on a live handle; the caller states the function type of `name`.
     let ptr = unsafe { libc::dlsym(library, name.as_ptr()) };
     if ptr.is_null() {
-        bail!(NcclUnavailable, "libnccl.so.2 has no symbol {}; NCCL 2.12 or newer is required", name.to_string_lossy());
+        bail!(
+            NcclUnavailable,
+            "libnccl.so.2 has no symbol {}; NCCL 2.12 or newer is required",
+            name.to_string_lossy()
+        );
     }
     Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&ptr) })
 }
@@ -105,7 +111,10 @@ impl NcclApi {
         }
         // SAFETY: ncclGetErrorString returns a static string for any code.
         let text = unsafe { CStr::from_ptr((self.get_error_string)(result)) }.to_string_lossy();
-        Err(Error::new(ErrorKind::NcclError, format!("{call} failed with ncclResult_t {result}: {text}")))
+        Err(Error::new(
+            ErrorKind::NcclError,
+            format!("{call} failed with ncclResult_t {result}: {text}"),
+        ))
     }
 }
 
@@ -124,7 +133,10 @@ unsafe impl Sync for NcclComm {}
 
 impl NcclComm {
     /// Wraps the caller's communicator after asking NCCL for its size and rank.
-    pub fn borrow(raw: Comm) -> Result<Self> {
+    ///
+    /// # Safety
+    /// `raw` must be a live communicator of the process's NCCL that outlives the result.
+    pub unsafe fn borrow(raw: Comm) -> Result<Self> {
         let api = api()?;
         let (mut count, mut rank) = (0, 0);
         // SAFETY: `raw` is the caller's live communicator (documented contract).
@@ -133,6 +145,11 @@ impl NcclComm {
         if count < 1 || rank < 0 || rank >= count {
             bail!(CommMismatch, "nccl: communicator reports rank {rank} of {count}");
         }
-        Ok(NcclComm { api, raw, rank: rank as usize, size: count as usize })
+        Ok(NcclComm {
+            api,
+            raw,
+            rank: rank as usize,
+            size: count as usize,
+        })
     }
 }

@@ -21,11 +21,23 @@ pub struct Source {
 }
 
 /// Every `kernels/*.cu` translation unit.
-pub const SOURCES: &[Source] = &[Source { name: "cast.cu", text: include_str!("../../../kernels/cast.cu") }];
+pub const SOURCES: &[Source] = &[
+    Source {
+        name: "cast.cu",
+        text: include_str!("../../../kernels/cast.cu"),
+    },
+    Source {
+        name: "mxfp8_quantize.cu",
+        text: include_str!("../../../kernels/mxfp8_quantize.cu"),
+    },
+];
 
 /// Every `kernels/*.cuh` header, handed to NVRTC by name so no kernels directory is needed
 /// at run time.
-pub const HEADERS: &[Source] = &[];
+pub const HEADERS: &[Source] = &[Source {
+    name: "mxfp8.cuh",
+    text: include_str!("../../../kernels/mxfp8.cuh"),
+}];
 
 /// What to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,19 +140,39 @@ pub fn compile(source: &Source, target: Target) -> Result<Vec<u8>> {
     let options = options.iter().map(|o| to_cstring(o)).collect::<Result<Vec<_>>>()?;
     let option_ptrs: Vec<*const c_char> = options.iter().map(|c| c.as_ptr()).collect();
     let compiled = unsafe { sys::nvrtcCompileProgram(program.0, option_ptrs.len() as i32, option_ptrs.as_ptr()) };
-    check(&format!("nvrtcCompileProgram({}, {target:?})", source.name), compiled, &program_log(&program))?;
+    check(
+        &format!("nvrtcCompileProgram({}, {target:?})", source.name),
+        compiled,
+        &program_log(&program),
+    )?;
     let mut size = 0usize;
     let mut out;
     match target {
         Target::Ptx(_) => {
-            check("nvrtcGetPTXSize", unsafe { sys::nvrtcGetPTXSize(program.0, &mut size) }, "")?;
+            check(
+                "nvrtcGetPTXSize",
+                unsafe { sys::nvrtcGetPTXSize(program.0, &mut size) },
+                "",
+            )?;
             out = vec![0u8; size];
-            check("nvrtcGetPTX", unsafe { sys::nvrtcGetPTX(program.0, out.as_mut_ptr().cast()) }, "")?;
+            check(
+                "nvrtcGetPTX",
+                unsafe { sys::nvrtcGetPTX(program.0, out.as_mut_ptr().cast()) },
+                "",
+            )?;
         }
         Target::Cubin(_) => {
-            check("nvrtcGetCUBINSize", unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }, "")?;
+            check(
+                "nvrtcGetCUBINSize",
+                unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) },
+                "",
+            )?;
             out = vec![0u8; size];
-            check("nvrtcGetCUBIN", unsafe { sys::nvrtcGetCUBIN(program.0, out.as_mut_ptr().cast()) }, "")?;
+            check(
+                "nvrtcGetCUBIN",
+                unsafe { sys::nvrtcGetCUBIN(program.0, out.as_mut_ptr().cast()) },
+                "",
+            )?;
         }
     }
     Ok(out)

@@ -17,12 +17,18 @@ pub fn device_count() -> Result<usize> {
         );
     }
     match catch_unwind(cudarc::driver::CudaContext::device_count) {
-        Ok(Ok(0)) => bail!(CudaNoDevice, "the CUDA driver reports no device (check CUDA_VISIBLE_DEVICES)"),
+        Ok(Ok(0)) => bail!(
+            CudaNoDevice,
+            "the CUDA driver reports no device (check CUDA_VISIBLE_DEVICES)"
+        ),
         Ok(Ok(n)) => Ok(n as usize),
         Ok(Err(e)) if format!("{e:?}").contains("NO_DEVICE") => {
             bail!(CudaNoDevice, "cuDeviceGetCount: {e:?} (check CUDA_VISIBLE_DEVICES)")
         }
         Ok(Err(e)) => bail!(CudaError, "cuDeviceGetCount failed: {e:?}"),
-        Err(_) => bail!(CudaUnavailable, "the CUDA driver could not be initialised (cudarc panicked while loading it)"),
+        Err(_) => bail!(
+            CudaUnavailable,
+            "the CUDA driver could not be initialised (cudarc panicked while loading it)"
+        ),
     }
 }

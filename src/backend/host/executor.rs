@@ -132,6 +132,9 @@ impl HostBackend {
 
     /// # Safety
     /// No other live slice may alias `span` while the returned slice is used.
+    // The storage is raw memory owned through pointers, not through `self`'s fields, so a
+    // mutable view from `&self` aliases nothing Rust tracks.
+    #[allow(clippy::mut_from_ref)]
     unsafe fn f32s(&self, span: Span) -> Result<&mut [f32]> {
         let storage = self.storage(span)?;
         if storage.dtype != Dtype::F32 {
@@ -143,6 +146,7 @@ impl HostBackend {
 
     /// # Safety
     /// As for [`HostBackend::f32s`].
+    #[allow(clippy::mut_from_ref)]
     unsafe fn u16s(&self, span: Span) -> Result<&mut [u16]> {
         let storage = self.storage(span)?;
         let ptr = unsafe { storage.ptr.cast::<u16>().add(span.start as usize) };

@@ -12,7 +12,6 @@ use super::fast::{Element, FAST_MIN_SCALE, FastScale};
 use super::scalar::{BLOCK_SIZE, e8m0_from_amax, f32_to_e4m3, scale_inv};
 use super::{Direction, Input, QuantizedMut, ScaleLayout, ScaleMap, check_len, element_count, scale_shape};
 use crate::error::Result;
-use std::ops::Range;
 
 /// Columns per chunk of a strip: 32 rows × 2048 bf16 = 128 KiB (256 KiB for f32) stays in L2
 /// between the two passes, and each row is read as one run the prefetcher can follow.
@@ -176,23 +175,6 @@ impl<L: Copy + Default> Lanes<L> {
         }
     }
 
-    /// Sets entry `32k + j` to entry `blocks.start + k` of `per_block`: the constants of
-    /// rowwise blocks spread over their columns.
-    #[inline(always)]
-    fn expand(&mut self, per_block: &Lanes<L>, blocks: Range<usize>) {
-        let pairs = [
-            (&mut self.drop, &per_block.drop),
-            (&mut self.shift_offset, &per_block.shift_offset),
-        ];
-        for (lanes, src) in pairs {
-            let n = blocks.len();
-            let (full, _) = lanes.as_chunks_mut::<BLOCK_SIZE>();
-            for (chunk, &v) in full[..n].iter_mut().zip(&src[blocks.clone()]) {
-                *chunk = [v; BLOCK_SIZE];
-            }
-        }
-    }
-
     #[inline(always)]
     fn get(&self, i: usize) -> FastScale<L> {
         FastScale {
@@ -214,11 +196,7 @@ fn scale_bytes<E: Element>(
     nan_free: impl Fn(usize) -> E::Key,
 ) -> bool {
     let n = raw.len();
-    let (b, drop, shift) = (
-        &mut b[..n],
-        &mut fast.drop[..n],
-        &mut fast.shift_offset[..n],
-    );
+    let (b, drop, shift) = (&mut b[..n], &mut fast.drop[..n], &mut fast.shift_offset[..n]);
     let mut all_fast = true;
     for i in 0..n {
         b[i] = e8m0_from_amax(E::key_to_f32(raw[i]));
@@ -237,31 +215,56 @@ fn scale_bytes<E: Element>(
     all_fast
 }
 
+/// `[max(a[0], a[1]), max(a[2], a[3]), …, max(b[30], b[31])]`: one level of the reduction
+/// tree of [`block_maxima`] (two permutes and a max on AVX-512).
+#[inline(always)]
+fn pair_max<K: Copy + Ord>(a: &[K; BLOCK_SIZE], b: &[K; BLOCK_SIZE]) -> [K; BLOCK_SIZE] {
+    const HALF: usize = BLOCK_SIZE / 2;
+    let even: [K; BLOCK_SIZE] = std::array::from_fn(|j| if j < HALF { a[2 * j] } else { b[2 * (j - HALF)] });
+    let odd: [K; BLOCK_SIZE] = std::array::from_fn(|j| if j < HALF { a[2 * j + 1] } else { b[2 * (j - HALF) + 1] });
+    std::array::from_fn(|j| even[j].max(odd[j]))
+}
+
+/// The maxima of 32 blocks as one array, reduced as a tree of [`pair_max`] levels: 31 vector
+/// maxima instead of 32 horizontal reductions.
+#[inline(always)]
+fn block_maxima<K: Copy + Ord>(keys: &[[K; BLOCK_SIZE]; BLOCK_SIZE]) -> [K; BLOCK_SIZE] {
+    let l1: [[K; BLOCK_SIZE]; 16] = std::array::from_fn(|i| pair_max(&keys[2 * i], &keys[2 * i + 1]));
+    let l2: [[K; BLOCK_SIZE]; 8] = std::array::from_fn(|i| pair_max(&l1[2 * i], &l1[2 * i + 1]));
+    let l3: [[K; BLOCK_SIZE]; 4] = std::array::from_fn(|i| pair_max(&l2[2 * i], &l2[2 * i + 1]));
+    let l4: [[K; BLOCK_SIZE]; 2] = std::array::from_fn(|i| pair_max(&l3[2 * i], &l3[2 * i + 1]));
+    pair_max(&l4[0], &l4[1])
+}
+
 /// The amax pass over one row of a piece: the raw maximum of each rowwise block into
 /// `row_raw` (when `ROW`) and the running columnwise maxima in `col_raw` (when `COL`).
+/// Blocks are reduced 32 at a time by [`block_maxima`].
 #[inline(always)]
-fn amax_row<E: Element, const ROW: bool, const COL: bool>(
-    src: &[E],
-    row_raw: &mut [E::Key],
-    col_raw: &mut [E::Key],
-) {
-    let (blocks, tail) = src.as_chunks::<BLOCK_SIZE>();
+fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &mut [E::Key], col_raw: &mut [E::Key]) {
+    let (groups, tail) = src.as_chunks::<BLOCK_SIZE>();
     let (accs, acc_tail) = col_raw[..src.len()].as_chunks_mut::<BLOCK_SIZE>();
-    for (k, (blk, acc)) in blocks.iter().zip(accs).enumerate() {
+    let (units, rest) = groups.as_chunks::<BLOCK_SIZE>();
+    let (acc_units, acc_rest) = accs.as_chunks_mut::<BLOCK_SIZE>();
+    let (raw_units, raw_rest) = row_raw.split_at_mut(units.len() * BLOCK_SIZE);
+    for ((unit, acc), raw) in units.iter().zip(acc_units).zip(raw_units.as_chunks_mut::<BLOCK_SIZE>().0) {
         // Keys in a local array first: the compiler cannot rule out that `acc` aliases `src`.
-        let keys: [E::Key; BLOCK_SIZE] = std::array::from_fn(|j| blk[j].raw_key());
+        let keys: [[E::Key; BLOCK_SIZE]; BLOCK_SIZE] = std::array::from_fn(|g| std::array::from_fn(|j| unit[g][j].raw_key()));
         if COL {
-            for (a, &k) in acc.iter_mut().zip(&keys) {
-                *a = (*a).max(k);
+            for (a, k) in acc.iter_mut().zip(&keys) {
+                for j in 0..BLOCK_SIZE {
+                    a[j] = a[j].max(k[j]);
+                }
             }
         }
         if ROW {
-            row_raw[k] = keys.into_iter().fold(E::Key::default(), Ord::max);
+            *raw = block_maxima(&keys);
         }
     }
-    if !tail.is_empty() {
+    let blocks = rest.iter().map(|g| g.as_slice()).chain((!tail.is_empty()).then_some(tail));
+    let accs = acc_rest.iter_mut().map(|a| a.as_mut_slice()).chain(Some(acc_tail));
+    for ((blk, acc), raw) in blocks.zip(accs).zip(raw_rest.iter_mut()) {
         let mut m = E::Key::default();
-        for (a, v) in acc_tail.iter_mut().zip(tail) {
+        for (a, v) in acc.iter_mut().zip(blk) {
             let k = v.raw_key();
             if COL {
                 *a = (*a).max(k);
@@ -269,54 +272,103 @@ fn amax_row<E: Element, const ROW: bool, const COL: bool>(
             m = m.max(k);
         }
         if ROW {
-            row_raw[blocks.len()] = m;
+            *raw = m;
         }
     }
 }
 
 /// Lanes per group of the fast encoding loops: the full formula is evaluated only for groups
-/// that contain a lane needing it (see `fast.rs`).
-const GROUP: usize = 32;
+/// that contain a lane needing it (see `fast.rs`). A group of a row is one rowwise block.
+const GROUP: usize = BLOCK_SIZE;
 
-/// One group's fast-path constants.
-type GroupScales<'a, L> = (&'a [L; GROUP], &'a [L; GROUP]);
+/// The fast-path constants of a group's lanes: one pair for the whole group (a rowwise block)
+/// or one per lane (columns).
+trait GroupScale<L>: Copy {
+    fn at(self, j: usize) -> FastScale<L>;
+}
 
-/// Encodes a group with the common formula and returns whether any lane needs the full one.
-#[inline(always)]
-fn encode_group<E: Element>(x: &[E; GROUP], (drop, shift): GroupScales<'_, E::Lane>, out: &mut [u8; GROUP]) -> bool {
-    let mut need = false;
-    for j in 0..GROUP {
-        let s = FastScale { drop: drop[j], shift_offset: shift[j] };
-        let (code, n) = E::finish_common(x[j].prepare(), s);
-        out[j] = code;
-        need |= n;
+impl<L: Copy> GroupScale<L> for FastScale<L> {
+    #[inline(always)]
+    fn at(self, _: usize) -> FastScale<L> {
+        self
     }
-    need
+}
+
+impl<L: Copy> GroupScale<L> for (&[L; GROUP], &[L; GROUP]) {
+    #[inline(always)]
+    fn at(self, j: usize) -> FastScale<L> {
+        FastScale {
+            drop: self.0[j],
+            shift_offset: self.1[j],
+        }
+    }
+}
+
+/// Encodes a group with the common formula into one or two copies and returns, per copy,
+/// whether any lane needs the full formula. `prepare` is shared between the copies.
+#[inline(always)]
+fn encode_group<E: Element, R: GroupScale<E::Lane>, C: GroupScale<E::Lane>>(
+    x: &[E; GROUP],
+    (rs, rd): (R, &mut [u8; GROUP]),
+    col: Option<(C, &mut [u8; GROUP])>,
+) -> (bool, bool) {
+    let (mut need_row, mut need_col) = (false, false);
+    match col {
+        Some((cs, cd)) => {
+            for j in 0..GROUP {
+                let p = x[j].prepare();
+                let (code, n) = E::finish_common(p, rs.at(j));
+                rd[j] = code;
+                need_row |= n;
+                let (code, n) = E::finish_common(p, cs.at(j));
+                cd[j] = code;
+                need_col |= n;
+            }
+        }
+        None => {
+            for j in 0..GROUP {
+                let (code, n) = E::finish_common(x[j].prepare(), rs.at(j));
+                rd[j] = code;
+                need_row |= n;
+            }
+        }
+    }
+    (need_row, need_col)
 }
 
 /// Encodes a group with the full formula.
 #[inline(always)]
-fn encode_group_full<E: Element>(x: &[E; GROUP], (drop, shift): GroupScales<'_, E::Lane>, out: &mut [u8; GROUP]) {
+fn encode_group_full<E: Element, S: GroupScale<E::Lane>>(x: &[E; GROUP], s: S, out: &mut [u8; GROUP]) {
     for j in 0..GROUP {
-        let s = FastScale { drop: drop[j], shift_offset: shift[j] };
-        out[j] = E::finish(x[j].prepare(), s);
+        out[j] = E::finish(x[j].prepare(), s.at(j));
     }
 }
 
-/// The constants of a row of a piece, in groups.
+/// The per-column constants of a row of a piece, in groups.
 #[inline(always)]
-fn groups<L>(lanes: &Lanes<L>, n: usize) -> impl Iterator<Item = GroupScales<'_, L>> {
+fn column_groups<L>(lanes: &Lanes<L>, n: usize) -> impl Iterator<Item = (&[L; GROUP], &[L; GROUP])> {
     let drop = lanes.drop[..n].as_chunks::<GROUP>().0;
     let shift = lanes.shift_offset[..n].as_chunks::<GROUP>().0;
     drop.iter().zip(shift)
 }
 
-/// Encodes one row of a piece into both copies on the fast path, with per-column constants
-/// for either copy.
+/// The per-block constants of one row's rowwise blocks.
+#[inline(always)]
+fn block_scales<L: Copy + Default>(
+    lanes: &Lanes<L>,
+    blocks: usize,
+    first: usize,
+) -> impl Iterator<Item = FastScale<L>> {
+    (first..first + blocks).map(|j| lanes.get(j))
+}
+
+/// Encodes one row of a piece into both copies on the fast path: rowwise with the row's
+/// per-block constants starting at entry `first_block` of `row`, columnwise with per-column
+/// constants.
 #[inline(always)]
 fn encode_both_fast<E: Element>(
     src: &[E],
-    row: &Lanes<E::Lane>,
+    (row, first_block): (&Lanes<E::Lane>, usize),
     col: &Lanes<E::Lane>,
     row_dst: &mut [u8],
     col_dst: &mut [u8],
@@ -326,49 +378,72 @@ fn encode_both_fast<E: Element>(
     let (rds, rd_tail) = row_dst[..n].as_chunks_mut::<GROUP>();
     let (cds, cd_tail) = col_dst[..n].as_chunks_mut::<GROUP>();
     let outs = rds.iter_mut().zip(cds.iter_mut());
-    let consts = groups(row, n).zip(groups(col, n));
+    let consts = block_scales(row, xs.len(), first_block).zip(column_groups(col, n));
     for ((x, (rd, cd)), (rs, cs)) in xs.iter().zip(outs).zip(consts) {
-        let need_row = encode_group::<E>(x, rs, rd);
-        let need_col = encode_group::<E>(x, cs, cd);
+        let (need_row, need_col) = encode_group::<E, _, _>(x, (rs, rd), Some((cs, cd)));
         if need_row {
-            encode_group_full::<E>(x, rs, rd);
+            encode_group_full::<E, _>(x, rs, rd);
         }
         if need_col {
-            encode_group_full::<E>(x, cs, cd);
+            encode_group_full::<E, _>(x, cs, cd);
         }
     }
-    let start = n - x_tail.len();
-    for (j, (&v, (rd, cd))) in x_tail.iter().zip(rd_tail.iter_mut().zip(cd_tail)).enumerate() {
-        let p = v.prepare();
-        *rd = E::finish(p, row.get(start + j));
-        *cd = E::finish(p, col.get(start + j));
+    if !x_tail.is_empty() {
+        let start = n - x_tail.len();
+        let rs = row.get(first_block + xs.len());
+        for (j, (&v, (rd, cd))) in x_tail.iter().zip(rd_tail.iter_mut().zip(cd_tail)).enumerate() {
+            let p = v.prepare();
+            *rd = E::finish(p, rs);
+            *cd = E::finish(p, col.get(start + j));
+        }
     }
 }
 
-/// Encodes one row of a piece into one copy on the fast path, with per-column constants.
+/// Encodes one row of a piece into the rowwise copy on the fast path (all its blocks fast).
 #[inline(always)]
-fn encode_fast<E: Element>(src: &[E], lanes: &Lanes<E::Lane>, dst: &mut [u8]) {
+fn encode_rows_fast<E: Element>(src: &[E], (row, first_block): (&Lanes<E::Lane>, usize), dst: &mut [u8]) {
     let n = src.len();
     let (xs, x_tail) = src.as_chunks::<GROUP>();
     let (ds, d_tail) = dst[..n].as_chunks_mut::<GROUP>();
-    for ((x, d), s) in xs.iter().zip(ds.iter_mut()).zip(groups(lanes, n)) {
-        if encode_group::<E>(x, s, d) {
-            encode_group_full::<E>(x, s, d);
+    for ((x, d), rs) in xs
+        .iter()
+        .zip(ds.iter_mut())
+        .zip(block_scales(row, xs.len(), first_block))
+    {
+        if encode_group::<E, _, FastScale<E::Lane>>(x, (rs, d), None).0 {
+            encode_group_full::<E, _>(x, rs, d);
+        }
+    }
+    if !x_tail.is_empty() {
+        let rs = row.get(first_block + xs.len());
+        for (&v, d) in x_tail.iter().zip(d_tail) {
+            *d = E::finish(v.prepare(), rs);
+        }
+    }
+}
+
+/// Encodes one row of a piece into the columnwise copy on the fast path.
+#[inline(always)]
+fn encode_cols_fast<E: Element>(src: &[E], col: &Lanes<E::Lane>, dst: &mut [u8]) {
+    let n = src.len();
+    let (xs, x_tail) = src.as_chunks::<GROUP>();
+    let (ds, d_tail) = dst[..n].as_chunks_mut::<GROUP>();
+    for ((x, d), cs) in xs.iter().zip(ds.iter_mut()).zip(column_groups(col, n)) {
+        if encode_group::<E, _, FastScale<E::Lane>>(x, (cs, d), None).0 {
+            encode_group_full::<E, _>(x, cs, d);
         }
     }
     let start = n - x_tail.len();
     for (j, (&v, d)) in x_tail.iter().zip(d_tail).enumerate() {
-        *d = E::finish(v.prepare(), lanes.get(start + j));
+        *d = E::finish(v.prepare(), col.get(start + j));
     }
 }
 
-/// Per-call scratch. Rowwise block entries are dense, `nb` blocks per row of the strip;
-/// `row_lanes` holds the rowwise constants of the current row expanded to one per column.
+/// Per-call scratch. Rowwise block entries are dense, `nb` blocks per row of the strip.
 struct Scratch<E: Element> {
     row_raw: Vec<E::Key>,
     row_b: Vec<u8>,
     row_fast: Lanes<E::Lane>,
-    row_lanes: Lanes<E::Lane>,
     col_raw: Vec<E::Key>,
     col_b: Vec<u8>,
     col_fast: Lanes<E::Lane>,
@@ -381,7 +456,6 @@ impl<E: Element> Scratch<E> {
             row_raw: vec![E::Key::default(); CHUNK_ROW_BLOCKS],
             row_b: vec![0; CHUNK_ROW_BLOCKS],
             row_fast: Lanes::new(CHUNK_ROW_BLOCKS),
-            row_lanes: Lanes::new(CHUNK_COLS),
             col_raw: vec![E::Key::default(); CHUNK_COLS],
             col_b: vec![0; CHUNK_COLS],
             col_fast: Lanes::new(CHUNK_COLS),
@@ -400,9 +474,7 @@ fn quantize_dispatch<E: Element>(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-        {
+        if std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl") {
             // SAFETY: the CPU supports every feature `quantize_avx512` is compiled with.
             return unsafe { quantize_avx512(x, rows, cols, rowwise, colwise) };
         }
@@ -471,16 +543,11 @@ fn quantize_impl<E: Element>(
             // Scale bytes.
             let mut row_all_fast = false;
             if let Some(t) = rowwise.as_deref_mut() {
-                row_all_fast = scale_bytes::<E>(
-                    &s.row_raw[..nr * nb],
-                    &mut s.row_b,
-                    &mut s.row_fast,
-                    |j| {
-                        let (i, k) = (j / nb, j % nb);
-                        let block = x[at(i)].chunks(BLOCK_SIZE).nth(k).unwrap_or_default();
-                        nan_free_max(block.iter().copied())
-                    },
-                );
+                row_all_fast = scale_bytes::<E>(&s.row_raw[..nr * nb], &mut s.row_b, &mut s.row_fast, |j| {
+                    let (i, k) = (j / nb, j % nb);
+                    let block = x[at(i)].chunks(BLOCK_SIZE).nth(k).unwrap_or_default();
+                    nan_free_max(block.iter().copied())
+                });
                 for i in 0..nr {
                     for (k, &b) in s.row_b[i * nb..(i + 1) * nb].iter().enumerate() {
                         t.scales[t.map.offset(r0 + i, c0 / BLOCK_SIZE + k)] = b;
@@ -489,12 +556,9 @@ fn quantize_impl<E: Element>(
             }
             let mut col_all_fast = false;
             if let Some(t) = colwise.as_deref_mut() {
-                col_all_fast = scale_bytes::<E>(
-                    &s.col_raw[..width],
-                    &mut s.col_b,
-                    &mut s.col_fast,
-                    |c| nan_free_max((0..nr).map(|i| x[at(i).start + c])),
-                );
+                col_all_fast = scale_bytes::<E>(&s.col_raw[..width], &mut s.col_b, &mut s.col_fast, |c| {
+                    nan_free_max((0..nr).map(|i| x[at(i).start + c]))
+                });
                 for (c, &b) in s.col_b[..width].iter().enumerate() {
                     t.scales[t.map.offset(r0 / BLOCK_SIZE, c0 + c)] = b;
                 }
@@ -508,9 +572,7 @@ fn quantize_impl<E: Element>(
             // Pass 2: encode.
             for i in 0..nr {
                 let src = &x[at(i)];
-                if row_all_fast {
-                    s.row_lanes.expand(&s.row_fast, i * nb..(i + 1) * nb);
-                }
+                let row_blocks = (&s.row_fast, i * nb);
                 if let (Some(rt), Some(ct), true, true) = (
                     rowwise.as_deref_mut(),
                     colwise.as_deref_mut(),
@@ -518,13 +580,13 @@ fn quantize_impl<E: Element>(
                     col_all_fast,
                 ) {
                     let (rd, cd) = (&mut rt.data[at(i)], &mut ct.data[at(i)]);
-                    encode_both_fast(src, &s.row_lanes, &s.col_fast, rd, cd);
+                    encode_both_fast(src, row_blocks, &s.col_fast, rd, cd);
                     continue;
                 }
                 if let Some(t) = rowwise.as_deref_mut() {
                     let dst = &mut t.data[at(i)];
                     if row_all_fast {
-                        encode_fast(src, &s.row_lanes, dst);
+                        encode_rows_fast(src, row_blocks, dst);
                     } else {
                         let blocks = src.chunks(BLOCK_SIZE).zip(dst.chunks_mut(BLOCK_SIZE));
                         for (k, (blk, out)) in blocks.enumerate() {
@@ -546,7 +608,7 @@ fn quantize_impl<E: Element>(
                 if let Some(t) = colwise.as_deref_mut() {
                     let dst = &mut t.data[at(i)];
                     if col_all_fast {
-                        encode_fast(src, &s.col_fast, dst);
+                        encode_cols_fast(src, &s.col_fast, dst);
                     } else {
                         for ((d, &v), &si) in dst.iter_mut().zip(src).zip(&s.col_scale_inv) {
                             *d = encode_exact(v, si);
