@@ -157,3 +157,27 @@ fn wrong_call_order_is_a_state_error_with_a_message() {
     assert_eq!(bad_lr.kind, ErrorKind::OutOfRange);
     assert!(bad_lr.message.contains("args->lr"));
 }
+
+#[test]
+fn ranks_that_registered_different_models_fail_finalize_with_plan_mismatch() {
+    let opts = optimizers(&Config::default(), 2, Duration::from_secs(5));
+    let errors: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = opts
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut opt)| {
+                scope.spawn(move || {
+                    let rows = if rank == 0 { 64 } else { 65 };
+                    let spec = muon_opt::model::ParamSpec::new("w", &[rows, 32], muon_opt::config::Dtype::Bf16);
+                    opt.add_param(spec, None).unwrap();
+                    opt.finalize().unwrap_err()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for err in errors {
+        assert_eq!(err.kind, ErrorKind::PlanMismatch);
+        assert!(err.message.contains("every rank must register the same params"), "{}", err.message);
+    }
+}

@@ -8,6 +8,8 @@ pub mod model;
 pub mod report;
 pub mod run;
 
+pub use run::{run_demo, train};
+
 use crate::config::{Config, NsPrecision};
 use crate::model::Route;
 use crate::plan::Plan;
@@ -136,7 +138,12 @@ pub struct DemoResult {
     pub dp: usize,
     pub steps: usize,
     pub batch_per_rank: usize,
-    pub args: StepArgs,
+    /// Muon learning rate and weight decay (hidden matrices of the Muon run).
+    pub lr: f32,
+    pub weight_decay: f32,
+    /// AdamW learning rate and weight decay (everything else, and everything in the AdamW-only run).
+    pub adam_lr: f32,
+    pub adam_weight_decay: f32,
     pub muon: RunResult,
     pub adamw: RunResult,
 }

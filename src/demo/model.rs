@@ -242,39 +242,40 @@ pub fn loss(y: &[f32], targets: &[f32]) -> f64 {
 }
 
 /// The backward pass of [`loss`]: hands each param's gradient to `ready(param, grad)` as soon
-/// as it is final, in reverse registration order (what a framework's backward hooks see).
-pub fn backward(
+/// as it is final, in reverse registration order (what a framework's backward hooks see), and
+/// stops at the first error `ready` returns.
+pub fn backward<E>(
     dims: &Dims,
     w: &[Vec<f32>],
     tokens: &[usize],
     acts: &Activations,
     targets: &[f32],
-    mut ready: impl FnMut(usize, &[f32]),
-) {
+    mut ready: impl FnMut(usize, &[f32]) -> Result<(), E>,
+) -> Result<(), E> {
     let (e, h, o) = (dims.embed, dims.hidden, dims.out);
     let n = tokens.len() / dims.context;
     let scale = 2.0 / (n * o) as f32;
     let dy: Vec<f32> = acts.y.iter().zip(targets).map(|(y, t)| scale * (y - t)).collect();
-    ready(HEAD_BIAS, &column_sums(&dy, o));
+    ready(HEAD_BIAS, &column_sums(&dy, o))?;
     let mut grad = vec![0.0f32; o * h];
     matmul(View::new(&dy, n, o).t(), View::new(&acts.h2, n, h), 0.0, &mut grad);
-    ready(HEAD, &grad);
+    ready(HEAD, &grad)?;
 
     let mut dz2 = vec![0.0f32; n * h];
     matmul(View::new(&dy, n, o), View::new(&w[HEAD], o, h), 0.0, &mut dz2);
     tanh_backward(&mut dz2, &acts.h2);
-    ready(FC2_BIAS, &column_sums(&dz2, h));
+    ready(FC2_BIAS, &column_sums(&dz2, h))?;
     let mut grad = vec![0.0f32; h * h];
     matmul(View::new(&dz2, n, h).t(), View::new(&acts.h1, n, h), 0.0, &mut grad);
-    ready(FC2, &grad);
+    ready(FC2, &grad)?;
 
     let mut dz1 = vec![0.0f32; n * h];
     matmul(View::new(&dz2, n, h), View::new(&w[FC2], h, h), 0.0, &mut dz1);
     tanh_backward(&mut dz1, &acts.h1);
-    ready(FC1_BIAS, &column_sums(&dz1, h));
+    ready(FC1_BIAS, &column_sums(&dz1, h))?;
     let mut grad = vec![0.0f32; h * e];
     matmul(View::new(&dz1, n, h).t(), View::new(&acts.x, n, e), 0.0, &mut grad);
-    ready(FC1, &grad);
+    ready(FC1, &grad)?;
 
     let mut dx = vec![0.0f32; n * e];
     matmul(View::new(&dz1, n, h), View::new(&w[FC1], h, e), 0.0, &mut dx);
@@ -286,11 +287,13 @@ pub fn backward(
             }
         }
     }
-    ready(EMBEDDING, &grad);
+    ready(EMBEDDING, &grad)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
     use super::*;
 
     const DIMS: Dims = Dims { vocab: 7, embed: 3, hidden: 5, out: 2, context: 2 };
@@ -309,9 +312,10 @@ mod tests {
         let acts = forward(&DIMS, &w, &batch.tokens);
         let mut grads: Weights = vec![Vec::new(); NUM_PARAMS];
         let mut order = Vec::new();
-        backward(&DIMS, &w, &batch.tokens, &acts, &batch.targets, |p, g| {
+        let Ok(()) = backward::<Infallible>(&DIMS, &w, &batch.tokens, &acts, &batch.targets, |p, g| {
             order.push(p);
             grads[p] = g.to_vec();
+            Ok(())
         });
         assert_eq!(order, (0..NUM_PARAMS).rev().collect::<Vec<_>>());
         let eps = 1e-2f32;

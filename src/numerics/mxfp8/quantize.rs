@@ -248,7 +248,12 @@ fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &m
     let (raw_units, raw_rest) = row_raw.split_at_mut(units.len() * BLOCK_SIZE);
     for ((unit, acc), raw) in units.iter().zip(acc_units).zip(raw_units.as_chunks_mut::<BLOCK_SIZE>().0) {
         // Keys in a local array first: the compiler cannot rule out that `acc` aliases `src`.
-        let keys: [[E::Key; BLOCK_SIZE]; BLOCK_SIZE] = std::array::from_fn(|g| std::array::from_fn(|j| unit[g][j].raw_key()));
+        let mut keys = [[E::Key::default(); BLOCK_SIZE]; BLOCK_SIZE];
+        for (k, g) in keys.iter_mut().zip(unit) {
+            for j in 0..BLOCK_SIZE {
+                k[j] = g[j].raw_key();
+            }
+        }
         if COL {
             for (a, k) in acc.iter_mut().zip(&keys) {
                 for j in 0..BLOCK_SIZE {
