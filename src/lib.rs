@@ -33,6 +33,7 @@ pub mod backend;
 pub mod capi;
 pub mod comm;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod model;
 pub mod numerics;

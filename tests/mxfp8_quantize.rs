@@ -72,7 +72,10 @@ fn make(mix: Mix, n: usize, rng: &mut Rng) -> Vec<u16> {
         .collect()
 }
 
-const SHAPES: [(usize, usize); 12] = [
+/// Shapes covering partial blocks in both directions, partial scale tiles (not multiples of
+/// 128), rows of more than 32 blocks (the rowwise amax reduces 32 blocks at a time), and rows
+/// longer than the quantizer's 2048-column chunks.
+const SHAPES: [(usize, usize); 15] = [
     (1, 1),
     (1, 16),
     (1, 32),
@@ -85,6 +88,9 @@ const SHAPES: [(usize, usize); 12] = [
     (129, 513),
     (300, 40),
     (97, 1000),
+    (40, 1056),
+    (3, 2100),
+    (33, 4160),
 ];
 
 #[test]

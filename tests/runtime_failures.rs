@@ -178,6 +178,10 @@ fn ranks_that_registered_different_models_fail_finalize_with_plan_mismatch() {
     });
     for err in errors {
         assert_eq!(err.kind, ErrorKind::PlanMismatch);
-        assert!(err.message.contains("every rank must register the same params"), "{}", err.message);
+        assert!(
+            err.message.contains("every rank must register the same params"),
+            "{}",
+            err.message
+        );
     }
 }

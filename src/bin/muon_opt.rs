@@ -1,12 +1,14 @@
 //! `muon-opt`: command-line tools of libmuon_opt. Each subcommand is a thin shell over the
 //! library; errors print one line and exit with code 2.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use muon_opt::config::{Config, MuonLayout};
+use muon_opt::demo::{self, DemoConfig};
 use muon_opt::plan::model_json::parse_model_json;
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 use muon_opt::plan::{build_plans, render};
@@ -26,6 +28,21 @@ struct Cli {
 enum Command {
     /// Plan buckets and ownership for a model and print the report.
     Plan(PlanArgs),
+    /// Train a small MLP on 4 host ranks with Muon and with AdamW only, and compare.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Training steps per run.
+    #[arg(long, default_value_t = 60)]
+    steps: usize,
+    /// Data-parallel ranks (threads).
+    #[arg(long, default_value_t = 4)]
+    dp: usize,
+    /// Print the result (losses, curves, plans, timings) as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -72,6 +89,7 @@ impl LayoutChoice {
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Plan(args) => run_plan(&args),
+        Command::Demo(args) => run_demo(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -112,6 +130,28 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
         render::json_summary(&model.name, &plans)
     } else {
         render::table(&model.name, &plans)
+    };
+    println!("{text}");
+    Ok(())
+}
+
+fn run_demo(args: &DemoArgs) -> Result<(), String> {
+    let cfg = DemoConfig {
+        steps: args.steps,
+        dp: args.dp,
+        ..DemoConfig::default()
+    };
+    let progress = |p: &demo::Progress| {
+        let end = if p.step == p.steps { "\n" } else { "" };
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r{}{end}", demo::report::progress_line(p));
+        let _ = err.flush();
+    };
+    let result = demo::run_demo(&cfg, &progress).map_err(|e| e.to_string())?;
+    let text = if args.json {
+        demo::report::json(&result)
+    } else {
+        demo::report::text(&result)
     };
     println!("{text}");
     Ok(())

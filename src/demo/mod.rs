@@ -34,7 +34,13 @@ pub struct DemoConfig {
 
 impl Default for DemoConfig {
     fn default() -> Self {
-        let dims = Dims { vocab: 96, embed: 32, hidden: 64, out: 16, context: 2 };
+        let dims = Dims {
+            vocab: 96,
+            embed: 32,
+            hidden: 64,
+            out: 16,
+            context: 2,
+        };
         DemoConfig {
             dims,
             dp: 4,
@@ -49,7 +55,12 @@ impl Default for DemoConfig {
                 collective_timeout_ms: 60_000,
                 ..Config::default()
             },
-            args: StepArgs { lr: 0.02, weight_decay: 0.0, adam_lr: 3e-3, adam_weight_decay: 0.0 },
+            args: StepArgs {
+                lr: 0.02,
+                weight_decay: 0.0,
+                adam_lr: 3e-3,
+                adam_weight_decay: 0.0,
+            },
         }
     }
 }

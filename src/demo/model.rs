@@ -40,7 +40,12 @@ impl Dims {
     /// The parameter list in registration order. `adamw_only` opts the hidden matrices out
     /// of Muon; the embedding and the output head are always AdamW's, biases are 1-D.
     pub fn specs(&self, adamw_only: bool) -> Vec<ParamSpec> {
-        let (v, e, h, o) = (self.vocab as u64, self.embed as u64, self.hidden as u64, self.out as u64);
+        let (v, e, h, o) = (
+            self.vocab as u64,
+            self.embed as u64,
+            self.hidden as u64,
+            self.out as u64,
+        );
         let spec = |name: &str, shape: &[u64], flags: u32| {
             let mut spec = ParamSpec::new(name, shape, Dtype::F32);
             spec.flags = ParamFlags(flags);
@@ -140,16 +145,30 @@ struct View<'a> {
 impl<'a> View<'a> {
     fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
         assert_eq!(data.len(), rows * cols, "matrix view of {rows}x{cols}");
-        View { data, rows, cols, transposed: false }
+        View {
+            data,
+            rows,
+            cols,
+            transposed: false,
+        }
     }
 
     fn t(self) -> Self {
-        View { rows: self.cols, cols: self.rows, transposed: !self.transposed, ..self }
+        View {
+            rows: self.cols,
+            cols: self.rows,
+            transposed: !self.transposed,
+            ..self
+        }
     }
 
     /// Row and column strides in elements.
     fn strides(self) -> (isize, isize) {
-        if self.transposed { (1, self.rows as isize) } else { (self.cols as isize, 1) }
+        if self.transposed {
+            (1, self.rows as isize)
+        } else {
+            (self.cols as isize, 1)
+        }
     }
 }
 
@@ -296,7 +315,13 @@ mod tests {
 
     use super::*;
 
-    const DIMS: Dims = Dims { vocab: 7, embed: 3, hidden: 5, out: 2, context: 2 };
+    const DIMS: Dims = Dims {
+        vocab: 7,
+        embed: 3,
+        hidden: 5,
+        out: 2,
+        context: 2,
+    };
 
     /// The analytic gradient of every param matches central differences of the loss.
     #[test]
@@ -306,7 +331,10 @@ mod tests {
         let mut w = DIMS.init(3, 1.0, 1.0);
         for (p, values) in w.iter_mut().enumerate() {
             if p == FC1_BIAS || p == FC2_BIAS || p == HEAD_BIAS {
-                values.iter_mut().enumerate().for_each(|(i, v)| *v = 0.1 * (i as f32 - 1.0));
+                values
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = 0.1 * (i as f32 - 1.0));
             }
         }
         let acts = forward(&DIMS, &w, &batch.tokens);

@@ -218,21 +218,46 @@ fn scale_bytes<E: Element>(
 /// `[max(a[0], a[1]), max(a[2], a[3]), …, max(b[30], b[31])]`: one level of the reduction
 /// tree of [`block_maxima`] (two permutes and a max on AVX-512).
 #[inline(always)]
-fn pair_max<K: Copy + Ord>(a: &[K; BLOCK_SIZE], b: &[K; BLOCK_SIZE]) -> [K; BLOCK_SIZE] {
+fn pair_max<K: Copy + Ord + Default>(a: &[K; BLOCK_SIZE], b: &[K; BLOCK_SIZE]) -> [K; BLOCK_SIZE] {
     const HALF: usize = BLOCK_SIZE / 2;
-    let even: [K; BLOCK_SIZE] = std::array::from_fn(|j| if j < HALF { a[2 * j] } else { b[2 * (j - HALF)] });
-    let odd: [K; BLOCK_SIZE] = std::array::from_fn(|j| if j < HALF { a[2 * j + 1] } else { b[2 * (j - HALF) + 1] });
-    std::array::from_fn(|j| even[j].max(odd[j]))
+    let mut out = [K::default(); BLOCK_SIZE];
+    for j in 0..HALF {
+        out[j] = a[2 * j].max(a[2 * j + 1]);
+        out[HALF + j] = b[2 * j].max(b[2 * j + 1]);
+    }
+    out
 }
 
-/// The maxima of 32 blocks as one array, reduced as a tree of [`pair_max`] levels: 31 vector
-/// maxima instead of 32 horizontal reductions.
+/// The raw keys of one block.
 #[inline(always)]
-fn block_maxima<K: Copy + Ord>(keys: &[[K; BLOCK_SIZE]; BLOCK_SIZE]) -> [K; BLOCK_SIZE] {
-    let l1: [[K; BLOCK_SIZE]; 16] = std::array::from_fn(|i| pair_max(&keys[2 * i], &keys[2 * i + 1]));
-    let l2: [[K; BLOCK_SIZE]; 8] = std::array::from_fn(|i| pair_max(&l1[2 * i], &l1[2 * i + 1]));
-    let l3: [[K; BLOCK_SIZE]; 4] = std::array::from_fn(|i| pair_max(&l2[2 * i], &l2[2 * i + 1]));
-    let l4: [[K; BLOCK_SIZE]; 2] = std::array::from_fn(|i| pair_max(&l3[2 * i], &l3[2 * i + 1]));
+fn keys<E: Element>(block: &[E; BLOCK_SIZE]) -> [E::Key; BLOCK_SIZE] {
+    let mut k = [E::Key::default(); BLOCK_SIZE];
+    for j in 0..BLOCK_SIZE {
+        k[j] = block[j].raw_key();
+    }
+    k
+}
+
+/// One level of the reduction tree: `N` arrays from `2N`.
+#[inline(always)]
+fn tree_level<K: Copy + Ord + Default, const N: usize>(
+    below: impl Fn(usize) -> [K; BLOCK_SIZE],
+) -> [[K; BLOCK_SIZE]; N] {
+    let mut out = [[K::default(); BLOCK_SIZE]; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = pair_max(&below(2 * i), &below(2 * i + 1));
+    }
+    out
+}
+
+/// The raw amax keys of 32 consecutive blocks as one array, reduced as a tree of [`pair_max`]
+/// levels: 31 vector maxima instead of 32 horizontal reductions.
+#[inline(always)]
+fn block_maxima<E: Element>(blocks: &[[E; BLOCK_SIZE]; BLOCK_SIZE]) -> [E::Key; BLOCK_SIZE] {
+    let l1: [_; 16] = tree_level(|i| keys(&blocks[i]));
+    let l2: [_; 8] = tree_level(|i| l1[i]);
+    let l3: [_; 4] = tree_level(|i| l2[i]);
+    let l4: [_; 2] = tree_level(|i| l3[i]);
     pair_max(&l4[0], &l4[1])
 }
 
@@ -246,26 +271,28 @@ fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &m
     let (units, rest) = groups.as_chunks::<BLOCK_SIZE>();
     let (acc_units, acc_rest) = accs.as_chunks_mut::<BLOCK_SIZE>();
     let (raw_units, raw_rest) = row_raw.split_at_mut(units.len() * BLOCK_SIZE);
-    for ((unit, acc), raw) in units.iter().zip(acc_units).zip(raw_units.as_chunks_mut::<BLOCK_SIZE>().0) {
-        // Keys in a local array first: the compiler cannot rule out that `acc` aliases `src`.
-        let mut keys = [[E::Key::default(); BLOCK_SIZE]; BLOCK_SIZE];
-        for (k, g) in keys.iter_mut().zip(unit) {
-            for j in 0..BLOCK_SIZE {
-                k[j] = g[j].raw_key();
-            }
-        }
+    for ((unit, acc), raw) in units
+        .iter()
+        .zip(acc_units)
+        .zip(raw_units.as_chunks_mut::<BLOCK_SIZE>().0)
+    {
         if COL {
-            for (a, k) in acc.iter_mut().zip(&keys) {
+            for (a, g) in acc.iter_mut().zip(unit) {
+                // Keys in a local array first: the compiler cannot rule out that `a` aliases `g`.
+                let k = keys(g);
                 for j in 0..BLOCK_SIZE {
                     a[j] = a[j].max(k[j]);
                 }
             }
         }
         if ROW {
-            *raw = block_maxima(&keys);
+            *raw = block_maxima(unit);
         }
     }
-    let blocks = rest.iter().map(|g| g.as_slice()).chain((!tail.is_empty()).then_some(tail));
+    let blocks = rest
+        .iter()
+        .map(|g| g.as_slice())
+        .chain((!tail.is_empty()).then_some(tail));
     let accs = acc_rest.iter_mut().map(|a| a.as_mut_slice()).chain(Some(acc_tail));
     for ((blk, acc), raw) in blocks.zip(accs).zip(raw_rest.iter_mut()) {
         let mut m = E::Key::default();
@@ -380,26 +407,36 @@ fn encode_both_fast<E: Element>(
 ) {
     let n = src.len();
     let (xs, x_tail) = src.as_chunks::<GROUP>();
-    let (rds, rd_tail) = row_dst[..n].as_chunks_mut::<GROUP>();
-    let (cds, cd_tail) = col_dst[..n].as_chunks_mut::<GROUP>();
-    let outs = rds.iter_mut().zip(cds.iter_mut());
-    let consts = block_scales(row, xs.len(), first_block).zip(column_groups(col, n));
-    for ((x, (rd, cd)), (rs, cs)) in xs.iter().zip(outs).zip(consts) {
-        let (need_row, need_col) = encode_group::<E, _, _>(x, (rs, rd), Some((cs, cd)));
+    let ng = xs.len();
+    // Equal lengths everywhere, so that the loop below needs no bounds checks.
+    let rds = &mut row_dst[..n].as_chunks_mut::<GROUP>().0[..ng];
+    let cds = &mut col_dst[..n].as_chunks_mut::<GROUP>().0[..ng];
+    let (rdrop, rshift) = (&row.drop[first_block..][..ng], &row.shift_offset[first_block..][..ng]);
+    let (cdrop, cshift) = (
+        &col.drop[..n].as_chunks::<GROUP>().0[..ng],
+        &col.shift_offset[..n].as_chunks::<GROUP>().0[..ng],
+    );
+    for g in 0..ng {
+        let rs = FastScale {
+            drop: rdrop[g],
+            shift_offset: rshift[g],
+        };
+        let cs = (&cdrop[g], &cshift[g]);
+        let (need_row, need_col) = encode_group::<E, _, _>(&xs[g], (rs, &mut rds[g]), Some((cs, &mut cds[g])));
         if need_row {
-            encode_group_full::<E, _>(x, rs, rd);
+            encode_group_full::<E, _>(&xs[g], rs, &mut rds[g]);
         }
         if need_col {
-            encode_group_full::<E, _>(x, cs, cd);
+            encode_group_full::<E, _>(&xs[g], cs, &mut cds[g]);
         }
     }
     if !x_tail.is_empty() {
         let start = n - x_tail.len();
-        let rs = row.get(first_block + xs.len());
-        for (j, (&v, (rd, cd))) in x_tail.iter().zip(rd_tail.iter_mut().zip(cd_tail)).enumerate() {
+        let rs = row.get(first_block + ng);
+        for (j, &v) in x_tail.iter().enumerate() {
             let p = v.prepare();
-            *rd = E::finish(p, rs);
-            *cd = E::finish(p, col.get(start + j));
+            row_dst[start + j] = E::finish(p, rs);
+            col_dst[start + j] = E::finish(p, col.get(start + j));
         }
     }
 }
