@@ -36,7 +36,7 @@ fn make_input(n: usize) -> Vec<u16> {
             let r = (state >> 33) as u32;
             let exponent = 123 + (r % 9);
             let bits = ((r >> 8) & 0x8000) | (exponent << 7) | ((r >> 16) & 0x7F);
-            if r % 97 == 0 { 0 } else { bits as u16 }
+            if r.is_multiple_of(97) { 0 } else { bits as u16 }
         })
         .collect()
 }
@@ -70,7 +70,7 @@ fn main() {
     println!("mxfp8 host bench: {rows} x {cols}, single thread, best of {reps}");
     println!("memcpy (bf16 bytes)               {memcpy_gbps:7.2} GB/s");
 
-    let mut report = |name: &str, bytes: f64, f: &mut dyn FnMut()| {
+    let report = |name: &str, bytes: f64, f: &mut dyn FnMut()| {
         let d = best_of(reps, f);
         let g = gbps(bytes, d);
         let ratio = g / memcpy_gbps;

@@ -1,7 +1,7 @@
 //! `muon-opt`: command-line tools of libmuon_opt. Each subcommand is a thin shell over the
 //! library; errors print one line and exit with code 2.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -141,11 +141,19 @@ fn run_demo(args: &DemoArgs) -> Result<(), String> {
         dp: args.dp,
         ..DemoConfig::default()
     };
+    let live = std::io::stderr().is_terminal();
     let progress = |p: &demo::Progress| {
-        let end = if p.step == p.steps { "\n" } else { "" };
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r{}{end}", demo::report::progress_line(p));
-        let _ = err.flush();
+        let last = p.step == p.steps;
+        if live || last {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(
+                err,
+                "\r{}{}",
+                demo::report::progress_line(p),
+                if last { "\n" } else { "" }
+            );
+            let _ = err.flush();
+        }
     };
     let result = demo::run_demo(&cfg, &progress).map_err(|e| e.to_string())?;
     let text = if args.json {

@@ -10,7 +10,7 @@ pub mod run;
 
 pub use run::{run_demo, train};
 
-use crate::config::{Config, NsPrecision};
+use crate::config::{Config, NsPrecision, ScaleMode};
 use crate::model::Route;
 use crate::plan::Plan;
 use crate::schedule::StepArgs;
@@ -33,13 +33,16 @@ pub struct DemoConfig {
 }
 
 impl Default for DemoConfig {
+    /// Four-token bags over a 48-token vocabulary, 60 steps on 4 ranks. Muon runs as in
+    /// Moonlight: Nesterov momentum and updates scaled by `0.2·√max(m, n)` so their RMS
+    /// matches AdamW's, which lets both optimizers share one learning rate.
     fn default() -> Self {
         let dims = Dims {
-            vocab: 96,
+            vocab: 48,
             embed: 32,
             hidden: 64,
             out: 16,
-            context: 2,
+            context: 4,
         };
         DemoConfig {
             dims,
@@ -50,6 +53,9 @@ impl Default for DemoConfig {
             optimizer: Config {
                 clip_grad: 1.0,
                 muon_ns_precision: NsPrecision::F32,
+                muon_nesterov: true,
+                muon_scale_mode: ScaleMode::Spectral,
+                muon_extra_scale_factor: 0.2,
                 bucket_size: 4096,
                 vocab_size: dims.vocab as u64,
                 collective_timeout_ms: 60_000,
@@ -58,7 +64,7 @@ impl Default for DemoConfig {
             args: StepArgs {
                 lr: 0.02,
                 weight_decay: 0.0,
-                adam_lr: 3e-3,
+                adam_lr: 0.02,
                 adam_weight_decay: 0.0,
             },
         }
@@ -155,6 +161,7 @@ pub struct DemoResult {
     /// AdamW learning rate and weight decay (everything else, and everything in the AdamW-only run).
     pub adam_lr: f32,
     pub adam_weight_decay: f32,
+    pub optimizer: Config,
     pub muon: RunResult,
     pub adamw: RunResult,
 }

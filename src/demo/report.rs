@@ -38,6 +38,7 @@ pub fn text(result: &DemoResult) -> String {
     losses(&mut out, result);
     plan(&mut out, &result.muon, "Muon run");
     plan_line(&mut out, &result.adamw.plan, "AdamW-only run");
+    out.push('\n');
     timings(&mut out, result);
     out
 }
@@ -52,8 +53,18 @@ fn header(out: &mut String, r: &DemoResult) {
     );
     let _ = writeln!(
         out,
-        "{} ranks (threads), {} examples per rank per step, {} steps; Muon lr {} wd {}, AdamW lr {} wd {}\n",
-        r.dp, r.batch_per_rank, r.steps, r.lr, r.weight_decay, r.adam_lr, r.adam_weight_decay
+        "{} ranks (threads), {} examples per rank per step, {} steps; Muon lr {} wd {} (scale {} x {}{}), \
+         AdamW lr {} wd {}\n",
+        r.dp,
+        r.batch_per_rank,
+        r.steps,
+        r.lr,
+        r.weight_decay,
+        r.optimizer.muon_scale_mode.name(),
+        r.optimizer.muon_extra_scale_factor,
+        if r.optimizer.muon_nesterov { ", Nesterov" } else { "" },
+        r.adam_lr,
+        r.adam_weight_decay
     );
 }
 
@@ -63,15 +74,11 @@ fn shape(dims: &[u64]) -> String {
 
 fn routing(out: &mut String, r: &DemoResult) {
     let _ = writeln!(out, "Routing (Optimizer::route)");
-    let _ = writeln!(
-        out,
-        "  {:<18} {:>7}  {:<8} {:<8}",
-        "param", "shape", "muon run", "adamw run"
-    );
+    let _ = writeln!(out, "  {:<18} {:>7}  {:<8} adamw run", "param", "shape", "muon run");
     for (m, a) in r.muon.routes.iter().zip(&r.adamw.routes) {
         let _ = writeln!(
             out,
-            "  {:<18} {:>7}  {:<8} {:<8}",
+            "  {:<18} {:>7}  {:<8} {}",
             m.name,
             shape(&m.shape),
             m.route.name(),
@@ -93,15 +100,7 @@ fn bar(value: f64, max: f64) -> String {
 
 fn losses(out: &mut String, r: &DemoResult) {
     let _ = writeln!(out, "Training loss (mean over ranks, before each step's update)");
-    let _ = writeln!(
-        out,
-        "  {:>5}  {:<9}{:<w$}  {:<9}",
-        "step",
-        "muon",
-        "",
-        "adamw",
-        w = CHART_WIDTH
-    );
+    let _ = writeln!(out, "  {:>5}  {:<9}{:<w$}  adamw", "step", "muon", "", w = CHART_WIDTH);
     let max = r.muon.losses.iter().chain(&r.adamw.losses).copied().fold(0.0, f64::max);
     let every = r.steps.div_ceil(LOSS_ROWS).max(1);
     let rows = (0..r.steps).filter(|s| s % every == 0 || s + 1 == r.steps);
@@ -199,39 +198,28 @@ fn plan(out: &mut String, run: &RunResult, label: &str) {
     );
 }
 
+/// The step-time rows of one run, in seconds over all steps.
+fn timing_rows(t: &Timings) -> [(&'static str, f64); 7] {
+    let other = t.total - t.forward_backward - t.zero_grad - t.grad_ready - t.step - t.wait_params;
+    [
+        ("forward/backward (the demo's own)", t.forward_backward),
+        ("zero_grad", t.zero_grad),
+        ("grad_ready (launches grad collectives)", t.grad_ready),
+        ("step (grad sync, Muon + AdamW)", t.step),
+        ("wait_params (param collectives)", t.wait_params),
+        ("other (data, progress)", other),
+        ("total", t.total),
+    ]
+}
+
 fn timings(out: &mut String, r: &DemoResult) {
     let per_step = |seconds: f64| format!("{:.3} ms", 1e3 * seconds / r.steps as f64);
-    let other = |t: &Timings| t.total - t.forward_backward - t.zero_grad - t.grad_ready - t.step - t.wait_params;
-    let rows: [(&str, fn(&Timings) -> f64); 5] = [
-        ("forward/backward (the demo's own)", |t| t.forward_backward),
-        ("zero_grad", |t| t.zero_grad),
-        ("grad_ready (launches grad collectives)", |t| t.grad_ready),
-        ("step (grad sync, Muon + AdamW)", |t| t.step),
-        ("wait_params (param collectives)", |t| t.wait_params),
-    ];
     let _ = writeln!(out, "Step time, rank 0, mean per step (wall clock)");
     let _ = writeln!(out, "  {:<40} {:>12} {:>12}", "", "muon run", "adamw run");
-    let (m, a): (&RunResult, &RunResult) = (&r.muon, &r.adamw);
-    for (label, value) in rows {
-        let _ = writeln!(
-            out,
-            "  {label:<40} {:>12} {:>12}",
-            per_step(value(&m.timings)),
-            per_step(value(&a.timings))
-        );
+    for ((label, m), (_, a)) in timing_rows(&r.muon.timings)
+        .into_iter()
+        .zip(timing_rows(&r.adamw.timings))
+    {
+        let _ = writeln!(out, "  {label:<40} {:>12} {:>12}", per_step(m), per_step(a));
     }
-    let _ = writeln!(
-        out,
-        "  {:<40} {:>12} {:>12}",
-        "other (data, progress)",
-        per_step(other(&m.timings)),
-        per_step(other(&a.timings))
-    );
-    let _ = writeln!(
-        out,
-        "  {:<40} {:>12} {:>12}",
-        "total",
-        per_step(m.timings.total),
-        per_step(a.timings.total)
-    );
 }

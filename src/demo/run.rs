@@ -40,6 +40,7 @@ pub fn run_demo(cfg: &DemoConfig, progress: &(dyn Fn(&Progress) + Sync)) -> Resu
         weight_decay: cfg.args.weight_decay,
         adam_lr: cfg.args.adam_lr,
         adam_weight_decay: cfg.args.adam_weight_decay,
+        optimizer: cfg.optimizer.clone(),
         muon,
         adamw,
     })

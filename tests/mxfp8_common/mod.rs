@@ -33,39 +33,58 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
 }
 
-/// Independent E4M3 reference: the nearest of the 127 non-negative finite E4M3 values, found
-/// in f64 from the format definition (MXFP8.md §6), ties to the even code, saturating above
-/// 448, NaN → 0x7F.
-pub fn reference_e4m3(y: f32) -> u8 {
-    if y.is_nan() {
-        return 0x7F;
+/// Independent E4M3 reference: the nearest of the 127 non-negative finite E4M3 values,
+/// computed in f64 from the format definition (MXFP8.md §6), ties to the even code,
+/// saturating above 448, NaN → 0x7F.
+pub struct E4m3Reference {
+    /// Value of code `c` for `c` in `0..=0x7E`, increasing.
+    values: Vec<f64>,
+}
+
+impl E4m3Reference {
+    pub fn new() -> Self {
+        let values = (0u8..=0x7E)
+            .map(|c| {
+                let (e, m) = (i32::from(c >> 3), f64::from(c & 7));
+                if e == 0 {
+                    m * 2f64.powi(-9)
+                } else {
+                    (1.0 + m / 8.0) * 2f64.powi(e - 7)
+                }
+            })
+            .collect();
+        E4m3Reference { values }
     }
-    let sign = if y.is_sign_negative() { 0x80 } else { 0 };
-    let v = f64::from(y).abs();
-    let value = |c: u8| -> f64 {
-        let (e, m) = (i32::from(c >> 3), f64::from(c & 7));
-        if e == 0 {
-            m * 2f64.powi(-9)
-        } else {
-            (1.0 + m / 8.0) * 2f64.powi(e - 7)
+
+    /// The value of a non-NaN code.
+    pub fn value(&self, c: u8) -> f64 {
+        let v = self.values[usize::from(c & 0x7F)];
+        if c & 0x80 != 0 { -v } else { v }
+    }
+
+    pub fn encode(&self, y: f64) -> u8 {
+        if y.is_nan() {
+            return 0x7F;
         }
-    };
-    if v >= 448.0 {
-        return sign | 0x7E;
+        let sign = if y.is_sign_negative() { 0x80 } else { 0 };
+        let v = y.abs();
+        if v >= 448.0 {
+            return sign | 0x7E;
+        }
+        // First code whose value is >= v; then pick between it and its predecessor.
+        let hi = self.values.partition_point(|&x| x < v);
+        if hi == 0 {
+            return sign;
+        }
+        let lo = hi - 1;
+        let (dlo, dhi) = (v - self.values[lo], self.values[hi] - v);
+        let code = if dlo < dhi || (dlo == dhi && lo % 2 == 0) {
+            lo
+        } else {
+            hi
+        };
+        sign | code as u8
     }
-    // Smallest code whose value is >= v; then pick between it and its predecessor.
-    let hi = (0u8..=0x7E).find(|&c| value(c) >= v).expect("v < 448");
-    if hi == 0 {
-        return sign;
-    }
-    let lo = hi - 1;
-    let (dlo, dhi) = (v - value(lo), value(hi) - v);
-    let code = if dlo < dhi || (dlo == dhi && lo % 2 == 0) {
-        lo
-    } else {
-        hi
-    };
-    sign | code
 }
 
 /// Naive reference quantization of upcast values `x` (MXFP8.md §10), one block at a time,

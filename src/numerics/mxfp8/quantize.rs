@@ -661,3 +661,117 @@ fn quantize_impl<E: Element>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop nest compiled for each instruction set the CPU has.
+    #[derive(Debug, Clone, Copy)]
+    enum Variant {
+        Portable,
+        #[cfg(target_arch = "x86_64")]
+        Avx2,
+        #[cfg(target_arch = "x86_64")]
+        Avx512,
+    }
+
+    fn variants() -> Vec<Variant> {
+        let mut v = vec![Variant::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                v.push(Variant::Avx2);
+            }
+            if std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl") {
+                v.push(Variant::Avx512);
+            }
+        }
+        v
+    }
+
+    /// Rowwise and columnwise data and scales from one variant.
+    fn run<E: Element>(variant: Variant, x: &[E], rows: usize, cols: usize, layout: ScaleLayout) -> [Vec<u8>; 4] {
+        let n = rows * cols;
+        let (rs, cs) = (
+            scale_shape(rows, cols, Direction::Rowwise),
+            scale_shape(rows, cols, Direction::Colwise),
+        );
+        let mut out = [
+            vec![0xEEu8; n],
+            vec![0xEE; rs.0 * rs.1],
+            vec![0xEE; n],
+            vec![0xEE; cs.0 * cs.1],
+        ];
+        let [rd, rsc, cd, csc] = &mut out;
+        let q = |data, scales| QuantizedMut { data, scales };
+        let mut row = Target::new(q(rd, rsc), rows, cols, Direction::Rowwise, layout);
+        let mut col = Target::new(q(cd, csc), rows, cols, Direction::Colwise, layout);
+        let (row, col) = (Some(&mut row), Some(&mut col));
+        match variant {
+            Variant::Portable => quantize_impl(x, rows, cols, row, col),
+            // SAFETY: `variants` lists these only when the CPU supports them.
+            #[cfg(target_arch = "x86_64")]
+            Variant::Avx2 => unsafe { quantize_avx2(x, rows, cols, row, col) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Variant::Avx512 => unsafe { quantize_avx512(x, rows, cols, row, col) },
+        }
+        out
+    }
+
+    /// bf16 test data: mostly normal values spread over 2^±10, with NaN, ±∞, ±0, subnormals and
+    /// runs of tiny values (scales below the fast-path threshold) mixed in.
+    fn data(n: usize, seed: u64) -> Vec<u16> {
+        let mut state = seed;
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let r = state;
+                let sign = (r >> 63) as u16 * 0x8000;
+                let mant = (r >> 20) as u16 & 0x7F;
+                if (i / 4096) % 5 == 4 {
+                    return sign | ((r % 12) as u16) << 7 | mant;
+                }
+                match r % 97 {
+                    0 => 0x7FC0 | sign,
+                    1 => 0x7F80 | sign,
+                    2 => sign,
+                    3 => sign | mant,
+                    _ => sign | ((117 + (r >> 40) % 21) as u16) << 7 | mant,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_instruction_set_variant_gives_identical_bytes() {
+        let variants = variants();
+        for (rows, cols) in [(1, 5), (33, 70), (64, 1024), (35, 2080), (40, 4096 + 33)] {
+            let bits = data(rows * cols, (rows * 131 + cols) as u64);
+            let values: Vec<f32> = bits.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
+            for layout in [ScaleLayout::Compact, ScaleLayout::Swizzled] {
+                let want = run(Variant::Portable, &bits, rows, cols, layout);
+                assert_eq!(
+                    want,
+                    run(Variant::Portable, &values, rows, cols, layout),
+                    "f32 {rows}x{cols}"
+                );
+                for &v in &variants[1..] {
+                    assert_eq!(
+                        want,
+                        run(v, &bits, rows, cols, layout),
+                        "{v:?} bf16 {rows}x{cols} {layout:?}"
+                    );
+                    assert_eq!(
+                        want,
+                        run(v, &values, rows, cols, layout),
+                        "{v:?} f32 {rows}x{cols} {layout:?}"
+                    );
+                }
+            }
+        }
+    }
+}
