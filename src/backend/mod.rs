@@ -42,6 +42,12 @@ pub trait Backend: Send {
     fn collectives(&mut self, ops: &[CollOp]) -> Result<()>;
     /// Comm stream, host-synchronizing: sum of `value` over ranks, in rank order.
     fn all_reduce_f64(&mut self, value: f64) -> Result<f64>;
+    /// On `stream`: quantizes the bf16 values of `src` (param `param`'s `[rows, cols]`) into
+    /// the param's persistent MXFP8 storage, rowwise and columnwise (MXFP8.md, TE-exact).
+    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()>;
+    /// Rowwise data, rowwise scales, columnwise data, columnwise scales of `param`'s MXFP8
+    /// storage, or None when the param has none.
+    fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]>;
     /// Blocks until both streams finished everything enqueued.
     fn synchronize(&mut self) -> Result<()>;
     /// Address of the first element of `span` (host or device), for views.

@@ -20,6 +20,9 @@ pub enum Mem {
     ExpAvg,
     /// fp32 AdamW second moment of the owned pieces.
     ExpAvgSq,
+    /// The bytes of grad buffer `i` viewed as bf16: MXFP8 params are staged here after the
+    /// step (element `e` of the staging view is bytes `2e..2e+2` of the grad buffer).
+    Staging(u32),
 }
 
 /// `len` elements of `mem` starting at element `start`.
@@ -89,6 +92,14 @@ pub struct AdamwJob {
     pub args: AdamWArgs,
 }
 
+/// One param with persistent MXFP8 storage, `[rows, cols]` (the flattened 2-D view).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mxfp8Tensor {
+    pub param: u32,
+    pub rows: usize,
+    pub cols: usize,
+}
+
 /// Sizes of every allocation of a rank (elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryLayout {
@@ -100,4 +111,8 @@ pub struct MemoryLayout {
     pub adam_moments: u64,
     /// Largest Muon matrix this rank updates, for workspaces.
     pub max_matrix: (usize, usize),
+    /// Params with persistent MXFP8 storage (rowwise and columnwise copies on every rank).
+    pub mxfp8: Vec<Mxfp8Tensor>,
+    /// Byte order of the MXFP8 scales.
+    pub mxfp8_scale_layout: crate::numerics::mxfp8::ScaleLayout,
 }

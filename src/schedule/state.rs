@@ -1,7 +1,9 @@
 //! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
 //! AdamW pieces of its shards, packed in plan order.
 
-use crate::backend::ops::{Mem, MemoryLayout, Span};
+use crate::backend::ops::{Mem, MemoryLayout, Mxfp8Tensor, Span};
+use crate::model::ParamFlags;
+use crate::numerics::mxfp8::ScaleLayout;
 use crate::config::Config;
 use crate::model::ParamSpec;
 use crate::plan::Plan;
@@ -74,6 +76,16 @@ impl StateLayout {
             momentum,
             adam_moments: moments,
             max_matrix,
+            mxfp8: params
+                .iter()
+                .enumerate()
+                .filter(|(_, spec)| spec.flags.has(ParamFlags::MXFP8))
+                .map(|(p, spec)| {
+                    let (rows, cols) = spec.flat_2d();
+                    Mxfp8Tensor { param: p as u32, rows: rows as usize, cols: cols as usize }
+                })
+                .collect(),
+            mxfp8_scale_layout: if cfg.mxfp8_swizzled_scales { ScaleLayout::Swizzled } else { ScaleLayout::Compact },
         };
         StateLayout { muon, adamw, memory }
     }

@@ -18,6 +18,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::numerics::adamw::adamw_update;
 use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
 use crate::numerics::muon::{MuonOptions, MuonShape, MuonWorkspace, muon_update};
+use crate::numerics::mxfp8::{Direction, Input, QuantizedMut, ScaleLayout, quantize_both, scale_shape};
 use crate::numerics::squared_norm;
 
 const ALIGN: usize = 64;
@@ -69,6 +70,39 @@ impl Drop for Storage {
     }
 }
 
+/// Persistent MXFP8 storage of one param: rowwise data, rowwise scales, columnwise data,
+/// columnwise scales. Boxed slices never move, so their pointers stay valid for queued work.
+struct Mxfp8Storage {
+    rows: usize,
+    cols: usize,
+    parts: [Box<[u8]>; 4],
+}
+
+/// The destination of a queued quantize: the four parts' addresses and lengths.
+struct Mxfp8Target {
+    parts: [(*mut u8, usize); 4],
+}
+
+// SAFETY: the target is only written by the one queued op that owns it, while the storage
+// outlives the stream (field order of `HostBackend`).
+unsafe impl Send for Mxfp8Target {}
+
+impl Mxfp8Target {
+    /// # Safety
+    /// No other live slice may alias the storage while the quantize runs.
+    unsafe fn quantize(&self, src: &[u16], rows: usize, cols: usize, layout: ScaleLayout) -> Result<()> {
+        let part = |i: usize| unsafe { std::slice::from_raw_parts_mut(self.parts[i].0, self.parts[i].1) };
+        quantize_both(
+            Input::Bf16(src),
+            rows,
+            cols,
+            layout,
+            QuantizedMut { data: part(0), scales: part(1) },
+            QuantizedMut { data: part(2), scales: part(3) },
+        )
+    }
+}
+
 /// One rank's host backend.
 pub struct HostBackend {
     // Field order matters: the stream (and the closures it holds) is dropped before memory.
@@ -76,6 +110,8 @@ pub struct HostBackend {
     comm: Arc<Communicator>,
     events: Vec<HostEvent>,
     mems: HashMap<Mem, Storage>,
+    mxfp8: HashMap<u32, Mxfp8Storage>,
+    mxfp8_layout: ScaleLayout,
     muon_opts: MuonOptions,
     workspace: MuonWorkspace,
     scratch: Vec<f32>,
@@ -96,6 +132,8 @@ impl HostBackend {
             comm,
             events: Vec::new(),
             mems: HashMap::new(),
+            mxfp8: HashMap::new(),
+            mxfp8_layout: ScaleLayout::Compact,
             muon_opts,
             workspace: MuonWorkspace::default(),
             scratch: Vec::new(),
@@ -109,25 +147,27 @@ impl HostBackend {
         }
     }
 
-    fn storage(&self, span: Span) -> Result<&Storage> {
-        let Some(storage) = self.mems.get(&span.mem) else {
-            bail!(Internal, "{:?} is not allocated", span.mem)
+    /// The first byte of `span` and the dtype its elements have, bounds-checked. A staging
+    /// span views its grad buffer's bytes as bf16.
+    fn resolve(&self, span: Span) -> Result<(*mut u8, Dtype)> {
+        let (key, dtype) = match span.mem {
+            Mem::Staging(i) => (Mem::Grad(i), Some(Dtype::Bf16)),
+            other => (other, None),
         };
-        if span.start + span.len > storage.numel as u64 {
-            bail!(
-                Internal,
-                "span {span:?} exceeds its allocation of {} elements",
-                storage.numel
-            );
+        let Some(storage) = self.mems.get(&key) else { bail!(Internal, "{:?} is not allocated", span.mem) };
+        let dtype = dtype.unwrap_or(storage.dtype);
+        let capacity = (storage.numel * storage.dtype.size() / dtype.size()) as u64;
+        if span.start + span.len > capacity {
+            bail!(Internal, "span {span:?} exceeds its allocation of {capacity} elements");
         }
-        Ok(storage)
+        // SAFETY: inside the allocation (checked above).
+        Ok((unsafe { storage.ptr.add(span.start as usize * dtype.size()) }, dtype))
     }
 
     fn region(&self, span: Span) -> Result<Region> {
-        let storage = self.storage(span)?;
-        let ptr = unsafe { storage.ptr.add(span.start as usize * storage.dtype.size()) };
+        let (ptr, dtype) = self.resolve(span)?;
         // SAFETY: inside a live allocation that outlives the stream's queued work (field order).
-        Ok(unsafe { Region::new(ptr, span.len as usize, storage.dtype) })
+        Ok(unsafe { Region::new(ptr, span.len as usize, dtype) })
     }
 
     /// # Safety
@@ -136,26 +176,27 @@ impl HostBackend {
     // mutable view from `&self` aliases nothing Rust tracks.
     #[allow(clippy::mut_from_ref)]
     unsafe fn f32s(&self, span: Span) -> Result<&mut [f32]> {
-        let storage = self.storage(span)?;
-        if storage.dtype != Dtype::F32 {
+        let (ptr, dtype) = self.resolve(span)?;
+        if dtype != Dtype::F32 {
             bail!(Internal, "{:?} is not f32", span.mem);
         }
-        let ptr = unsafe { storage.ptr.cast::<f32>().add(span.start as usize) };
-        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, span.len as usize) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<f32>(), span.len as usize) })
     }
 
     /// # Safety
     /// As for [`HostBackend::f32s`].
     #[allow(clippy::mut_from_ref)]
     unsafe fn u16s(&self, span: Span) -> Result<&mut [u16]> {
-        let storage = self.storage(span)?;
-        let ptr = unsafe { storage.ptr.cast::<u16>().add(span.start as usize) };
-        Ok(unsafe { std::slice::from_raw_parts_mut(ptr, span.len as usize) })
+        let (ptr, dtype) = self.resolve(span)?;
+        if dtype != Dtype::Bf16 {
+            bail!(Internal, "{:?} is not bf16", span.mem);
+        }
+        Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u16>(), span.len as usize) })
     }
 
     /// `span` as f32 values: borrowed when f32, converted into `scratch` when bf16.
     fn read_as_f32<'a>(&'a self, span: Span, scratch: &'a mut Vec<f32>) -> Result<&'a [f32]> {
-        match self.storage(span)?.dtype {
+        match self.resolve(span)?.1 {
             Dtype::F32 => Ok(unsafe { self.f32s(span) }?),
             Dtype::Bf16 => {
                 scratch.clear();
@@ -224,6 +265,21 @@ impl Backend for HostBackend {
         mems.insert(Mem::ExpAvg, Storage::new(layout.adam_moments, Dtype::F32)?);
         mems.insert(Mem::ExpAvgSq, Storage::new(layout.adam_moments, Dtype::F32)?);
         self.mems = mems;
+        self.mxfp8 = layout
+            .mxfp8
+            .iter()
+            .map(|t| {
+                let (rows, cols) = (t.rows, t.cols);
+                let bytes = |d| {
+                    let (r, c) = scale_shape(rows, cols, d);
+                    vec![0u8; r * c].into_boxed_slice()
+                };
+                let data = || vec![0u8; rows * cols].into_boxed_slice();
+                let parts = [data(), bytes(Direction::Rowwise), data(), bytes(Direction::Colwise)];
+                (t.param, Mxfp8Storage { rows, cols, parts })
+            })
+            .collect();
+        self.mxfp8_layout = layout.mxfp8_scale_layout;
         self.workspace = MuonWorkspace::new(layout.max_matrix.0, layout.max_matrix.1);
         Ok(())
     }
@@ -232,7 +288,7 @@ impl Backend for HostBackend {
         if values.len() as u64 != dst.len {
             bail!(Internal, "upload of {} values into {dst:?}", values.len());
         }
-        match self.storage(dst)?.dtype {
+        match self.resolve(dst)?.1 {
             Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
             Dtype::Bf16 => {
                 for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
@@ -249,15 +305,14 @@ impl Backend for HostBackend {
     }
 
     fn memset_zero(&mut self, span: Span) -> Result<()> {
-        let storage = self.storage(span)?;
-        let size = storage.dtype.size();
-        // SAFETY: bounds checked by `storage`.
-        unsafe { std::ptr::write_bytes(storage.ptr.add(span.start as usize * size), 0, span.len as usize * size) };
+        let (ptr, dtype) = self.resolve(span)?;
+        // SAFETY: bounds checked by `resolve`.
+        unsafe { std::ptr::write_bytes(ptr, 0, span.len as usize * dtype.size()) };
         Ok(())
     }
 
     fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
-        match self.storage(span)?.dtype {
+        match self.resolve(span)?.1 {
             Dtype::F32 => unsafe { self.f32s(span) }?.iter_mut().for_each(|x| *x *= factor),
             Dtype::Bf16 => unsafe { self.u16s(span) }?
                 .iter_mut()
@@ -275,7 +330,7 @@ impl Backend for HostBackend {
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let values = self.read_as_f32(src, &mut scratch)?;
-        match self.storage(dst)?.dtype {
+        match self.resolve(dst)?.1 {
             Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
             Dtype::Bf16 => {
                 for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
@@ -374,6 +429,33 @@ impl Backend for HostBackend {
         self.stream.synchronize()?;
         let sum = *result.lock().unwrap_or_else(PoisonError::into_inner);
         sum.ok_or_else(|| Error::new(ErrorKind::Internal, "all_reduce_f64: no result after synchronize"))
+    }
+
+    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
+        let Some(storage) = self.mxfp8.get_mut(&param) else { bail!(Internal, "param {param} has no MXFP8 storage") };
+        let (rows, cols, layout) = (storage.rows, storage.cols, self.mxfp8_layout);
+        let target = Mxfp8Target { parts: storage.parts.each_mut().map(|p| (p.as_mut_ptr(), p.len())) };
+        if src.len as usize != rows * cols {
+            bail!(Internal, "mxfp8_quantize: {src:?} does not hold {rows}x{cols} values");
+        }
+        let region = self.region(src)?;
+        if region.dtype() != Dtype::Bf16 {
+            bail!(Internal, "mxfp8_quantize: {src:?} is not bf16");
+        }
+        let run = move || {
+            // SAFETY: the region and the target are live (field order) and ordered by events.
+            let values = unsafe { std::slice::from_raw_parts(region.as_ptr().cast::<u16>(), region.len()) };
+            unsafe { target.quantize(values, rows, cols, layout) }
+        };
+        match stream {
+            StreamKind::Compute => run(),
+            StreamKind::Comm => self.stream.enqueue(run),
+        }
+    }
+
+    fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
+        let storage = self.mxfp8.get(&param)?;
+        Some(storage.parts.each_ref().map(|p| p.as_ptr().cast_mut()))
     }
 
     fn synchronize(&mut self) -> Result<()> {

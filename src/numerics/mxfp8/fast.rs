@@ -4,21 +4,22 @@
 //! conversion ([`super::f32_to_e4m3`]). For a block whose scale byte is at least
 //! [`FAST_MIN_SCALE`] and that holds no NaN or ±∞, the same codes follow from integer
 //! arithmetic on the input's own bits, split into a scale-independent part
-//! ([`Element::prepare`], shared by the rowwise and the columnwise copy) and a cheap
-//! scale-dependent part:
+//! ([`Element::prepare`], shared by the rowwise and the columnwise copy) and a cheap part that
+//! depends on the scale only through one per-block constant, `drop = 960 - 8k`:
 //!
 //! - With `t = |x|_bits + (k << mantissa_bits)` the bits of `|x| * 2^k`, the normal E4M3 code
 //!   is `rne(t >> (mantissa_bits - 3)) - 960` (ties to even; `960 = (127 - 7) << 3`
 //!   rebiases). Because `k << mantissa_bits` is a multiple of `2^(mantissa_bits - 3)` whose
 //!   bit `mantissa_bits - 3` is clear, this equals `rne(|x|_bits >> (mantissa_bits - 3)) -
-//!   (960 - 8k)`: the rounding is done once per element, and a saturating subtraction of
-//!   `960 - 8k` (positive, as `k <= 116`) also maps every product below `2^-10` to code 0.
+//!   drop`: the rounding is done once per element. Subtracting `drop` (positive, as
+//!   `k <= 116`) with saturation at 0 also maps every product below `2^-10` to code 0.
 //! - Products in `[2^-10, 2^-6)` (exponent `e` in 117..=120) land on the subnormal grid
 //!   `2^-9`: their code is `rne(M * 2^(e-117) >> (mantissa_bits + 1))` with `M` the
-//!   significand (hidden bit set). [`Element::finish_common`] reports such lanes; they are
-//!   rare in real data (elements 2^9 to 2^14 times smaller than their block's amax), so the
-//!   loops compute this second formula ([`Element::finish`]) only for the 32-lane groups
-//!   that contain one.
+//!   significand (hidden bit set). Their normal formula lies in `-24..8` (products just below
+//!   `2^-10` and just below `2^-6`, where both formulas agree, may or may not be included),
+//!   which [`Element::finish_common`] reports. Such lanes are rare in real data (elements
+//!   2^9 to 2^14 times smaller than their block's amax), so the loops compute the second
+//!   formula ([`Element::finish`]) only for the 32-lane groups that contain one.
 //!
 //! The conditions make the fast path exact: `|x| * 2^k <= 448` holds for every finite element
 //! of a block (the scale rounds up, MXFP8.md §1), so no saturation is needed; and `k <= 116`
@@ -45,16 +46,6 @@ pub(super) struct Prepared<L> {
     sign: u8,
 }
 
-/// The scale-dependent constants of the fast encoding for an inverse scale `2^k`.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct FastScale<L> {
-    /// `960 - 8k`, subtracted with saturation at 0.
-    pub(super) drop: L,
-    /// `k - 117` (wrapping): added to the exponent it gives the left shift of the subnormal
-    /// formula, in `0..4` exactly for the lanes that need it.
-    pub(super) shift_offset: L,
-}
-
 /// A high-precision input element type.
 pub(super) trait Element: Copy {
     /// `|x|` as an integer (sign bit cleared). For non-NaN values, integer order is magnitude
@@ -69,15 +60,16 @@ pub(super) trait Element: Copy {
     fn key_to_f32(key: Self::Key) -> f32;
     /// Exact conversion to f32.
     fn to_f32(self) -> f32;
-    /// The fast-path constants of scale byte `b` (meaningful for `FAST_MIN_SCALE <= b <= 253`).
-    fn fast_scale(b: u8) -> FastScale<Self::Lane>;
+    /// The fast-path constant `drop = 960 - 8k` of scale byte `b` (meaningful for
+    /// `FAST_MIN_SCALE <= b <= 253`).
+    fn fast_drop(b: u8) -> Self::Lane;
     fn prepare(self) -> Prepared<Self::Lane>;
-    /// The code of a lane whose product is not in `[2^-10, 2^-6)`, and whether it is (then the
-    /// code is wrong and [`Element::finish`] is needed).
-    fn finish_common(p: Prepared<Self::Lane>, s: FastScale<Self::Lane>) -> (u8, bool);
-    /// `f32_to_e4m3(x * scale_inv(b))` for a fast-path block with constants `s`: both
+    /// The code of a lane unless its product may be in `[2^-10, 2^-6)`, and whether it may
+    /// (then [`Element::finish`] gives the code).
+    fn finish_common(p: Prepared<Self::Lane>, drop: Self::Lane) -> (u8, bool);
+    /// `f32_to_e4m3(x * scale_inv(b))` for a fast-path block with constant `drop`: both
     /// formulas, selected per lane.
-    fn finish(p: Prepared<Self::Lane>, s: FastScale<Self::Lane>) -> u8;
+    fn finish(p: Prepared<Self::Lane>, drop: Self::Lane) -> u8;
 }
 
 /// bf16 bits. The amax is taken on the bf16 values, which equals the amax of the upcast values
@@ -103,12 +95,9 @@ impl Element for u16 {
     }
 
     #[inline(always)]
-    fn fast_scale(b: u8) -> FastScale<u16> {
-        let k = 127u16.wrapping_sub(u16::from(b));
-        FastScale {
-            drop: 960u16.wrapping_sub(k.wrapping_mul(8)),
-            shift_offset: k.wrapping_sub(117),
-        }
+    fn fast_drop(b: u8) -> u16 {
+        // 960 - 8(127 - b) = 8b - 56.
+        (8 * u16::from(b)).wrapping_sub(56)
     }
 
     #[inline(always)]
@@ -123,17 +112,18 @@ impl Element for u16 {
     }
 
     #[inline(always)]
-    fn finish_common(p: Prepared<u16>, s: FastScale<u16>) -> (u8, bool) {
-        let code = p.sign | p.normal.saturating_sub(s.drop) as u8;
-        (code, p.exponent.wrapping_add(s.shift_offset) < 4)
+    fn finish_common(p: Prepared<u16>, drop: u16) -> (u8, bool) {
+        let code = p.sign | p.normal.saturating_sub(drop) as u8;
+        (code, (p.normal + 24).wrapping_sub(drop) < 32)
     }
 
     #[inline(always)]
-    fn finish(p: Prepared<u16>, s: FastScale<u16>) -> u8 {
-        let shift = p.exponent.wrapping_add(s.shift_offset);
+    fn finish(p: Prepared<u16>, drop: u16) -> u8 {
+        // k - 117 = (24 - drop) / 8, exact: drop is a multiple of 8.
+        let shift = p.exponent.wrapping_add(((24u16.wrapping_sub(drop) as i16) >> 3) as u16);
         let scaled = p.significand << (shift & 3);
         let sub = (scaled + 0x7F + ((scaled >> 8) & 1)) >> 8;
-        let normal = p.normal.saturating_sub(s.drop);
+        let normal = p.normal.saturating_sub(drop);
         p.sign | if shift < 4 { sub as u8 } else { normal as u8 }
     }
 }
@@ -159,12 +149,8 @@ impl Element for f32 {
     }
 
     #[inline(always)]
-    fn fast_scale(b: u8) -> FastScale<u32> {
-        let k = 127u32.wrapping_sub(u32::from(b));
-        FastScale {
-            drop: 960u32.wrapping_sub(k.wrapping_mul(8)),
-            shift_offset: k.wrapping_sub(117),
-        }
+    fn fast_drop(b: u8) -> u32 {
+        (8 * u32::from(b)).wrapping_sub(56)
     }
 
     /// As for bf16 with 23 mantissa bits: the significand has 24 bits and the subnormal code
@@ -182,17 +168,17 @@ impl Element for f32 {
     }
 
     #[inline(always)]
-    fn finish_common(p: Prepared<u32>, s: FastScale<u32>) -> (u8, bool) {
-        let code = p.sign | p.normal.saturating_sub(s.drop) as u8;
-        (code, p.exponent.wrapping_add(s.shift_offset) < 4)
+    fn finish_common(p: Prepared<u32>, drop: u32) -> (u8, bool) {
+        let code = p.sign | p.normal.saturating_sub(drop) as u8;
+        (code, (p.normal + 24).wrapping_sub(drop) < 32)
     }
 
     #[inline(always)]
-    fn finish(p: Prepared<u32>, s: FastScale<u32>) -> u8 {
-        let shift = p.exponent.wrapping_add(s.shift_offset);
+    fn finish(p: Prepared<u32>, drop: u32) -> u8 {
+        let shift = p.exponent.wrapping_add(((24u32.wrapping_sub(drop) as i32) >> 3) as u32);
         let scaled = p.significand << (shift & 3);
         let sub = (scaled + 0x7F_FFFF + ((scaled >> 24) & 1)) >> 24;
-        let normal = p.normal.saturating_sub(s.drop);
+        let normal = p.normal.saturating_sub(drop);
         p.sign | if shift < 4 { sub as u8 } else { normal as u8 }
     }
 }
@@ -207,9 +193,9 @@ mod tests {
 
     /// Both the full formula and, where it applies, the common one.
     fn fast<E: Element>(x: E, b: u8) -> u8 {
-        let (p, s) = (x.prepare(), E::fast_scale(b));
-        let full = E::finish(p, s);
-        let (common, needs_full) = E::finish_common(p, s);
+        let (p, drop) = (x.prepare(), E::fast_drop(b));
+        let full = E::finish(p, drop);
+        let (common, needs_full) = E::finish_common(p, drop);
         if !needs_full {
             assert_eq!(common, full, "common formula, b={b}");
         }

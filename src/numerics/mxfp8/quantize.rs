@@ -1,24 +1,23 @@
 //! Host MXFP8 quantization, rowwise and columnwise, fused into one pass over the input.
 //!
-//! The input is walked in strips of 32 rows (one columnwise block row) and, inside a strip,
-//! in chunks of [`CHUNK_COLS`] columns. For each 32 × `CHUNK_COLS` piece, one pass takes the
-//! rowwise and columnwise amaxes from the same loads, the scale bytes of all its blocks are
-//! computed together, and a second pass, with the piece still in L2, encodes both copies
-//! (sharing the scale-independent half of the fast encoding, see `fast.rs`). The inner loops
-//! run over whole rows of the piece, branch-free, so that they vectorize; on x86-64 the loop
-//! nest is also compiled for AVX2 and AVX-512 and picked at run time.
+//! The input is walked in strips of 32 rows (one columnwise block row). For a strip, the raw
+//! amaxes of all its rowwise blocks and columns are known before it is encoded: they were taken
+//! while the previous strip was being encoded, interleaved segment by segment (1024 columns)
+//! with that work, so the reads of new data overlap with computation and each strip is read
+//! from memory once. The scale bytes of the whole strip are then computed together and the
+//! strip, still in L2, is encoded into both copies, sharing the scale-independent half of the
+//! fast encoding (see `fast.rs`). The inner loops are branch-free over fixed 32-lane groups so
+//! that they vectorize; on x86-64 the loop nest is also compiled for AVX2 and AVX-512 and
+//! picked at run time.
 
-use super::fast::{Element, FAST_MIN_SCALE, FastScale};
+use super::fast::{Element, FAST_MIN_SCALE};
 use super::scalar::{BLOCK_SIZE, e8m0_from_amax, f32_to_e4m3, scale_inv};
 use super::{Direction, Input, QuantizedMut, ScaleLayout, ScaleMap, check_len, element_count, scale_shape};
 use crate::error::Result;
 
-/// Columns per chunk of a strip: 32 rows × 2048 bf16 = 128 KiB (256 KiB for f32) stays in L2
-/// between the two passes, and each row is read as one run the prefetcher can follow.
-const CHUNK_COLS: usize = 2048;
-
-/// Rowwise blocks per chunk (all 32 rows).
-const CHUNK_ROW_BLOCKS: usize = CHUNK_COLS;
+/// Columns per segment of a row: the unit of interleaving, and 32 rowwise blocks, whose amaxes
+/// [`block_maxima`] reduces together.
+const SEGMENT: usize = BLOCK_SIZE * BLOCK_SIZE;
 
 /// Quantizes a `[rows, cols]` row-major input into the requested MXFP8 copies: the host
 /// reference behind `muon_mxfp8_quantize_host`. Either copy may be omitted; when both are
@@ -160,31 +159,7 @@ fn encode_exact<E: Element>(v: E, s: f32) -> u8 {
     f32_to_e4m3(v.to_f32() * s)
 }
 
-/// Fast-path constants, one entry per block or per column, as separate arrays so that the
-/// loops over them vectorize.
-struct Lanes<L> {
-    drop: Vec<L>,
-    shift_offset: Vec<L>,
-}
-
-impl<L: Copy + Default> Lanes<L> {
-    fn new(n: usize) -> Self {
-        Lanes {
-            drop: vec![L::default(); n],
-            shift_offset: vec![L::default(); n],
-        }
-    }
-
-    #[inline(always)]
-    fn get(&self, i: usize) -> FastScale<L> {
-        FastScale {
-            drop: self.drop[i],
-            shift_offset: self.shift_offset[i],
-        }
-    }
-}
-
-/// Fills `b` and `fast` with the scale bytes and fast-path constants of a run of blocks whose
+/// Fills `b` and `drop` with the scale bytes and fast-path constants of a run of blocks whose
 /// raw amax keys (NaN not filtered out) are `raw`, and returns whether every block takes the
 /// fast path. `nan_free(i)` recomputes the amax of block `i` without NaN; it is called only
 /// for blocks holding a NaN or ±∞.
@@ -192,17 +167,15 @@ impl<L: Copy + Default> Lanes<L> {
 fn scale_bytes<E: Element>(
     raw: &[E::Key],
     b: &mut [u8],
-    fast: &mut Lanes<E::Lane>,
+    drop: &mut [E::Lane],
     nan_free: impl Fn(usize) -> E::Key,
 ) -> bool {
     let n = raw.len();
-    let (b, drop, shift) = (&mut b[..n], &mut fast.drop[..n], &mut fast.shift_offset[..n]);
+    let (b, drop) = (&mut b[..n], &mut drop[..n]);
     let mut all_fast = true;
     for i in 0..n {
         b[i] = e8m0_from_amax(E::key_to_f32(raw[i]));
-        let s = E::fast_scale(b[i]);
-        drop[i] = s.drop;
-        shift[i] = s.shift_offset;
+        drop[i] = E::fast_drop(b[i]);
         all_fast &= is_fast::<E>(raw[i], b[i]);
     }
     if !all_fast {
@@ -313,26 +286,23 @@ fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &m
 /// that contain a lane needing it (see `fast.rs`). A group of a row is one rowwise block.
 const GROUP: usize = BLOCK_SIZE;
 
-/// The fast-path constants of a group's lanes: one pair for the whole group (a rowwise block)
-/// or one per lane (columns).
+/// The fast-path constants of a group's lanes: one for the whole group (a rowwise block) or
+/// one per lane (columns).
 trait GroupScale<L>: Copy {
-    fn at(self, j: usize) -> FastScale<L>;
+    fn at(self, j: usize) -> L;
 }
 
-impl<L: Copy> GroupScale<L> for FastScale<L> {
+impl<L: Copy> GroupScale<L> for L {
     #[inline(always)]
-    fn at(self, _: usize) -> FastScale<L> {
+    fn at(self, _: usize) -> L {
         self
     }
 }
 
-impl<L: Copy> GroupScale<L> for (&[L; GROUP], &[L; GROUP]) {
+impl<L: Copy> GroupScale<L> for &[L; GROUP] {
     #[inline(always)]
-    fn at(self, j: usize) -> FastScale<L> {
-        FastScale {
-            drop: self.0[j],
-            shift_offset: self.1[j],
-        }
+    fn at(self, j: usize) -> L {
+        self[j]
     }
 }
 
@@ -376,133 +346,133 @@ fn encode_group_full<E: Element, S: GroupScale<E::Lane>>(x: &[E; GROUP], s: S, o
     }
 }
 
-/// The per-column constants of a row of a piece, in groups.
-#[inline(always)]
-fn column_groups<L>(lanes: &Lanes<L>, n: usize) -> impl Iterator<Item = (&[L; GROUP], &[L; GROUP])> {
-    let drop = lanes.drop[..n].as_chunks::<GROUP>().0;
-    let shift = lanes.shift_offset[..n].as_chunks::<GROUP>().0;
-    drop.iter().zip(shift)
-}
-
-/// The per-block constants of one row's rowwise blocks.
-#[inline(always)]
-fn block_scales<L: Copy + Default>(
-    lanes: &Lanes<L>,
-    blocks: usize,
-    first: usize,
-) -> impl Iterator<Item = FastScale<L>> {
-    (first..first + blocks).map(|j| lanes.get(j))
-}
-
-/// Encodes one row of a piece into both copies on the fast path: rowwise with the row's
-/// per-block constants starting at entry `first_block` of `row`, columnwise with per-column
-/// constants.
+/// Encodes a row segment into both copies on the fast path: rowwise with one constant per
+/// block (`row_drop`), columnwise with one per column (`col_drop`).
 #[inline(always)]
 fn encode_both_fast<E: Element>(
     src: &[E],
-    (row, first_block): (&Lanes<E::Lane>, usize),
-    col: &Lanes<E::Lane>,
+    row_drop: &[E::Lane],
+    col_drop: &[E::Lane],
     row_dst: &mut [u8],
     col_dst: &mut [u8],
 ) {
     let n = src.len();
     let (xs, x_tail) = src.as_chunks::<GROUP>();
     let ng = xs.len();
-    // Equal lengths everywhere, so that the loop below needs no bounds checks.
+    // Equal lengths everywhere, so that the loop needs no bounds checks.
     let rds = &mut row_dst[..n].as_chunks_mut::<GROUP>().0[..ng];
     let cds = &mut col_dst[..n].as_chunks_mut::<GROUP>().0[..ng];
-    let (rdrop, rshift) = (&row.drop[first_block..][..ng], &row.shift_offset[first_block..][..ng]);
-    let (cdrop, cshift) = (
-        &col.drop[..n].as_chunks::<GROUP>().0[..ng],
-        &col.shift_offset[..n].as_chunks::<GROUP>().0[..ng],
-    );
+    let rdrop = &row_drop[..ng];
+    let cdrop = &col_drop[..n].as_chunks::<GROUP>().0[..ng];
     for g in 0..ng {
-        let rs = FastScale {
-            drop: rdrop[g],
-            shift_offset: rshift[g],
-        };
-        let cs = (&cdrop[g], &cshift[g]);
-        let (need_row, need_col) = encode_group::<E, _, _>(&xs[g], (rs, &mut rds[g]), Some((cs, &mut cds[g])));
+        let (x, rs, cs) = (&xs[g], rdrop[g], &cdrop[g]);
+        let (need_row, need_col) = encode_group::<E, _, _>(x, (rs, &mut rds[g]), Some((cs, &mut cds[g])));
         if need_row {
-            encode_group_full::<E, _>(&xs[g], rs, &mut rds[g]);
+            encode_group_full::<E, _>(x, rs, &mut rds[g]);
         }
         if need_col {
-            encode_group_full::<E, _>(&xs[g], cs, &mut cds[g]);
-        }
-    }
-    if !x_tail.is_empty() {
-        let start = n - x_tail.len();
-        let rs = row.get(first_block + ng);
-        for (j, &v) in x_tail.iter().enumerate() {
-            let p = v.prepare();
-            row_dst[start + j] = E::finish(p, rs);
-            col_dst[start + j] = E::finish(p, col.get(start + j));
-        }
-    }
-}
-
-/// Encodes one row of a piece into the rowwise copy on the fast path (all its blocks fast).
-#[inline(always)]
-fn encode_rows_fast<E: Element>(src: &[E], (row, first_block): (&Lanes<E::Lane>, usize), dst: &mut [u8]) {
-    let n = src.len();
-    let (xs, x_tail) = src.as_chunks::<GROUP>();
-    let (ds, d_tail) = dst[..n].as_chunks_mut::<GROUP>();
-    for ((x, d), rs) in xs
-        .iter()
-        .zip(ds.iter_mut())
-        .zip(block_scales(row, xs.len(), first_block))
-    {
-        if encode_group::<E, _, FastScale<E::Lane>>(x, (rs, d), None).0 {
-            encode_group_full::<E, _>(x, rs, d);
-        }
-    }
-    if !x_tail.is_empty() {
-        let rs = row.get(first_block + xs.len());
-        for (&v, d) in x_tail.iter().zip(d_tail) {
-            *d = E::finish(v.prepare(), rs);
-        }
-    }
-}
-
-/// Encodes one row of a piece into the columnwise copy on the fast path.
-#[inline(always)]
-fn encode_cols_fast<E: Element>(src: &[E], col: &Lanes<E::Lane>, dst: &mut [u8]) {
-    let n = src.len();
-    let (xs, x_tail) = src.as_chunks::<GROUP>();
-    let (ds, d_tail) = dst[..n].as_chunks_mut::<GROUP>();
-    for ((x, d), cs) in xs.iter().zip(ds.iter_mut()).zip(column_groups(col, n)) {
-        if encode_group::<E, _, FastScale<E::Lane>>(x, (cs, d), None).0 {
-            encode_group_full::<E, _>(x, cs, d);
+            encode_group_full::<E, _>(x, cs, &mut cds[g]);
         }
     }
     let start = n - x_tail.len();
-    for (j, (&v, d)) in x_tail.iter().zip(d_tail).enumerate() {
-        *d = E::finish(v.prepare(), col.get(start + j));
+    for (j, &v) in x_tail.iter().enumerate() {
+        let p = v.prepare();
+        row_dst[start + j] = E::finish(p, row_drop[ng]);
+        col_dst[start + j] = E::finish(p, col_drop[start + j]);
     }
 }
 
-/// Per-call scratch. Rowwise block entries are dense, `nb` blocks per row of the strip.
+/// Encodes a row segment into the rowwise copy on the fast path (all its blocks fast).
+#[inline(always)]
+fn encode_rows_fast<E: Element>(src: &[E], row_drop: &[E::Lane], dst: &mut [u8]) {
+    let n = src.len();
+    let (xs, x_tail) = src.as_chunks::<GROUP>();
+    let ng = xs.len();
+    let ds = &mut dst[..n].as_chunks_mut::<GROUP>().0[..ng];
+    let rdrop = &row_drop[..ng];
+    for g in 0..ng {
+        if encode_group::<E, _, E::Lane>(&xs[g], (rdrop[g], &mut ds[g]), None).0 {
+            encode_group_full::<E, _>(&xs[g], rdrop[g], &mut ds[g]);
+        }
+    }
+    let start = n - x_tail.len();
+    for (j, &v) in x_tail.iter().enumerate() {
+        dst[start + j] = E::finish(v.prepare(), row_drop[ng]);
+    }
+}
+
+/// Encodes a row segment into the columnwise copy on the fast path.
+#[inline(always)]
+fn encode_cols_fast<E: Element>(src: &[E], col_drop: &[E::Lane], dst: &mut [u8]) {
+    let n = src.len();
+    let (xs, x_tail) = src.as_chunks::<GROUP>();
+    let ng = xs.len();
+    let ds = &mut dst[..n].as_chunks_mut::<GROUP>().0[..ng];
+    let cdrop = &col_drop[..n].as_chunks::<GROUP>().0[..ng];
+    for g in 0..ng {
+        if encode_group::<E, _, E::Lane>(&xs[g], (&cdrop[g], &mut ds[g]), None).0 {
+            encode_group_full::<E, _>(&xs[g], &cdrop[g], &mut ds[g]);
+        }
+    }
+    let start = n - x_tail.len();
+    for (j, &v) in x_tail.iter().enumerate() {
+        dst[start + j] = E::finish(v.prepare(), col_drop[start + j]);
+    }
+}
+
+/// Raw amax keys of one strip: `32 * ceil(cols/32)` rowwise blocks (row `i`, block `k` at
+/// `i * blocks_per_row + k`) and `cols` columns.
+struct StripAmax<K> {
+    row: Vec<K>,
+    col: Vec<K>,
+}
+
+/// Per-call scratch: the amaxes of the strip being encoded and of the next one, and the scale
+/// bytes and constants of the strip being encoded.
 struct Scratch<E: Element> {
-    row_raw: Vec<E::Key>,
+    amax: StripAmax<E::Key>,
+    next_amax: StripAmax<E::Key>,
     row_b: Vec<u8>,
-    row_fast: Lanes<E::Lane>,
-    col_raw: Vec<E::Key>,
+    row_drop: Vec<E::Lane>,
     col_b: Vec<u8>,
-    col_fast: Lanes<E::Lane>,
+    col_drop: Vec<E::Lane>,
     col_scale_inv: Vec<f32>,
 }
 
 impl<E: Element> Scratch<E> {
-    fn new() -> Self {
+    fn new(cols: usize) -> Self {
+        let blocks = BLOCK_SIZE * cols.div_ceil(BLOCK_SIZE);
+        let amax = || StripAmax {
+            row: vec![E::Key::default(); blocks],
+            col: vec![E::Key::default(); cols],
+        };
         Scratch {
-            row_raw: vec![E::Key::default(); CHUNK_ROW_BLOCKS],
-            row_b: vec![0; CHUNK_ROW_BLOCKS],
-            row_fast: Lanes::new(CHUNK_ROW_BLOCKS),
-            col_raw: vec![E::Key::default(); CHUNK_COLS],
-            col_b: vec![0; CHUNK_COLS],
-            col_fast: Lanes::new(CHUNK_COLS),
-            col_scale_inv: vec![0.0; CHUNK_COLS],
+            amax: amax(),
+            next_amax: amax(),
+            row_b: vec![0; blocks],
+            row_drop: vec![E::Lane::default(); blocks],
+            col_b: vec![0; cols],
+            col_drop: vec![E::Lane::default(); cols],
+            col_scale_inv: vec![0.0; cols],
         }
+    }
+}
+
+/// Which copies a call produces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Both,
+    Rowwise,
+    Colwise,
+}
+
+/// The amax pass over one row segment, for the wanted copies: see [`amax_row`].
+#[inline(always)]
+fn amax_segment<E: Element>(wanted: Wanted, src: &[E], row_raw: &mut [E::Key], col_raw: &mut [E::Key]) {
+    match wanted {
+        Wanted::Both => amax_row::<E, true, true>(src, row_raw, col_raw),
+        Wanted::Rowwise => amax_row::<E, true, false>(src, row_raw, col_raw),
+        Wanted::Colwise => amax_row::<E, false, true>(src, row_raw, col_raw),
     }
 }
 
@@ -562,84 +532,112 @@ fn quantize_impl<E: Element>(
     mut rowwise: Option<&mut Target<'_>>,
     mut colwise: Option<&mut Target<'_>>,
 ) {
-    let mut s = Scratch::<E>::new();
-    let (want_row, want_col) = (rowwise.is_some(), colwise.is_some());
-    for r0 in (0..rows).step_by(BLOCK_SIZE) {
-        let nr = BLOCK_SIZE.min(rows - r0);
-        for c0 in (0..cols).step_by(CHUNK_COLS) {
-            let width = CHUNK_COLS.min(cols - c0);
-            let nb = width.div_ceil(BLOCK_SIZE);
-            let at = |i: usize| (r0 + i) * cols + c0..(r0 + i) * cols + c0 + width;
+    let wanted = match (rowwise.is_some(), colwise.is_some()) {
+        (true, true) => Wanted::Both,
+        (true, false) => Wanted::Rowwise,
+        (false, true) => Wanted::Colwise,
+        (false, false) => return,
+    };
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let nbc = cols.div_ceil(BLOCK_SIZE);
+    let strips = rows.div_ceil(BLOCK_SIZE);
+    let strip_rows = |s: usize| BLOCK_SIZE.min(rows - s * BLOCK_SIZE);
+    let row_of = |r: usize| &x[r * cols..(r + 1) * cols];
+    let segments = |i: usize| (i * SEGMENT..((i + 1) * SEGMENT).min(cols), i * BLOCK_SIZE);
+    let nseg = cols.div_ceil(SEGMENT);
+    let mut s = Scratch::<E>::new(cols);
 
-            // Pass 1: raw amaxes of both directions from the same loads.
-            s.col_raw[..width].fill(E::Key::default());
+    // The first strip's amaxes; every later strip's are taken while its predecessor is encoded.
+    s.amax.col.fill(E::Key::default());
+    for i in 0..strip_rows(0) {
+        amax_segment(
+            wanted,
+            row_of(i),
+            &mut s.amax.row[i * nbc..(i + 1) * nbc],
+            &mut s.amax.col,
+        );
+    }
+
+    for strip in 0..strips {
+        let (r0, nr) = (strip * BLOCK_SIZE, strip_rows(strip));
+        let next_rows = if strip + 1 < strips { strip_rows(strip + 1) } else { 0 };
+
+        // Scale bytes of the whole strip.
+        let mut row_all_fast = false;
+        if let Some(t) = rowwise.as_deref_mut() {
+            row_all_fast = scale_bytes::<E>(&s.amax.row[..nr * nbc], &mut s.row_b, &mut s.row_drop, |j| {
+                let (i, k) = (j / nbc, j % nbc);
+                let block = row_of(r0 + i).chunks(BLOCK_SIZE).nth(k).unwrap_or_default();
+                nan_free_max(block.iter().copied())
+            });
             for i in 0..nr {
-                let (src, row_raw) = (&x[at(i)], &mut s.row_raw[i * nb..(i + 1) * nb]);
-                match (want_row, want_col) {
-                    (true, true) => amax_row::<E, true, true>(src, row_raw, &mut s.col_raw),
-                    (true, false) => amax_row::<E, true, false>(src, row_raw, &mut s.col_raw),
-                    _ => amax_row::<E, false, true>(src, row_raw, &mut s.col_raw),
+                for (k, &b) in s.row_b[i * nbc..(i + 1) * nbc].iter().enumerate() {
+                    t.scales[t.map.offset(r0 + i, k)] = b;
                 }
             }
+        }
+        let mut col_all_fast = false;
+        if let Some(t) = colwise.as_deref_mut() {
+            col_all_fast = scale_bytes::<E>(&s.amax.col, &mut s.col_b, &mut s.col_drop, |c| {
+                nan_free_max((r0..r0 + nr).map(|r| x[r * cols + c]))
+            });
+            for (c, &b) in s.col_b.iter().enumerate() {
+                t.scales[t.map.offset(strip, c)] = b;
+            }
+            if !col_all_fast {
+                for (si, &b) in s.col_scale_inv.iter_mut().zip(&s.col_b) {
+                    *si = scale_inv(b);
+                }
+            }
+        }
 
-            // Scale bytes.
-            let mut row_all_fast = false;
-            if let Some(t) = rowwise.as_deref_mut() {
-                row_all_fast = scale_bytes::<E>(&s.row_raw[..nr * nb], &mut s.row_b, &mut s.row_fast, |j| {
-                    let (i, k) = (j / nb, j % nb);
-                    let block = x[at(i)].chunks(BLOCK_SIZE).nth(k).unwrap_or_default();
-                    nan_free_max(block.iter().copied())
-                });
-                for i in 0..nr {
-                    for (k, &b) in s.row_b[i * nb..(i + 1) * nb].iter().enumerate() {
-                        t.scales[t.map.offset(r0 + i, c0 / BLOCK_SIZE + k)] = b;
-                    }
+        // Encode the strip, segment by segment, taking the next strip's amaxes in between.
+        s.next_amax.col.fill(E::Key::default());
+        for i in 0..nr {
+            let r = r0 + i;
+            for seg in 0..nseg {
+                let (span, first_block) = segments(seg);
+                let blocks = first_block..(first_block + BLOCK_SIZE).min(nbc);
+                if i < next_rows {
+                    let row_raw = &mut s.next_amax.row[i * nbc..(i + 1) * nbc][blocks.clone()];
+                    amax_segment(
+                        wanted,
+                        &row_of(r + BLOCK_SIZE)[span.clone()],
+                        row_raw,
+                        &mut s.next_amax.col[span.clone()],
+                    );
                 }
-            }
-            let mut col_all_fast = false;
-            if let Some(t) = colwise.as_deref_mut() {
-                col_all_fast = scale_bytes::<E>(&s.col_raw[..width], &mut s.col_b, &mut s.col_fast, |c| {
-                    nan_free_max((0..nr).map(|i| x[at(i).start + c]))
-                });
-                for (c, &b) in s.col_b[..width].iter().enumerate() {
-                    t.scales[t.map.offset(r0 / BLOCK_SIZE, c0 + c)] = b;
-                }
-                if !col_all_fast {
-                    for (si, &b) in s.col_scale_inv.iter_mut().zip(&s.col_b[..width]) {
-                        *si = scale_inv(b);
-                    }
-                }
-            }
-
-            // Pass 2: encode.
-            for i in 0..nr {
-                let src = &x[at(i)];
-                let row_blocks = (&s.row_fast, i * nb);
+                let src = &row_of(r)[span.clone()];
+                let at = r * cols + span.start..r * cols + span.end;
+                let row_consts = &s.row_drop[i * nbc..][blocks.clone()];
+                let col_consts = &s.col_drop[span.clone()];
                 if let (Some(rt), Some(ct), true, true) = (
                     rowwise.as_deref_mut(),
                     colwise.as_deref_mut(),
                     row_all_fast,
                     col_all_fast,
                 ) {
-                    let (rd, cd) = (&mut rt.data[at(i)], &mut ct.data[at(i)]);
-                    encode_both_fast(src, row_blocks, &s.col_fast, rd, cd);
+                    encode_both_fast(src, row_consts, col_consts, &mut rt.data[at.clone()], &mut ct.data[at]);
                     continue;
                 }
                 if let Some(t) = rowwise.as_deref_mut() {
-                    let dst = &mut t.data[at(i)];
+                    let dst = &mut t.data[at.clone()];
                     if row_all_fast {
-                        encode_rows_fast(src, row_blocks, dst);
+                        encode_rows_fast(src, row_consts, dst);
                     } else {
                         let blocks = src.chunks(BLOCK_SIZE).zip(dst.chunks_mut(BLOCK_SIZE));
                         for (k, (blk, out)) in blocks.enumerate() {
-                            let j = i * nb + k;
-                            if is_fast::<E>(s.row_raw[j], s.row_b[j]) {
-                                let f = s.row_fast.get(j);
+                            let j = i * nbc + first_block + k;
+                            let b = s.row_b[j];
+                            if is_fast::<E>(s.amax.row[j], b) {
+                                let f = row_consts[k];
                                 for (d, &v) in out.iter_mut().zip(blk) {
                                     *d = E::finish(v.prepare(), f);
                                 }
                             } else {
-                                let si = scale_inv(s.row_b[j]);
+                                let si = scale_inv(b);
                                 for (d, &v) in out.iter_mut().zip(blk) {
                                     *d = encode_exact(v, si);
                                 }
@@ -648,17 +646,18 @@ fn quantize_impl<E: Element>(
                     }
                 }
                 if let Some(t) = colwise.as_deref_mut() {
-                    let dst = &mut t.data[at(i)];
+                    let dst = &mut t.data[at];
                     if col_all_fast {
-                        encode_cols_fast(src, &s.col_fast, dst);
+                        encode_cols_fast(src, col_consts, dst);
                     } else {
-                        for ((d, &v), &si) in dst.iter_mut().zip(src).zip(&s.col_scale_inv) {
+                        for ((d, &v), &si) in dst.iter_mut().zip(src).zip(&s.col_scale_inv[span]) {
                             *d = encode_exact(v, si);
                         }
                     }
                 }
             }
         }
+        std::mem::swap(&mut s.amax, &mut s.next_amax);
     }
 }
 
