@@ -162,6 +162,16 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_ALLOW_VOCAB_DIM (1 << 5)
 
 /**
+ * MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
+ */
+#define MUON_MXFP8_SCALES_COMPACT 0
+
+/**
+ * MXFP8 scales in the cuBLAS / tcgen05 swizzled order.
+ */
+#define MUON_MXFP8_SCALES_SWIZZLED 1
+
+/**
  * Largest muon_num_ns_steps.
  */
 #define MUON_MAX_NS_STEPS 100
@@ -581,7 +591,8 @@ typedef struct muon_param_view_t {
    */
   uint64_t numel;
   /**
-   * Model-dtype storage (host pointer on the host backend, device pointer on cuda).
+   * Model-dtype storage (host pointer on the host backend, device pointer on cuda); NULL for
+   * MXFP8 params, whose values live only in the MXFP8 copies below.
    */
   void *data;
   /**
@@ -604,6 +615,19 @@ typedef struct muon_param_view_t {
    * MXFP8 columnwise E8M0 scales; NULL unless MXFP8.
    */
   uint8_t *mxfp8_colwise_scales;
+  /**
+   * MUON_MXFP8_SCALES_COMPACT or MUON_MXFP8_SCALES_SWIZZLED (config mxfp8_swizzled_scales);
+   * shapes from muon_mxfp8_scale_shape().
+   */
+  uint32_t mxfp8_scale_layout;
+  /**
+   * MXFP8 2-D view: rows = product of all dims but the last, cols = the last dim.
+   */
+  uint64_t mxfp8_rows;
+  /**
+   * See mxfp8_rows.
+   */
+  uint64_t mxfp8_cols;
 } muon_param_view_t;
 
 #ifdef __cplusplus
@@ -749,6 +773,40 @@ muon_status_t muon_newton_schulz_host(const float *input,
                                       uint32_t coefficient_set,
                                       uint32_t steps,
                                       uint32_t precision);
+
+/**
+ * @brief Shapes of the rowwise and columnwise E8M0 scale arrays of a [rows, cols] tensor, as
+ *        TransformerEngine allocates them (both layouts have the same size):
+ *        rowwise [roundup(rows,128), roundup(ceil(cols/32),4)],
+ *        columnwise [roundup(ceil(rows/32),4), roundup(cols,128)].
+ * @param[out] shapes shapes[0..2] = rowwise rows, cols; shapes[2..4] = columnwise rows, cols.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_mxfp8_scale_shape(uint64_t rows,
+                                     uint64_t cols,
+                                     uint64_t *shapes);
+
+/**
+ * @brief Quantize a host [rows, cols] row-major bf16 or f32 array to MXFP8 (E4M3 data, E8M0
+ *        scale per 32 elements), rowwise and columnwise, TransformerEngine bit-exact.
+ * @param[in]  input        rows·cols values of @p input_dtype (MUON_DTYPE_BF16 or _F32).
+ * @param[out] rowwise_data rows·cols bytes; @p rowwise_scales / @p colwise_scales sized by
+ *             muon_mxfp8_scale_shape(); @p colwise_data rows·cols bytes (not transposed).
+ * @param[in]  scale_layout MUON_MXFP8_SCALES_COMPACT or MUON_MXFP8_SCALES_SWIZZLED; padding
+ *             bytes are written as 0.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_mxfp8_quantize_host(const void *input,
+                                       uint32_t input_dtype,
+                                       uint64_t rows,
+                                       uint64_t cols,
+                                       uint32_t scale_layout_code,
+                                       uint8_t *rowwise_data,
+                                       uint8_t *rowwise_scales,
+                                       uint8_t *colwise_data,
+                                       uint8_t *colwise_scales);
 
 /**
  * @brief Create an optimizer for this rank.

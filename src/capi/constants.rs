@@ -58,6 +58,11 @@ pub const MUON_PARAM_FLAG_NO_WEIGHT_DECAY: u32 = 1 << 4;
 /// Allow a Muon matrix with a dimension equal to vocab_size.
 pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
 
+/// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
+pub const MUON_MXFP8_SCALES_COMPACT: u32 = 0;
+/// MXFP8 scales in the cuBLAS / tcgen05 swizzled order.
+pub const MUON_MXFP8_SCALES_SWIZZLED: u32 = 1;
+
 /// Largest muon_num_ns_steps.
 pub const MUON_MAX_NS_STEPS: u32 = 100;
 /// Default collective_timeout_ms (five minutes).

@@ -13,6 +13,7 @@ pub mod config;
 pub mod constants;
 pub mod handle;
 pub mod iteration;
+pub mod mxfp8;
 pub mod optimizer;
 pub mod param;
 pub mod status;

@@ -67,7 +67,8 @@ pub struct muon_param_view_t {
     pub offset: u64,
     /// Number of elements.
     pub numel: u64,
-    /// Model-dtype storage (host pointer on the host backend, device pointer on cuda).
+    /// Model-dtype storage (host pointer on the host backend, device pointer on cuda); NULL for
+    /// MXFP8 params, whose values live only in the MXFP8 copies below.
     pub data: *mut c_void,
     /// Gradient storage (grad_dtype) the framework accumulates into.
     pub grad: *mut c_void,
@@ -79,6 +80,13 @@ pub struct muon_param_view_t {
     pub mxfp8_colwise_data: *mut u8,
     /// MXFP8 columnwise E8M0 scales; NULL unless MXFP8.
     pub mxfp8_colwise_scales: *mut u8,
+    /// MUON_MXFP8_SCALES_COMPACT or MUON_MXFP8_SCALES_SWIZZLED (config mxfp8_swizzled_scales);
+    /// shapes from muon_mxfp8_scale_shape().
+    pub mxfp8_scale_layout: u32,
+    /// MXFP8 2-D view: rows = product of all dims but the last, cols = the last dim.
+    pub mxfp8_rows: u64,
+    /// See mxfp8_rows.
+    pub mxfp8_cols: u64,
 }
 
 /// Size of the first ABI version of each struct; smaller struct_size values are rejected.

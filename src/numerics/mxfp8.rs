@@ -145,6 +145,39 @@ impl ScaleMap {
             (true, true) => swizzled_scale_index(c, r, self.num_tiles_x),
         }
     }
+
+    /// Compact rows per band of swizzled tiles: 128 rows rowwise, 4 block rows columnwise.
+    /// A band's tiles are complete once all its compact rows are known.
+    fn band_rows(&self) -> usize {
+        if self.transposed { 4 } else { 128 }
+    }
+
+    /// Writes band `band`, given as its compact rows (`band_rows() * stride` bytes), into the
+    /// swizzled buffer: 512-byte tiles, each written front to back. Entry `p` of a tile holds
+    /// compact row/column `(p / 16) + 32 * ((p % 16) / 4)` within the tile's 128, and column/row
+    /// `p % 4` within its 4 (the inverse of [`swizzled_scale_index`]).
+    fn store_band(&self, scales: &mut [u8], band: usize, compact: &[u8]) {
+        let within = |p: usize| (p / 16 + 32 * ((p % 16) / 4), p % 4);
+        if self.transposed {
+            // i = column, j = block row: tile (t, band) for columns 128t..128t+128.
+            for t in 0..self.stride / 128 {
+                let tile = &mut scales[(t * self.num_tiles_x + band) * 512..][..512];
+                for (p, out) in tile.iter_mut().enumerate() {
+                    let (i, j) = within(p);
+                    *out = compact[j * self.stride + 128 * t + i];
+                }
+            }
+        } else {
+            // i = row, j = block column: tile (band, t) for block columns 4t..4t+4.
+            for t in 0..self.num_tiles_x {
+                let tile = &mut scales[(band * self.num_tiles_x + t) * 512..][..512];
+                for (p, out) in tile.iter_mut().enumerate() {
+                    let (i, j) = within(p);
+                    *out = compact[i * self.stride + 4 * t + j];
+                }
+            }
+        }
+    }
 }
 
 /// `rows * cols`, or an `InvalidArgument` error when it overflows.

@@ -107,6 +107,11 @@ impl Runtime {
                 .map_or_else(|| zeros(r.len()), |v| v[r.start as usize..r.end as usize].to_vec());
             backend.upload(slot.master(), &values)?;
         }
+        for tensor in &layout.memory.mxfp8 {
+            let placement = &plan.params[tensor.param as usize];
+            let src = Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel);
+            backend.mxfp8_quantize(StreamKind::Compute, src, tensor.param)?;
+        }
         let pending = plan.buckets.iter().map(|b| b.params.len()).collect();
         Ok(Runtime {
             ready: vec![false; params.len()],
@@ -156,24 +161,84 @@ impl Runtime {
         }
     }
 
-    fn param_ops(&self, bucket: &Bucket) -> Vec<CollOp> {
+    /// The param collectives of `bucket` on the param buffer, or on its bf16 staging view.
+    fn param_ops(&self, bucket: &Bucket, staging: bool) -> Vec<CollOp> {
+        let span = |range: ElemRange| {
+            if staging {
+                self.staging_span(bucket, range)
+            } else {
+                Span::new(Mem::Param(bucket.buffer), range.start, range.len())
+            }
+        };
         match &bucket.split {
-            BucketSplit::OwnerRanges(ranges) => owner_ops(ranges, Mem::Param(bucket.buffer), |root, span| {
-                CollOp::Broadcast { root, span }
-            }),
+            BucketSplit::OwnerRanges(ranges) => ranges
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !r.is_empty())
+                .map(|(root, r)| CollOp::Broadcast {
+                    root: root as u32,
+                    span: span(*r),
+                })
+                .collect(),
             BucketSplit::EqualShards { .. } => {
                 vec![CollOp::AllGather {
-                    span: Self::bucket_span(bucket, Mem::Param(bucket.buffer)),
+                    span: span(ElemRange::new(bucket.start, bucket.end)),
                 }]
             }
         }
     }
 
+    /// Where the bf16 copy of `range` (elements of `bucket`'s buffer) is staged: inside
+    /// `bucket`'s own grad bytes, at `2·(e − bucket.start)` bytes from the bucket's first grad
+    /// byte. A grad element is at least 2 bytes, so the staging of a bucket never leaves that
+    /// bucket's grad bytes ([`Runtime::staging_stays_in_bucket`] checks it).
+    fn staging_span(&self, bucket: &Bucket, range: ElemRange) -> Span {
+        let per_grad = (self.cfg.grad_dtype.size() / 2) as u64;
+        Span::new(
+            Mem::Staging(bucket.buffer),
+            bucket.start * per_grad + (range.start - bucket.start),
+            range.len(),
+        )
+    }
+
+    /// The byte range a staging span covers, and the grad bytes of its bucket: the first must
+    /// lie inside the second.
+    pub fn staging_stays_in_bucket(&self, b: usize) -> bool {
+        let bucket = &self.plan.buckets[b];
+        let grad_size = self.cfg.grad_dtype.size() as u64;
+        let whole = self.staging_span(bucket, ElemRange::new(bucket.start, bucket.end));
+        let (first, last) = (whole.start * 2, (whole.start + whole.len) * 2);
+        bucket.start * grad_size <= first && last <= bucket.end * grad_size
+    }
+
+    fn is_mxfp8(&self, p: u32) -> bool {
+        self.params[p as usize].flags.has(ParamFlags::MXFP8)
+    }
+
+    /// Whether param `p` travels as bf16 staged on the grad buffer (MXFP8 with gather on).
+    fn is_staged(&self, p: u32) -> bool {
+        self.cfg.mxfp8_param_gather && self.is_mxfp8(p)
+    }
+
+    /// Where an owner writes the new value of `range` of param `p` (bucket `b`).
+    fn param_destination(&self, p: u32, b: u32, range: ElemRange) -> Span {
+        let bucket = &self.plan.buckets[b as usize];
+        if self.is_staged(p) {
+            self.staging_span(bucket, range)
+        } else {
+            Span::new(Mem::Param(bucket.buffer), range.start, range.len())
+        }
+    }
+
     /// Marks the grad buffer for zeroing: each bucket's memset is ordered after everything
-    /// that still reads its grad bytes (its gradient collective).
+    /// that still reads its grad bytes — its gradient collective and, when MXFP8 params are
+    /// staged on it, their param gather and quantize.
     pub fn zero_grad(&mut self) -> Result<()> {
         for b in 0..self.plan.buckets.len() {
             self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
+            if self.plan.buckets[b].params.iter().any(|&p| self.is_staged(p)) {
+                self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
+            }
             let bucket = &self.plan.buckets[b];
             self.backend
                 .memset_zero(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)))?;
@@ -267,11 +332,7 @@ impl Runtime {
         self.update_muon(args, clip_coef)?;
         self.update_adamw(args, clip_coef)?;
         for b in 0..self.plan.buckets.len() {
-            let ops = self.param_ops(&self.plan.buckets[b]);
-            self.backend.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
-            self.backend.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
-            self.backend.collectives(&ops)?;
-            self.backend.record(StreamKind::Comm, event(b, Ev::ParamSynced))?;
+            self.launch_param_sync(b)?;
         }
         if !self.cfg.overlap_param_gather {
             for b in 0..self.plan.buckets.len() {
@@ -284,6 +345,36 @@ impl Runtime {
             skipped: false,
             step: self.steps,
         })
+    }
+
+    /// Comm stream, after the owners wrote bucket `b`'s new values: the param collective(s),
+    /// then every rank quantizes the bucket's MXFP8 params from the gathered bf16.
+    fn launch_param_sync(&mut self, b: usize) -> Result<()> {
+        let bucket = &self.plan.buckets[b];
+        let (staged, direct): (Vec<u32>, Vec<u32>) = bucket.params.iter().partition(|&&p| self.is_staged(p));
+        let mut ops = Vec::new();
+        if !direct.is_empty() {
+            ops.extend(self.param_ops(bucket, false));
+        }
+        if !staged.is_empty() {
+            ops.extend(self.param_ops(bucket, true));
+        }
+        let quantize: Vec<(Span, u32)> = bucket
+            .params
+            .iter()
+            .filter(|&&p| self.is_mxfp8(p))
+            .map(|&p| {
+                let placement = &self.plan.params[p as usize];
+                (self.param_destination(p, b as u32, placement.range()), p)
+            })
+            .collect();
+        self.backend.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
+        self.backend.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
+        self.backend.collectives(&ops)?;
+        for (src, p) in quantize {
+            self.backend.mxfp8_quantize(StreamKind::Comm, src, p)?;
+        }
+        self.backend.record(StreamKind::Comm, event(b, Ev::ParamSynced))
     }
 
     fn end_iteration(&mut self) {
@@ -323,7 +414,8 @@ impl Runtime {
                 },
             };
             self.backend.muon_update(&job)?;
-            self.backend.cast(slot.master(), slot.param())?;
+            let destination = self.param_destination(slot.unit.param, slot.unit.bucket, slot.unit.range);
+            self.backend.cast(slot.master(), destination)?;
         }
         Ok(())
     }
@@ -348,7 +440,8 @@ impl Runtime {
                 },
             };
             self.backend.adamw_update(&job)?;
-            self.backend.cast(slot.master(), slot.param())?;
+            let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range);
+            self.backend.cast(slot.master(), destination)?;
         }
         Ok(())
     }
@@ -358,8 +451,17 @@ impl Runtime {
         self.backend.synchronize()
     }
 
-    /// Address of param `p`'s storage in `mem_of(buffer)` (param or grad buffer).
+    /// Rowwise data, rowwise scales, columnwise data, columnwise scales of an MXFP8 param.
+    pub fn mxfp8_addresses(&self, p: usize) -> Option<[*mut u8; 4]> {
+        self.backend.mxfp8_addresses(p as u32)
+    }
+
+    /// Address of param `p`'s gradient (`grad`) or model-dtype storage; an MXFP8 param has no
+    /// model-dtype storage a framework may use (NULL).
     pub fn address(&self, p: usize, grad: bool) -> *mut std::ffi::c_void {
+        if !grad && self.is_mxfp8(p as u32) {
+            return std::ptr::null_mut();
+        }
         let placement = &self.plan.params[p];
         let mem = if grad {
             Mem::Grad(placement.buffer)

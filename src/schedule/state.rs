@@ -2,10 +2,10 @@
 //! AdamW pieces of its shards, packed in plan order.
 
 use crate::backend::ops::{Mem, MemoryLayout, Mxfp8Tensor, Span};
-use crate::model::ParamFlags;
-use crate::numerics::mxfp8::ScaleLayout;
 use crate::config::Config;
+use crate::model::ParamFlags;
 use crate::model::ParamSpec;
+use crate::numerics::mxfp8::ScaleLayout;
 use crate::plan::Plan;
 use crate::plan::{OwnedUnit, ShardPiece};
 
@@ -82,10 +82,18 @@ impl StateLayout {
                 .filter(|(_, spec)| spec.flags.has(ParamFlags::MXFP8))
                 .map(|(p, spec)| {
                     let (rows, cols) = spec.flat_2d();
-                    Mxfp8Tensor { param: p as u32, rows: rows as usize, cols: cols as usize }
+                    Mxfp8Tensor {
+                        param: p as u32,
+                        rows: rows as usize,
+                        cols: cols as usize,
+                    }
                 })
                 .collect(),
-            mxfp8_scale_layout: if cfg.mxfp8_swizzled_scales { ScaleLayout::Swizzled } else { ScaleLayout::Compact },
+            mxfp8_scale_layout: if cfg.mxfp8_swizzled_scales {
+                ScaleLayout::Swizzled
+            } else {
+                ScaleLayout::Compact
+            },
         };
         StateLayout { muon, adamw, memory }
     }

@@ -97,8 +97,14 @@ impl Mxfp8Target {
             rows,
             cols,
             layout,
-            QuantizedMut { data: part(0), scales: part(1) },
-            QuantizedMut { data: part(2), scales: part(3) },
+            QuantizedMut {
+                data: part(0),
+                scales: part(1),
+            },
+            QuantizedMut {
+                data: part(2),
+                scales: part(3),
+            },
         )
     }
 }
@@ -154,7 +160,9 @@ impl HostBackend {
             Mem::Staging(i) => (Mem::Grad(i), Some(Dtype::Bf16)),
             other => (other, None),
         };
-        let Some(storage) = self.mems.get(&key) else { bail!(Internal, "{:?} is not allocated", span.mem) };
+        let Some(storage) = self.mems.get(&key) else {
+            bail!(Internal, "{:?} is not allocated", span.mem)
+        };
         let dtype = dtype.unwrap_or(storage.dtype);
         let capacity = (storage.numel * storage.dtype.size() / dtype.size()) as u64;
         if span.start + span.len > capacity {
@@ -432,9 +440,13 @@ impl Backend for HostBackend {
     }
 
     fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
-        let Some(storage) = self.mxfp8.get_mut(&param) else { bail!(Internal, "param {param} has no MXFP8 storage") };
+        let Some(storage) = self.mxfp8.get_mut(&param) else {
+            bail!(Internal, "param {param} has no MXFP8 storage")
+        };
         let (rows, cols, layout) = (storage.rows, storage.cols, self.mxfp8_layout);
-        let target = Mxfp8Target { parts: storage.parts.each_mut().map(|p| (p.as_mut_ptr(), p.len())) };
+        let target = Mxfp8Target {
+            parts: storage.parts.each_mut().map(|p| (p.as_mut_ptr(), p.len())),
+        };
         if src.len as usize != rows * cols {
             bail!(Internal, "mxfp8_quantize: {src:?} does not hold {rows}x{cols} values");
         }

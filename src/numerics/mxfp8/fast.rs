@@ -55,6 +55,11 @@ pub(super) trait Element: Copy {
     type Lane: Copy + Default;
     /// The key of +∞; larger keys are NaN.
     const NON_FINITE: Self::Key;
+    /// Whether rowwise block amaxes are reduced 32 blocks at a time by a tree of pairwise
+    /// maxima (cheaper than 32 horizontal reductions for 16-bit keys; for 32-bit keys the
+    /// compiler vectorizes across blocks with gathers instead, so those are reduced block by
+    /// block).
+    const TREE_REDUCTION: bool;
     fn raw_key(self) -> Self::Key;
     /// The f32 magnitude a key stands for.
     fn key_to_f32(key: Self::Key) -> f32;
@@ -78,6 +83,7 @@ impl Element for u16 {
     type Key = u16;
     type Lane = u16;
     const NON_FINITE: u16 = 0x7F80;
+    const TREE_REDUCTION: bool = true;
 
     #[inline(always)]
     fn raw_key(self) -> u16 {
@@ -132,6 +138,7 @@ impl Element for f32 {
     type Key = u32;
     type Lane = u32;
     const NON_FINITE: u32 = 0x7F80_0000;
+    const TREE_REDUCTION: bool = false;
 
     #[inline(always)]
     fn raw_key(self) -> u32 {

@@ -120,16 +120,42 @@ struct Target<'a> {
     data: &'a mut [u8],
     scales: &'a mut [u8],
     map: ScaleMap,
+    /// Swizzled layout only: the compact scales of the current band of tiles
+    /// ([`ScaleMap::band_rows`] rows), written out tile by tile once the band is complete, so
+    /// that the swizzled buffer is written in whole cache lines.
+    band: Vec<u8>,
 }
 
 impl<'a> Target<'a> {
     fn new(q: QuantizedMut<'a>, rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Self {
         // The quantization loop never visits padding bytes; they stay 0x00.
         q.scales.fill(0);
+        let map = ScaleMap::new(rows, cols, direction, layout);
+        let band = match layout {
+            ScaleLayout::Compact => Vec::new(),
+            ScaleLayout::Swizzled => vec![0; map.band_rows() * map.stride],
+        };
         Target {
             data: q.data,
             scales: q.scales,
-            map: ScaleMap::new(rows, cols, direction, layout),
+            map,
+            band,
+        }
+    }
+
+    /// Stores compact scale row `r` (columns `0..bytes.len()`). `last` marks the last row the
+    /// call will store.
+    fn store_scales(&mut self, r: usize, bytes: &[u8], last: bool) {
+        let stride = self.map.stride;
+        if self.band.is_empty() {
+            self.scales[r * stride..][..bytes.len()].copy_from_slice(bytes);
+            return;
+        }
+        let band_rows = self.map.band_rows();
+        self.band[(r % band_rows) * stride..][..bytes.len()].copy_from_slice(bytes);
+        if r % band_rows == band_rows - 1 || last {
+            self.map.store_band(self.scales, r / band_rows, &self.band);
+            self.band.fill(0);
         }
     }
 }
@@ -241,8 +267,15 @@ fn block_maxima<E: Element>(blocks: &[[E; BLOCK_SIZE]; BLOCK_SIZE]) -> [E::Key; 
 fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &mut [E::Key], col_raw: &mut [E::Key]) {
     let (groups, tail) = src.as_chunks::<BLOCK_SIZE>();
     let (accs, acc_tail) = col_raw[..src.len()].as_chunks_mut::<BLOCK_SIZE>();
-    let (units, rest) = groups.as_chunks::<BLOCK_SIZE>();
-    let (acc_units, acc_rest) = accs.as_chunks_mut::<BLOCK_SIZE>();
+    // Without the tree, every block is reduced on its own by the loop after this one.
+    let tree_groups = if E::TREE_REDUCTION { groups.len() } else { 0 };
+    let (tree_accs, other_accs) = accs.split_at_mut(tree_groups);
+    let (units, rest) = groups[..tree_groups].as_chunks::<BLOCK_SIZE>();
+    let (acc_units, acc_rest) = tree_accs.as_chunks_mut::<BLOCK_SIZE>();
+    let (rest, acc_rest) = (
+        rest.iter().chain(&groups[tree_groups..]),
+        acc_rest.iter_mut().chain(other_accs),
+    );
     let (raw_units, raw_rest) = row_raw.split_at_mut(units.len() * BLOCK_SIZE);
     for ((unit, acc), raw) in units
         .iter()
@@ -262,11 +295,8 @@ fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &m
             *raw = block_maxima(unit);
         }
     }
-    let blocks = rest
-        .iter()
-        .map(|g| g.as_slice())
-        .chain((!tail.is_empty()).then_some(tail));
-    let accs = acc_rest.iter_mut().map(|a| a.as_mut_slice()).chain(Some(acc_tail));
+    let blocks = rest.map(|g| g.as_slice()).chain((!tail.is_empty()).then_some(tail));
+    let accs = acc_rest.map(|a| a.as_mut_slice()).chain(Some(acc_tail));
     for ((blk, acc), raw) in blocks.zip(accs).zip(raw_rest.iter_mut()) {
         let mut m = E::Key::default();
         for (a, v) in acc.iter_mut().zip(blk) {
@@ -367,11 +397,13 @@ fn encode_both_fast<E: Element>(
     for g in 0..ng {
         let (x, rs, cs) = (&xs[g], rdrop[g], &cdrop[g]);
         let (need_row, need_col) = encode_group::<E, _, _>(x, (rs, &mut rds[g]), Some((cs, &mut cds[g])));
-        if need_row {
-            encode_group_full::<E, _>(x, rs, &mut rds[g]);
-        }
-        if need_col {
-            encode_group_full::<E, _>(x, cs, &mut cds[g]);
+        if need_row | need_col {
+            if need_row {
+                encode_group_full::<E, _>(x, rs, &mut rds[g]);
+            }
+            if need_col {
+                encode_group_full::<E, _>(x, cs, &mut cds[g]);
+            }
         }
     }
     let start = n - x_tail.len();
@@ -573,9 +605,7 @@ fn quantize_impl<E: Element>(
                 nan_free_max(block.iter().copied())
             });
             for i in 0..nr {
-                for (k, &b) in s.row_b[i * nbc..(i + 1) * nbc].iter().enumerate() {
-                    t.scales[t.map.offset(r0 + i, k)] = b;
-                }
+                t.store_scales(r0 + i, &s.row_b[i * nbc..(i + 1) * nbc], r0 + i + 1 == rows);
             }
         }
         let mut col_all_fast = false;
@@ -583,9 +613,7 @@ fn quantize_impl<E: Element>(
             col_all_fast = scale_bytes::<E>(&s.amax.col, &mut s.col_b, &mut s.col_drop, |c| {
                 nan_free_max((r0..r0 + nr).map(|r| x[r * cols + c]))
             });
-            for (c, &b) in s.col_b.iter().enumerate() {
-                t.scales[t.map.offset(strip, c)] = b;
-            }
+            t.store_scales(strip, &s.col_b, strip + 1 == strips);
             if !col_all_fast {
                 for (si, &b) in s.col_scale_inv.iter_mut().zip(&s.col_b) {
                     *si = scale_inv(b);

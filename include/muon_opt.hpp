@@ -1,0 +1,289 @@
+// muon_opt.hpp — hand-written, header-only C++17 layer over the C API in muon_opt.h.
+//
+// What it adds, and nothing else:
+//   - muon::Error (a std::runtime_error) thrown for every non-success status, carrying the
+//     status and muon_last_error_message() of the failing call;
+//   - move-only RAII owners of the C handles: muon::Comm (muon_comm_t) and muon::Optimizer
+//     (muon_optimizer_t);
+//   - muon::Span<T>, a {data, size} view (C++17 has no std::span), and muon::ParamView, the C
+//     muon_param_view_t with typed spans over its data and grad storage;
+//   - small initialisers for the C structs (config, param description, step arguments).
+// Every rule (validation, routing, planning, threading, streams) is the C API's; read the
+// contracts in muon_opt.h. The owners release their handle in the destructor; a destructor
+// never throws, so a teardown error there is dropped (call close() to see it).
+//
+// Order of destruction: an Optimizer must be destroyed before the Comm it was created on.
+// Declare the Comm first (destructors run in reverse order) or call close() explicitly.
+#ifndef MUON_OPT_HPP
+#define MUON_OPT_HPP
+
+#include "muon_opt.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace muon {
+
+/// A failed `muon_*` call: status() is the muon_status_t, what() is
+/// "<status string> (<code>): <muon_last_error_message()>".
+class Error : public std::runtime_error {
+public:
+    Error(muon_status_t status, const std::string &message)
+        : std::runtime_error(std::string(muon_status_string(static_cast<uint32_t>(status))) + " (" +
+                             std::to_string(static_cast<uint32_t>(status)) + "): " + message),
+          status_(status) {}
+
+    muon_status_t status() const noexcept { return status_; }
+
+private:
+    muon_status_t status_;
+};
+
+/// Throws muon::Error unless @p status is MUON_STATUS_SUCCESS. Call it right after the C call,
+/// on the same thread: the message is thread-local and the next failing call replaces it.
+inline void check(muon_status_t status) {
+    if (status != MUON_STATUS_SUCCESS) throw Error(status, muon_last_error_message());
+}
+
+/// A non-owning view of @p size contiguous elements of T.
+template <class T>
+struct Span {
+    T *ptr = nullptr;
+    std::size_t len = 0;
+
+    constexpr Span() noexcept = default;
+    constexpr Span(T *data, std::size_t size) noexcept : ptr(data), len(size) {}
+    template <class U, class = std::enable_if_t<std::is_convertible_v<U (*)[], T (*)[]>>>
+    Span(std::vector<U> &v) noexcept : ptr(v.data()), len(v.size()) {}
+    template <class U, class = std::enable_if_t<std::is_convertible_v<const U (*)[], T (*)[]>>>
+    Span(const std::vector<U> &v) noexcept : ptr(v.data()), len(v.size()) {}
+    template <class U, class = std::enable_if_t<std::is_convertible_v<U (*)[], T (*)[]>>>
+    constexpr Span(Span<U> other) noexcept : ptr(other.data()), len(other.size()) {}
+
+    constexpr T *data() const noexcept { return ptr; }
+    constexpr std::size_t size() const noexcept { return len; }
+    constexpr bool empty() const noexcept { return len == 0; }
+    constexpr T &operator[](std::size_t i) const noexcept { return ptr[i]; }
+    constexpr T *begin() const noexcept { return ptr; }
+    constexpr T *end() const noexcept { return ptr + len; }
+};
+
+/// Library version as MAJOR*10000 + MINOR*100 + PATCH (compare with MUON_VERSION_CODE).
+inline uint32_t version() noexcept { return muon_get_version(); }
+
+/// Whether a CUDA driver and a device are usable (never throws).
+inline bool cuda_available() noexcept { return muon_cuda_available(); }
+
+/// muon_config_init() defaults; change fields, then pass to Optimizer.
+inline muon_config_t default_config() noexcept {
+    muon_config_t cfg;
+    muon_config_init(&cfg);
+    return cfg;
+}
+
+/// Throws muon::Error naming the first invalid field or combination of @p cfg.
+inline void validate(const muon_config_t &cfg) { check(muon_config_validate(&cfg)); }
+
+/// muon_param_desc_init() defaults with @p name and @p shape set (1..MUON_MAX_DIMS dims).
+/// @p name is borrowed: it must stay valid until the add_param call that reads it.
+inline muon_param_desc_t param_desc(const char *name, std::initializer_list<int64_t> shape) {
+    if (shape.size() == 0 || shape.size() > MUON_MAX_DIMS)
+        throw std::invalid_argument("muon::param_desc: a shape has 1 to MUON_MAX_DIMS dimensions");
+    muon_param_desc_t d;
+    muon_param_desc_init(&d);
+    d.name = name;
+    d.ndim = static_cast<uint32_t>(shape.size());
+    std::size_t i = 0;
+    for (int64_t dim : shape) d.shape[i++] = dim;
+    return d;
+}
+
+/// Step arguments with struct_size set.
+inline muon_step_args_t step_args(float lr, float weight_decay, float adam_lr, float adam_weight_decay) noexcept {
+    muon_step_args_t a{};
+    a.struct_size = sizeof a;
+    a.lr = lr;
+    a.weight_decay = weight_decay;
+    a.adam_lr = adam_lr;
+    a.adam_weight_decay = adam_weight_decay;
+    return a;
+}
+
+/// The C view of a registered param (every field of muon_param_view_t is public) plus typed
+/// spans of its storage. T is the element type the caller knows the buffer has: float for
+/// MUON_DTYPE_F32, uint16_t (raw bits) for MUON_DTYPE_BF16. The pointers stay valid until the
+/// optimizer is destroyed.
+struct ParamView : muon_param_view_t {
+    ParamView() noexcept : muon_param_view_t{} { struct_size = sizeof(muon_param_view_t); }
+
+    /// The param's model-dtype storage (empty for an MXFP8 param, whose data is NULL).
+    template <class T>
+    Span<T> data_span() const noexcept {
+        return data ? Span<T>(static_cast<T *>(data), static_cast<std::size_t>(numel)) : Span<T>();
+    }
+
+    /// The gradient storage (config grad_dtype) the framework accumulates into.
+    template <class T>
+    Span<T> grad_span() const noexcept {
+        return grad ? Span<T>(static_cast<T *>(grad), static_cast<std::size_t>(numel)) : Span<T>();
+    }
+};
+
+/// Owner of one muon_comm_t (move-only). Released with muon_comm_destroy.
+class Comm {
+public:
+    Comm() noexcept = default;
+    /// Takes ownership of @p comm (may be NULL).
+    explicit Comm(muon_comm_t *comm) noexcept : handle_(comm) {}
+    Comm(Comm &&other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    Comm &operator=(Comm &&other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    Comm(const Comm &) = delete;
+    Comm &operator=(const Comm &) = delete;
+    ~Comm() { reset(); }
+
+    /// An in-process group of @p world_size ranks for the host backend; element r is rank r.
+    /// Each rank is then used by its own thread.
+    static std::vector<Comm> host_group(uint32_t world_size) {
+        std::vector<muon_comm_t *> raw(world_size, nullptr);
+        check(muon_host_group_create(world_size, raw.data()));
+        std::vector<Comm> comms;
+        comms.reserve(world_size);
+        for (muon_comm_t *c : raw) comms.emplace_back(c);
+        return comms;
+    }
+
+    /// Wraps the caller's ncclComm_t (borrowed: it must outlive this handle and every
+    /// optimizer made from it; muon never finalizes, destroys or aborts it).
+    static Comm nccl(struct ncclComm *nccl_comm) {
+        muon_comm_t *c = nullptr;
+        check(muon_comm_create_nccl(nccl_comm, &c));
+        return Comm(c);
+    }
+
+    uint32_t rank() const {
+        uint32_t r = 0;
+        check(muon_comm_rank(handle_, &r));
+        return r;
+    }
+    uint32_t size() const {
+        uint32_t n = 0;
+        check(muon_comm_size(handle_, &n));
+        return n;
+    }
+
+    muon_comm_t *get() const noexcept { return handle_; }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+    /// Gives up ownership; the caller then calls muon_comm_destroy.
+    muon_comm_t *release() noexcept { return std::exchange(handle_, nullptr); }
+    /// Destroys the handle now and throws on a teardown error. Idempotent.
+    void close() { check(muon_comm_destroy(std::exchange(handle_, nullptr))); }
+
+private:
+    void reset() noexcept { (void)muon_comm_destroy(std::exchange(handle_, nullptr)); }
+    muon_comm_t *handle_ = nullptr;
+};
+
+/// Owner of one muon_optimizer_t (move-only), one per rank. Methods map 1:1 to the
+/// muon_optimizer_* functions and throw muon::Error on failure. One thread at a time.
+class Optimizer {
+public:
+    Optimizer() noexcept = default;
+    /// Takes ownership of @p opt (may be NULL).
+    explicit Optimizer(muon_optimizer_t *opt) noexcept : handle_(opt) {}
+    /// muon_optimizer_create: @p cfg is copied; @p comm must outlive the optimizer; @p stream
+    /// is the caller's cudaStream_t (borrowed), NULL on the host backend.
+    Optimizer(const muon_config_t &cfg, const Comm &comm, struct CUstream_st *stream = nullptr) {
+        check(muon_optimizer_create(&cfg, comm.get(), stream, &handle_));
+    }
+    Optimizer(Optimizer &&other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    Optimizer &operator=(Optimizer &&other) noexcept {
+        if (this != &other) {
+            reset();
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    Optimizer(const Optimizer &) = delete;
+    Optimizer &operator=(const Optimizer &) = delete;
+    ~Optimizer() { reset(); }
+
+    /// Registers a param (forward order, before finalize); returns its id.
+    uint32_t add_param(const muon_param_desc_t &desc) {
+        uint32_t id = 0;
+        check(muon_optimizer_add_param(handle_, &desc, &id));
+        return id;
+    }
+    /// MUON_ROUTE_MUON or MUON_ROUTE_ADAMW.
+    uint32_t param_route(uint32_t param_id) const {
+        uint32_t route = 0;
+        check(muon_optimizer_param_route(handle_, param_id, &route));
+        return route;
+    }
+    /// Collective: plans the layout and verifies every rank planned the same.
+    void finalize() { check(muon_optimizer_finalize(handle_)); }
+    /// The plan and its report as JSON.
+    std::string plan_json() const {
+        std::size_t len = 0;
+        muon_status_t s = muon_optimizer_plan_json(handle_, nullptr, 0, &len);
+        if (s != MUON_STATUS_BUFFER_TOO_SMALL) check(s);
+        std::string json(len, '\0');
+        check(muon_optimizer_plan_json(handle_, json.data(), json.size(), &len));
+        json.resize(len > 0 ? len - 1 : 0);  // drop the NUL
+        return json;
+    }
+    /// Where param @p param_id lives (after finalize).
+    ParamView param_view(uint32_t param_id) const {
+        ParamView v;
+        check(muon_optimizer_param_view(handle_, param_id, &v));
+        return v;
+    }
+
+    void zero_grad() { check(muon_optimizer_zero_grad(handle_)); }
+    /// Forward pre-hook: before the first use of a param of @p bucket.
+    void wait_params(uint32_t bucket) { check(muon_optimizer_wait_params(handle_, bucket)); }
+    /// Backward hook: the param's gradient is complete for this iteration.
+    void grad_ready(uint32_t param_id) { check(muon_optimizer_grad_ready(handle_, param_id)); }
+    muon_step_info_t step(const muon_step_args_t &args) {
+        muon_step_info_t info{};
+        info.struct_size = sizeof info;
+        check(muon_optimizer_step(handle_, &args, &info));
+        return info;
+    }
+    void synchronize() { check(muon_optimizer_synchronize(handle_)); }
+
+    muon_optimizer_t *get() const noexcept { return handle_; }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+    /// Gives up ownership; the caller then calls muon_optimizer_destroy.
+    muon_optimizer_t *release() noexcept { return std::exchange(handle_, nullptr); }
+    /// Destroys the handle now and throws on a teardown error. Idempotent.
+    void close() { check(muon_optimizer_destroy(std::exchange(handle_, nullptr))); }
+
+private:
+    void reset() noexcept { (void)muon_optimizer_destroy(std::exchange(handle_, nullptr)); }
+    muon_optimizer_t *handle_ = nullptr;
+};
+
+/// The library's host Newton–Schulz orthogonalization of a rows×cols row-major matrix.
+inline void newton_schulz_host(Span<const float> in, Span<float> out, uint32_t rows, uint32_t cols,
+                               uint32_t coefficient_set = MUON_COEFFICIENTS_QUINTIC, uint32_t steps = 5,
+                               uint32_t precision = MUON_NS_PRECISION_F32) {
+    if (in.size() != std::size_t(rows) * cols || out.size() != in.size())
+        throw std::invalid_argument("muon::newton_schulz_host: in and out must hold rows*cols floats");
+    check(muon_newton_schulz_host(in.data(), out.data(), rows, cols, coefficient_set, steps, precision));
+}
+
+}  // namespace muon
+
+#endif  // MUON_OPT_HPP
