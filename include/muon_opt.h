@@ -423,7 +423,9 @@ typedef struct muon_config_t {
    */
   float clip_grad;
   /**
-   * 1 = gather params as bf16 staged on the grad buffer, re-quantize MXFP8 on every rank.
+   * 1 = MXFP8 params travel as bf16 staged on their bucket's idle grad bytes and every rank
+   * re-quantizes the gathered bf16; 0 (default) = they are gathered as bf16 in the param
+   * buffer and quantized locally on every rank (same bits, more memory).
    */
   uint32_t mxfp8_param_gather;
   /**

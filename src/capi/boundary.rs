@@ -5,7 +5,7 @@ use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::capi::status::muon_status_t;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, panic_text};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -21,17 +21,6 @@ pub fn set_last_error(message: &str) {
 /// this thread. Never NULL.
 pub fn last_error_ptr() -> *const c_char {
     LAST_ERROR.with(|slot| slot.borrow().as_ptr())
-}
-
-/// Text of a caught panic payload.
-pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
 }
 
 /// Converts a core error into a status, recording its message with the entry point name.
@@ -69,6 +58,24 @@ pub fn run_or<T>(function: &str, fallback: T, body: impl FnOnce() -> T) -> T {
 pub fn non_null<T>(ptr: *const T, name: &str) -> Result<()> {
     if ptr.is_null() {
         return Err(Error::new(ErrorKind::NullArgument, format!("{name} is NULL")));
+    }
+    Ok(())
+}
+
+/// Checks that `ptr` is non-NULL and that the `struct_size` it starts with covers this
+/// library's `T` (the caller set `struct_size = sizeof(T)` from a header at least this new).
+pub fn checked_size<T>(ptr: *const T, name: &str) -> Result<()> {
+    non_null(ptr, name)?;
+    // SAFETY: non-NULL; every sized struct of the API starts with a u32 struct_size.
+    let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
+    if size < std::mem::size_of::<T>() {
+        return Err(Error::new(
+            ErrorKind::AbiMismatch,
+            format!(
+                "{name}->struct_size: {size} is smaller than {}; set it to sizeof before the call",
+                std::mem::size_of::<T>()
+            ),
+        ));
     }
     Ok(())
 }

@@ -50,7 +50,9 @@ pub struct muon_config_t {
     pub adam_eps: f32,
     /// Global grad-norm clip threshold; 0 = off; default 1.0.
     pub clip_grad: f32,
-    /// 1 = gather params as bf16 staged on the grad buffer, re-quantize MXFP8 on every rank.
+    /// 1 = MXFP8 params travel as bf16 staged on their bucket's idle grad bytes and every rank
+    /// re-quantizes the gathered bf16; 0 (default) = they are gathered as bf16 in the param
+    /// buffer and quantized locally on every rank (same bits, more memory).
     pub mxfp8_param_gather: u32,
     /// 1 = MXFP8 scales in the swizzled (GEMM) layout; 0 (default) = compact.
     pub mxfp8_swizzled_scales: u32,

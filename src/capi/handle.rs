@@ -4,9 +4,9 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::capi::boundary::{fail, panic_text};
+use crate::capi::boundary::fail;
 use crate::capi::status::muon_status_t;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, panic_text};
 
 /// Heap representation of every handle.
 #[repr(C)]

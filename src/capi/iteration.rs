@@ -2,7 +2,7 @@
 //! Newton–Schulz reference utility.
 
 use crate::bail;
-use crate::capi::boundary::{non_null, run};
+use crate::capi::boundary::{checked_size, non_null, run};
 use crate::capi::handle::with_mut;
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
@@ -45,19 +45,6 @@ pub struct muon_step_info_t {
     pub reserved: u32,
     /// Optimizer steps taken so far (skipped steps excluded).
     pub step: u64,
-}
-
-fn checked_size<T>(ptr: *const T, name: &str) -> crate::error::Result<()> {
-    non_null(ptr, name)?;
-    let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
-    if size < std::mem::size_of::<T>() {
-        bail!(
-            AbiMismatch,
-            "{name}->struct_size: {size} is smaller than {}; set it to sizeof",
-            std::mem::size_of::<T>()
-        );
-    }
-    Ok(())
 }
 
 /// @brief Zero the gradient buffer before accumulating a new iteration's gradients.

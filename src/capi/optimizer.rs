@@ -4,7 +4,7 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 use crate::bail;
-use crate::capi::boundary::{non_null, run};
+use crate::capi::boundary::{checked_size, non_null, run};
 use crate::capi::comm::muon_comm_t;
 use crate::capi::config::{muon_config_t, read_config};
 use crate::capi::constants::{MUON_MXFP8_SCALES_COMPACT, MUON_MXFP8_SCALES_SWIZZLED, route_code};
@@ -162,15 +162,7 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
     view: *mut muon_param_view_t,
 ) -> muon_status_t {
     with_ref::<Optimizer>("muon_optimizer_param_view", opt, "opt", |o| {
-        non_null(view, "view")?;
-        let size = unsafe { std::ptr::read_unaligned(view.cast::<u32>()) } as usize;
-        if size < std::mem::size_of::<muon_param_view_t>() {
-            bail!(
-                AbiMismatch,
-                "view->struct_size: {size} is smaller than sizeof(muon_param_view_t) = {}; set it before the call",
-                std::mem::size_of::<muon_param_view_t>()
-            );
-        }
+        checked_size(view as *const muon_param_view_t, "view")?;
         let plan = o.plan_for(param_id)?;
         let placement = plan.param(param_id as usize);
         let runtime = o.runtime()?;

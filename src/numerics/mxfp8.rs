@@ -153,27 +153,29 @@ impl ScaleMap {
     }
 
     /// Writes band `band`, given as its compact rows (`band_rows() * stride` bytes), into the
-    /// swizzled buffer: 512-byte tiles, each written front to back. Entry `p` of a tile holds
-    /// compact row/column `(p / 16) + 32 * ((p % 16) / 4)` within the tile's 128, and column/row
-    /// `p % 4` within its 4 (the inverse of [`swizzled_scale_index`]).
+    /// swizzled buffer, 512-byte tile by tile. Within a tile, compact row/column `i` (of 128)
+    /// and column/row `j` (of 4) go to `(i % 32) * 16 + (i / 32) * 4 + j`
+    /// ([`swizzled_scale_index`]), so the 4 bytes of one `i` are adjacent.
     fn store_band(&self, scales: &mut [u8], band: usize, compact: &[u8]) {
-        let within = |p: usize| (p / 16 + 32 * ((p % 16) / 4), p % 4);
+        let at = |i: usize| (i % 32) * 16 + (i / 32) * 4;
         if self.transposed {
-            // i = column, j = block row: tile (t, band) for columns 128t..128t+128.
+            // i = column, j = block row: tile (t, band) holds columns 128t..128t+128.
             for t in 0..self.stride / 128 {
                 let tile = &mut scales[(t * self.num_tiles_x + band) * 512..][..512];
-                for (p, out) in tile.iter_mut().enumerate() {
-                    let (i, j) = within(p);
-                    *out = compact[j * self.stride + 128 * t + i];
+                for j in 0..4 {
+                    let row = &compact[j * self.stride + 128 * t..][..128];
+                    for (i, &b) in row.iter().enumerate() {
+                        tile[at(i) + j] = b;
+                    }
                 }
             }
         } else {
-            // i = row, j = block column: tile (band, t) for block columns 4t..4t+4.
+            // i = row, j = block column: tile (band, t) holds block columns 4t..4t+4, which are
+            // adjacent in a compact row.
             for t in 0..self.num_tiles_x {
                 let tile = &mut scales[(band * self.num_tiles_x + t) * 512..][..512];
-                for (p, out) in tile.iter_mut().enumerate() {
-                    let (i, j) = within(p);
-                    *out = compact[i * self.stride + 4 * t + j];
+                for i in 0..128 {
+                    tile[at(i)..at(i) + 4].copy_from_slice(&compact[i * self.stride + 4 * t..][..4]);
                 }
             }
         }

@@ -702,7 +702,7 @@ impl HostComm {
                         ErrorKind::Panic,
                         format!(
                             "host group: collective #{seq} {description} panicked on rank {rank}: {}",
-                            super::panic_message(payload.as_ref())
+                            crate::error::panic_text(payload.as_ref())
                         ),
                     );
                     st.failure = Some(Failure {

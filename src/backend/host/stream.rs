@@ -149,7 +149,7 @@ impl Shared {
                             ErrorKind::Panic,
                             format!(
                                 "comm stream: op #{index} panicked: {}",
-                                super::panic_message(payload.as_ref())
+                                crate::error::panic_text(payload.as_ref())
                             ),
                         );
                         st.failure = Some((index, error));
