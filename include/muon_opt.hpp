@@ -7,7 +7,8 @@
 //     (muon_optimizer_t);
 //   - muon::Span<T>, a {data, size} view (C++17 has no std::span), and muon::ParamView, the C
 //     muon_param_view_t with typed spans over its data and grad storage;
-//   - small initialisers for the C structs (config, param description, step arguments).
+//   - small initialisers for the C structs (config, param description, step arguments) and
+//     throwing forms of the host utilities (Newton–Schulz, MXFP8 scale shape and quantize).
 // Every rule (validation, routing, planning, threading, streams) is the C API's; read the
 // contracts in muon_opt.h. The owners release their handle in the destructor; a destructor
 // never throws, so a teardown error there is dropped (call close() to see it).
@@ -19,6 +20,7 @@
 
 #include "muon_opt.h"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -115,10 +117,32 @@ inline muon_step_args_t step_args(float lr, float weight_decay, float adam_lr, f
     return a;
 }
 
+/// Shapes of the E8M0 scale arrays of a [rows, cols] MXFP8 tensor:
+/// {rowwise rows, rowwise cols, columnwise rows, columnwise cols}.
+inline std::array<uint64_t, 4> mxfp8_scale_shape(uint64_t rows, uint64_t cols) {
+    std::array<uint64_t, 4> shapes{};
+    check(muon_mxfp8_scale_shape(rows, cols, shapes.data()));
+    return shapes;
+}
+
+/// The library's host MXFP8 quantization (TransformerEngine bit-exact) of a [rows, cols]
+/// row-major array of @p input_dtype (MUON_DTYPE_BF16 or _F32) into the four output spans.
+inline void mxfp8_quantize_host(const void *input, uint32_t input_dtype, uint64_t rows, uint64_t cols,
+                                uint32_t scale_layout, Span<uint8_t> rowwise_data, Span<uint8_t> rowwise_scales,
+                                Span<uint8_t> colwise_data, Span<uint8_t> colwise_scales) {
+    const auto shapes = mxfp8_scale_shape(rows, cols);
+    if (rowwise_data.size() != rows * cols || colwise_data.size() != rows * cols ||
+        rowwise_scales.size() != shapes[0] * shapes[1] || colwise_scales.size() != shapes[2] * shapes[3])
+        throw std::invalid_argument(
+            "muon::mxfp8_quantize_host: output spans do not match rows, cols and the scale shapes");
+    check(muon_mxfp8_quantize_host(input, input_dtype, rows, cols, scale_layout, rowwise_data.data(),
+                                   rowwise_scales.data(), colwise_data.data(), colwise_scales.data()));
+}
+
 /// The C view of a registered param (every field of muon_param_view_t is public) plus typed
-/// spans of its storage. T is the element type the caller knows the buffer has: float for
-/// MUON_DTYPE_F32, uint16_t (raw bits) for MUON_DTYPE_BF16. The pointers stay valid until the
-/// optimizer is destroyed.
+/// spans of its storage (host memory on the host backend, device memory on cuda). T is the
+/// element type the caller knows the buffer has: float for MUON_DTYPE_F32, uint16_t (raw bits)
+/// for MUON_DTYPE_BF16. The pointers stay valid until the optimizer is destroyed.
 struct ParamView : muon_param_view_t {
     ParamView() noexcept : muon_param_view_t{} { struct_size = sizeof(muon_param_view_t); }
 
@@ -132,6 +156,30 @@ struct ParamView : muon_param_view_t {
     template <class T>
     Span<T> grad_span() const noexcept {
         return grad ? Span<T>(static_cast<T *>(grad), static_cast<std::size_t>(numel)) : Span<T>();
+    }
+
+    /// MXFP8 E4M3 data, mxfp8_rows x mxfp8_cols bytes (empty unless MUON_PARAM_FLAG_MXFP8).
+    Span<uint8_t> mxfp8_rowwise_data_span() const noexcept {
+        return mxfp8_bytes(mxfp8_rowwise_data, mxfp8_rows * mxfp8_cols);
+    }
+    Span<uint8_t> mxfp8_colwise_data_span() const noexcept {
+        return mxfp8_bytes(mxfp8_colwise_data, mxfp8_rows * mxfp8_cols);
+    }
+    /// MXFP8 E8M0 scales, sized by mxfp8_scale_shape() (empty unless MXFP8).
+    Span<uint8_t> mxfp8_rowwise_scales_span() const {
+        if (!mxfp8_rowwise_scales) return {};
+        const auto s = mxfp8_scale_shape(mxfp8_rows, mxfp8_cols);
+        return mxfp8_bytes(mxfp8_rowwise_scales, s[0] * s[1]);
+    }
+    Span<uint8_t> mxfp8_colwise_scales_span() const {
+        if (!mxfp8_colwise_scales) return {};
+        const auto s = mxfp8_scale_shape(mxfp8_rows, mxfp8_cols);
+        return mxfp8_bytes(mxfp8_colwise_scales, s[2] * s[3]);
+    }
+
+private:
+    static Span<uint8_t> mxfp8_bytes(uint8_t *p, uint64_t n) noexcept {
+        return p ? Span<uint8_t>(p, static_cast<std::size_t>(n)) : Span<uint8_t>();
     }
 };
 

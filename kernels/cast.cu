@@ -1,32 +1,27 @@
-// Element-wise casts and fills used by the schedule. Numerics match src/numerics/bf16.rs
-// bit for bit: f32 -> bf16 rounds to nearest, ties to even; NaN stays a quiet NaN.
-// Compiled by NVRTC with --fmad=false and without fast-math.
+// Element-wise casts and scaling used by the schedule. Numerics in muon_common.cuh (the same as
+// src/numerics/bf16.rs bit for bit). Launch: any 1-D grid (grid-stride loops).
 
-typedef unsigned int muon_u32;
-typedef unsigned short muon_u16;
-typedef unsigned long long muon_u64;
+#include "muon_common.cuh"
 
-__device__ __forceinline__ muon_u16 muon_f32_to_bf16_rne(float x) {
-    muon_u32 bits = __float_as_uint(x);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return (muon_u16)((bits >> 16) | 0x0040u);
-    }
-    muon_u32 rounding = 0x7fffu + ((bits >> 16) & 1u);
-    return (muon_u16)((bits + rounding) >> 16);
-}
-
+// dst = bf16(src), round to nearest even (the bf16 operands of the Newton-Schulz products).
 extern "C" __global__ void muon_cast_f32_to_bf16(const float *src, muon_u16 *dst, muon_u64 n) {
-    muon_u64 i = (muon_u64)blockIdx.x * blockDim.x + threadIdx.x;
-    muon_u64 stride = (muon_u64)gridDim.x * blockDim.x;
-    for (; i < n; i += stride) {
+    for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
         dst[i] = muon_f32_to_bf16_rne(src[i]);
     }
 }
 
-extern "C" __global__ void muon_memset_u32(muon_u32 *dst, muon_u32 value, muon_u64 n) {
-    muon_u64 i = (muon_u64)blockIdx.x * blockDim.x + threadIdx.x;
-    muon_u64 stride = (muon_u64)gridDim.x * blockDim.x;
-    for (; i < n; i += stride) {
-        dst[i] = value;
+// dst = src converted between f32 and bf16 (Backend::cast; same-dtype casts are copies and
+// never reach this kernel).
+extern "C" __global__ void muon_cast(const void *src, int src_bf16, void *dst, int dst_bf16, muon_u64 n) {
+    for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
+        muon_store(dst, dst_bf16, i, muon_load(src, src_bf16, i));
+    }
+}
+
+// x *= factor in x's dtype with one rounding: f32 `x * factor`; bf16 `bf16(f32(x) * factor)`
+// (Backend::scale, the 1/dp pre-scaling of gradients).
+extern "C" __global__ void muon_scale(void *x, int is_bf16, muon_u64 n, float factor) {
+    for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
+        muon_store(x, is_bf16, i, muon_load(x, is_bf16, i) * factor);
     }
 }

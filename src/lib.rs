@@ -31,6 +31,7 @@
 
 pub mod backend;
 pub mod capi;
+pub mod checkpoint;
 pub mod comm;
 pub mod config;
 pub mod demo;

@@ -1,10 +1,12 @@
 //! The optimizer's safe core: configuration, the parameter registry and the lifecycle
 //! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::backend::host::executor::HostBackend;
 use crate::bail;
+use crate::checkpoint;
 use crate::comm::{Claim, Transport};
 use crate::config::Config;
 use crate::error::Result;
@@ -232,6 +234,20 @@ impl Optimizer {
     /// Waits for everything enqueued.
     pub fn synchronize(&mut self) -> Result<()> {
         self.runtime_mut("synchronize")?.synchronize()
+    }
+
+    /// Saves every rank's optimizer state into the checkpoint directory `dir` (collective;
+    /// see [`crate::checkpoint`]). Finishes the queued collectives first; changes no state.
+    pub fn save(&mut self, dir: &Path) -> Result<()> {
+        let rank = self.rank();
+        checkpoint::save(self.runtime_mut("save")?, rank, dir)
+    }
+
+    /// Loads the checkpoint in `dir`, saved at any dp and layout, and re-synchronizes every
+    /// param buffer (collective; see [`crate::checkpoint`]). On failure nothing changed on any
+    /// rank.
+    pub fn load(&mut self, dir: &Path) -> Result<()> {
+        checkpoint::load(self.runtime_mut("load")?, dir)
     }
 
     /// Checks the id and returns the finalized plan.

@@ -6,7 +6,7 @@
 mod mxfp8_common;
 
 use muon_opt::numerics::mxfp8::{Direction, Input, ScaleLayout, scale_index};
-use mxfp8_common::{Copy, LAYOUTS, bf16_exact, run_both, run_single};
+use mxfp8_common::{LAYOUTS, Quantized, bf16_exact, run_both, run_single};
 use serde_json::Value;
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/golden");
@@ -52,7 +52,7 @@ fn cases() -> Vec<Case> {
 }
 
 /// Compares one of our copies with the golden data and unpadded compact scales.
-fn check(case: &Case, ours: &Copy, direction: Direction, layout: ScaleLayout, what: &str) {
+fn check(case: &Case, ours: &Quantized, direction: Direction, layout: ScaleLayout, what: &str) {
     let (rows, cols) = (case.rows, case.cols);
     let (golden_data, golden_scales, srows, scols) = match direction {
         Direction::Rowwise => (&case.row_data, &case.row_scales, rows, cols.div_ceil(32)),

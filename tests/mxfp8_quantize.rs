@@ -9,7 +9,7 @@ use muon_opt::numerics::mxfp8::{
     Direction, Input, Output, QuantizedMut, ScaleLayout, dequantize_colwise, dequantize_rowwise, e4m3_to_f32, quantize,
     quantize_rowwise, scale, scale_index, scale_shape,
 };
-use mxfp8_common::{Copy, DIRECTIONS, LAYOUTS, bf16_to_f32, reference_quantize, run_both, run_single};
+use mxfp8_common::{DIRECTIONS, LAYOUTS, Quantized, bf16_to_f32, reference_quantize, run_both, run_single};
 
 /// Deterministic xorshift generator.
 struct Rng(u64);
@@ -101,7 +101,7 @@ fn library_matches_naive_reference_on_all_shapes_and_mixes() {
             let bits = make(mix, rows * cols, &mut rng);
             let values: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
             for layout in LAYOUTS {
-                let expected: Vec<Copy> = DIRECTIONS
+                let expected: Vec<Quantized> = DIRECTIONS
                     .iter()
                     .map(|&d| reference_quantize(&values, rows, cols, d, layout))
                     .collect();

@@ -287,7 +287,6 @@ struct RankResult {
     float initial_eval = 0.0f, final_eval = 0.0f;
     std::vector<float> final_params;  // every param, registration order
     bool tied_equal = false;
-    std::vector<float> losses;        // this rank's training loss per step
 };
 
 std::mutex print_mutex;
@@ -364,7 +363,6 @@ RankResult train_rank(const muon::Comm &comm, const std::vector<int> &perm) {
         float loss = model.forward(act, &hooks);             // wait_params as pre-hook
         model.backward(act, hooks);                          // grad_ready from backward
         muon_step_info_t info = opt.step(args);              // clip, Muon, AdamW, param sync
-        result.losses.push_back(loss);
         if (info.skipped) throw std::runtime_error("step skipped on a non-finite gradient");
         if (rank == 0 && (step % 10 == 0 || step == kSteps - 1)) {
             std::lock_guard<std::mutex> lock(print_mutex);
@@ -373,12 +371,11 @@ RankResult train_rank(const muon::Comm &comm, const std::vector<int> &perm) {
         }
     }
 
-    // The next forward waits for the last step's param collectives through its pre-hooks.
+    // The next forward waits for the last step's param collectives through its pre-hooks;
+    // after it every bucket has been waited for and the params can be read.
     result.final_eval = model.forward(eval, &hooks);
-    for (uint32_t p = 0; p < kNumParams; ++p) {
-        opt.wait_params(views[p].bucket);
+    for (uint32_t p = 0; p < kNumParams; ++p)
         result.final_params.insert(result.final_params.end(), model.w[p].begin(), model.w[p].end());
-    }
     result.tied_equal = std::equal(model.w[kHead].begin(), model.w[kHead].end(), model.w[kEmbedding].begin());
 
     // 6. Teardown: the optimizer (with its buffers: the views die here) before the
@@ -388,10 +385,33 @@ RankResult train_rank(const muon::Comm &comm, const std::vector<int> &perm) {
     return result;
 }
 
-}  // namespace
+/// Every failing call throws muon::Error with the library's status and message. Here: a tied
+/// copy that is not flagged EMBEDDING_OR_OUTPUT would route to Muon while its twin routes to
+/// AdamW, and registration refuses it, naming both params. Returns whether that happened.
+bool registration_errors_are_exceptions() {
+    std::vector<muon::Comm> group = muon::Comm::host_group(1);
+    muon::Optimizer scratch(muon::default_config(), group[0]);
+    muon_param_desc_t embedding = muon::param_desc("embedding.weight", {kVocab, kDim});
+    embedding.flags = MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT;
+    embedding.tie_group = 1;
+    scratch.add_param(embedding);
+    muon_param_desc_t head = muon::param_desc("output.weight", {kVocab, kDim});
+    head.tie_group = 1;  // flag forgotten
+    try {
+        scratch.add_param(head);
+    } catch (const muon::Error &e) {
+        std::printf("expected error: %s\n", e.what());
+        return e.status() == MUON_STATUS_ROUTING_CONFLICT;
+    }
+    return false;
+}
 
-int main() {
+int run() {
     std::printf("libmuon_opt %u (header %d), %d host ranks on threads\n", muon::version(), MUON_VERSION_CODE, kRanks);
+    if (!registration_errors_are_exceptions()) {
+        std::fprintf(stderr, "FAIL: an untied-route registration was accepted\n");
+        return 1;
+    }
     const std::vector<int> perm = make_task();
 
     // 2. One communicator per rank; declared before (so destroyed after) the optimizers.
@@ -428,14 +448,14 @@ int main() {
     std::printf("held-out loss: %.4f -> %.4f (ln %d = %.4f)\n", r0.initial_eval, r0.final_eval, kVocab,
                 std::log(static_cast<double>(kVocab)));
     for (int r = 1; r < kRanks; ++r) {
-        if (std::memcmp(results[r].final_params.data(), r0.final_params.data(),
-                        r0.final_params.size() * sizeof(float)) != 0 || results[r].final_params.size() != r0.final_params.size()) {
+        const std::vector<float> &mine = results[r].final_params, &first = r0.final_params;
+        if (mine.size() != first.size() || std::memcmp(mine.data(), first.data(), first.size() * sizeof(float)) != 0) {
             std::fprintf(stderr, "FAIL: rank %d params differ from rank 0\n", r);
             ++failures;
         }
         if (results[r].final_eval != r0.final_eval) {
-            std::fprintf(stderr, "FAIL: rank %d held-out loss %.6f differs from rank 0's %.6f\n", r, results[r].final_eval,
-                         r0.final_eval);
+            std::fprintf(stderr, "FAIL: rank %d held-out loss %.6f differs from rank 0's %.6f\n", r,
+                         results[r].final_eval, r0.final_eval);
             ++failures;
         }
     }
@@ -451,4 +471,17 @@ int main() {
     if (failures) return 1;
     std::printf("OK: loss reduced, %d ranks bitwise identical, tied copies equal\n", kRanks);
     return 0;
+}
+
+}  // namespace
+
+int main() {
+    try {
+        return run();
+    } catch (const muon::Error &e) {
+        std::fprintf(stderr, "muon::Error %s\n", e.what());
+    } catch (const std::exception &e) {
+        std::fprintf(stderr, "%s\n", e.what());
+    }
+    return 1;
 }

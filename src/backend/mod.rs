@@ -42,6 +42,9 @@ pub trait Backend: Send {
     fn collectives(&mut self, ops: &[CollOp]) -> Result<()>;
     /// Comm stream, host-synchronizing: sum of `value` over ranks, in rank order.
     fn all_reduce_f64(&mut self, value: f64) -> Result<f64>;
+    /// Comm stream, host-synchronizing: every rank's `value`, indexed by rank (checkpoint
+    /// agreement and per-file checksums).
+    fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>>;
     /// On `stream`: quantizes the bf16 values of `src` (param `param`'s `[rows, cols]`) into
     /// the param's persistent MXFP8 storage, rowwise and columnwise (MXFP8.md, TE-exact).
     fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()>;

@@ -8,6 +8,7 @@
 #![allow(clippy::missing_safety_doc, clippy::double_must_use)]
 
 pub mod boundary;
+pub mod checkpoint;
 pub mod comm;
 pub mod config;
 pub mod constants;

@@ -117,6 +117,8 @@ pub struct Timings {
     pub wait_params: f64,
     /// The whole training loop.
     pub total: f64,
+    /// Inside `step`, by part (from the runtime's own profile).
+    pub step_parts: crate::schedule::StepProfile,
 }
 
 /// A param as registered, with the route the optimizer gave it (`Optimizer::route`).

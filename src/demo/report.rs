@@ -199,13 +199,20 @@ fn plan(out: &mut String, run: &RunResult, label: &str) {
 }
 
 /// The step-time rows of one run, in seconds over all steps.
-fn timing_rows(t: &Timings) -> [(&'static str, f64); 7] {
+fn timing_rows(t: &Timings) -> [(&'static str, f64); 13] {
     let other = t.total - t.forward_backward - t.zero_grad - t.grad_ready - t.step - t.wait_params;
+    let parts = &t.step_parts;
     [
         ("forward/backward (the demo's own)", t.forward_backward),
         ("zero_grad", t.zero_grad),
         ("grad_ready (launches grad collectives)", t.grad_ready),
         ("step (grad sync, Muon + AdamW)", t.step),
+        ("  of which: grad collectives (wait)", parts.grad_collectives),
+        ("            grad norm + all-reduce", parts.grad_norm),
+        ("            Muon (momentum, NS, apply)", parts.muon),
+        ("            AdamW", parts.adamw),
+        ("            casts (master -> params)", parts.casts),
+        ("            param collectives (launch)", parts.param_collectives),
         ("wait_params (param collectives)", t.wait_params),
         ("other (data, progress)", other),
         ("total", t.total),

@@ -240,6 +240,7 @@ fn train_rank(
     }
     let final_params = read_params(&mut opt, &buckets, &mut timings)?;
     timings.total = started.elapsed().as_secs_f64();
+    timings.step_parts = opt.running()?.profile();
     Ok(RankOutput {
         losses,
         grad_norms,

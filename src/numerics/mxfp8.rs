@@ -15,6 +15,11 @@
 //!   swizzled for cuBLAS ([`ScaleLayout`]). Every padding byte is written as `0x00`: TE does the
 //!   same for swizzled scales and leaves compact padding uninitialised (`torch.empty`, §3
 //!   "Padding contents"), so consumers must not rely on compact padding anyway.
+//! - N-D tensors are passed flattened: `rows = prod(shape[..-1])`, `cols = shape[-1]` (§3).
+//!
+//! The host quantizer produces both copies in one pass over the input, in strips of 32 rows,
+//! with integer arithmetic equivalent to the f32 path for ordinary blocks (see the
+//! `quantize` and `fast` submodules); `benches/mxfp8.rs` measures it against memcpy.
 
 mod dequantize;
 mod fast;

@@ -6,6 +6,7 @@
 //! (comm: b's gradient collective done), `PARAM_READY` (compute: owners wrote b's new values),
 //! `PARAM_SYNCED` (comm: b's param collective done).
 
+pub mod restore;
 pub mod state;
 
 use crate::backend::Backend;
@@ -43,6 +44,31 @@ pub struct StepInfo {
     pub step: u64,
 }
 
+/// Host wall-clock seconds spent inside `step`, summed over steps, by part. On the host
+/// backend every part runs inside the call; on an asynchronous backend these are launch times.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct StepProfile {
+    /// Waiting for the gradient collectives (and launching those not yet started).
+    pub grad_collectives: f64,
+    /// Local squared norms and the scalar all-reduce.
+    pub grad_norm: f64,
+    /// Muon updates (momentum, Newton–Schulz, apply).
+    pub muon: f64,
+    /// AdamW updates.
+    pub adamw: f64,
+    /// Writing new values (master → param dtype or staging).
+    pub casts: f64,
+    /// Launching the param collectives (and waiting for them without overlap_param_gather).
+    pub param_collectives: f64,
+}
+
+fn timed<T>(total: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let start = std::time::Instant::now();
+    let result = f();
+    *total += start.elapsed().as_secs_f64();
+    result
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Ev {
     GradReady,
@@ -69,6 +95,7 @@ pub struct Runtime {
     /// Per bucket: gradient collective launched since the last step.
     launched: Vec<bool>,
     steps: u64,
+    profile: StepProfile,
 }
 
 impl Runtime {
@@ -123,6 +150,7 @@ impl Runtime {
             layout,
             backend,
             steps: 0,
+            profile: StepProfile::default(),
         })
     }
 
@@ -308,18 +336,25 @@ impl Runtime {
 
     /// One optimizer step (DESIGN.md sections 5 and 6).
     pub fn step(&mut self, args: &StepArgs) -> Result<StepInfo> {
-        for b in 0..self.plan.buckets.len() {
-            if !self.launched[b] {
-                self.launch_grad_sync(b)?;
+        let mut profile = self.profile;
+        timed(&mut profile.grad_collectives, || {
+            for b in 0..self.plan.buckets.len() {
+                if !self.launched[b] {
+                    self.launch_grad_sync(b)?;
+                }
             }
-        }
-        for b in 0..self.plan.buckets.len() {
-            self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
-        }
-        let local = self.backend.squared_norm(&self.owned_grad_spans())?;
-        let total = self.backend.all_reduce_f64(local)?;
+            for b in 0..self.plan.buckets.len() {
+                self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
+            }
+            Ok(())
+        })?;
+        let total = timed(&mut profile.grad_norm, || {
+            let local = self.backend.squared_norm(&self.owned_grad_spans())?;
+            self.backend.all_reduce_f64(local)
+        })?;
         self.end_iteration();
         if !total.is_finite() {
+            self.profile = profile;
             return Ok(StepInfo {
                 grad_norm: total.sqrt(),
                 clip_coef: 1.0,
@@ -329,22 +364,31 @@ impl Runtime {
         }
         let clip_coef = clip_coefficient(total, self.cfg.clip_grad);
         self.steps += 1;
-        self.update_muon(args, clip_coef)?;
-        self.update_adamw(args, clip_coef)?;
-        for b in 0..self.plan.buckets.len() {
-            self.launch_param_sync(b)?;
-        }
-        if !self.cfg.overlap_param_gather {
+        self.update_muon(args, clip_coef, &mut profile)?;
+        self.update_adamw(args, clip_coef, &mut profile)?;
+        timed(&mut profile.param_collectives, || {
             for b in 0..self.plan.buckets.len() {
-                self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
+                self.launch_param_sync(b)?;
             }
-        }
+            if !self.cfg.overlap_param_gather {
+                for b in 0..self.plan.buckets.len() {
+                    self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
+                }
+            }
+            Ok(())
+        })?;
+        self.profile = profile;
         Ok(StepInfo {
             grad_norm: total.sqrt(),
             clip_coef,
             skipped: false,
             step: self.steps,
         })
+    }
+
+    /// Where `step` spent its time so far.
+    pub fn profile(&self) -> StepProfile {
+        self.profile
     }
 
     /// Comm stream, after the owners wrote bucket `b`'s new values: the param collective(s),
@@ -393,7 +437,7 @@ impl Runtime {
         }
     }
 
-    fn update_muon(&mut self, args: &StepArgs, clip_coef: f32) -> Result<()> {
+    fn update_muon(&mut self, args: &StepArgs, clip_coef: f32, profile: &mut StepProfile) -> Result<()> {
         for i in 0..self.layout.muon.len() {
             let slot = self.layout.muon[i];
             let spec = &self.params[slot.unit.param as usize];
@@ -413,14 +457,14 @@ impl Runtime {
                     clip_coef,
                 },
             };
-            self.backend.muon_update(&job)?;
+            timed(&mut profile.muon, || self.backend.muon_update(&job))?;
             let destination = self.param_destination(slot.unit.param, slot.unit.bucket, slot.unit.range);
-            self.backend.cast(slot.master(), destination)?;
+            timed(&mut profile.casts, || self.backend.cast(slot.master(), destination))?;
         }
         Ok(())
     }
 
-    fn update_adamw(&mut self, args: &StepArgs, clip_coef: f32) -> Result<()> {
+    fn update_adamw(&mut self, args: &StepArgs, clip_coef: f32, profile: &mut StepProfile) -> Result<()> {
         for i in 0..self.layout.adamw.len() {
             let slot = self.layout.adamw[i];
             let spec = &self.params[slot.piece.param as usize];
@@ -439,9 +483,9 @@ impl Runtime {
                     clip_coef,
                 },
             };
-            self.backend.adamw_update(&job)?;
+            timed(&mut profile.adamw, || self.backend.adamw_update(&job))?;
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range);
-            self.backend.cast(slot.master(), destination)?;
+            timed(&mut profile.casts, || self.backend.cast(slot.master(), destination))?;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ pub const LAYOUTS: [ScaleLayout; 2] = [ScaleLayout::Compact, ScaleLayout::Swizzl
 
 /// One MXFP8 copy: `[rows, cols]` codes and the padded scale buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Copy {
+pub struct Quantized {
     pub data: Vec<u8>,
     pub scales: Vec<u8>,
 }
@@ -89,9 +89,9 @@ impl E4m3Reference {
 
 /// Naive reference quantization of upcast values `x` (MXFP8.md §10), one block at a time,
 /// built on the scalar primitives (which have their own exhaustive tests).
-pub fn reference_quantize(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Copy {
+pub fn reference_quantize(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Quantized {
     let (sr, sc) = scale_shape(rows, cols, direction);
-    let mut out = Copy {
+    let mut out = Quantized {
         data: vec![0; rows * cols],
         scales: vec![0; sr * sc],
     };
@@ -130,10 +130,10 @@ pub fn reference_quantize(x: &[f32], rows: usize, cols: usize, direction: Direct
 }
 
 /// Runs the library on `input` for one direction, through the single-direction entry point.
-pub fn run_single(input: Input<'_>, rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Copy {
+pub fn run_single(input: Input<'_>, rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Quantized {
     let (sr, sc) = scale_shape(rows, cols, direction);
     // Non-zero fill: every byte must be written by the library.
-    let mut out = Copy {
+    let mut out = Quantized {
         data: vec![0xA5; rows * cols],
         scales: vec![0xA5; sr * sc],
     };
@@ -146,10 +146,10 @@ pub fn run_single(input: Input<'_>, rows: usize, cols: usize, direction: Directi
 }
 
 /// Runs the fused entry point and returns (rowwise, colwise).
-pub fn run_both(input: Input<'_>, rows: usize, cols: usize, layout: ScaleLayout) -> (Copy, Copy) {
+pub fn run_both(input: Input<'_>, rows: usize, cols: usize, layout: ScaleLayout) -> (Quantized, Quantized) {
     let new = |d| {
         let (sr, sc) = scale_shape(rows, cols, d);
-        Copy {
+        Quantized {
             data: vec![0x5A; rows * cols],
             scales: vec![0x5A; sr * sc],
         }
@@ -176,7 +176,7 @@ pub fn run_both(input: Input<'_>, rows: usize, cols: usize, layout: ScaleLayout)
 /// Quantizes `x` (f32 values) with every entry point, layout and, when every value is exact
 /// in bf16, both input types; asserts they all agree with each other and returns the result
 /// for `direction` and `layout` together with the number of input types run.
-pub fn run_all(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> (Copy, usize) {
+pub fn run_all(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> (Quantized, usize) {
     let bf16: Option<Vec<u16>> = x.iter().map(|&v| bf16_exact(v)).collect();
     let mut inputs = vec![Input::F32(x)];
     if let Some(b) = &bf16 {

@@ -72,6 +72,9 @@ MUON_PARAM_FLAG_MXFP8 = 1 << 3
 MUON_PARAM_FLAG_NO_WEIGHT_DECAY = 1 << 4
 MUON_PARAM_FLAG_ALLOW_VOCAB_DIM = 1 << 5
 
+MUON_MXFP8_SCALES_COMPACT = 0
+MUON_MXFP8_SCALES_SWIZZLED = 1
+
 MUON_MAX_NS_STEPS = 100
 MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS = 300000
 MUON_MAX_DIMS = 4
@@ -111,8 +114,10 @@ MUON_STATUS_UNSUPPORTED = 700
 MUON_STATUS_INTERNAL = 900
 MUON_STATUS_PANIC = 901
 
-# muon_status_t is uint32_t in C (an enum with a uint32_t underlying type in C++).
-muon_status_t = c_uint32
+
+class muon_status_t(c_uint32):
+    """uint32_t in C (an enum with a uint32_t underlying type in C++). A subclass, so ctypes
+    hands the raw result to the errcheck of the status-returning functions (and only them)."""
 
 
 def constants():
@@ -218,6 +223,9 @@ class muon_param_view_t(Structure):
         ("mxfp8_rowwise_scales", POINTER(c_uint8)),
         ("mxfp8_colwise_data", POINTER(c_uint8)),
         ("mxfp8_colwise_scales", POINTER(c_uint8)),
+        ("mxfp8_scale_layout", c_uint32),
+        ("mxfp8_rows", c_uint64),
+        ("mxfp8_cols", c_uint64),
     ]
 
 
@@ -248,6 +256,11 @@ PROTOTYPES = {
     "muon_newton_schulz_host": (
         muon_status_t,
         [POINTER(c_float), POINTER(c_float), c_uint32, c_uint32, c_uint32, c_uint32, c_uint32],
+    ),
+    "muon_mxfp8_scale_shape": (muon_status_t, [c_uint64, c_uint64, POINTER(c_uint64)]),
+    "muon_mxfp8_quantize_host": (
+        muon_status_t,
+        [c_void_p, c_uint32, c_uint64, c_uint64, c_uint32] + [POINTER(c_uint8)] * 4,
     ),
     "muon_optimizer_create": (muon_status_t, [POINTER(muon_config_t), _comm, c_void_p, POINTER(_opt)]),
     "muon_optimizer_add_param": (muon_status_t, [_opt, POINTER(muon_param_desc_t), POINTER(c_uint32)]),
@@ -316,11 +329,12 @@ def library_candidates():
 
 def _bind(cdll):
     def _errcheck(result, func, args):
-        if result != MUON_STATUS_SUCCESS:
+        code = result.value
+        if code != MUON_STATUS_SUCCESS:
             # Thread-local and replaced by the next failing call: read it right away, here.
             message = cdll.muon_last_error_message().decode("utf-8", "replace")
-            raise MuonError(result, message, func.__name__)
-        return result
+            raise MuonError(code, message, func.__name__)
+        return code
 
     for name, (restype, argtypes) in PROTOTYPES.items():
         fn = getattr(cdll, name)

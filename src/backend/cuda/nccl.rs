@@ -19,6 +19,16 @@ pub struct NcclCommRaw {
 type Stream = *mut c_void;
 type Comm = *mut NcclCommRaw;
 
+/// `ncclDataType_t` values the library uses.
+pub const NCCL_UINT8: c_int = 1;
+pub const NCCL_FLOAT32: c_int = 7;
+pub const NCCL_BFLOAT16: c_int = 9;
+/// `ncclRedOp_t` `ncclSum`.
+pub const NCCL_SUM: c_int = 0;
+/// `ncclResult_t` `ncclInProgress`: a non-blocking communicator still initializing or
+/// running; not an error.
+const NCCL_IN_PROGRESS: NcclResult = 7;
+
 /// The NCCL entry points the library uses, resolved once per process.
 pub struct NcclApi {
     pub get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
@@ -26,6 +36,7 @@ pub struct NcclApi {
     pub comm_count: unsafe extern "C" fn(Comm, *mut c_int) -> NcclResult,
     pub comm_user_rank: unsafe extern "C" fn(Comm, *mut c_int) -> NcclResult,
     pub comm_get_async_error: unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult,
+    pub comm_cu_device: unsafe extern "C" fn(Comm, *mut c_int) -> NcclResult,
     pub group_start: unsafe extern "C" fn() -> NcclResult,
     pub group_end: unsafe extern "C" fn() -> NcclResult,
     pub reduce:
@@ -86,6 +97,7 @@ fn resolve() -> Result<NcclApi> {
         comm_count: symbol(lib, c"ncclCommCount")?,
         comm_user_rank: symbol(lib, c"ncclCommUserRank")?,
         comm_get_async_error: symbol(lib, c"ncclCommGetAsyncError")?,
+        comm_cu_device: symbol(lib, c"ncclCommCuDevice")?,
         group_start: symbol(lib, c"ncclGroupStart")?,
         group_end: symbol(lib, c"ncclGroupEnd")?,
         reduce: symbol(lib, c"ncclReduce")?,
@@ -151,5 +163,32 @@ impl NcclComm {
             rank: rank as usize,
             size: count as usize,
         })
+    }
+
+    /// The CUDA device the communicator was created on (`ncclCommCuDevice`).
+    pub fn cu_device(&self) -> Result<i32> {
+        let mut device = -1;
+        // SAFETY: `raw` is the caller's live communicator (contract of `borrow`).
+        self.api.check("ncclCommCuDevice", unsafe {
+            (self.api.comm_cu_device)(self.raw, &mut device)
+        })?;
+        Ok(device)
+    }
+
+    /// The communicator's asynchronous error state (`ncclCommGetAsyncError`) as an error with
+    /// NCCL's message. The communicator belongs to the caller: this library never aborts it.
+    pub fn async_error(&self) -> Result<()> {
+        let mut state = 0;
+        // SAFETY: as in `cu_device`.
+        self.api.check("ncclCommGetAsyncError", unsafe {
+            (self.api.comm_get_async_error)(self.raw, &mut state)
+        })?;
+        if state == NCCL_IN_PROGRESS {
+            return Ok(());
+        }
+        self.api.check(
+            "the communicator (ncclCommGetAsyncError reports an asynchronous error; muon does not abort the caller's communicator)",
+            state,
+        )
     }
 }

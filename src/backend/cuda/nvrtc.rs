@@ -23,21 +23,39 @@ pub struct Source {
 /// Every `kernels/*.cu` translation unit.
 pub const SOURCES: &[Source] = &[
     Source {
+        name: "adamw.cu",
+        text: include_str!("../../../kernels/adamw.cu"),
+    },
+    Source {
         name: "cast.cu",
         text: include_str!("../../../kernels/cast.cu"),
+    },
+    Source {
+        name: "muon.cu",
+        text: include_str!("../../../kernels/muon.cu"),
     },
     Source {
         name: "mxfp8_quantize.cu",
         text: include_str!("../../../kernels/mxfp8_quantize.cu"),
     },
+    Source {
+        name: "reduce.cu",
+        text: include_str!("../../../kernels/reduce.cu"),
+    },
 ];
 
 /// Every `kernels/*.cuh` header, handed to NVRTC by name so no kernels directory is needed
 /// at run time.
-pub const HEADERS: &[Source] = &[Source {
-    name: "mxfp8.cuh",
-    text: include_str!("../../../kernels/mxfp8.cuh"),
-}];
+pub const HEADERS: &[Source] = &[
+    Source {
+        name: "muon_common.cuh",
+        text: include_str!("../../../kernels/muon_common.cuh"),
+    },
+    Source {
+        name: "mxfp8.cuh",
+        text: include_str!("../../../kernels/mxfp8.cuh"),
+    },
+];
 
 /// What to produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

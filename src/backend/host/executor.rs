@@ -439,6 +439,19 @@ impl Backend for HostBackend {
         sum.ok_or_else(|| Error::new(ErrorKind::Internal, "all_reduce_f64: no result after synchronize"))
     }
 
+    fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
+        let result = Arc::new(Mutex::new(None));
+        let (comm, slot) = (self.comm.clone(), result.clone());
+        self.stream.enqueue(move || {
+            let values = Self::host_comm(&comm).all_gather_u64(value)?;
+            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(values);
+            Ok(())
+        })?;
+        self.stream.synchronize()?;
+        let values = result.lock().unwrap_or_else(PoisonError::into_inner).take();
+        values.ok_or_else(|| Error::new(ErrorKind::Internal, "all_gather_u64: no result after synchronize"))
+    }
+
     fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
         let Some(storage) = self.mxfp8.get_mut(&param) else {
             bail!(Internal, "param {param} has no MXFP8 storage")

@@ -260,9 +260,10 @@ fn block_maxima<E: Element>(blocks: &[[E; BLOCK_SIZE]; BLOCK_SIZE]) -> [E::Key; 
     pair_max(&l4[0], &l4[1])
 }
 
-/// The amax pass over one row of a piece: the raw maximum of each rowwise block into
-/// `row_raw` (when `ROW`) and the running columnwise maxima in `col_raw` (when `COL`).
-/// Blocks are reduced 32 at a time by [`block_maxima`].
+/// The amax pass over a row (or a segment of one, starting at a block boundary): the raw
+/// maximum of each rowwise block into `row_raw` (when `ROW`) and the running columnwise
+/// maxima in `col_raw` (when `COL`). With [`Element::TREE_REDUCTION`], blocks are reduced 32
+/// at a time by [`block_maxima`].
 #[inline(always)]
 fn amax_row<E: Element, const ROW: bool, const COL: bool>(src: &[E], row_raw: &mut [E::Key], col_raw: &mut [E::Key]) {
     let (groups, tail) = src.as_chunks::<BLOCK_SIZE>();
@@ -556,6 +557,8 @@ fn quantize_avx2<E: Element>(
     quantize_impl(x, rows, cols, rowwise, colwise)
 }
 
+/// The quantization loop nest (see the module documentation) for the requested copies, whose
+/// buffers have been checked.
 #[inline(always)]
 fn quantize_impl<E: Element>(
     x: &[E],

@@ -1,0 +1,513 @@
+"""Python binding of libmuon_opt (ctypes, standard library only).
+
+A thin object layer over the C API of include/muon_opt.h; every rule (validation, routing,
+planning, threading) is the library's, and every failing call raises :class:`MuonError` with
+the library's status and message. The raw mirror (constants, ctypes structs, the bound CDLL)
+is in :mod:`muon_opt._capi`; ``muon_opt._capi.lib()`` gives the CDLL itself.
+
+Host backend, 2 ranks on threads (ctypes releases the GIL during each C call)::
+
+    import threading, muon_opt as mo
+    group = mo.HostGroup(2)
+    def rank(comm):
+        opt = mo.Optimizer(mo.Config(bucket_size=4096), comm)
+        w = opt.add_param("fc.weight", (64, 32), dtype=mo.Dtype.F32)
+        opt.finalize()
+        view = opt.param_view(w)            # view.data / view.grad: memoryviews ('f')
+        for _ in range(3):
+            opt.zero_grad()
+            opt.wait_params(view.bucket)    # forward pre-hook
+            view.grad[:] = ...              # backward accumulates into view.grad
+            opt.grad_ready(w)
+            opt.step(lr=0.02, adam_lr=3e-4)
+        opt.close()
+    threads = [threading.Thread(target=rank, args=(c,)) for c in group]
+    ...
+"""
+
+import ctypes
+import enum
+import json
+from ctypes import POINTER, byref, c_char, c_float, c_int64, c_size_t, c_uint16, c_uint32
+from typing import NamedTuple
+
+from . import _capi
+from ._capi import MuonError, lib
+from ._capi import constants as _constants
+
+globals().update(_capi.constants())  # every MUON_* constant of the header
+
+
+def _enum(name, prefix, base=enum.IntEnum):
+    members = {k[len(prefix) :]: v for k, v in _capi.constants().items() if k.startswith(prefix)}
+    return base(name, members, module=__name__)
+
+
+Status = _enum("Status", "MUON_STATUS_")
+Layout = _enum("Layout", "MUON_LAYOUT_")
+Dtype = _enum("Dtype", "MUON_DTYPE_")
+Coefficients = _enum("Coefficients", "MUON_COEFFICIENTS_")
+NsPrecision = _enum("NsPrecision", "MUON_NS_PRECISION_")
+ScaleMode = _enum("ScaleMode", "MUON_SCALE_")
+CommMode = _enum("CommMode", "MUON_COMM_MODE_")
+Route = _enum("Route", "MUON_ROUTE_")
+ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
+Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
+
+
+def _status(code):
+    try:
+        return Status(code)
+    except ValueError:
+        return int(code)
+
+
+_capi._status_converter = _status
+
+# Element type of a buffer of each dtype as Python sees it: f32 as 'f'; bf16 as raw uint16
+# bits ('H'; e.g. numpy: np.frombuffer(view.data, np.uint16), then view as bfloat16).
+_ELEMENT = {_capi.MUON_DTYPE_F32: (c_float, "f"), _capi.MUON_DTYPE_BF16: (c_uint16, "H")}
+
+
+def version():
+    """The library's version code, MAJOR*10000 + MINOR*100 + PATCH."""
+    return lib().muon_get_version()
+
+
+def status_string(status):
+    """The library's static description of a status code."""
+    return lib().muon_status_string(int(status)).decode()
+
+
+def cuda_available():
+    """Whether a CUDA driver and a device are usable in this process."""
+    return bool(lib().muon_cuda_available())
+
+
+def newton_schulz_host(
+    data, rows, cols, coefficient_set=_capi.MUON_COEFFICIENTS_QUINTIC, steps=5, precision=_capi.MUON_NS_PRECISION_F32
+):
+    """The library's host Newton–Schulz of a rows×cols row-major f32 buffer; returns a new
+    ``array('f')``."""
+    import array
+
+    src = memoryview(data).cast("B")
+    if src.nbytes != rows * cols * 4:
+        raise ValueError(f"expected {rows}x{cols} float32 values ({rows * cols * 4} bytes), got {src.nbytes} bytes")
+    src_arr = (c_float * (rows * cols)).from_buffer_copy(src)
+    out = array.array("f", bytes(rows * cols * 4))
+    out_arr = (c_float * (rows * cols)).from_buffer(out)
+    lib().muon_newton_schulz_host(src_arr, out_arr, rows, cols, coefficient_set, steps, precision)
+    del out_arr
+    return out
+
+
+def mxfp8_scale_shape(rows, cols):
+    """(rowwise rows, rowwise cols, colwise rows, colwise cols) of the E8M0 scale arrays of a
+    [rows, cols] MXFP8 tensor."""
+    shapes = (ctypes.c_uint64 * 4)()
+    lib().muon_mxfp8_scale_shape(rows, cols, shapes)
+    return tuple(shapes)
+
+
+class Config:
+    """A ``muon_config_t`` holding muon_config_init() defaults; fields are attributes.
+
+    ``Config(bucket_size=4096, muon_layout=Layout.PADDED)``; unknown names raise AttributeError.
+    """
+
+    _FIELDS = frozenset(name for name, _ in _capi.muon_config_t._fields_)
+
+    def __init__(self, **fields):
+        object.__setattr__(self, "struct", _capi.muon_config_t())
+        lib().muon_config_init(byref(self.struct))
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def __getattr__(self, name):
+        if name in Config._FIELDS:
+            return getattr(self.struct, name)
+        raise AttributeError(f"muon_config_t has no field '{name}'")
+
+    def __setattr__(self, name, value):
+        if name not in Config._FIELDS:
+            raise AttributeError(f"muon_config_t has no field '{name}'")
+        setattr(self.struct, name, value)
+
+    def validate(self):
+        """Raises MuonError naming the first invalid field or combination."""
+        lib().muon_config_validate(byref(self.struct))
+
+    def as_dict(self):
+        return {name: getattr(self.struct, name) for name, _ in _capi.muon_config_t._fields_}
+
+    def __repr__(self):
+        return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+
+class Comm:
+    """Owner of one ``muon_comm_t``: a host-group rank or a borrowed NCCL communicator."""
+
+    def __init__(self, handle, host=True):
+        self._handle = handle  # POINTER(muon_comm_t)
+        self.host = host  # host-group rank (host memory) or NCCL (device memory)
+
+    @classmethod
+    def from_nccl(cls, nccl_comm_address):
+        """Wraps the caller's ncclComm_t (an address; borrowed, must outlive the handle)."""
+        out = POINTER(_capi.muon_comm_t)()
+        lib().muon_comm_create_nccl(nccl_comm_address, byref(out))
+        return cls(out, host=False)
+
+    @property
+    def handle(self):
+        return self._handle
+
+    @property
+    def rank(self):
+        r = c_uint32()
+        lib().muon_comm_rank(self._handle, byref(r))
+        return r.value
+
+    @property
+    def size(self):
+        n = c_uint32()
+        lib().muon_comm_size(self._handle, byref(n))
+        return n.value
+
+    def close(self):
+        """Destroys the handle (idempotent); after any optimizer created on it."""
+        handle, self._handle = self._handle, None
+        if handle:
+            lib().muon_comm_destroy(handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class HostGroup:
+    """An in-process group of ``world_size`` ranks (host backend): a sequence of Comm, rank r at
+    index r. Use each rank from its own thread."""
+
+    def __init__(self, world_size):
+        raw = (POINTER(_capi.muon_comm_t) * world_size)()
+        lib().muon_host_group_create(world_size, raw)
+        self.comms = [Comm(raw[r]) for r in range(world_size)]
+
+    def __len__(self):
+        return len(self.comms)
+
+    def __getitem__(self, rank):
+        return self.comms[rank]
+
+    def __iter__(self):
+        return iter(self.comms)
+
+    def close(self):
+        for comm in self.comms:
+            comm.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class StepInfo(NamedTuple):
+    """What a step did (``muon_step_info_t``)."""
+
+    skipped: bool
+    grad_norm: float
+    clip_coef: float
+    step: int
+
+
+class ParamView:
+    """Where a registered param lives (``muon_param_view_t``).
+
+    ``data`` and ``grad`` are flat memoryviews of the library's storage (format 'f' for f32,
+    'H' raw bits for bf16; None for an MXFP8 param's data); ``shape`` is the registered shape.
+    For an MXFP8 param, ``mxfp8_{rowwise,colwise}_{data,scales}`` are byte memoryviews (E4M3
+    data of mxfp8_rows x mxfp8_cols, E8M0 scales shaped by :func:`mxfp8_scale_shape`), else
+    None. Every memoryview is released by Optimizer.close(). Memoryviews exist on the host
+    backend only; on the cuda backend (an NCCL Comm) they are None and ``data_ptr``,
+    ``grad_ptr`` and ``raw`` hold the device addresses.
+    """
+
+    def __init__(self, owner, raw, shape, dtype, grad_dtype, host):
+        self.raw = raw
+        self.shape = shape
+        self.route = Route(raw.route)
+        self.bucket = raw.bucket
+        self.owner = raw.owner
+        self.offset = raw.offset
+        self.numel = raw.numel
+        self.data_ptr = raw.data  # addresses (int or None); device pointers on the cuda backend
+        self.grad_ptr = raw.grad
+        if not host:  # device memory: no memoryviews
+            owner = None
+        self.data = _memory(owner, raw.data, raw.numel, dtype)
+        self.grad = _memory(owner, raw.grad, raw.numel, grad_dtype)
+        self.mxfp8_scale_layout = raw.mxfp8_scale_layout
+        self.mxfp8_rows = raw.mxfp8_rows
+        self.mxfp8_cols = raw.mxfp8_cols
+        sizes = {"data": raw.mxfp8_rows * raw.mxfp8_cols}
+        if raw.mxfp8_rowwise_data:
+            r_rows, r_cols, c_rows, c_cols = mxfp8_scale_shape(raw.mxfp8_rows, raw.mxfp8_cols)
+            sizes.update(rowwise_scales=r_rows * r_cols, colwise_scales=c_rows * c_cols)
+        for which in ("rowwise", "colwise"):
+            for part in ("data", "scales"):
+                name = f"mxfp8_{which}_{part}"
+                ptr = ctypes.cast(getattr(raw, name), ctypes.c_void_p).value
+                size = sizes["data"] if part == "data" else sizes.get(f"{which}_scales", 0)
+                setattr(self, name, _memory(owner, ptr, size, None) if ptr else None)
+
+    def __repr__(self):
+        return (
+            f"ParamView(route={self.route.name}, bucket={self.bucket}, owner={self.owner}, "
+            f"offset={self.offset}, numel={self.numel}, shape={self.shape})"
+        )
+
+
+def _memory(owner, address, numel, dtype):
+    if not address or owner is None:
+        return None
+    ctype, fmt = _ELEMENT[dtype] if dtype is not None else (ctypes.c_uint8, "B")
+    arr = (ctype * numel).from_address(address)
+    arr._muon_owner = owner  # keeps the optimizer (and so the memory) alive with the view
+    view = memoryview(arr).cast("B").cast(fmt)
+    owner._views.append(view)  # released by Optimizer.close()
+    return view
+
+
+class Optimizer:
+    """Owner of one ``muon_optimizer_t`` (one per rank; one thread at a time).
+
+    Methods map 1:1 to the ``muon_optimizer_*`` functions. ``stream`` is a cudaStream_t address
+    (None on the host backend and for the legacy default stream).
+    """
+
+    def __init__(self, config, comm, stream=None):
+        self._handle = None
+        self._views = []
+        config = Config() if config is None else config
+        out = POINTER(_capi.muon_optimizer_t)()
+        lib().muon_optimizer_create(byref(config.struct), comm.handle, stream, byref(out))
+        self._handle = out
+        self._comm = comm  # the communicator must outlive the optimizer
+        self._grad_dtype = config.grad_dtype
+        self._params = []  # (shape, dtype) per id
+
+    @property
+    def handle(self):
+        return self._handle
+
+    def add_param(
+        self,
+        name,
+        shape,
+        *,
+        dtype=None,
+        flags=0,
+        tie_group=0,
+        split_sizes=None,
+        init=None,
+        init_dtype=None,
+        lr_scale=None,
+        wd_scale=None,
+    ):
+        """Registers a param (forward order, before finalize); returns its id.
+
+        ``init``: initial values as any buffer (array('f'), bytes, numpy, memoryview); its
+        dtype is ``init_dtype`` or, if None, taken from the buffer's format ('f' = F32,
+        'H' = BF16 bits). On the cuda backend ``init`` is a device address (an int) and
+        ``init_dtype`` is required. ``dtype`` (the model dtype) defaults to the library's (bf16).
+        """
+        d = _capi.muon_param_desc_t()
+        lib().muon_param_desc_init(byref(d))
+        name_bytes = name.encode()
+        d.name = name_bytes
+        shape = tuple(int(s) for s in shape)
+        d.ndim = len(shape)  # the library rejects a bad ndim; only MUON_MAX_DIMS entries fit
+        for i, s in enumerate(shape[: _capi.MUON_MAX_DIMS]):
+            d.shape[i] = s
+        if dtype is not None:
+            d.dtype = dtype
+        d.flags = int(flags)
+        d.tie_group = tie_group
+        splits = None
+        if split_sizes is not None:
+            splits = (c_int64 * len(split_sizes))(*split_sizes)
+            d.num_splits = len(split_sizes)
+            d.split_sizes = ctypes.cast(splits, POINTER(c_int64))
+        keep = None
+        if isinstance(init, int):  # an address (device memory on the cuda backend)
+            if init_dtype is None:
+                raise ValueError("init: an address needs init_dtype")
+            d.init_data = init
+            d.init_dtype = init_dtype
+        elif init is not None:
+            mv = memoryview(init)
+            if init_dtype is None:
+                fmt = mv.format.lstrip("@=<")
+                init_dtype = {"f": _capi.MUON_DTYPE_F32, "H": _capi.MUON_DTYPE_BF16}.get(fmt)
+                if init_dtype is None:
+                    raise ValueError(f"init: cannot infer init_dtype from buffer format '{mv.format}'; pass init_dtype")
+            numel = 1
+            for s in shape:
+                numel *= s
+            need = numel * ctypes.sizeof(_ELEMENT[init_dtype][0])
+            if mv.nbytes != need:
+                raise ValueError(
+                    f"init: param '{name}' of shape {shape} needs {need} bytes, the buffer has {mv.nbytes}"
+                )
+            raw = mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+            keep = (c_char * need).from_buffer_copy(raw) if raw.readonly else (c_char * need).from_buffer(raw)
+            d.init_data = ctypes.cast(keep, ctypes.c_void_p)
+            d.init_dtype = init_dtype
+        if lr_scale is not None:
+            d.lr_scale = lr_scale
+        if wd_scale is not None:
+            d.wd_scale = wd_scale
+        pid = c_uint32()
+        lib().muon_optimizer_add_param(self._handle, byref(d), byref(pid))
+        del keep, splits, name_bytes
+        self._params.append((shape, d.dtype))
+        return pid.value
+
+    def param_route(self, param_id):
+        route = c_uint32()
+        lib().muon_optimizer_param_route(self._handle, param_id, byref(route))
+        return Route(route.value)
+
+    def finalize(self):
+        """Collective: plans the layout and checks every rank planned the same."""
+        lib().muon_optimizer_finalize(self._handle)
+
+    def plan_json(self):
+        """The plan and its report as a JSON string (``json.loads`` it for a dict)."""
+        need = c_size_t()
+        try:
+            lib().muon_optimizer_plan_json(self._handle, None, 0, byref(need))
+        except MuonError as e:
+            if e.status != Status.BUFFER_TOO_SMALL:
+                raise
+        buf = ctypes.create_string_buffer(need.value)
+        lib().muon_optimizer_plan_json(self._handle, buf, need.value, byref(need))
+        return buf.value.decode()
+
+    def plan(self):
+        """The plan as a dict."""
+        return json.loads(self.plan_json())
+
+    def param_view(self, param_id):
+        raw = _capi.muon_param_view_t()
+        raw.struct_size = ctypes.sizeof(raw)
+        lib().muon_optimizer_param_view(self._handle, param_id, byref(raw))
+        shape, dtype = self._params[param_id]
+        return ParamView(self, raw, shape, dtype, self._grad_dtype, self._comm.host)
+
+    def zero_grad(self):
+        lib().muon_optimizer_zero_grad(self._handle)
+
+    def wait_params(self, bucket):
+        """Forward pre-hook: before the first use of a param of ``bucket``."""
+        lib().muon_optimizer_wait_params(self._handle, bucket)
+
+    def grad_ready(self, param_id):
+        """Backward hook: the param's gradient is complete for this iteration."""
+        lib().muon_optimizer_grad_ready(self._handle, param_id)
+
+    def step(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0):
+        """One optimizer step (Muon lr and decay, AdamW lr and decay); returns StepInfo."""
+        args = _capi.muon_step_args_t(
+            ctypes.sizeof(_capi.muon_step_args_t), lr, weight_decay, adam_lr, adam_weight_decay
+        )
+        info = _capi.muon_step_info_t()
+        info.struct_size = ctypes.sizeof(info)
+        lib().muon_optimizer_step(self._handle, byref(args), byref(info))
+        return StepInfo(bool(info.skipped), info.grad_norm, info.clip_coef, info.step)
+
+    def synchronize(self):
+        lib().muon_optimizer_synchronize(self._handle)
+
+    def save(self, directory):
+        """muon_optimizer_save, when the library has it (collective)."""
+        self._optional("muon_optimizer_save")(self._handle, str(directory).encode())
+
+    def load(self, directory):
+        """muon_optimizer_load, when the library has it (collective)."""
+        self._optional("muon_optimizer_load")(self._handle, str(directory).encode())
+
+    @staticmethod
+    def _optional(name):
+        fn = getattr(lib(), name, None)
+        if fn is None:
+            raise NotImplementedError(f"this libmuon_opt has no {name}")
+        return fn
+
+    def close(self):
+        """Destroys the optimizer (idempotent). The param views' memoryviews are released
+        first, so a later access raises ValueError instead of reading freed memory (buffers
+        exported from them, e.g. numpy arrays, must be dropped before closing)."""
+        busy = []
+        for view in self._views:
+            try:
+                view.release()
+            except BufferError:  # something (e.g. a numpy array) still exports it
+                busy.append(view)
+        self._views = busy
+        if busy:
+            raise BufferError(f"{len(busy)} param view buffer(s) still exported; drop them before close()")
+        handle, self._handle = self._handle, None
+        if handle:
+            lib().muon_optimizer_destroy(handle)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = [
+    "MuonError",
+    "Status",
+    "Layout",
+    "Dtype",
+    "Coefficients",
+    "NsPrecision",
+    "ScaleMode",
+    "CommMode",
+    "Route",
+    "ParamFlag",
+    "Mxfp8Scales",
+    "Config",
+    "Comm",
+    "HostGroup",
+    "Optimizer",
+    "ParamView",
+    "StepInfo",
+    "version",
+    "status_string",
+    "cuda_available",
+    "newton_schulz_host",
+    "mxfp8_scale_shape",
+    "lib",
+] + sorted(_constants())

@@ -1,0 +1,286 @@
+"""The object API over the real library: a 2-rank host run on Python threads, errors, views."""
+
+import array
+import json
+import os
+import subprocess
+import sys
+import threading
+import unittest
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PACKAGE_ROOT))
+
+import muon_opt as mo  # noqa: E402
+from muon_opt import _capi  # noqa: E402
+
+VOCAB = 24
+MODEL = [  # name, shape, flags, tie_group — forward order
+    ("embedding.weight", (VOCAB, 8), mo.ParamFlag.EMBEDDING_OR_OUTPUT, 1),
+    ("fc1.weight", (16, 8), 0, 0),
+    ("fc1.bias", (16,), mo.ParamFlag.NO_WEIGHT_DECAY, 0),
+    ("fc2.weight", (8, 16), 0, 0),
+    ("output.weight", (VOCAB, 8), mo.ParamFlag.EMBEDDING_OR_OUTPUT, 1),
+]
+STEPS = 4
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def rank_grad(step, rank, p, i):
+    """A gradient value k/1024 with |k| <= 32: sums and halves of two are exact in f32, so the
+    2-rank mean equals the 1-rank input bit for bit whatever the reduction order."""
+    h = (step * 1_000_003 + rank * 7_919 + p * 104_729 + i * 31) * 0x9E3779B1 & 0xFFFFFFFF
+    return ((h >> 7) % 65 - 32) / 1024.0
+
+
+def config(**overrides):
+    fields = dict(
+        bucket_size=256,  # several buckets for this small model
+        clip_grad=0.0,
+        muon_ns_precision=mo.NsPrecision.F32,
+        vocab_size=VOCAB,
+        collective_timeout_ms=20000,  # a failing rank fails the other quickly
+    )
+    fields.update(overrides)
+    return mo.Config(**fields)
+
+
+def train(comm, grads_for, cfg):
+    """One rank: registers MODEL, runs STEPS iterations with grads_for(step, p, i), returns the
+    param bytes after every step."""
+    with mo.Optimizer(cfg, comm) as opt:
+        for p, (name, shape, flags, tie) in enumerate(MODEL):
+            init = array.array("f", [((p * 131 + i * 17) % 97 - 48) / 512.0 for i in range(numel(shape))])
+            if name == "output.weight":  # tied copy: same initial values as the embedding
+                init = array.array("f", [((0 * 131 + i * 17) % 97 - 48) / 512.0 for i in range(numel(shape))])
+            pid = opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie, init=init)
+            assert pid == p
+        opt.finalize()
+        views = [opt.param_view(p) for p in range(len(MODEL))]
+        history = []
+        for step in range(STEPS):
+            opt.zero_grad()
+            for v in views:  # forward: pre-hook before each param's use
+                opt.wait_params(v.bucket)
+            for p in reversed(range(len(MODEL))):  # backward: reverse order
+                v = views[p]
+                v.grad[:] = array.array("f", [grads_for(step, p, i) for i in range(v.numel)])
+                opt.grad_ready(p)
+            info = opt.step(lr=0.02, adam_lr=0.01, weight_decay=0.1, adam_weight_decay=0.01)
+            assert not info.skipped and info.step == step + 1, info
+            for v in views:
+                opt.wait_params(v.bucket)
+            history.append(b"".join(v.data.tobytes() for v in views))
+        return history
+
+
+def run_ranks(world_size, fn):
+    """fn(comm) on one Python thread per rank; returns the results in rank order, re-raising
+    the first exception of any rank."""
+    results, errors = [None] * world_size, [None] * world_size
+    with mo.HostGroup(world_size) as group:
+
+        def body(r):
+            try:
+                results[r] = fn(group[r])
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors[r] = e
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(world_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+            if t.is_alive():
+                raise TimeoutError("a rank did not finish")
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+class TwoRanksOnThreads(unittest.TestCase):
+    def test_two_ranks_equal_one_rank_fed_the_mean_gradient(self):
+        def own_grads(comm, mode):
+            return train(comm, lambda s, p, i: rank_grad(s, comm.rank, p, i), config(host_comm_mode=mode))
+
+        def mean_grads(comm, mode):
+            return train(
+                comm, lambda s, p, i: (rank_grad(s, 0, p, i) + rank_grad(s, 1, p, i)) / 2, config(host_comm_mode=mode)
+            )
+
+        for mode in (mo.CommMode.EAGER, mo.CommMode.LAZY):  # lazy: a missing wait shows as stale data
+            with self.subTest(host_comm_mode=mode.name):
+                ranks = run_ranks(2, lambda comm, mode=mode: own_grads(comm, mode))
+                (single,) = run_ranks(1, lambda comm, mode=mode: mean_grads(comm, mode))
+                self.assertNotEqual(single[0], single[-1], "training must change the params")
+                for step in range(STEPS):
+                    self.assertEqual(ranks[0][step], ranks[1][step], f"ranks differ after step {step + 1}")
+                    self.assertEqual(ranks[0][step], single[step], f"2 ranks != 1 rank after step {step + 1}")
+
+    def test_routes_owners_and_plan(self):
+        def body(comm):
+            with mo.Optimizer(config(), comm) as opt:
+                for name, shape, flags, tie in MODEL:
+                    opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie)
+                opt.finalize()
+                views = [opt.param_view(p) for p in range(len(MODEL))]
+                self.assertEqual(views[1].data.format, "f")
+                self.assertEqual(len(views[1].data), 128)
+                return [opt.param_route(p) for p in range(len(MODEL))], views, opt.plan()
+
+        (routes, views, plan), (routes1, views1, _) = run_ranks(2, body)
+        self.assertEqual(routes, [mo.Route.ADAMW, mo.Route.MUON, mo.Route.ADAMW, mo.Route.MUON, mo.Route.ADAMW])
+        self.assertEqual(routes, routes1)
+        self.assertEqual({views[1].owner, views[3].owner}, {0, 1}, "the two Muon matrices are balanced over 2 ranks")
+        self.assertEqual([v.owner for v in views], [v.owner for v in views1])
+        self.assertEqual(views[0].owner, -1)
+        self.assertEqual(plan["dp"], 2)
+        self.assertEqual(views[1].shape, (16, 8))
+        # Closed optimizers release their views.
+        with self.assertRaises(ValueError):
+            views[1].data[0]
+
+
+class Errors(unittest.TestCase):
+    def test_status_and_message_of_a_failing_call(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            opt.add_param("embedding", (VOCAB, 8), flags=mo.ParamFlag.EMBEDDING_OR_OUTPUT, tie_group=3)
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.add_param("mtp.embedding", (VOCAB, 8), tie_group=3, flags=mo.ParamFlag.ALLOW_VOCAB_DIM)
+            e = ctx.exception
+            self.assertIs(e.status, mo.Status.ROUTING_CONFLICT)
+            self.assertEqual(e.status, mo.MUON_STATUS_ROUTING_CONFLICT)
+            self.assertEqual(e.function, "muon_optimizer_add_param")
+            self.assertIn("tie_group 3", e.message)
+            self.assertIn("mtp.embedding", e.message)
+            self.assertIn("'embedding'", e.message)
+            self.assertIn("MUON_STATUS_ROUTING_CONFLICT (111)", str(e))
+            # Nothing was registered: the next id is 1.
+            self.assertEqual(opt.add_param("fc", (16, 8)), 1)
+
+    def test_config_errors(self):
+        with self.assertRaises(mo.MuonError) as ctx:
+            mo.Config(muon_layout=7).validate()
+        self.assertIs(ctx.exception.status, mo.Status.INVALID_ENUM_VALUE)
+        self.assertIn("muon_layout", ctx.exception.message)
+        with mo.HostGroup(1) as group, self.assertRaises(mo.MuonError) as ctx:
+            mo.Optimizer(mo.Config(adam_beta1=1.5), group[0])
+        self.assertIn("adam_beta1", ctx.exception.message)
+        with self.assertRaises(AttributeError):
+            mo.Config(bucket_sise=10)  # typo: not a field
+        self.assertAlmostEqual(mo.Config().muon_momentum, 0.95, places=6)
+
+    def test_call_order_and_closed_handles(self):
+        with mo.HostGroup(1) as group:
+            opt = mo.Optimizer(config(), group[0])
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.wait_params(0)  # before finalize
+            self.assertIs(ctx.exception.status, mo.Status.INVALID_STATE)
+            opt.add_param("w", (16, 8))
+            opt.finalize()
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.param_view(5)
+            self.assertIn("5", ctx.exception.message)
+            opt.close()
+            opt.close()  # idempotent
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.zero_grad()  # NULL handle: the library's NULL_ARGUMENT
+            self.assertIs(ctx.exception.status, mo.Status.NULL_ARGUMENT)
+
+    def test_messages_are_per_thread(self):
+        with self.assertRaises(mo.MuonError):
+            mo.Config(muon_layout=7).validate()
+        self.assertIn(b"muon_layout", _capi.lib().muon_last_error_message())
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(_capi.lib().muon_last_error_message()))
+        t.start()
+        t.join()
+        self.assertEqual(seen, [b""])
+
+    def test_binding_level_checks(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            with self.assertRaises(ValueError):
+                opt.add_param("w", (16, 8), init=array.array("f", [0.0] * 10))  # wrong size
+            with self.assertRaises(ValueError):
+                opt.add_param("w", (2,), init=array.array("d", [0.0] * 2))  # f64: no such dtype
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.add_param("w", (1, 2, 3, 4, 5))  # the library rejects ndim 5
+            self.assertIs(ctx.exception.status, mo.Status.INVALID_PARAM)
+
+    def test_status_strings(self):
+        self.assertEqual(mo.status_string(0), _capi.lib().muon_status_string(0).decode())
+        self.assertIn("unknown", mo.status_string(12345))
+        e = _capi.MuonError(12345, "x")
+        self.assertEqual(e.status, 12345)
+
+
+class Library(unittest.TestCase):
+    def test_version_matches_mirror(self):
+        self.assertEqual(mo.version(), mo.MUON_VERSION_CODE)
+
+    def test_env_var_selects_the_library(self):
+        code = "import muon_opt as mo; print(mo.version()); print(mo.lib().path)"
+        lib = _capi.lib().path
+        env = dict(os.environ, MUON_OPT_LIB=str(Path(lib).parent), PYTHONPATH=str(PACKAGE_ROOT))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        self.assertEqual(out.stdout.split(), [str(mo.MUON_VERSION_CODE), lib])
+        env["MUON_OPT_LIB"] = "/nonexistent/libmuon_opt.so"
+        bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("ImportError", bad.stderr)
+        self.assertIn("/nonexistent/libmuon_opt.so", bad.stderr)
+        self.assertIn("MUON_OPT_LIB", bad.stderr)
+
+    def test_newton_schulz_host(self):
+        rows, cols = 8, 24
+        data = array.array("f", [((i * 37) % 23 - 11) / 11.0 for i in range(rows * cols)])
+        out = mo.newton_schulz_host(data, rows, cols, coefficient_set=mo.Coefficients.SIMPLE)
+        self.assertEqual(len(out), rows * cols)
+        diag = sum(sum(out[r * cols + c] ** 2 for c in range(cols)) for r in range(rows)) / rows
+        self.assertAlmostEqual(diag, 0.85, delta=0.2)  # rows of an orthogonalized matrix: near unit norm
+
+    def test_mxfp8_views(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            pid = opt.add_param("w", (64, 32), flags=mo.ParamFlag.MXFP8)
+            opt.finalize()
+            v = opt.param_view(pid)
+            self.assertIsNone(v.data)
+            self.assertEqual((v.mxfp8_rows, v.mxfp8_cols), (64, 32))
+            self.assertEqual(len(v.mxfp8_rowwise_data), 64 * 32)
+            rr, rc, cr, cc = mo.mxfp8_scale_shape(64, 32)
+            self.assertEqual(len(v.mxfp8_rowwise_scales), rr * rc)
+            self.assertEqual(len(v.mxfp8_colwise_scales), cr * cc)
+            self.assertEqual(v.grad.format, "f")
+
+    def test_plan_json_is_json(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            opt.add_param("w", (16, 8))
+            opt.finalize()
+            self.assertEqual(json.loads(opt.plan_json()), opt.plan())
+
+    def test_checkpoint_functions_follow_the_library(self):
+        has = _capi.lib().muon_optimizer_save is not None
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            opt.add_param("w", (16, 8))
+            opt.finalize()
+            if not has:
+                with self.assertRaises(NotImplementedError):
+                    opt.save("/tmp/unused")
+                return
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as d:
+                opt.save(Path(d) / "ckpt")
+                opt.load(Path(d) / "ckpt")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,50 @@
+// The element-wise parts of one Muon update (src/numerics/muon.rs, src/numerics/newton_schulz.rs);
+// the matrix products run on cuBLAS. Every operation is one f32 rounding in the host's order
+// (--fmad=false). Launch: block 256 threads, any 1-D grid (grid-stride loops).
+
+#include "muon_common.cuh"
+
+// g = grad * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m.
+extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
+                                         muon_u64 n, float mu, float one_minus_mu, float clip, int nesterov) {
+    for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
+        const float g = muon_load(grad, grad_bf16, i) * clip;
+        const float m = mu * momentum[i] + one_minus_mu * g;
+        momentum[i] = m;
+        update[i] = nesterov ? g + mu * (m - g) : m;
+    }
+}
+
+// The Newton-Schulz input of `batch` consecutive rows x cols matrices of u: X = U / norm with
+// norm = max(f32(sqrt(sumsq[k])), 1e-7) for matrix k, written transposed (cols x rows) when
+// `transpose` is set, as the host's normalization and transpose_map.
+extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const double *sumsq, muon_u32 batch,
+                                             muon_u32 rows, muon_u32 cols, int transpose) {
+    const muon_u64 size = (muon_u64)rows * cols;
+    const muon_u64 n = size * batch;
+    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
+        const muon_u64 k = e / size;
+        const muon_u64 within = e - k * size;
+        const muon_u64 r = within / cols;
+        const muon_u64 c = within - r * cols;
+        const float norm = fmaxf(__double2float_rn(sqrt(sumsq[k])), 1e-7f);
+        const muon_u64 at = transpose ? k * size + c * rows + r : e;
+        x[at] = u[e] / norm;
+    }
+}
+
+// W = W * decay - step * X for `batch` consecutive rows x cols matrices of w, X read transposed
+// (cols x rows) when `transposed` is set (the host's transpose back, then the update).
+extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
+                                      int transposed, float decay, float step) {
+    const muon_u64 size = (muon_u64)rows * cols;
+    const muon_u64 n = size * batch;
+    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
+        const muon_u64 k = e / size;
+        const muon_u64 within = e - k * size;
+        const muon_u64 r = within / cols;
+        const muon_u64 c = within - r * cols;
+        const muon_u64 at = transposed ? k * size + c * rows + r : e;
+        w[e] = w[e] * decay - step * x[at];
+    }
+}

@@ -1,0 +1,54 @@
+// Element access and conversions shared by the element-wise kernels. Numerics match
+// src/numerics/bf16.rs bit for bit: f32 -> bf16 rounds to nearest, ties to even; bf16 -> f32
+// is exact; a NaN stays a NaN with the quiet bit set (the `half` crate's behaviour, which the
+// host backend uses). Compiled by NVRTC with --fmad=false, --ftz=false, IEEE division and
+// square root, so every `a * b + c` below rounds twice, as on the host.
+
+#ifndef MUON_COMMON_CUH
+#define MUON_COMMON_CUH
+
+typedef unsigned int muon_u32;
+typedef unsigned short muon_u16;
+typedef unsigned long long muon_u64;
+
+__device__ __forceinline__ muon_u16 muon_f32_to_bf16_rne(float x) {
+    muon_u32 bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (muon_u16)((bits >> 16) | 0x0040u);
+    }
+    muon_u32 rounding = 0x7fffu + ((bits >> 16) & 1u);
+    return (muon_u16)((bits + rounding) >> 16);
+}
+
+__device__ __forceinline__ float muon_bf16_to_f32(muon_u16 b) {
+    muon_u32 bits = (muon_u32)b;
+    if ((bits & 0x7fffu) > 0x7f80u) {
+        bits |= 0x0040u;
+    }
+    return __uint_as_float(bits << 16);
+}
+
+// Element i of a buffer holding f32 (is_bf16 == 0) or bf16 values, as f32 (exact).
+__device__ __forceinline__ float muon_load(const void *p, int is_bf16, muon_u64 i) {
+    return is_bf16 ? muon_bf16_to_f32(((const muon_u16 *)p)[i]) : ((const float *)p)[i];
+}
+
+// Stores v into element i of an f32 or bf16 buffer (bf16: round to nearest even).
+__device__ __forceinline__ void muon_store(void *p, int is_bf16, muon_u64 i, float v) {
+    if (is_bf16) {
+        ((muon_u16 *)p)[i] = muon_f32_to_bf16_rne(v);
+    } else {
+        ((float *)p)[i] = v;
+    }
+}
+
+// First index and stride of a one-dimensional grid-stride loop.
+__device__ __forceinline__ muon_u64 muon_first_index() {
+    return (muon_u64)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ muon_u64 muon_grid_stride() {
+    return (muon_u64)gridDim.x * blockDim.x;
+}
+
+#endif

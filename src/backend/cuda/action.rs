@@ -1,0 +1,236 @@
+//! Device actions: what one backend operation becomes on a GPU. The [`Translator`] produces
+//! them without a device (every offset, grid, kernel argument, cuBLAS parameter and NCCL
+//! call is decided there); the [`Device`] executes them with the driver, cuBLAS and NCCL.
+//!
+//! [`Translator`]: super::translate::Translator
+//! [`Device`]: super::device::Device
+
+use crate::backend::ops::{EventId, Mem, StreamKind};
+
+/// A device pointer (`CUdeviceptr`).
+pub type DevPtr = u64;
+
+/// One device allocation of a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// A memory kind of the schedule (never `Mem::Staging`, which views `Mem::Grad`).
+    Mem(Mem),
+    /// Part `part` of a param's MXFP8 storage: 0 rowwise data, 1 rowwise scales,
+    /// 2 columnwise data, 3 columnwise scales.
+    Mxfp8 { param: u32, part: u8 },
+    /// Muon workspace.
+    Work(Work),
+    /// f64 slots for scalars: the squared norm, then the all-gather send slot, then one
+    /// receive slot per rank.
+    Scalars,
+}
+
+/// The Muon workspace, sized once at allocate from `MemoryLayout::max_matrix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Work {
+    /// The momentum-updated matrix `U` (f32).
+    Update,
+    /// The iterate `X` (f32).
+    X,
+    /// The next iterate (f32; f32 precision only).
+    XNext,
+    /// `X` rounded to bf16 (bf16 precision only).
+    XBf16,
+    /// `A = X·Xᵀ`, then `B = b·A + c·A·A` in place in bf16 precision (f32).
+    Gram,
+    /// `B` (f32; f32 precision only).
+    Poly,
+    /// `A`, then `B`, rounded to bf16 (bf16 precision only).
+    GramBf16,
+    /// Squared Frobenius norms of the matrices of one batch (f64).
+    Norms,
+    /// Block partial sums of squares (f64).
+    Partials,
+}
+
+/// A kernel of `kernels/*.cu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    CastF32ToBf16,
+    Cast,
+    Scale,
+    SumsqPartials,
+    SumsqFinish,
+    MuonMomentum,
+    NsNormalize,
+    MuonApply,
+    Adamw,
+    Mxfp8Quantize,
+}
+
+impl Kernel {
+    /// Every kernel the backend loads.
+    pub const ALL: [Kernel; 10] = [
+        Kernel::CastF32ToBf16,
+        Kernel::Cast,
+        Kernel::Scale,
+        Kernel::SumsqPartials,
+        Kernel::SumsqFinish,
+        Kernel::MuonMomentum,
+        Kernel::NsNormalize,
+        Kernel::MuonApply,
+        Kernel::Adamw,
+        Kernel::Mxfp8Quantize,
+    ];
+
+    /// The `kernels/` file that defines it.
+    pub fn source(self) -> &'static str {
+        match self {
+            Kernel::CastF32ToBf16 | Kernel::Cast | Kernel::Scale => "cast.cu",
+            Kernel::SumsqPartials | Kernel::SumsqFinish => "reduce.cu",
+            Kernel::MuonMomentum | Kernel::NsNormalize | Kernel::MuonApply => "muon.cu",
+            Kernel::Adamw => "adamw.cu",
+            Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
+        }
+    }
+
+    /// Its `extern "C"` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::CastF32ToBf16 => "muon_cast_f32_to_bf16",
+            Kernel::Cast => "muon_cast",
+            Kernel::Scale => "muon_scale",
+            Kernel::SumsqPartials => "muon_sumsq_partials",
+            Kernel::SumsqFinish => "muon_sumsq_finish",
+            Kernel::MuonMomentum => "muon_momentum",
+            Kernel::NsNormalize => "muon_ns_normalize",
+            Kernel::MuonApply => "muon_apply",
+            Kernel::Adamw => "muon_adamw",
+            Kernel::Mxfp8Quantize => "muon_mxfp8_quantize_bf16",
+        }
+    }
+}
+
+/// One kernel argument, passed by value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arg {
+    Ptr(DevPtr),
+    U64(u64),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    /// A struct passed by value, as little-endian 8-byte words laid out as the C struct.
+    Words(Vec<u64>),
+}
+
+/// One kernel launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub kernel: Kernel,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub stream: StreamKind,
+    pub args: Vec<Arg>,
+}
+
+/// Element type of a GEMM's A and B operands; C and the accumulation are always f32
+/// (`CUBLAS_COMPUTE_32F`, never TF32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmInputs {
+    Bf16,
+    F32,
+}
+
+/// `cublasGemmStridedBatchedEx` on the compute stream, column-major as cuBLAS sees it:
+/// `C = alpha·op(A)·B + beta·C` with `op(A) = Aᵀ` when `transpose_a`, for `batch` matrices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemm {
+    pub inputs: GemmInputs,
+    pub transpose_a: bool,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub alpha: f32,
+    pub a: DevPtr,
+    pub lda: i32,
+    pub stride_a: i64,
+    pub b: DevPtr,
+    pub ldb: i32,
+    pub stride_b: i64,
+    pub beta: f32,
+    pub c: DevPtr,
+    pub ldc: i32,
+    pub stride_c: i64,
+    pub batch: i32,
+}
+
+/// `ncclDataType_t` of a collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclType {
+    U8,
+    F32,
+    Bf16,
+}
+
+/// One NCCL call (sum reductions), element counts as NCCL takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclCall {
+    Reduce {
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dtype: NcclType,
+        root: u32,
+    },
+    Broadcast {
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dtype: NcclType,
+        root: u32,
+    },
+    ReduceScatter {
+        send: DevPtr,
+        recv: DevPtr,
+        recv_count: u64,
+        dtype: NcclType,
+    },
+    AllGather {
+        send: DevPtr,
+        recv: DevPtr,
+        send_count: u64,
+        dtype: NcclType,
+    },
+    AllReduce {
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dtype: NcclType,
+    },
+}
+
+/// One device action.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Allocates `bytes` device bytes (plain `cuMemAlloc`, never managed memory) for `buf` and
+    /// zeroes them on the compute stream.
+    Alloc { buf: Buf, bytes: u64 },
+    /// Copies host bytes to the device on `stream` and waits for the copy.
+    CopyIn { dst: DevPtr, bytes: Vec<u8>, stream: StreamKind },
+    /// Copies `bytes` device bytes to the host on `stream` and waits: the result of the op.
+    CopyOut { src: DevPtr, bytes: u64, stream: StreamKind },
+    /// `cuMemsetD8Async(dst, 0, bytes)` on `stream`.
+    Zero { dst: DevPtr, bytes: u64, stream: StreamKind },
+    /// `cuMemcpyDtoDAsync` on `stream`.
+    CopyDevice {
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: u64,
+        stream: StreamKind,
+    },
+    Launch(Launch),
+    Gemm(Gemm),
+    /// The calls as one `ncclGroupStart`/`ncclGroupEnd` group on the comm stream.
+    Nccl(Vec<NcclCall>),
+    /// `cuEventRecord` of `event` on `stream`.
+    Record { stream: StreamKind, event: EventId },
+    /// `cuStreamWaitEvent`: `stream` waits for `event` (no host block).
+    Wait { stream: StreamKind, event: EventId },
+    /// Blocks the host until `stream` finished its work, polling NCCL's asynchronous error.
+    Synchronize(StreamKind),
+}

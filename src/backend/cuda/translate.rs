@@ -1,0 +1,885 @@
+//! Backend operation → device actions, without a device. Every decision of the cuda backend
+//! is made here (pointers, grids, kernel arguments, cuBLAS parameters, NCCL calls, the
+//! host-computed scalars of the step); [`super::device::Device`] only executes. Because the
+//! translation needs no driver, the no-GPU tests run every schedule op through it.
+//!
+//! Numerics follow the host backend operation for operation (`src/numerics`): element-wise
+//! kernels round like the host (bit-identical), sums of squares are f64 over exact squares in
+//! a fixed order that differs from the host's 8-lane order (see `kernels/reduce.cu`), and the
+//! Newton–Schulz products run on cuBLAS with the host's operand roundings but cuBLAS's
+//! accumulation order.
+
+use std::collections::HashMap;
+
+use crate::backend::cuda::action::{
+    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType, Work,
+};
+use crate::backend::ops::{AdamwJob, CollOp, Mem, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::backend::recording::Op;
+use crate::bail;
+use crate::config::{Dtype, NsPrecision};
+use crate::error::Result;
+use crate::numerics::adamw::adamw_bias_corrections;
+use crate::numerics::bf16::f32_to_bf16_rne;
+use crate::numerics::muon::{MuonOptions, muon_scale};
+use crate::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
+use crate::numerics::newton_schulz::ns_coefficients;
+
+/// Threads per block of every 1-D kernel.
+const THREADS: u32 = 256;
+/// Most blocks of a grid-stride launch (enough to fill any current GPU).
+const MAX_BLOCKS: u64 = 8192;
+/// Spans (or groups) per sum-of-squares launch: the fixed arrays of `kernels/reduce.cu`.
+const SUMSQ_SPANS: usize = 32;
+/// Elements per block of a sum-of-squares span before it gets another block.
+const SUMSQ_BLOCK_ELEMS: u64 = 4096;
+/// Most blocks per span (so one launch writes at most `SUMSQ_SPANS * SUMSQ_MAX_BLOCKS` partials).
+const SUMSQ_MAX_BLOCKS: u64 = 2048;
+/// Capacity of the partials workspace.
+const PARTIALS: u64 = SUMSQ_SPANS as u64 * SUMSQ_MAX_BLOCKS;
+/// MXFP8 quantize: most tile rows covered by separate blocks (the kernel strides over more).
+const MXFP8_MAX_GRID_Y: u64 = 1024;
+
+/// A span resolved to device memory.
+#[derive(Debug, Clone, Copy)]
+struct Resolved {
+    ptr: DevPtr,
+    dtype: Dtype,
+    len: u64,
+}
+
+impl Resolved {
+    fn is_bf16(&self) -> i32 {
+        i32::from(self.dtype == Dtype::Bf16)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.len * self.dtype.size() as u64
+    }
+
+    /// Element `index` of the span.
+    fn at(&self, index: u64) -> DevPtr {
+        self.ptr + index * self.dtype.size() as u64
+    }
+}
+
+/// Element capacities of the Muon workspace.
+#[derive(Debug, Clone, Copy, Default)]
+struct WorkSizes {
+    /// Elements of `Update`, `X`, `XNext`, `XBf16`: `max_rows · max_cols`.
+    matrix: u64,
+    /// Elements of `Gram`, `Poly`, `GramBf16`: `max_rows · min(max_rows, max_cols)`, which bounds
+    /// `batch · min(r, c)²` of every batch of equal components.
+    gram: u64,
+    /// f64 slots of `Norms`: `max_rows` (a matrix has at most that many components).
+    norms: u64,
+}
+
+/// Translates the ops of one rank.
+#[derive(Debug)]
+pub struct Translator {
+    rank: usize,
+    dp: usize,
+    muon: MuonOptions,
+    map: HashMap<Buf, (DevPtr, u64)>,
+    layout: Option<MemoryLayout>,
+    work: WorkSizes,
+}
+
+fn grid_1d(n: u64) -> [u32; 3] {
+    [n.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1]
+}
+
+fn launch(kernel: Kernel, n: u64, stream: StreamKind, args: Vec<Arg>) -> Action {
+    Action::Launch(Launch {
+        kernel,
+        grid: grid_1d(n),
+        block: [THREADS, 1, 1],
+        stream,
+        args,
+    })
+}
+
+fn to_i32(what: &str, value: u64) -> Result<i32> {
+    i32::try_from(value).or_else(|_| bail!(Unsupported, "{what} {value} exceeds cuBLAS's 32-bit dimensions"))
+}
+
+fn to_u32(what: &str, value: u64) -> Result<u32> {
+    u32::try_from(value).or_else(|_| bail!(Unsupported, "{what} {value} exceeds the kernels' 32-bit dimensions"))
+}
+
+/// One row-major product `C (m×n) = alpha·A (m×k)·op(B) + beta·C` per matrix of a batch of
+/// contiguous matrices; `B` is `k×n`, or `n×k` read transposed when `b_transposed`. The same
+/// call as the host's `gemm` in `numerics::newton_schulz`.
+struct Product {
+    inputs: GemmInputs,
+    m: u64,
+    k: u64,
+    n: u64,
+    alpha: f32,
+    a: DevPtr,
+    b: DevPtr,
+    b_transposed: bool,
+    beta: f32,
+    c: DevPtr,
+    batch: u64,
+}
+
+impl Product {
+    /// The product as cuBLAS's column-major `Cᵀ = op(B)ᵀ·Aᵀ`: a row-major matrix is its
+    /// column-major transpose, so A and B swap places and the dimensions read `n, m, k`.
+    fn gemm(self) -> Result<Action> {
+        let (m, k, n) = (self.m, self.k, self.n);
+        Ok(Action::Gemm(Gemm {
+            inputs: self.inputs,
+            transpose_a: self.b_transposed,
+            m: to_i32("Newton–Schulz dimension", n)?,
+            n: to_i32("Newton–Schulz dimension", m)?,
+            k: to_i32("Newton–Schulz dimension", k)?,
+            alpha: self.alpha,
+            a: self.b,
+            lda: to_i32("leading dimension", if self.b_transposed { k } else { n })?,
+            stride_a: (k * n) as i64,
+            b: self.a,
+            ldb: to_i32("leading dimension", k)?,
+            stride_b: (m * k) as i64,
+            beta: self.beta,
+            c: self.c,
+            ldc: to_i32("leading dimension", n)?,
+            stride_c: (m * n) as i64,
+            batch: to_i32("batch", self.batch)?,
+        }))
+    }
+}
+
+/// The words of `struct muon_sumsq_spans` (`kernels/reduce.cu`): per span the pointer, the
+/// length, then `is_bf16 | first_block << 32`; then the count.
+fn sumsq_spans(spans: &[(Resolved, u32)]) -> Vec<u64> {
+    let mut words = vec![0u64; SUMSQ_SPANS * 3 + 1];
+    for (i, (span, first_block)) in spans.iter().enumerate() {
+        words[3 * i] = span.ptr;
+        words[3 * i + 1] = span.len;
+        words[3 * i + 2] = span.is_bf16() as u64 | (u64::from(*first_block) << 32);
+    }
+    words[SUMSQ_SPANS * 3] = spans.len() as u64;
+    words
+}
+
+/// One group of `struct muon_sumsq_groups`: partials `[first, first + count)` into `out`.
+#[derive(Clone, Copy)]
+struct Group {
+    first: u32,
+    count: u32,
+    out: u32,
+    accumulate: bool,
+}
+
+/// The words of `struct muon_sumsq_groups`.
+fn sumsq_groups(groups: &[Group]) -> Vec<u64> {
+    let mut words = vec![0u64; SUMSQ_SPANS * 2 + 1];
+    for (i, g) in groups.iter().enumerate() {
+        words[2 * i] = u64::from(g.first) | (u64::from(g.count) << 32);
+        words[2 * i + 1] = u64::from(g.out) | (u64::from(g.accumulate) << 32);
+    }
+    words[SUMSQ_SPANS * 2] = groups.len() as u64;
+    words
+}
+
+/// Where sums of squares go.
+#[derive(Clone, Copy)]
+enum SumInto {
+    Total,
+    PerSpan,
+}
+
+/// Blocks of one span of a sum-of-squares launch.
+fn sumsq_blocks(len: u64) -> u32 {
+    len.div_ceil(SUMSQ_BLOCK_ELEMS).clamp(1, SUMSQ_MAX_BLOCKS) as u32
+}
+
+impl Translator {
+    /// A translator for rank `rank` of `dp` with the Muon options of the config.
+    pub fn new(rank: usize, dp: usize, muon: MuonOptions) -> Self {
+        Translator {
+            rank,
+            dp,
+            muon,
+            map: HashMap::new(),
+            layout: None,
+            work: WorkSizes::default(),
+        }
+    }
+
+    /// The allocations a backend makes at creation, before `allocate`: the scalar slots the
+    /// plan-hash exchange and the step's reductions use.
+    pub fn setup(&self) -> Vec<Action> {
+        vec![Action::Alloc {
+            buf: Buf::Scalars,
+            bytes: (2 + self.dp as u64) * 8,
+        }]
+    }
+
+    /// Records where `buf` was allocated.
+    pub fn bind(&mut self, buf: Buf, ptr: DevPtr, bytes: u64) {
+        self.map.insert(buf, (ptr, bytes));
+    }
+
+    fn buffer(&self, buf: Buf) -> Result<(DevPtr, u64)> {
+        match self.map.get(&buf) {
+            Some(&entry) => Ok(entry),
+            None => bail!(Internal, "{buf:?} is not allocated"),
+        }
+    }
+
+    fn layout(&self) -> Result<&MemoryLayout> {
+        match &self.layout {
+            Some(layout) => Ok(layout),
+            None => bail!(Internal, "the cuda backend is not allocated"),
+        }
+    }
+
+    fn work(&self, work: Work) -> Result<DevPtr> {
+        Ok(self.buffer(Buf::Work(work))?.0)
+    }
+
+    /// Scalar slot `i` (f64).
+    fn scalar(&self, i: u64) -> Result<DevPtr> {
+        Ok(self.buffer(Buf::Scalars)?.0 + 8 * i)
+    }
+
+    /// The device memory of `span`, bounds-checked; a staging span views its grad buffer's
+    /// bytes as bf16 (as on the host).
+    fn resolve(&self, span: Span) -> Result<Resolved> {
+        let layout = self.layout()?;
+        let (mem, dtype) = match span.mem {
+            Mem::Staging(i) => (Mem::Grad(i), Dtype::Bf16),
+            Mem::Grad(_) => (span.mem, layout.grad_dtype),
+            Mem::Param(i) => match layout.buffers.get(i as usize) {
+                Some(&(_, dtype)) => (span.mem, dtype),
+                None => bail!(Internal, "{:?} is not allocated", span.mem),
+            },
+            Mem::Master | Mem::Momentum | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
+        };
+        let (ptr, bytes) = self.buffer(Buf::Mem(mem))?;
+        let capacity = bytes / dtype.size() as u64;
+        if span.start + span.len > capacity {
+            bail!(Internal, "span {span:?} exceeds its allocation of {capacity} elements");
+        }
+        Ok(Resolved {
+            ptr: ptr + span.start * dtype.size() as u64,
+            dtype,
+            len: span.len,
+        })
+    }
+
+    fn resolve_f32(&self, span: Span) -> Result<Resolved> {
+        let r = self.resolve(span)?;
+        if r.dtype != Dtype::F32 {
+            bail!(Internal, "{:?} is not f32", span.mem);
+        }
+        Ok(r)
+    }
+
+    /// Device address of the first element of `span`.
+    pub fn address(&self, span: Span) -> Result<DevPtr> {
+        Ok(self.resolve(span)?.ptr)
+    }
+
+    /// Device addresses of `param`'s MXFP8 storage, or None when it has none.
+    pub fn mxfp8_addresses(&self, param: u32) -> Option<[DevPtr; 4]> {
+        let part = |part: u8| self.map.get(&Buf::Mxfp8 { param, part }).map(|&(ptr, _)| ptr);
+        Some([part(0)?, part(1)?, part(2)?, part(3)?])
+    }
+
+    /// The all-gather of one 8-byte value per rank: the value goes to the send slot, the
+    /// ranks' values come back in rank order (`dp · 8` bytes, the result of the actions).
+    pub fn exchange(&self, value: [u8; 8]) -> Result<Vec<Action>> {
+        let (send, recv) = (self.scalar(1)?, self.scalar(2)?);
+        Ok(vec![
+            Action::CopyIn {
+                dst: send,
+                bytes: value.to_vec(),
+                stream: StreamKind::Comm,
+            },
+            Action::Nccl(vec![NcclCall::AllGather {
+                send,
+                recv,
+                send_count: 8,
+                dtype: NcclType::U8,
+            }]),
+            Action::CopyOut {
+                src: recv,
+                bytes: 8 * self.dp as u64,
+                stream: StreamKind::Comm,
+            },
+        ])
+    }
+
+    /// The device actions of one op. Queries (`Address`, `Mxfp8Addresses`) do no device work:
+    /// they are answered by [`Translator::address`] and [`Translator::mxfp8_addresses`].
+    pub fn translate(&mut self, op: &Op) -> Result<Vec<Action>> {
+        match op {
+            Op::Allocate(layout) => Ok(self.allocate(layout)),
+            Op::Upload { dst, bits } => self.upload(*dst, bits),
+            Op::Download(src) => {
+                let r = self.resolve(*src)?;
+                Ok(vec![Action::CopyOut {
+                    src: r.ptr,
+                    bytes: r.bytes(),
+                    stream: StreamKind::Compute,
+                }])
+            }
+            Op::MemsetZero(span) => {
+                let r = self.resolve(*span)?;
+                Ok(vec![Action::Zero {
+                    dst: r.ptr,
+                    bytes: r.bytes(),
+                    stream: StreamKind::Compute,
+                }])
+            }
+            Op::Scale { span, factor_bits } => {
+                let r = self.resolve(*span)?;
+                let args = vec![
+                    Arg::Ptr(r.ptr),
+                    Arg::I32(r.is_bf16()),
+                    Arg::U64(r.len),
+                    Arg::F32(f32::from_bits(*factor_bits)),
+                ];
+                Ok(vec![launch(Kernel::Scale, r.len, StreamKind::Compute, args)])
+            }
+            Op::Cast { src, dst } => self.cast(*src, *dst),
+            Op::SquaredNorm(spans) => self.squared_norm(spans),
+            Op::MuonUpdate(job) => self.muon_update(job),
+            Op::AdamwUpdate(job) => self.adamw_update(job),
+            Op::Record { stream, event } => Ok(vec![Action::Record {
+                stream: *stream,
+                event: *event,
+            }]),
+            Op::Wait { stream, event } => Ok(vec![Action::Wait {
+                stream: *stream,
+                event: *event,
+            }]),
+            Op::Collectives(ops) => Ok(vec![Action::Nccl(
+                ops.iter().map(|op| self.collective(op)).collect::<Result<_>>()?,
+            )]),
+            Op::AllReduceF64 { value_bits } => self.exchange(f64::from_bits(*value_bits).to_le_bytes()),
+            Op::Mxfp8Quantize { stream, src, param } => self.mxfp8_quantize(*stream, *src, *param),
+            Op::Synchronize => Ok(vec![
+                Action::Synchronize(StreamKind::Compute),
+                Action::Synchronize(StreamKind::Comm),
+            ]),
+            Op::Mxfp8Addresses(_) | Op::Address(_) => {
+                bail!(Internal, "{op:?} is a query without device work; use Translator::address")
+            }
+        }
+    }
+
+    fn allocate(&mut self, layout: &MemoryLayout) -> Vec<Action> {
+        self.map.retain(|buf, _| *buf == Buf::Scalars);
+        let mut actions = Vec::new();
+        let mut alloc = |buf: Buf, bytes: u64| actions.push(Action::Alloc { buf, bytes });
+        for (i, &(numel, dtype)) in layout.buffers.iter().enumerate() {
+            alloc(Buf::Mem(Mem::Param(i as u32)), numel * dtype.size() as u64);
+            alloc(Buf::Mem(Mem::Grad(i as u32)), numel * layout.grad_dtype.size() as u64);
+        }
+        alloc(Buf::Mem(Mem::Master), layout.master * 4);
+        alloc(Buf::Mem(Mem::Momentum), layout.momentum * 4);
+        alloc(Buf::Mem(Mem::ExpAvg), layout.adam_moments * 4);
+        alloc(Buf::Mem(Mem::ExpAvgSq), layout.adam_moments * 4);
+        for t in &layout.mxfp8 {
+            let data = (t.rows * t.cols) as u64;
+            let scales = |d| {
+                let (r, c) = scale_shape(t.rows, t.cols, d);
+                (r * c) as u64
+            };
+            let sizes = [data, scales(Direction::Rowwise), data, scales(Direction::Colwise)];
+            for (part, bytes) in sizes.into_iter().enumerate() {
+                alloc(
+                    Buf::Mxfp8 {
+                        param: t.param,
+                        part: part as u8,
+                    },
+                    bytes,
+                );
+            }
+        }
+        let (rows, cols) = (layout.max_matrix.0 as u64, layout.max_matrix.1 as u64);
+        let work = WorkSizes {
+            matrix: rows * cols,
+            gram: rows * rows.min(cols),
+            norms: rows.max(1),
+        };
+        alloc(Buf::Work(Work::Update), work.matrix * 4);
+        alloc(Buf::Work(Work::X), work.matrix * 4);
+        alloc(Buf::Work(Work::Gram), work.gram * 4);
+        match self.muon.ns.precision {
+            NsPrecision::Bf16 => {
+                alloc(Buf::Work(Work::XBf16), work.matrix * 2);
+                alloc(Buf::Work(Work::GramBf16), work.gram * 2);
+            }
+            NsPrecision::F32 => {
+                alloc(Buf::Work(Work::XNext), work.matrix * 4);
+                alloc(Buf::Work(Work::Poly), work.gram * 4);
+            }
+        }
+        alloc(Buf::Work(Work::Norms), work.norms * 8);
+        alloc(Buf::Work(Work::Partials), PARTIALS * 8);
+        // The allocations are zeroed on the compute stream; finish before anything else runs.
+        actions.push(Action::Synchronize(StreamKind::Compute));
+        self.layout = Some(layout.clone());
+        self.work = work;
+        actions
+    }
+
+    fn upload(&self, dst: Span, bits: &[u32]) -> Result<Vec<Action>> {
+        if bits.len() as u64 != dst.len {
+            bail!(Internal, "upload of {} values into {dst:?}", bits.len());
+        }
+        let r = self.resolve(dst)?;
+        let bytes = match r.dtype {
+            Dtype::F32 => bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+            Dtype::Bf16 => bits
+                .iter()
+                .flat_map(|&b| f32_to_bf16_rne(f32::from_bits(b)).to_le_bytes())
+                .collect(),
+        };
+        Ok(vec![Action::CopyIn {
+            dst: r.ptr,
+            bytes,
+            stream: StreamKind::Compute,
+        }])
+    }
+
+    fn cast(&self, src: Span, dst: Span) -> Result<Vec<Action>> {
+        if src.len != dst.len || src.mem == dst.mem {
+            bail!(
+                Internal,
+                "cast {src:?} -> {dst:?}: lengths differ or spans share memory"
+            );
+        }
+        let (s, d) = (self.resolve(src)?, self.resolve(dst)?);
+        if s.dtype == d.dtype {
+            return Ok(vec![Action::CopyDevice {
+                dst: d.ptr,
+                src: s.ptr,
+                bytes: s.bytes(),
+                stream: StreamKind::Compute,
+            }]);
+        }
+        let args = vec![
+            Arg::Ptr(s.ptr),
+            Arg::I32(s.is_bf16()),
+            Arg::Ptr(d.ptr),
+            Arg::I32(d.is_bf16()),
+            Arg::U64(s.len),
+        ];
+        Ok(vec![launch(Kernel::Cast, s.len, StreamKind::Compute, args)])
+    }
+
+    /// Sums of squares of the non-empty `spans`: one partials launch and one finish launch per
+    /// 32 spans. `Total` adds every span into `out[0]` (which must hold a start value);
+    /// `PerSpan` writes span i's sum into `out[i]`.
+    fn sumsq(&self, actions: &mut Vec<Action>, spans: &[Resolved], into: SumInto, out: DevPtr) -> Result<()> {
+        let partials = self.work(Work::Partials)?;
+        for (c, chunk) in spans.chunks(SUMSQ_SPANS).enumerate() {
+            let mut first = 0u32;
+            let mut described = Vec::with_capacity(chunk.len());
+            let mut groups = Vec::with_capacity(chunk.len());
+            for (i, span) in chunk.iter().enumerate() {
+                let blocks = sumsq_blocks(span.len);
+                described.push((*span, first));
+                groups.push(Group {
+                    first,
+                    count: blocks,
+                    out: i as u32,
+                    accumulate: false,
+                });
+                first += blocks;
+            }
+            let (groups, out) = match into {
+                SumInto::Total => {
+                    let all = Group {
+                        first: 0,
+                        count: first,
+                        out: 0,
+                        accumulate: true,
+                    };
+                    (vec![all], out)
+                }
+                SumInto::PerSpan => (groups, out + (c * SUMSQ_SPANS) as u64 * 8),
+            };
+            actions.push(Action::Launch(Launch {
+                kernel: Kernel::SumsqPartials,
+                grid: [first, 1, 1],
+                block: [THREADS, 1, 1],
+                stream: StreamKind::Compute,
+                args: vec![Arg::Words(sumsq_spans(&described)), Arg::Ptr(partials)],
+            }));
+            actions.push(Action::Launch(Launch {
+                kernel: Kernel::SumsqFinish,
+                grid: [groups.len() as u32, 1, 1],
+                block: [THREADS, 1, 1],
+                stream: StreamKind::Compute,
+                args: vec![Arg::Words(sumsq_groups(&groups)), Arg::Ptr(partials), Arg::Ptr(out)],
+            }));
+        }
+        Ok(())
+    }
+
+    fn squared_norm(&self, spans: &[Span]) -> Result<Vec<Action>> {
+        let resolved = spans
+            .iter()
+            .map(|s| self.resolve(*s))
+            .filter(|r| !matches!(r, Ok(r) if r.len == 0))
+            .collect::<Result<Vec<_>>>()?;
+        let out = self.scalar(0)?;
+        let mut actions = vec![Action::Zero {
+            dst: out,
+            bytes: 8,
+            stream: StreamKind::Compute,
+        }];
+        self.sumsq(&mut actions, &resolved, SumInto::Total, out)?;
+        actions.push(Action::CopyOut {
+            src: out,
+            bytes: 8,
+            stream: StreamKind::Compute,
+        });
+        Ok(actions)
+    }
+
+    fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
+        self.muon.ns.validate()?;
+        let (rows, cols) = (job.rows as u64, job.cols as u64);
+        if rows == 0 || cols == 0 {
+            bail!(
+                InvalidArgument,
+                "muon_update: shape {rows}×{cols} is invalid; both dimensions must be >= 1"
+            );
+        }
+        let split: Vec<u64> = if job.split_rows.is_empty() {
+            vec![rows]
+        } else {
+            job.split_rows.iter().map(|&r| r as u64).collect()
+        };
+        if split.contains(&0) || split.iter().sum::<u64>() != rows {
+            bail!(
+                InvalidArgument,
+                "muon_update: split_rows {:?} must be >= 1 each and sum to rows {rows}",
+                job.split_rows
+            );
+        }
+        let len = rows * cols;
+        let master = self.resolve_f32(job.master)?;
+        let momentum = self.resolve_f32(job.momentum)?;
+        let grad = self.resolve(job.grad)?;
+        for (name, r) in [("master", master), ("momentum", momentum), ("grad", grad)] {
+            if r.len != len {
+                bail!(
+                    InvalidArgument,
+                    "muon_update: {name} has {} elements, expected {rows}×{cols}",
+                    r.len
+                );
+            }
+        }
+        if len > self.work.matrix {
+            bail!(
+                Internal,
+                "muon_update: {rows}×{cols} exceeds the workspace sized at allocate for {} elements",
+                self.work.matrix
+            );
+        }
+        let opts = &self.muon;
+        let update = self.work(Work::Update)?;
+        let mut actions = vec![launch(
+            Kernel::MuonMomentum,
+            len,
+            StreamKind::Compute,
+            vec![
+                Arg::Ptr(grad.ptr),
+                Arg::I32(grad.is_bf16()),
+                Arg::Ptr(momentum.ptr),
+                Arg::Ptr(update),
+                Arg::U64(len),
+                Arg::F32(opts.momentum),
+                Arg::F32(1.0 - opts.momentum),
+                Arg::F32(job.args.clip_coef),
+                Arg::I32(i32::from(opts.nesterov)),
+            ],
+        )];
+        let lr_eff = job.args.lr * job.args.lr_scale;
+        let wd_eff = job.args.weight_decay * job.args.wd_scale;
+        let decay = 1.0 - lr_eff * wd_eff;
+        // Consecutive components of equal shape form one strided batch.
+        let mut start = 0u64;
+        let mut i = 0;
+        while i < split.len() {
+            let comp_rows = split[i];
+            let batch = split[i..].iter().take_while(|&&r| r == comp_rows).count() as u64;
+            let (x, transposed) = self.newton_schulz(&mut actions, update + start * 4, comp_rows, cols, batch)?;
+            let step = lr_eff * muon_scale(opts.scale_mode, comp_rows as usize, cols as usize, opts.extra_scale_factor);
+            actions.push(launch(
+                Kernel::MuonApply,
+                batch * comp_rows * cols,
+                StreamKind::Compute,
+                vec![
+                    Arg::Ptr(master.at(start)),
+                    Arg::Ptr(x),
+                    Arg::U32(to_u32("batch", batch)?),
+                    Arg::U32(to_u32("rows", comp_rows)?),
+                    Arg::U32(to_u32("cols", cols)?),
+                    Arg::I32(i32::from(transposed)),
+                    Arg::F32(decay),
+                    Arg::F32(step),
+                ],
+            ));
+            start += batch * comp_rows * cols;
+            i += batch as usize;
+        }
+        Ok(actions)
+    }
+
+    /// Newton–Schulz of `batch` consecutive `rows × cols` f32 matrices at `u`
+    /// (`numerics::newton_schulz`, step for step). Returns where the result is (`m × n`, per
+    /// matrix) and whether it is transposed.
+    fn newton_schulz(&self, actions: &mut Vec<Action>, u: DevPtr, rows: u64, cols: u64, batch: u64) -> Result<(DevPtr, bool)> {
+        let (m, n) = (rows.min(cols), rows.max(cols));
+        let transposed = rows > cols;
+        let (mn, mm) = (m * n, m * m);
+        if batch * mm > self.work.gram || batch > self.work.norms {
+            bail!(
+                Internal,
+                "newton_schulz: {batch}×{rows}×{cols} exceeds the workspace sized at allocate"
+            );
+        }
+        let norms = self.work(Work::Norms)?;
+        let spans: Vec<Resolved> = (0..batch)
+            .map(|k| Resolved {
+                ptr: u + k * mn * 4,
+                dtype: Dtype::F32,
+                len: mn,
+            })
+            .collect();
+        self.sumsq(actions, &spans, SumInto::PerSpan, norms)?;
+        let x = self.work(Work::X)?;
+        actions.push(launch(
+            Kernel::NsNormalize,
+            batch * mn,
+            StreamKind::Compute,
+            vec![
+                Arg::Ptr(u),
+                Arg::Ptr(x),
+                Arg::Ptr(norms),
+                Arg::U32(to_u32("batch", batch)?),
+                Arg::U32(to_u32("rows", rows)?),
+                Arg::U32(to_u32("cols", cols)?),
+                Arg::I32(i32::from(transposed)),
+            ],
+        ));
+        let gram = self.work(Work::Gram)?;
+        let product = |inputs, (m, k, n), alpha, a, b, b_transposed, beta, c| Product {
+            inputs,
+            m,
+            k,
+            n,
+            alpha,
+            a,
+            b,
+            b_transposed,
+            beta,
+            c,
+            batch,
+        };
+        let round = |src: DevPtr, dst: DevPtr, count: u64| {
+            launch(
+                Kernel::CastF32ToBf16,
+                count,
+                StreamKind::Compute,
+                vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count)],
+            )
+        };
+        let copy = |src: DevPtr, dst: DevPtr, count: u64| Action::CopyDevice {
+            dst,
+            src,
+            bytes: count * 4,
+            stream: StreamKind::Compute,
+        };
+        let mut current = x;
+        for step in 0..self.muon.ns.steps as usize {
+            let [a, b, c] = ns_coefficients(self.muon.ns.coefficients, step);
+            match self.muon.ns.precision {
+                NsPrecision::Bf16 => {
+                    use GemmInputs::Bf16;
+                    let (xb, gb) = (self.work(Work::XBf16)?, self.work(Work::GramBf16)?);
+                    actions.push(round(x, xb, batch * mn));
+                    actions.push(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).gemm()?);
+                    actions.push(round(gram, gb, batch * mm));
+                    actions.push(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).gemm()?);
+                    actions.push(round(gram, gb, batch * mm));
+                    actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
+                }
+                NsPrecision::F32 => {
+                    use GemmInputs::F32;
+                    let poly = self.work(Work::Poly)?;
+                    let next = if current == x { self.work(Work::XNext)? } else { x };
+                    actions.push(product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).gemm()?);
+                    actions.push(copy(gram, poly, batch * mm));
+                    actions.push(product(F32, (m, m, m), c, gram, gram, false, b, poly).gemm()?);
+                    actions.push(copy(current, next, batch * mn));
+                    actions.push(product(F32, (m, m, n), 1.0, poly, current, false, a, next).gemm()?);
+                    current = next;
+                }
+            }
+        }
+        Ok((current, transposed))
+    }
+
+    fn adamw_update(&self, job: &AdamwJob) -> Result<Vec<Action>> {
+        let args = &job.args;
+        if args.step == 0 {
+            bail!(OutOfRange, "adamw_update: step must be >= 1 (1-based), got 0");
+        }
+        let master = self.resolve_f32(job.master)?;
+        let m = self.resolve_f32(job.exp_avg)?;
+        let v = self.resolve_f32(job.exp_avg_sq)?;
+        let grad = self.resolve(job.grad)?;
+        if m.len != master.len || v.len != master.len || grad.len != master.len {
+            bail!(
+                InvalidArgument,
+                "adamw_update: lengths differ (master {}, exp_avg {}, exp_avg_sq {}, grad {})",
+                master.len,
+                m.len,
+                v.len,
+                grad.len
+            );
+        }
+        let (bc1, bc2) = adamw_bias_corrections(args.beta1, args.beta2, args.step);
+        let decay = 1.0 - args.lr * args.weight_decay;
+        Ok(vec![launch(
+            Kernel::Adamw,
+            master.len,
+            StreamKind::Compute,
+            vec![
+                Arg::Ptr(master.ptr),
+                Arg::Ptr(m.ptr),
+                Arg::Ptr(v.ptr),
+                Arg::Ptr(grad.ptr),
+                Arg::I32(grad.is_bf16()),
+                Arg::U64(master.len),
+                Arg::F32(args.beta1),
+                Arg::F32(args.beta2),
+                Arg::F32(1.0 - args.beta1),
+                Arg::F32(1.0 - args.beta2),
+                Arg::F32(bc1),
+                Arg::F32(bc2),
+                Arg::F32(decay),
+                Arg::F32(args.lr),
+                Arg::F32(args.eps),
+                Arg::F32(args.clip_coef),
+            ],
+        )])
+    }
+
+    fn collective(&self, op: &CollOp) -> Result<NcclCall> {
+        let nccl_type = |r: &Resolved| match r.dtype {
+            Dtype::F32 => NcclType::F32,
+            Dtype::Bf16 => NcclType::Bf16,
+        };
+        let chunk_of = |r: &Resolved| {
+            if r.len % self.dp as u64 != 0 {
+                bail!(Internal, "{op:?}: {} elements do not split into {} equal chunks", r.len, self.dp);
+            }
+            Ok(r.len / self.dp as u64)
+        };
+        Ok(match *op {
+            CollOp::Reduce { root, span } => {
+                let r = self.resolve(span)?;
+                NcclCall::Reduce {
+                    send: r.ptr,
+                    recv: r.ptr,
+                    count: r.len,
+                    dtype: nccl_type(&r),
+                    root,
+                }
+            }
+            CollOp::Broadcast { root, span } => {
+                let r = self.resolve(span)?;
+                NcclCall::Broadcast {
+                    send: r.ptr,
+                    recv: r.ptr,
+                    count: r.len,
+                    dtype: nccl_type(&r),
+                    root,
+                }
+            }
+            CollOp::ReduceScatter { span } => {
+                let r = self.resolve(span)?;
+                let chunk = chunk_of(&r)?;
+                NcclCall::ReduceScatter {
+                    send: r.ptr,
+                    recv: r.at(self.rank as u64 * chunk),
+                    recv_count: chunk,
+                    dtype: nccl_type(&r),
+                }
+            }
+            CollOp::AllGather { span } => {
+                let r = self.resolve(span)?;
+                let chunk = chunk_of(&r)?;
+                NcclCall::AllGather {
+                    send: r.at(self.rank as u64 * chunk),
+                    recv: r.ptr,
+                    send_count: chunk,
+                    dtype: nccl_type(&r),
+                }
+            }
+            CollOp::AllReduce { span } => {
+                let r = self.resolve(span)?;
+                NcclCall::AllReduce {
+                    send: r.ptr,
+                    recv: r.ptr,
+                    count: r.len,
+                    dtype: nccl_type(&r),
+                }
+            }
+        })
+    }
+
+    fn mxfp8_quantize(&self, stream: StreamKind, src: Span, param: u32) -> Result<Vec<Action>> {
+        let layout = self.layout()?;
+        let Some(tensor) = layout.mxfp8.iter().find(|t| t.param == param) else {
+            bail!(Internal, "param {param} has no MXFP8 storage")
+        };
+        let (rows, cols) = (tensor.rows as u64, tensor.cols as u64);
+        if src.len != rows * cols {
+            bail!(Internal, "mxfp8_quantize: {src:?} does not hold {rows}x{cols} values");
+        }
+        let r = self.resolve(src)?;
+        if r.dtype != Dtype::Bf16 {
+            bail!(Internal, "mxfp8_quantize: {src:?} is not bf16");
+        }
+        let Some(parts) = self.mxfp8_addresses(param) else {
+            bail!(Internal, "param {param}'s MXFP8 storage is not allocated")
+        };
+        let tiles_y = rows.div_ceil(32).next_multiple_of(4);
+        let swizzled = layout.mxfp8_scale_layout == ScaleLayout::Swizzled;
+        Ok(vec![Action::Launch(Launch {
+            kernel: Kernel::Mxfp8Quantize,
+            grid: [
+                to_u32("MXFP8 grid", cols.next_multiple_of(128) / 32)?,
+                tiles_y.min(MXFP8_MAX_GRID_Y) as u32,
+                1,
+            ],
+            block: [32, 8, 1],
+            stream,
+            args: vec![
+                Arg::Ptr(r.ptr),
+                Arg::U32(to_u32("rows", rows)?),
+                Arg::U32(to_u32("cols", cols)?),
+                Arg::Ptr(parts[0]),
+                Arg::Ptr(parts[1]),
+                Arg::Ptr(parts[2]),
+                Arg::Ptr(parts[3]),
+                Arg::I32(i32::from(swizzled)),
+            ],
+        })])
+    }
+}

@@ -1,0 +1,229 @@
+//! A backend wrapper that logs every [`Backend`] call as a comparable [`Op`] value and
+//! forwards it. It lets a test check that two backends receive the identical operation
+//! sequence for the same plan and iteration, and tee the sequence into a device-free
+//! consumer (the CUDA translator's dry run).
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::backend::Backend;
+use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::error::Result;
+
+/// One backend call with its arguments. Floating-point arguments of the plain calls are kept
+/// as bits so that NaN compares equal to itself; the float fields of the jobs compare by value
+/// (the schedule issues jobs only for finite steps).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Allocate(MemoryLayout),
+    /// The values as f32 bits.
+    Upload {
+        dst: Span,
+        bits: Vec<u32>,
+    },
+    Download(Span),
+    MemsetZero(Span),
+    /// The factor as f32 bits.
+    Scale {
+        span: Span,
+        factor_bits: u32,
+    },
+    Cast {
+        src: Span,
+        dst: Span,
+    },
+    SquaredNorm(Vec<Span>),
+    MuonUpdate(MuonJob),
+    AdamwUpdate(AdamwJob),
+    Record {
+        stream: StreamKind,
+        event: EventId,
+    },
+    Wait {
+        stream: StreamKind,
+        event: EventId,
+    },
+    Collectives(Vec<CollOp>),
+    /// The value as f64 bits.
+    AllReduceF64 {
+        value_bits: u64,
+    },
+    Mxfp8Quantize {
+        stream: StreamKind,
+        src: Span,
+        param: u32,
+    },
+    Mxfp8Addresses(u32),
+    Synchronize,
+    Address(Span),
+}
+
+impl Op {
+    /// `Op::Upload` of `values`.
+    pub fn upload(dst: Span, values: &[f32]) -> Op {
+        Op::Upload {
+            dst,
+            bits: values.iter().map(|v| v.to_bits()).collect(),
+        }
+    }
+
+    /// `Op::Scale` by `factor`.
+    pub fn scale(span: Span, factor: f32) -> Op {
+        Op::Scale {
+            span,
+            factor_bits: factor.to_bits(),
+        }
+    }
+
+    /// `Op::AllReduceF64` of `value`.
+    pub fn all_reduce_f64(value: f64) -> Op {
+        Op::AllReduceF64 {
+            value_bits: value.to_bits(),
+        }
+    }
+}
+
+/// Receives every op a [`Recording`] forwards, before it is forwarded.
+pub trait Observer: Send {
+    fn observe(&mut self, op: &Op);
+}
+
+/// A plain log.
+impl Observer for Vec<Op> {
+    fn observe(&mut self, op: &Op) {
+        self.push(op.clone());
+    }
+}
+
+/// A shared observer, readable after the recording backend is gone.
+impl<T: Observer> Observer for Arc<Mutex<T>> {
+    fn observe(&mut self, op: &Op) {
+        self.lock().unwrap_or_else(PoisonError::into_inner).observe(op);
+    }
+}
+
+/// A tee: both observers see every op, the first one first.
+impl<A: Observer, B: Observer> Observer for (A, B) {
+    fn observe(&mut self, op: &Op) {
+        self.0.observe(op);
+        self.1.observe(op);
+    }
+}
+
+/// Logs every call into `observer`, then forwards it to `inner` unchanged.
+pub struct Recording<B, O> {
+    inner: B,
+    // A mutex because `address` and `mxfp8_addresses` take `&self`.
+    observer: Mutex<O>,
+}
+
+impl<B: Backend, O: Observer> Recording<B, O> {
+    pub fn new(inner: B, observer: O) -> Self {
+        Recording {
+            inner,
+            observer: Mutex::new(observer),
+        }
+    }
+
+    /// The wrapped backend and the observer.
+    pub fn into_parts(self) -> (B, O) {
+        (
+            self.inner,
+            self.observer.into_inner().unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    fn note(&self, op: Op) {
+        self.observer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .observe(&op);
+    }
+}
+
+impl<B: Backend, O: Observer> Backend for Recording<B, O> {
+    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
+        self.note(Op::Allocate(layout.clone()));
+        self.inner.allocate(layout)
+    }
+
+    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()> {
+        self.note(Op::upload(dst, values));
+        self.inner.upload(dst, values)
+    }
+
+    fn download(&mut self, src: Span) -> Result<Vec<f32>> {
+        self.note(Op::Download(src));
+        self.inner.download(src)
+    }
+
+    fn memset_zero(&mut self, span: Span) -> Result<()> {
+        self.note(Op::MemsetZero(span));
+        self.inner.memset_zero(span)
+    }
+
+    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
+        self.note(Op::scale(span, factor));
+        self.inner.scale(span, factor)
+    }
+
+    fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
+        self.note(Op::Cast { src, dst });
+        self.inner.cast(src, dst)
+    }
+
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
+        self.note(Op::SquaredNorm(spans.to_vec()));
+        self.inner.squared_norm(spans)
+    }
+
+    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
+        self.note(Op::MuonUpdate(job.clone()));
+        self.inner.muon_update(job)
+    }
+
+    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
+        self.note(Op::AdamwUpdate(job.clone()));
+        self.inner.adamw_update(job)
+    }
+
+    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.note(Op::Record { stream, event });
+        self.inner.record(stream, event)
+    }
+
+    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.note(Op::Wait { stream, event });
+        self.inner.wait(stream, event)
+    }
+
+    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
+        self.note(Op::Collectives(ops.to_vec()));
+        self.inner.collectives(ops)
+    }
+
+    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
+        self.note(Op::all_reduce_f64(value));
+        self.inner.all_reduce_f64(value)
+    }
+
+    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
+        self.note(Op::Mxfp8Quantize { stream, src, param });
+        self.inner.mxfp8_quantize(stream, src, param)
+    }
+
+    fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
+        self.note(Op::Mxfp8Addresses(param));
+        self.inner.mxfp8_addresses(param)
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.note(Op::Synchronize);
+        self.inner.synchronize()
+    }
+
+    fn address(&self, span: Span) -> *mut c_void {
+        self.note(Op::Address(span));
+        self.inner.address(span)
+    }
+}

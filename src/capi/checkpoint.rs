@@ -1,0 +1,75 @@
+//! Sharded checkpoints of a `muon_optimizer_t` (see the `checkpoint` module for the format).
+
+use std::ffi::{CStr, OsStr, c_char};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::bail;
+use crate::capi::boundary::non_null;
+use crate::capi::handle::with_mut;
+use crate::capi::optimizer::muon_optimizer_t;
+use crate::capi::status::muon_status_t;
+use crate::error::Result;
+use crate::optimizer::Optimizer;
+
+/// The directory path behind a C string (any bytes but NUL; not necessarily UTF-8).
+unsafe fn read_dir_arg<'a>(dir: *const c_char) -> Result<&'a Path> {
+    non_null(dir, "dir")?;
+    // SAFETY: non-NULL, and the caller passes a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(dir) }.to_bytes();
+    if bytes.is_empty() {
+        bail!(InvalidArgument, "dir: the path is empty");
+    }
+    Ok(Path::new(OsStr::from_bytes(bytes)))
+}
+
+/// @brief Save the optimizer state of every rank as a checkpoint directory @p dir.
+///        Collective: every rank of the communicator calls it with the same @p dir, which all
+///        ranks must reach on a shared file system.
+/// @param[in,out] opt Finalized optimizer; its state is not changed.
+/// @param[in]     dir Checkpoint directory (NUL-terminated path). An existing checkpoint there
+///                    is replaced atomically once every rank has written and fsynced its file;
+///                    a crash at any point leaves the previous checkpoint loadable. Parent
+///                    directories are created. A @p dir that exists and holds anything but
+///                    checkpoint files is refused (MUON_STATUS_INVALID_ARGUMENT).
+/// @return MUON_STATUS_SUCCESS on every rank once the checkpoint is in place; otherwise the
+///         same failure on every rank (MUON_STATUS_IO_ERROR, or the status of the rank that
+///         failed first) and see muon_last_error_message().
+/// @note Stream: host-synchronizing. Finishes every queued collective (including a param
+///       gather still in flight) before reading the state, and holds no buffer afterwards.
+///       Writes `index.json` and one `rank-NNNNN.safetensors` per rank (fp32 masters, Muon
+///       momenta, AdamW moments, keyed by component and item range in global coordinates).
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_save(opt: *mut muon_optimizer_t, dir: *const c_char) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_save", opt, "opt", |o| {
+        let dir = unsafe { read_dir_arg(dir) }?;
+        o.save(dir)
+    })
+}
+
+/// @brief Load the checkpoint in @p dir into every rank. Collective: every rank of the
+///        communicator calls it with the same @p dir.
+/// @param[in,out] opt Finalized optimizer, between steps (not after a grad_ready of an
+///                    unfinished iteration: MUON_STATUS_INVALID_STATE).
+/// @param[in]     dir Checkpoint directory written by muon_optimizer_save() at any data-parallel
+///                    size and any Muon layout; each rank reads only the tensors that overlap
+///                    the state it owns now.
+/// @return MUON_STATUS_SUCCESS on every rank once the masters, moments and step count are
+///         replaced and every rank's param buffer is re-synchronized from the loaded masters.
+///         On failure nothing changed on any rank, and every rank returns the same status:
+///         MUON_STATUS_IO_ERROR (missing directory or file), MUON_STATUS_CHECKPOINT_CORRUPT
+///         (truncated or damaged file, checksum mismatch), MUON_STATUS_CHECKPOINT_MISMATCH
+///         (another model — names, shapes, routes, splits — or a config field that changes
+///         numerics, named in the message), MUON_STATUS_CHECKPOINT_VERSION (a newer format).
+/// @note Stream: host-synchronizing; the param collectives have completed on return. The
+///       gradient buffer is not restored: call muon_optimizer_zero_grad() before the next
+///       backward, as in every iteration.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_load(opt: *mut muon_optimizer_t, dir: *const c_char) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_load", opt, "opt", |o| {
+        let dir = unsafe { read_dir_arg(dir) }?;
+        o.load(dir)
+    })
+}

@@ -1,0 +1,490 @@
+//! `index.json`: what a checkpoint holds and where. An envelope
+//! `{"format", "format_version", "crc32", "index"}` whose `crc32` covers the exact bytes of the
+//! `index` value, so that any change to the file is detected.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use super::components::{Component, StateKind, components, split_by_component, tensor_key};
+use crate::bail;
+use crate::config::{CoefficientSet, Config, Dtype, MuonLayout, NsPrecision, ScaleMode};
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::{ParamSpec, Route};
+use crate::plan::{ElemRange, Plan};
+
+/// The `format` of every index.
+pub const FORMAT: &str = "muon_opt.checkpoint";
+/// The format version this library writes; it reads this version and older ones.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// File name of rank `rank`'s state.
+pub fn rank_file_name(rank: usize) -> String {
+    format!("rank-{rank:05}.safetensors")
+}
+
+/// The config fields that change numerics: a checkpoint loads only into an optimizer whose
+/// values are equal. (Layout, buckets, overlap, timeouts and MXFP8 storage do not change a
+/// single bit of the state, so they may differ.)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NumericsConfig {
+    pub grad_dtype: Dtype,
+    pub muon_momentum: f32,
+    pub muon_nesterov: bool,
+    pub muon_coefficient_set: CoefficientSet,
+    pub muon_num_ns_steps: u32,
+    pub muon_ns_precision: NsPrecision,
+    pub muon_scale_mode: ScaleMode,
+    pub muon_extra_scale_factor: f32,
+    pub adam_beta1: f32,
+    pub adam_beta2: f32,
+    pub adam_eps: f32,
+    pub clip_grad: f32,
+}
+
+impl NumericsConfig {
+    pub fn of(cfg: &Config) -> Self {
+        NumericsConfig {
+            grad_dtype: cfg.grad_dtype,
+            muon_momentum: cfg.muon_momentum,
+            muon_nesterov: cfg.muon_nesterov,
+            muon_coefficient_set: cfg.muon_coefficient_set,
+            muon_num_ns_steps: cfg.muon_num_ns_steps,
+            muon_ns_precision: cfg.muon_ns_precision,
+            muon_scale_mode: cfg.muon_scale_mode,
+            muon_extra_scale_factor: cfg.muon_extra_scale_factor,
+            adam_beta1: cfg.adam_beta1,
+            adam_beta2: cfg.adam_beta2,
+            adam_eps: cfg.adam_eps,
+            clip_grad: cfg.clip_grad,
+        }
+    }
+}
+
+/// One rank's file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    pub name: String,
+    pub rank: u32,
+    /// Size of the whole file.
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of the whole file.
+    #[serde(with = "hex_u32")]
+    pub crc32: u32,
+    /// Size of the safetensors header: the 8-byte length and the JSON header.
+    pub header_bytes: u64,
+    /// CRC-32 of those header bytes (the header holds the CRC-32 of every tensor).
+    #[serde(with = "hex_u32")]
+    pub header_crc32: u32,
+}
+
+/// Items `start..end` of a component, held by `file` under one key per state kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PieceEntry {
+    pub file: String,
+    pub start: u64,
+    pub end: u64,
+    pub keys: BTreeMap<StateKind, String>,
+}
+
+impl PieceEntry {
+    pub fn range(&self) -> ElemRange {
+        ElemRange::new(self.start, self.end)
+    }
+}
+
+/// One component of a param and the pieces that hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentEntry {
+    pub name: String,
+    /// First item of the component in the param.
+    pub offset: u64,
+    pub shape: Vec<u64>,
+    /// In item order, disjoint, covering the component.
+    pub pieces: Vec<PieceEntry>,
+}
+
+/// One param as registered when the checkpoint was saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamEntry {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: Dtype,
+    pub route: Route,
+    pub expert_stack: bool,
+    pub split_sizes: Vec<u64>,
+    pub components: Vec<ComponentEntry>,
+}
+
+/// The checkpoint index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Index {
+    /// Version of the library that wrote the checkpoint.
+    pub library_version: String,
+    /// SHA-256 of the model description (params sorted by name: name, shape, route, expert
+    /// flag, split sizes).
+    pub model_hash: String,
+    /// Data-parallel size and Muon layout at save time.
+    pub dp: u32,
+    pub layout: MuonLayout,
+    /// Optimizer steps taken (AdamW bias correction continues from it).
+    pub step: u64,
+    pub config: NumericsConfig,
+    /// One per rank, in rank order.
+    pub files: Vec<FileEntry>,
+    /// In registration order.
+    pub params: Vec<ParamEntry>,
+}
+
+#[derive(Serialize)]
+struct ModelKey<'a> {
+    name: &'a str,
+    shape: &'a [u64],
+    route: Route,
+    expert_stack: bool,
+    split_sizes: &'a [u64],
+}
+
+/// The model description hash (see [`Index::model_hash`]).
+pub fn model_hash(specs: &[ParamSpec]) -> String {
+    let mut keys: Vec<ModelKey> = specs
+        .iter()
+        .map(|s| ModelKey {
+            name: &s.name,
+            shape: &s.shape,
+            route: s.route(),
+            expert_stack: s.is_expert_stack(),
+            split_sizes: &s.split_sizes,
+        })
+        .collect();
+    keys.sort_by(|a, b| a.name.cmp(b.name));
+    let text = serde_json::to_string(&keys).expect("plain data serializes");
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Every piece of state rank `rank` owns: (param, items of the param), in the order of
+/// [`crate::schedule::Runtime::owned_ranges`].
+pub fn rank_ranges(plan: &Plan, rank: usize) -> Vec<(u32, ElemRange)> {
+    let muon = plan.muon_units_of(rank).into_iter().map(|unit| {
+        let offset = plan.params[unit.param as usize].offset;
+        (unit.param, unit.range.shifted_down(offset))
+    });
+    let adamw = plan
+        .adamw_shards_of(rank)
+        .into_iter()
+        .flat_map(|shard| shard.pieces.into_iter().map(|p| (p.param, p.param_range)));
+    muon.chain(adamw).collect()
+}
+
+impl Index {
+    /// The index of a checkpoint of `specs` planned as `plan`, with `files` written by every
+    /// rank. Every rank's pieces come from the plan, so the result is the same on every rank.
+    pub fn new(plan: &Plan, specs: &[ParamSpec], cfg: &Config, step: u64, files: Vec<FileEntry>) -> Index {
+        let mut params: Vec<ParamEntry> = specs
+            .iter()
+            .zip(&plan.params)
+            .map(|(spec, placement)| ParamEntry {
+                name: spec.name.clone(),
+                shape: spec.shape.clone(),
+                dtype: spec.dtype,
+                route: placement.route,
+                expert_stack: spec.is_expert_stack(),
+                split_sizes: spec.split_sizes.clone(),
+                components: components(spec)
+                    .into_iter()
+                    .map(|c| ComponentEntry {
+                        name: c.name,
+                        offset: c.range.start,
+                        shape: c.shape,
+                        pieces: Vec::new(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let comps: Vec<Vec<Component>> = specs.iter().map(components).collect();
+        for rank in 0..plan.dp as usize {
+            for (param, range) in rank_ranges(plan, rank) {
+                let entry = &mut params[param as usize];
+                let kinds = StateKind::of(entry.route);
+                for (c, part) in split_by_component(&comps[param as usize], range) {
+                    let component = &mut entry.components[c];
+                    let local = part.shifted_down(component.offset);
+                    let keys = kinds
+                        .iter()
+                        .map(|&k| (k, tensor_key(&component.name, k, local)))
+                        .collect();
+                    component.pieces.push(PieceEntry {
+                        file: rank_file_name(rank),
+                        start: local.start,
+                        end: local.end,
+                        keys,
+                    });
+                }
+            }
+        }
+        for component in params.iter_mut().flat_map(|p| p.components.iter_mut()) {
+            component.pieces.sort_by_key(|p| p.start);
+        }
+        Index {
+            library_version: env!("CARGO_PKG_VERSION").to_string(),
+            model_hash: model_hash(specs),
+            dp: plan.dp,
+            layout: plan.layout,
+            step,
+            config: NumericsConfig::of(cfg),
+            files,
+            params,
+        }
+    }
+
+    /// The file `index.json` holds.
+    pub fn encode(&self) -> String {
+        let body = serde_json::to_string_pretty(self).expect("the index has only string map keys");
+        let raw = RawValue::from_string(body).expect("serde_json output is valid JSON");
+        let envelope = Envelope {
+            format: FORMAT.to_string(),
+            format_version: FORMAT_VERSION,
+            crc32: crc32fast::hash(raw.get().as_bytes()),
+            index: raw,
+        };
+        let mut text = serde_json::to_string(&envelope).expect("the envelope serializes");
+        text.push('\n');
+        text
+    }
+
+    /// Parses `index.json`: CHECKPOINT_VERSION for a newer format, CHECKPOINT_MISMATCH for
+    /// another format, CHECKPOINT_CORRUPT for anything else that is wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Index> {
+        let corrupt = |what: String| Error::new(ErrorKind::CheckpointCorrupt, format!("index.json: {what}"));
+        let probe: Probe =
+            serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a checkpoint index ({e})")))?;
+        if probe.format != FORMAT {
+            bail!(
+                CheckpointMismatch,
+                "index.json: format '{}' is not a muon_opt checkpoint ('{FORMAT}')",
+                probe.format
+            );
+        }
+        if probe.format_version > FORMAT_VERSION {
+            bail!(
+                CheckpointVersion,
+                "index.json: format version {} is newer than the {FORMAT_VERSION} this library (version {}) reads; load it with a newer libmuon_opt",
+                probe.format_version,
+                env!("CARGO_PKG_VERSION")
+            );
+        }
+        if probe.format_version == 0 {
+            return Err(corrupt("format version 0 does not exist".into()));
+        }
+        let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+        let actual = crc32fast::hash(envelope.index.get().as_bytes());
+        if actual != envelope.crc32 {
+            return Err(corrupt(format!(
+                "checksum {actual:08x} of the index differs from the recorded {:08x}",
+                envelope.crc32
+            )));
+        }
+        let index: Index = serde_json::from_str(envelope.index.get()).map_err(|e| corrupt(e.to_string()))?;
+        index.check_consistent().map_err(corrupt)?;
+        Ok(index)
+    }
+
+    /// Checks what a well-formed index guarantees: one file per rank, and pieces of every
+    /// component that are in order, disjoint, cover it, name a file of the index and carry a
+    /// key for every state kind of the param's route.
+    fn check_consistent(&self) -> std::result::Result<(), String> {
+        if self.dp == 0 || self.files.len() != self.dp as usize {
+            return Err(format!("{} files for dp {}", self.files.len(), self.dp));
+        }
+        for (rank, file) in self.files.iter().enumerate() {
+            if file.rank as usize != rank || file.name != rank_file_name(rank) {
+                return Err(format!("file {rank} is '{}' of rank {}", file.name, file.rank));
+            }
+        }
+        let names: HashMap<&str, ()> = self.files.iter().map(|f| (f.name.as_str(), ())).collect();
+        for param in &self.params {
+            let kinds = StateKind::of(param.route);
+            let mut next_offset = 0;
+            for component in &param.components {
+                let numel: u64 = component.shape.iter().product();
+                if component.offset != next_offset {
+                    return Err(format!("component '{}' starts at {}", component.name, component.offset));
+                }
+                next_offset += numel;
+                let mut next = 0;
+                for piece in &component.pieces {
+                    let keys_ok = piece.keys.len() == kinds.len() && kinds.iter().all(|k| piece.keys.contains_key(k));
+                    if piece.start != next
+                        || piece.end <= piece.start
+                        || !names.contains_key(piece.file.as_str())
+                        || !keys_ok
+                    {
+                        return Err(format!(
+                            "component '{}': piece {}..{} in '{}' does not continue at {next} with a key per state",
+                            component.name, piece.start, piece.end, piece.file
+                        ));
+                    }
+                    next = piece.end;
+                }
+                if next != numel {
+                    return Err(format!(
+                        "component '{}': pieces cover {next} of {numel} items",
+                        component.name
+                    ));
+                }
+            }
+            if next_offset != param.shape.iter().product::<u64>() {
+                return Err(format!("param '{}': components cover {next_offset} items", param.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that this checkpoint can load into `specs` with `cfg`: the same params (by
+    /// name) with the same shapes, routes, expert flags and splits, and the same numerics.
+    pub fn check_matches(&self, specs: &[ParamSpec], cfg: &Config) -> Result<()> {
+        let saved: HashMap<&str, &ParamEntry> = self.params.iter().map(|p| (p.name.as_str(), p)).collect();
+        for spec in specs {
+            let Some(entry) = saved.get(spec.name.as_str()) else {
+                bail!(
+                    CheckpointMismatch,
+                    "param '{}' is not in the checkpoint (saved model {}, {} params)",
+                    spec.name,
+                    self.model_hash,
+                    self.params.len()
+                );
+            };
+            let differs = |field: &str, saved: String, ours: String| {
+                Error::new(
+                    ErrorKind::CheckpointMismatch,
+                    format!(
+                        "param '{}': {field} is {ours} but the checkpoint has {saved}",
+                        spec.name
+                    ),
+                )
+            };
+            if entry.shape != spec.shape {
+                return Err(differs(
+                    "shape",
+                    format!("{:?}", entry.shape),
+                    format!("{:?}", spec.shape),
+                ));
+            }
+            if entry.route != spec.route() {
+                return Err(differs("route", entry.route.name().into(), spec.route().name().into()));
+            }
+            if entry.expert_stack != spec.is_expert_stack() {
+                return Err(differs(
+                    "the EXPERT_STACK flag",
+                    entry.expert_stack.to_string(),
+                    spec.is_expert_stack().to_string(),
+                ));
+            }
+            if entry.split_sizes != spec.split_sizes {
+                return Err(differs(
+                    "split_sizes",
+                    format!("{:?}", entry.split_sizes),
+                    format!("{:?}", spec.split_sizes),
+                ));
+            }
+            let ours: Vec<(String, u64, Vec<u64>)> = components(spec)
+                .into_iter()
+                .map(|c| (c.name, c.range.start, c.shape))
+                .collect();
+            let theirs: Vec<(String, u64, Vec<u64>)> = entry
+                .components
+                .iter()
+                .map(|c| (c.name.clone(), c.offset, c.shape.clone()))
+                .collect();
+            if ours != theirs {
+                bail!(
+                    CheckpointCorrupt,
+                    "index.json: the components of param '{}' do not follow from its shape and splits",
+                    spec.name
+                );
+            }
+        }
+        if saved.len() != specs.len() {
+            let ours: std::collections::HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+            let extra: Vec<&str> = self
+                .params
+                .iter()
+                .map(|p| p.name.as_str())
+                .filter(|n| !ours.contains(n))
+                .take(3)
+                .collect();
+            bail!(
+                CheckpointMismatch,
+                "the checkpoint has {} params, this optimizer registered {}; not registered here: {}",
+                self.params.len(),
+                specs.len(),
+                extra.join(", ")
+            );
+        }
+        let saved = serde_json::to_value(&self.config).expect("plain data serializes");
+        let ours = serde_json::to_value(NumericsConfig::of(cfg)).expect("plain data serializes");
+        if let (Some(saved), Some(ours)) = (saved.as_object(), ours.as_object()) {
+            for (field, value) in ours {
+                if saved.get(field) != Some(value) {
+                    bail!(
+                        CheckpointMismatch,
+                        "config field {field}: this optimizer has {value} but the checkpoint was saved with {}; the field changes numerics, so it must be equal",
+                        saved.get(field).map_or("nothing".to_string(), |v| v.to_string())
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry of param `name`.
+    pub fn param(&self, name: &str) -> Option<&ParamEntry> {
+        self.params.iter().find(|p| p.name == name)
+    }
+}
+
+#[derive(Deserialize)]
+struct Probe {
+    format: String,
+    format_version: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    format: String,
+    format_version: u32,
+    #[serde(with = "hex_u32")]
+    crc32: u32,
+    index: Box<RawValue>,
+}
+
+/// A CRC-32 as 8 lower-case hex digits.
+pub(crate) mod hex_u32 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &u32, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format!("{value:08x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.len() != 8 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(serde::de::Error::custom(format!(
+                "checksum '{text}' is not 8 lower-case hex digits"
+            )));
+        }
+        u32::from_str_radix(&text, 16).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,318 @@
+//! Sharded checkpoints of the optimizer state (DESIGN.md section 9): a directory that loads at
+//! any data-parallel size and any Muon layout, replaced crash-safely.
+//!
+//! # Format (version 1)
+//! - `rank-NNNNN.safetensors`, one per rank of the saving group: that rank's fp32 state as F32
+//!   tensors — `master` and `momentum` of every Muon matrix it owns, `master`, `exp_avg` and
+//!   `exp_avg_sq` of every AdamW piece in its shards. A tensor is keyed
+//!   `{component}/{kind}@{start}:{end}`: the component ([`components`]: the param, a fused
+//!   part `name/part{c}`, an expert `name/expert{e}`, or `name/expert{e}/part{c}`) and the
+//!   item range in that component's own flat coordinates. A tensor covering its whole
+//!   component has the component's shape, a partial one (an AdamW shard boundary) is 1-D.
+//!   The header's `__metadata__` holds the CRC-32 of every tensor's bytes under its key, and
+//!   `format`, `rank`, `dp`.
+//! - `index.json`, written last by rank 0: `{"format": "muon_opt.checkpoint",
+//!   "format_version": 1, "crc32": …, "index": {…}}` where `crc32` covers the exact bytes of
+//!   `index` ([`Index`]): library version, model hash, dp, layout, step, the numerics config
+//!   fields, every file with its size, CRC-32 and header CRC-32, and every param with its
+//!   shape, dtype, route, expert flag, splits and components, each with the pieces (file,
+//!   range, keys) that hold it.
+//!
+//! # Protocol
+//! Both calls are collective and first finish every queued collective of the rank. Ranks
+//! agree on success after each phase (every rank learns whether every rank succeeded), so
+//! every rank returns the same outcome.
+//! - **save**: rank 0 prepares `<dir>.muon-saving`; every rank writes and fsyncs its file; once
+//!   all have, rank 0 writes and fsyncs the index and the directory and puts it in place
+//!   ([`publish`]). A crash at any point leaves the previous checkpoint loadable.
+//! - **load**: every rank reads and checks the index against its model and config, then reads
+//!   exactly the tensors that overlap what it owns now, verifying their checksums; only when
+//!   every rank succeeded does any rank replace its state, after which every param buffer is
+//!   re-synchronized from the loaded masters. A failed load changes nothing on any rank.
+
+mod components;
+mod files;
+mod index;
+pub mod inspect;
+mod publish;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use crate::backend::Backend;
+use crate::bail;
+use crate::error::{Error, ErrorKind, Result};
+use crate::schedule::{OwnedState, Runtime};
+
+pub use components::{Component, StateKind, components, split_by_component, tensor_key};
+pub use index::{
+    ComponentEntry, FORMAT, FORMAT_VERSION, FileEntry, Index, NumericsConfig, ParamEntry, PieceEntry, model_hash,
+    rank_file_name,
+};
+
+use files::{Reader, Tensor};
+use publish::Paths;
+
+/// Name of the index file.
+pub const INDEX_FILE: &str = "index.json";
+
+/// Points of the save protocol where a test can simulate a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Every rank, before writing its file.
+    WriteFile,
+    /// Every rank, after its file is written and fsynced.
+    FileWritten,
+    /// Every rank, after all files are written, before rank 0 writes the index.
+    WriteIndex,
+    /// Rank 0, after the index and the staging directory are fsynced, before the rename.
+    Publish,
+    /// Rank 0, between the two renames of the fallback without `RENAME_EXCHANGE`.
+    RenamedAway,
+    /// Rank 0, once the new checkpoint is in place, before the old one is deleted.
+    Published,
+}
+
+pub(crate) fn io_error(op: &str, path: &Path, err: &std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, format!("cannot {op} '{}': {err}", path.display()))
+}
+
+/// The error kinds a rank reports to the others; anything else travels as `Internal`.
+const AGREED_KINDS: [ErrorKind; 9] = [
+    ErrorKind::Io,
+    ErrorKind::CheckpointCorrupt,
+    ErrorKind::CheckpointMismatch,
+    ErrorKind::CheckpointVersion,
+    ErrorKind::InvalidArgument,
+    ErrorKind::InvalidState,
+    ErrorKind::OutOfMemory,
+    ErrorKind::Unsupported,
+    ErrorKind::Internal,
+];
+
+/// Collective: every rank learns whether every rank's `local` succeeded. A failed rank
+/// returns its own error; the others return the first failed rank's kind, naming it.
+fn agree<T>(backend: &mut dyn Backend, what: &str, local: Result<T>) -> Result<T> {
+    let code = match &local {
+        Ok(_) => 0,
+        Err(err) => {
+            let kind = AGREED_KINDS.iter().position(|k| *k == err.kind);
+            1 + kind.unwrap_or(AGREED_KINDS.len() - 1) as u64
+        }
+    };
+    let codes = backend.all_gather_u64(code)?;
+    let value = local?;
+    match codes.iter().position(|&c| c != 0) {
+        None => Ok(value),
+        Some(rank) => {
+            let kind = AGREED_KINDS
+                .get(codes[rank] as usize - 1)
+                .copied()
+                .unwrap_or(ErrorKind::Internal);
+            Err(Error::new(
+                kind,
+                format!("{what} failed on rank {rank} ({kind:?}); that rank's error message has the details"),
+            ))
+        }
+    }
+}
+
+/// Saves the state of every rank into the checkpoint directory `dir` (collective).
+pub fn save(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<()> {
+    save_with(runtime, rank, dir, &mut |_| Ok(()))
+}
+
+/// [`save`] with `hook` called at every [`Stage`]; an error from it stops the save on the spot,
+/// as a crash would.
+pub(crate) fn save_with(
+    runtime: &mut Runtime,
+    rank: usize,
+    dir: &Path,
+    hook: &mut dyn FnMut(Stage) -> Result<()>,
+) -> Result<()> {
+    runtime.synchronize()?;
+    let prepared = Paths::new(dir).and_then(|paths| {
+        components::check_unique_names(runtime.params())?;
+        if rank == 0 {
+            publish::prepare(&paths)?;
+        }
+        Ok(paths)
+    });
+    let paths = agree(runtime.backend_mut(), "save", prepared)?;
+    hook(Stage::WriteFile)?;
+    let written = write_rank_file(runtime, rank, &paths.staging);
+    if written.is_ok() {
+        hook(Stage::FileWritten)?;
+    }
+    let written = agree(runtime.backend_mut(), "save", written).inspect_err(|_| {
+        if rank == 0 {
+            // Best effort: the next save deletes a staging directory left behind anyway.
+            let _ = publish::abandon(&paths);
+        }
+    })?;
+    let dp = runtime.plan().dp as usize;
+    let files = gather_files(runtime.backend_mut(), dp, &written)?;
+    hook(Stage::WriteIndex)?;
+    let published = if rank == 0 {
+        let index = Index::new(
+            runtime.plan(),
+            runtime.params(),
+            runtime.config(),
+            runtime.steps(),
+            files,
+        );
+        write_index(&paths.staging, &index).and_then(|()| publish::publish(&paths, hook))
+    } else {
+        Ok(())
+    };
+    agree(runtime.backend_mut(), "save", published)
+}
+
+/// Writes this rank's file into `dir`: its owned state cut at component bounds.
+fn write_rank_file(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<files::Written> {
+    let dp = runtime.plan().dp as usize;
+    let comps: Vec<Vec<Component>> = runtime.params().iter().map(components).collect();
+    let routes: Vec<_> = runtime.plan().params.iter().map(|p| p.route).collect();
+    let mut tensors = Vec::new();
+    for piece in runtime.owned_state()? {
+        let p = piece.param as usize;
+        let values: Vec<&Vec<f32>> = std::iter::once(&piece.master).chain(&piece.moments).collect();
+        for (c, part) in split_by_component(&comps[p], piece.range) {
+            let component = &comps[p][c];
+            let local = part.shifted_down(component.range.start);
+            let shape: Vec<usize> = if local.len() == component.range.len() {
+                component.shape.iter().map(|&d| d as usize).collect()
+            } else {
+                vec![local.len() as usize]
+            };
+            let within = part.shifted_down(piece.range.start);
+            let within = within.start as usize..within.end as usize;
+            for (&kind, values) in StateKind::of(routes[p]).iter().zip(&values) {
+                let key = tensor_key(&component.name, kind, local);
+                tensors.push(Tensor::new(key, shape.clone(), &values[within.clone()]));
+            }
+        }
+    }
+    files::write(&dir.join(rank_file_name(rank)), rank, dp, &tensors)
+}
+
+/// Collective: every rank's file sizes and checksums.
+fn gather_files(backend: &mut dyn Backend, dp: usize, written: &files::Written) -> Result<Vec<FileEntry>> {
+    let bytes = backend.all_gather_u64(written.bytes)?;
+    let header_bytes = backend.all_gather_u64(written.header_bytes)?;
+    let crcs = backend.all_gather_u64((u64::from(written.crc32) << 32) | u64::from(written.header_crc32))?;
+    Ok((0..dp)
+        .map(|r| FileEntry {
+            name: rank_file_name(r),
+            rank: r as u32,
+            bytes: bytes[r],
+            crc32: (crcs[r] >> 32) as u32,
+            header_bytes: header_bytes[r],
+            header_crc32: crcs[r] as u32,
+        })
+        .collect())
+}
+
+/// Writes and fsyncs `index.json` and then the directory holding it.
+fn write_index(dir: &Path, index: &Index) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join(INDEX_FILE);
+    let mut file = std::fs::File::create(&path).map_err(|e| io_error("create", &path, &e))?;
+    file.write_all(index.encode().as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|e| io_error("write", &path, &e))?;
+    publish::fsync_dir(dir)
+}
+
+/// Loads the checkpoint in `dir` into every rank (collective).
+pub fn load(runtime: &mut Runtime, dir: &Path) -> Result<()> {
+    runtime.synchronize()?;
+    let local = read_owned_state(runtime, dir);
+    let (step, pieces) = agree(runtime.backend_mut(), "load", local)?;
+    runtime.load_owned_state(step, &pieces)
+}
+
+/// Part of a saved tensor that lands in a piece of this rank's state.
+struct Copy {
+    piece: usize,
+    /// 0 = master, k = moment k − 1.
+    slot: usize,
+    src: usize,
+    dst: usize,
+    len: usize,
+}
+
+/// Reads everything this rank owns from the checkpoint in `dir`, changing nothing.
+fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, Vec<OwnedState>)> {
+    if runtime.iteration_in_progress() {
+        bail!(
+            InvalidState,
+            "load: an iteration is in progress (grad_ready was called since the last step); load between steps"
+        );
+    }
+    let paths = Paths::new(dir)?;
+    let dir = paths.for_load();
+    let index_path = dir.join(INDEX_FILE);
+    let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
+    let index = Index::decode(&bytes)?;
+    index.check_matches(runtime.params(), runtime.config())?;
+    let entries: HashMap<&str, &ParamEntry> = index.params.iter().map(|p| (p.name.as_str(), p)).collect();
+    let mut pieces = Vec::new();
+    let mut reads: BTreeMap<(&str, &str), (u64, Vec<Copy>)> = BTreeMap::new();
+    for (i, (param, range)) in runtime.owned_ranges().into_iter().enumerate() {
+        let spec = &runtime.params()[param as usize];
+        let entry = entries[spec.name.as_str()];
+        let kinds = StateKind::of(entry.route);
+        let len = range.len() as usize;
+        pieces.push(OwnedState {
+            param,
+            range,
+            master: vec![0.0; len],
+            moments: vec![vec![0.0; len]; kinds.len() - 1],
+        });
+        for (c, part) in split_by_component(&components(spec), range) {
+            let component = &entry.components[c];
+            let local = part.shifted_down(component.offset);
+            let first = component.pieces.partition_point(|s| s.end <= local.start);
+            for saved in &component.pieces[first..] {
+                let Some(overlap) = saved.range().intersect(local) else {
+                    break;
+                };
+                for (slot, kind) in kinds.iter().enumerate() {
+                    let key = saved.keys[kind].as_str();
+                    let (_, copies) = reads
+                        .entry((saved.file.as_str(), key))
+                        .or_insert_with(|| (saved.range().len(), Vec::new()));
+                    copies.push(Copy {
+                        piece: i,
+                        slot,
+                        src: (overlap.start - saved.start) as usize,
+                        dst: (overlap.start + component.offset - range.start) as usize,
+                        len: overlap.len() as usize,
+                    });
+                }
+            }
+        }
+    }
+    let files: HashMap<&str, &FileEntry> = index.files.iter().map(|f| (f.name.as_str(), f)).collect();
+    let mut reader: Option<(&str, Reader)> = None;
+    for ((file, key), (len, copies)) in reads {
+        if reader.as_ref().is_none_or(|(name, _)| *name != file) {
+            reader = Some((file, Reader::open(dir, files[file])?));
+        }
+        let values = reader.as_mut().expect("opened above").1.read(key, len)?;
+        for copy in copies {
+            let piece = &mut pieces[copy.piece];
+            let dst = if copy.slot == 0 {
+                &mut piece.master
+            } else {
+                &mut piece.moments[copy.slot - 1]
+            };
+            dst[copy.dst..copy.dst + copy.len].copy_from_slice(&values[copy.src..copy.src + copy.len]);
+        }
+    }
+    Ok((index.step, pieces))
+}
