@@ -219,7 +219,10 @@ fn config(layout: MuonLayout, overlap: bool, mode: CommMode, gather: bool) -> Co
     }
 }
 
-fn bits(history: &History) -> Vec<(Vec<Vec<Vec<u8>>>, Vec<Vec<Vec<u32>>>)> {
+/// A history with every f32 replaced by its bits, so equality is bitwise (NaN included).
+type HistoryBits = Vec<(Vec<Vec<Vec<u8>>>, Vec<Vec<Vec<u32>>>)>;
+
+fn bits(history: &History) -> HistoryBits {
     history
         .iter()
         .map(|(b, s)| {
