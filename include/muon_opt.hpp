@@ -7,6 +7,7 @@
 //     (muon_optimizer_t);
 //   - muon::Span<T>, a {data, size} view (C++17 has no std::span), and muon::ParamView, the C
 //     muon_param_view_t with typed spans over its data and grad storage;
+//   - checkpoint save/load (muon_optimizer_save / muon_optimizer_load) as Optimizer methods;
 //   - small initialisers for the C structs (config, param description, step arguments) and
 //     throwing forms of the host utilities (Newton–Schulz, MXFP8 scale shape and quantize).
 // Every rule (validation, routing, planning, threading, streams) is the C API's; read the
@@ -310,6 +311,13 @@ public:
         return info;
     }
     void synchronize() { check(muon_optimizer_synchronize(handle_)); }
+
+    /// Collective: every rank saves its optimizer state into checkpoint directory @p dir
+    /// (same path on every rank; replaced atomically). Host-synchronizing.
+    void save(const std::string &dir) { check(muon_optimizer_save(handle_, dir.c_str())); }
+    /// Collective: every rank loads checkpoint @p dir (written at any dp size and layout) and
+    /// re-synchronizes its params; on failure nothing changed on any rank. Between steps.
+    void load(const std::string &dir) { check(muon_optimizer_load(handle_, dir.c_str())); }
 
     muon_optimizer_t *get() const noexcept { return handle_; }
     explicit operator bool() const noexcept { return handle_ != nullptr; }

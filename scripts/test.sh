@@ -33,6 +33,7 @@ cargo test --release --locked
 
 step "clippy and rustfmt"
 cargo clippy --release --locked --all-targets -- -D warnings
+cargo clippy --release --locked --all-targets --features gpu-tests -- -D warnings
 cargo fmt --check
 
 step "C/C++ harness (googletest via ctest)"

@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::backend::Backend;
+use crate::backend::cuda::{CallerStream, CudaBackend};
 use crate::backend::host::executor::HostBackend;
 use crate::bail;
 use crate::checkpoint;
@@ -30,15 +32,20 @@ pub struct Optimizer {
     registry: Registry,
     init_values: Vec<Option<Vec<f32>>>,
     phase: Phase,
+    /// The caller's stream (cuda backend; NULL with a host group).
+    stream: CallerStream,
 }
 
 impl Optimizer {
-    /// Creates an optimizer on a claimed communicator. The host backend takes no stream.
-    pub fn new(cfg: Config, claim: Claim, stream_is_null: bool) -> Result<Self> {
+    /// Creates an optimizer on a claimed communicator: a host group runs the host backend
+    /// (`stream` must be NULL), an NCCL communicator the cuda backend on the caller's `stream`
+    /// (borrowed; NULL = the legacy default stream), which needs a usable CUDA driver here and
+    /// is built at finalize.
+    pub fn new(cfg: Config, claim: Claim, stream: CallerStream) -> Result<Self> {
         cfg.validate()?;
         match &claim.comm().transport {
             Transport::Host(host) => {
-                if !stream_is_null {
+                if !stream.is_null() {
                     bail!(
                         InvalidArgument,
                         "stream: must be NULL with a host communicator (the host backend runs on the calling thread)"
@@ -48,10 +55,6 @@ impl Optimizer {
             }
             Transport::Nccl(_) => {
                 crate::backend::cuda::probe::device_count()?;
-                bail!(
-                    Unsupported,
-                    "the cuda backend's optimizer is not available in this build yet; use a host group"
-                );
             }
         }
         Ok(Optimizer {
@@ -60,6 +63,7 @@ impl Optimizer {
             registry: Registry::default(),
             init_values: Vec::new(),
             phase: Phase::Registering,
+            stream,
         })
     }
 
@@ -133,30 +137,34 @@ impl Optimizer {
             );
         }
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
-        self.verify_same_plan(plan.hash)?;
-        let backend = HostBackend::new(
-            self.claim.shared(),
-            self.cfg.host_comm_mode,
-            MuonOptions::from_config(&self.cfg),
-        )?;
+        let muon = MuonOptions::from_config(&self.cfg);
+        let backend: Box<dyn Backend> = match &self.claim.comm().transport {
+            Transport::Host(host) => {
+                self.verify_same_plan(plan.hash, &host.all_gather_u64(plan.hash)?)?;
+                Box::new(HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?)
+            }
+            Transport::Nccl(_) => {
+                let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
+                let mut backend = CudaBackend::new(self.claim.shared(), self.stream, muon, timeout)?;
+                self.verify_same_plan(plan.hash, &backend.all_gather_u64(plan.hash)?)?;
+                Box::new(backend)
+            }
+        };
         let init = &self.init_values;
         let runtime = Runtime::new(
             Box::new(plan),
             self.registry.params().to_vec(),
             self.cfg.clone(),
             self.rank(),
-            Box::new(backend),
+            backend,
             |p| init[p].as_deref(),
         )?;
         self.phase = Phase::Running(Box::new(runtime));
         Ok(())
     }
 
-    fn verify_same_plan(&self, hash: u64) -> Result<()> {
-        let hashes = match &self.claim.comm().transport {
-            Transport::Host(host) => host.all_gather_u64(hash)?,
-            Transport::Nccl(_) => bail!(Unsupported, "finalize: cuda backend not available"),
-        };
+    /// Fails when another rank's plan hash (`hashes`, indexed by rank) differs from `hash`.
+    fn verify_same_plan(&self, hash: u64, hashes: &[u64]) -> Result<()> {
         if let Some((rank, other)) = hashes.iter().enumerate().find(|(_, h)| **h != hash) {
             bail!(
                 PlanMismatch,

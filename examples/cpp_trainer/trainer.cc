@@ -15,14 +15,16 @@
 //   5. every iteration: zero_grad; forward with wait_params as the pre-hook of each param;
 //      backward accumulating into view.grad and calling grad_ready when a param's gradient
 //      is complete; step
-//   6. teardown: optimizer before communicator
+//   6. checkpoint: save (collective) mid-run, load (collective) to resume
+//   7. teardown: optimizer before communicator
 //
 // On a GPU the differences are confined to steps 2 and 3: Comm::nccl(your ncclComm_t),
 // Optimizer(cfg, comm, your cudaStream_t), init_data a device pointer, and the view pointers
 // are device memory your kernels read and write on that stream.
 //
 // The program exits non-zero if the held-out loss does not fall to below half its initial
-// value, if the ranks' params differ by a single bit, or if the tied copies drift apart.
+// value, if the ranks' params differ by a single bit, if the tied copies drift apart, or if
+// resuming from the mid-run checkpoint does not replay the second half bit for bit.
 //
 // The model: next-token prediction of a fixed random map y = perm[x] over a 96-token
 // vocabulary, with an input embedding tied to the output head and one residual MLP block:
@@ -35,10 +37,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>  // getpid, for a private checkpoint directory
 
 namespace {
 
@@ -48,6 +53,7 @@ constexpr int kDim = 32;
 constexpr int kHidden = 64;
 constexpr int kBatch = 32;  // per rank per step
 constexpr int kSteps = 60;
+constexpr int kCheckpointStep = 30;  // save after this many steps
 constexpr int kEvalBatch = 256;
 
 // ---------------------------------------------------------------------------------------------
@@ -287,11 +293,18 @@ struct RankResult {
     float initial_eval = 0.0f, final_eval = 0.0f;
     std::vector<float> final_params;  // every param, registration order
     bool tied_equal = false;
+    bool resume_replays = false;  // load(checkpoint) + the same steps gave the same params
 };
+
+std::vector<float> all_params(const Model &model) {
+    std::vector<float> out;
+    for (const auto &w : model.w) out.insert(out.end(), w.begin(), w.end());
+    return out;
+}
 
 std::mutex print_mutex;
 
-RankResult train_rank(const muon::Comm &comm, const std::vector<int> &perm) {
+RankResult train_rank(const muon::Comm &comm, const std::vector<int> &perm, const std::string &checkpoint_dir) {
     const uint32_t rank = comm.rank();
 
     // 1. Configure. muon::default_config() is muon_config_init(): defaults for every field.
@@ -357,28 +370,44 @@ RankResult train_rank(const muon::Comm &comm, const std::vector<int> &perm) {
     const muon_step_args_t args = muon::step_args(/*lr*/ 0.02f, /*weight_decay*/ 0.01f,
                                                   /*adam_lr*/ 0.01f, /*adam_weight_decay*/ 0.0f);
     Activations act;
-    for (int step = 0; step < kSteps; ++step) {
-        opt.zero_grad();                                     // before accumulating
-        sample(perm, (uint64_t(step) << 8) | rank, kBatch, act);
-        float loss = model.forward(act, &hooks);             // wait_params as pre-hook
-        model.backward(act, hooks);                          // grad_ready from backward
-        muon_step_info_t info = opt.step(args);              // clip, Muon, AdamW, param sync
-        if (info.skipped) throw std::runtime_error("step skipped on a non-finite gradient");
-        if (rank == 0 && (step % 10 == 0 || step == kSteps - 1)) {
-            std::lock_guard<std::mutex> lock(print_mutex);
-            std::printf("step %3llu  loss(rank 0) %.4f  grad_norm %.4f  clip %.3f\n",
-                        static_cast<unsigned long long>(info.step), loss, info.grad_norm, info.clip_coef);
+    auto train = [&](int first, int last, bool print) {
+        for (int step = first; step < last; ++step) {
+            opt.zero_grad();                                 // before accumulating
+            sample(perm, (uint64_t(step) << 8) | rank, kBatch, act);
+            float loss = model.forward(act, &hooks);         // wait_params as pre-hook
+            model.backward(act, hooks);                      // grad_ready from backward
+            muon_step_info_t info = opt.step(args);          // clip, Muon, AdamW, param sync
+            if (info.skipped) throw std::runtime_error("step skipped on a non-finite gradient");
+            if (print && rank == 0 && (step % 10 == 0 || step == last - 1)) {
+                std::lock_guard<std::mutex> lock(print_mutex);
+                std::printf("step %3llu  loss(rank 0) %.4f  grad_norm %.4f  clip %.3f\n",
+                            static_cast<unsigned long long>(info.step), loss, info.grad_norm, info.clip_coef);
+            }
         }
-    }
+    };
+    train(0, kCheckpointStep, true);
+
+    // 6. Checkpoint. save() is collective (every rank, same directory); it waits for the
+    //    in-flight param collectives itself and writes each rank's fp32 masters and optimizer
+    //    moments. The framework saves its own state (here: the step counter that seeds the
+    //    data) beside it. load() is collective too, may run at another dp size or layout, and
+    //    re-synchronizes every rank's params from the loaded masters.
+    opt.save(checkpoint_dir);
+    train(kCheckpointStep, kSteps, true);
 
     // The next forward waits for the last step's param collectives through its pre-hooks;
     // after it every bucket has been waited for and the params can be read.
     result.final_eval = model.forward(eval, &hooks);
-    for (uint32_t p = 0; p < kNumParams; ++p)
-        result.final_params.insert(result.final_params.end(), model.w[p].begin(), model.w[p].end());
+    result.final_params = all_params(model);
     result.tied_equal = std::equal(model.w[kHead].begin(), model.w[kHead].end(), model.w[kEmbedding].begin());
 
-    // 6. Teardown: the optimizer (with its buffers: the views die here) before the
+    // Resume from the checkpoint and replay the second half: same data, same params.
+    opt.load(checkpoint_dir);
+    train(kCheckpointStep, kSteps, false);
+    model.forward(eval, &hooks);
+    result.resume_replays = all_params(model) == result.final_params;
+
+    // 7. Teardown: the optimizer (with its buffers: the views die here) before the
     //    communicator. close() reports a teardown error; the destructor would drop it.
     opt.synchronize();
     opt.close();
@@ -413,6 +442,15 @@ int run() {
         return 1;
     }
     const std::vector<int> perm = make_task();
+    namespace fs = std::filesystem;
+    const fs::path checkpoint_dir = fs::temp_directory_path() / ("muon_cpp_trainer." + std::to_string(::getpid()));
+    struct RemoveOnExit {
+        fs::path dir;
+        ~RemoveOnExit() {
+            std::error_code ec;
+            fs::remove_all(dir, ec);
+        }
+    } cleanup{checkpoint_dir};
 
     // 2. One communicator per rank; declared before (so destroyed after) the optimizers.
     std::vector<muon::Comm> comms = muon::Comm::host_group(kRanks);
@@ -423,7 +461,7 @@ int run() {
     for (int r = 0; r < kRanks; ++r)
         threads.emplace_back([&, r] {
             try {
-                results[r] = train_rank(comms[r], perm);
+                results[r] = train_rank(comms[r], perm, checkpoint_dir.string());
             } catch (...) {
                 errors[r] = std::current_exception();
             }
@@ -459,17 +497,22 @@ int run() {
             ++failures;
         }
     }
-    for (int r = 0; r < kRanks; ++r)
+    for (int r = 0; r < kRanks; ++r) {
         if (!results[r].tied_equal) {
             std::fprintf(stderr, "FAIL: rank %d tied copies embedding.weight/output.weight differ\n", r);
             ++failures;
         }
+        if (!results[r].resume_replays) {
+            std::fprintf(stderr, "FAIL: rank %d resumed from the checkpoint to different params\n", r);
+            ++failures;
+        }
+    }
     if (!(r0.final_eval < 0.5f * r0.initial_eval)) {
         std::fprintf(stderr, "FAIL: training did not halve the held-out loss\n");
         ++failures;
     }
     if (failures) return 1;
-    std::printf("OK: loss reduced, %d ranks bitwise identical, tied copies equal\n", kRanks);
+    std::printf("OK: loss reduced, %d ranks bitwise identical, tied copies equal, resume replays bitwise\n", kRanks);
     return 0;
 }
 

@@ -5,6 +5,7 @@
 pub mod cuda;
 pub mod host;
 pub mod ops;
+pub mod recording;
 
 use std::ffi::c_void;
 

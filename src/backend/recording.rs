@@ -48,6 +48,9 @@ pub enum Op {
     AllReduceF64 {
         value_bits: u64,
     },
+    AllGatherU64 {
+        value: u64,
+    },
     Mxfp8Quantize {
         stream: StreamKind,
         src: Span,
@@ -205,6 +208,11 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
     fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
         self.note(Op::all_reduce_f64(value));
         self.inner.all_reduce_f64(value)
+    }
+
+    fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
+        self.note(Op::AllGatherU64 { value });
+        self.inner.all_gather_u64(value)
     }
 
     fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {

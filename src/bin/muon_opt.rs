@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use muon_opt::checkpoint::inspect::inspect;
 use muon_opt::config::{Config, MuonLayout};
 use muon_opt::demo::{self, DemoConfig};
 use muon_opt::plan::model_json::parse_model_json;
@@ -30,6 +31,17 @@ enum Command {
     Plan(PlanArgs),
     /// Train a small MLP on 4 host ranks with Muon and with AdamW only, and compare.
     Demo(DemoArgs),
+    /// Summarize a checkpoint directory and verify the checksum of every file.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// The checkpoint directory (as passed to muon_optimizer_save).
+    dir: PathBuf,
+    /// Print the summary as JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -90,6 +102,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Plan(args) => run_plan(&args),
         Command::Demo(args) => run_demo(&args),
+        Command::Inspect(args) => run_inspect(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -162,5 +175,23 @@ fn run_demo(args: &DemoArgs) -> Result<(), String> {
         demo::report::text(&result)
     };
     println!("{text}");
+    Ok(())
+}
+
+fn run_inspect(args: &InspectArgs) -> Result<(), String> {
+    let summary = inspect(&args.dir).map_err(|e| format!("inspect '{}': {e}", args.dir.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+    } else {
+        println!("{}", summary.text());
+    }
+    let failed = summary.files.iter().filter(|f| f.problem.is_some()).count();
+    if failed > 0 {
+        return Err(format!(
+            "{failed} of {} files of '{}' failed verification",
+            summary.files.len(),
+            args.dir.display()
+        ));
+    }
     Ok(())
 }

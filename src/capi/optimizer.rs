@@ -59,7 +59,8 @@ pub unsafe extern "C" fn muon_optimizer_create(
     run("muon_optimizer_create", || {
         non_null(out, "out")?;
         let cfg = unsafe { read_config(cfg) }?;
-        let optimizer = Optimizer::new(cfg, communicator.claim()?, stream.is_null())?;
+        let stream = crate::backend::cuda::CallerStream(stream.cast());
+        let optimizer = Optimizer::new(cfg, communicator.claim()?, stream)?;
         // SAFETY: non-NULL out-pointer.
         unsafe { *out = into_raw(optimizer) };
         Ok(())

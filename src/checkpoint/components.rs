@@ -60,9 +60,17 @@ impl StateKind {
 
 /// The components of `spec`, in item order; together they cover the param exactly.
 pub fn components(spec: &ParamSpec) -> Vec<Component> {
+    let whole = Component {
+        name: spec.name.clone(),
+        range: ElemRange::new(0, spec.numel()),
+        shape: spec.shape.clone(),
+    };
+    if !spec.is_expert_stack() && spec.split_sizes.is_empty() {
+        return vec![whole];
+    }
     let matrix = spec.unit_matrix();
+    let unit = matrix.rows * matrix.cols;
     let units: Vec<(String, u64)> = if spec.is_expert_stack() {
-        let unit = matrix.rows * matrix.cols;
         (0..spec.num_units())
             .map(|e| (format!("{}/expert{e}", spec.name), e * unit))
             .collect()
@@ -71,17 +79,11 @@ pub fn components(spec: &ParamSpec) -> Vec<Component> {
     };
     let mut out = Vec::new();
     for (name, start) in units {
-        let whole = spec.numel() / spec.num_units();
         if spec.split_sizes.is_empty() {
-            let shape = if spec.is_expert_stack() {
-                vec![matrix.rows, matrix.cols]
-            } else {
-                spec.shape.clone()
-            };
             out.push(Component {
                 name,
-                range: ElemRange::new(start, start + whole),
-                shape,
+                range: ElemRange::new(start, start + unit),
+                shape: vec![matrix.rows, matrix.cols],
             });
             continue;
         }

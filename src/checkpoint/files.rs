@@ -25,7 +25,10 @@ pub struct Tensor {
 
 impl Tensor {
     pub fn new(key: String, shape: Vec<usize>, values: &[f32]) -> Tensor {
-        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut bytes = Vec::with_capacity(4 * values.len());
+        for v in values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
         Tensor { key, shape, bytes }
     }
 }
@@ -63,12 +66,19 @@ pub fn write(path: &Path, rank: usize, dp: usize, tensors: &[Tensor]) -> Result<
     metadata.insert("format".into(), FORMAT.into());
     metadata.insert("rank".into(), rank.to_string());
     metadata.insert("dp".into(), dp.to_string());
+    // safetensors writes a private temporary file and renames it into place; give the result
+    // the permissions of any file this process creates (0666 minus the umask), like index.json.
+    let permissions = File::create(path)
+        .and_then(|f| f.metadata())
+        .map_err(|e| io_error("create", path, &e))?
+        .permissions();
     safetensors::serialize_to_file(tensors.iter().map(|t| (t.key.as_str(), t)), Some(metadata), path).map_err(|e| {
         match e {
             safetensors::SafeTensorError::IoError(io) => io_error("write", path, &io),
             other => Error::new(ErrorKind::Internal, format!("{}: {other}", path.display())),
         }
     })?;
+    std::fs::set_permissions(path, permissions).map_err(|e| io_error("set permissions of", path, &e))?;
     let mut file = File::open(path).map_err(|e| io_error("open", path, &e))?;
     let written = scan(&mut file, path)?;
     file.sync_all().map_err(|e| io_error("fsync", path, &e))?;

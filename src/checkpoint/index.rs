@@ -46,6 +46,13 @@ pub struct NumericsConfig {
 }
 
 impl NumericsConfig {
+    /// The fields as JSON values, each float written as its shortest f32 text (0.9, not
+    /// 0.8999999761581421): equal values give equal fields and different ones different.
+    pub fn fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let text = serde_json::to_string(self).expect("plain data serializes");
+        serde_json::from_str(&text).expect("serde_json reads its own output")
+    }
+
     pub fn of(cfg: &Config) -> Self {
         NumericsConfig {
             grad_dtype: cfg.grad_dtype,
@@ -432,17 +439,14 @@ impl Index {
                 extra.join(", ")
             );
         }
-        let saved = serde_json::to_value(&self.config).expect("plain data serializes");
-        let ours = serde_json::to_value(NumericsConfig::of(cfg)).expect("plain data serializes");
-        if let (Some(saved), Some(ours)) = (saved.as_object(), ours.as_object()) {
-            for (field, value) in ours {
-                if saved.get(field) != Some(value) {
-                    bail!(
-                        CheckpointMismatch,
-                        "config field {field}: this optimizer has {value} but the checkpoint was saved with {}; the field changes numerics, so it must be equal",
-                        saved.get(field).map_or("nothing".to_string(), |v| v.to_string())
-                    );
-                }
+        let saved = self.config.fields();
+        for (field, value) in NumericsConfig::of(cfg).fields() {
+            if saved.get(&field) != Some(&value) {
+                bail!(
+                    CheckpointMismatch,
+                    "config field {field}: this optimizer has {value} but the checkpoint was saved with {}; the field changes numerics, so it must be equal",
+                    saved.get(&field).map_or("nothing".to_string(), |v| v.to_string())
+                );
             }
         }
         Ok(())

@@ -150,11 +150,8 @@ impl Summary {
                 kinds.join(", ")
             );
         }
-        let numerics = serde_json::to_value(&self.config).expect("plain data serializes");
-        if let Some(fields) = numerics.as_object() {
-            let pairs: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            let _ = writeln!(out, "  numerics  {}", pairs.join(" ").replace('"', ""));
-        }
+        let pairs: Vec<String> = self.config.fields().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "  numerics  {}", pairs.join(" ").replace('"', ""));
         let good = self.files.iter().filter(|f| f.problem.is_none()).count();
         for (i, f) in self.files.iter().enumerate() {
             let _ = writeln!(

@@ -24,7 +24,7 @@
 //! every rank returns the same outcome.
 //! - **save**: rank 0 prepares `<dir>.muon-saving`; every rank writes and fsyncs its file; once
 //!   all have, rank 0 writes and fsyncs the index and the directory and puts it in place
-//!   ([`publish`]). A crash at any point leaves the previous checkpoint loadable.
+//!   (`publish.rs`). A crash at any point leaves the previous checkpoint loadable.
 //! - **load**: every rank reads and checks the index against its model and config, then reads
 //!   exactly the tensors that overlap what it owns now, verifying their checksums; only when
 //!   every rank succeeded does any rank replace its state, after which every param buffer is
@@ -120,7 +120,8 @@ fn agree<T>(backend: &mut dyn Backend, what: &str, local: Result<T>) -> Result<T
     }
 }
 
-/// Saves the state of every rank into the checkpoint directory `dir` (collective).
+/// Saves the state of every rank into the checkpoint directory `dir` (collective; `rank` is
+/// this rank).
 pub fn save(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<()> {
     save_with(runtime, rank, dir, &mut |_| Ok(()))
 }
@@ -164,7 +165,9 @@ pub(crate) fn save_with(
             runtime.steps(),
             files,
         );
-        write_index(&paths.staging, &index).and_then(|()| publish::publish(&paths, hook))
+        check_visible(&paths.staging, &index.files)
+            .and_then(|()| write_index(&paths.staging, &index))
+            .and_then(|()| publish::publish(&paths, hook))
     } else {
         Ok(())
     };
@@ -214,6 +217,28 @@ fn gather_files(backend: &mut dyn Backend, dp: usize, written: &files::Written) 
             header_crc32: crcs[r] as u32,
         })
         .collect())
+}
+
+/// Rank 0: every rank's file is in `dir` with the size that rank wrote. Otherwise the ranks
+/// saved to different directories, or to one path on file systems they do not share.
+fn check_visible(dir: &Path, files: &[FileEntry]) -> Result<()> {
+    for file in files {
+        let path = dir.join(&file.name);
+        let size = std::fs::metadata(&path).map(|m| m.len()).ok();
+        if size != Some(file.bytes) {
+            bail!(
+                Io,
+                "rank 0 does not see rank {}'s file at '{}' ({}); every rank must save to the same directory, on a file system all ranks share",
+                file.rank,
+                path.display(),
+                size.map_or("missing".to_string(), |s| format!(
+                    "{s} bytes, rank {} wrote {}",
+                    file.rank, file.bytes
+                ))
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Writes and fsyncs `index.json` and then the directory holding it.

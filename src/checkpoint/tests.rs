@@ -1,6 +1,12 @@
 //! Crash simulation: a save interrupted at every stage of the protocol (through the test-only
 //! hook of [`save_with`]) leaves the previous checkpoint loadable and unchanged, and the next
 //! save succeeds over what the crash left behind.
+//!
+//! A simulated crash returns from the save at once, skipping everything after that point on
+//! that rank, as a killed process would; what the test then inspects is what a crash leaves,
+//! the file system. At the stages every rank passes, every rank crashes there (no survivor is
+//! left waiting for a dead peer); at rank 0's stages the others learn of it through the final
+//! agreement. Each scenario then loads with a fresh group, as a restarted job would.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,6 +14,7 @@ use std::time::Duration;
 
 use super::publish::{Paths, publish_by_renames};
 use super::{Stage, save_with};
+use crate::backend::cuda::CallerStream;
 use crate::backend::host::comm::HostGroup;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Config, Dtype};
@@ -56,21 +63,21 @@ fn value(seed: u64) -> f32 {
     ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
 }
 
-/// A finalized group whose collectives time out after `timeout` (a crashed peer is noticed).
-fn group(timeout: Duration) -> Vec<Optimizer> {
+/// A finalized group of `DP` ranks.
+fn group() -> Vec<Optimizer> {
     let cfg = Config {
         bucket_size: 256,
         clip_grad: 0.0,
         host_comm_mode: CommMode::Eager,
         ..Config::default()
     };
-    let mut opts: Vec<Optimizer> = HostGroup::new(DP, timeout)
+    let mut opts: Vec<Optimizer> = HostGroup::new(DP, Duration::from_secs(20))
         .into_iter()
         .map(|c| {
             Optimizer::new(
                 cfg.clone(),
                 Communicator::new(Transport::Host(c)).claim().unwrap(),
-                true,
+                CallerStream::NULL,
             )
             .unwrap()
         })
@@ -130,13 +137,31 @@ type RankState = (u64, Vec<OwnedState>, Vec<Vec<f32>>);
 fn state(opts: &mut [Optimizer]) -> Vec<RankState> {
     on_ranks(opts, |_, opt| {
         let rt = opt.running().unwrap();
+        rt.synchronize().unwrap();
         let params = (0..model().len()).map(|p| rt.param_values(p).unwrap()).collect();
         (rt.steps(), rt.owned_state().unwrap(), params)
     })
 }
 
+/// Asserts equal states, naming the first difference instead of printing every value.
+fn assert_same(actual: &[RankState], expected: &[RankState], label: &str) {
+    for (rank, (a, e)) in actual.iter().zip(expected).enumerate() {
+        assert_eq!(a.0, e.0, "{label}: rank {rank} step count");
+        for (i, (pa, pe)) in a.1.iter().zip(&e.1).enumerate() {
+            assert!(
+                pa == pe,
+                "{label}: rank {rank} state piece {i} (param {}) differs",
+                pe.param
+            );
+        }
+        for (p, (va, ve)) in a.2.iter().zip(&e.2).enumerate() {
+            assert!(va == ve, "{label}: rank {rank} param {p} values differ");
+        }
+    }
+}
+
 fn load_fresh(dir: &Path) -> Vec<RankState> {
-    let mut opts = group(Duration::from_secs(20));
+    let mut opts = group();
     for result in on_ranks(&mut opts, |_, opt| opt.load(dir)) {
         result.unwrap();
     }
@@ -163,7 +188,7 @@ fn scenario(
 ) -> (TempDir, PathBuf, Vec<RankState>, Vec<RankState>) {
     let tmp = TempDir::new(label);
     let dir = tmp.0.join("ckpt");
-    let mut opts = group(Duration::from_millis(300));
+    let mut opts = group();
     on_ranks(&mut opts, |rank, opt| train_step(opt, rank));
     on_ranks(&mut opts, |_, opt| opt.save(&dir))
         .into_iter()
@@ -171,14 +196,14 @@ fn scenario(
     let previous = state(&mut opts);
     on_ranks(&mut opts, |rank, opt| train_step(opt, rank));
     let newer = state(&mut opts);
-    assert_ne!(previous, newer, "training must change the state");
+    assert!(previous != newer, "training must change the state");
     interrupted(&mut opts, &dir);
     (tmp, dir, previous, newer)
 }
 
 /// After whatever a crash left: a new group saves over it, and that checkpoint loads.
 fn next_save_succeeds(dir: &Path) {
-    let mut opts = group(Duration::from_secs(20));
+    let mut opts = group();
     on_ranks(&mut opts, |_, opt| opt.load(dir))
         .into_iter()
         .for_each(|r| r.unwrap());
@@ -187,7 +212,7 @@ fn next_save_succeeds(dir: &Path) {
         .into_iter()
         .for_each(|r| r.unwrap());
     let saved = state(&mut opts);
-    assert_eq!(load_fresh(dir), saved);
+    assert_same(&load_fresh(dir), &saved, "the save after the crash");
     let parent = dir.parent().unwrap();
     let leftovers: Vec<_> = std::fs::read_dir(parent)
         .unwrap()
@@ -209,7 +234,7 @@ fn a_crash_after_any_number_of_rank_files_keeps_the_previous_checkpoint() {
         let staged = Paths::new(&dir).unwrap().staging;
         let files = std::fs::read_dir(&staged).unwrap().count();
         assert_eq!(files, written, "{written} rank files must be in the staging directory");
-        assert_eq!(load_fresh(&dir), previous, "crash after {written} files");
+        assert_same(&load_fresh(&dir), &previous, &format!("crash after {written} files"));
         next_save_succeeds(&dir);
     }
 }
@@ -227,7 +252,7 @@ fn a_crash_before_the_index_or_before_the_rename_keeps_the_previous_checkpoint()
             stage == Stage::Publish,
             "the index is written just before the rename"
         );
-        assert_eq!(load_fresh(&dir), previous, "crash at {stage:?}");
+        assert_same(&load_fresh(&dir), &previous, &format!("crash at {stage:?}"));
         next_save_succeeds(&dir);
     }
 }
@@ -238,7 +263,7 @@ fn a_crash_after_the_exchange_has_the_new_checkpoint_in_place() {
         let results = save_crashing(opts, dir, |_, s| s == Stage::Published);
         assert!(results.iter().all(|r| r.is_err()));
     });
-    assert_eq!(load_fresh(&dir), newer);
+    assert_same(&load_fresh(&dir), &newer, "crash after the new checkpoint is in place");
     next_save_succeeds(&dir);
 }
 
@@ -261,7 +286,7 @@ fn renames_interrupted_at(stage: Stage) -> (TempDir, PathBuf, Vec<RankState>, Ve
 fn a_crash_between_the_two_renames_loads_the_previous_checkpoint_from_the_backup() {
     let (_tmp, dir, previous, _) = renames_interrupted_at(Stage::RenamedAway);
     assert!(!dir.exists(), "the crash hit after the old checkpoint was renamed away");
-    assert_eq!(load_fresh(&dir), previous);
+    assert_same(&load_fresh(&dir), &previous, "previous checkpoint");
     let summary = super::inspect::inspect(&dir).unwrap();
     assert!(summary.verified() && summary.dir == Paths::new(&dir).unwrap().replaced);
     next_save_succeeds(&dir);
@@ -270,7 +295,7 @@ fn a_crash_between_the_two_renames_loads_the_previous_checkpoint_from_the_backup
 #[test]
 fn a_crash_after_the_second_rename_has_the_new_checkpoint_in_place() {
     let (_tmp, dir, _, newer) = renames_interrupted_at(Stage::Published);
-    assert_eq!(load_fresh(&dir), newer);
+    assert_same(&load_fresh(&dir), &newer, "crash after the new checkpoint is in place");
     next_save_succeeds(&dir);
 }
 
@@ -291,6 +316,36 @@ fn a_failure_on_one_rank_fails_the_save_on_every_rank() {
         }
     });
     assert!(!Paths::new(&dir).unwrap().staging.exists());
-    assert_eq!(load_fresh(&dir), previous);
+    assert_same(&load_fresh(&dir), &previous, "previous checkpoint");
+    next_save_succeeds(&dir);
+}
+
+#[test]
+fn ranks_saving_to_different_directories_fail_and_keep_the_previous_checkpoint() {
+    let (tmp, dir, previous, _) = scenario("apart", |opts, dir| {
+        let elsewhere = dir.with_file_name("elsewhere");
+        let results = on_ranks(opts, |rank, opt| {
+            let target = if rank == 0 {
+                dir.to_path_buf()
+            } else {
+                elsewhere.clone()
+            };
+            // Rank 1's own directory exists, as a node-local disk would have it.
+            let mut hook = |stage| {
+                if stage == Stage::WriteFile && rank == 1 {
+                    std::fs::create_dir_all(Paths::new(&elsewhere).unwrap().staging).unwrap();
+                }
+                Ok(())
+            };
+            save_with(opt.running().unwrap(), rank, &target, &mut hook)
+        });
+        for result in &results {
+            assert_eq!(result.as_ref().unwrap_err().kind, ErrorKind::Io, "{results:?}");
+        }
+        let cause = &results[0].as_ref().unwrap_err().message;
+        assert!(cause.contains("rank 0 does not see rank 1's file"), "{cause}");
+    });
+    assert_same(&load_fresh(&dir), &previous, "previous checkpoint");
+    std::fs::remove_dir_all(tmp.0.join("elsewhere.muon-saving")).unwrap();
     next_save_succeeds(&dir);
 }

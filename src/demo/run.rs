@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::model::{Batch, Dims, Rng, Weights, backward, forward, loss};
 use super::{DemoConfig, DemoResult, ParamRoute, Progress, RunResult, Timings, Variant};
+use crate::backend::cuda::CallerStream;
 use crate::backend::host::comm::{HostComm, HostGroup};
 use crate::bail;
 use crate::comm::{Communicator, Transport};
@@ -185,7 +186,7 @@ fn train_rank(
     let mut opt = Optimizer::new(
         cfg.optimizer.clone(),
         Communicator::new(Transport::Host(comm)).claim()?,
-        true,
+        CallerStream::NULL,
     )?;
     for (spec, values) in task.specs.iter().zip(&task.init) {
         opt.add_param(spec.clone(), Some(values.clone()))?;

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use muon_opt::backend::cuda::CallerStream;
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{Config, Dtype};
@@ -121,7 +122,7 @@ pub fn optimizers(cfg: &Config, dp: usize, timeout: Duration) -> Vec<Optimizer> 
         .into_iter()
         .map(|c| {
             let comm = Communicator::new(Transport::Host(c));
-            Optimizer::new(cfg.clone(), comm.claim().unwrap(), true).unwrap()
+            Optimizer::new(cfg.clone(), comm.claim().unwrap(), CallerStream::NULL).unwrap()
         })
         .collect()
 }

@@ -28,6 +28,7 @@ Host backend, 2 ranks on threads (ctypes releases the GIL during each C call)::
 import ctypes
 import enum
 import json
+import os
 from ctypes import POINTER, byref, c_char, c_float, c_int64, c_size_t, c_uint16, c_uint32
 from typing import NamedTuple
 
@@ -442,19 +443,14 @@ class Optimizer:
         lib().muon_optimizer_synchronize(self._handle)
 
     def save(self, directory):
-        """muon_optimizer_save, when the library has it (collective)."""
-        self._optional("muon_optimizer_save")(self._handle, str(directory).encode())
+        """Collective: every rank saves its state into checkpoint ``directory`` (same path on
+        every rank; replaced atomically). Host-synchronizing."""
+        lib().muon_optimizer_save(self._handle, os.fsencode(directory))
 
     def load(self, directory):
-        """muon_optimizer_load, when the library has it (collective)."""
-        self._optional("muon_optimizer_load")(self._handle, str(directory).encode())
-
-    @staticmethod
-    def _optional(name):
-        fn = getattr(lib(), name, None)
-        if fn is None:
-            raise NotImplementedError(f"this libmuon_opt has no {name}")
-        return fn
+        """Collective: every rank loads checkpoint ``directory`` (any dp size and layout) and
+        re-synchronizes its params; on failure nothing changed. Between steps."""
+        lib().muon_optimizer_load(self._handle, os.fsencode(directory))
 
     def close(self):
         """Destroys the optimizer (idempotent). The param views' memoryviews are released

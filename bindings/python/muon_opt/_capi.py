@@ -273,15 +273,9 @@ PROTOTYPES = {
     "muon_status_string": (c_char_p, [c_uint32]),
     "muon_last_error_message": (c_char_p, []),
     "muon_get_version": (c_uint32, []),
-}
-
-# Announced but not yet in every header: bound when the header and the library have them (the
-# mirror test then checks these signatures like the others), absent (None) otherwise.
-OPTIONAL_PROTOTYPES = {
     "muon_optimizer_save": (muon_status_t, [_opt, c_char_p]),
     "muon_optimizer_load": (muon_status_t, [_opt, c_char_p]),
 }
-
 
 # --- errors and loading ---------------------------------------------------------------------
 
@@ -341,14 +335,6 @@ def _bind(cdll):
         fn.restype, fn.argtypes = restype, argtypes
         if restype is muon_status_t:
             fn.errcheck = _errcheck
-    for name, (restype, argtypes) in OPTIONAL_PROTOTYPES.items():
-        try:
-            fn = getattr(cdll, name)
-        except AttributeError:
-            setattr(cdll, name, None)
-            continue
-        fn.restype, fn.argtypes = restype, argtypes
-        fn.errcheck = _errcheck
 
 
 def lib(path=None):

@@ -265,9 +265,8 @@ def mirror_problems(header_text, capi):
         if not hasattr(capi, tag):
             out.append(f"opaque type {tag} is missing from the mirror")
 
-    optional = getattr(capi, "OPTIONAL_PROTOTYPES", {})
     for name, (ret, args) in sorted(h.functions.items()):
-        proto = capi.PROTOTYPES.get(name) or optional.get(name)
+        proto = capi.PROTOTYPES.get(name)
         if proto is None:
             out.append(f"function {name} is missing from the mirror's PROTOTYPES")
             continue

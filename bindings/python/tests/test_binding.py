@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import unittest
 from pathlib import Path
@@ -40,6 +41,12 @@ def rank_grad(step, rank, p, i):
     return ((h >> 7) % 65 - 32) / 1024.0
 
 
+def initial(name, shape):
+    """Initial values; the tied output head starts equal to the embedding."""
+    p = 0 if name == "output.weight" else [m[0] for m in MODEL].index(name)
+    return array.array("f", [((p * 131 + i * 17) % 97 - 48) / 512.0 for i in range(numel(shape))])
+
+
 def config(**overrides):
     fields = dict(
         bucket_size=256,  # several buckets for this small model
@@ -57,10 +64,7 @@ def train(comm, grads_for, cfg):
     param bytes after every step."""
     with mo.Optimizer(cfg, comm) as opt:
         for p, (name, shape, flags, tie) in enumerate(MODEL):
-            init = array.array("f", [((p * 131 + i * 17) % 97 - 48) / 512.0 for i in range(numel(shape))])
-            if name == "output.weight":  # tied copy: same initial values as the embedding
-                init = array.array("f", [((0 * 131 + i * 17) % 97 - 48) / 512.0 for i in range(numel(shape))])
-            pid = opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie, init=init)
+            pid = opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie, init=initial(name, shape))
             assert pid == p
         opt.finalize()
         views = [opt.param_view(p) for p in range(len(MODEL))]
@@ -266,20 +270,75 @@ class Library(unittest.TestCase):
             opt.finalize()
             self.assertEqual(json.loads(opt.plan_json()), opt.plan())
 
-    def test_checkpoint_functions_follow_the_library(self):
-        has = _capi.lib().muon_optimizer_save is not None
-        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
-            opt.add_param("w", (16, 8))
-            opt.finalize()
-            if not has:
-                with self.assertRaises(NotImplementedError):
-                    opt.save("/tmp/unused")
-                return
-            import tempfile
 
-            with tempfile.TemporaryDirectory() as d:
-                opt.save(Path(d) / "ckpt")
-                opt.load(Path(d) / "ckpt")
+class Checkpoints(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = Path(self.tmp.name) / "ckpt"
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_resume_replays_bitwise_and_loads_at_another_dp(self):
+        def body(comm):
+            grads = lambda s, p, i: rank_grad(s, comm.rank, p, i)  # noqa: E731
+            with mo.Optimizer(config(), comm) as opt:
+                views = register(opt)
+                run_steps(opt, views, range(0, 2), grads)
+                saved = snapshot(opt, views)
+                opt.save(self.dir)  # collective: both ranks, same directory
+                run_steps(opt, views, range(2, 4), grads)
+                first = snapshot(opt, views)
+                opt.load(self.dir)
+                loaded = snapshot(opt, views)
+                run_steps(opt, views, range(2, 4), grads)
+                return saved, loaded, first, snapshot(opt, views)
+
+        for saved, loaded, first, replay in run_ranks(2, body):
+            self.assertEqual(loaded, saved, "load restores the params of the save")
+            self.assertEqual(replay, first, "resuming replays the same steps bit for bit")
+            self.assertNotEqual(first, saved)
+
+        def single(comm):  # the 2-rank checkpoint at dp 1
+            with mo.Optimizer(config(), comm) as opt:
+                views = register(opt)
+                opt.load(self.dir)
+                return snapshot(opt, views)
+
+        (at_dp1,) = run_ranks(1, single)
+        self.assertEqual(at_dp1, saved)
+
+    def test_load_errors(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            register(opt)
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.load(self.dir / "missing")
+            self.assertIs(ctx.exception.status, mo.Status.IO_ERROR)
+            self.assertTrue(ctx.exception.message)
+
+
+def register(opt):
+    for name, shape, flags, tie in MODEL:
+        opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie, init=initial(name, shape))
+    opt.finalize()
+    return [opt.param_view(p) for p in range(len(MODEL))]
+
+
+def run_steps(opt, views, steps, grads_for):
+    for step in steps:
+        opt.zero_grad()
+        for v in views:
+            opt.wait_params(v.bucket)
+        for p in reversed(range(len(views))):
+            views[p].grad[:] = array.array("f", [grads_for(step, p, i) for i in range(views[p].numel)])
+            opt.grad_ready(p)
+        opt.step(lr=0.02, adam_lr=0.01, weight_decay=0.1, adam_weight_decay=0.01)
+
+
+def snapshot(opt, views):
+    for v in views:  # the last step's param collectives
+        opt.wait_params(v.bucket)
+    return b"".join(v.data.tobytes() for v in views)
 
 
 if __name__ == "__main__":

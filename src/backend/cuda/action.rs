@@ -209,13 +209,28 @@ pub enum NcclCall {
 pub enum Action {
     /// Allocates `bytes` device bytes (plain `cuMemAlloc`, never managed memory) for `buf` and
     /// zeroes them on the compute stream.
-    Alloc { buf: Buf, bytes: u64 },
+    Alloc {
+        buf: Buf,
+        bytes: u64,
+    },
     /// Copies host bytes to the device on `stream` and waits for the copy.
-    CopyIn { dst: DevPtr, bytes: Vec<u8>, stream: StreamKind },
+    CopyIn {
+        dst: DevPtr,
+        bytes: Vec<u8>,
+        stream: StreamKind,
+    },
     /// Copies `bytes` device bytes to the host on `stream` and waits: the result of the op.
-    CopyOut { src: DevPtr, bytes: u64, stream: StreamKind },
+    CopyOut {
+        src: DevPtr,
+        bytes: u64,
+        stream: StreamKind,
+    },
     /// `cuMemsetD8Async(dst, 0, bytes)` on `stream`.
-    Zero { dst: DevPtr, bytes: u64, stream: StreamKind },
+    Zero {
+        dst: DevPtr,
+        bytes: u64,
+        stream: StreamKind,
+    },
     /// `cuMemcpyDtoDAsync` on `stream`.
     CopyDevice {
         dst: DevPtr,
@@ -228,9 +243,15 @@ pub enum Action {
     /// The calls as one `ncclGroupStart`/`ncclGroupEnd` group on the comm stream.
     Nccl(Vec<NcclCall>),
     /// `cuEventRecord` of `event` on `stream`.
-    Record { stream: StreamKind, event: EventId },
+    Record {
+        stream: StreamKind,
+        event: EventId,
+    },
     /// `cuStreamWaitEvent`: `stream` waits for `event` (no host block).
-    Wait { stream: StreamKind, event: EventId },
+    Wait {
+        stream: StreamKind,
+        event: EventId,
+    },
     /// Blocks the host until `stream` finished its work, polling NCCL's asynchronous error.
     Synchronize(StreamKind),
 }

@@ -29,23 +29,15 @@ const EVENT_DISABLE_TIMING: u32 = 2;
 /// NVIDIA's recommendation for Hopper and Blackwell).
 const BLAS_WORKSPACE: usize = 32 << 20;
 
-/// An error for a failed driver call; out of memory and "no device" get their own kinds.
+/// An error for a failed driver call; out of memory and "no device" get their own kinds. The
+/// message names the call and the `CUresult` (by name, without calling into the driver).
 pub fn driver_error(call: &str, result: cu::CUresult) -> Error {
     let kind = match result {
         cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY => ErrorKind::OutOfMemory,
         cu::CUresult::CUDA_ERROR_NO_DEVICE => ErrorKind::CudaNoDevice,
         _ => ErrorKind::CudaError,
     };
-    let mut name = std::ptr::null();
-    // SAFETY: cuGetErrorName writes a static string or leaves the pointer NULL.
-    unsafe { cu::cuGetErrorName(result, &mut name) };
-    let name = if name.is_null() {
-        format!("{result:?}")
-    } else {
-        // SAFETY: a static NUL-terminated string of the driver.
-        unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
-    };
-    Error::new(kind, format!("{call} failed with {name} ({})", result as i32))
+    Error::new(kind, format!("{call} failed with {result:?} ({})", result as i32))
 }
 
 /// `Ok` for `CUDA_SUCCESS`, else [`driver_error`] naming the call.
@@ -72,10 +64,12 @@ pub struct Current {
 }
 
 impl Current {
-    pub fn enter(ctx: cu::CUcontext) -> Result<Current> {
+    fn enter(ctx: cu::CUcontext) -> Result<Current> {
         let mut current = std::ptr::null_mut();
         // SAFETY: plain out-parameter.
-        driver_check(|| "cuCtxGetCurrent".into(), unsafe { cu::cuCtxGetCurrent(&mut current) })?;
+        driver_check(|| "cuCtxGetCurrent".into(), unsafe {
+            cu::cuCtxGetCurrent(&mut current)
+        })?;
         if current == ctx {
             return Ok(Current { pushed: false });
         }
@@ -222,9 +216,10 @@ impl Device {
         blas_check("cublasSetMathMode(CUBLAS_DEFAULT_MATH)", unsafe {
             blas::cublasSetMathMode(device.blas, blas::cublasMath_t::CUBLAS_DEFAULT_MATH)
         })?;
-        driver_check(|| format!("cuMemAlloc({BLAS_WORKSPACE} bytes, cuBLAS workspace)"), unsafe {
-            cu::cuMemAlloc_v2(&mut device.blas_workspace, BLAS_WORKSPACE)
-        })?;
+        driver_check(
+            || format!("cuMemAlloc({BLAS_WORKSPACE} bytes, cuBLAS workspace)"),
+            unsafe { cu::cuMemAlloc_v2(&mut device.blas_workspace, BLAS_WORKSPACE) },
+        )?;
         blas_check("cublasSetWorkspace", unsafe {
             blas::cublasSetWorkspace_v2(device.blas, device.blas_workspace as *mut c_void, BLAS_WORKSPACE)
         })?;
@@ -392,7 +387,12 @@ impl Device {
             match unsafe { cu::cuEventQuery(event) } {
                 cu::CUresult::CUDA_SUCCESS => return Ok(()),
                 cu::CUresult::CUDA_ERROR_NOT_READY => {}
-                other => return Err(driver_error(&format!("cuEventQuery ({what} on the {stream:?} stream)"), other)),
+                other => {
+                    return Err(driver_error(
+                        &format!("cuEventQuery ({what} on the {stream:?} stream)"),
+                        other,
+                    ));
+                }
             }
             self.nccl().async_error()?;
             if start.elapsed() > self.timeout {
@@ -481,7 +481,16 @@ impl Device {
                         root,
                     } => (
                         "ncclReduce",
-                        (api.reduce)(ptr(send), ptr(recv), count as usize, dtype(t), NCCL_SUM, root as i32, comm, stream),
+                        (api.reduce)(
+                            ptr(send),
+                            ptr(recv),
+                            count as usize,
+                            dtype(t),
+                            NCCL_SUM,
+                            root as i32,
+                            comm,
+                            stream,
+                        ),
                     ),
                     NcclCall::Broadcast {
                         send,
@@ -491,7 +500,15 @@ impl Device {
                         root,
                     } => (
                         "ncclBroadcast",
-                        (api.broadcast)(ptr(send), ptr(recv), count as usize, dtype(t), root as i32, comm, stream),
+                        (api.broadcast)(
+                            ptr(send),
+                            ptr(recv),
+                            count as usize,
+                            dtype(t),
+                            root as i32,
+                            comm,
+                            stream,
+                        ),
                     ),
                     NcclCall::ReduceScatter {
                         send,
@@ -500,7 +517,15 @@ impl Device {
                         dtype: t,
                     } => (
                         "ncclReduceScatter",
-                        (api.reduce_scatter)(ptr(send), ptr(recv), recv_count as usize, dtype(t), NCCL_SUM, comm, stream),
+                        (api.reduce_scatter)(
+                            ptr(send),
+                            ptr(recv),
+                            recv_count as usize,
+                            dtype(t),
+                            NCCL_SUM,
+                            comm,
+                            stream,
+                        ),
                     ),
                     NcclCall::AllGather {
                         send,

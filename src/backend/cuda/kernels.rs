@@ -82,22 +82,22 @@ impl Modules {
                         let image = image(kernel.source(), cc)?;
                         let mut module = std::ptr::null_mut();
                         // SAFETY: a CUBIN image for this device, alive across the call.
-                        driver_check(
-                            || format!("cuModuleLoadData({})", kernel.source()),
-                            unsafe { cu::cuModuleLoadData(&mut module, image.as_ptr().cast()) },
-                        )?;
+                        driver_check(|| format!("cuModuleLoadData({})", kernel.source()), unsafe {
+                            cu::cuModuleLoadData(&mut module, image.as_ptr().cast())
+                        })?;
                         loaded.modules.push(module);
                         by_source.insert(kernel.source(), module);
                         module
                     }
                 };
-                let Ok(name) = CString::new(kernel.name()) else { bail!(Internal, "kernel name {} has a NUL", kernel.name()) };
+                let Ok(name) = CString::new(kernel.name()) else {
+                    bail!(Internal, "kernel name {} has a NUL", kernel.name())
+                };
                 let mut function = std::ptr::null_mut();
                 // SAFETY: a loaded module and a NUL-terminated name.
-                driver_check(
-                    || format!("cuModuleGetFunction({})", kernel.name()),
-                    unsafe { cu::cuModuleGetFunction(&mut function, module, name.as_ptr()) },
-                )?;
+                driver_check(|| format!("cuModuleGetFunction({})", kernel.name()), unsafe {
+                    cu::cuModuleGetFunction(&mut function, module, name.as_ptr())
+                })?;
                 loaded.functions.insert(kernel, function);
             }
             Ok(())

@@ -1,5 +1,251 @@
-//! The CUDA backend: the caller's stream and NCCL communicator, NVRTC-compiled kernels.
+//! The CUDA backend: the caller's stream and NCCL communicator, NVRTC-compiled kernels,
+//! cuBLAS for the Newton–Schulz products.
+//!
+//! It is built in two halves. The [`translate::Translator`] turns every backend operation
+//! into a list of device [`action::Action`]s (kernel launches with grids and arguments,
+//! cuBLAS calls, NCCL calls, event records and waits, copies) and needs no device; the
+//! [`device::Device`] executes those actions with the driver. [`CudaBackend`] is the two
+//! together; [`dry_run::DryRun`] is the translator alone with virtual addresses, which lets
+//! the no-GPU tests run every op of a real schedule through the CUDA translation.
+//!
+//! Pointer kinds: every address this backend hands out (param and grad views, MXFP8
+//! storage) is a device pointer of the context current at finalize. `Backend::upload` and
+//! `Backend::download` take and return host values (copied through the caller's stream).
+//! `muon_param_desc_t::init_data` is documented as a device pointer on this backend, but the
+//! C layer (`capi::param`) still reads it as host memory before the optimizer sees it; until
+//! that read copies device memory (`cuMemcpyDtoH`) for optimizers on an NCCL communicator,
+//! pass host init values.
 
+pub mod action;
+pub mod device;
+pub mod dry_run;
+pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
 pub mod probe;
+pub mod translate;
+
+use std::any::Any;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::backend::recording::Op;
+use crate::bail;
+use crate::comm::Communicator;
+use crate::config::Dtype;
+use crate::error::Result;
+use crate::numerics::bf16::bf16_to_f32;
+use crate::numerics::muon::MuonOptions;
+use action::Action;
+use device::Device;
+use translate::Translator;
+
+/// The caller's `cudaStream_t`, borrowed: NULL is the legacy default stream. The library never
+/// destroys it.
+#[derive(Debug, Clone, Copy)]
+pub struct CallerStream(pub *mut c_void);
+
+// SAFETY: a stream handle may be used from any thread; the library uses it from one thread at a
+// time (one thread per optimizer handle).
+unsafe impl Send for CallerStream {}
+
+impl CallerStream {
+    /// The legacy default stream.
+    pub const NULL: CallerStream = CallerStream(std::ptr::null_mut());
+
+    pub fn is_null(self) -> bool {
+        self.0.is_null()
+    }
+}
+
+/// One rank's cuda backend.
+pub struct CudaBackend {
+    translator: Translator,
+    device: Device,
+}
+
+fn panic_text(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// The single readback of an op's actions.
+fn single(mut out: Vec<Vec<u8>>) -> Result<Vec<u8>> {
+    match (out.pop(), out.is_empty()) {
+        (Some(bytes), true) => Ok(bytes),
+        _ => bail!(Internal, "expected exactly one device-to-host copy"),
+    }
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = [u8; 8]> + '_ {
+    bytes.chunks_exact(8).map(|c| {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(c);
+        word
+    })
+}
+
+impl CudaBackend {
+    /// A backend for `comm`'s rank on the caller's `stream`, in the CUDA context current on
+    /// this thread (the framework's device). Fails with CudaUnavailable / CudaNoDevice without
+    /// a usable driver, NvrtcUnavailable / KernelCompileFailed when the kernels cannot be
+    /// built, CudaUnavailable without cuBLAS, CommMismatch when the communicator lives on
+    /// another device. Never panics: the driver library is only entered after its presence
+    /// check, and inside `catch_unwind`.
+    pub fn new(comm: Arc<Communicator>, stream: CallerStream, muon: MuonOptions, timeout: Duration) -> Result<Self> {
+        probe::device_count()?;
+        match catch_unwind(AssertUnwindSafe(|| Self::create(comm, stream, muon, timeout))) {
+            Ok(result) => result,
+            Err(payload) => bail!(
+                CudaError,
+                "the CUDA driver binding panicked while setting up the cuda backend: {}",
+                panic_text(payload.as_ref())
+            ),
+        }
+    }
+
+    fn create(comm: Arc<Communicator>, stream: CallerStream, muon: MuonOptions, timeout: Duration) -> Result<Self> {
+        let (rank, dp) = (comm.rank(), comm.size());
+        let device = Device::new(comm, stream.0.cast(), timeout)?;
+        let mut backend = CudaBackend {
+            translator: Translator::new(rank, dp, muon),
+            device,
+        };
+        let setup = backend.translator.setup();
+        backend.run(setup)?;
+        Ok(backend)
+    }
+
+    /// Executes `actions` in the backend's context; returns what the `CopyOut`s read.
+    fn run(&mut self, actions: Vec<Action>) -> Result<Vec<Vec<u8>>> {
+        let _current = self.device.enter()?;
+        let mut out = Vec::new();
+        for action in &actions {
+            match *action {
+                Action::Alloc { buf, bytes } => {
+                    let ptr = self.device.alloc(buf, bytes)?;
+                    self.translator.bind(buf, ptr, bytes);
+                }
+                ref other => self.device.execute(other, &mut out)?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn op(&mut self, op: &Op) -> Result<Vec<Vec<u8>>> {
+        let actions = self.translator.translate(op)?;
+        self.run(actions)
+    }
+}
+
+impl Backend for CudaBackend {
+    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
+        self.op(&Op::Allocate(layout.clone())).map(drop)
+    }
+
+    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()> {
+        self.op(&Op::upload(dst, values)).map(drop)
+    }
+
+    fn download(&mut self, src: Span) -> Result<Vec<f32>> {
+        let dtype = self.translator.dtype(src)?;
+        let bytes = single(self.op(&Op::Download(src))?)?;
+        Ok(match dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+        })
+    }
+
+    fn memset_zero(&mut self, span: Span) -> Result<()> {
+        self.op(&Op::MemsetZero(span)).map(drop)
+    }
+
+    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
+        self.op(&Op::scale(span, factor)).map(drop)
+    }
+
+    fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
+        self.op(&Op::Cast { src, dst }).map(drop)
+    }
+
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
+        let bytes = single(self.op(&Op::SquaredNorm(spans.to_vec()))?)?;
+        match words(&bytes).next() {
+            Some(word) => Ok(f64::from_le_bytes(word)),
+            None => bail!(Internal, "squared_norm: no result"),
+        }
+    }
+
+    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
+        self.op(&Op::MuonUpdate(job.clone())).map(drop)
+    }
+
+    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
+        self.op(&Op::AdamwUpdate(job.clone())).map(drop)
+    }
+
+    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.op(&Op::Record { stream, event }).map(drop)
+    }
+
+    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.op(&Op::Wait { stream, event }).map(drop)
+    }
+
+    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
+        self.op(&Op::Collectives(ops.to_vec())).map(drop)
+    }
+
+    /// The ranks' values are all-gathered and summed on the host in rank order, so the sum
+    /// is bit-identical to the host backend's at any dp (an NCCL all-reduce would add in the
+    /// order of its ring or tree).
+    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
+        let bytes = single(self.op(&Op::all_reduce_f64(value))?)?;
+        let mut values = words(&bytes).map(f64::from_le_bytes);
+        let Some(first) = values.next() else {
+            bail!(Internal, "all_reduce_f64: no result")
+        };
+        Ok(values.fold(first, |acc, v| acc + v))
+    }
+
+    /// NCCL all-gather of one word per rank on the comm stream; host-synchronizing.
+    fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
+        let bytes = single(self.op(&Op::AllGatherU64 { value })?)?;
+        Ok(words(&bytes).map(u64::from_le_bytes).collect())
+    }
+
+    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
+        self.op(&Op::Mxfp8Quantize { stream, src, param }).map(drop)
+    }
+
+    fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
+        self.translator
+            .mxfp8_addresses(param)
+            .map(|parts| parts.map(|p| p as *mut u8))
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.op(&Op::Synchronize).map(drop)
+    }
+
+    fn address(&self, span: Span) -> *mut c_void {
+        self.translator
+            .address(span)
+            .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
+    }
+}

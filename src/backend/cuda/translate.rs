@@ -213,10 +213,14 @@ impl Translator {
     /// The allocations a backend makes at creation, before `allocate`: the scalar slots the
     /// plan-hash exchange and the step's reductions use.
     pub fn setup(&self) -> Vec<Action> {
-        vec![Action::Alloc {
-            buf: Buf::Scalars,
-            bytes: (2 + self.dp as u64) * 8,
-        }]
+        vec![
+            Action::Alloc {
+                buf: Buf::Scalars,
+                bytes: (2 + self.dp as u64) * 8,
+            },
+            // Zeroed on the compute stream; the comm stream uses the slots next.
+            Action::Synchronize(StreamKind::Compute),
+        ]
     }
 
     /// Records where `buf` was allocated.
@@ -280,6 +284,11 @@ impl Translator {
         Ok(r)
     }
 
+    /// The element type of `span`'s memory.
+    pub fn dtype(&self, span: Span) -> Result<Dtype> {
+        Ok(self.resolve(span)?.dtype)
+    }
+
     /// Device address of the first element of `span`.
     pub fn address(&self, span: Span) -> Result<DevPtr> {
         Ok(self.resolve(span)?.ptr)
@@ -293,7 +302,7 @@ impl Translator {
 
     /// The all-gather of one 8-byte value per rank: the value goes to the send slot, the
     /// ranks' values come back in rank order (`dp · 8` bytes, the result of the actions).
-    pub fn exchange(&self, value: [u8; 8]) -> Result<Vec<Action>> {
+    fn exchange(&self, value: [u8; 8]) -> Result<Vec<Action>> {
         let (send, recv) = (self.scalar(1)?, self.scalar(2)?);
         Ok(vec![
             Action::CopyIn {
@@ -362,14 +371,18 @@ impl Translator {
             Op::Collectives(ops) => Ok(vec![Action::Nccl(
                 ops.iter().map(|op| self.collective(op)).collect::<Result<_>>()?,
             )]),
-            Op::AllReduceF64 { value_bits } => self.exchange(f64::from_bits(*value_bits).to_le_bytes()),
+            Op::AllReduceF64 { value_bits } => self.exchange(value_bits.to_le_bytes()),
+            Op::AllGatherU64 { value } => self.exchange(value.to_le_bytes()),
             Op::Mxfp8Quantize { stream, src, param } => self.mxfp8_quantize(*stream, *src, *param),
             Op::Synchronize => Ok(vec![
                 Action::Synchronize(StreamKind::Compute),
                 Action::Synchronize(StreamKind::Comm),
             ]),
             Op::Mxfp8Addresses(_) | Op::Address(_) => {
-                bail!(Internal, "{op:?} is a query without device work; use Translator::address")
+                bail!(
+                    Internal,
+                    "{op:?} is a query without device work; use Translator::address"
+                )
             }
         }
     }
@@ -616,7 +629,13 @@ impl Translator {
             let comp_rows = split[i];
             let batch = split[i..].iter().take_while(|&&r| r == comp_rows).count() as u64;
             let (x, transposed) = self.newton_schulz(&mut actions, update + start * 4, comp_rows, cols, batch)?;
-            let step = lr_eff * muon_scale(opts.scale_mode, comp_rows as usize, cols as usize, opts.extra_scale_factor);
+            let step = lr_eff
+                * muon_scale(
+                    opts.scale_mode,
+                    comp_rows as usize,
+                    cols as usize,
+                    opts.extra_scale_factor,
+                );
             actions.push(launch(
                 Kernel::MuonApply,
                 batch * comp_rows * cols,
@@ -641,7 +660,14 @@ impl Translator {
     /// Newton–Schulz of `batch` consecutive `rows × cols` f32 matrices at `u`
     /// (`numerics::newton_schulz`, step for step). Returns where the result is (`m × n`, per
     /// matrix) and whether it is transposed.
-    fn newton_schulz(&self, actions: &mut Vec<Action>, u: DevPtr, rows: u64, cols: u64, batch: u64) -> Result<(DevPtr, bool)> {
+    fn newton_schulz(
+        &self,
+        actions: &mut Vec<Action>,
+        u: DevPtr,
+        rows: u64,
+        cols: u64,
+        batch: u64,
+    ) -> Result<(DevPtr, bool)> {
         let (m, n) = (rows.min(cols), rows.max(cols));
         let transposed = rows > cols;
         let (mn, mm) = (m * n, m * m);
@@ -785,8 +811,13 @@ impl Translator {
             Dtype::Bf16 => NcclType::Bf16,
         };
         let chunk_of = |r: &Resolved| {
-            if r.len % self.dp as u64 != 0 {
-                bail!(Internal, "{op:?}: {} elements do not split into {} equal chunks", r.len, self.dp);
+            if !r.len.is_multiple_of(self.dp as u64) {
+                bail!(
+                    Internal,
+                    "{op:?}: {} elements do not split into {} equal chunks",
+                    r.len,
+                    self.dp
+                );
             }
             Ok(r.len / self.dp as u64)
         };

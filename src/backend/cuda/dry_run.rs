@@ -1,0 +1,85 @@
+//! The cuda backend's translation without a device: every op goes through the
+//! [`Translator`] and allocations get virtual addresses. As a [`Recording`] observer beside a
+//! real backend it checks, on any machine, that every op of a schedule run has a CUDA
+//! implementation and which device actions it becomes.
+//!
+//! [`Recording`]: crate::backend::recording::Recording
+
+use crate::backend::cuda::action::{Action, DevPtr};
+use crate::backend::cuda::translate::Translator;
+use crate::backend::recording::{Observer, Op};
+use crate::error::Result;
+use crate::numerics::muon::MuonOptions;
+
+/// First virtual address; allocations are 512-byte aligned like `cuMemAlloc`'s.
+const VIRTUAL_BASE: DevPtr = 1 << 40;
+const ALIGN: DevPtr = 512;
+
+/// What one op became.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Translated {
+    /// A command: its device actions.
+    Actions(Vec<Action>),
+    /// `Address`: the device address.
+    Address(DevPtr),
+    /// `Mxfp8Addresses`: the four device addresses, or None when the param has no storage.
+    Mxfp8(Option<[DevPtr; 4]>),
+}
+
+/// The translator of one rank with a virtual address space.
+#[derive(Debug)]
+pub struct DryRun {
+    translator: Translator,
+    next: DevPtr,
+    /// Every op received, in order, with its translation.
+    pub log: Vec<(Op, Result<Translated>)>,
+}
+
+impl DryRun {
+    /// Rank `rank` of `dp` with the Muon options of the config; the creation-time allocations
+    /// are made as `CudaBackend::new` makes them.
+    pub fn new(rank: usize, dp: usize, muon: MuonOptions) -> Self {
+        let mut dry = DryRun {
+            translator: Translator::new(rank, dp, muon),
+            next: VIRTUAL_BASE,
+            log: Vec::new(),
+        };
+        let setup = dry.translator.setup();
+        dry.bind(&setup);
+        dry
+    }
+
+    /// The ops received, in order.
+    pub fn received(&self) -> Vec<Op> {
+        self.log.iter().map(|(op, _)| op.clone()).collect()
+    }
+
+    fn bind(&mut self, actions: &[Action]) {
+        for action in actions {
+            if let Action::Alloc { buf, bytes } = *action {
+                let ptr = if bytes == 0 { 0 } else { self.next };
+                self.next += bytes.next_multiple_of(ALIGN);
+                self.translator.bind(buf, ptr, bytes);
+            }
+        }
+    }
+
+    fn translate(&mut self, op: &Op) -> Result<Translated> {
+        match op {
+            Op::Address(span) => self.translator.address(*span).map(Translated::Address),
+            Op::Mxfp8Addresses(param) => Ok(Translated::Mxfp8(self.translator.mxfp8_addresses(*param))),
+            command => {
+                let actions = self.translator.translate(command)?;
+                self.bind(&actions);
+                Ok(Translated::Actions(actions))
+            }
+        }
+    }
+}
+
+impl Observer for DryRun {
+    fn observe(&mut self, op: &Op) {
+        let translated = self.translate(op);
+        self.log.push((op.clone(), translated));
+    }
+}

@@ -1,0 +1,305 @@
+//! Harness of the checkpoint tests: a model with every kind of component (fused SwiGLU and QKV
+//! matrices, expert stacks with and without splits, an AdamW-routed expert stack whose shards
+//! cut experts), groups of ranks on threads, and gradients that make training bitwise
+//! independent of dp.
+//!
+//! The gradients are the same on every rank and every element is ±2^e, so the reduced gradient
+//! is exact at every dp: with pre-scaling by 1/dp, `dp·(g·(1/dp))` summed in rank order gives
+//! back `g` exactly for dp ∈ {1, 2, 3, 4} (for dp = 3, `3·f32(1/3)·2^e` rounds to `2^e`). A run
+//! resumed at another dp must therefore match an uninterrupted run bit for bit.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use muon_opt::backend::cuda::CallerStream;
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
+use muon_opt::error::Result;
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::optimizer::Optimizer;
+use muon_opt::schedule::{OwnedState, StepArgs};
+
+pub const ARGS: StepArgs = StepArgs {
+    lr: 0.02,
+    weight_decay: 0.1,
+    adam_lr: 0.003,
+    adam_weight_decay: 0.01,
+};
+
+fn flagged(name: String, shape: &[u64], flags: u32) -> ParamSpec {
+    let mut p = ParamSpec::new(name, shape, Dtype::Bf16);
+    p.flags = ParamFlags(flags);
+    p
+}
+
+/// The test model (registration order = forward order).
+pub fn model() -> Vec<ParamSpec> {
+    let mut params = vec![flagged(
+        "embedding.weight".into(),
+        &[64, 32],
+        ParamFlags::EMBEDDING_OR_OUTPUT,
+    )];
+    for layer in 0..2 {
+        let name = |suffix: &str| format!("layers.{layer}.{suffix}");
+        let mut qkv = ParamSpec::new(name("qkv.weight"), &[96, 32], Dtype::Bf16);
+        qkv.split_sizes = vec![32, 32, 32];
+        params.push(qkv);
+        params.push(ParamSpec::new(name("proj.weight"), &[32, 32], Dtype::Bf16));
+        params.push(ParamSpec::new(name("norm.weight"), &[32], Dtype::F32));
+        let mut fc1 = ParamSpec::new(name("fc1.weight"), &[128, 32], Dtype::Bf16);
+        fc1.split_sizes = vec![64, 64];
+        params.push(fc1);
+        params.push(ParamSpec::new(name("fc2.weight"), &[32, 64], Dtype::Bf16));
+        params.push(flagged(name("router.weight"), &[8, 32], ParamFlags::NO_MUON));
+        let mut experts_fc1 = flagged(name("experts.fc1"), &[4, 48, 32], ParamFlags::EXPERT_STACK);
+        experts_fc1.split_sizes = vec![24, 24];
+        params.push(experts_fc1);
+        params.push(flagged(name("experts.fc2"), &[4, 32, 24], ParamFlags::EXPERT_STACK));
+        params.push(flagged(
+            name("experts.scale"),
+            &[4, 48, 20],
+            ParamFlags::EXPERT_STACK | ParamFlags::NO_MUON,
+        ));
+    }
+    params.push(flagged(
+        "output.weight".into(),
+        &[64, 32],
+        ParamFlags::EMBEDDING_OR_OUTPUT,
+    ));
+    params
+}
+
+pub fn config(layout: MuonLayout) -> Config {
+    Config {
+        muon_layout: layout,
+        bucket_size: 3000,
+        clip_grad: 0.0,
+        muon_ns_precision: NsPrecision::F32,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    }
+}
+
+fn mix(seed: u64) -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^ (x >> 29)
+}
+
+pub fn init_values(p: usize, numel: u64) -> Vec<f32> {
+    (0..numel)
+        .map(|i| 0.1 * ((mix(((p as u64) << 32) | i) >> 40) as f32 / (1u64 << 24) as f32 - 0.5))
+        .collect()
+}
+
+/// The gradient of param `p` at `step` given the values every rank sees: ±2^e per element,
+/// with sign and exponent drawn from the step, the position and the value's bits.
+pub fn grad(step: u64, p: usize, seen: &[f32]) -> Vec<f32> {
+    seen.iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let h = mix((step << 48) ^ ((p as u64) << 32) ^ ((i as u64) << 8) ^ w.to_bits() as u64);
+            let magnitude = 2f32.powi(-14 + (h % 8) as i32);
+            if (h >> 20) & 1 == 1 { -magnitude } else { magnitude }
+        })
+        .collect()
+}
+
+/// A directory under the system temp dir, deleted on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("muon-ckpt-{}-{label}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Everything observable: per rank the step count and the params it holds; per param the
+/// master and each moment assembled from every rank's owned pieces, in global coordinates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub names: Vec<String>,
+    pub steps: Vec<u64>,
+    pub params: Vec<Vec<Vec<f32>>>,
+    pub state: Vec<Vec<Vec<f32>>>,
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+impl Snapshot {
+    /// Asserts bitwise equality, naming the first difference.
+    pub fn assert_same(&self, expected: &Snapshot, label: &str) {
+        let names = &self.names;
+        for (rank, &steps) in self.steps.iter().enumerate() {
+            assert_eq!(steps, expected.steps[0], "{label}: step count of rank {rank}");
+        }
+        for (p, (a, e)) in self.state.iter().zip(&expected.state).enumerate() {
+            assert_eq!(a.len(), e.len(), "{label}: state tensors of {}", names[p]);
+            for (k, (x, y)) in a.iter().zip(e).enumerate() {
+                assert!(bits(x) == bits(y), "{label}: state tensor {k} of {} differs", names[p]);
+            }
+        }
+        for (rank, params) in self.params.iter().enumerate() {
+            for (p, values) in params.iter().enumerate() {
+                assert!(
+                    bits(values) == bits(&expected.params[0][p]),
+                    "{label}: rank {rank} holds different values of {}",
+                    names[p]
+                );
+            }
+        }
+    }
+}
+
+/// Assembles owned pieces into per-param tensors (master, then each moment).
+pub fn assemble(specs: &[ParamSpec], owned: Vec<Vec<OwnedState>>) -> Vec<Vec<Vec<f32>>> {
+    let mut state: Vec<Vec<Vec<f32>>> = specs.iter().map(|_| Vec::new()).collect();
+    for piece in owned.into_iter().flatten() {
+        let slot = &mut state[piece.param as usize];
+        if slot.is_empty() {
+            *slot = vec![vec![f32::NAN; specs[piece.param as usize].numel() as usize]; 1 + piece.moments.len()];
+        }
+        let r = piece.range.start as usize..piece.range.end as usize;
+        slot[0][r.clone()].copy_from_slice(&piece.master);
+        for (k, m) in piece.moments.iter().enumerate() {
+            slot[1 + k][r.clone()].copy_from_slice(m);
+        }
+    }
+    state
+}
+
+/// A finalized group of ranks on threads.
+pub struct Group {
+    pub opts: Vec<Optimizer>,
+    pub specs: Vec<ParamSpec>,
+}
+
+impl Group {
+    pub fn new(cfg: &Config, dp: usize) -> Group {
+        Self::with_model(cfg, dp, &model())
+    }
+
+    pub fn with_model(cfg: &Config, dp: usize, specs: &[ParamSpec]) -> Group {
+        let mut opts: Vec<Optimizer> = HostGroup::new(dp, Duration::from_secs(20))
+            .into_iter()
+            .map(|c| {
+                let comm = Communicator::new(Transport::Host(c));
+                Optimizer::new(cfg.clone(), comm.claim().unwrap(), CallerStream::NULL).unwrap()
+            })
+            .collect();
+        for opt in &mut opts {
+            for (p, spec) in specs.iter().enumerate() {
+                opt.add_param(spec.clone(), Some(init_values(p, spec.numel()))).unwrap();
+            }
+        }
+        let mut group = Group {
+            opts,
+            specs: specs.to_vec(),
+        };
+        group.run(|_, opt| opt.finalize()).into_iter().for_each(|r| r.unwrap());
+        group
+    }
+
+    pub fn dp(&self) -> usize {
+        self.opts.len()
+    }
+
+    /// Runs `f` on every rank at once.
+    pub fn run<T: Send>(&mut self, f: impl Fn(usize, &mut Optimizer) -> T + Sync) -> Vec<T> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .opts
+                .iter_mut()
+                .enumerate()
+                .map(|(rank, opt)| {
+                    let f = &f;
+                    scope.spawn(move || f(rank, opt))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// `steps` more steps; the data of a step depends on the step count the rank has reached.
+    pub fn train(&mut self, steps: u64) {
+        self.run(|_, opt| {
+            let n = opt.registry().len();
+            for _ in 0..steps {
+                let step = opt.running().unwrap().steps();
+                opt.zero_grad().unwrap();
+                let buckets = opt.plan().unwrap().buckets.len() as u32;
+                for b in 0..buckets {
+                    opt.wait_params(b).unwrap();
+                }
+                for p in (0..n).rev() {
+                    let seen = opt.running().unwrap().param_values(p).unwrap();
+                    let g = grad(step, p, &seen);
+                    let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
+                    // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
+                    unsafe { std::slice::from_raw_parts_mut(ptr, g.len()) }.copy_from_slice(&g);
+                    opt.grad_ready(p as u32).unwrap();
+                }
+                assert!(!opt.step(&ARGS).unwrap().skipped);
+            }
+        });
+    }
+
+    pub fn save(&mut self, dir: &Path) -> Vec<Result<()>> {
+        self.run(|_, opt| opt.save(dir))
+    }
+
+    pub fn load(&mut self, dir: &Path) -> Vec<Result<()>> {
+        self.run(|_, opt| opt.load(dir))
+    }
+
+    pub fn snapshot(&mut self) -> Snapshot {
+        let per_rank = self.run(|_, opt| {
+            let n = opt.registry().len();
+            let rt = opt.running().unwrap();
+            rt.synchronize().unwrap();
+            let params: Vec<Vec<f32>> = (0..n).map(|p| rt.param_values(p).unwrap()).collect();
+            (rt.steps(), params, rt.owned_state().unwrap())
+        });
+        let steps = per_rank.iter().map(|r| r.0).collect();
+        let params = per_rank.iter().map(|r| r.1.clone()).collect();
+        let state = assemble(&self.specs, per_rank.into_iter().map(|r| r.2).collect());
+        let names = self.specs.iter().map(|s| s.name.clone()).collect();
+        Snapshot {
+            names,
+            steps,
+            params,
+            state,
+        }
+    }
+}
+
+/// Unwraps every rank's result.
+pub fn all_ok(results: Vec<Result<()>>, what: &str) {
+    for (rank, r) in results.into_iter().enumerate() {
+        if let Err(e) = r {
+            panic!("{what} on rank {rank}: {e:?}");
+        }
+    }
+}

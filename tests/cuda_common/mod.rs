@@ -1,0 +1,80 @@
+//! Shared by the cuda backend tests: builds a rank's `Runtime` on any backend and drives
+//! iterations through the backend ops only (gradients are written with `Backend::upload`,
+//! so the same driver works on host memory, on virtual device addresses and on a GPU).
+//! The including test file also declares `mod common;`.
+
+#![allow(dead_code)]
+
+use muon_opt::backend::Backend;
+use muon_opt::backend::ops::{Mem, Span};
+use muon_opt::config::Config;
+use muon_opt::model::{ParamFlags, ParamSpec, Registry};
+use muon_opt::plan::build_plan;
+use muon_opt::schedule::{Runtime, StepInfo};
+
+use crate::common::{ARGS, init_values, model, rank_grad};
+
+/// The common test model plus fused matrices with non-square components (wide, and tall so
+/// they are orthogonalized transposed; both run as strided batches) and MXFP8 params (a fused
+/// Muon matrix and an AdamW matrix).
+pub fn cuda_model() -> Vec<ParamSpec> {
+    let mut params = model();
+    let mut wide = ParamSpec::new("fused.wide.weight", &[64, 48], muon_opt::config::Dtype::Bf16);
+    wide.split_sizes = vec![16, 16, 16, 16];
+    params.push(wide);
+    let mut tall = ParamSpec::new("fused.tall.weight", &[112, 16], muon_opt::config::Dtype::Bf16);
+    tall.split_sizes = vec![48, 48, 16];
+    params.push(tall);
+    let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
+    fc.flags = ParamFlags(ParamFlags::MXFP8);
+    fc.split_sizes = vec![32, 32];
+    params.push(fc);
+    let mut router = ParamSpec::new("mx.router.weight", &[32, 64], muon_opt::config::Dtype::Bf16);
+    router.flags = ParamFlags(ParamFlags::MXFP8 | ParamFlags::NO_MUON);
+    params.push(router);
+    params
+}
+
+/// Rank `rank` of `dp`'s runtime on `backend`, initialised with `common::init_values`.
+pub fn runtime(cfg: &Config, specs: &[ParamSpec], rank: usize, dp: usize, backend: Box<dyn Backend>) -> Runtime {
+    let mut registry = Registry::default();
+    for spec in specs {
+        registry.add(spec.clone(), cfg).unwrap();
+    }
+    let plan = build_plan(registry.params(), registry.routes(), cfg, dp).unwrap();
+    let init: Vec<Vec<f32>> = specs
+        .iter()
+        .enumerate()
+        .map(|(p, s)| init_values(p, s.numel()))
+        .collect();
+    Runtime::new(Box::new(plan), specs.to_vec(), cfg.clone(), rank, backend, |p| {
+        Some(&init[p][..])
+    })
+    .unwrap()
+}
+
+/// One iteration: zero_grad, forward waits, every gradient uploaded in backward order
+/// (with a NaN in param 0's gradient on rank 0 when `nan`), grad_ready, step, forward waits.
+pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo {
+    rt.zero_grad().unwrap();
+    let buckets = rt.plan().buckets.len() as u32;
+    for b in 0..buckets {
+        rt.wait_params(b).unwrap();
+    }
+    for p in (0..rt.plan().params.len()).rev() {
+        let seen = rt.param_values(p).unwrap();
+        let mut grad = rank_grad(step, rank, p, &seen);
+        if nan && rank == 0 && p == 0 {
+            grad[0] = f32::NAN;
+        }
+        let placement = &rt.plan().params[p];
+        let span = Span::new(Mem::Grad(placement.buffer), placement.offset, placement.numel);
+        rt.backend_mut().upload(span, &grad).unwrap();
+        rt.grad_ready(p as u32).unwrap();
+    }
+    let info = rt.step(&ARGS).unwrap();
+    for b in 0..buckets {
+        rt.wait_params(b).unwrap();
+    }
+    info
+}

@@ -1,0 +1,441 @@
+//! The cuda backend on a real GPU against the host backend (`cargo test --features gpu-tests`).
+//! Needs a CUDA driver and device, libnccl.so.2, NVRTC 13 and cuBLAS 13 on LD_LIBRARY_PATH;
+//! without them every test prints a SKIPPED notice and passes. One rank: a 1-rank NCCL
+//! communicator made with `ncclCommInitRank` (resolved with dlsym from libnccl.so.2).
+//!
+//! Expected: element-wise kernels, the gradient-norm skip decision and MXFP8 bytes bit for
+//! bit; Newton–Schulz (cuBLAS) within tolerance; the golden Newton–Schulz vectors of
+//! `shared/golden/ns` within f32 accuracy.
+
+#![cfg(feature = "gpu-tests")]
+
+mod common;
+mod cuda_common;
+
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use cuda_common::{cuda_model, iterate, runtime};
+use cudarc::driver::CudaContext;
+use muon_opt::backend::Backend;
+use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
+use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::backend::host::executor::HostBackend;
+use muon_opt::backend::ops::{Mem, MemoryLayout, MuonJob, Span};
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
+use muon_opt::model::{ParamSpec, Route};
+use muon_opt::numerics::muon::{MuonOptions, MuonStepArgs, muon_scale};
+use muon_opt::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
+use muon_opt::numerics::newton_schulz::NsOptions;
+use muon_opt::optimizer::Optimizer;
+use serde_json::Value;
+
+/// One GPU test at a time (one device, one NCCL communicator each).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId {
+    internal: [c_char; 128],
+}
+
+type Comm = *mut NcclCommRaw;
+
+/// The device context (bound to this thread) and a 1-rank NCCL communicator on it.
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    comm: Comm,
+    destroy: unsafe extern "C" fn(Comm) -> c_int,
+    _serial: MutexGuard<'static, ()>,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: the communicator this test created, destroyed once.
+        unsafe { (self.destroy)(self.comm) };
+    }
+}
+
+fn symbol<T: Copy>(lib: *mut c_void, name: &std::ffi::CStr) -> T {
+    // SAFETY: dlsym on a live handle; the caller names the C type of the symbol.
+    let ptr = unsafe { libc::dlsym(lib, name.as_ptr()) };
+    assert!(!ptr.is_null(), "libnccl.so.2 lacks {name:?}");
+    unsafe { std::mem::transmute_copy::<*mut c_void, T>(&ptr) }
+}
+
+fn gpu(test: &str) -> Option<Gpu> {
+    let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Err(e) = probe::device_count() {
+        eprintln!("SKIPPED {test}: {}", e.message);
+        return None;
+    }
+    // SAFETY: plain dlopen of a library name.
+    let lib = unsafe { libc::dlopen(c"libnccl.so.2".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if lib.is_null() {
+        eprintln!("SKIPPED {test}: libnccl.so.2 is not loadable (put NCCL's lib directory on LD_LIBRARY_PATH)");
+        return None;
+    }
+    let ctx = CudaContext::new(0).expect("device 0");
+    ctx.bind_to_thread().expect("bind the context");
+    let get_id: unsafe extern "C" fn(*mut UniqueId) -> c_int = symbol(lib, c"ncclGetUniqueId");
+    let init: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> c_int = symbol(lib, c"ncclCommInitRank");
+    let destroy = symbol(lib, c"ncclCommDestroy");
+    let mut id = UniqueId { internal: [0; 128] };
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: out-parameters; a 1-rank communicator on the current device.
+    unsafe {
+        assert_eq!(get_id(&mut id), 0, "ncclGetUniqueId");
+        assert_eq!(init(&mut comm, 1, id, 0), 0, "ncclCommInitRank");
+    }
+    Some(Gpu {
+        ctx,
+        comm,
+        destroy,
+        _serial: serial,
+    })
+}
+
+impl Gpu {
+    fn communicator(&self) -> Arc<Communicator> {
+        // SAFETY: the live communicator of this test, destroyed after every user.
+        Communicator::new(Transport::Nccl(unsafe { NcclComm::borrow(self.comm) }.unwrap()))
+    }
+
+    fn backend(&self, cfg: &Config, stream: CallerStream) -> CudaBackend {
+        CudaBackend::new(
+            self.communicator(),
+            stream,
+            MuonOptions::from_config(cfg),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    }
+}
+
+fn host_backend(cfg: &Config) -> HostBackend {
+    let comm = HostGroup::new(1, Duration::from_secs(20)).remove(0);
+    HostBackend::new(
+        Communicator::new(Transport::Host(comm)),
+        CommMode::Eager,
+        MuonOptions::from_config(cfg),
+    )
+    .unwrap()
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Casts in every direction, scaling of f32 and bf16, memset, bf16 staging: bit for bit.
+#[test]
+fn elementwise_ops_are_bitwise_equal_to_the_host_backend() {
+    let Some(gpu) = gpu("elementwise_ops_are_bitwise_equal_to_the_host_backend") else {
+        return;
+    };
+    let cfg = Config::default();
+    let layout = MemoryLayout {
+        buffers: vec![(4096, Dtype::Bf16), (4096, Dtype::F32)],
+        grad_dtype: Dtype::Bf16,
+        master: 4096,
+        momentum: 0,
+        adam_moments: 0,
+        max_matrix: (0, 0),
+        mxfp8: Vec::new(),
+        mxfp8_scale_layout: ScaleLayout::Compact,
+    };
+    let mut values: Vec<f32> = (0..4096).map(|i| common::noise(i) * 3.0).collect();
+    values[..8].copy_from_slice(&[
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        f32::from_bits(1),
+        f32::from_bits(0x3F80_8000),
+        f32::from_bits(0x3F81_8000),
+        f32::MAX,
+        1e-40,
+    ]);
+    let run = |backend: &mut dyn Backend| -> (Vec<Vec<u32>>, u64) {
+        backend.allocate(&layout).unwrap();
+        let span = |mem| Span::new(mem, 0, 4096);
+        backend.upload(span(Mem::Master), &values).unwrap();
+        backend.cast(span(Mem::Master), span(Mem::Param(0))).unwrap();
+        backend.cast(span(Mem::Param(0)), span(Mem::Param(1))).unwrap();
+        backend.cast(span(Mem::Master), span(Mem::Grad(0))).unwrap();
+        backend.scale(span(Mem::Grad(0)), 0.37).unwrap();
+        backend.scale(span(Mem::Param(1)), 1.0 / 3.0).unwrap();
+        backend.cast(span(Mem::Param(1)), span(Mem::Grad(1))).unwrap();
+        backend
+            .cast(Span::new(Mem::Grad(1), 0, 2048), Span::new(Mem::Staging(0), 2048, 2048))
+            .unwrap();
+        backend.memset_zero(Span::new(Mem::Param(0), 100, 7)).unwrap();
+        let norm = backend.squared_norm(&[Span::new(Mem::Grad(1), 8, 4000)]).unwrap();
+        let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]
+            .into_iter()
+            .map(|m| bits(&backend.download(span(m)).unwrap()))
+            .collect();
+        (out, norm.to_bits())
+    };
+    let (host, host_norm) = run(&mut host_backend(&cfg));
+    let (cuda, cuda_norm) = run(&mut gpu.backend(&cfg, CallerStream::NULL));
+    assert_eq!(host, cuda);
+    let (h, c) = (f64::from_bits(host_norm), f64::from_bits(cuda_norm));
+    assert!(((h - c) / h).abs() < 1e-13, "squared norm {h} vs {c}");
+}
+
+/// dp=1 optimizer runs on the cuda backend and on the host backend: AdamW state, AdamW params
+/// and the MXFP8 bytes of AdamW params bit for bit at every step (clipping off, so the norm's
+/// summation order cannot reach them); Muon within `tolerance`.
+fn compare_runs(gpu: &Gpu, label: &str, cfg: &Config, specs: &[ParamSpec], tolerance: f32) {
+    let stream = gpu.ctx.new_stream().unwrap();
+    let mut host = runtime(cfg, specs, 0, 1, Box::new(host_backend(cfg)));
+    let backend = gpu.backend(cfg, CallerStream(stream.cu_stream().cast()));
+    let mut cuda = runtime(cfg, specs, 0, 1, Box::new(backend));
+    for step in 0..4 {
+        let nan = step == 2;
+        let (a, b) = (iterate(&mut host, 0, step, nan), iterate(&mut cuda, 0, step, nan));
+        assert_eq!((a.skipped, a.step), (b.skipped, b.step), "{label}: step {step}");
+        if !a.skipped {
+            let rel = ((a.grad_norm - b.grad_norm) / a.grad_norm).abs();
+            assert!(
+                rel < 1e-6,
+                "{label}: step {step} grad norm {} vs {}",
+                a.grad_norm,
+                b.grad_norm
+            );
+        }
+        let (sa, sb) = (host.owned_state().unwrap(), cuda.owned_state().unwrap());
+        for (x, y) in sa.iter().zip(&sb) {
+            let spec = &specs[x.param as usize];
+            let arrays = std::iter::once((&x.master, &y.master)).chain(x.moments.iter().zip(&y.moments));
+            for (k, (u, v)) in arrays.enumerate() {
+                if spec.route() == Route::Adamw {
+                    assert_eq!(bits(u), bits(v), "{label}: step {step} {} array {k}", spec.name);
+                } else {
+                    let d = max_abs_diff(u, v);
+                    assert!(
+                        d <= tolerance,
+                        "{label}: step {step} {} array {k} differs by {d}",
+                        spec.name
+                    );
+                }
+            }
+        }
+        for (p, spec) in specs.iter().enumerate() {
+            let (u, v) = (host.param_values(p).unwrap(), cuda.param_values(p).unwrap());
+            if spec.route() != Route::Adamw {
+                let d = max_abs_diff(&u, &v);
+                let bf16_ulp = u.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 128.0;
+                assert!(
+                    d <= tolerance + bf16_ulp,
+                    "{label}: step {step} param {} differs by {d}",
+                    spec.name
+                );
+                continue;
+            }
+            assert_eq!(bits(&u), bits(&v), "{label}: step {step} param {}", spec.name);
+            if let (Some(h), Some(c)) = (host.mxfp8_addresses(p), cuda.mxfp8_addresses(p)) {
+                let (rows, cols) = spec.flat_2d();
+                let (rows, cols) = (rows as usize, cols as usize);
+                let size = |d| {
+                    let (r, c) = scale_shape(rows, cols, d);
+                    r * c
+                };
+                let sizes = [
+                    rows * cols,
+                    size(Direction::Rowwise),
+                    rows * cols,
+                    size(Direction::Colwise),
+                ];
+                for ((h, c), len) in h.iter().zip(c).zip(sizes) {
+                    let mut device = vec![0u8; len];
+                    // SAFETY: `len` bytes of the backend's MXFP8 storage, streams synchronized.
+                    unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut device, c as u64) }.unwrap();
+                    // SAFETY: host MXFP8 storage of `len` bytes.
+                    let host_bytes = unsafe { std::slice::from_raw_parts(*h, len) };
+                    assert_eq!(host_bytes, &device[..], "{label}: MXFP8 bytes of {}", spec.name);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn optimizer_runs_match_the_host_backend() {
+    let Some(gpu) = gpu("optimizer_runs_match_the_host_backend") else {
+        return;
+    };
+    let base = Config {
+        bucket_size: 4096,
+        host_comm_mode: CommMode::Eager,
+        clip_grad: 0.0,
+        ..Config::default()
+    };
+    let f32_ns = Config {
+        muon_ns_precision: NsPrecision::F32,
+        ..base.clone()
+    };
+    compare_runs(&gpu, "f32 NS", &f32_ns, &cuda_model(), 1e-5);
+    let mxfp8 = Config {
+        mxfp8_param_gather: true,
+        mxfp8_swizzled_scales: true,
+        grad_dtype: Dtype::Bf16,
+        ..base
+    };
+    compare_runs(&gpu, "bf16 NS, MXFP8 gather", &mxfp8, &cuda_model(), 5e-3);
+}
+
+/// Through the optimizer: create on the NCCL communicator and a caller stream, finalize (plan
+/// hash all-gathered with NCCL), device pointers in the views, grads written by the "framework"
+/// with cuMemcpyHtoD, three steps; the AdamW params equal the host optimizer's bit for bit.
+#[test]
+fn the_optimizer_runs_on_the_caller_stream_and_communicator() {
+    let Some(gpu) = gpu("the_optimizer_runs_on_the_caller_stream_and_communicator") else {
+        return;
+    };
+    let cfg = Config {
+        bucket_size: 4096,
+        clip_grad: 0.0,
+        ..Config::default()
+    };
+    let specs = common::model();
+    let stream = gpu.ctx.new_stream().unwrap();
+    let mut cuda = Optimizer::new(
+        cfg.clone(),
+        gpu.communicator().claim().unwrap(),
+        CallerStream(stream.cu_stream().cast()),
+    )
+    .unwrap();
+    let mut host = common::optimizers(&cfg, 1, Duration::from_secs(20)).remove(0);
+    for opt in [&mut cuda, &mut host] {
+        for (p, spec) in specs.iter().enumerate() {
+            opt.add_param(spec.clone(), Some(common::init_values(p, spec.numel())))
+                .unwrap();
+        }
+        opt.finalize().unwrap();
+    }
+    for step in 0..3 {
+        for (is_cuda, opt) in [(true, &mut cuda), (false, &mut host)] {
+            opt.zero_grad().unwrap();
+            for p in (0..specs.len()).rev() {
+                let seen = opt.running().unwrap().param_values(p).unwrap();
+                let grad = common::rank_grad(step, 0, p, &seen);
+                let ptr = opt.running().unwrap().address(p, true);
+                if is_cuda {
+                    stream.synchronize().unwrap();
+                    // SAFETY: the device grad view of param p holds numel f32 values.
+                    unsafe { cudarc::driver::result::memcpy_htod_sync(ptr as u64, &grad) }.unwrap();
+                } else {
+                    // SAFETY: the host grad view of param p holds numel f32 values.
+                    unsafe { std::slice::from_raw_parts_mut(ptr.cast::<f32>(), grad.len()) }.copy_from_slice(&grad);
+                }
+                opt.grad_ready(p as u32).unwrap();
+            }
+            assert!(!opt.step(&common::ARGS).unwrap().skipped);
+            opt.synchronize().unwrap();
+        }
+        for (p, spec) in specs.iter().enumerate() {
+            let (a, b) = (
+                host.running().unwrap().param_values(p).unwrap(),
+                cuda.running().unwrap().param_values(p).unwrap(),
+            );
+            if spec.route() == Route::Adamw {
+                assert_eq!(bits(&a), bits(&b), "step {step}: {}", spec.name);
+            } else {
+                assert!(max_abs_diff(&a, &b) < 2e-2, "step {step}: {}", spec.name);
+            }
+        }
+    }
+}
+
+/// The golden Newton–Schulz vectors (optax, f64 truth) through `muon_update` with momentum 0,
+/// weight decay 0, lr 1 and zero masters, so the new master is `−scale·NS(G)`.
+#[test]
+fn newton_schulz_matches_the_golden_vectors() {
+    let Some(gpu) = gpu("newton_schulz_matches_the_golden_vectors") else {
+        return;
+    };
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/golden");
+    let read = |name: &str| std::fs::read(format!("{golden}/{name}")).unwrap();
+    let manifest: Value = serde_json::from_slice(&read("manifest.json")).unwrap();
+    for case in manifest["ns"].as_array().unwrap() {
+        let (rows, cols) = (
+            case["rows"].as_u64().unwrap() as usize,
+            case["cols"].as_u64().unwrap() as usize,
+        );
+        let coefficients = match case["coefficients"].as_str().unwrap() {
+            "simple" => CoefficientSet::Simple,
+            _ => CoefficientSet::Quintic,
+        };
+        let input: Vec<f32> = read(case["input_f32"].as_str().unwrap())
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let truth: Vec<f64> = read(case["output_f64"].as_str().unwrap())
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for (precision, tolerance) in [(NsPrecision::F32, 1e-4), (NsPrecision::Bf16, 3e-2)] {
+            let muon = MuonOptions {
+                momentum: 0.0,
+                nesterov: false,
+                ns: NsOptions {
+                    coefficients,
+                    steps: case["steps"].as_u64().unwrap() as u32,
+                    precision,
+                },
+                scale_mode: ScaleMode::Spectral,
+                extra_scale_factor: 1.0,
+            };
+            let n = (rows * cols) as u64;
+            let mut backend =
+                CudaBackend::new(gpu.communicator(), CallerStream::NULL, muon, Duration::from_secs(60)).unwrap();
+            backend
+                .allocate(&MemoryLayout {
+                    buffers: vec![(n, Dtype::F32)],
+                    grad_dtype: Dtype::F32,
+                    master: n,
+                    momentum: n,
+                    adam_moments: 0,
+                    max_matrix: (rows, cols),
+                    mxfp8: Vec::new(),
+                    mxfp8_scale_layout: ScaleLayout::Compact,
+                })
+                .unwrap();
+            backend.upload(Span::new(Mem::Grad(0), 0, n), &input).unwrap();
+            let job = MuonJob {
+                master: Span::new(Mem::Master, 0, n),
+                momentum: Span::new(Mem::Momentum, 0, n),
+                grad: Span::new(Mem::Grad(0), 0, n),
+                rows,
+                cols,
+                split_rows: Vec::new(),
+                args: MuonStepArgs {
+                    lr: 1.0,
+                    weight_decay: 0.0,
+                    lr_scale: 1.0,
+                    wd_scale: 1.0,
+                    clip_coef: 1.0,
+                },
+            };
+            backend.muon_update(&job).unwrap();
+            let scale = muon_scale(ScaleMode::Spectral, rows, cols, 1.0);
+            let out = backend.download(Span::new(Mem::Master, 0, n)).unwrap();
+            let worst = out
+                .iter()
+                .zip(&truth)
+                .map(|(&w, &t)| (f64::from(-w / scale) - t).abs())
+                .fold(0.0f64, f64::max);
+            assert!(
+                worst < tolerance,
+                "{rows}x{cols} {coefficients:?} {precision:?}: max error {worst} vs the f64 truth"
+            );
+        }
+    }
+}

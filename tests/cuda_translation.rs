@@ -1,0 +1,298 @@
+//! The cuda backend receives the same operations as the host backend and has a device
+//! implementation for every one of them — checked without a GPU.
+//!
+//! Two dp=2 host-group runs of the schedule (a few steps, a skipped step, a state reload):
+//! run A records the ops the host backend receives; run B tees every op into the host backend
+//! and into the CUDA translator's dry run (virtual device addresses, no driver). The
+//! translator must receive exactly run A's sequence and translate every command into at
+//! least one device action. With NVRTC present, every kernel launch of the translation is
+//! also checked against the kernel's compiled PTX signature.
+
+mod common;
+mod cuda_common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuda_common::{cuda_model, iterate, runtime};
+use muon_opt::backend::cuda::action::{Action, Arg, Kernel};
+use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
+use muon_opt::backend::cuda::nvrtc::{self, SOURCES, Target};
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::backend::host::executor::HostBackend;
+use muon_opt::backend::recording::{Observer, Op, Recording};
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::numerics::muon::MuonOptions;
+
+const DP: usize = 2;
+const STEPS: u64 = 3;
+/// The step whose gradient holds a NaN (skipped on every rank).
+const NAN_STEP: u64 = 1;
+
+type Log = Arc<Mutex<Vec<Op>>>;
+type Dry = Arc<Mutex<DryRun>>;
+
+/// The configurations the schedule is run with: every layout, both Newton–Schulz precisions,
+/// bf16 gradients, overlap off, MXFP8 storage with and without the gather.
+fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
+    let base = Config {
+        bucket_size: 4096,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    vec![
+        ("compact, bf16 NS", base.clone(), cuda_model()),
+        (
+            "padded, f32 NS, bf16 grads, nesterov, no overlap",
+            Config {
+                muon_layout: MuonLayout::Padded,
+                muon_ns_precision: NsPrecision::F32,
+                grad_dtype: Dtype::Bf16,
+                muon_nesterov: true,
+                overlap_grad_reduce: false,
+                overlap_param_gather: false,
+                ..base.clone()
+            },
+            cuda_model(),
+        ),
+        (
+            "allreduce, MXFP8 gather, swizzled scales",
+            Config {
+                muon_layout: MuonLayout::Allreduce,
+                mxfp8_param_gather: true,
+                mxfp8_swizzled_scales: true,
+                ..base.clone()
+            },
+            cuda_model(),
+        ),
+        ("compact, MXFP8 without gather", base, cuda_model()),
+    ]
+}
+
+/// Runs the schedule on a dp=2 host group; every rank's host backend is wrapped in a
+/// `Recording` with the observer `observer(rank)`.
+fn run<O: Observer + 'static>(cfg: &Config, specs: &[ParamSpec], observer: impl Fn(usize) -> O) {
+    let comms = HostGroup::new(DP, Duration::from_secs(20));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let observer = observer(rank);
+                scope.spawn(move || {
+                    let comm = Communicator::new(Transport::Host(comm));
+                    let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(cfg)).unwrap();
+                    let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, observer)));
+                    // The plan-hash exchange of finalize.
+                    let hash = rt.plan().hash;
+                    rt.backend_mut().all_gather_u64(hash).unwrap();
+                    for step in 0..STEPS {
+                        let info = iterate(&mut rt, rank, step, step == NAN_STEP);
+                        assert_eq!(info.skipped, step == NAN_STEP);
+                    }
+                    let state = rt.owned_state().unwrap();
+                    let steps = rt.steps();
+                    rt.load_owned_state(steps, &state).unwrap();
+                    for p in 0..specs.len() {
+                        rt.address(p, true);
+                        rt.mxfp8_addresses(p);
+                    }
+                    rt.synchronize().unwrap();
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+    });
+}
+
+fn first_difference(a: &[Op], b: &[Op]) -> Option<usize> {
+    (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
+}
+
+fn name(op: &Op) -> String {
+    format!("{op:?}")
+        .split([' ', '(', '{'])
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn the_cuda_translator_receives_the_host_sequence_and_translates_every_op() {
+    for (label, cfg, specs) in cases() {
+        let host_logs: Vec<Log> = (0..DP).map(|_| Log::default()).collect();
+        run(&cfg, &specs, |rank| host_logs[rank].clone());
+
+        let muon = MuonOptions::from_config(&cfg);
+        let tee_logs: Vec<Log> = (0..DP).map(|_| Log::default()).collect();
+        let dry: Vec<Dry> = (0..DP)
+            .map(|rank| Arc::new(Mutex::new(DryRun::new(rank, DP, muon))))
+            .collect();
+        run(&cfg, &specs, |rank| (tee_logs[rank].clone(), dry[rank].clone()));
+
+        for rank in 0..DP {
+            let host = host_logs[rank].lock().unwrap().clone();
+            let teed = tee_logs[rank].lock().unwrap().clone();
+            let dry = dry[rank].lock().unwrap();
+            let received = dry.received();
+            assert!(host.len() > 100, "{label}: only {} ops recorded", host.len());
+            for (what, other) in [("the teed host backend", &teed), ("the CUDA translator", &received)] {
+                if let Some(i) = first_difference(&host, other) {
+                    panic!(
+                        "{label}, rank {rank}: {what} diverges from the host sequence at op {i}:\nhost: {:?}\nother: {:?}",
+                        host.get(i).map(name),
+                        other.get(i).map(name)
+                    );
+                }
+            }
+            let mut kinds = BTreeSet::new();
+            for (i, (op, translated)) in dry.log.iter().enumerate() {
+                kinds.insert(name(op));
+                match translated {
+                    Err(e) => panic!("{label}, rank {rank}: op {i} ({}) failed to translate: {e:?}", name(op)),
+                    Ok(Translated::Actions(actions)) => {
+                        assert!(
+                            !actions.is_empty(),
+                            "{label}: op {i} ({}) has no device action",
+                            name(op)
+                        )
+                    }
+                    Ok(Translated::Address(address)) => {
+                        assert_ne!(*address, 0, "{label}: op {i} ({op:?}) resolved to address 0")
+                    }
+                    Ok(Translated::Mxfp8(parts)) => {
+                        let Op::Mxfp8Addresses(p) = op else { unreachable!() };
+                        let is_mxfp8 = specs[*p as usize].flags.has(ParamFlags::MXFP8);
+                        assert_eq!(parts.is_some(), is_mxfp8, "{label}: MXFP8 storage of param {p}");
+                    }
+                }
+            }
+            let mut expected: BTreeSet<String> = [
+                "Allocate",
+                "Upload",
+                "Download",
+                "MemsetZero",
+                "Cast",
+                "SquaredNorm",
+                "MuonUpdate",
+                "AdamwUpdate",
+                "Record",
+                "Scale",
+                "Wait",
+                "Collectives",
+                "AllReduceF64",
+                "AllGatherU64",
+                "Synchronize",
+                "Address",
+                "Mxfp8Addresses",
+            ]
+            .map(String::from)
+            .into();
+            if specs.iter().any(|s| s.flags.has(ParamFlags::MXFP8)) {
+                expected.insert("Mxfp8Quantize".into());
+            }
+            let missing: Vec<_> = expected.difference(&kinds).collect();
+            assert!(missing.is_empty(), "{label}: the run never exercised {missing:?}");
+        }
+    }
+}
+
+/// The parameter types of every `.entry` of a PTX file.
+fn ptx_signatures(ptx: &str) -> HashMap<String, Vec<String>> {
+    let mut out = HashMap::new();
+    for entry in ptx.split(".entry ").skip(1) {
+        let (name, rest) = entry.split_once('(').unwrap();
+        let params = rest.split_once(')').unwrap().0;
+        let types = params
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let words: Vec<&str> = p.split_whitespace().collect();
+                match words.as_slice() {
+                    [".param", ".align", _, ".b8", decl] => {
+                        let bytes = decl.split_once('[').unwrap().1.trim_end_matches(']');
+                        format!("struct[{bytes}]")
+                    }
+                    [".param", ty, _] => ty.trim_start_matches('.').to_string(),
+                    other => panic!("unexpected PTX parameter {other:?}"),
+                }
+            })
+            .collect();
+        out.insert(name.trim().to_string(), types);
+    }
+    out
+}
+
+fn arg_fits(arg: &Arg, ptx_type: &str) -> bool {
+    match arg {
+        Arg::Ptr(_) | Arg::U64(_) => matches!(ptx_type, "u64" | "b64" | "s64"),
+        Arg::U32(_) | Arg::I32(_) => matches!(ptx_type, "u32" | "b32" | "s32"),
+        Arg::F32(_) => ptx_type == "f32",
+        Arg::Words(words) => ptx_type == format!("struct[{}]", words.len() * 8),
+    }
+}
+
+#[test]
+fn every_translated_launch_matches_the_compiled_kernel_signature() {
+    if !nvrtc::available() {
+        assert!(
+            std::env::var("MUON_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "MUON_REQUIRE_NVRTC=1 but libnvrtc.so.13 cannot be loaded"
+        );
+        eprintln!("SKIPPED: NVRTC not available; set MUON_REQUIRE_NVRTC=1 to make this a failure");
+        return;
+    }
+    let mut signatures = HashMap::new();
+    for source in SOURCES {
+        let ptx = String::from_utf8(nvrtc::compile(source, Target::Ptx(90)).unwrap()).unwrap();
+        signatures.extend(ptx_signatures(&ptx));
+    }
+    let mut launched = BTreeSet::new();
+    for (label, cfg, specs) in cases() {
+        let muon = MuonOptions::from_config(&cfg);
+        let dry: Vec<Dry> = (0..DP)
+            .map(|rank| Arc::new(Mutex::new(DryRun::new(rank, DP, muon))))
+            .collect();
+        run(&cfg, &specs, |rank| dry[rank].clone());
+        for dry in &dry {
+            for (op, translated) in &dry.lock().unwrap().log {
+                let Ok(Translated::Actions(actions)) = translated else {
+                    continue;
+                };
+                for action in actions {
+                    let Action::Launch(launch) = action else { continue };
+                    let kernel = launch.kernel.name();
+                    launched.insert(kernel);
+                    let types = &signatures[kernel];
+                    assert_eq!(
+                        types.len(),
+                        launch.args.len(),
+                        "{label}: {kernel} argument count ({op:?})"
+                    );
+                    for (i, (arg, ty)) in launch.args.iter().zip(types).enumerate() {
+                        assert!(arg_fits(arg, ty), "{label}: {kernel} argument {i} is {arg:?}, PTX {ty}");
+                    }
+                    let threads: u32 = launch.block.iter().product();
+                    assert!(
+                        threads > 0 && threads <= 256,
+                        "{label}: {kernel} block {:?}",
+                        launch.block
+                    );
+                    assert!(
+                        launch.grid.iter().all(|&g| g > 0),
+                        "{label}: {kernel} grid {:?}",
+                        launch.grid
+                    );
+                }
+            }
+        }
+    }
+    let all: BTreeSet<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(launched, all, "every kernel is launched by some schedule op");
+}
