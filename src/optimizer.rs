@@ -67,6 +67,11 @@ impl Optimizer {
         })
     }
 
+    /// Whether registration reads `init_data` as a device pointer (the cuda backend).
+    pub fn init_on_device(&self) -> bool {
+        matches!(self.claim.comm().transport, Transport::Nccl(_))
+    }
+
     pub fn config(&self) -> &Config {
         &self.cfg
     }

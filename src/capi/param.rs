@@ -3,6 +3,7 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
+use crate::backend::cuda::host_copy::read_device;
 use crate::bail;
 use crate::capi::boundary::{non_null, run_or};
 use crate::config::Dtype;
@@ -135,7 +136,7 @@ pub struct Decoded {
 /// # Safety
 /// `ptr` must be NULL or point to `struct_size` readable bytes whose pointers are valid as
 /// documented on the fields.
-pub unsafe fn read_desc(ptr: *const muon_param_desc_t) -> Result<Decoded> {
+pub unsafe fn read_desc(ptr: *const muon_param_desc_t, init_on_device: bool) -> Result<Decoded> {
     non_null(ptr, "desc")?;
     let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
     if size < MIN_DESC_SIZE {
@@ -182,7 +183,15 @@ pub unsafe fn read_desc(ptr: *const muon_param_desc_t) -> Result<Decoded> {
     };
     spec.validate()?;
     let init_dtype = Dtype::from_code("desc->init_dtype", desc.init_dtype)?;
-    let init = (!desc.init_data.is_null()).then(|| read_init(desc.init_data, init_dtype, spec.numel() as usize));
+    let numel = spec.numel() as usize;
+    let init = match (desc.init_data.is_null(), init_on_device) {
+        (true, _) => None,
+        (false, false) => Some(read_init(desc.init_data, init_dtype, numel)),
+        (false, true) => {
+            let bytes = read_device(desc.init_data as u64, numel * init_dtype.size())?;
+            Some(read_init(bytes.as_ptr().cast(), init_dtype, numel))
+        }
+    };
     Ok(Decoded { spec, init })
 }
 
@@ -221,12 +230,11 @@ fn read_splits(name: &str, desc: &muon_param_desc_t) -> Result<Vec<u64>> {
 }
 
 fn read_init(data: *const c_void, dtype: Dtype, numel: usize) -> Vec<f32> {
-    match dtype {
-        // SAFETY: the caller provides numel readable values of init_dtype.
-        Dtype::F32 => unsafe { std::slice::from_raw_parts(data.cast::<f32>(), numel) }.to_vec(),
-        Dtype::Bf16 => unsafe { std::slice::from_raw_parts(data.cast::<u16>(), numel) }
-            .iter()
-            .map(|&b| bf16_to_f32(b))
-            .collect(),
-    }
+    // SAFETY: the caller provides numel readable values of init_dtype (read unaligned, since
+    // a copied device buffer is only byte-aligned).
+    let value = |i: usize| match dtype {
+        Dtype::F32 => unsafe { data.cast::<f32>().add(i).read_unaligned() },
+        Dtype::Bf16 => bf16_to_f32(unsafe { data.cast::<u16>().add(i).read_unaligned() }),
+    };
+    (0..numel).map(value).collect()
 }

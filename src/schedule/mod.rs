@@ -438,17 +438,32 @@ impl Runtime {
     }
 
     fn update_muon(&mut self, args: &StepArgs, clip_coef: f32, profile: &mut StepProfile) -> Result<()> {
-        for i in 0..self.layout.muon.len() {
-            let slot = self.layout.muon[i];
-            let spec = &self.params[slot.unit.param as usize];
+        for b in 0..self.layout.muon_batches.len() {
+            let batch = self.layout.muon_batches[b];
+            let first = self.layout.muon[batch.first];
+            let last = self.layout.muon[batch.first + batch.count - 1];
+            let spec = &self.params[first.unit.param as usize];
             let matrix = spec.unit_matrix();
+            let range = ElemRange::new(first.unit.range.start, last.unit.range.end);
+            let len = range.len();
+            // Each unit of the batch is one component (split further by the fused splits), so
+            // the update is exactly the per-unit update.
+            let unit_rows: Vec<usize> = if spec.split_sizes.is_empty() {
+                vec![matrix.rows as usize]
+            } else {
+                spec.split_sizes.iter().map(|&s| s as usize).collect()
+            };
             let job = MuonJob {
-                master: slot.master(),
-                momentum: slot.momentum(),
-                grad: slot.grad(),
-                rows: matrix.rows as usize,
+                master: Span::new(Mem::Master, first.state, len),
+                momentum: Span::new(Mem::Momentum, first.state, len),
+                grad: Span::new(Mem::Grad(first.unit.buffer), range.start, len),
+                rows: batch.count * matrix.rows as usize,
                 cols: matrix.cols as usize,
-                split_rows: spec.split_sizes.iter().map(|&s| s as usize).collect(),
+                split_rows: if batch.count == 1 && spec.split_sizes.is_empty() {
+                    Vec::new()
+                } else {
+                    unit_rows.repeat(batch.count)
+                },
                 args: MuonStepArgs {
                     lr: args.lr,
                     weight_decay: args.weight_decay,
@@ -458,8 +473,8 @@ impl Runtime {
                 },
             };
             timed(&mut profile.muon, || self.backend.muon_update(&job))?;
-            let destination = self.param_destination(slot.unit.param, slot.unit.bucket, slot.unit.range);
-            timed(&mut profile.casts, || self.backend.cast(slot.master(), destination))?;
+            let destination = self.param_destination(first.unit.param, first.unit.bucket, range);
+            timed(&mut profile.casts, || self.backend.cast(job.master, destination))?;
         }
         Ok(())
     }

@@ -34,25 +34,62 @@ pub struct AdamwSlot {
 pub struct StateLayout {
     pub muon: Vec<MuonSlot>,
     pub adamw: Vec<AdamwSlot>,
+    /// The owned Muon units grouped into update jobs: consecutive experts of one stack go
+    /// together (one strided batch on the GPU), up to [`MAX_BATCH_ELEMENTS`].
+    pub muon_batches: Vec<MuonBatch>,
     pub memory: MemoryLayout,
+}
+
+/// Largest number of elements batched into one Muon job (the job's workspace scales with it);
+/// a single larger matrix still forms a job of its own.
+pub const MAX_BATCH_ELEMENTS: u64 = 1 << 26;
+
+/// `count` consecutive entries of [`StateLayout::muon`], starting at `first`: consecutive
+/// units of one param, so their buffer ranges and their state are both contiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MuonBatch {
+    pub first: usize,
+    pub count: usize,
+}
+
+fn batch_units(muon: &[MuonSlot]) -> Vec<MuonBatch> {
+    let mut batches: Vec<MuonBatch> = Vec::new();
+    for (i, slot) in muon.iter().enumerate() {
+        if let Some(last) = batches.last_mut() {
+            let first = &muon[last.first];
+            let prev = &muon[i - 1];
+            let joins = first.unit.param == slot.unit.param
+                && prev.unit.unit + 1 == slot.unit.unit
+                && prev.unit.range.end == slot.unit.range.start
+                && (last.count as u64 + 1) * slot.unit.range.len() <= MAX_BATCH_ELEMENTS;
+            if joins {
+                last.count += 1;
+                continue;
+            }
+        }
+        batches.push(MuonBatch { first: i, count: 1 });
+    }
+    batches
 }
 
 impl StateLayout {
     /// Lays out the state of `rank`.
     pub fn new(plan: &Plan, params: &[ParamSpec], cfg: &Config, rank: usize) -> Self {
         let mut offset = 0u64;
-        let mut max_matrix = (0usize, 0usize);
         let muon: Vec<MuonSlot> = plan
             .muon_units_of(rank)
             .into_iter()
             .map(|unit| {
                 let slot = MuonSlot { unit, state: offset };
                 offset += unit.range.len();
-                let m = params[unit.param as usize].unit_matrix();
-                max_matrix = (max_matrix.0.max(m.rows as usize), max_matrix.1.max(m.cols as usize));
                 slot
             })
             .collect();
+        let muon_batches = batch_units(&muon);
+        let max_matrix = muon_batches.iter().fold((0usize, 0usize), |(r, c), batch| {
+            let m = params[muon[batch.first].unit.param as usize].unit_matrix();
+            (r.max(batch.count * m.rows as usize), c.max(m.cols as usize))
+        });
         let momentum = offset;
         let mut moments = 0u64;
         let mut adamw = Vec::new();
@@ -95,7 +132,12 @@ impl StateLayout {
                 ScaleLayout::Compact
             },
         };
-        StateLayout { muon, adamw, memory }
+        StateLayout {
+            muon,
+            adamw,
+            muon_batches,
+            memory,
+        }
     }
 }
 

@@ -11,14 +11,14 @@
 //! Pointer kinds: every address this backend hands out (param and grad views, MXFP8
 //! storage) is a device pointer of the context current at finalize. `Backend::upload` and
 //! `Backend::download` take and return host values (copied through the caller's stream).
-//! `muon_param_desc_t::init_data` is documented as a device pointer on this backend, but the
-//! C layer (`capi::param`) still reads it as host memory before the optimizer sees it; until
-//! that read copies device memory (`cuMemcpyDtoH`) for optimizers on an NCCL communicator,
-//! pass host init values.
+//! `muon_param_desc_t::init_data` is a device pointer on this backend: registration copies it
+//! to the host with `cuMemcpyDtoH` in the calling thread's current context
+//! ([`host_copy::read_device`]) before the masters are made from it.
 
 pub mod action;
 pub mod device;
 pub mod dry_run;
+pub mod host_copy;
 pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;

@@ -1,0 +1,66 @@
+//! Consecutive experts of a stack owned by one rank form one Muon job (one strided batch on
+//! the GPU); the update is the same as expert by expert, which the parity tests check bitwise.
+
+use muon_opt::config::{Config, Dtype};
+use muon_opt::model::{ParamFlags, ParamSpec, Registry};
+use muon_opt::plan::build_plan;
+use muon_opt::schedule::state::{MAX_BATCH_ELEMENTS, StateLayout};
+
+fn registry(experts: u64, rows: u64, cols: u64) -> Registry {
+    let cfg = Config::default();
+    let mut reg = Registry::default();
+    let mut stack = ParamSpec::new("experts.fc1", &[experts, rows, cols], Dtype::Bf16);
+    stack.flags = ParamFlags(ParamFlags::EXPERT_STACK);
+    stack.split_sizes = vec![rows / 2, rows / 2];
+    reg.add(stack, &cfg).unwrap();
+    reg.add(ParamSpec::new("proj", &[cols, cols], Dtype::Bf16), &cfg)
+        .unwrap();
+    reg
+}
+
+#[test]
+fn a_ranks_experts_form_one_batch_per_contiguous_run() {
+    let cfg = Config::default();
+    let reg = registry(8, 64, 32);
+    for dp in [1usize, 2, 3] {
+        let plan = build_plan(reg.params(), reg.routes(), &cfg, dp).unwrap();
+        for rank in 0..dp {
+            let layout = StateLayout::new(&plan, reg.params(), &cfg, rank);
+            let experts = layout.muon.iter().filter(|s| s.unit.param == 0).count();
+            let stack_batches: Vec<_> = layout
+                .muon_batches
+                .iter()
+                .filter(|b| layout.muon[b.first].unit.param == 0)
+                .collect();
+            if experts > 0 {
+                assert_eq!(
+                    stack_batches.len(),
+                    1,
+                    "dp={dp} rank={rank}: one contiguous run of experts, one job"
+                );
+                assert_eq!(stack_batches[0].count, experts);
+            }
+            let units: usize = layout.muon_batches.iter().map(|b| b.count).sum();
+            assert_eq!(units, layout.muon.len(), "every owned unit is in exactly one batch");
+            assert!(layout.memory.max_matrix.0 >= experts * 64);
+        }
+    }
+}
+
+#[test]
+fn batches_are_capped_so_the_workspace_stays_bounded() {
+    let cfg = Config::default();
+    let (rows, cols) = (2048u64, 4096u64);
+    let per_batch = (MAX_BATCH_ELEMENTS / (rows * cols)) as usize;
+    let reg = registry(per_batch as u64 * 2 + 1, rows, cols);
+    let plan = build_plan(reg.params(), reg.routes(), &cfg, 1).unwrap();
+    let layout = StateLayout::new(&plan, reg.params(), &cfg, 0);
+    let counts: Vec<usize> = layout
+        .muon_batches
+        .iter()
+        .filter(|b| layout.muon[b.first].unit.param == 0)
+        .map(|b| b.count)
+        .collect();
+    assert_eq!(counts, vec![per_batch, per_batch, 1]);
+    assert_eq!(layout.memory.max_matrix, (per_batch * rows as usize, cols as usize));
+}
