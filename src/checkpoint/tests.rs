@@ -69,6 +69,7 @@ fn group() -> Vec<Optimizer> {
         bucket_size: 256,
         clip_grad: 0.0,
         host_comm_mode: CommMode::Eager,
+        collective_timeout_ms: 20_000,
         ..Config::default()
     };
     let mut opts: Vec<Optimizer> = HostGroup::new(DP, Duration::from_secs(20))
@@ -305,7 +306,12 @@ fn a_failure_on_one_rank_fails_the_save_on_every_rank() {
         let results = on_ranks(opts, |rank, opt| {
             let mut hook = |stage| {
                 if rank == 1 && stage == Stage::WriteFile {
-                    std::fs::remove_dir_all(Paths::new(dir).unwrap().staging).unwrap();
+                    // Rank 0 may be writing its file into the directory at this moment; retry
+                    // until the directory is gone (rank 0 never recreates it).
+                    let staging = Paths::new(dir).unwrap().staging;
+                    while staging.exists() {
+                        let _ = std::fs::remove_dir_all(&staging);
+                    }
                 }
                 Ok(())
             };
