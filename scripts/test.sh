@@ -35,6 +35,7 @@ step "clippy and rustfmt"
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo clippy --release --locked --all-targets --features gpu-tests -- -D warnings
 cargo fmt --check
+RUSTDOCFLAGS="-D warnings" cargo doc --release --locked --no-deps
 
 step "C/C++ harness (googletest via ctest)"
 cmake -S cpp_tests -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release -DMUON_LIB_DIR="$PWD/target/release" >/dev/null
