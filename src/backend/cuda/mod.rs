@@ -25,7 +25,6 @@ pub mod nvrtc;
 pub mod probe;
 pub mod translate;
 
-use std::any::Any;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -37,7 +36,7 @@ use crate::backend::recording::Op;
 use crate::bail;
 use crate::comm::Communicator;
 use crate::config::Dtype;
-use crate::error::Result;
+use crate::error::{Result, panic_text};
 use crate::numerics::bf16::bf16_to_f32;
 use crate::numerics::muon::MuonOptions;
 use action::Action;
@@ -66,16 +65,6 @@ impl CallerStream {
 pub struct CudaBackend {
     translator: Translator,
     device: Device,
-}
-
-fn panic_text(payload: &(dyn Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        (*text).to_string()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "non-string panic payload".to_string()
-    }
 }
 
 /// The single readback of an op's actions.
