@@ -14,17 +14,15 @@
 mod common;
 mod cuda_common;
 
-use std::ffi::c_void;
 use std::time::Duration;
 
 use cuda_common::{cuda_model, iterate, runtime};
 use muon_opt::backend::Backend;
-use muon_opt::backend::cuda::action::{Action, Arg, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
-use muon_opt::backend::cuda::translate::Translator;
+use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
+use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
-use muon_opt::backend::ops::{AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, Span, StreamKind};
-use muon_opt::backend::recording::Op;
+use muon_opt::backend::ops::{Mem, MemoryLayout, Span};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::Result;
@@ -39,7 +37,6 @@ const THREADS: usize = 256;
 
 /// A CPU stand-in for one GPU with a one-rank communicator.
 struct Emulator {
-    translator: Translator,
     mem: Vec<u8>,
 }
 
@@ -78,17 +75,12 @@ fn block_sum(lanes: &mut [f64; THREADS]) -> f64 {
     lanes[0]
 }
 
-impl Emulator {
-    fn new(muon: MuonOptions) -> Emulator {
-        let mut emu = Emulator {
-            translator: Translator::new(0, 1, muon),
-            mem: Vec::new(),
-        };
-        let setup = emu.translator.setup();
-        emu.run(&setup);
-        emu
-    }
+/// The cuda backend (its real translator and Backend glue) over the emulated device.
+fn emulated_backend(muon: MuonOptions) -> CudaBackend<Emulator> {
+    CudaBackend::with_executor(0, 1, muon, Emulator { mem: Vec::new() }).unwrap()
+}
 
+impl Emulator {
     fn at(&self, ptr: DevPtr, bytes: usize) -> std::ops::Range<usize> {
         let start = (ptr - BASE) as usize;
         assert!(
@@ -139,7 +131,7 @@ impl Emulator {
         self.mem.copy_within(s, d.start);
     }
 
-    fn run(&mut self, actions: &[Action]) -> Vec<Vec<u8>> {
+    fn execute(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for action in actions {
             match action {
@@ -152,7 +144,7 @@ impl Emulator {
                             .resize(self.mem.len() + bytes.next_multiple_of(512) as usize, 0);
                         ptr
                     };
-                    self.translator.bind(*buf, ptr, *bytes);
+                    bind(*buf, ptr, *bytes);
                 }
                 Action::CopyIn { dst, bytes, .. } => {
                     let r = self.at(*dst, bytes.len());
@@ -427,89 +419,15 @@ impl Emulator {
         }
     }
 
-    fn op(&mut self, op: &Op) -> Result<Vec<Vec<u8>>> {
-        let actions = self.translator.translate(op)?;
-        Ok(self.run(&actions))
-    }
-
     /// The host view of emulated device memory (for MXFP8 storage).
     fn bytes(&self, ptr: DevPtr, len: usize) -> Vec<u8> {
         self.mem[self.at(ptr, len)].to_vec()
     }
 }
 
-impl Backend for Emulator {
-    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
-        self.op(&Op::Allocate(layout.clone())).map(drop)
-    }
-    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()> {
-        self.op(&Op::upload(dst, values)).map(drop)
-    }
-    fn download(&mut self, src: Span) -> Result<Vec<f32>> {
-        let dtype = self.translator.dtype(src)?;
-        let bytes = self.op(&Op::Download(src))?.pop().unwrap();
-        Ok(match dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect(),
-            Dtype::Bf16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16_to_f32(u16::from_le_bytes(b.try_into().unwrap())))
-                .collect(),
-        })
-    }
-    fn memset_zero(&mut self, span: Span) -> Result<()> {
-        self.op(&Op::MemsetZero(span)).map(drop)
-    }
-    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
-        self.op(&Op::scale(span, factor)).map(drop)
-    }
-    fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
-        self.op(&Op::Cast { src, dst }).map(drop)
-    }
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
-        let bytes = self.op(&Op::SquaredNorm(spans.to_vec()))?.pop().unwrap();
-        Ok(f64::from_le_bytes(bytes.try_into().unwrap()))
-    }
-    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
-        self.op(&Op::MuonUpdate(job.clone())).map(drop)
-    }
-    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
-        self.op(&Op::AdamwUpdate(job.clone())).map(drop)
-    }
-    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
-        self.op(&Op::Record { stream, event }).map(drop)
-    }
-    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
-        self.op(&Op::Wait { stream, event }).map(drop)
-    }
-    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
-        self.op(&Op::Collectives(ops.to_vec())).map(drop)
-    }
-    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
-        let bytes = self.op(&Op::all_reduce_f64(value))?.pop().unwrap();
-        Ok(f64::from_le_bytes(bytes.try_into().unwrap()))
-    }
-    fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
-        let bytes = self.op(&Op::AllGatherU64 { value })?.pop().unwrap();
-        Ok(vec![u64::from_le_bytes(bytes.try_into().unwrap())])
-    }
-    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
-        self.op(&Op::Mxfp8Quantize { stream, src, param }).map(drop)
-    }
-    fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
-        self.translator
-            .mxfp8_addresses(param)
-            .map(|parts| parts.map(|p| p as *mut u8))
-    }
-    fn synchronize(&mut self) -> Result<()> {
-        self.op(&Op::Synchronize).map(drop)
-    }
-    fn address(&self, span: Span) -> *mut c_void {
-        self.translator
-            .address(span)
-            .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
+impl Executor for Emulator {
+    fn run(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Result<Vec<Vec<u8>>> {
+        Ok(self.execute(actions, bind))
     }
 }
 
@@ -549,7 +467,13 @@ fn part_sizes(rows: usize, cols: usize) -> [usize; 4] {
 /// reported grad norm itself is compared to 1e-12.
 fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
     let mut host = runtime(cfg, specs, 0, 1, Box::new(host_backend(cfg)));
-    let mut emu = runtime(cfg, specs, 0, 1, Box::new(Emulator::new(MuonOptions::from_config(cfg))));
+    let mut emu = runtime(
+        cfg,
+        specs,
+        0,
+        1,
+        Box::new(emulated_backend(MuonOptions::from_config(cfg))),
+    );
     for step in 0..4 {
         let nan = step == 2;
         let (a, b) = (iterate(&mut host, 0, step, nan), iterate(&mut emu, 0, step, nan));
@@ -583,8 +507,9 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
             if let (Some(host_parts), Some(emu_parts)) = (host.mxfp8_addresses(p), emu.mxfp8_addresses(p)) {
                 let (rows, cols) = spec.flat_2d();
                 let sizes = part_sizes(rows as usize, cols as usize);
-                // SAFETY: the runtime's backend is the Emulator built above; only read here.
-                let device = unsafe { &*(emu.backend_mut() as *mut dyn Backend as *const Emulator) };
+                // SAFETY: the runtime's backend is the emulated cuda backend built above; only read here.
+                let backend = unsafe { &*(emu.backend_mut() as *mut dyn Backend as *const CudaBackend<Emulator>) };
+                let device = backend.executor();
                 for ((h, e), len) in host_parts.iter().zip(emu_parts).zip(sizes) {
                     // SAFETY: host MXFP8 storage of `len` bytes.
                     let host_bytes = unsafe { std::slice::from_raw_parts(*h, len) };
@@ -682,6 +607,6 @@ fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
             .collect()
     };
     let mut host = host_backend(&cfg);
-    let mut emu = Emulator::new(MuonOptions::from_config(&cfg));
+    let mut emu = emulated_backend(MuonOptions::from_config(&cfg));
     assert_eq!(run(&mut host), run(&mut emu));
 }

@@ -39,7 +39,7 @@ use crate::config::Dtype;
 use crate::error::{Result, panic_text};
 use crate::numerics::bf16::bf16_to_f32;
 use crate::numerics::muon::MuonOptions;
-use action::Action;
+use action::{Action, Buf, DevPtr};
 use device::Device;
 use translate::Translator;
 
@@ -61,10 +61,31 @@ impl CallerStream {
     }
 }
 
-/// One rank's cuda backend.
-pub struct CudaBackend {
+/// Runs translated actions: the GPU ([`Device`]) or, in tests, a stand-in.
+pub trait Executor: Send {
+    /// Executes `actions` in order; `Alloc` actions allocate and report their address through
+    /// `bind`. Returns what the `CopyOut` actions read, in order.
+    fn run(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Result<Vec<Vec<u8>>>;
+}
+
+impl Executor for Device {
+    fn run(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Result<Vec<Vec<u8>>> {
+        let _current = self.enter()?;
+        let mut out = Vec::new();
+        for action in actions {
+            match *action {
+                Action::Alloc { buf, bytes } => bind(buf, self.alloc(buf, bytes)?, bytes),
+                ref other => self.execute(other, &mut out)?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One rank's cuda backend: the translator and an executor of its actions.
+pub struct CudaBackend<E: Executor = Device> {
     translator: Translator,
-    device: Device,
+    executor: E,
 }
 
 /// The single readback of an op's actions.
@@ -105,38 +126,40 @@ impl CudaBackend {
     fn create(comm: Arc<Communicator>, stream: CallerStream, muon: MuonOptions, timeout: Duration) -> Result<Self> {
         let (rank, dp) = (comm.rank(), comm.size());
         let device = Device::new(comm, stream.0.cast(), timeout)?;
+        CudaBackend::with_executor(rank, dp, muon, device)
+    }
+}
+
+impl<E: Executor> CudaBackend<E> {
+    /// A backend for rank `rank` of `dp` whose actions `executor` runs; runs the setup.
+    pub fn with_executor(rank: usize, dp: usize, muon: MuonOptions, executor: E) -> Result<Self> {
         let mut backend = CudaBackend {
             translator: Translator::new(rank, dp, muon),
-            device,
+            executor,
         };
         let setup = backend.translator.setup();
-        backend.run(setup)?;
+        backend.run(&setup)?;
         Ok(backend)
     }
 
-    /// Executes `actions` in the backend's context; returns what the `CopyOut`s read.
-    fn run(&mut self, actions: Vec<Action>) -> Result<Vec<Vec<u8>>> {
-        let _current = self.device.enter()?;
-        let mut out = Vec::new();
-        for action in &actions {
-            match *action {
-                Action::Alloc { buf, bytes } => {
-                    let ptr = self.device.alloc(buf, bytes)?;
-                    self.translator.bind(buf, ptr, bytes);
-                }
-                ref other => self.device.execute(other, &mut out)?,
-            }
-        }
-        Ok(out)
+    /// The executor (tests read an emulated device's memory through it).
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
+    fn run(&mut self, actions: &[Action]) -> Result<Vec<Vec<u8>>> {
+        let translator = &mut self.translator;
+        self.executor
+            .run(actions, &mut |buf, ptr, bytes| translator.bind(buf, ptr, bytes))
     }
 
     fn op(&mut self, op: &Op) -> Result<Vec<Vec<u8>>> {
         let actions = self.translator.translate(op)?;
-        self.run(actions)
+        self.run(&actions)
     }
 }
 
-impl Backend for CudaBackend {
+impl<E: Executor> Backend for CudaBackend<E> {
     fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
         self.op(&Op::Allocate(layout.clone())).map(drop)
     }
