@@ -6,21 +6,28 @@
 //! (comm: b's gradient collective done), `PARAM_READY` (compute: owners wrote b's new values),
 //! `PARAM_SYNCED` (comm: b's param collective done).
 
+mod collectives;
+mod inspect;
+mod profile;
 pub mod restore;
 pub mod state;
 
 use crate::backend::Backend;
-use crate::backend::ops::{AdamwJob, CollOp, EventId, Mem, MuonJob, Span, StreamKind};
+use crate::backend::ops::{AdamwJob, EventId, Mem, MuonJob, Span, StreamKind};
 use crate::bail;
-use crate::config::{Config, MuonLayout};
+use crate::config::Config;
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::adamw::AdamWArgs;
 use crate::numerics::clip_coefficient;
 use crate::numerics::muon::MuonStepArgs;
+use crate::plan::ElemRange;
 use crate::plan::Plan;
-use crate::plan::{Bucket, BucketSplit, ElemRange};
 use state::StateLayout;
+
+pub use inspect::OwnedState;
+pub use profile::StepProfile;
+use profile::timed;
 
 /// Learning rates and weight decays of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,31 +49,6 @@ pub struct StepInfo {
     pub skipped: bool,
     /// Optimizer steps taken so far (skipped steps excluded).
     pub step: u64,
-}
-
-/// Host wall-clock seconds spent inside `step`, summed over steps, by part. On the host
-/// backend every part runs inside the call; on an asynchronous backend these are launch times.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
-pub struct StepProfile {
-    /// Waiting for the gradient collectives (and launching those not yet started).
-    pub grad_collectives: f64,
-    /// Local squared norms and the scalar all-reduce.
-    pub grad_norm: f64,
-    /// Muon updates (momentum, Newton–Schulz, apply).
-    pub muon: f64,
-    /// AdamW updates.
-    pub adamw: f64,
-    /// Writing new values (master → param dtype or staging).
-    pub casts: f64,
-    /// Launching the param collectives (and waiting for them without overlap_param_gather).
-    pub param_collectives: f64,
-}
-
-fn timed<T>(total: &mut f64, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let start = std::time::Instant::now();
-    let result = f();
-    *total += start.elapsed().as_secs_f64();
-    result
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -172,90 +154,6 @@ impl Runtime {
 
     fn dp(&self) -> usize {
         self.plan.dp as usize
-    }
-
-    fn bucket_span(bucket: &Bucket, mem: Mem) -> Span {
-        Span::new(mem, bucket.start, bucket.numel())
-    }
-
-    fn grad_ops(&self, bucket: &Bucket) -> Vec<CollOp> {
-        let span = Self::bucket_span(bucket, Mem::Grad(bucket.buffer));
-        match (&bucket.split, self.plan.layout) {
-            (BucketSplit::OwnerRanges(_), MuonLayout::Allreduce) => vec![CollOp::AllReduce { span }],
-            (BucketSplit::OwnerRanges(ranges), _) => owner_ops(ranges, Mem::Grad(bucket.buffer), |root, span| {
-                CollOp::Reduce { root, span }
-            }),
-            (BucketSplit::EqualShards { .. }, _) => vec![CollOp::ReduceScatter { span }],
-        }
-    }
-
-    /// The param collectives of `bucket` on the param buffer, or on its bf16 staging view.
-    fn param_ops(&self, bucket: &Bucket, staging: bool) -> Vec<CollOp> {
-        let span = |range: ElemRange| {
-            if staging {
-                self.staging_span(bucket, range)
-            } else {
-                Span::new(Mem::Param(bucket.buffer), range.start, range.len())
-            }
-        };
-        match &bucket.split {
-            BucketSplit::OwnerRanges(ranges) => ranges
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| !r.is_empty())
-                .map(|(root, r)| CollOp::Broadcast {
-                    root: root as u32,
-                    span: span(*r),
-                })
-                .collect(),
-            BucketSplit::EqualShards { .. } => {
-                vec![CollOp::AllGather {
-                    span: span(ElemRange::new(bucket.start, bucket.end)),
-                }]
-            }
-        }
-    }
-
-    /// Where the bf16 copy of `range` (elements of `bucket`'s buffer) is staged: inside
-    /// `bucket`'s own grad bytes, at `2·(e − bucket.start)` bytes from the bucket's first grad
-    /// byte. A grad element is at least 2 bytes, so the staging of a bucket never leaves that
-    /// bucket's grad bytes ([`Runtime::staging_stays_in_bucket`] checks it).
-    fn staging_span(&self, bucket: &Bucket, range: ElemRange) -> Span {
-        let per_grad = (self.cfg.grad_dtype.size() / 2) as u64;
-        Span::new(
-            Mem::Staging(bucket.buffer),
-            bucket.start * per_grad + (range.start - bucket.start),
-            range.len(),
-        )
-    }
-
-    /// The byte range a staging span covers, and the grad bytes of its bucket: the first must
-    /// lie inside the second.
-    pub fn staging_stays_in_bucket(&self, b: usize) -> bool {
-        let bucket = &self.plan.buckets[b];
-        let grad_size = self.cfg.grad_dtype.size() as u64;
-        let whole = self.staging_span(bucket, ElemRange::new(bucket.start, bucket.end));
-        let (first, last) = (whole.start * 2, (whole.start + whole.len) * 2);
-        bucket.start * grad_size <= first && last <= bucket.end * grad_size
-    }
-
-    fn is_mxfp8(&self, p: u32) -> bool {
-        self.params[p as usize].flags.has(ParamFlags::MXFP8)
-    }
-
-    /// Whether param `p` travels as bf16 staged on the grad buffer (MXFP8 with gather on).
-    fn is_staged(&self, p: u32) -> bool {
-        self.cfg.mxfp8_param_gather && self.is_mxfp8(p)
-    }
-
-    /// Where an owner writes the new value of `range` of param `p` (bucket `b`).
-    fn param_destination(&self, p: u32, b: u32, range: ElemRange) -> Span {
-        let bucket = &self.plan.buckets[b as usize];
-        if self.is_staged(p) {
-            self.staging_span(bucket, range)
-        } else {
-            Span::new(Mem::Param(bucket.buffer), range.start, range.len())
-        }
     }
 
     /// Marks the grad buffer for zeroing: each bucket's memset is ordered after everything
@@ -509,26 +407,6 @@ impl Runtime {
     pub fn synchronize(&mut self) -> Result<()> {
         self.backend.synchronize()
     }
-
-    /// Rowwise data, rowwise scales, columnwise data, columnwise scales of an MXFP8 param.
-    pub fn mxfp8_addresses(&self, p: usize) -> Option<[*mut u8; 4]> {
-        self.backend.mxfp8_addresses(p as u32)
-    }
-
-    /// Address of param `p`'s gradient (`grad`) or model-dtype storage; an MXFP8 param has no
-    /// model-dtype storage a framework may use (NULL).
-    pub fn address(&self, p: usize, grad: bool) -> *mut std::ffi::c_void {
-        if !grad && self.is_mxfp8(p as u32) {
-            return std::ptr::null_mut();
-        }
-        let placement = &self.plan.params[p];
-        let mem = if grad {
-            Mem::Grad(placement.buffer)
-        } else {
-            Mem::Param(placement.buffer)
-        };
-        self.backend.address(Span::new(mem, placement.offset, placement.numel))
-    }
 }
 
 impl Drop for Runtime {
@@ -538,63 +416,4 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         let _ = self.backend.synchronize();
     }
-}
-
-/// The fp32 state a rank owns for one piece of a param, in the param's flat coordinates.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OwnedState {
-    pub param: u32,
-    /// Element range inside the param.
-    pub range: ElemRange,
-    pub master: Vec<f32>,
-    /// Muon: `[momentum]`; AdamW: `[exp_avg, exp_avg_sq]`.
-    pub moments: Vec<Vec<f32>>,
-}
-
-impl Runtime {
-    /// Everything this rank owns, Muon units first, after synchronizing.
-    pub fn owned_state(&mut self) -> Result<Vec<OwnedState>> {
-        self.backend.synchronize()?;
-        let mut out = Vec::new();
-        for slot in self.layout.muon.clone() {
-            let offset = self.plan.params[slot.unit.param as usize].offset;
-            out.push(OwnedState {
-                param: slot.unit.param,
-                range: slot.unit.range.shifted_down(offset),
-                master: self.backend.download(slot.master())?,
-                moments: vec![self.backend.download(slot.momentum())?],
-            });
-        }
-        for slot in self.layout.adamw.clone() {
-            out.push(OwnedState {
-                param: slot.piece.param,
-                range: slot.piece.param_range,
-                master: self.backend.download(slot.master())?,
-                moments: vec![
-                    self.backend.download(slot.exp_avg())?,
-                    self.backend.download(slot.exp_avg_sq())?,
-                ],
-            });
-        }
-        Ok(out)
-    }
-
-    /// This rank's copy of param `p` as f32 (what its forward would read).
-    pub fn param_values(&mut self, p: usize) -> Result<Vec<f32>> {
-        let placement = &self.plan.params[p];
-        self.backend.download(Span::new(
-            Mem::Param(placement.buffer),
-            placement.offset,
-            placement.numel,
-        ))
-    }
-}
-
-fn owner_ops(ranges: &[ElemRange], mem: Mem, op: impl Fn(u32, Span) -> CollOp) -> Vec<CollOp> {
-    ranges
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| !r.is_empty())
-        .map(|(root, r)| op(root as u32, Span::new(mem, r.start, r.len())))
-        .collect()
 }

@@ -1,0 +1,79 @@
+//! Read access to a rank's state and storage, for tests, tools, views and checkpoints.
+
+use crate::backend::ops::{Mem, Span};
+use crate::error::Result;
+use crate::plan::ElemRange;
+
+use super::Runtime;
+
+impl Runtime {
+    /// Rowwise data, rowwise scales, columnwise data, columnwise scales of an MXFP8 param.
+    pub fn mxfp8_addresses(&self, p: usize) -> Option<[*mut u8; 4]> {
+        self.backend.mxfp8_addresses(p as u32)
+    }
+
+    /// Address of param `p`'s gradient (`grad`) or model-dtype storage; an MXFP8 param has no
+    /// model-dtype storage a framework may use (NULL).
+    pub fn address(&self, p: usize, grad: bool) -> *mut std::ffi::c_void {
+        if !grad && self.is_mxfp8(p as u32) {
+            return std::ptr::null_mut();
+        }
+        let placement = &self.plan.params[p];
+        let mem = if grad {
+            Mem::Grad(placement.buffer)
+        } else {
+            Mem::Param(placement.buffer)
+        };
+        self.backend.address(Span::new(mem, placement.offset, placement.numel))
+    }
+}
+
+/// The fp32 state a rank owns for one piece of a param, in the param's flat coordinates.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnedState {
+    pub param: u32,
+    /// Element range inside the param.
+    pub range: ElemRange,
+    pub master: Vec<f32>,
+    /// Muon: `[momentum]`; AdamW: `[exp_avg, exp_avg_sq]`.
+    pub moments: Vec<Vec<f32>>,
+}
+
+impl Runtime {
+    /// Everything this rank owns, Muon units first, after synchronizing.
+    pub fn owned_state(&mut self) -> Result<Vec<OwnedState>> {
+        self.backend.synchronize()?;
+        let mut out = Vec::new();
+        for slot in self.layout.muon.clone() {
+            let offset = self.plan.params[slot.unit.param as usize].offset;
+            out.push(OwnedState {
+                param: slot.unit.param,
+                range: slot.unit.range.shifted_down(offset),
+                master: self.backend.download(slot.master())?,
+                moments: vec![self.backend.download(slot.momentum())?],
+            });
+        }
+        for slot in self.layout.adamw.clone() {
+            out.push(OwnedState {
+                param: slot.piece.param,
+                range: slot.piece.param_range,
+                master: self.backend.download(slot.master())?,
+                moments: vec![
+                    self.backend.download(slot.exp_avg())?,
+                    self.backend.download(slot.exp_avg_sq())?,
+                ],
+            });
+        }
+        Ok(out)
+    }
+
+    /// This rank's copy of param `p` as f32 (what its forward would read).
+    pub fn param_values(&mut self, p: usize) -> Result<Vec<f32>> {
+        let placement = &self.plan.params[p];
+        self.backend.download(Span::new(
+            Mem::Param(placement.buffer),
+            placement.offset,
+            placement.numel,
+        ))
+    }
+}
