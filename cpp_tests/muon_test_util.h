@@ -3,6 +3,7 @@
 
 #include "muon_opt.h"
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,4 +28,26 @@ inline std::vector<muon_comm_t *> make_host_group(uint32_t n) {
     std::vector<muon_comm_t *> comms(n, nullptr);
     if (muon_host_group_create(n, comms.data()) != MUON_STATUS_SUCCESS) comms.clear();
     return comms;
+}
+
+inline size_t numel(const std::vector<int64_t> &shape) {
+    size_t n = 1;
+    for (auto d : shape) n *= static_cast<size_t>(d);
+    return n;
+}
+
+// Deterministic value in [-1, 1) (splitmix-style), shared by the tests' data generators.
+inline float noise(uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return static_cast<float>(x >> 40) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
+}
+
+inline float bf16_to_float(uint16_t bits) {
+    uint32_t word = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &word, sizeof f);
+    return f;
 }

@@ -34,27 +34,6 @@ const std::vector<Param> kModel = {
 };
 constexpr int kRanks = 2;
 
-size_t numel(const Param &p) {
-    size_t n = 1;
-    for (auto d : p.shape) n *= static_cast<size_t>(d);
-    return n;
-}
-
-float noise(uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return static_cast<float>(x >> 40) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
-}
-
-float bf16_to_float(uint16_t bits) {
-    uint32_t word = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &word, sizeof f);
-    return f;
-}
-
 // One rank: an optimizer over kModel (or `model`), finalized.
 struct Rank {
     muon_optimizer_t *opt = nullptr;
@@ -72,7 +51,7 @@ struct Rank {
             d.flags = model[p].flags;
             d.num_splits = static_cast<uint32_t>(model[p].splits.size());
             d.split_sizes = model[p].splits.empty() ? nullptr : model[p].splits.data();
-            std::vector<float> init(numel(model[p]));
+            std::vector<float> init(numel(model[p].shape));
             for (size_t i = 0; i < init.size(); ++i) init[i] = 0.1f * noise(1000000 * p + i);
             d.init_data = init.data();
             d.init_dtype = MUON_DTYPE_F32;
@@ -97,7 +76,7 @@ struct Rank {
                 EXPECT_EQ(muon_optimizer_wait_params(opt, views[p].bucket), MUON_STATUS_SUCCESS);
                 auto *w = static_cast<const uint16_t *>(views[p].data);
                 auto *g = static_cast<float *>(views[p].grad);
-                for (size_t i = 0; i < numel(model[p]); ++i) {
+                for (size_t i = 0; i < numel(model[p].shape); ++i) {
                     uint64_t seed = (uint64_t(step) << 40) ^ (uint64_t(rank) << 32) ^ (uint64_t(p) << 20) ^ i;
                     g[i] = noise(seed) * 0.01f + 0.05f * bf16_to_float(w[i]);
                 }
@@ -117,7 +96,7 @@ struct Rank {
         std::vector<uint16_t> bits;
         for (size_t p = 0; p < model.size(); ++p) {
             auto *w = static_cast<const uint16_t *>(views[p].data);
-            bits.insert(bits.end(), w, w + numel(model[p]));
+            bits.insert(bits.end(), w, w + numel(model[p].shape));
         }
         return bits;
     }

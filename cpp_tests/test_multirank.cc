@@ -27,27 +27,6 @@ const std::vector<Param> kModel = {
 constexpr int kSteps = 5;
 constexpr int kRanks = 4;
 
-size_t numel(const Param &p) {
-    size_t n = 1;
-    for (auto d : p.shape) n *= static_cast<size_t>(d);
-    return n;
-}
-
-float noise(uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return static_cast<float>(x >> 40) / static_cast<float>(1u << 24) * 2.0f - 1.0f;
-}
-
-float bf16_to_float(uint16_t bits) {
-    uint32_t word = static_cast<uint32_t>(bits) << 16;
-    float f;
-    std::memcpy(&f, &word, sizeof f);
-    return f;
-}
-
 float rank_grad(int step, int rank, size_t p, size_t i, float w) {
     return noise((uint64_t(step) << 40) ^ (uint64_t(rank) << 32) ^ (uint64_t(p) << 20) ^ i) * 0.01f + 0.05f * w;
 }
@@ -65,7 +44,7 @@ std::vector<std::vector<uint16_t>> train_rank(muon_comm_t *comm, int rank, int r
     for (size_t p = 0; p < kModel.size(); ++p) {
         muon_param_desc_t d = make_desc(kModel[p].name, kModel[p].shape);
         d.flags = kModel[p].flags;
-        init[p].resize(numel(kModel[p]));
+        init[p].resize(numel(kModel[p].shape));
         for (size_t i = 0; i < init[p].size(); ++i) init[p][i] = 0.1f * noise(1000000 * p + i);
         d.init_data = init[p].data();
         d.init_dtype = MUON_DTYPE_F32;
@@ -84,7 +63,7 @@ std::vector<std::vector<uint16_t>> train_rank(muon_comm_t *comm, int rank, int r
             EXPECT_EQ(muon_optimizer_wait_params(opt, views[p].bucket), MUON_STATUS_SUCCESS);
             auto *w = static_cast<const uint16_t *>(views[p].data);
             auto *g = static_cast<float *>(views[p].grad);
-            for (size_t i = 0; i < numel(kModel[p]); ++i) {
+            for (size_t i = 0; i < numel(kModel[p].shape); ++i) {
                 float weight = bf16_to_float(w[i]);
                 if (ranks_summed > 1) {
                     float sum = 0.0f, scale = 1.0f / static_cast<float>(ranks_summed);
@@ -106,7 +85,7 @@ std::vector<std::vector<uint16_t>> train_rank(muon_comm_t *comm, int rank, int r
         for (size_t p = 0; p < kModel.size(); ++p) {
             EXPECT_EQ(muon_optimizer_wait_params(opt, views[p].bucket), MUON_STATUS_SUCCESS);
             auto *w = static_cast<const uint16_t *>(views[p].data);
-            bits.insert(bits.end(), w, w + numel(kModel[p]));
+            bits.insert(bits.end(), w, w + numel(kModel[p].shape));
         }
         history.push_back(bits);
     }

@@ -18,12 +18,6 @@ struct Result {
     std::vector<std::vector<uint8_t>> rowwise;  // per step, the rowwise data of "fc.weight"
 };
 
-float noise(uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ 0xD1B54A32D192ED03ull;
-    x ^= x >> 29;
-    return static_cast<float>(x >> 40) / static_cast<float>(1u << 24) - 0.5f;
-}
-
 Result train(muon_comm_t *comm, int rank, bool mxfp8) {
     muon_config_t cfg = default_config();
     cfg.mxfp8_param_gather = 1;

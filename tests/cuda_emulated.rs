@@ -16,13 +16,12 @@ mod cuda_common;
 
 use std::time::Duration;
 
-use cuda_common::{cuda_model, iterate, runtime};
+use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
-use muon_opt::backend::ops::{Mem, MemoryLayout, Span};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::Result;
@@ -441,10 +440,6 @@ fn host_backend(cfg: &Config) -> HostBackend {
     .unwrap()
 }
 
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
-
 /// The sizes of the four MXFP8 parts of a `rows × cols` tensor.
 fn part_sizes(rows: usize, cols: usize) -> [usize; 4] {
     use muon_opt::numerics::mxfp8::{Direction, scale_shape};
@@ -566,18 +561,7 @@ fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
 #[test]
 fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
     let cfg = Config::default();
-    let layout = MemoryLayout {
-        buffers: vec![(512, Dtype::Bf16), (512, Dtype::F32)],
-        grad_dtype: Dtype::Bf16,
-        master: 512,
-        momentum: 0,
-        adam_moments: 0,
-        max_matrix: (0, 0),
-        mxfp8: Vec::new(),
-        mxfp8_scale_layout: ScaleLayout::Compact,
-    };
-    let mut values: Vec<f32> = (0..512).map(|i| common::noise(i) * 3.0).collect();
-    values[..8].copy_from_slice(&[
+    let specials = [
         f32::NAN,
         f32::INFINITY,
         f32::NEG_INFINITY,
@@ -586,27 +570,8 @@ fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
         f32::from_bits(0x3F80_8000),
         f32::from_bits(0x3F81_8000),
         f32::MAX,
-    ]);
-    let run = |backend: &mut dyn Backend| -> Vec<Vec<u32>> {
-        backend.allocate(&layout).unwrap();
-        let span = |mem| Span::new(mem, 0, 512);
-        backend.upload(span(Mem::Master), &values).unwrap();
-        backend.cast(span(Mem::Master), span(Mem::Param(0))).unwrap();
-        backend.cast(span(Mem::Param(0)), span(Mem::Param(1))).unwrap();
-        backend.cast(span(Mem::Master), span(Mem::Grad(0))).unwrap();
-        backend.scale(span(Mem::Grad(0)), 0.37).unwrap();
-        backend.scale(span(Mem::Param(1)), 1.0 / 3.0).unwrap();
-        backend.cast(span(Mem::Param(1)), span(Mem::Grad(1))).unwrap();
-        backend
-            .cast(Span::new(Mem::Grad(1), 0, 256), Span::new(Mem::Staging(0), 256, 256))
-            .unwrap();
-        backend.memset_zero(Span::new(Mem::Param(0), 100, 7)).unwrap();
-        [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]
-            .into_iter()
-            .map(|m| bits(&backend.download(span(m)).unwrap()))
-            .collect()
-    };
-    let mut host = host_backend(&cfg);
-    let mut emu = emulated_backend(MuonOptions::from_config(&cfg));
-    assert_eq!(run(&mut host), run(&mut emu));
+    ];
+    let (host, _) = elementwise_script(&mut host_backend(&cfg), 512, &specials);
+    let (emu, _) = elementwise_script(&mut emulated_backend(MuonOptions::from_config(&cfg)), 512, &specials);
+    assert_eq!(host, emu);
 }

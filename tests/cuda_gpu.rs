@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use cuda_common::{cuda_model, iterate, runtime};
+use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use cudarc::driver::CudaContext;
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
@@ -125,10 +125,6 @@ fn host_backend(cfg: &Config) -> HostBackend {
     .unwrap()
 }
 
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
-
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
@@ -140,18 +136,7 @@ fn elementwise_ops_are_bitwise_equal_to_the_host_backend() {
         return;
     };
     let cfg = Config::default();
-    let layout = MemoryLayout {
-        buffers: vec![(4096, Dtype::Bf16), (4096, Dtype::F32)],
-        grad_dtype: Dtype::Bf16,
-        master: 4096,
-        momentum: 0,
-        adam_moments: 0,
-        max_matrix: (0, 0),
-        mxfp8: Vec::new(),
-        mxfp8_scale_layout: ScaleLayout::Compact,
-    };
-    let mut values: Vec<f32> = (0..4096).map(|i| common::noise(i) * 3.0).collect();
-    values[..8].copy_from_slice(&[
+    let specials = [
         f32::INFINITY,
         f32::NEG_INFINITY,
         -0.0,
@@ -160,32 +145,10 @@ fn elementwise_ops_are_bitwise_equal_to_the_host_backend() {
         f32::from_bits(0x3F81_8000),
         f32::MAX,
         1e-40,
-    ]);
-    let run = |backend: &mut dyn Backend| -> (Vec<Vec<u32>>, u64) {
-        backend.allocate(&layout).unwrap();
-        let span = |mem| Span::new(mem, 0, 4096);
-        backend.upload(span(Mem::Master), &values).unwrap();
-        backend.cast(span(Mem::Master), span(Mem::Param(0))).unwrap();
-        backend.cast(span(Mem::Param(0)), span(Mem::Param(1))).unwrap();
-        backend.cast(span(Mem::Master), span(Mem::Grad(0))).unwrap();
-        backend.scale(span(Mem::Grad(0)), 0.37).unwrap();
-        backend.scale(span(Mem::Param(1)), 1.0 / 3.0).unwrap();
-        backend.cast(span(Mem::Param(1)), span(Mem::Grad(1))).unwrap();
-        backend
-            .cast(Span::new(Mem::Grad(1), 0, 2048), Span::new(Mem::Staging(0), 2048, 2048))
-            .unwrap();
-        backend.memset_zero(Span::new(Mem::Param(0), 100, 7)).unwrap();
-        let norm = backend.squared_norm(&[Span::new(Mem::Grad(1), 8, 4000)]).unwrap();
-        let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]
-            .into_iter()
-            .map(|m| bits(&backend.download(span(m)).unwrap()))
-            .collect();
-        (out, norm.to_bits())
-    };
-    let (host, host_norm) = run(&mut host_backend(&cfg));
-    let (cuda, cuda_norm) = run(&mut gpu.backend(&cfg, CallerStream::NULL));
+    ];
+    let (host, h) = elementwise_script(&mut host_backend(&cfg), 4096, &specials);
+    let (cuda, c) = elementwise_script(&mut gpu.backend(&cfg, CallerStream::NULL), 4096, &specials);
     assert_eq!(host, cuda);
-    let (h, c) = (f64::from_bits(host_norm), f64::from_bits(cuda_norm));
     assert!(((h - c) / h).abs() < 1e-13, "squared norm {h} vs {c}");
 }
 

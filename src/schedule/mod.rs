@@ -140,10 +140,6 @@ impl Runtime {
         &self.plan
     }
 
-    pub fn layout(&self) -> &StateLayout {
-        &self.layout
-    }
-
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
         self.backend.as_mut()
     }

@@ -148,13 +148,6 @@ impl MuonSlot {
     pub fn momentum(&self) -> Span {
         Span::new(Mem::Momentum, self.state, self.unit.range.len())
     }
-    pub fn param(&self) -> Span {
-        Span::new(
-            Mem::Param(self.unit.buffer),
-            self.unit.range.start,
-            self.unit.range.len(),
-        )
-    }
     pub fn grad(&self) -> Span {
         Span::new(
             Mem::Grad(self.unit.buffer),
@@ -176,9 +169,6 @@ impl AdamwSlot {
     }
     pub fn exp_avg_sq(&self) -> Span {
         Span::new(Mem::ExpAvgSq, self.moments, self.len())
-    }
-    pub fn param(&self) -> Span {
-        Span::new(Mem::Param(self.buffer), self.piece.buffer_range.start, self.len())
     }
     pub fn grad(&self) -> Span {
         Span::new(Mem::Grad(self.buffer), self.piece.buffer_range.start, self.len())

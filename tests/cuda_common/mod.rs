@@ -78,3 +78,49 @@ pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo 
     }
     info
 }
+
+/// Bits of every value (equality is then bitwise, NaN included).
+pub fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Element-wise ops the optimizer runs do not all reach — casts in every direction, scaling of
+/// f32 and bf16, memset, bf16 staging — on `n` values starting with `specials`. Returns the
+/// bits of every buffer afterwards and the squared norm of part of a bf16 grad buffer.
+pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -> (Vec<Vec<u32>>, f64) {
+    use muon_opt::backend::ops::MemoryLayout;
+    use muon_opt::config::Dtype;
+    use muon_opt::numerics::mxfp8::ScaleLayout;
+    let layout = MemoryLayout {
+        buffers: vec![(n, Dtype::Bf16), (n, Dtype::F32)],
+        grad_dtype: Dtype::Bf16,
+        master: n,
+        momentum: 0,
+        adam_moments: 0,
+        max_matrix: (0, 0),
+        mxfp8: Vec::new(),
+        mxfp8_scale_layout: ScaleLayout::Compact,
+    };
+    let mut values: Vec<f32> = (0..n).map(|i| crate::common::noise(i) * 3.0).collect();
+    values[..specials.len()].copy_from_slice(specials);
+    backend.allocate(&layout).unwrap();
+    let span = |mem| Span::new(mem, 0, n);
+    backend.upload(span(Mem::Master), &values).unwrap();
+    backend.cast(span(Mem::Master), span(Mem::Param(0))).unwrap();
+    backend.cast(span(Mem::Param(0)), span(Mem::Param(1))).unwrap();
+    backend.cast(span(Mem::Master), span(Mem::Grad(0))).unwrap();
+    backend.scale(span(Mem::Grad(0)), 0.37).unwrap();
+    backend.scale(span(Mem::Param(1)), 1.0 / 3.0).unwrap();
+    backend.cast(span(Mem::Param(1)), span(Mem::Grad(1))).unwrap();
+    let half = n / 2;
+    backend
+        .cast(Span::new(Mem::Grad(1), 0, half), Span::new(Mem::Staging(0), half, half))
+        .unwrap();
+    backend.memset_zero(Span::new(Mem::Param(0), 100, 7)).unwrap();
+    let norm = backend.squared_norm(&[Span::new(Mem::Grad(1), 8, n - 96)]).unwrap();
+    let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]
+        .into_iter()
+        .map(|m| bits(&backend.download(span(m)).unwrap()))
+        .collect();
+    (out, norm)
+}

@@ -146,7 +146,24 @@ class Config:
         return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
 
 
-class Comm:
+class _Owner:
+    """A library handle released by ``close()``: on garbage collection (errors dropped) and at
+    the end of a ``with`` block."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Comm(_Owner):
     """Owner of one ``muon_comm_t``: a host-group rank or a borrowed NCCL communicator."""
 
     def __init__(self, handle, host=True):
@@ -182,17 +199,6 @@ class Comm:
         if handle:
             lib().muon_comm_destroy(handle)
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class HostGroup:
@@ -291,7 +297,7 @@ def _memory(owner, address, numel, dtype):
     return view
 
 
-class Optimizer:
+class Optimizer(_Owner):
     """Owner of one ``muon_optimizer_t`` (one per rank; one thread at a time).
 
     Methods map 1:1 to the ``muon_optimizer_*`` functions. ``stream`` is a cudaStream_t address
@@ -469,17 +475,6 @@ class Optimizer:
         if handle:
             lib().muon_optimizer_destroy(handle)
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 __all__ = [
