@@ -9,6 +9,7 @@
 //! library's unit tests (`checkpoint::components`).
 
 mod checkpoint_harness;
+mod common;
 
 use checkpoint_harness::{Group, TempDir, all_ok, config, model};
 use muon_opt::checkpoint::{INDEX_FILE, Index, StateKind};

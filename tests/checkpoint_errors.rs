@@ -2,6 +2,7 @@
 //! every rank, and changes nothing in memory on any rank.
 
 mod checkpoint_harness;
+mod common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,7 @@
 //! damaged file fails the command with exit code 2.
 
 mod checkpoint_harness;
+mod common;
 
 use std::process::Command;
 

@@ -4,6 +4,7 @@
 //! params, and a later save replaces the whole directory.
 
 mod checkpoint_harness;
+mod common;
 
 use std::collections::BTreeMap;
 

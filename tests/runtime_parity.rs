@@ -7,14 +7,10 @@
 
 mod common;
 
-use common::{Data, Snapshot, train};
+use common::{Data, Snapshot, bits, train};
 use muon_opt::config::{CommMode, Config, MuonLayout, NsPrecision};
 
 const STEPS: u64 = 10;
-
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
 
 fn assert_same(reference: &[Snapshot], run: &[Snapshot], label: &str) {
     for (step, (a, b)) in reference.iter().zip(run).enumerate() {

@@ -7,6 +7,8 @@
 //! is exact at every dp: with pre-scaling by 1/dp, `dp·(g·(1/dp))` summed in rank order gives
 //! back `g` exactly for dp ∈ {1, 2, 3, 4} (for dp = 3, `3·f32(1/3)·2^e` rounds to `2^e`). A run
 //! resumed at another dp must therefore match an uninterrupted run bit for bit.
+//!
+//! The including test file also declares `mod common;` (shared `assemble` and `bits`).
 
 #![allow(dead_code)]
 
@@ -21,7 +23,9 @@ use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::Result;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::{OwnedState, StepArgs};
+use muon_opt::schedule::StepArgs;
+
+pub use crate::common::{assemble, bits};
 
 pub const ARGS: StepArgs = StepArgs {
     lr: 0.02,
@@ -144,10 +148,6 @@ pub struct Snapshot {
     pub state: Vec<Vec<Vec<f32>>>,
 }
 
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
-}
-
 impl Snapshot {
     /// Asserts bitwise equality, naming the first difference.
     pub fn assert_same(&self, expected: &Snapshot, label: &str) {
@@ -171,23 +171,6 @@ impl Snapshot {
             }
         }
     }
-}
-
-/// Assembles owned pieces into per-param tensors (master, then each moment).
-pub fn assemble(specs: &[ParamSpec], owned: Vec<Vec<OwnedState>>) -> Vec<Vec<Vec<f32>>> {
-    let mut state: Vec<Vec<Vec<f32>>> = specs.iter().map(|_| Vec::new()).collect();
-    for piece in owned.into_iter().flatten() {
-        let slot = &mut state[piece.param as usize];
-        if slot.is_empty() {
-            *slot = vec![vec![f32::NAN; specs[piece.param as usize].numel() as usize]; 1 + piece.moments.len()];
-        }
-        let r = piece.range.start as usize..piece.range.end as usize;
-        slot[0][r.clone()].copy_from_slice(&piece.master);
-        for (k, m) in piece.moments.iter().enumerate() {
-            slot[1 + k][r.clone()].copy_from_slice(m);
-        }
-    }
-    state
 }
 
 /// A finalized group of ranks on threads.

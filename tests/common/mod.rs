@@ -50,6 +50,11 @@ pub fn model() -> Vec<ParamSpec> {
     params
 }
 
+/// Bits of every value (equality is then bitwise, NaN included).
+pub fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
 /// Deterministic pseudo-random value in [-1, 1).
 pub fn noise(seed: u64) -> f32 {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;

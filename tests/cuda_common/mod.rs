@@ -12,6 +12,7 @@ use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::plan::build_plan;
 use muon_opt::schedule::{Runtime, StepInfo};
 
+pub use crate::common::bits;
 use crate::common::{ARGS, init_values, model, rank_grad};
 
 /// The common test model plus fused matrices with non-square components (wide, and tall so
@@ -77,11 +78,6 @@ pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo 
         rt.wait_params(b).unwrap();
     }
     info
-}
-
-/// Bits of every value (equality is then bitwise, NaN included).
-pub fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
 }
 
 /// Element-wise ops the optimizer runs do not all reach — casts in every direction, scaling of
