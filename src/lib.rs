@@ -41,3 +41,4 @@ pub mod numerics;
 pub mod optimizer;
 pub mod plan;
 pub mod schedule;
+pub mod sim;

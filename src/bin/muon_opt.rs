@@ -8,11 +8,13 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use muon_opt::checkpoint::inspect::inspect;
-use muon_opt::config::{Config, MuonLayout};
+use muon_opt::config::{Config, MuonLayout, NsPrecision};
 use muon_opt::demo::{self, DemoConfig};
 use muon_opt::plan::model_json::parse_model_json;
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 use muon_opt::plan::{build_plans, render};
+use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware};
+use muon_opt::sim::{self, Scenario};
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +35,51 @@ enum Command {
     Demo(DemoArgs),
     /// Summarize a checkpoint directory and verify the checksum of every file.
     Inspect(InspectArgs),
+    /// Simulate training iterations of the real schedule on a modelled GPU cluster.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
+    #[arg(long)]
+    model: String,
+    /// Data-parallel size.
+    #[arg(long)]
+    dp: usize,
+    /// Muon layout; `all` simulates the three side by side.
+    #[arg(long, value_enum, default_value_t = LayoutChoice::Compact)]
+    layout: LayoutChoice,
+    /// Store the Muon matrices as MXFP8 and gather them as bf16.
+    #[arg(long)]
+    mxfp8: bool,
+    /// Newton–Schulz precision.
+    #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
+    ns_precision: PrecisionChoice,
+    /// A built-in profile (h100-nvlink, h100-ib, b200-nvlink) or a hardware JSON file.
+    #[arg(long, default_value = "h100-nvlink")]
+    hardware: String,
+    /// Tokens per GPU per iteration (forward and backward cost).
+    #[arg(long, default_value_t = 8192)]
+    tokens_per_gpu: u64,
+    /// Iterations to simulate (>= 2; the figures are the last one's).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write a Chrome/Perfetto trace of the first layout to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Write an SVG timeline of the first layout to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionChoice {
+    Bf16,
+    F32,
 }
 
 #[derive(Args)]
@@ -103,6 +150,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => run_plan(&args),
         Command::Demo(args) => run_demo(&args),
         Command::Inspect(args) => run_inspect(&args),
+        Command::Simulate(args) => run_simulate(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -175,6 +223,57 @@ fn run_demo(args: &DemoArgs) -> Result<(), String> {
         demo::report::text(&result)
     };
     println!("{text}");
+    Ok(())
+}
+
+/// A built-in hardware profile by name, else a profile JSON file.
+fn load_hardware(arg: &str) -> Result<Hardware, String> {
+    if let Some(hw) = sim::profile::builtin(arg) {
+        return Ok(hw);
+    }
+    let text = std::fs::read_to_string(arg).map_err(|e| {
+        format!(
+            "--hardware '{arg}': not a built-in profile ({}) and not a readable file: {e}",
+            HARDWARE_NAMES.join(", ")
+        )
+    })?;
+    Hardware::from_json(&text).map_err(|e| format!("--hardware '{arg}': {e}"))
+}
+
+fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
+    let model = load_model(&args.model)?;
+    let hardware = load_hardware(&args.hardware)?;
+    let mut sims = Vec::new();
+    for layout in args.layout.layouts() {
+        let scenario = Scenario {
+            layout,
+            mxfp8: args.mxfp8,
+            ns_precision: match args.ns_precision {
+                PrecisionChoice::Bf16 => NsPrecision::Bf16,
+                PrecisionChoice::F32 => NsPrecision::F32,
+            },
+            tokens_per_gpu: args.tokens_per_gpu,
+            iterations: args.steps,
+            ..Scenario::new(model.clone(), args.dp, hardware.clone())
+        };
+        sims.push(sim::simulate(&scenario).map_err(|e| e.to_string())?);
+    }
+    let first = &sims[0];
+    let ranks = sim::trace::ranks_to_show(&first.timelines);
+    if let Some(path) = &args.trace {
+        std::fs::write(path, sim::trace::chrome(&first.timelines, &ranks))
+            .map_err(|e| format!("--trace '{}': cannot write: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        let title = format!("{} dp={} {} on {}", first.model, first.dp, first.layout, first.hardware);
+        std::fs::write(path, sim::trace::svg(&first.timelines, &ranks, &title))
+            .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&sims).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", sim::table(&sims));
+    }
     Ok(())
 }
 

@@ -93,28 +93,28 @@ impl Runtime {
     ) -> Result<Self> {
         let layout = StateLayout::new(&plan, &params, &cfg, rank);
         backend.allocate(&layout.memory)?;
-        let zeros = |n: u64| vec![0.0f32; n as usize];
+        // `allocate` zeroes every buffer, so a param without initial values needs no upload
+        // (and no zero-filled host copy of its size).
         for (p, placement) in plan.params.iter().enumerate() {
-            let values = init(p).map_or_else(|| zeros(placement.numel), <[f32]>::to_vec);
-            backend.upload(
-                Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel),
-                &values,
-            )?;
+            if let Some(values) = init(p) {
+                backend.upload(
+                    Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel),
+                    values,
+                )?;
+            }
         }
         for slot in &layout.muon {
             let p = slot.unit.param as usize;
-            let local = slot.unit.range.start - plan.params[p].offset;
-            let values = init(p).map_or_else(
-                || zeros(slot.unit.range.len()),
-                |v| v[local as usize..(local + slot.unit.range.len()) as usize].to_vec(),
-            );
-            backend.upload(slot.master(), &values)?;
+            let local = (slot.unit.range.start - plan.params[p].offset) as usize;
+            if let Some(values) = init(p) {
+                backend.upload(slot.master(), &values[local..local + slot.unit.range.len() as usize])?;
+            }
         }
         for slot in &layout.adamw {
             let r = slot.piece.param_range;
-            let values = init(slot.piece.param as usize)
-                .map_or_else(|| zeros(r.len()), |v| v[r.start as usize..r.end as usize].to_vec());
-            backend.upload(slot.master(), &values)?;
+            if let Some(values) = init(slot.piece.param as usize) {
+                backend.upload(slot.master(), &values[r.start as usize..r.end as usize])?;
+            }
         }
         for tensor in &layout.memory.mxfp8 {
             let placement = &plan.params[tensor.param as usize];

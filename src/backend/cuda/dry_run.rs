@@ -15,6 +15,28 @@ use crate::numerics::muon::MuonOptions;
 const VIRTUAL_BASE: DevPtr = 1 << 40;
 const ALIGN: DevPtr = 512;
 
+/// A virtual device address space: consecutive, aligned, never reused. The dry run and the
+/// simulator hand out the same addresses for the same allocation sequence.
+#[derive(Debug, Clone, Copy)]
+pub struct VirtualMemory {
+    next: DevPtr,
+}
+
+impl Default for VirtualMemory {
+    fn default() -> Self {
+        VirtualMemory { next: VIRTUAL_BASE }
+    }
+}
+
+impl VirtualMemory {
+    /// The address of a new allocation of `bytes` (0 for an empty one).
+    pub fn alloc(&mut self, bytes: u64) -> DevPtr {
+        let ptr = if bytes == 0 { 0 } else { self.next };
+        self.next += bytes.next_multiple_of(ALIGN);
+        ptr
+    }
+}
+
 /// What one op became.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Translated {
@@ -30,7 +52,7 @@ pub enum Translated {
 #[derive(Debug)]
 pub struct DryRun {
     translator: Translator,
-    next: DevPtr,
+    memory: VirtualMemory,
     /// Every op received, in order, with its translation.
     pub log: Vec<(Op, Result<Translated>)>,
 }
@@ -41,7 +63,7 @@ impl DryRun {
     pub fn new(rank: usize, dp: usize, muon: MuonOptions) -> Self {
         let mut dry = DryRun {
             translator: Translator::new(rank, dp, muon),
-            next: VIRTUAL_BASE,
+            memory: VirtualMemory::default(),
             log: Vec::new(),
         };
         let setup = dry.translator.setup();
@@ -57,8 +79,7 @@ impl DryRun {
     fn bind(&mut self, actions: &[Action]) {
         for action in actions {
             if let Action::Alloc { buf, bytes } = *action {
-                let ptr = if bytes == 0 { 0 } else { self.next };
-                self.next += bytes.next_multiple_of(ALIGN);
+                let ptr = self.memory.alloc(bytes);
                 self.translator.bind(buf, ptr, bytes);
             }
         }

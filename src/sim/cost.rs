@@ -1,0 +1,270 @@
+//! The cost model: a duration for every device action the cuda translator emits, from the
+//! constants of one [`Hardware`] profile and nothing else.
+//!
+//! - kernels: the bytes they move at the achievable HBM bandwidth, never below
+//!   `kernel_min_us`;
+//! - GEMMs: `2·m·n·k·batch` flops at the achievable peak of their input type, scaled by how
+//!   well their output tiles fill the last wave of SMs (a small matrix leaves SMs idle), and
+//!   never faster than their operand bytes at HBM bandwidth;
+//! - NCCL: ring α–β per call: `base + steps·hop + traffic / bandwidth`, where a reduce-scatter or
+//!   all-gather moves `(n−1)/n` of the buffer per rank in `n−1` steps, an all-reduce `2(n−1)/n`
+//!   in `2(n−1)` steps, a reduce or broadcast the whole buffer (pipelined chain) in `n−1` steps;
+//!   the bandwidth is NVLink's while the group fits in one node, the NIC's once it crosses nodes;
+//! - host↔device copies: a fixed latency plus bytes at PCIe bandwidth, and the host waits.
+
+use crate::backend::cuda::action::{Action, Arg, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
+use crate::backend::ops::StreamKind;
+
+use super::profile::Hardware;
+
+const US: f64 = 1e-6;
+const GB: f64 = 1e9;
+const TFLOP: f64 = 1e12;
+
+/// What an action costs: host time to issue it, then what it does on the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cost {
+    /// `device` seconds of work on `stream`.
+    Work {
+        stream: StreamKind,
+        host: f64,
+        device: f64,
+    },
+    /// A collective group on the comm stream: it ends `device` seconds after the last rank
+    /// reached it.
+    Collective {
+        host: f64,
+        device: f64,
+    },
+    /// Work on `stream` that the host then waits for (a copy to or from host memory).
+    Blocking {
+        stream: StreamKind,
+        host: f64,
+        device: f64,
+    },
+    /// The host waits until `stream` finished everything issued before.
+    Sync {
+        stream: StreamKind,
+    },
+    Record {
+        stream: StreamKind,
+        host: f64,
+    },
+    Wait {
+        stream: StreamKind,
+        host: f64,
+    },
+    /// No time (allocations happen at setup).
+    Free,
+}
+
+/// The cost model of one profile at one data-parallel size.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    hw: Hardware,
+    dp: u32,
+}
+
+fn arg_u64(args: &[Arg], i: usize) -> u64 {
+    match args.get(i) {
+        Some(Arg::U64(v)) => *v,
+        Some(Arg::U32(v)) => u64::from(*v),
+        _ => 0,
+    }
+}
+
+fn arg_flag(args: &[Arg], i: usize) -> bool {
+    matches!(args.get(i), Some(Arg::I32(v)) if *v != 0)
+}
+
+/// Bytes of an element whose dtype flag (`is_bf16`) is argument `i`.
+fn elem(args: &[Arg], i: usize) -> u64 {
+    if arg_flag(args, i) { 2 } else { 4 }
+}
+
+fn nccl_size(dtype: NcclType) -> u64 {
+    match dtype {
+        NcclType::U8 => 1,
+        NcclType::Bf16 => 2,
+        NcclType::F32 => 4,
+    }
+}
+
+impl CostModel {
+    pub fn new(hw: Hardware, dp: usize) -> Self {
+        CostModel { hw, dp: dp as u32 }
+    }
+
+    pub fn hardware(&self) -> &Hardware {
+        &self.hw
+    }
+
+    fn hbm(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.hw.hbm_gbps * GB * self.hw.hbm_efficiency)
+    }
+
+    fn kernel(&self, bytes: u64) -> f64 {
+        self.hbm(bytes).max(self.hw.kernel_min_us * US)
+    }
+
+    /// The cost of `action`.
+    pub fn cost(&self, action: &Action) -> Cost {
+        let launch = self.hw.launch_host_us * US;
+        match action {
+            Action::Alloc { .. } => Cost::Free,
+            Action::CopyIn { bytes, stream, .. } => self.copy(*stream, bytes.len() as u64),
+            Action::CopyOut { bytes, stream, .. } => self.copy(*stream, *bytes),
+            Action::Zero { bytes, stream, .. } => Cost::Work {
+                stream: *stream,
+                host: launch,
+                device: self.kernel(*bytes),
+            },
+            Action::CopyDevice { bytes, stream, .. } => Cost::Work {
+                stream: *stream,
+                host: launch,
+                device: self.kernel(2 * bytes),
+            },
+            Action::Launch(l) => Cost::Work {
+                stream: l.stream,
+                host: launch,
+                device: self.kernel(kernel_bytes(l)),
+            },
+            Action::Gemm(g) => Cost::Work {
+                stream: StreamKind::Compute,
+                host: launch,
+                device: self.gemm(g),
+            },
+            Action::Nccl(calls) => Cost::Collective {
+                host: launch,
+                device: calls.iter().map(|c| self.nccl(c)).sum(),
+            },
+            Action::Record { stream, .. } => Cost::Record {
+                stream: *stream,
+                host: self.hw.event_host_us * US,
+            },
+            Action::Wait { stream, .. } => Cost::Wait {
+                stream: *stream,
+                host: self.hw.event_host_us * US,
+            },
+            Action::Synchronize(stream) => Cost::Sync { stream: *stream },
+        }
+    }
+
+    fn copy(&self, stream: StreamKind, bytes: u64) -> Cost {
+        Cost::Blocking {
+            stream,
+            host: self.hw.launch_host_us * US,
+            device: self.hw.copy_latency_us * US + bytes as f64 / (self.hw.pcie_gbps * GB),
+        }
+    }
+
+    /// Seconds of one GEMM (see the module docs).
+    pub fn gemm(&self, g: &Gemm) -> f64 {
+        let (m, n, k, batch) = (g.m as f64, g.n as f64, g.k as f64, g.batch as f64);
+        let flops = 2.0 * m * n * k * batch;
+        let (peak, in_bytes) = match g.inputs {
+            GemmInputs::Bf16 => (self.hw.bf16_tflops, 2.0),
+            GemmInputs::F32 => (self.hw.f32_tflops, 4.0),
+        };
+        let tile = f64::from(self.hw.gemm_tile);
+        let tiles = (m / tile).ceil() * (n / tile).ceil() * batch;
+        let sms = f64::from(self.hw.sms);
+        let waves = (tiles / sms).ceil();
+        let fill = tiles / (waves * sms);
+        let compute = flops / (peak * TFLOP * self.hw.gemm_efficiency * fill);
+        let c_reads = if g.beta == 0.0 { 1.0 } else { 2.0 };
+        let bytes = batch * ((m * k + k * n) * in_bytes + m * n * 4.0 * c_reads);
+        compute.max(self.hbm(bytes as u64)).max(self.hw.kernel_min_us * US)
+    }
+
+    /// Seconds of one NCCL call of this data-parallel group (see the module docs).
+    pub fn nccl(&self, call: &NcclCall) -> f64 {
+        let n = u64::from(self.dp);
+        if n <= 1 {
+            return 0.0;
+        }
+        let (buffer, steps, traffic) = match *call {
+            NcclCall::ReduceScatter { recv_count, dtype, .. } => {
+                let s = recv_count * n * nccl_size(dtype);
+                (s, n - 1, s as f64 * (n - 1) as f64 / n as f64)
+            }
+            NcclCall::AllGather { send_count, dtype, .. } => {
+                let s = send_count * n * nccl_size(dtype);
+                (s, n - 1, s as f64 * (n - 1) as f64 / n as f64)
+            }
+            NcclCall::AllReduce { count, dtype, .. } => {
+                let s = count * nccl_size(dtype);
+                (s, 2 * (n - 1), 2.0 * s as f64 * (n - 1) as f64 / n as f64)
+            }
+            NcclCall::Reduce { count, dtype, .. } | NcclCall::Broadcast { count, dtype, .. } => {
+                let s = count * nccl_size(dtype);
+                (s, n - 1, s as f64)
+            }
+        };
+        if buffer == 0 {
+            return 0.0;
+        }
+        let (hop, bandwidth) = self.ring();
+        (self.hw.nccl_base_latency_us + steps as f64 * hop) * US + traffic / bandwidth
+    }
+
+    /// The average hop latency (µs) of a ring over the group and its bandwidth (bytes/s): a
+    /// ring over `nodes` nodes crosses the network `nodes` times per turn.
+    fn ring(&self) -> (f64, f64) {
+        let n = f64::from(self.dp);
+        let nodes = self.dp.div_ceil(self.hw.dp_ranks_per_node);
+        if nodes <= 1 {
+            let bw = self.hw.nvlink_gbps * GB * self.hw.nvlink_efficiency;
+            return (self.hw.nccl_hop_latency_nvlink_us, bw);
+        }
+        let network_hops = f64::from(nodes);
+        let hop = (network_hops * self.hw.nccl_hop_latency_network_us
+            + (n - network_hops) * self.hw.nccl_hop_latency_nvlink_us)
+            / n;
+        (hop, self.hw.network_gbps * GB * self.hw.network_efficiency)
+    }
+
+    /// Seconds of the framework's forward (`share` = 1/3) or backward (2/3) over `params`
+    /// elements and `tokens` tokens: `6·params·tokens` flops in all, at the model efficiency.
+    pub fn model_compute(&self, params: u64, tokens: u64, share: f64) -> f64 {
+        6.0 * params as f64 * tokens as f64 * share / (self.hw.bf16_tflops * TFLOP * self.hw.model_efficiency)
+    }
+}
+
+/// Device-memory bytes a kernel launch reads and writes (its arguments as the translator
+/// writes them, `src/backend/cuda/translate.rs`).
+fn kernel_bytes(l: &Launch) -> u64 {
+    let a = &l.args;
+    match l.kernel {
+        // src f32 → dst bf16
+        Kernel::CastF32ToBf16 => arg_u64(a, 2) * 6,
+        // (src, src_bf16, dst, dst_bf16, n)
+        Kernel::Cast => arg_u64(a, 4) * (elem(a, 1) + elem(a, 3)),
+        // (ptr, bf16, n, factor): read and write
+        Kernel::Scale => arg_u64(a, 2) * 2 * elem(a, 1),
+        // one word triple per span: ptr, len, bf16 | first_block << 32
+        Kernel::SumsqPartials => match a.first() {
+            Some(Arg::Words(w)) => w
+                .chunks(3)
+                .take_while(|c| c.len() == 3)
+                .map(|c| c[1] * if c[2] & 1 == 1 { 2 } else { 4 })
+                .sum(),
+            _ => 0,
+        },
+        // a few partials per group
+        Kernel::SumsqFinish => u64::from(l.grid[0]) * 8 * 64,
+        // grad (dtype), momentum read+write, update write
+        Kernel::MuonMomentum => arg_u64(a, 4) * (elem(a, 1) + 12),
+        // (u, x, norms, batch, rows, cols, t): read and write f32
+        Kernel::NsNormalize => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 5) * 8,
+        // (master, x, batch, rows, cols, t, decay, step): master read+write, x read
+        Kernel::MuonApply => arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * 12,
+        // master, exp_avg, exp_avg_sq read+write, grad read
+        Kernel::Adamw => arg_u64(a, 5) * (24 + elem(a, 4)),
+        // bf16 in; rowwise and columnwise E4M3 out, one scale byte per 32 elements each
+        Kernel::Mxfp8Quantize => {
+            let n = arg_u64(a, 1) * arg_u64(a, 2);
+            n * 4 + n / 16
+        }
+    }
+}

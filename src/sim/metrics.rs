@@ -1,0 +1,245 @@
+//! The figures of a simulated run, read off the timelines (definitions in `docs/simulate.md`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::backend::cuda::action::Buf;
+use crate::backend::ops::{Mem, StreamKind};
+
+use super::engine::{Call, Class, Slice, Timeline};
+
+/// Peak device bytes of one rank by kind (everything is allocated at finalize and kept).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceBytes {
+    pub params: u64,
+    pub grads: u64,
+    pub masters: u64,
+    pub momenta: u64,
+    pub adam_moments: u64,
+    pub mxfp8: u64,
+    pub workspaces: u64,
+    pub total: u64,
+}
+
+impl DeviceBytes {
+    pub fn of(allocations: &[(Buf, u64)]) -> Self {
+        let mut d = DeviceBytes::default();
+        for &(buf, bytes) in allocations {
+            let slot = match buf {
+                Buf::Mem(Mem::Param(_)) => &mut d.params,
+                Buf::Mem(Mem::Grad(_) | Mem::Staging(_)) => &mut d.grads,
+                Buf::Mem(Mem::Master) => &mut d.masters,
+                Buf::Mem(Mem::Momentum) => &mut d.momenta,
+                Buf::Mem(Mem::ExpAvg | Mem::ExpAvgSq) => &mut d.adam_moments,
+                Buf::Mxfp8 { .. } => &mut d.mxfp8,
+                Buf::Work(_) | Buf::Scalars => &mut d.workspaces,
+            };
+            *slot += bytes;
+            d.total += bytes;
+        }
+        d
+    }
+}
+
+/// One iteration's figures, all in milliseconds where a time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Figures {
+    /// Steady-state iteration time: between the compute stream finishing the last two
+    /// iterations.
+    pub iteration_ms: f64,
+    /// Modelled forward + backward compute of the iteration.
+    pub model_compute_ms: f64,
+    /// `iteration_ms − model_compute_ms`: what the optimizer adds to an iteration.
+    pub exposed_ms: f64,
+    /// Lower bound of `exposed_ms`: the larger of `optimizer_compute_ms` and
+    /// `unhidden_comm_ms`.
+    pub lower_bound_ms: f64,
+    /// `exposed_ms / lower_bound_ms`.
+    pub ratio: f64,
+    /// The slowest rank's optimizer work on the compute stream (Newton–Schulz, AdamW, casts,
+    /// norm, memsets): it cannot overlap the model's compute, which shares the stream.
+    pub optimizer_compute_ms: f64,
+    /// Of which Newton–Schulz (its GEMMs and Muon kernels).
+    pub newton_schulz_ms: f64,
+    /// The busiest rank's collective time minus the modelled compute it could hide behind.
+    pub unhidden_comm_ms: f64,
+    /// Fraction of gradient-collective time that runs under modelled backward/forward compute.
+    pub grad_overlap: f64,
+    /// Fraction of param-collective time that runs under the next forward's compute.
+    pub param_overlap: f64,
+    /// Device work items the optimizer issues per iteration (kernels, GEMMs, memsets, copies,
+    /// NCCL groups), busiest rank.
+    pub launches: u64,
+    /// Host synchronizations per iteration (copies the host waits for, stream syncs).
+    pub host_syncs: u64,
+    /// Host time stalled in them.
+    pub host_stall_ms: f64,
+    /// How long the forward's first layer waits after the iteration's zero_grad.
+    pub first_forward_wait_ms: f64,
+    /// The compute stream's longest waits by what it waited on (largest first).
+    pub dominant_waits: Vec<(String, f64)>,
+}
+
+const MS: f64 = 1e3;
+
+fn is_model(s: &Slice) -> bool {
+    matches!(s.class, Class::Forward | Class::Backward)
+}
+
+fn in_iter(s: &Slice, i: usize) -> bool {
+    s.iteration == Some(i)
+}
+
+/// Where the compute stream of iteration `i` ends.
+fn compute_end(t: &Timeline, i: usize) -> f64 {
+    t.slices
+        .iter()
+        .filter(|s| in_iter(s, i) && s.stream == StreamKind::Compute)
+        .fold(0.0, |a, s| a.max(s.end))
+}
+
+fn sum(t: &Timeline, i: usize, keep: impl Fn(&Slice) -> bool) -> f64 {
+    t.slices
+        .iter()
+        .filter(|s| in_iter(s, i) && keep(s))
+        .map(|s| s.end - s.start)
+        .sum()
+}
+
+/// Total length of `[start, end)` covered by `intervals` (sorted by start).
+fn covered(start: f64, end: f64, intervals: &[(f64, f64)]) -> f64 {
+    let mut total = 0.0;
+    let mut reach = start;
+    for &(a, b) in intervals {
+        if a >= end {
+            break;
+        }
+        let (a, b) = (a.max(reach), b.min(end));
+        if b > a {
+            total += b - a;
+            reach = b;
+        }
+    }
+    total
+}
+
+fn overlap(t: &Timeline, i: usize, keep: impl Fn(&Slice) -> bool) -> f64 {
+    let mut model: Vec<(f64, f64)> = t
+        .slices
+        .iter()
+        .filter(|s| is_model(s))
+        .map(|s| (s.start, s.end))
+        .collect();
+    model.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut hidden, mut total) = (0.0, 0.0);
+    for s in t
+        .slices
+        .iter()
+        .filter(|s| in_iter(s, i) && s.class == Class::Collective && keep(s))
+    {
+        hidden += covered(s.start, s.end, &model);
+        total += s.end - s.start;
+    }
+    if total > 0.0 { hidden / total } else { 1.0 }
+}
+
+fn is_grad_collective(s: &Slice) -> bool {
+    matches!(s.label.what, "reduce" | "reduce-scatter" | "all-reduce")
+}
+
+fn is_param_collective(s: &Slice) -> bool {
+    matches!(s.label.what, "broadcast" | "all-gather")
+}
+
+fn call_name(call: Call) -> String {
+    match call {
+        Call::WaitParams(b) => format!("wait_params(bucket {b})"),
+        Call::GradReady(b) => format!("grad_ready (bucket {b})"),
+        Call::Step => "step".into(),
+        Call::ZeroGrad => "zero_grad".into(),
+        Call::Setup => "setup".into(),
+        Call::Forward => "forward".into(),
+        Call::Backward => "backward".into(),
+    }
+}
+
+/// The figures of the last iteration (`iterations ≥ 2`; the param overlap is read from the
+/// iteration before, whose param collectives run under the last iteration's forward).
+pub fn figures(timelines: &[Timeline], iterations: usize) -> Figures {
+    let last = iterations - 1;
+    let t0 = &timelines[0];
+    let iteration = (compute_end(t0, last) - compute_end(t0, last - 1)).max(0.0);
+    let model = sum(t0, last, is_model);
+    let exposed = iteration - model;
+    let optimizer = |t: &Timeline| {
+        sum(t, last, |s| {
+            s.stream == StreamKind::Compute && s.class == Class::Optimizer
+        })
+    };
+    let ns = |t: &Timeline| {
+        sum(t, last, |s| {
+            matches!(
+                s.label.what,
+                "ns gemm" | "ns normalize" | "muon momentum" | "muon apply"
+            )
+        })
+    };
+    let comm = |t: &Timeline| sum(t, last, |s| s.class == Class::Collective);
+    let max_over = |f: &dyn Fn(&Timeline) -> f64| timelines.iter().map(f).fold(0.0, f64::max);
+    let optimizer_compute = max_over(&optimizer);
+    let unhidden = (max_over(&comm) - model).max(0.0);
+    let lower_bound = optimizer_compute.max(unhidden);
+    let launches = timelines
+        .iter()
+        .map(|t| {
+            t.slices
+                .iter()
+                .filter(|s| {
+                    in_iter(s, last) && matches!(s.class, Class::Optimizer | Class::Collective | Class::HostCopy)
+                })
+                .count() as u64
+        })
+        .max()
+        .unwrap_or(0);
+    let first_forward_wait = t0
+        .slices
+        .iter()
+        .filter(|s| in_iter(s, last) && s.stream == StreamKind::Compute && !matches!(s.class, Class::Event))
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1].class == Class::Forward)
+        .map_or(0.0, |w| (w[1].start - w[0].end).max(0.0));
+    let mut waits: BTreeMap<String, f64> = BTreeMap::new();
+    for s in t0
+        .slices
+        .iter()
+        .filter(|s| in_iter(s, last) && s.stream == StreamKind::Compute && s.waited > 0.0)
+    {
+        *waits.entry(call_name(s.label.call)).or_default() += s.waited;
+    }
+    let mut dominant: Vec<(String, f64)> = waits.into_iter().map(|(k, v)| (k, v * MS)).collect();
+    dominant.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    dominant.truncate(3);
+    Figures {
+        iteration_ms: iteration * MS,
+        model_compute_ms: model * MS,
+        exposed_ms: exposed * MS,
+        lower_bound_ms: lower_bound * MS,
+        ratio: if lower_bound > 0.0 {
+            exposed / lower_bound
+        } else {
+            f64::NAN
+        },
+        optimizer_compute_ms: optimizer_compute * MS,
+        newton_schulz_ms: max_over(&ns) * MS,
+        unhidden_comm_ms: unhidden * MS,
+        grad_overlap: overlap(t0, last, is_grad_collective),
+        param_overlap: overlap(t0, last - 1, is_param_collective),
+        launches,
+        host_syncs: timelines.iter().map(|t| t.host_syncs[last]).max().unwrap_or(0),
+        host_stall_ms: t0.host_stall[last] * MS,
+        first_forward_wait_ms: first_forward_wait * MS,
+        dominant_waits: dominant,
+    }
+}

@@ -1,0 +1,236 @@
+//! `muon-opt simulate`: a training step of the real schedule on a modelled GPU cluster.
+//!
+//! Every rank runs the real [`crate::schedule::Runtime`] on the cuda backend's real
+//! translator; instead of a device, each translated action gets a duration from the
+//! [`cost::CostModel`] of a [`profile::Hardware`] profile, and the [`engine`] plays every rank's
+//! host timeline and streams against each other. Nothing of the schedule is re-implemented
+//! here: a change to the schedule or the translation shows in the figures as it would on a GPU
+//! (within the model). Definitions of every figure: `docs/simulate.md`.
+
+pub mod cost;
+pub mod drive;
+pub mod engine;
+pub mod metrics;
+pub mod profile;
+pub mod trace;
+
+use serde::Serialize;
+
+use crate::bail;
+use crate::config::{Config, MuonLayout, NsPrecision};
+use crate::error::Result;
+use crate::model::{ParamFlags, Route};
+use crate::plan::build_plan;
+use crate::plan::presets::ModelDesc;
+
+use cost::CostModel;
+use drive::{Trainer, record_rank};
+use engine::Timeline;
+use metrics::{DeviceBytes, Figures};
+use profile::Hardware;
+
+/// Version of the JSON output; bumped when a field changes meaning or goes away.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub model: ModelDesc,
+    pub dp: usize,
+    pub layout: MuonLayout,
+    /// Muon-routed matrices stored as MXFP8, gathered as bf16 (`mxfp8_param_gather`).
+    pub mxfp8: bool,
+    pub ns_precision: NsPrecision,
+    pub hardware: Hardware,
+    pub tokens_per_gpu: u64,
+    /// Iterations to run (≥ 2; the figures are the last one's).
+    pub iterations: usize,
+    /// Overrides of the default config (`overlap_*`, `bucket_size`).
+    pub overlap_grad_reduce: bool,
+    pub overlap_param_gather: bool,
+    pub bucket_size: u64,
+}
+
+impl Scenario {
+    /// Defaults: compact layout, bf16 Newton–Schulz, 8192 tokens per GPU, 3 iterations,
+    /// overlap on.
+    pub fn new(model: ModelDesc, dp: usize, hardware: Hardware) -> Self {
+        Scenario {
+            model,
+            dp,
+            layout: MuonLayout::Compact,
+            mxfp8: false,
+            ns_precision: NsPrecision::Bf16,
+            hardware,
+            tokens_per_gpu: 8192,
+            iterations: 3,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+            bucket_size: 0,
+        }
+    }
+
+    fn config(&self) -> Config {
+        Config {
+            muon_layout: self.layout,
+            muon_ns_precision: self.ns_precision,
+            mxfp8_param_gather: self.mxfp8,
+            overlap_grad_reduce: self.overlap_grad_reduce,
+            overlap_param_gather: self.overlap_param_gather,
+            bucket_size: self.bucket_size,
+            vocab_size: self.model.vocab_size,
+            ..Config::default()
+        }
+    }
+}
+
+/// The result of one simulation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Simulation {
+    pub schema_version: u32,
+    pub model: String,
+    pub hardware: String,
+    pub dp: usize,
+    pub layout: String,
+    pub mxfp8: bool,
+    pub ns_precision: String,
+    pub tokens_per_gpu: u64,
+    pub iterations: usize,
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// The largest per-rank device footprint, by kind.
+    pub device_bytes: DeviceBytes,
+    #[serde(skip)]
+    pub timelines: Vec<Timeline>,
+}
+
+/// Runs `scenario`.
+pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
+    if scenario.iterations < 2 {
+        bail!(
+            OutOfRange,
+            "simulate: iterations {} must be >= 2 (the figures compare the last two)",
+            scenario.iterations
+        );
+    }
+    if scenario.dp == 0 {
+        bail!(OutOfRange, "simulate: dp must be >= 1");
+    }
+    let cfg = scenario.config();
+    let mut registry = scenario.model.registry(&cfg)?;
+    if scenario.mxfp8 {
+        let mut model = scenario.model.clone();
+        for (spec, route) in model.params.iter_mut().zip(registry.routes()) {
+            let (rows, cols) = spec.flat_2d();
+            if *route == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
+                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::MXFP8);
+            }
+        }
+        registry = model.registry(&cfg)?;
+    }
+    let plan = build_plan(registry.params(), registry.routes(), &cfg, scenario.dp)?;
+    let cost = CostModel::new(scenario.hardware.clone(), scenario.dp);
+    let trainer = Trainer {
+        tokens: scenario.tokens_per_gpu,
+        iterations: scenario.iterations,
+    };
+    let mut programs = Vec::with_capacity(scenario.dp);
+    let mut device_bytes = DeviceBytes::default();
+    for rank in 0..scenario.dp {
+        let recorded = record_rank(&plan, registry.params(), &cfg, rank, cost.clone(), trainer, false)?;
+        let bytes = DeviceBytes::of(&recorded.allocations);
+        if bytes.total > device_bytes.total {
+            device_bytes = bytes;
+        }
+        programs.push(recorded.items);
+    }
+    let timelines = engine::run(programs)?;
+    Ok(Simulation {
+        schema_version: SCHEMA_VERSION,
+        model: scenario.model.name.clone(),
+        hardware: scenario.hardware.name.clone(),
+        dp: scenario.dp,
+        layout: scenario.layout.name().to_string(),
+        mxfp8: scenario.mxfp8,
+        ns_precision: scenario.ns_precision.name().to_string(),
+        tokens_per_gpu: scenario.tokens_per_gpu,
+        iterations: scenario.iterations,
+        figures: metrics::figures(&timelines, scenario.iterations),
+        device_bytes,
+        timelines,
+    })
+}
+
+/// The simulations as a table for a person, one column each.
+pub fn table(sims: &[Simulation]) -> String {
+    let gb = |b: u64| format!("{:.2}", b as f64 / 1e9);
+    let ms = |v: f64| format!("{v:.3}");
+    type Row = (&'static str, Box<dyn Fn(&Simulation) -> String>);
+    let rows: Vec<Row> = vec![
+        ("layout", Box::new(|s| s.layout.clone())),
+        ("iteration ms", Box::new(|s| ms(s.figures.iteration_ms))),
+        ("model fwd+bwd ms", Box::new(|s| ms(s.figures.model_compute_ms))),
+        ("exposed optimizer ms", Box::new(|s| ms(s.figures.exposed_ms))),
+        ("lower bound ms", Box::new(|s| ms(s.figures.lower_bound_ms))),
+        ("exposed / lower bound", Box::new(|s| format!("{:.3}", s.figures.ratio))),
+        ("optimizer compute ms", Box::new(|s| ms(s.figures.optimizer_compute_ms))),
+        ("  of which Newton–Schulz", Box::new(|s| ms(s.figures.newton_schulz_ms))),
+        ("unhidden comm ms", Box::new(|s| ms(s.figures.unhidden_comm_ms))),
+        (
+            "grad collective overlap",
+            Box::new(|s| format!("{:.3}", s.figures.grad_overlap)),
+        ),
+        (
+            "param collective overlap",
+            Box::new(|s| format!("{:.3}", s.figures.param_overlap)),
+        ),
+        (
+            "first forward wait ms",
+            Box::new(|s| ms(s.figures.first_forward_wait_ms)),
+        ),
+        ("launches / step", Box::new(|s| s.figures.launches.to_string())),
+        ("host syncs / step", Box::new(|s| s.figures.host_syncs.to_string())),
+        ("host stall ms", Box::new(|s| ms(s.figures.host_stall_ms))),
+        ("device GB / rank", Box::new(|s| gb(s.device_bytes.total))),
+        ("  params", Box::new(|s| gb(s.device_bytes.params))),
+        ("  grads", Box::new(|s| gb(s.device_bytes.grads))),
+        ("  masters", Box::new(|s| gb(s.device_bytes.masters))),
+        ("  momenta", Box::new(|s| gb(s.device_bytes.momenta))),
+        ("  adam moments", Box::new(|s| gb(s.device_bytes.adam_moments))),
+        ("  mxfp8", Box::new(|s| gb(s.device_bytes.mxfp8))),
+        ("  workspaces", Box::new(|s| gb(s.device_bytes.workspaces))),
+    ];
+    let mut out = String::new();
+    if let Some(first) = sims.first() {
+        out.push_str(&format!(
+            "{} on {} at dp={}, {} tokens/GPU, NS {}{}\n",
+            first.model,
+            first.hardware,
+            first.dp,
+            first.tokens_per_gpu,
+            first.ns_precision,
+            if first.mxfp8 { ", MXFP8 params" } else { "" }
+        ));
+    }
+    for (name, value) in &rows {
+        out.push_str(&format!("{name:<26}"));
+        for s in sims {
+            out.push_str(&format!("{:>14}", value(s)));
+        }
+        out.push('\n');
+    }
+    for s in sims {
+        let waits: Vec<String> = s
+            .figures
+            .dominant_waits
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.3} ms"))
+            .collect();
+        out.push_str(&format!(
+            "{}: compute stream waits most on: {}\n",
+            s.layout,
+            waits.join(", ")
+        ));
+    }
+    out
+}

@@ -1,0 +1,137 @@
+//! Hardware profiles: every constant of the cost model, in one JSON object per machine. The
+//! built-in profiles (`src/sim/hardware/*.json`) carry their public sources in a `sources`
+//! object; a user profile is the same JSON read from a file.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bail;
+use crate::error::Result;
+
+/// The modelled machine. Rates are per GPU; `*_efficiency` is the achievable fraction of the
+/// peak figure next to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hardware {
+    pub name: String,
+    pub description: String,
+    /// Where each figure comes from.
+    pub sources: BTreeMap<String, String>,
+    /// Data-parallel ranks that share a node (NVLink); a group larger than this crosses the
+    /// network. 1 = every data-parallel peer on another node (tensor parallelism fills a node).
+    pub dp_ranks_per_node: u32,
+    /// Streaming multiprocessors: GEMM output tiles run in waves of this many.
+    pub sms: u32,
+    /// Dense BF16 tensor-core peak, TFLOP/s.
+    pub bf16_tflops: f64,
+    /// FP32 (non-tensor, no TF32) peak, TFLOP/s.
+    pub f32_tflops: f64,
+    /// Achievable fraction of the GEMM peak for a GEMM that fills every SM.
+    pub gemm_efficiency: f64,
+    /// Side of a GEMM output tile (elements).
+    pub gemm_tile: u32,
+    /// HBM bandwidth, GB/s.
+    pub hbm_gbps: f64,
+    pub hbm_efficiency: f64,
+    /// NVLink bandwidth per direction, GB/s.
+    pub nvlink_gbps: f64,
+    pub nvlink_efficiency: f64,
+    /// Network bandwidth per GPU per direction, GB/s.
+    pub network_gbps: f64,
+    pub network_efficiency: f64,
+    /// NCCL ring latency: a base per collective plus one hop latency per ring step.
+    pub nccl_base_latency_us: f64,
+    pub nccl_hop_latency_nvlink_us: f64,
+    pub nccl_hop_latency_network_us: f64,
+    /// Host time to issue one kernel, GEMM, memset, copy or NCCL group.
+    pub launch_host_us: f64,
+    /// Shortest device time of any kernel.
+    pub kernel_min_us: f64,
+    /// Host time of an event record or stream-wait-event call.
+    pub event_host_us: f64,
+    /// Host↔device copy bandwidth, GB/s, and the fixed latency of a copy the host waits for.
+    pub pcie_gbps: f64,
+    pub copy_latency_us: f64,
+    /// Fraction of the BF16 peak the framework's forward and backward reach (MFU).
+    pub model_efficiency: f64,
+}
+
+/// Names of the built-in profiles.
+pub const HARDWARE_NAMES: &[&str] = &["h100-nvlink", "h100-ib", "b200-nvlink"];
+
+/// The built-in profile called `name`, if any.
+pub fn builtin(name: &str) -> Option<Hardware> {
+    let text = match name {
+        "h100-nvlink" => include_str!("hardware/h100-nvlink.json"),
+        "h100-ib" => include_str!("hardware/h100-ib.json"),
+        "b200-nvlink" => include_str!("hardware/b200-nvlink.json"),
+        _ => return None,
+    };
+    Some(serde_json::from_str(text).expect("built-in hardware profiles parse (tested)"))
+}
+
+impl Hardware {
+    /// A profile from JSON text (the built-ins' format); every figure must be finite and > 0,
+    /// fractions in (0, 1].
+    pub fn from_json(text: &str) -> Result<Hardware> {
+        let hw: Hardware = match serde_json::from_str(text) {
+            Ok(hw) => hw,
+            Err(e) => bail!(InvalidArgument, "hardware profile: {e}"),
+        };
+        hw.validate()?;
+        Ok(hw)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("bf16_tflops", self.bf16_tflops),
+            ("f32_tflops", self.f32_tflops),
+            ("hbm_gbps", self.hbm_gbps),
+            ("nvlink_gbps", self.nvlink_gbps),
+            ("network_gbps", self.network_gbps),
+            ("pcie_gbps", self.pcie_gbps),
+        ];
+        for (field, value) in positive {
+            if !(value.is_finite() && value > 0.0) {
+                bail!(OutOfRange, "hardware profile: {field} = {value} must be finite and > 0");
+            }
+        }
+        let fractions = [
+            ("gemm_efficiency", self.gemm_efficiency),
+            ("hbm_efficiency", self.hbm_efficiency),
+            ("nvlink_efficiency", self.nvlink_efficiency),
+            ("network_efficiency", self.network_efficiency),
+            ("model_efficiency", self.model_efficiency),
+        ];
+        for (field, value) in fractions {
+            if !(value > 0.0 && value <= 1.0) {
+                bail!(OutOfRange, "hardware profile: {field} = {value} must be in (0, 1]");
+            }
+        }
+        let latencies = [
+            ("nccl_base_latency_us", self.nccl_base_latency_us),
+            ("nccl_hop_latency_nvlink_us", self.nccl_hop_latency_nvlink_us),
+            ("nccl_hop_latency_network_us", self.nccl_hop_latency_network_us),
+            ("launch_host_us", self.launch_host_us),
+            ("kernel_min_us", self.kernel_min_us),
+            ("event_host_us", self.event_host_us),
+            ("copy_latency_us", self.copy_latency_us),
+        ];
+        for (field, value) in latencies {
+            if !(value.is_finite() && value >= 0.0) {
+                bail!(
+                    OutOfRange,
+                    "hardware profile: {field} = {value} must be finite and >= 0"
+                );
+            }
+        }
+        if self.sms == 0 || self.gemm_tile == 0 || self.dp_ranks_per_node == 0 {
+            bail!(
+                OutOfRange,
+                "hardware profile: sms, gemm_tile and dp_ranks_per_node must be >= 1"
+            );
+        }
+        Ok(())
+    }
+}
