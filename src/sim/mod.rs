@@ -163,8 +163,12 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
 
 /// The simulations as a table for a person, one column each.
 pub fn table(sims: &[Simulation]) -> String {
-    let gb = |b: u64| format!("{:.2}", b as f64 / 1e9);
-    let ms = |v: f64| format!("{v:.3}");
+    fn gb(b: u64) -> String {
+        format!("{:.2}", b as f64 / 1e9)
+    }
+    fn ms(v: f64) -> String {
+        format!("{v:.3}")
+    }
     type Row = (&'static str, Box<dyn Fn(&Simulation) -> String>);
     let rows: Vec<Row> = vec![
         ("layout", Box::new(|s| s.layout.clone())),
