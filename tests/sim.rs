@@ -1,0 +1,450 @@
+//! `muon-opt simulate`: the cost model against closed forms, the engine against hand-built
+//! programs with exact expected times, the simulated actions against the dry-run translation
+//! of the same schedule run on the host backend, and a schedule change that removes overlap
+//! made visible in the figures.
+
+mod common;
+mod cuda_common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuda_common::cuda_model;
+use muon_opt::backend::cuda::action::{Action, Gemm, GemmInputs, Kernel, NcclCall, NcclType};
+use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
+use muon_opt::backend::cuda::translate::Translator;
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::backend::host::executor::HostBackend;
+use muon_opt::backend::ops::{EventId, StreamKind};
+use muon_opt::backend::recording::Recording;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{CommMode, Config, MuonLayout};
+use muon_opt::model::Registry;
+use muon_opt::numerics::muon::MuonOptions;
+use muon_opt::plan::build_plan;
+use muon_opt::plan::presets::preset;
+use muon_opt::schedule::Runtime;
+use muon_opt::sim::cost::{Cost, CostModel};
+use muon_opt::sim::drive::{Trainer, record_rank, train};
+use muon_opt::sim::engine::{self, Call, Class, Item, Label};
+use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
+use muon_opt::sim::{Scenario, simulate};
+
+const US: f64 = 1e-6;
+
+fn h100() -> Hardware {
+    builtin("h100-nvlink").unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs()).max(1e-30)
+}
+
+#[test]
+fn builtin_profiles_parse_validate_and_cite_sources() {
+    for name in HARDWARE_NAMES {
+        let hw = builtin(name).unwrap();
+        assert_eq!(hw.name, *name);
+        assert!(
+            hw.sources.contains_key("gpu") && hw.sources.contains_key("nccl_latency"),
+            "{name}"
+        );
+        let text = serde_json::to_string(&hw).unwrap();
+        assert_eq!(Hardware::from_json(&text).unwrap(), hw);
+    }
+    let bad = serde_json::to_string(&Hardware {
+        hbm_efficiency: 1.5,
+        ..h100()
+    })
+    .unwrap();
+    let err = Hardware::from_json(&bad).unwrap_err().to_string();
+    assert!(err.contains("hbm_efficiency"), "{err}");
+    let unknown = r#"{"name": "x", "bogus": 1}"#;
+    assert!(Hardware::from_json(unknown).is_err());
+}
+
+#[test]
+fn a_lone_gemm_costs_its_flops_at_the_filled_fraction_of_the_peak() {
+    let cost = CostModel::new(h100(), 8);
+    let gemm = |m: i32, n: i32, k: i32, batch: i32| Gemm {
+        inputs: GemmInputs::Bf16,
+        transpose_a: false,
+        m,
+        n,
+        k,
+        alpha: 1.0,
+        a: 0,
+        lda: m,
+        stride_a: 0,
+        b: 0,
+        ldb: k,
+        stride_b: 0,
+        beta: 0.0,
+        c: 0,
+        ldc: m,
+        stride_c: 0,
+        batch,
+    };
+    // 4096³: 32·32 = 1024 tiles of 128² in ceil(1024/132) = 8 waves of 132 SMs.
+    let fill = 1024.0 / (8.0 * 132.0);
+    let expected = 2.0 * 4096f64.powi(3) / (989e12 * 0.72 * fill);
+    assert!(close(cost.gemm(&gemm(4096, 4096, 4096, 1)), expected));
+    // One 128² tile fills one SM of 132: compute at 1/132 of the peak beats the operand bytes.
+    let small = cost.gemm(&gemm(128, 128, 4096, 1));
+    let expected_small = 2.0 * 128.0 * 128.0 * 4096.0 / (989e12 * 0.72 / 132.0);
+    assert!(close(small, expected_small), "{small} vs {expected_small}");
+    // Per flop, the small GEMM is 132·fill times slower than the large one.
+    let per_flop = |t: f64, m: f64, n: f64, k: f64| t / (2.0 * m * n * k);
+    assert!(per_flop(small, 128.0, 128.0, 4096.0) > 100.0 * per_flop(expected, 4096.0, 4096.0, 4096.0));
+}
+
+#[test]
+fn lone_collectives_follow_the_ring_alpha_beta_model_per_algorithm() {
+    let s_elems = 64 << 20; // 64 Mi f32 elements = 256 MiB
+    let bytes = (s_elems * 4) as f64;
+    let call = |kind: u8| match kind {
+        0 => NcclCall::ReduceScatter {
+            send: 0,
+            recv: 0,
+            recv_count: s_elems / 8,
+            dtype: NcclType::F32,
+        },
+        1 => NcclCall::AllGather {
+            send: 0,
+            recv: 0,
+            send_count: s_elems / 8,
+            dtype: NcclType::F32,
+        },
+        2 => NcclCall::AllReduce {
+            send: 0,
+            recv: 0,
+            count: s_elems,
+            dtype: NcclType::F32,
+        },
+        3 => NcclCall::Reduce {
+            send: 0,
+            recv: 0,
+            count: s_elems,
+            dtype: NcclType::F32,
+            root: 3,
+        },
+        _ => NcclCall::Broadcast {
+            send: 0,
+            recv: 0,
+            count: s_elems,
+            dtype: NcclType::F32,
+            root: 0,
+        },
+    };
+    // dp = 8 in one NVLink node: hops of 3.4 µs, 450 GB/s · 0.8.
+    let nvl = CostModel::new(h100(), 8);
+    let bw = 450e9 * 0.8;
+    let alpha = |steps: f64| (8.4 + steps * 3.4) * US;
+    assert!(close(nvl.nccl(&call(0)), alpha(7.0) + bytes * 7.0 / 8.0 / bw));
+    assert!(close(nvl.nccl(&call(1)), alpha(7.0) + bytes * 7.0 / 8.0 / bw));
+    assert!(close(nvl.nccl(&call(2)), alpha(14.0) + 2.0 * bytes * 7.0 / 8.0 / bw));
+    assert!(close(nvl.nccl(&call(3)), alpha(7.0) + bytes / bw));
+    assert!(close(nvl.nccl(&call(4)), alpha(7.0) + bytes / bw));
+    // dp = 8 with one data-parallel rank per node: every hop crosses the network.
+    let ib = CostModel::new(builtin("h100-ib").unwrap(), 8);
+    let net = 50e9 * 0.9;
+    assert!(close(
+        ib.nccl(&call(0)),
+        (8.4 + 7.0 * 14.0) * US + bytes * 7.0 / 8.0 / net
+    ));
+    // A group of one rank moves nothing.
+    assert_eq!(CostModel::new(h100(), 1).nccl(&call(2)), 0.0);
+}
+
+#[test]
+fn a_lone_element_wise_kernel_costs_its_bytes_at_achievable_hbm_bandwidth() {
+    let cost = CostModel::new(h100(), 8);
+    let adamw = |n: u64| {
+        Action::Launch(muon_opt::backend::cuda::action::Launch {
+            kernel: Kernel::Adamw,
+            grid: [1, 1, 1],
+            block: [256, 1, 1],
+            stream: StreamKind::Compute,
+            args: vec![
+                muon_opt::backend::cuda::action::Arg::Ptr(0),
+                muon_opt::backend::cuda::action::Arg::Ptr(0),
+                muon_opt::backend::cuda::action::Arg::Ptr(0),
+                muon_opt::backend::cuda::action::Arg::Ptr(0),
+                muon_opt::backend::cuda::action::Arg::I32(0),
+                muon_opt::backend::cuda::action::Arg::U64(n),
+            ],
+        })
+    };
+    // f32 grads: master, exp_avg, exp_avg_sq read and written, the grad read = 28 bytes.
+    let n = 1u64 << 28;
+    let Cost::Work { device, host, stream } = cost.cost(&adamw(n)) else {
+        panic!("a kernel is stream work")
+    };
+    assert_eq!(stream, StreamKind::Compute);
+    assert!(close(device, 28.0 * n as f64 / (3350e9 * 0.8)));
+    assert!(close(host, 4.0 * US));
+    // A tiny kernel costs the minimum kernel time.
+    let Cost::Work { device, .. } = cost.cost(&adamw(16)) else {
+        unreachable!()
+    };
+    assert!(close(device, 2.0 * US));
+}
+
+fn label(what: &'static str) -> Label {
+    Label { call: Call::Step, what }
+}
+
+fn work(stream: StreamKind, host: f64, device: f64) -> Item {
+    Item::Work {
+        stream,
+        host,
+        device,
+        class: Class::Optimizer,
+        label: label("work"),
+    }
+}
+
+#[test]
+fn the_engine_orders_two_streams_by_events_and_stalls_the_host_on_a_sync() {
+    use StreamKind::{Comm, Compute};
+    let e = EventId(7);
+    let program = vec![
+        Item::IterationStart,
+        work(Compute, 1.0, 10.0),
+        Item::Record {
+            stream: Compute,
+            event: e,
+            host: 0.0,
+            label: label("record"),
+        },
+        Item::Wait {
+            stream: Comm,
+            event: e,
+            host: 0.0,
+            label: label("wait"),
+        },
+        // A wait on an event never recorded is no wait.
+        Item::Wait {
+            stream: Comm,
+            event: EventId(99),
+            host: 0.0,
+            label: label("wait"),
+        },
+        work(Comm, 1.0, 5.0),
+        Item::Sync {
+            stream: Comm,
+            label: label("sync"),
+        },
+        work(Compute, 1.0, 2.0),
+    ];
+    let timeline = &engine::run(vec![program]).unwrap()[0];
+    let real: Vec<(f64, f64)> = timeline
+        .slices
+        .iter()
+        .filter(|s| s.class == Class::Optimizer)
+        .map(|s| (s.start, s.end))
+        .collect();
+    // compute 1..11; comm waits for the record at 11, runs 11..16; the host, blocked until 16,
+    // issues the last work at 17, which runs 17..19.
+    assert_eq!(real, vec![(1.0, 11.0), (11.0, 16.0), (17.0, 19.0)]);
+    // The event wait carries the waiting (issued at 1, satisfied at 11), not the work behind it.
+    let waits: Vec<f64> = timeline
+        .slices
+        .iter()
+        .filter(|s| s.stream == Comm && s.class == Class::Event)
+        .map(|s| s.waited)
+        .collect();
+    assert_eq!(waits, vec![10.0, 0.0]);
+    assert_eq!(timeline.host_syncs, vec![1]);
+    assert_eq!(timeline.host_stall, vec![14.0]);
+    assert_eq!(timeline.host_end, 17.0);
+}
+
+#[test]
+fn a_collective_ends_its_duration_after_the_last_rank_reaches_it() {
+    use StreamKind::{Comm, Compute};
+    let collective = |signature| Item::Collective {
+        host: 0.0,
+        device: 3.0,
+        signature,
+        label: label("reduce"),
+    };
+    let ready = |rank_compute: f64| {
+        vec![
+            Item::IterationStart,
+            work(Compute, 0.0, rank_compute),
+            Item::Record {
+                stream: Compute,
+                event: EventId(0),
+                host: 0.0,
+                label: label("record"),
+            },
+            Item::Wait {
+                stream: Comm,
+                event: EventId(0),
+                host: 0.0,
+                label: label("wait"),
+            },
+            collective(42),
+        ]
+    };
+    let timelines = engine::run(vec![ready(1.0), ready(5.0)]).unwrap();
+    for t in &timelines {
+        let c = t.slices.iter().find(|s| s.class == Class::Collective).unwrap();
+        assert_eq!((c.start, c.end), (5.0, 8.0));
+    }
+    let early = timelines[0]
+        .slices
+        .iter()
+        .find(|s| s.class == Class::Collective)
+        .unwrap();
+    assert_eq!(early.waited, 4.0, "rank 0 waits 1..5 for rank 1");
+
+    let mut other = ready(5.0);
+    other[4] = collective(43);
+    let err = engine::run(vec![ready(1.0), other]).unwrap_err().to_string();
+    assert!(err.contains("different collective"), "{err}");
+    let err = engine::run(vec![ready(1.0), vec![Item::IterationStart]])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("wait on each other"), "{err}");
+}
+
+/// The plan and params of the cuda tests' model.
+fn cuda_case(cfg: &Config, dp: usize) -> (muon_opt::plan::Plan, Vec<muon_opt::model::ParamSpec>) {
+    let mut registry = Registry::default();
+    for spec in cuda_model() {
+        registry.add(spec, cfg).unwrap();
+    }
+    let plan = build_plan(registry.params(), registry.routes(), cfg, dp).unwrap();
+    (plan, registry.params().to_vec())
+}
+
+#[test]
+fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() {
+    const DP: usize = 2;
+    const ITERATIONS: usize = 2;
+    for cfg in [
+        Config {
+            bucket_size: 4096,
+            host_comm_mode: CommMode::Eager,
+            ..Config::default()
+        },
+        Config {
+            bucket_size: 4096,
+            muon_layout: MuonLayout::Padded,
+            mxfp8_param_gather: true,
+            host_comm_mode: CommMode::Eager,
+            ..Config::default()
+        },
+    ] {
+        let (plan, params) = cuda_case(&cfg, DP);
+        let muon = MuonOptions::from_config(&cfg);
+        let dry: Vec<Arc<Mutex<DryRun>>> = (0..DP)
+            .map(|r| Arc::new(Mutex::new(DryRun::new(r, DP, muon))))
+            .collect();
+        let comms = HostGroup::new(DP, Duration::from_secs(20));
+        std::thread::scope(|scope| {
+            for (rank, comm) in comms.into_iter().enumerate() {
+                let (plan, params, cfg, dry) = (&plan, &params, &cfg, dry[rank].clone());
+                scope.spawn(move || {
+                    let comm = Communicator::new(Transport::Host(comm));
+                    let host = HostBackend::new(comm, cfg.host_comm_mode, muon).unwrap();
+                    let backend = Box::new(Recording::new(host, dry));
+                    let mut rt = Runtime::new(
+                        Box::new(plan.clone()),
+                        params.clone(),
+                        cfg.clone(),
+                        rank,
+                        backend,
+                        |_| None,
+                    )
+                    .unwrap();
+                    train(&mut rt, plan, ITERATIONS, &mut |_| {}).unwrap();
+                    rt.synchronize().unwrap();
+                });
+            }
+        });
+        let setup = Translator::new(0, DP, muon).setup().len();
+        for (rank, dry) in dry.iter().enumerate() {
+            let translated: Vec<Action> = dry
+                .lock()
+                .unwrap()
+                .log
+                .iter()
+                .flat_map(|(_, t)| match t {
+                    Ok(Translated::Actions(a)) => a.clone(),
+                    _ => Vec::new(),
+                })
+                .collect();
+            let trainer = Trainer {
+                tokens: 1024,
+                iterations: ITERATIONS,
+            };
+            let cost = CostModel::new(h100(), DP);
+            let recorded = record_rank(&plan, &params, &cfg, rank, cost, trainer, true).unwrap();
+            let simulated = recorded.actions.unwrap();
+            assert!(translated.len() > 100, "rank {rank}: {} actions", translated.len());
+            assert_eq!(simulated[setup..], translated[..], "rank {rank}, {:?}", cfg.muon_layout);
+            let priced = recorded
+                .items
+                .iter()
+                .filter(|i| matches!(i, Item::Collective { .. }))
+                .count();
+            let nccl = translated.iter().filter(|a| matches!(a, Action::Nccl(_))).count();
+            assert_eq!(priced, nccl, "every NCCL group is one priced collective");
+        }
+    }
+}
+
+fn exposed(scenario: &Scenario) -> f64 {
+    simulate(scenario).unwrap().figures.exposed_ms
+}
+
+#[test]
+fn removing_gradient_overlap_raises_the_exposed_time() {
+    let base = Scenario::new(preset("gpt2-124m").unwrap(), 4, h100());
+    let overlapped = simulate(&base).unwrap();
+    let serial = simulate(&Scenario {
+        overlap_grad_reduce: false,
+        ..base.clone()
+    })
+    .unwrap();
+    assert!(
+        serial.figures.exposed_ms > overlapped.figures.exposed_ms + 0.1,
+        "no overlap {} ms vs overlap {} ms",
+        serial.figures.exposed_ms,
+        overlapped.figures.exposed_ms
+    );
+    assert!(overlapped.figures.grad_overlap > 0.5);
+    assert_eq!(
+        serial.figures.grad_overlap, 0.0,
+        "every grad collective runs after the backward"
+    );
+    assert!(overlapped.figures.lower_bound_ms > 0.0 && overlapped.figures.ratio >= 1.0);
+}
+
+#[test]
+fn the_figures_count_host_syncs_launches_and_device_bytes() {
+    let sim = simulate(&Scenario::new(preset("gpt2-124m").unwrap(), 2, h100())).unwrap();
+    let f = &sim.figures;
+    assert_eq!(sim.schema_version, 1);
+    assert!(f.launches > 0 && f.host_syncs > 0);
+    let d = sim.device_bytes;
+    assert_eq!(
+        d.total,
+        d.params + d.grads + d.masters + d.momenta + d.adam_moments + d.mxfp8 + d.workspaces
+    );
+    // bf16 params and f32 grads of every element, at least.
+    let numel: u64 = preset("gpt2-124m").unwrap().params.iter().map(|p| p.numel()).sum();
+    assert!(d.params >= 2 * numel && d.grads >= 4 * numel);
+    // More tokens: the same optimizer, more model compute to hide it behind.
+    let longer = exposed(&Scenario {
+        tokens_per_gpu: 65536,
+        ..Scenario::new(preset("gpt2-124m").unwrap(), 2, h100())
+    });
+    assert!(longer <= f.exposed_ms + 1e-9, "{longer} vs {}", f.exposed_ms);
+    let json = serde_json::to_value(&sim).unwrap();
+    assert_eq!(json["schema_version"], 1);
+    assert!(json["exposed_ms"].is_number() && json["device_bytes"]["total"].is_number());
+}
