@@ -448,3 +448,22 @@ fn the_figures_count_host_syncs_launches_and_device_bytes() {
     assert_eq!(json["schema_version"], 1);
     assert!(json["exposed_ms"].is_number() && json["device_bytes"]["total"].is_number());
 }
+
+#[test]
+fn collectives_slow_the_compute_they_overlap_by_their_sm_share() {
+    let with_share = |comm_sm_share: f64| {
+        let hardware = Hardware {
+            comm_sm_share,
+            ..h100()
+        };
+        simulate(&Scenario::new(preset("gpt2-124m").unwrap(), 4, hardware)).unwrap()
+    };
+    let (free, contended) = (with_share(0.0), with_share(0.5));
+    assert_eq!(free.figures.model_compute_ms, contended.figures.model_compute_ms);
+    assert!(
+        contended.figures.exposed_ms > free.figures.exposed_ms,
+        "share 0.5: {} ms, share 0: {} ms",
+        contended.figures.exposed_ms,
+        free.figures.exposed_ms
+    );
+}

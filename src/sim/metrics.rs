@@ -108,7 +108,7 @@ fn sum(t: &Timeline, i: usize, keep: impl Fn(&Slice) -> bool) -> f64 {
 }
 
 /// Total length of `[start, end)` covered by `intervals` (sorted by start).
-fn covered(start: f64, end: f64, intervals: &[(f64, f64)]) -> f64 {
+pub(crate) fn covered(start: f64, end: f64, intervals: &[(f64, f64)]) -> f64 {
     let mut total = 0.0;
     let mut reach = start;
     for &(a, b) in intervals {
@@ -164,13 +164,19 @@ fn call_name(call: Call) -> String {
     }
 }
 
+/// The modelled forward and backward compute of iteration `i` of `t`.
+pub fn model_compute(t: &Timeline, i: usize) -> f64 {
+    sum(t, i, is_model)
+}
+
 /// The figures of the last iteration (`iterations ≥ 2`; the param overlap is read from the
 /// iteration before, whose param collectives run under the last iteration's forward).
-pub fn figures(timelines: &[Timeline], iterations: usize) -> Figures {
+/// `model` is the iteration's forward and backward compute without SM contention: what the
+/// collectives take from it counts as exposed optimizer time.
+pub fn figures(timelines: &[Timeline], iterations: usize, model: f64) -> Figures {
     let last = iterations - 1;
     let t0 = &timelines[0];
     let iteration = (compute_end(t0, last) - compute_end(t0, last - 1)).max(0.0);
-    let model = sum(t0, last, is_model);
     let exposed = iteration - model;
     let optimizer = |t: &Timeline| {
         sum(t, last, |s| {

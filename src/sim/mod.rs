@@ -23,9 +23,10 @@ use crate::model::{ParamFlags, Route};
 use crate::plan::build_plan;
 use crate::plan::presets::ModelDesc;
 
+use crate::backend::ops::StreamKind;
 use cost::CostModel;
 use drive::{Trainer, record_rank};
-use engine::Timeline;
+use engine::{Class, Item, Timeline};
 use metrics::{DeviceBytes, Figures};
 use profile::Hardware;
 
@@ -144,6 +145,9 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         }
         programs.push(recorded.items);
     }
+    let first = engine::run(programs.clone())?;
+    let model = metrics::model_compute(&first[0], scenario.iterations - 1);
+    let programs = contend(programs, &first, scenario.hardware.comm_sm_share);
     let timelines = engine::run(programs)?;
     Ok(Simulation {
         schema_version: SCHEMA_VERSION,
@@ -155,10 +159,49 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         ns_precision: scenario.ns_precision.name().to_string(),
         tokens_per_gpu: scenario.tokens_per_gpu,
         iterations: scenario.iterations,
-        figures: metrics::figures(&timelines, scenario.iterations),
+        figures: metrics::figures(&timelines, scenario.iterations, model),
         device_bytes,
         timelines,
     })
+}
+
+/// SM contention, one fixed-point step: every compute-stream item's duration grows by the part
+/// of it that overlapped a collective of its rank in `timelines` (the run without contention),
+/// which runs at `1 − share` of full speed: `d · (1 + f·share / (1 − share))` for an overlapped
+/// fraction `f`.
+fn contend(mut programs: Vec<Vec<Item>>, timelines: &[Timeline], share: f64) -> Vec<Vec<Item>> {
+    for (program, timeline) in programs.iter_mut().zip(timelines) {
+        let mut collectives: Vec<(f64, f64)> = timeline
+            .slices
+            .iter()
+            .filter(|s| s.class == Class::Collective)
+            .map(|s| (s.start, s.end))
+            .collect();
+        collectives.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Items that make a stream node correspond, in order, to the timeline's slices.
+        let mut slices = timeline.slices.iter();
+        for item in program.iter_mut() {
+            let slice = match item {
+                Item::Work { .. } | Item::Collective { .. } | Item::Record { .. } | Item::Wait { .. } => slices.next(),
+                _ => None,
+            };
+            if let (
+                Item::Work {
+                    stream: StreamKind::Compute,
+                    device,
+                    ..
+                },
+                Some(s),
+            ) = (item, slice)
+            {
+                if s.end > s.start {
+                    let f = metrics::covered(s.start, s.end, &collectives) / (s.end - s.start);
+                    *device *= 1.0 + f * share / (1.0 - share);
+                }
+            }
+        }
+    }
+    programs
 }
 
 /// The simulations as a table for a person, one column each.

@@ -44,6 +44,9 @@ pub struct Hardware {
     pub nccl_base_latency_us: f64,
     pub nccl_hop_latency_nvlink_us: f64,
     pub nccl_hop_latency_network_us: f64,
+    /// Fraction of the SMs a running collective occupies: compute kernels that overlap it run
+    /// at `1 − comm_sm_share` of their speed for the overlapped part.
+    pub comm_sm_share: f64,
     /// Host time to issue one kernel, GEMM, memset, copy or NCCL group.
     pub launch_host_us: f64,
     /// Shortest device time of any kernel.
@@ -125,6 +128,13 @@ impl Hardware {
                     "hardware profile: {field} = {value} must be finite and >= 0"
                 );
             }
+        }
+        if !(0.0..1.0).contains(&self.comm_sm_share) {
+            bail!(
+                OutOfRange,
+                "hardware profile: comm_sm_share = {} must be in [0, 1)",
+                self.comm_sm_share
+            );
         }
         if self.sms == 0 || self.gemm_tile == 0 || self.dp_ranks_per_node == 0 {
             bail!(
