@@ -193,11 +193,10 @@ fn contend(mut programs: Vec<Vec<Item>>, timelines: &[Timeline], share: f64) -> 
                 },
                 Some(s),
             ) = (item, slice)
+                && s.end > s.start
             {
-                if s.end > s.start {
-                    let f = metrics::covered(s.start, s.end, &collectives) / (s.end - s.start);
-                    *device *= 1.0 + f * share / (1.0 - share);
-                }
+                let f = metrics::covered(s.start, s.end, &collectives) / (s.end - s.start);
+                *device *= 1.0 + f * share / (1.0 - share);
             }
         }
     }
