@@ -5,7 +5,7 @@
 //!
 //! Expected: element-wise kernels, the gradient-norm skip decision and MXFP8 bytes bit for
 //! bit; Newton–Schulz (cuBLAS) within tolerance; the golden Newton–Schulz vectors of
-//! `shared/golden/ns` within f32 accuracy.
+//! `tests/data/golden/ns` within f32 accuracy.
 
 #![cfg(feature = "gpu-tests")]
 
@@ -324,7 +324,7 @@ fn newton_schulz_matches_the_golden_vectors() {
     let Some(gpu) = gpu("newton_schulz_matches_the_golden_vectors") else {
         return;
     };
-    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/golden");
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/golden");
     let read = |name: &str| std::fs::read(format!("{golden}/{name}")).unwrap();
     let manifest: Value = serde_json::from_slice(&read("manifest.json")).unwrap();
     for case in manifest["ns"].as_array().unwrap() {

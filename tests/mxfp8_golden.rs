@@ -1,5 +1,5 @@
-//! The golden MXFP8 vectors of `shared/golden/mxfp8` (produced outside this project, see
-//! `shared/golden/README.md`): rowwise and columnwise codes and scales byte for byte, from f32
+//! The golden MXFP8 vectors of `tests/data/golden/mxfp8` (produced outside this project, see
+//! `tests/data/golden/README.md`): rowwise and columnwise codes and scales byte for byte, from f32
 //! and from bf16 input, through every entry point and both scale layouts. Golden scales are
 //! compact and unpadded, so they are compared with the valid region of our padded buffers.
 
@@ -9,7 +9,7 @@ use muon_opt::numerics::mxfp8::{Direction, Input, ScaleLayout, scale_index};
 use mxfp8_common::{LAYOUTS, Quantized, bf16_exact, run_both, run_single};
 use serde_json::Value;
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/golden");
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/golden");
 
 fn read(name: &str) -> Vec<u8> {
     let path = format!("{GOLDEN}/{name}");

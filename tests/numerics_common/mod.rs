@@ -6,8 +6,8 @@
 use muon_opt::config::CoefficientSet;
 use muon_opt::numerics::newton_schulz::ns_coefficients;
 
-/// The golden vectors shared by every implementation (`../shared/golden`).
-pub const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/golden");
+/// The golden vectors (`tests/data/golden`, computed outside this project; see its README).
+pub const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/golden");
 
 /// SplitMix64: a small seeded generator, enough for test data.
 pub struct Rng(u64);
