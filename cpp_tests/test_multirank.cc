@@ -32,7 +32,7 @@ float rank_grad(int step, int rank, size_t p, size_t i, float w) {
 }
 
 // Trains on one rank of a group; `ranks_summed` > 1 makes a 1-rank run use the rank-order
-// sum of that many ranks' (pre-scaled) gradients. Returns the param bits after every step.
+// sum of that many ranks' gradients, scaled by 1/ranks. Returns the param bits after every step.
 std::vector<std::vector<uint16_t>> train_rank(muon_comm_t *comm, int rank, int ranks_summed) {
     muon_config_t cfg = default_config();
     cfg.clip_grad = 0.0f;
@@ -67,8 +67,8 @@ std::vector<std::vector<uint16_t>> train_rank(muon_comm_t *comm, int rank, int r
                 float weight = bf16_to_float(w[i]);
                 if (ranks_summed > 1) {
                     float sum = 0.0f, scale = 1.0f / static_cast<float>(ranks_summed);
-                    for (int r = 0; r < ranks_summed; ++r) sum += rank_grad(step, r, p, i, weight) * scale;
-                    g[i] = sum;
+                    for (int r = 0; r < ranks_summed; ++r) sum += rank_grad(step, r, p, i, weight);
+                    g[i] = sum * scale;  // the library scales the summed gradient by clip/dp
                 } else {
                     g[i] = rank_grad(step, rank, p, i, weight);
                 }

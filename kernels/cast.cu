@@ -17,11 +17,3 @@ extern "C" __global__ void muon_cast(const void *src, int src_bf16, void *dst, i
         muon_store(dst, dst_bf16, i, muon_load(src, src_bf16, i));
     }
 }
-
-// x *= factor in x's dtype with one rounding: f32 `x * factor`; bf16 `bf16(f32(x) * factor)`
-// (Backend::scale, the 1/dp pre-scaling of gradients).
-extern "C" __global__ void muon_scale(void *x, int is_bf16, muon_u64 n, float factor) {
-    for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
-        muon_store(x, is_bf16, i, muon_load(x, is_bf16, i) * factor);
-    }
-}

@@ -283,12 +283,6 @@ impl Emulator {
                     self.store(n(2), n(3) != 0, i, v);
                 }
             }
-            Kernel::Scale => {
-                for i in 0..n(2) {
-                    let v = self.load(n(0), n(1) != 0, i) * float(a, 3);
-                    self.store(n(0), n(1) != 0, i, v);
-                }
-            }
             Kernel::SumsqPartials => self.sumsq_partials(words(a, 0), n(1), launch.grid[0]),
             Kernel::SumsqFinish => {
                 let groups = words(a, 0);

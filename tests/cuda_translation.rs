@@ -182,7 +182,6 @@ fn the_cuda_translator_receives_the_host_sequence_and_translates_every_op() {
                 "MuonUpdate",
                 "AdamwUpdate",
                 "Record",
-                "Scale",
                 "Wait",
                 "Collectives",
                 "AllReduceF64",

@@ -24,8 +24,6 @@ pub trait Backend: Send {
     fn download(&mut self, src: Span) -> Result<Vec<f32>>;
     /// Compute stream: zero `span`.
     fn memset_zero(&mut self, span: Span) -> Result<()>;
-    /// Compute stream: `span *= factor` (in its dtype, one rounding).
-    fn scale(&mut self, span: Span, factor: f32) -> Result<()>;
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     fn cast(&mut self, src: Span, dst: Span) -> Result<()>;
     /// Compute stream, host-synchronizing: Σ x² over `spans` in f64, spans in order

@@ -23,11 +23,6 @@ pub enum Op {
     },
     Download(Span),
     MemsetZero(Span),
-    /// The factor as f32 bits.
-    Scale {
-        span: Span,
-        factor_bits: u32,
-    },
     Cast {
         src: Span,
         dst: Span,
@@ -67,14 +62,6 @@ impl Op {
         Op::Upload {
             dst,
             bits: values.iter().map(|v| v.to_bits()).collect(),
-        }
-    }
-
-    /// `Op::Scale` by `factor`.
-    pub fn scale(span: Span, factor: f32) -> Op {
-        Op::Scale {
-            span,
-            factor_bits: factor.to_bits(),
         }
     }
 
@@ -163,11 +150,6 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
     fn memset_zero(&mut self, span: Span) -> Result<()> {
         self.note(Op::MemsetZero(span));
         self.inner.memset_zero(span)
-    }
-
-    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
-        self.note(Op::scale(span, factor));
-        self.inner.scale(span, factor)
     }
 
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {

@@ -76,6 +76,14 @@ pub struct Runtime {
     pending: Vec<usize>,
     /// Per bucket: gradient collective launched since the last step.
     launched: Vec<bool>,
+    /// Buckets in the order the forward first uses them; the backward completes them in the
+    /// reverse order, which is the order their gradient collectives are issued in.
+    forward_order: Vec<usize>,
+    /// Position in the reverse of `forward_order` of the next gradient collective to issue.
+    next_grad_sync: usize,
+    /// Per bucket: the Muon batches and AdamW slots whose params live in it.
+    bucket_batches: Vec<Vec<usize>>,
+    bucket_adamw: Vec<Vec<usize>>,
     steps: u64,
     profile: StepProfile,
 }
@@ -122,9 +130,21 @@ impl Runtime {
             backend.mxfp8_quantize(StreamKind::Compute, src, tensor.param)?;
         }
         let pending = plan.buckets.iter().map(|b| b.params.len()).collect();
+        let mut bucket_batches = vec![Vec::new(); plan.buckets.len()];
+        for (i, batch) in layout.muon_batches.iter().enumerate() {
+            bucket_batches[layout.muon[batch.first].unit.bucket as usize].push(i);
+        }
+        let mut bucket_adamw = vec![Vec::new(); plan.buckets.len()];
+        for (i, slot) in layout.adamw.iter().enumerate() {
+            bucket_adamw[slot.bucket as usize].push(i);
+        }
         Ok(Runtime {
             ready: vec![false; params.len()],
             launched: vec![false; plan.buckets.len()],
+            forward_order: forward_order(&plan),
+            next_grad_sync: 0,
+            bucket_batches,
+            bucket_adamw,
             pending,
             plan,
             params,
@@ -200,20 +220,37 @@ impl Runtime {
         *ready = true;
         let b = self.plan.params[p as usize].bucket as usize;
         self.pending[b] -= 1;
-        if self.pending[b] == 0 && self.cfg.overlap_grad_reduce {
-            self.launch_grad_sync(b)?;
+        if self.cfg.overlap_grad_reduce {
+            self.launch_ready_grad_syncs()?;
         }
         Ok(())
     }
 
+    /// The bucket whose gradient collective is issued `i`-th: the reverse forward order, a
+    /// function of the plan alone, so every rank issues the collectives in one order whatever
+    /// the order of its `grad_ready` calls (as PyTorch DDP does).
+    fn grad_sync_bucket(&self, i: usize) -> usize {
+        self.forward_order[self.forward_order.len() - 1 - i]
+    }
+
+    /// Issues, in order, every gradient collective whose bucket is complete and whose
+    /// predecessors are issued; a complete bucket waits for the buckets before it.
+    fn launch_ready_grad_syncs(&mut self) -> Result<()> {
+        while self.next_grad_sync < self.forward_order.len() {
+            let b = self.grad_sync_bucket(self.next_grad_sync);
+            if self.pending[b] != 0 {
+                break;
+            }
+            self.launch_grad_sync(b)?;
+            self.next_grad_sync += 1;
+        }
+        Ok(())
+    }
+
+    /// The gradients are summed, not averaged: 1/dp is folded into the factor the updates
+    /// apply to them (see [`Runtime::step`]), so no pass over the buckets scales them.
     fn launch_grad_sync(&mut self, b: usize) -> Result<()> {
         let bucket = &self.plan.buckets[b];
-        if self.dp() > 1 {
-            self.backend.scale(
-                Self::bucket_span(bucket, Mem::Grad(bucket.buffer)),
-                1.0 / self.dp() as f32,
-            )?;
-        }
         let ops = self.grad_ops(bucket);
         self.backend.record(StreamKind::Compute, event(b, Ev::GradReady))?;
         self.backend.wait(StreamKind::Comm, event(b, Ev::GradReady))?;
@@ -228,11 +265,16 @@ impl Runtime {
         muon.chain(self.layout.adamw.iter().map(|s| s.grad())).collect()
     }
 
-    /// One optimizer step (DESIGN.md sections 5 and 6).
+    /// One optimizer step (DESIGN.md sections 5 and 6). The reduced gradients are sums over
+    /// the ranks: the norm of their mean is `‖sum‖ / dp`, and the updates scale them by
+    /// `clip_coef / dp` in the same multiply that applies the clip coefficient. Owners update
+    /// the buckets in the order the next forward uses them, and each bucket's param collective
+    /// starts as soon as its own updates are done.
     pub fn step(&mut self, args: &StepArgs) -> Result<StepInfo> {
         let mut profile = self.profile;
         timed(&mut profile.grad_collectives, || {
-            for b in 0..self.plan.buckets.len() {
+            for i in 0..self.forward_order.len() {
+                let b = self.grad_sync_bucket(i);
                 if !self.launched[b] {
                     self.launch_grad_sync(b)?;
                 }
@@ -242,10 +284,12 @@ impl Runtime {
             }
             Ok(())
         })?;
-        let total = timed(&mut profile.grad_norm, || {
+        let summed = timed(&mut profile.grad_norm, || {
             let local = self.backend.squared_norm(&self.owned_grad_spans())?;
             self.backend.all_reduce_f64(local)
         })?;
+        let dp = self.dp() as f64;
+        let total = summed / (dp * dp);
         self.end_iteration();
         if !total.is_finite() {
             self.profile = profile;
@@ -257,20 +301,23 @@ impl Runtime {
             });
         }
         let clip_coef = clip_coefficient(total, self.cfg.clip_grad);
+        let grad_scale = if self.dp() > 1 {
+            clip_coef * (1.0 / self.dp() as f32)
+        } else {
+            clip_coef
+        };
         self.steps += 1;
-        self.update_muon(args, clip_coef, &mut profile)?;
-        self.update_adamw(args, clip_coef, &mut profile)?;
-        timed(&mut profile.param_collectives, || {
+        for i in 0..self.forward_order.len() {
+            let b = self.forward_order[i];
+            self.update_muon(b, args, grad_scale, &mut profile)?;
+            self.update_adamw(b, args, grad_scale, &mut profile)?;
+            timed(&mut profile.param_collectives, || self.launch_param_sync(b))?;
+        }
+        if !self.cfg.overlap_param_gather {
             for b in 0..self.plan.buckets.len() {
-                self.launch_param_sync(b)?;
+                self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
-            if !self.cfg.overlap_param_gather {
-                for b in 0..self.plan.buckets.len() {
-                    self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
-                }
-            }
-            Ok(())
-        })?;
+        }
         self.profile = profile;
         Ok(StepInfo {
             grad_norm: total.sqrt(),
@@ -318,6 +365,7 @@ impl Runtime {
     fn end_iteration(&mut self) {
         self.ready.iter_mut().for_each(|r| *r = false);
         self.launched.iter_mut().for_each(|l| *l = false);
+        self.next_grad_sync = 0;
         for (pending, bucket) in self.pending.iter_mut().zip(&self.plan.buckets) {
             *pending = bucket.params.len();
         }
@@ -331,9 +379,11 @@ impl Runtime {
         }
     }
 
-    fn update_muon(&mut self, args: &StepArgs, clip_coef: f32, profile: &mut StepProfile) -> Result<()> {
-        for b in 0..self.layout.muon_batches.len() {
-            let batch = self.layout.muon_batches[b];
+    /// The Muon updates of bucket `bucket`'s owned matrices; `grad_scale` multiplies the
+    /// summed gradients (clip coefficient / dp).
+    fn update_muon(&mut self, bucket: usize, args: &StepArgs, grad_scale: f32, profile: &mut StepProfile) -> Result<()> {
+        for k in 0..self.bucket_batches[bucket].len() {
+            let batch = self.layout.muon_batches[self.bucket_batches[bucket][k]];
             let first = self.layout.muon[batch.first];
             let last = self.layout.muon[batch.first + batch.count - 1];
             let spec = &self.params[first.unit.param as usize];
@@ -363,7 +413,7 @@ impl Runtime {
                     weight_decay: args.weight_decay,
                     lr_scale: spec.lr_scale,
                     wd_scale: Self::wd_scale(spec),
-                    clip_coef,
+                    clip_coef: grad_scale,
                 },
             };
             timed(&mut profile.muon, || self.backend.muon_update(&job))?;
@@ -373,9 +423,10 @@ impl Runtime {
         Ok(())
     }
 
-    fn update_adamw(&mut self, args: &StepArgs, clip_coef: f32, profile: &mut StepProfile) -> Result<()> {
-        for i in 0..self.layout.adamw.len() {
-            let slot = self.layout.adamw[i];
+    /// The AdamW updates of this rank's pieces of bucket `bucket`.
+    fn update_adamw(&mut self, bucket: usize, args: &StepArgs, grad_scale: f32, profile: &mut StepProfile) -> Result<()> {
+        for k in 0..self.bucket_adamw[bucket].len() {
+            let slot = self.layout.adamw[self.bucket_adamw[bucket][k]];
             let spec = &self.params[slot.piece.param as usize];
             let job = AdamwJob {
                 master: slot.master(),
@@ -389,7 +440,7 @@ impl Runtime {
                     beta2: self.cfg.adam_beta2,
                     eps: self.cfg.adam_eps,
                     step: self.steps,
-                    clip_coef,
+                    clip_coef: grad_scale,
                 },
             };
             timed(&mut profile.adamw, || self.backend.adamw_update(&job))?;
@@ -403,6 +454,15 @@ impl Runtime {
     pub fn synchronize(&mut self) -> Result<()> {
         self.backend.synchronize()
     }
+}
+
+/// Buckets in the order the forward first uses them: by the smallest registration index of
+/// their params (registration order is forward order).
+fn forward_order(plan: &Plan) -> Vec<usize> {
+    let first_use = |b: &crate::plan::Bucket| b.params.iter().copied().min().unwrap_or(u32::MAX);
+    let mut order: Vec<usize> = (0..plan.buckets.len()).collect();
+    order.sort_by_key(|&b| (first_use(&plan.buckets[b]), b));
+    order
 }
 
 impl Drop for Runtime {

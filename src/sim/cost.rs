@@ -240,8 +240,6 @@ fn kernel_bytes(l: &Launch) -> u64 {
         Kernel::CastF32ToBf16 => arg_u64(a, 2) * 6,
         // (src, src_bf16, dst, dst_bf16, n)
         Kernel::Cast => arg_u64(a, 4) * (elem(a, 1) + elem(a, 3)),
-        // (ptr, bf16, n, factor): read and write
-        Kernel::Scale => arg_u64(a, 2) * 2 * elem(a, 1),
         // one word triple per span: ptr, len, bf16 | first_block << 32
         Kernel::SumsqPartials => match a.first() {
             Some(Arg::Words(w)) => w

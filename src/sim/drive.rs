@@ -57,7 +57,6 @@ fn what(action: &Action) -> &'static str {
         Action::CopyDevice { .. } => "copy",
         Action::Launch(l) => match l.kernel {
             Kernel::CastF32ToBf16 | Kernel::Cast => "cast",
-            Kernel::Scale => "scale",
             Kernel::SumsqPartials | Kernel::SumsqFinish => "sum of squares",
             Kernel::MuonMomentum => "muon momentum",
             Kernel::NsNormalize => "ns normalize",

@@ -52,8 +52,8 @@ pub struct Figures {
     pub model_compute_ms: f64,
     /// `iteration_ms − model_compute_ms`: what the optimizer adds to an iteration.
     pub exposed_ms: f64,
-    /// Lower bound of `exposed_ms`: the larger of `optimizer_compute_ms` and
-    /// `unhidden_comm_ms`.
+    /// Lower bound of `exposed_ms`: `max(0, grad comm − backward) + max(optimizer compute,
+    /// param comm − forward)` (see `docs/simulate.md`).
     pub lower_bound_ms: f64,
     /// `exposed_ms / lower_bound_ms`.
     pub ratio: f64,
@@ -62,11 +62,13 @@ pub struct Figures {
     pub optimizer_compute_ms: f64,
     /// Of which Newton–Schulz (its GEMMs and Muon kernels).
     pub newton_schulz_ms: f64,
-    /// The busiest rank's collective time minus the modelled compute it could hide behind.
+    /// Collective time no schedule can hide: gradient collectives beyond the backward, plus
+    /// param collectives beyond the forward (busiest rank).
     pub unhidden_comm_ms: f64,
-    /// Fraction of gradient-collective time that runs under modelled backward/forward compute.
+    /// Fraction of gradient-collective time during which the compute stream is busy.
     pub grad_overlap: f64,
-    /// Fraction of param-collective time that runs under the next forward's compute.
+    /// Fraction of param-collective time during which the compute stream is busy (the
+    /// param collectives of the iteration before the last, which run into the last one).
     pub param_overlap: f64,
     /// Device work items the optimizer issues per iteration (kernels, GEMMs, memsets, copies,
     /// NCCL groups), busiest rank.
@@ -191,11 +193,15 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64) -> Figures
             )
         })
     };
-    let comm = |t: &Timeline| sum(t, last, |s| s.class == Class::Collective);
     let max_over = |f: &dyn Fn(&Timeline) -> f64| timelines.iter().map(f).fold(0.0, f64::max);
     let optimizer_compute = max_over(&optimizer);
-    let unhidden = (max_over(&comm) - model).max(0.0);
-    let lower_bound = optimizer_compute.max(unhidden);
+    let forward = sum(t0, last, |s| s.class == Class::Forward);
+    let backward = sum(t0, last, |s| s.class == Class::Backward);
+    let grad_comm = max_over(&|t| sum(t, last, |s| s.class == Class::Collective && is_grad_collective(s)));
+    let param_comm = max_over(&|t| sum(t, last, |s| s.class == Class::Collective && is_param_collective(s)));
+    let unhidden_grad = (grad_comm - backward).max(0.0);
+    let unhidden_param = (param_comm - forward).max(0.0);
+    let lower_bound = unhidden_grad + optimizer_compute.max(unhidden_param);
     let launches = timelines
         .iter()
         .map(|t| {
@@ -239,7 +245,7 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64) -> Figures
         },
         optimizer_compute_ms: optimizer_compute * MS,
         newton_schulz_ms: max_over(&ns) * MS,
-        unhidden_comm_ms: unhidden * MS,
+        unhidden_comm_ms: (unhidden_grad + unhidden_param) * MS,
         grad_overlap: overlap(t0, last, is_grad_collective),
         param_overlap: overlap(t0, last - 1, is_param_collective),
         launches,

@@ -170,14 +170,16 @@ fn run_rank(opt: &mut Optimizer, specs: &[ParamSpec], rank: usize, dp: usize, da
         for p in (0..specs.len()).rev() {
             let seen = opt.running().unwrap().param_values(p).unwrap();
             let grad = if dp == 1 && data.emulated_dp > 1 {
+                // The ranks' gradients are summed in rank order; the optimizer scales the
+                // sum by clip_coef / dp in one multiply, which is this multiply at clip 1.
                 let scale = 1.0 / data.emulated_dp as f32;
                 let mut sum = vec![0.0f32; seen.len()];
                 for r in 0..data.emulated_dp {
                     for (s, g) in sum.iter_mut().zip(rank_grad(step, r, p, &seen)) {
-                        *s += g * scale;
+                        *s += g;
                     }
                 }
-                sum
+                sum.iter().map(|s| s * scale).collect()
             } else {
                 rank_grad(step, rank, p, &seen)
             };

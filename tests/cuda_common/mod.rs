@@ -105,8 +105,6 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
     backend.cast(span(Mem::Master), span(Mem::Param(0))).unwrap();
     backend.cast(span(Mem::Param(0)), span(Mem::Param(1))).unwrap();
     backend.cast(span(Mem::Master), span(Mem::Grad(0))).unwrap();
-    backend.scale(span(Mem::Grad(0)), 0.37).unwrap();
-    backend.scale(span(Mem::Param(1)), 1.0 / 3.0).unwrap();
     backend.cast(span(Mem::Param(1)), span(Mem::Grad(1))).unwrap();
     let half = n / 2;
     backend

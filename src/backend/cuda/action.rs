@@ -53,7 +53,6 @@ pub enum Work {
 pub enum Kernel {
     CastF32ToBf16,
     Cast,
-    Scale,
     SumsqPartials,
     SumsqFinish,
     MuonMomentum,
@@ -65,10 +64,9 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 9] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
-        Kernel::Scale,
         Kernel::SumsqPartials,
         Kernel::SumsqFinish,
         Kernel::MuonMomentum,
@@ -81,7 +79,7 @@ impl Kernel {
     /// The `kernels/` file that defines it.
     pub fn source(self) -> &'static str {
         match self {
-            Kernel::CastF32ToBf16 | Kernel::Cast | Kernel::Scale => "cast.cu",
+            Kernel::CastF32ToBf16 | Kernel::Cast => "cast.cu",
             Kernel::SumsqPartials | Kernel::SumsqFinish => "reduce.cu",
             Kernel::MuonMomentum | Kernel::NsNormalize | Kernel::MuonApply => "muon.cu",
             Kernel::Adamw => "adamw.cu",
@@ -94,7 +92,6 @@ impl Kernel {
         match self {
             Kernel::CastF32ToBf16 => "muon_cast_f32_to_bf16",
             Kernel::Cast => "muon_cast",
-            Kernel::Scale => "muon_scale",
             Kernel::SumsqPartials => "muon_sumsq_partials",
             Kernel::SumsqFinish => "muon_sumsq_finish",
             Kernel::MuonMomentum => "muon_momentum",

@@ -187,10 +187,6 @@ impl<E: Executor> Backend for CudaBackend<E> {
         self.op(&Op::MemsetZero(span)).map(drop)
     }
 
-    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
-        self.op(&Op::scale(span, factor)).map(drop)
-    }
-
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
         self.op(&Op::Cast { src, dst }).map(drop)
     }

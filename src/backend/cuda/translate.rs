@@ -346,16 +346,6 @@ impl Translator {
                     stream: StreamKind::Compute,
                 }])
             }
-            Op::Scale { span, factor_bits } => {
-                let r = self.resolve(*span)?;
-                let args = vec![
-                    Arg::Ptr(r.ptr),
-                    Arg::I32(r.is_bf16()),
-                    Arg::U64(r.len),
-                    Arg::F32(f32::from_bits(*factor_bits)),
-                ];
-                Ok(vec![launch(Kernel::Scale, r.len, StreamKind::Compute, args)])
-            }
             Op::Cast { src, dst } => self.cast(*src, *dst),
             Op::SquaredNorm(spans) => self.squared_norm(spans),
             Op::MuonUpdate(job) => self.muon_update(job),

@@ -319,16 +319,6 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn scale(&mut self, span: Span, factor: f32) -> Result<()> {
-        match self.resolve(span)?.1 {
-            Dtype::F32 => unsafe { self.f32s(span) }?.iter_mut().for_each(|x| *x *= factor),
-            Dtype::Bf16 => unsafe { self.u16s(span) }?
-                .iter_mut()
-                .for_each(|x| *x = f32_to_bf16_rne(bf16_to_f32(*x) * factor)),
-        }
-        Ok(())
-    }
-
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
         if src.len != dst.len || src.mem == dst.mem {
             bail!(
