@@ -381,7 +381,13 @@ impl Runtime {
 
     /// The Muon updates of bucket `bucket`'s owned matrices; `grad_scale` multiplies the
     /// summed gradients (clip coefficient / dp).
-    fn update_muon(&mut self, bucket: usize, args: &StepArgs, grad_scale: f32, profile: &mut StepProfile) -> Result<()> {
+    fn update_muon(
+        &mut self,
+        bucket: usize,
+        args: &StepArgs,
+        grad_scale: f32,
+        profile: &mut StepProfile,
+    ) -> Result<()> {
         for k in 0..self.bucket_batches[bucket].len() {
             let batch = self.layout.muon_batches[self.bucket_batches[bucket][k]];
             let first = self.layout.muon[batch.first];
@@ -424,7 +430,13 @@ impl Runtime {
     }
 
     /// The AdamW updates of this rank's pieces of bucket `bucket`.
-    fn update_adamw(&mut self, bucket: usize, args: &StepArgs, grad_scale: f32, profile: &mut StepProfile) -> Result<()> {
+    fn update_adamw(
+        &mut self,
+        bucket: usize,
+        args: &StepArgs,
+        grad_scale: f32,
+        profile: &mut StepProfile,
+    ) -> Result<()> {
         for k in 0..self.bucket_adamw[bucket].len() {
             let slot = self.layout.adamw[self.bucket_adamw[bucket][k]];
             let spec = &self.params[slot.piece.param as usize];
