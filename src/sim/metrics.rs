@@ -52,11 +52,16 @@ pub struct Figures {
     pub model_compute_ms: f64,
     /// `iteration_ms − model_compute_ms`: what the optimizer adds to an iteration.
     pub exposed_ms: f64,
-    /// Lower bound of `exposed_ms`: `max(0, grad comm − backward) + max(optimizer compute,
-    /// param comm − forward)` (see `docs/simulate.md`).
+    /// Lower bound of `exposed_ms` without SM contention: `max(0, grad comm − backward) +
+    /// max(optimizer compute, param comm − forward)` (see `docs/simulate.md`).
     pub lower_bound_ms: f64,
     /// `exposed_ms / lower_bound_ms`.
     pub ratio: f64,
+    /// Of `exposed_ms`, what SM contention costs: how much longer rank 0's compute-stream work
+    /// of the iteration runs with contention than without. The lower bound leaves it out (a schedule hides communication
+    /// only by paying it), so `(exposed_ms − contention_ms) / lower_bound_ms` measures the
+    /// schedule alone.
+    pub contention_ms: f64,
     /// The slowest rank's optimizer work on the compute stream (Newton–Schulz, AdamW, casts,
     /// norm, memsets): it cannot overlap the model's compute, which shares the stream.
     pub optimizer_compute_ms: f64,
@@ -166,6 +171,11 @@ fn call_name(call: Call) -> String {
     }
 }
 
+/// Iteration `i`'s time: between the compute stream finishing iterations `i − 1` and `i`.
+fn iteration_time(t: &Timeline, i: usize) -> f64 {
+    (compute_end(t, i) - compute_end(t, i - 1)).max(0.0)
+}
+
 /// The modelled forward and backward compute of iteration `i` of `t`.
 pub fn model_compute(t: &Timeline, i: usize) -> f64 {
     sum(t, i, is_model)
@@ -175,10 +185,21 @@ pub fn model_compute(t: &Timeline, i: usize) -> f64 {
 /// iteration before, whose param collectives run under the last iteration's forward).
 /// `model` is the iteration's forward and backward compute without SM contention: what the
 /// collectives take from it counts as exposed optimizer time.
-pub fn figures(timelines: &[Timeline], iterations: usize, model: f64) -> Figures {
+/// `uncontended` are the timelines of the same run without SM contention: how much longer
+/// rank 0's compute-stream work takes with it is what contention costs, and the lower bound
+/// (which leaves contention out) is read from them.
+pub fn figures(timelines: &[Timeline], iterations: usize, model: f64, uncontended: &[Timeline]) -> Figures {
     let last = iterations - 1;
     let t0 = &timelines[0];
-    let iteration = (compute_end(t0, last) - compute_end(t0, last - 1)).max(0.0);
+    let iteration = iteration_time(t0, last);
+    // The same items in the same order: slice i of both runs is the same work.
+    let contention: f64 = t0
+        .slices
+        .iter()
+        .zip(&uncontended[0].slices)
+        .filter(|(s, _)| in_iter(s, last) && s.stream == StreamKind::Compute)
+        .map(|(s, u)| (s.end - s.start) - (u.end - u.start))
+        .sum();
     let exposed = iteration - model;
     let optimizer = |t: &Timeline| {
         sum(t, last, |s| {
@@ -194,7 +215,8 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64) -> Figures
         })
     };
     let max_over = |f: &dyn Fn(&Timeline) -> f64| timelines.iter().map(f).fold(0.0, f64::max);
-    let optimizer_compute = max_over(&optimizer);
+    let max_uncontended = |f: &dyn Fn(&Timeline) -> f64| uncontended.iter().map(f).fold(0.0, f64::max);
+    let optimizer_compute = max_uncontended(&optimizer);
     let forward = sum(t0, last, |s| s.class == Class::Forward);
     let backward = sum(t0, last, |s| s.class == Class::Backward);
     let grad_comm = max_over(&|t| sum(t, last, |s| s.class == Class::Collective && is_grad_collective(s)));
@@ -243,8 +265,9 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64) -> Figures
         } else {
             f64::NAN
         },
+        contention_ms: contention * MS,
         optimizer_compute_ms: optimizer_compute * MS,
-        newton_schulz_ms: max_over(&ns) * MS,
+        newton_schulz_ms: max_uncontended(&ns) * MS,
         unhidden_comm_ms: (unhidden_grad + unhidden_param) * MS,
         grad_overlap: overlap(t0, last, is_grad_collective),
         param_overlap: overlap(t0, last - 1, is_param_collective),

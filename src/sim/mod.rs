@@ -159,7 +159,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         ns_precision: scenario.ns_precision.name().to_string(),
         tokens_per_gpu: scenario.tokens_per_gpu,
         iterations: scenario.iterations,
-        figures: metrics::figures(&timelines, scenario.iterations, model),
+        figures: metrics::figures(&timelines, scenario.iterations, model, &first),
         device_bytes,
         timelines,
     })
@@ -219,6 +219,16 @@ pub fn table(sims: &[Simulation]) -> String {
         ("exposed optimizer ms", Box::new(|s| ms(s.figures.exposed_ms))),
         ("lower bound ms", Box::new(|s| ms(s.figures.lower_bound_ms))),
         ("exposed / lower bound", Box::new(|s| format!("{:.3}", s.figures.ratio))),
+        ("  of exposed: contention", Box::new(|s| ms(s.figures.contention_ms))),
+        (
+            "  (exposed−cont.) / bound",
+            Box::new(|s| {
+                format!(
+                    "{:.3}",
+                    (s.figures.exposed_ms - s.figures.contention_ms) / s.figures.lower_bound_ms
+                )
+            }),
+        ),
         ("optimizer compute ms", Box::new(|s| ms(s.figures.optimizer_compute_ms))),
         ("  of which Newton–Schulz", Box::new(|s| ms(s.figures.newton_schulz_ms))),
         ("unhidden comm ms", Box::new(|s| ms(s.figures.unhidden_comm_ms))),
