@@ -460,10 +460,37 @@ fn collectives_slow_the_compute_they_overlap_by_their_sm_share() {
     };
     let (free, contended) = (with_share(0.0), with_share(0.5));
     assert_eq!(free.figures.model_compute_ms, contended.figures.model_compute_ms);
+    assert_eq!(free.figures.contention_ms, 0.0);
+    assert!(contended.figures.contention_ms > 0.0);
     assert!(
         contended.figures.exposed_ms > free.figures.exposed_ms,
         "share 0.5: {} ms, share 0: {} ms",
         contended.figures.exposed_ms,
         free.figures.exposed_ms
     );
+}
+
+#[test]
+fn the_lower_bound_never_exceeds_the_exposed_time_without_contention() {
+    for (model, dp) in [("gpt2-124m", 2), ("gpt2-124m", 8), ("llama3-8b", 4)] {
+        for layout in MuonLayout::ALL.iter().copied() {
+            for overlap in [true, false] {
+                let scenario = Scenario {
+                    layout,
+                    overlap_grad_reduce: overlap,
+                    overlap_param_gather: overlap,
+                    ..Scenario::new(preset(model).unwrap(), dp, builtin("h100-ib").unwrap())
+                };
+                let f = simulate(&scenario).unwrap().figures;
+                assert!(f.lower_bound_ms > 0.0);
+                assert!(
+                    f.exposed_ms - f.contention_ms >= f.lower_bound_ms * (1.0 - 1e-9),
+                    "{model} dp={dp} {layout:?} overlap {overlap}: exposed {} − contention {} < bound {}",
+                    f.exposed_ms,
+                    f.contention_ms,
+                    f.lower_bound_ms
+                );
+            }
+        }
+    }
 }
