@@ -778,8 +778,10 @@ muon_status_t muon_optimizer_wait_params(struct muon_optimizer_t *opt,
 
 /**
  * @brief Backward hook: param @p param_id's gradient is fully accumulated for this iteration.
- *        With overlap_grad_reduce, the bucket's gradient collective starts when its last param
- *        is ready. Call once per param per iteration.
+ *        With overlap_grad_reduce, a bucket's gradient collective starts when its last param
+ *        is ready and every bucket before it in the plan's backward order has started: the
+ *        collectives are issued in one order on every rank whatever the order of these calls
+ *        (NCCL needs one order). Call once per param per iteration.
  */
 MUON_API
 MUON_NODISCARD
@@ -787,9 +789,12 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
                                         uint32_t param_id);
 
 /**
- * @brief One optimizer step: waits for the gradient collectives, computes the global grad
- *        norm, clips, skips on non-finite gradients, updates owned params, and launches the
- *        param collectives (with overlap_param_gather, wait_params orders their use).
+ * @brief One optimizer step: waits for the gradient collectives (which sum the ranks'
+ *        gradients; 1/dp is applied with the clip coefficient), computes the global grad norm,
+ *        clips, skips on non-finite gradients, then bucket by bucket in the order the next
+ *        forward uses them updates the owned params and launches that bucket's param
+ *        collectives, so they overlap the updates of later buckets (with
+ *        overlap_param_gather, wait_params orders their use).
  * @param[in]  args Learning rates and weight decays.
  * @param[out] info What the step did; may be NULL.
  */
