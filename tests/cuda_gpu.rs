@@ -23,7 +23,7 @@ use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
-use muon_opt::backend::ops::{Mem, MemoryLayout, MuonJob, Span};
+use muon_opt::backend::ops::{Mem, MemoryLayout, MuonJob, MuonWork, Span};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
 use muon_opt::model::{ParamSpec, Route};
@@ -367,6 +367,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     momentum: n,
                     adam_moments: 0,
                     max_matrix: (rows, cols),
+                    muon_work: MuonWork::of_job(&[rows], cols),
                     mxfp8: Vec::new(),
                     mxfp8_scale_layout: ScaleLayout::Compact,
                 })

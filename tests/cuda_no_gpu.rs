@@ -11,7 +11,7 @@ use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::nvrtc::{self, Target};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
 use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::backend::ops::{Mem, MemoryLayout, Span};
+use muon_opt::backend::ops::{Mem, MemoryLayout, MuonWork, Span};
 use muon_opt::backend::recording::{Observer, Op};
 use muon_opt::capi::comm::{muon_comm_create_nccl, muon_comm_t, muon_cuda_available, ncclComm};
 use muon_opt::capi::status::{muon_last_error_message, muon_status_t};
@@ -147,6 +147,7 @@ fn the_translator_rejects_what_the_host_backend_rejects() {
         momentum: 0,
         adam_moments: 0,
         max_matrix: (0, 0),
+        muon_work: MuonWork::default(),
         mxfp8: Vec::new(),
         mxfp8_scale_layout: ScaleLayout::Compact,
     };

@@ -64,3 +64,56 @@ fn batches_are_capped_so_the_workspace_stays_bounded() {
     assert_eq!(counts, vec![per_batch, per_batch, 1]);
     assert_eq!(layout.memory.max_matrix, (per_batch * rows as usize, cols as usize));
 }
+
+/// The Muon workspace is sized by what the jobs need, not by the largest rows times the
+/// largest cols of different matrices.
+#[test]
+fn the_muon_workspace_is_the_real_need_of_the_jobs() {
+    use muon_opt::backend::ops::MuonWork;
+    // A fused [2·14336, 4096] gate|up: one job of 117M elements whose Gram batch is two
+    // 4096² matrices; a [4096, 14336] down projection: 4096² again.
+    let gate_up = MuonWork::of_job(&[14336, 14336], 4096);
+    assert_eq!(
+        gate_up,
+        MuonWork {
+            matrix: 28672 * 4096,
+            gram: 2 * 4096 * 4096,
+            run: 2
+        }
+    );
+    let down = MuonWork::of_job(&[4096], 14336);
+    assert_eq!(
+        down,
+        MuonWork {
+            matrix: 4096 * 14336,
+            gram: 4096 * 4096,
+            run: 1
+        }
+    );
+    assert_eq!(gate_up.max(down), gate_up);
+    // Runs of equal components batch; different ones do not.
+    let qkv = MuonWork::of_job(&[64, 16, 16], 32);
+    assert_eq!(
+        qkv,
+        MuonWork {
+            matrix: 96 * 32,
+            gram: 32 * 32,
+            run: 2
+        }
+    );
+
+    // The layout of a rank carries the need of its own jobs.
+    let cfg = Config::default();
+    let reg = registry(8, 64, 32);
+    let plan = build_plan(reg.params(), reg.routes(), &cfg, 1).unwrap();
+    let layout = StateLayout::new(&plan, reg.params(), &cfg, 0);
+    // All 8 experts in one job: 16 components of 32×32, and the 32×32 projection.
+    assert_eq!(
+        layout.memory.muon_work,
+        MuonWork {
+            matrix: 8 * 64 * 32,
+            gram: 16 * 32 * 32,
+            run: 16
+        }
+    );
+}

@@ -100,6 +100,42 @@ pub struct Mxfp8Tensor {
     pub cols: usize,
 }
 
+/// Elements a Muon workspace needs for every job of a rank: the largest job (`rows · cols`),
+/// the largest Gram batch (a run of consecutive equal components is orthogonalized as one
+/// strided batch: `count · min(rows, cols)²`) and the longest such run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MuonWork {
+    pub matrix: u64,
+    pub gram: u64,
+    pub run: u64,
+}
+
+impl MuonWork {
+    /// The need of one job of `cols` columns whose components have `component_rows` rows.
+    pub fn of_job(component_rows: &[usize], cols: usize) -> MuonWork {
+        let cols = cols as u64;
+        let mut need = MuonWork {
+            matrix: component_rows.iter().map(|&r| r as u64).sum::<u64>() * cols,
+            ..MuonWork::default()
+        };
+        for run in component_rows.chunk_by(|a, b| a == b) {
+            let m = (run[0] as u64).min(cols);
+            need.gram = need.gram.max(run.len() as u64 * m * m);
+            need.run = need.run.max(run.len() as u64);
+        }
+        need
+    }
+
+    /// The need of both.
+    pub fn max(self, other: MuonWork) -> MuonWork {
+        MuonWork {
+            matrix: self.matrix.max(other.matrix),
+            gram: self.gram.max(other.gram),
+            run: self.run.max(other.run),
+        }
+    }
+}
+
 /// Sizes of every allocation of a rank (elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryLayout {
@@ -111,6 +147,8 @@ pub struct MemoryLayout {
     pub adam_moments: u64,
     /// Largest Muon matrix this rank updates, for workspaces.
     pub max_matrix: (usize, usize),
+    /// What the Muon jobs of this rank need of a device workspace.
+    pub muon_work: MuonWork,
     /// Params with persistent MXFP8 storage (rowwise and columnwise copies on every rank).
     pub mxfp8: Vec<Mxfp8Tensor>,
     /// Byte order of the MXFP8 scales.

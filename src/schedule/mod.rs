@@ -398,11 +398,6 @@ impl Runtime {
             let len = range.len();
             // Each unit of the batch is one component (split further by the fused splits), so
             // the update is exactly the per-unit update.
-            let unit_rows: Vec<usize> = if spec.split_sizes.is_empty() {
-                vec![matrix.rows as usize]
-            } else {
-                spec.split_sizes.iter().map(|&s| s as usize).collect()
-            };
             let job = MuonJob {
                 master: Span::new(Mem::Master, first.state, len),
                 momentum: Span::new(Mem::Momentum, first.state, len),
@@ -412,7 +407,7 @@ impl Runtime {
                 split_rows: if batch.count == 1 && spec.split_sizes.is_empty() {
                     Vec::new()
                 } else {
-                    unit_rows.repeat(batch.count)
+                    state::component_rows(spec, batch.count)
                 },
                 args: MuonStepArgs {
                     lr: args.lr,

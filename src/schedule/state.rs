@@ -1,7 +1,7 @@
 //! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
 //! AdamW pieces of its shards, packed in plan order.
 
-use crate::backend::ops::{Mem, MemoryLayout, Mxfp8Tensor, Span};
+use crate::backend::ops::{Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span};
 use crate::config::Config;
 use crate::model::ParamFlags;
 use crate::model::ParamSpec;
@@ -90,6 +90,11 @@ impl StateLayout {
             let m = params[muon[batch.first].unit.param as usize].unit_matrix();
             (r.max(batch.count * m.rows as usize), c.max(m.cols as usize))
         });
+        let muon_work = muon_batches.iter().fold(MuonWork::default(), |need, batch| {
+            let spec = &params[muon[batch.first].unit.param as usize];
+            let rows = component_rows(spec, batch.count);
+            need.max(MuonWork::of_job(&rows, spec.unit_matrix().cols as usize))
+        });
         let momentum = offset;
         let mut moments = 0u64;
         let mut adamw = Vec::new();
@@ -113,6 +118,7 @@ impl StateLayout {
             momentum,
             adam_moments: moments,
             max_matrix,
+            muon_work,
             mxfp8: params
                 .iter()
                 .enumerate()
@@ -173,4 +179,15 @@ impl AdamwSlot {
     pub fn grad(&self) -> Span {
         Span::new(Mem::Grad(self.buffer), self.piece.buffer_range.start, self.len())
     }
+}
+
+/// The rows of each component of a Muon job over `count` consecutive units of `spec`: every
+/// unit is one matrix, split further by the fused splits.
+pub fn component_rows(spec: &ParamSpec, count: usize) -> Vec<usize> {
+    let unit: Vec<usize> = if spec.split_sizes.is_empty() {
+        vec![spec.unit_matrix().rows as usize]
+    } else {
+        spec.split_sizes.iter().map(|&s| s as usize).collect()
+    };
+    unit.repeat(count)
 }

@@ -63,15 +63,16 @@ impl Resolved {
     }
 }
 
-/// Element capacities of the Muon workspace.
+/// Element capacities of the Muon workspace, the real need of the rank's jobs
+/// ([`crate::backend::ops::MuonWork`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct WorkSizes {
-    /// Elements of `Update`, `X`, `XNext`, `XBf16`: `max_rows · max_cols`.
+    /// Elements of `Update`, `X`, `XNext`, `XBf16`: the largest job's `rows · cols`.
     matrix: u64,
-    /// Elements of `Gram`, `Poly`, `GramBf16`: `max_rows · min(max_rows, max_cols)`, which bounds
-    /// `batch · min(r, c)²` of every batch of equal components.
+    /// Elements of `Gram`, `Poly`, `GramBf16`: the largest `batch · min(r, c)²` of a batch of
+    /// equal components.
     gram: u64,
-    /// f64 slots of `Norms`: `max_rows` (a matrix has at most that many components).
+    /// f64 slots of `Norms`: the most matrices of one batch.
     norms: u64,
 }
 
@@ -406,11 +407,11 @@ impl Translator {
                 );
             }
         }
-        let (rows, cols) = (layout.max_matrix.0 as u64, layout.max_matrix.1 as u64);
+        let need = layout.muon_work;
         let work = WorkSizes {
-            matrix: rows * cols,
-            gram: rows * rows.min(cols),
-            norms: rows.max(1),
+            matrix: need.matrix,
+            gram: need.gram,
+            norms: need.run.max(1),
         };
         alloc(Buf::Work(Work::Update), work.matrix * 4);
         alloc(Buf::Work(Work::X), work.matrix * 4);
