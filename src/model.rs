@@ -223,8 +223,10 @@ impl ParamSpec {
                 "param '{name}': split_sizes[{i}] is 0; every component needs >= 1 row"
             );
         }
-        let sum: u64 = self.split_sizes.iter().sum();
-        if sum != rows {
+        // Checked: a wrapped sum could equal `rows` and pass.
+        let sum = self.split_sizes.iter().try_fold(0u64, |acc, &s| acc.checked_add(s));
+        if sum != Some(rows) {
+            let sum = sum.map_or_else(|| "more than 2^64".to_string(), |s| s.to_string());
             bail!(
                 InvalidParam,
                 "param '{name}': split_sizes {:?} sum to {sum}, but dim {dim} is {rows}",
@@ -432,6 +434,14 @@ mod tests {
                     ..ParamSpec::new("s", &[8, 4], Dtype::F32)
                 },
                 "sum to 6",
+            ),
+            (
+                // Wraps to exactly 8 in unchecked u64 arithmetic.
+                ParamSpec {
+                    split_sizes: vec![u64::MAX, 9],
+                    ..ParamSpec::new("w", &[8, 4], Dtype::F32)
+                },
+                "sum to more than 2^64",
             ),
             (flagged("m", &[48, 64], ParamFlags::MXFP8), "multiples of 32"),
             (flagged("u", &[4, 4], 1 << 20), "unknown flag bits"),
