@@ -769,7 +769,8 @@ muon_status_t muon_optimizer_zero_grad(struct muon_optimizer_t *opt);
 
 /**
  * @brief Forward pre-hook: order the caller after bucket @p bucket's param collective.
- * @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket).
+ * @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket); an
+ *            unknown bucket is MUON_STATUS_INVALID_ARGUMENT.
  */
 MUON_API
 MUON_NODISCARD

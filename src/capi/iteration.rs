@@ -57,7 +57,8 @@ pub unsafe extern "C" fn muon_optimizer_zero_grad(opt: *mut muon_optimizer_t) ->
 }
 
 /// @brief Forward pre-hook: order the caller after bucket @p bucket's param collective.
-/// @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket).
+/// @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket); an
+///            unknown bucket is MUON_STATUS_INVALID_ARGUMENT.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_wait_params(opt: *mut muon_optimizer_t, bucket: u32) -> muon_status_t {

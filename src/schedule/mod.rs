@@ -192,7 +192,7 @@ impl Runtime {
     pub fn wait_params(&mut self, b: u32) -> Result<()> {
         if b as usize >= self.plan.buckets.len() {
             bail!(
-                InvalidState,
+                InvalidArgument,
                 "wait_params: bucket {b} does not exist (the plan has {} buckets)",
                 self.plan.buckets.len()
             );
