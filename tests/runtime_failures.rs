@@ -145,7 +145,11 @@ fn wrong_call_order_is_a_state_error_with_a_message() {
     assert!(twice.message.contains("already marked ready"), "{}", twice.message);
     let buckets = opt.plan().unwrap().buckets.len() as u32;
     let unknown = opt.wait_params(buckets).unwrap_err();
-    assert_eq!(unknown.kind, ErrorKind::InvalidArgument, "an unknown id is an argument error");
+    assert_eq!(
+        unknown.kind,
+        ErrorKind::InvalidArgument,
+        "an unknown id is an argument error"
+    );
     assert!(
         unknown.message.contains(&format!("bucket {buckets} does not exist")),
         "{}",

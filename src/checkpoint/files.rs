@@ -79,10 +79,39 @@ pub fn write(path: &Path, rank: usize, dp: usize, tensors: &[Tensor]) -> Result<
         }
     })?;
     std::fs::set_permissions(path, permissions).map_err(|e| io_error("set permissions of", path, &e))?;
+    canonicalize_header(path)?;
     let mut file = File::open(path).map_err(|e| io_error("open", path, &e))?;
     let written = scan(&mut file, path)?;
     file.sync_all().map_err(|e| io_error("fsync", path, &e))?;
     Ok(written)
+}
+
+/// Rewrites the JSON header of the safetensors file at `path` with every object's keys in
+/// sorted order, so identical state gives identical bytes (safetensors writes `__metadata__`
+/// from a `HashMap`, in a per-process random order). The same entries in another order have
+/// the same length, so the header is rewritten in place and the data does not move.
+fn canonicalize_header(path: &Path) -> Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| io_error("open", path, &e))?;
+    let mut prefix = [0u8; 8];
+    file.read_exact(&mut prefix).map_err(|e| io_error("read", path, &e))?;
+    let len = u64::from_le_bytes(prefix) as usize;
+    let mut header = vec![0u8; len];
+    file.read_exact(&mut header).map_err(|e| io_error("read", path, &e))?;
+    let internal = |what: &str| Error::new(ErrorKind::Internal, format!("{}: header {what}", path.display()));
+    // serde_json's map is ordered by key.
+    let value: serde_json::Value = serde_json::from_slice(&header).map_err(|_| internal("is not JSON"))?;
+    let mut canonical = serde_json::to_vec(&value).map_err(|_| internal("does not serialize"))?;
+    if canonical.len() > len {
+        return Err(internal("grew when its keys were sorted"));
+    }
+    canonical.resize(len, b' ');
+    file.seek(SeekFrom::Start(8)).map_err(|e| io_error("seek", path, &e))?;
+    file.write_all(&canonical).map_err(|e| io_error("write", path, &e))
 }
 
 /// Reads a whole rank file: its size, CRC-32, header size and header CRC-32.
