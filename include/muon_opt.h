@@ -904,7 +904,11 @@ muon_status_t muon_optimizer_param_route(const struct muon_optimizer_t *opt,
 /**
  * @brief Plan the layout and verify every rank planned the same. Collective: every rank of
  *        the communicator calls it.
- * @return MUON_STATUS_PLAN_MISMATCH when ranks registered different models.
+ * @return MUON_STATUS_PLAN_MISMATCH on every rank when the ranks registered different params
+ *         (the message names the first differing param, or the counts) or use different
+ *         settings that change numerics or communication (the message names the first
+ *         differing config field; collective_timeout_ms, host_comm_mode and vocab_size are a
+ *         rank's own and may differ).
  */
 MUON_API
 MUON_NODISCARD

@@ -29,6 +29,7 @@
 //! - **ABI.** Config and description structs start with `struct_size`; fields are
 //!   append-only; status codes are append-only. No ABI promise before 1.0.
 
+pub mod agreement;
 pub mod backend;
 pub mod capi;
 pub mod checkpoint;

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::agreement;
 use crate::backend::Backend;
 use crate::backend::cuda::{CallerStream, CudaBackend};
 use crate::backend::host::executor::HostBackend;
@@ -145,13 +146,13 @@ impl Optimizer {
         let muon = MuonOptions::from_config(&self.cfg);
         let backend: Box<dyn Backend> = match &self.claim.comm().transport {
             Transport::Host(host) => {
-                self.verify_same_plan(plan.hash, &host.all_gather_u64(plan.hash)?)?;
+                self.verify_agreement(plan.hash, &mut |v| host.all_gather_u64(v))?;
                 Box::new(HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?)
             }
             Transport::Nccl(_) => {
                 let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
                 let mut backend = CudaBackend::new(self.claim.shared(), self.stream, muon, timeout)?;
-                self.verify_same_plan(plan.hash, &backend.all_gather_u64(plan.hash)?)?;
+                self.verify_agreement(plan.hash, &mut |v| backend.all_gather_u64(v))?;
                 Box::new(backend)
             }
         };
@@ -168,8 +169,14 @@ impl Optimizer {
         Ok(())
     }
 
-    /// Fails when another rank's plan hash (`hashes`, indexed by rank) differs from `hash`.
-    fn verify_same_plan(&self, hash: u64, hashes: &[u64]) -> Result<()> {
+    /// Collective: fails when another rank's config (a field that changes numerics or
+    /// communication), params or plan differ from this rank's, naming the first difference.
+    fn verify_agreement(&self, hash: u64, exchange: &mut agreement::Exchange) -> Result<()> {
+        agreement::verify_config(&self.cfg, self.dp(), self.rank(), exchange)?;
+        let hashes = exchange(hash)?;
+        if hashes.iter().any(|h| *h != hash) {
+            agreement::explain_param_mismatch(self.registry.params(), self.registry.routes(), self.rank(), exchange)?;
+        }
         if let Some((rank, other)) = hashes.iter().enumerate().find(|(_, h)| **h != hash) {
             bail!(
                 PlanMismatch,

@@ -15,20 +15,28 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 const ENCODING: &str = "muon_opt.plan.v1";
 
 /// FNV-1a 64-bit hasher.
-struct Fnv1a(u64);
+pub(crate) struct Fnv1a(u64);
 
 impl Fnv1a {
+    pub(crate) fn new() -> Self {
+        Fnv1a(FNV_OFFSET)
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        self.0
+    }
+
     fn bytes(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 = (self.0 ^ b as u64).wrapping_mul(FNV_PRIME);
         }
     }
 
-    fn u64(&mut self, value: u64) {
+    pub(crate) fn u64(&mut self, value: u64) {
         self.bytes(&value.to_le_bytes());
     }
 
-    fn str(&mut self, text: &str) {
+    pub(crate) fn str(&mut self, text: &str) {
         self.u64(text.len() as u64);
         self.bytes(text.as_bytes());
     }
@@ -38,6 +46,19 @@ impl Fnv1a {
         for v in values {
             self.u64(v);
         }
+    }
+
+    /// Everything a registered param contributes to the plan.
+    pub(crate) fn param(&mut self, spec: &ParamSpec, route: Route) {
+        self.str(&spec.name);
+        self.list(spec.shape.iter().copied());
+        self.u64(spec.dtype.code() as u64);
+        self.u64(spec.flags.0 as u64);
+        self.u64(spec.tie_group as u64);
+        self.list(spec.split_sizes.iter().copied());
+        self.u64(spec.lr_scale.to_bits() as u64);
+        self.u64(spec.wd_scale.to_bits() as u64);
+        self.u64(route_code(route));
     }
 }
 
@@ -60,15 +81,7 @@ pub(crate) fn plan_hash(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp
     h.u64(cfg.grad_dtype.code() as u64);
     h.u64(params.len() as u64);
     for (spec, &route) in params.iter().zip(routes) {
-        h.str(&spec.name);
-        h.list(spec.shape.iter().copied());
-        h.u64(spec.dtype.code() as u64);
-        h.u64(spec.flags.0 as u64);
-        h.u64(spec.tie_group as u64);
-        h.list(spec.split_sizes.iter().copied());
-        h.u64(spec.lr_scale.to_bits() as u64);
-        h.u64(spec.wd_scale.to_bits() as u64);
-        h.u64(route_code(route));
+        h.param(spec, route);
     }
     for buffer in &layout.buffers {
         h.u64(route_code(buffer.route));

@@ -21,7 +21,7 @@ mod adamw;
 mod buckets;
 mod compact;
 mod cost;
-mod hash;
+pub(crate) mod hash;
 pub mod model_json;
 mod ownership;
 mod padded;

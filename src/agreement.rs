@@ -1,0 +1,134 @@
+//! Finalize's cross-rank check: every rank must use the same settings that change numerics
+//! or communication and register the same params in the same order. Ranks exchange one
+//! 64-bit value at a time (an all-gather); on a mismatch they keep exchanging, all taking the
+//! same path, until the first differing config field or param is found, and every rank's
+//! error names it.
+
+use serde_json::Value;
+
+use crate::bail;
+use crate::config::Config;
+use crate::error::Result;
+use crate::model::{ParamSpec, Route};
+use crate::plan::hash::Fnv1a;
+
+/// One all-gather of a value per rank; the result is indexed by rank.
+pub type Exchange<'a> = dyn FnMut(u64) -> Result<Vec<u64>> + 'a;
+
+/// Config fields that change neither the numerics nor the communication of any rank: a
+/// rank's own timeout and host comm mode, and the registration-time vocabulary check.
+const LOCAL_FIELDS: &[&str] = &["collective_timeout_ms", "host_comm_mode", "vocab_size"];
+
+/// The fields that must agree, as (name, canonical JSON text); `bucket_size` as its
+/// effective value.
+fn shared_fields(cfg: &Config, dp: usize) -> Vec<(String, String)> {
+    // Through text, so an f32 reads as its shortest form (0.95, not 0.949999988079071).
+    let text = serde_json::to_string(cfg).expect("the config serializes");
+    let mut value: Value = serde_json::from_str(&text).expect("serde_json reads its own output");
+    if let Some(map) = value.as_object_mut() {
+        map.insert("bucket_size".into(), Value::from(cfg.effective_bucket_size(dp)));
+    }
+    let Value::Object(map) = value else {
+        return Vec::new();
+    };
+    map.into_iter()
+        .filter(|(name, _)| !LOCAL_FIELDS.contains(&name.as_str()))
+        .map(|(name, v)| (name, v.to_string()))
+        .collect()
+}
+
+fn text_hash(text: &str) -> u64 {
+    let mut h = Fnv1a::new();
+    h.str(text);
+    h.finish()
+}
+
+fn first_other(values: &[u64], mine: u64) -> Option<(usize, u64)> {
+    values.iter().copied().enumerate().find(|&(_, v)| v != mine)
+}
+
+/// Fails with `PlanMismatch` naming the first config field whose value differs on another
+/// rank.
+pub fn verify_config(cfg: &Config, dp: usize, rank: usize, exchange: &mut Exchange) -> Result<()> {
+    let fields = shared_fields(cfg, dp);
+    let mut all = Fnv1a::new();
+    for (name, text) in &fields {
+        all.str(name);
+        all.str(text);
+    }
+    if first_other(&exchange(all.finish())?, all.finish()).is_none() {
+        return Ok(());
+    }
+    for (name, text) in &fields {
+        let mine = text_hash(text);
+        if let Some((other, _)) = first_other(&exchange(mine)?, mine) {
+            bail!(
+                PlanMismatch,
+                "finalize: config field '{name}' is {text} on rank {rank} but differs on rank {other}; every rank must use the same settings that change numerics or communication"
+            );
+        }
+    }
+    bail!(
+        PlanMismatch,
+        "finalize: the ranks' configs differ (rank {rank} found no single differing field)"
+    )
+}
+
+/// Hash of the first `k` params.
+fn prefix_hash(params: &[ParamSpec], routes: &[Route], k: usize) -> u64 {
+    let mut h = Fnv1a::new();
+    for (spec, &route) in params[..k].iter().zip(routes) {
+        h.param(spec, route);
+    }
+    h.finish()
+}
+
+/// Called when the plan hashes differ with equal configs: fails with `PlanMismatch` naming
+/// the first param that differs between this rank and another (or the param counts).
+pub fn explain_param_mismatch(
+    params: &[ParamSpec],
+    routes: &[Route],
+    rank: usize,
+    exchange: &mut Exchange,
+) -> Result<()> {
+    let counts = exchange(params.len() as u64)?;
+    let common = counts.iter().copied().min().unwrap_or(0) as usize;
+    // Smallest k whose prefix of k params differs on some rank, by bisection over [1, common]:
+    // every rank sees every rank's prefix hash, so all take the same path.
+    let differs = |k: usize, exchange: &mut Exchange| -> Result<bool> {
+        let mine = prefix_hash(params, routes, k);
+        Ok(first_other(&exchange(mine)?, mine).is_some())
+    };
+    if common > 0 && differs(common, exchange)? {
+        let (mut lo, mut hi) = (0, common);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if differs(mid, exchange)? {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        let spec = &params[hi - 1];
+        bail!(
+            PlanMismatch,
+            "finalize: param {} is '{}' {:?} {} (flags 0x{:x}, tie_group {}, split_sizes {:?}) on rank {rank}, but another rank registered a different param {}; every rank must register the same params in the same order",
+            hi - 1,
+            spec.name,
+            spec.shape,
+            spec.dtype.name(),
+            spec.flags.0,
+            spec.tie_group,
+            spec.split_sizes,
+            hi - 1
+        );
+    }
+    if let Some((other, n)) = first_other(&counts, params.len() as u64) {
+        bail!(
+            PlanMismatch,
+            "finalize: rank {rank} registered {} params but rank {other} registered {n}; the first {common} agree",
+            params.len()
+        );
+    }
+    Ok(())
+}

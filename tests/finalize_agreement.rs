@@ -1,0 +1,116 @@
+//! Finalize fails on every rank when the ranks disagree on anything that changes numerics or
+//! communication, and the message names the first difference: a config field, a param, or
+//! the param count. Settings that are a rank's own (timeout, comm mode) may differ.
+
+use std::time::Duration;
+
+use muon_opt::backend::cuda::CallerStream;
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{Config, Dtype};
+use muon_opt::error::{Error, ErrorKind};
+use muon_opt::model::ParamSpec;
+use muon_opt::optimizer::Optimizer;
+
+fn model(rank: usize, change: Option<(usize, usize)>, extra: bool) -> Vec<ParamSpec> {
+    let mut params: Vec<ParamSpec> = (0..7)
+        .map(|i| ParamSpec::new(format!("layers.{i}.weight"), &[64, 32], Dtype::Bf16))
+        .collect();
+    if let Some((changed_rank, index)) = change
+        && rank == changed_rank
+    {
+        params[index] = ParamSpec::new(format!("layers.{index}.weight"), &[32, 64], Dtype::Bf16);
+    }
+    if extra && rank == 1 {
+        params.push(ParamSpec::new("extra.bias", &[32], Dtype::Bf16));
+    }
+    params
+}
+
+/// Finalizes on 2 host ranks with per-rank configs and models; returns each rank's result.
+fn finalize(configs: [Config; 2], change: Option<(usize, usize)>, extra: bool) -> Vec<Result<(), Error>> {
+    let comms = HostGroup::new(2, Duration::from_secs(20));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .zip(configs)
+            .enumerate()
+            .map(|(rank, (comm, cfg))| {
+                scope.spawn(move || {
+                    let claim = Communicator::new(Transport::Host(comm)).claim().unwrap();
+                    let mut opt = Optimizer::new(cfg, claim, CallerStream::NULL).unwrap();
+                    for spec in model(rank, change, extra) {
+                        opt.add_param(spec, None).unwrap();
+                    }
+                    opt.finalize()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn assert_mismatch(results: &[Result<(), Error>], needles: &[&str]) {
+    for (rank, result) in results.iter().enumerate() {
+        let err = result.as_ref().expect_err("finalize must fail on every rank");
+        assert_eq!(err.kind, ErrorKind::PlanMismatch, "rank {rank}: {}", err.message);
+        for needle in needles {
+            assert!(
+                err.message.contains(needle),
+                "rank {rank}: '{}' lacks '{needle}'",
+                err.message
+            );
+        }
+    }
+}
+
+#[test]
+fn a_differing_numerics_setting_is_named() {
+    let other = Config {
+        muon_momentum: 0.9,
+        ..Config::default()
+    };
+    let results = finalize([Config::default(), other], None, false);
+    assert_mismatch(&results, &["config field 'muon_momentum'"]);
+    assert!(results[0].as_ref().unwrap_err().message.contains("is 0.95 on rank 0"));
+    assert!(results[1].as_ref().unwrap_err().message.contains("is 0.9 on rank 1"));
+    let other = Config {
+        clip_grad: 0.0,
+        ..Config::default()
+    };
+    assert_mismatch(&finalize([Config::default(), other], None, false), &["'clip_grad'"]);
+}
+
+#[test]
+fn a_rank_s_own_settings_may_differ() {
+    let own = Config {
+        collective_timeout_ms: 12_345,
+        ..Config::default()
+    };
+    let explicit_default_bucket = Config {
+        bucket_size: Config::default().effective_bucket_size(2),
+        ..Config::default()
+    };
+    for results in [
+        finalize([Config::default(), own], None, false),
+        finalize([Config::default(), explicit_default_bucket], None, false),
+    ] {
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+}
+
+#[test]
+fn the_first_differing_param_is_named() {
+    for index in [0, 3, 6] {
+        let results = finalize([Config::default(), Config::default()], Some((1, index)), false);
+        assert_mismatch(&results, &[&format!("param {index} is 'layers.{index}.weight'")]);
+        assert!(results[0].as_ref().unwrap_err().message.contains("[64, 32]"));
+        assert!(results[1].as_ref().unwrap_err().message.contains("[32, 64]"));
+    }
+}
+
+#[test]
+fn differing_param_counts_are_named() {
+    let results = finalize([Config::default(), Config::default()], None, true);
+    assert_mismatch(&results, &["registered 7", "registered 8", "the first 7 agree"]);
+}
