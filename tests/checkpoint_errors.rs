@@ -289,3 +289,52 @@ fn params_are_matched_by_name_not_by_registration_order() {
         assert!(loaded.params[2][q] == saved.params[0][p], "{name}");
     }
 }
+
+/// Collective calls are two-phase: ranks that make different calls, or load different
+/// checkpoints, all fail before anything changes on any rank.
+#[test]
+fn ranks_in_different_calls_or_on_different_checkpoints_change_nothing() {
+    let tmp = TempDir::new("disagree");
+    let (a, b) = (tmp.join("a"), tmp.join("b"));
+    let mut group = Group::new(&config(MuonLayout::Compact), 2);
+    group.train(1);
+    all_ok(group.save(&a), "save a");
+    group.train(1);
+    all_ok(group.save(&b), "save b");
+    group.train(1);
+    let before = group.snapshot();
+
+    // Rank 0 saves into `a` while rank 1 loads `a`.
+    let results = group.run(|rank, opt| if rank == 0 { opt.save(&a) } else { opt.load(&a) });
+    for (rank, result) in results.iter().enumerate() {
+        let err = result.as_ref().expect_err("mixed save and load must fail");
+        assert_eq!(err.kind, ErrorKind::InvalidState, "rank {rank}: {}", err.message);
+        assert!(
+            err.message.contains("every rank must make the same collective call"),
+            "{}",
+            err.message
+        );
+    }
+    group.snapshot().assert_same(&before, "after a mixed save and load");
+    // The checkpoint rank 0 tried to overwrite still loads on its own.
+    assert!(a.join("index.json").exists());
+
+    // Rank 0 loads `a`, rank 1 loads `b`: each read succeeds, the commit must not happen.
+    let results = group.run(|rank, opt| opt.load(if rank == 0 { &a } else { &b }));
+    for (rank, result) in results.iter().enumerate() {
+        let err = result.as_ref().expect_err("loading different checkpoints must fail");
+        assert_eq!(err.kind, ErrorKind::CheckpointMismatch, "rank {rank}: {}", err.message);
+        assert!(
+            err.message.contains("every rank must load the same checkpoint"),
+            "{}",
+            err.message
+        );
+    }
+    group
+        .snapshot()
+        .assert_same(&before, "after loading different checkpoints");
+
+    // Both load `b`: it works, and the group is still usable afterwards.
+    all_ok(group.load(&b), "load b");
+    group.train(1);
+}

@@ -93,9 +93,28 @@ const AGREED_KINDS: [ErrorKind; 9] = [
     ErrorKind::Internal,
 ];
 
-/// Collective: every rank learns whether every rank's `local` succeeded. A failed rank
-/// returns its own error; the others return the first failed rank's kind, naming it.
-fn agree<T>(backend: &mut dyn Backend, what: &str, local: Result<T>) -> Result<T> {
+/// The collective checkpoint calls; ranks in different calls must fail, not pair up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Save = 1,
+    Load = 2,
+}
+
+impl Call {
+    fn name(self) -> &'static str {
+        match self {
+            Call::Save => "save",
+            Call::Load => "load",
+        }
+    }
+}
+
+/// Collective: every rank learns whether every rank is in the same call and whether every
+/// rank's `local` succeeded. A failed rank returns its own error; the others return the first
+/// failed rank's kind, naming it. Ranks in different calls (one saves while another loads)
+/// all fail with `InvalidState` before either call changes anything.
+fn agree<T>(backend: &mut dyn Backend, call: Call, local: Result<T>) -> Result<T> {
+    let what = call.name();
     let code = match &local {
         Ok(_) => 0,
         Err(err) => {
@@ -103,7 +122,19 @@ fn agree<T>(backend: &mut dyn Backend, what: &str, local: Result<T>) -> Result<T
             1 + kind.unwrap_or(AGREED_KINDS.len() - 1) as u64
         }
     };
-    let codes = backend.all_gather_u64(code)?;
+    let words = backend.all_gather_u64(((call as u64) << 32) | code)?;
+    if let Some(rank) = words.iter().position(|&w| w >> 32 != call as u64) {
+        let other = match words[rank] >> 32 {
+            1 => "save",
+            2 => "load",
+            _ => "another collective call",
+        };
+        bail!(
+            InvalidState,
+            "{what}: rank {rank} called {other} while this rank called {what}; every rank must make the same collective call (nothing was changed)"
+        );
+    }
+    let codes: Vec<u64> = words.iter().map(|&w| w & 0xffff_ffff).collect();
     let value = local?;
     match codes.iter().position(|&c| c != 0) {
         None => Ok(value),
@@ -142,13 +173,17 @@ pub(crate) fn save_with(
         }
         Ok(paths)
     });
-    let paths = agree(runtime.backend_mut(), "save", prepared)?;
+    let paths = agree(runtime.backend_mut(), Call::Save, prepared).inspect_err(|_| {
+        if rank == 0 {
+            let _ = Paths::new(dir).map(|paths| publish::abandon(&paths));
+        }
+    })?;
     hook(Stage::WriteFile)?;
     let written = write_rank_file(runtime, rank, &paths.staging);
     if written.is_ok() {
         hook(Stage::FileWritten)?;
     }
-    let written = agree(runtime.backend_mut(), "save", written).inspect_err(|_| {
+    let written = agree(runtime.backend_mut(), Call::Save, written).inspect_err(|_| {
         if rank == 0 {
             // Best effort: the next save deletes a staging directory left behind anyway.
             let _ = publish::abandon(&paths);
@@ -171,7 +206,7 @@ pub(crate) fn save_with(
     } else {
         Ok(())
     };
-    agree(runtime.backend_mut(), "save", published)
+    agree(runtime.backend_mut(), Call::Save, published)
 }
 
 /// Writes this rank's file into `dir`: its owned state cut at component bounds.
@@ -256,7 +291,17 @@ fn write_index(dir: &Path, index: &Index) -> Result<()> {
 pub fn load(runtime: &mut Runtime, dir: &Path) -> Result<()> {
     runtime.synchronize()?;
     let local = read_owned_state(runtime, dir);
-    let (step, pieces) = agree(runtime.backend_mut(), "load", local)?;
+    let (identity, step, pieces) = agree(runtime.backend_mut(), Call::Load, local)?;
+    // Every rank read successfully; commit only if they all read the same checkpoint.
+    let identities = runtime.backend_mut().all_gather_u64(identity)?;
+    if let Some(rank) = identities.iter().position(|&i| i != identity) {
+        bail!(
+            CheckpointMismatch,
+            "load: rank {rank} read a different checkpoint than this rank's '{}' (index checksums {:08x} and {identity:08x}); every rank must load the same checkpoint (nothing was changed)",
+            dir.display(),
+            identities[rank]
+        );
+    }
     runtime.load_owned_state(step, &pieces)
 }
 
@@ -270,8 +315,10 @@ struct Copy {
     len: usize,
 }
 
-/// Reads everything this rank owns from the checkpoint in `dir`, changing nothing.
-fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, Vec<OwnedState>)> {
+/// Reads everything this rank owns from the checkpoint in `dir`, changing nothing. Returns the
+/// checkpoint's identity (the CRC-32 of its index, which holds every file's CRC-32), its step
+/// and the state.
+fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, u64, Vec<OwnedState>)> {
     if runtime.iteration_in_progress() {
         bail!(
             InvalidState,
@@ -282,6 +329,7 @@ fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, Vec<OwnedStat
     let dir = paths.for_load();
     let index_path = dir.join(INDEX_FILE);
     let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
+    let identity = u64::from(crc32fast::hash(&bytes));
     let index = Index::decode(&bytes)?;
     index.check_matches(runtime.params(), runtime.config())?;
     let entries: HashMap<&str, &ParamEntry> = index.params.iter().map(|p| (p.name.as_str(), p)).collect();
@@ -339,5 +387,5 @@ fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, Vec<OwnedStat
             dst[copy.dst..copy.dst + copy.len].copy_from_slice(&values[copy.src..copy.src + copy.len]);
         }
     }
-    Ok((index.step, pieces))
+    Ok((identity, index.step, pieces))
 }
