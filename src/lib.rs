@@ -22,7 +22,8 @@
 //!   and owned by the caller. A magic value guards against foreign pointers and double destroy
 //!   on a best-effort basis; the contract remains "destroy once".
 //! - **Threads.** One thread per handle at a time; different handles (ranks) on different
-//!   threads concurrently; `const` functions may run concurrently.
+//!   threads concurrently; `const` functions may run concurrently with each other (the handle
+//!   serializes them internally), not with a non-`const` call on the same handle.
 //! - **Streams and communicators** are borrowed: typed as `struct CUstream_st *` and
 //!   `struct ncclComm *` so the header needs no CUDA or NCCL header; NULL is the legacy default
 //!   stream; muon never destroys, finalizes or aborts what it borrowed.

@@ -1,8 +1,15 @@
 //! Opaque handles: a `Box<Handle<T>>` behind a zero-sized C type, with a magic value as
 //! the first field (a best-effort guard against foreign pointers and double destroy) and
 //! a poison flag set when a call on the handle panicked.
+//!
+//! Access follows the documented threading rules soundly: a non-`const` function gets
+//! `&mut T` (the caller guarantees one thread at a time and no concurrent `const` call);
+//! `const` functions may be called from several threads at once, so they get `&T` one at a
+//! time under the handle's lock (`T` need not be `Sync`); the poison flag is atomic.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use crate::capi::boundary::fail;
 use crate::capi::status::muon_status_t;
@@ -12,7 +19,9 @@ use crate::error::{Error, ErrorKind, Result, panic_text};
 #[repr(C)]
 pub struct Handle<T> {
     magic: u32,
-    poisoned: bool,
+    poisoned: AtomicBool,
+    /// Serializes the `const` functions, which callers may run concurrently.
+    shared: Mutex<()>,
     value: T,
 }
 
@@ -30,7 +39,8 @@ pub trait Exposed: Sized {
 pub fn into_raw<T: Exposed>(value: T) -> *mut T::C {
     Box::into_raw(Box::new(Handle {
         magic: T::MAGIC,
-        poisoned: false,
+        poisoned: AtomicBool::new(false),
+        shared: Mutex::new(()),
         value,
     }))
     .cast()
@@ -50,7 +60,7 @@ fn check<T: Exposed>(ptr: *const T::C, arg: &str) -> Result<*mut Handle<T>> {
             format!("{arg} is not a live {} handle (destroyed, or another type)", T::NAME),
         ));
     }
-    if unsafe { (*handle).poisoned } {
+    if unsafe { (*handle).poisoned.load(Ordering::Acquire) } {
         return Err(Error::new(
             ErrorKind::InvalidState,
             format!(
@@ -62,26 +72,25 @@ fn check<T: Exposed>(ptr: *const T::C, arg: &str) -> Result<*mut Handle<T>> {
     Ok(handle)
 }
 
-/// Runs `body` on the handle behind `ptr` with the export's panic boundary; a panic poisons
-/// the handle.
-pub fn with_mut<T: Exposed>(
+/// Checks `ptr` and runs `body` on its handle inside the export's panic boundary; a panic
+/// poisons the handle.
+fn run<T: Exposed>(
     function: &str,
-    ptr: *mut T::C,
+    ptr: *const T::C,
     arg: &str,
-    body: impl FnOnce(&mut T) -> Result<()>,
+    body: impl FnOnce(*mut Handle<T>) -> Result<()>,
 ) -> muon_status_t {
     let handle = match catch_unwind(AssertUnwindSafe(|| check::<T>(ptr, arg))) {
         Ok(Ok(h)) => h,
         Ok(Err(err)) => return fail(function, err),
         Err(payload) => return fail(function, Error::new(ErrorKind::Panic, panic_text(&*payload))),
     };
-    // SAFETY: checked above; one thread per handle at a time is the documented contract.
-    let value = unsafe { &mut (*handle).value };
-    match catch_unwind(AssertUnwindSafe(|| body(value))) {
+    match catch_unwind(AssertUnwindSafe(|| body(handle))) {
         Ok(Ok(())) => muon_status_t::MUON_STATUS_SUCCESS,
         Ok(Err(err)) => fail(function, err),
         Err(payload) => {
-            unsafe { (*handle).poisoned = true };
+            // SAFETY: checked live handle; the flag is atomic, so this races with nothing.
+            unsafe { (*handle).poisoned.store(true, Ordering::Release) };
             fail(
                 function,
                 Error::new(ErrorKind::Panic, format!("internal panic: {}", panic_text(&*payload))),
@@ -90,14 +99,34 @@ pub fn with_mut<T: Exposed>(
     }
 }
 
-/// Shared-access variant of [`with_mut`] for `const` handle functions.
+/// Runs `body` with exclusive access to the handle behind `ptr` (non-`const` functions: one
+/// thread at a time is the caller's contract).
+pub fn with_mut<T: Exposed>(
+    function: &str,
+    ptr: *mut T::C,
+    arg: &str,
+    body: impl FnOnce(&mut T) -> Result<()>,
+) -> muon_status_t {
+    // SAFETY: `run` checked the handle; no other call runs on it (the documented contract).
+    run::<T>(function, ptr, arg, |handle| body(unsafe { &mut (*handle).value }))
+}
+
+/// Runs `body` with shared access to the handle behind `ptr` (`const` functions, which
+/// callers may run concurrently): under the handle's lock, so one `&T` exists at a time.
 pub fn with_ref<T: Exposed>(
     function: &str,
     ptr: *const T::C,
     arg: &str,
     body: impl FnOnce(&T) -> Result<()>,
 ) -> muon_status_t {
-    with_mut::<T>(function, ptr as *mut T::C, arg, |value| body(value))
+    run::<T>(function, ptr, arg, |handle| {
+        // SAFETY: `run` checked the handle; the lock orders this `&T` with every other
+        // `const` call's, and non-`const` calls do not run concurrently (the contract).
+        let _one_at_a_time = unsafe { &(*handle).shared }
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        body(unsafe { &(*handle).value })
+    })
 }
 
 /// Destroys the handle behind `ptr`: NULL is a no-op; a foreign or already destroyed

@@ -430,3 +430,51 @@ fn registration_errors_through_the_c_api() {
     assert!(last_error().contains("sum to 80, but dim 0 is 96"), "{}", last_error());
     teardown(comm, opt);
 }
+
+/// `const` functions may run concurrently on one handle (the header's threading rule): from
+/// several threads at once they all succeed and agree.
+#[test]
+fn const_calls_run_concurrently_on_one_handle() {
+    let cfg = default_config();
+    let (comm, opt) = single_rank_optimizer(&cfg);
+    let names: Vec<CString> = (0..4).map(|i| CString::new(format!("w{i}")).unwrap()).collect();
+    for name in &names {
+        let mut id = 0;
+        assert_eq!(
+            unsafe { muon_optimizer_add_param(opt, &desc(name, &[64, 32]), &mut id) },
+            MUON_STATUS_SUCCESS
+        );
+    }
+    assert_eq!(unsafe { muon_optimizer_finalize(opt) }, MUON_STATUS_SUCCESS);
+    struct Shared(*const muon_optimizer_t);
+    // SAFETY: only the const functions run on it from the threads below, as the header allows.
+    unsafe impl Sync for Shared {}
+    let shared = Shared(opt);
+    let results: Vec<Vec<(usize, usize)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let shared = &shared;
+                scope.spawn(move || {
+                    let mut seen = Vec::new();
+                    for round in 0..200 {
+                        let mut len = 0usize;
+                        let status = unsafe { muon_optimizer_plan_json(shared.0, null_mut(), 0, &mut len) };
+                        assert!(matches!(status, MUON_STATUS_SUCCESS | MUON_STATUS_BUFFER_TOO_SMALL));
+                        let mut view = unsafe { std::mem::zeroed::<muon_param_view_t>() };
+                        view.struct_size = std::mem::size_of::<muon_param_view_t>() as u32;
+                        let status = unsafe { muon_optimizer_param_view(shared.0, round % 4, &mut view) };
+                        assert_eq!(status, MUON_STATUS_SUCCESS);
+                        seen.push((len, view.data as usize));
+                    }
+                    seen
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &results[1..] {
+        assert_eq!(r, &results[0], "every thread sees the same plan and views");
+    }
+    assert!(results[0].iter().all(|&(len, data)| len > 0 && data != 0));
+    teardown(comm, opt);
+}
