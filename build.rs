@@ -50,7 +50,12 @@ fn main() {
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=Cargo.toml");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmuon_opt.so");
+    // The soname carries the ABI version: MAJOR from 1.0 on; before 1.0 every minor version may
+    // change the ABI (the header says so), so 0.MINOR — cargo-c's convention.
+    let major = env::var("CARGO_PKG_VERSION_MAJOR").expect("cargo sets CARGO_PKG_VERSION_MAJOR");
+    let minor = env::var("CARGO_PKG_VERSION_MINOR").expect("cargo sets CARGO_PKG_VERSION_MINOR");
+    let abi = if major == "0" { format!("0.{minor}") } else { major };
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmuon_opt.so.{abi}");
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     config.after_includes = Some(after_includes());
     let include = crate_dir.join("include");

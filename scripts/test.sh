@@ -37,18 +37,40 @@ cargo clippy --release --locked --all-targets --features gpu-tests -- -D warning
 cargo fmt --check
 RUSTDOCFLAGS="-D warnings" cargo doc --release --locked --no-deps
 
-step "C/C++ harness (googletest via ctest)"
-cmake -S cpp_tests -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release -DMUON_LIB_DIR="$PWD/target/release" >/dev/null
+step "install under a prefix (scripts/install.sh): versioned library, headers, pkg-config, CMake package"
+prefix="$PWD/target/install"
+rm -rf "$prefix"
+bash scripts/install.sh "$prefix"
+# pkg-config: a C program built with only its flags links and runs against the prefix.
+consumer=$(mktemp -d)
+trap 'rm -rf "$consumer"' EXIT
+cat >"$consumer/version.c" <<'C'
+#include <muon_opt.h>
+#include <stdio.h>
+int main(void) {
+    unsigned v = muon_get_version();
+    if (v != MUON_VERSION_CODE) { fprintf(stderr, "library %u != header %d\n", v, MUON_VERSION_CODE); return 1; }
+    printf("pkg-config consumer: libmuon_opt %u\n", v);
+    return 0;
+}
+C
+# shellcheck disable=SC2046
+cc -std=c99 -Wall -Werror "$consumer/version.c" -o "$consumer/version" $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs muon_opt)
+LD_LIBRARY_PATH="$prefix/lib" "$consumer/version"
+
+step "C/C++ harness (googletest via ctest, the installed library through find_package)"
+cmake -S cpp_tests -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build cpp_tests/build -j 2
 ctest --test-dir cpp_tests/build --output-on-failure
 
-step "C++ example trainer (examples/cpp_trainer: 4 host ranks through include/muon_opt.hpp)"
-cmake -S examples/cpp_trainer -B examples/cpp_trainer/build -DCMAKE_BUILD_TYPE=Release \
-    -DMUON_LIB_DIR="$PWD/target/release" >/dev/null
-cmake --build examples/cpp_trainer/build -j 2
-examples/cpp_trainer/build/cpp_trainer   # non-zero unless the loss falls and the ranks agree bitwise
+step "C++ example trainer, built outside the repository from the installed prefix only"
+cp -r examples/cpp_trainer "$consumer/cpp_trainer"
+rm -rf "$consumer/cpp_trainer/build"
+cmake -S "$consumer/cpp_trainer" -B "$consumer/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$consumer/build" -j 2
+"$consumer/build/cpp_trainer"   # non-zero unless the loss falls and the ranks agree bitwise
 # Lazy comm stream: a forward pre-hook (wait_params) missing from the guide would show as stale params.
-MUON_HOST_COMM_MODE=lazy examples/cpp_trainer/build/cpp_trainer >/dev/null
+MUON_HOST_COMM_MODE=lazy "$consumer/build/cpp_trainer" >/dev/null
 
 step "Python ctypes binding (bindings/python: mirror vs header and C compiler, 2 ranks on threads)"
 MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" python3 -m unittest discover -s bindings/python/tests
