@@ -72,5 +72,16 @@ cmake --build "$consumer/build" -j 2
 # Lazy comm stream: a forward pre-hook (wait_params) missing from the guide would show as stale params.
 MUON_HOST_COMM_MODE=lazy "$consumer/build/cpp_trainer" >/dev/null
 
-step "Python ctypes binding (bindings/python: mirror vs header and C compiler, 2 ranks on threads)"
-MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" python3 -m unittest discover -s bindings/python/tests
+step "Python binding (mirror vs header and C compiler, 2 ranks on threads, argument checks, numpy, torch)"
+# MUON_PYTHON_EXTRAS: a directory holding numpy and torch (.ci/run installs one); without
+# them those tests skip unless MUON_REQUIRE_NUMPY / MUON_REQUIRE_TORCH are set.
+MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" PYTHONPATH="${MUON_PYTHON_EXTRAS:-}" \
+    python3 -m unittest discover -s bindings/python/tests
+
+step "pip install bindings/python; the package finds the library through the install prefix"
+python3 -m pip install --quiet --no-deps --target "$consumer/site" bindings/python
+rm -rf bindings/python/build bindings/python/*.egg-info
+found=$(cd "$consumer" && env -u MUON_OPT_LIB MUON_OPT_PREFIX="$prefix" PYTHONPATH="$consumer/site" \
+    python3 -c "import muon_opt; assert muon_opt.version() == muon_opt.MUON_VERSION_CODE; print(muon_opt.lib().path)")
+[ "$found" = "$prefix/lib/libmuon_opt.so.0.1" ] || { echo "the installed package loaded '$found'" >&2; exit 1; }
+echo "pip-installed muon_opt loaded $found"

@@ -29,7 +29,7 @@ import ctypes
 import enum
 import json
 import os
-from ctypes import POINTER, byref, c_char, c_float, c_int64, c_size_t, c_uint16, c_uint32
+from ctypes import POINTER, byref, c_char, c_float, c_int64, c_size_t, c_uint16, c_uint32, c_uint64
 from typing import NamedTuple
 
 from . import _capi
@@ -117,7 +117,7 @@ class Config:
     ``Config(bucket_size=4096, muon_layout=Layout.PADDED)``; unknown names raise AttributeError.
     """
 
-    _FIELDS = frozenset(name for name, _ in _capi.muon_config_t._fields_)
+    _FIELDS = dict(_capi.muon_config_t._fields_)
 
     def __init__(self, **fields):
         object.__setattr__(self, "struct", _capi.muon_config_t())
@@ -131,8 +131,11 @@ class Config:
         raise AttributeError(f"muon_config_t has no field '{name}'")
 
     def __setattr__(self, name, value):
-        if name not in Config._FIELDS:
+        ctype = Config._FIELDS.get(name)
+        if ctype is None:
             raise AttributeError(f"muon_config_t has no field '{name}'")
+        if ctype is not c_float:
+            value = _capi.check_integer(ctype, value, f"muon_config_t.{name}")
         setattr(self.struct, name, value)
 
     def validate(self):
@@ -206,7 +209,9 @@ class HostGroup:
     index r. Use each rank from its own thread."""
 
     def __init__(self, world_size):
-        raw = (POINTER(_capi.muon_comm_t) * world_size)()
+        world_size = _capi.check_integer(c_uint32, world_size, "HostGroup world_size")
+        # The library refuses more than MUON_MAX_HOST_GROUP_SIZE before writing any entry.
+        raw = (POINTER(_capi.muon_comm_t) * min(world_size, _capi.MUON_MAX_HOST_GROUP_SIZE))()
         lib().muon_host_group_create(world_size, raw)
         self.comms = [Comm(raw[r]) for r in range(world_size)]
 
@@ -246,12 +251,13 @@ class ParamView:
     'H' raw bits for bf16; None for an MXFP8 param's data); ``shape`` is the registered shape.
     For an MXFP8 param, ``mxfp8_{rowwise,colwise}_{data,scales}`` are byte memoryviews (E4M3
     data of mxfp8_rows x mxfp8_cols, E8M0 scales shaped by :func:`mxfp8_scale_shape`), else
-    None. Every memoryview is released by Optimizer.close(). Memoryviews exist on the host
+    None. Every memoryview, and every buffer made from one, keeps the library's memory alive,
+    also past Optimizer.close() (see :meth:`Optimizer.close`). Memoryviews exist on the host
     backend only; on the cuda backend (an NCCL Comm) they are None and ``data_ptr``,
     ``grad_ptr`` and ``raw`` hold the device addresses.
     """
 
-    def __init__(self, owner, raw, shape, dtype, grad_dtype, host):
+    def __init__(self, storage, raw, shape, dtype, grad_dtype, host):
         self.raw = raw
         self.shape = shape
         self.route = Route(raw.route)
@@ -262,9 +268,9 @@ class ParamView:
         self.data_ptr = raw.data  # addresses (int or None); device pointers on the cuda backend
         self.grad_ptr = raw.grad
         if not host:  # device memory: no memoryviews
-            owner = None
-        self.data = _memory(owner, raw.data, raw.numel, dtype)
-        self.grad = _memory(owner, raw.grad, raw.numel, grad_dtype)
+            storage = None
+        self.data = _memory(storage, raw.data, raw.numel, dtype)
+        self.grad = _memory(storage, raw.grad, raw.numel, grad_dtype)
         self.mxfp8_scale_layout = raw.mxfp8_scale_layout
         self.mxfp8_rows = raw.mxfp8_rows
         self.mxfp8_cols = raw.mxfp8_cols
@@ -277,7 +283,7 @@ class ParamView:
                 name = f"mxfp8_{which}_{part}"
                 ptr = ctypes.cast(getattr(raw, name), ctypes.c_void_p).value
                 size = sizes["data"] if part == "data" else sizes.get(f"{which}_scales", 0)
-                setattr(self, name, _memory(owner, ptr, size, None) if ptr else None)
+                setattr(self, name, _memory(storage, ptr, size, None) if ptr else None)
 
     def __repr__(self):
         return (
@@ -286,15 +292,31 @@ class ParamView:
         )
 
 
-def _memory(owner, address, numel, dtype):
-    if not address or owner is None:
+def _memory(storage, address, numel, dtype):
+    if not address or storage is None:
         return None
     ctype, fmt = _ELEMENT[dtype] if dtype is not None else (ctypes.c_uint8, "B")
     arr = (ctype * numel).from_address(address)
-    arr._muon_owner = owner  # keeps the optimizer (and so the memory) alive with the view
-    view = memoryview(arr).cast("B").cast(fmt)
-    owner._views.append(view)  # released by Optimizer.close()
-    return view
+    # Every memoryview, slice, cast or numpy/torch array made from this view keeps ``arr``
+    # alive, and ``arr`` keeps the library's memory alive (see _Storage).
+    arr._muon_storage = storage
+    return memoryview(arr).cast("B").cast(fmt)
+
+
+class _Storage:
+    """The C optimizer handle behind an Optimizer and behind every buffer made from its param
+    views. It is destroyed when the last of them is gone: ``Optimizer.close()`` drops the
+    optimizer's reference, so the memory is freed at once unless a view (or an array made from
+    one) is still alive, and then when that goes."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __del__(self):
+        try:
+            lib().muon_optimizer_destroy(self.handle)
+        except Exception:
+            pass
 
 
 class Optimizer(_Owner):
@@ -306,11 +328,11 @@ class Optimizer(_Owner):
 
     def __init__(self, config, comm, stream=None):
         self._handle = None
-        self._views = []
         config = Config() if config is None else config
         out = POINTER(_capi.muon_optimizer_t)()
         lib().muon_optimizer_create(byref(config.struct), comm.handle, stream, byref(out))
         self._handle = out
+        self._storage = _Storage(out)
         self._comm = comm  # the communicator must outlive the optimizer
         self._grad_dtype = config.grad_dtype
         self._params = []  # (shape, dtype) per id
@@ -342,18 +364,23 @@ class Optimizer(_Owner):
         """
         d = _capi.muon_param_desc_t()
         lib().muon_param_desc_init(byref(d))
-        name_bytes = name.encode()
+        if not isinstance(name, str):
+            raise TypeError(f"add_param: name must be a str, got {type(name).__name__}")
+        name_bytes = _capi.check_text(name.encode(), f"add_param name {name!r}")
         d.name = name_bytes
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(_capi.check_integer(c_int64, s, f"add_param '{name}' shape[{i}]") for i, s in enumerate(shape))
         d.ndim = len(shape)  # the library rejects a bad ndim; only MUON_MAX_DIMS entries fit
         for i, s in enumerate(shape[: _capi.MUON_MAX_DIMS]):
             d.shape[i] = s
         if dtype is not None:
-            d.dtype = dtype
-        d.flags = int(flags)
-        d.tie_group = tie_group
+            d.dtype = _capi.check_integer(c_uint32, dtype, f"add_param '{name}' dtype")
+        d.flags = _capi.check_integer(c_uint32, flags, f"add_param '{name}' flags")
+        d.tie_group = _capi.check_integer(c_uint32, tie_group, f"add_param '{name}' tie_group")
         splits = None
         if split_sizes is not None:
+            split_sizes = [
+                _capi.check_integer(c_int64, v, f"add_param '{name}' split_sizes[{i}]") for i, v in enumerate(split_sizes)
+            ]
             splits = (c_int64 * len(split_sizes))(*split_sizes)
             d.num_splits = len(split_sizes)
             d.split_sizes = ctypes.cast(splits, POINTER(c_int64))
@@ -361,8 +388,8 @@ class Optimizer(_Owner):
         if isinstance(init, int):  # an address (device memory on the cuda backend)
             if init_dtype is None:
                 raise ValueError("init: an address needs init_dtype")
-            d.init_data = init
-            d.init_dtype = init_dtype
+            d.init_data = _capi.check_integer(c_uint64, init, f"add_param '{name}' init address")
+            d.init_dtype = _capi.check_integer(c_uint32, init_dtype, f"add_param '{name}' init_dtype")
         elif init is not None:
             mv = memoryview(init)
             if init_dtype is None:
@@ -370,6 +397,8 @@ class Optimizer(_Owner):
                 init_dtype = {"f": _capi.MUON_DTYPE_F32, "H": _capi.MUON_DTYPE_BF16}.get(fmt)
                 if init_dtype is None:
                     raise ValueError(f"init: cannot infer init_dtype from buffer format '{mv.format}'; pass init_dtype")
+            if init_dtype not in _ELEMENT:
+                raise ValueError(f"init_dtype: {init_dtype} is not a MUON_DTYPE_* value")
             numel = 1
             for s in shape:
                 numel *= s
@@ -381,7 +410,7 @@ class Optimizer(_Owner):
             raw = mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
             keep = (c_char * need).from_buffer_copy(raw) if raw.readonly else (c_char * need).from_buffer(raw)
             d.init_data = ctypes.cast(keep, ctypes.c_void_p)
-            d.init_dtype = init_dtype
+            d.init_dtype = _capi.check_integer(c_uint32, init_dtype, f"add_param '{name}' init_dtype")
         if lr_scale is not None:
             d.lr_scale = lr_scale
         if wd_scale is not None:
@@ -422,7 +451,7 @@ class Optimizer(_Owner):
         raw.struct_size = ctypes.sizeof(raw)
         lib().muon_optimizer_param_view(self._handle, param_id, byref(raw))
         shape, dtype = self._params[param_id]
-        return ParamView(self, raw, shape, dtype, self._grad_dtype, self._comm.host)
+        return ParamView(self._storage, raw, shape, dtype, self._grad_dtype, self._comm.host)
 
     def zero_grad(self):
         lib().muon_optimizer_zero_grad(self._handle)
@@ -459,22 +488,12 @@ class Optimizer(_Owner):
         lib().muon_optimizer_load(self._handle, os.fsencode(directory))
 
     def close(self):
-        """Destroys the optimizer (idempotent). The param views' memoryviews are released
-        first, so a later access raises ValueError instead of reading freed memory (buffers
-        exported from them, e.g. numpy arrays, must be dropped before closing)."""
-        busy = []
-        for view in self._views:
-            try:
-                view.release()
-            except BufferError:  # something (e.g. a numpy array) still exports it
-                busy.append(view)
-        self._views = busy
-        if busy:
-            raise BufferError(f"{len(busy)} param view buffer(s) still exported; drop them before close()")
-        handle, self._handle = self._handle, None
-        if handle:
-            lib().muon_optimizer_destroy(handle)
-
+        """Closes the optimizer (idempotent): every later call on it raises. The library's
+        memory is freed now, or, while a param view's buffer (a memoryview, a slice of one, a
+        numpy or torch array made from one) is still alive, when the last of them is dropped —
+        such a buffer never reads freed memory."""
+        self._handle = None
+        self._storage = None
 
 
 __all__ = [

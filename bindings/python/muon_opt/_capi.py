@@ -5,13 +5,15 @@ Hand-written, and checked against the header by tests/test_header_mirror.py: eve
 signature, and every struct's size and field offsets as the C compiler lays them out. A header
 change this file does not follow fails that test. Keep names exactly as in the header.
 
-The library itself is loaded on first use by :func:`lib` (not at import), from, in order:
-``$MUON_OPT_LIB`` (a file, or a directory holding libmuon_opt.so), the package directory or
-the directory next to it, then ``target/release`` of the repository this file lives in.
+The library itself is loaded on first use by :func:`lib` (not at import), from the places
+:func:`library_candidates` lists. Every bound function checks its integer, address and string
+arguments against its prototype first (ctypes would wrap and truncate them silently).
 """
 
 import ctypes
+import operator
 import os
+import sys
 import threading
 from ctypes import (
     POINTER,
@@ -308,17 +310,78 @@ _status_converter = None
 _lock = threading.Lock()
 _lib = None
 LIBRARY_NAME = "libmuon_opt.so"
+# The soname (scripts/install.sh): before 1.0 every minor version may change the ABI.
+SONAME = f"{LIBRARY_NAME}.{MUON_VERSION_MAJOR or f'0.{MUON_VERSION_MINOR}'}"
 
 
 def library_candidates():
-    """The paths tried, in order, by :func:`lib`."""
+    """The libraries tried, in order, by :func:`lib`: ``$MUON_OPT_LIB`` alone when set (a file,
+    or a directory holding libmuon_opt.so); else the install prefix (``$MUON_OPT_PREFIX/lib``,
+    then this Python's ``sys.prefix/lib``, then the dynamic loader's own search by soname:
+    LD_LIBRARY_PATH, the ld.so cache); then next to the package; then ``target/release`` of the
+    repository this file lives in (a development checkout)."""
     env = os.environ.get("MUON_OPT_LIB")
     if env:
         path = Path(env)
         return [path / LIBRARY_NAME if path.is_dir() else path]
+    prefixes = [os.environ.get("MUON_OPT_PREFIX"), sys.prefix]
+    installed = [Path(p) / "lib" / SONAME for p in prefixes if p]
     pkg = Path(__file__).resolve().parent
     repo = pkg.parent.parent.parent  # bindings/python/muon_opt -> repository root
-    return [pkg / LIBRARY_NAME, pkg.parent / LIBRARY_NAME, repo / "target" / "release" / LIBRARY_NAME]
+    return installed + [SONAME, pkg / LIBRARY_NAME, pkg.parent / LIBRARY_NAME, repo / "target" / "release" / LIBRARY_NAME]
+
+
+# --- argument checks: ctypes would silently wrap an out-of-range integer and cut a string at
+# an embedded NUL; both are refused here, before the value reaches C ---------------------------
+
+_INTEGER_RANGES = {
+    t: ((0, (1 << (8 * ctypes.sizeof(t))) - 1) if t(-1).value > 0 else
+        (-(1 << (8 * ctypes.sizeof(t) - 1)), (1 << (8 * ctypes.sizeof(t) - 1)) - 1))
+    for t in (ctypes.c_uint8, ctypes.c_uint16, c_uint32, c_uint64, c_int32, c_int64, c_size_t)
+}
+
+
+def check_integer(ctype, value, what):
+    """``value`` as an int that fits ``ctype``; ValueError naming ``what`` otherwise (TypeError
+    for a non-integer such as a float)."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: expected an integer, got {type(value).__name__} {value!r}") from None
+    low, high = _INTEGER_RANGES[ctype]
+    if not low <= value <= high:
+        raise ValueError(f"{what}: {value} is outside the range of {ctype.__name__} [{low}, {high}]")
+    return value
+
+
+def check_text(value, what):
+    """``value`` (bytes) for a C string; ValueError naming ``what`` when it holds a NUL byte."""
+    at = value.find(b"\0")
+    if at >= 0:
+        raise ValueError(f"{what}: embedded NUL byte at offset {at} (C would see only {value[:at]!r})")
+    return value
+
+
+def _checked_call(name, fn, argtypes):
+    """``fn`` with its integer, address and string arguments checked against its prototype."""
+    checks = []
+    for i, t in enumerate(argtypes):
+        if t in _INTEGER_RANGES:
+            checks.append((i, lambda v, what, t=t: check_integer(t, v, what)))
+        elif t is c_void_p:
+            checks.append((i, lambda v, what: v if v is None else check_integer(c_uint64, v, what)))
+        elif t is c_char_p:
+            checks.append((i, lambda v, what: v if v is None else check_text(v, what)))
+
+    def call(*args):
+        for i, check in checks:
+            if i < len(args) and not isinstance(args[i], ctypes._SimpleCData):
+                check(args[i], f"{name} argument {i + 1}")
+        return fn(*args)
+
+    call.__name__ = name
+    call.argtypes, call.restype = fn.argtypes, fn.restype
+    return call
 
 
 def _bind(cdll):
@@ -335,6 +398,7 @@ def _bind(cdll):
         fn.restype, fn.argtypes = restype, argtypes
         if restype is muon_status_t:
             fn.errcheck = _errcheck
+        setattr(cdll, name, _checked_call(name, fn, argtypes))
 
 
 def lib(path=None):
@@ -349,7 +413,8 @@ def lib(path=None):
         tried = [Path(path)] if path is not None else library_candidates()
         errors = []
         for candidate in tried:
-            if not candidate.exists():
+            # A bare soname (a str) is left to the dynamic loader's search.
+            if isinstance(candidate, Path) and not candidate.exists():
                 errors.append(f"{candidate}: not found")
                 continue
             try:
@@ -368,6 +433,6 @@ def lib(path=None):
             _lib = cdll
             return _lib
         raise ImportError(
-            "libmuon_opt.so could not be loaded (run `cargo build --release`, or set MUON_OPT_LIB "
-            "to the library's path):\n  " + "\n  ".join(errors)
+            "libmuon_opt.so could not be loaded (install it with `bash scripts/install.sh PREFIX` and set "
+            "MUON_OPT_PREFIX=PREFIX, or set MUON_OPT_LIB to the library's path):\n  " + "\n  ".join(errors)
         )

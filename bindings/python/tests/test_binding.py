@@ -148,9 +148,8 @@ class TwoRanksOnThreads(unittest.TestCase):
         self.assertEqual(views[0].owner, -1)
         self.assertEqual(plan["dp"], 2)
         self.assertEqual(views[1].shape, (16, 8))
-        # Closed optimizers release their views.
-        with self.assertRaises(ValueError):
-            views[1].data[0]
+        # The ranks' optimizers are closed; their views still read the last params.
+        self.assertEqual(len(views[1].data.tolist()), 128)
 
 
 class Errors(unittest.TestCase):

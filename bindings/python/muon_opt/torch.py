@@ -1,0 +1,240 @@
+"""PyTorch adapter: a ``torch.nn.Module`` trained by libmuon_opt (requires ``torch``).
+
+::
+
+    import muon_opt as mo
+    from muon_opt.torch import Muon
+
+    opt = Muon(model, comm, lr=0.02, adam_lr=3e-4, embedding_or_output=["lm_head.weight"])
+    for batch in loader:
+        opt.zero_grad()
+        loss = model(batch).mean()
+        loss.backward()          # grads reach their owners during backward
+        info = opt.step()        # params come back during the next forward
+
+What the constructor does, once every rank has built the same model:
+
+1. registers every parameter (``module.named_parameters()``: registration order, which is the
+   forward order of a sequential model; a parameter shared by two modules, e.g. a tied embedding
+   and output head, is one parameter) with its values as ``init``;
+2. plans (``finalize``, collective) and rebinds every ``param.data`` and ``param.grad`` to the
+   library's storage, so autograd accumulates straight into the buckets the library reduces;
+3. installs a forward pre-hook on every module that owns parameters (``wait_params`` of their
+   buckets) and a post-accumulate-grad hook on every parameter (``grad_ready``).
+
+Routing: ``nn.Embedding`` weights and the names in ``embedding_or_output`` are flagged
+``EMBEDDING_OR_OUTPUT`` (AdamW); parameters of fewer than 2 dimensions (biases, norms) get no
+weight decay unless ``no_weight_decay`` says otherwise; the library routes every other 2-D
+matrix to Muon. Hyperparameters live in ``param_groups[0]`` (``lr``, ``weight_decay``,
+``adam_lr``, ``adam_weight_decay``) so ``torch.optim.lr_scheduler`` drives ``lr``.
+
+Gradient accumulation: inside ``with opt.no_sync():`` backward passes accumulate without
+reporting grads ready (as DDP's ``no_sync``); the last micro-batch's backward, outside it,
+reports them. ``zero_grad()`` zeroes the library's grad buffer in place (grads are never set to
+None: they are views).
+
+The CUDA backend (an NCCL :class:`muon_opt.Comm`): pass the cudaStream_t the model runs on,
+``stream=torch.cuda.current_stream().cuda_stream``; params and grads are rebound to device
+memory through ``__cuda_array_interface__``. How to obtain the ``ncclComm_t`` is described in
+``bindings/python/README.md``.
+"""
+
+import contextlib
+import ctypes
+
+import torch
+
+from . import Dtype, Optimizer, ParamFlag, Route
+
+_DTYPES = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16}
+_ELEMENT_BYTES = {Dtype.F32: 4, Dtype.BF16: 2}
+
+
+class Muon(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` over one rank's :class:`muon_opt.Optimizer`.
+
+    ``module``: the model (the same on every rank); ``comm``: this rank's Comm; ``config``: a
+    :class:`muon_opt.Config` (default: the library's defaults with ``grad_dtype`` equal to the
+    model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree).
+    """
+
+    def __init__(
+        self,
+        module,
+        comm,
+        config=None,
+        *,
+        lr=0.02,
+        weight_decay=0.1,
+        adam_lr=3e-4,
+        adam_weight_decay=0.1,
+        embedding_or_output=(),
+        no_weight_decay=None,
+        stream=None,
+    ):
+        from . import Config
+
+        named = list(module.named_parameters())
+        if not named:
+            raise ValueError("module has no parameters")
+        dtypes = {p.dtype for _, p in named}
+        for name, p in named:
+            if p.dtype not in _DTYPES:
+                raise TypeError(f"param '{name}' is {p.dtype}; the library stores float32 or bfloat16")
+        if config is None:
+            config = Config()
+            if len(dtypes) == 1:
+                config.grad_dtype = _DTYPES[dtypes.pop()]
+        for name, p in named:
+            if _DTYPES[p.dtype] != config.grad_dtype:
+                raise ValueError(
+                    f"param '{name}' is {p.dtype} but config.grad_dtype is {Dtype(config.grad_dtype).name}: "
+                    "torch keeps .grad in the param's dtype, so every param must have the grad dtype"
+                )
+        embedding_weights = {
+            id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)
+        }
+        unknown = set(embedding_or_output) - {name for name, _ in named}
+        if unknown:
+            raise ValueError(f"embedding_or_output names no parameter of the module: {sorted(unknown)}")
+        no_decay = no_weight_decay if no_weight_decay is not None else (lambda name, p: p.dim() < 2)
+
+        super().__init__(
+            [p for _, p in named],
+            dict(lr=lr, weight_decay=weight_decay, adam_lr=adam_lr, adam_weight_decay=adam_weight_decay),
+        )
+        self._opt = Optimizer(config, comm, stream)
+        self._host = comm.host
+        self._report_grads = True
+        self.names = [name for name, _ in named]
+        self.last_info = None
+        ids = {}
+        for name, p in named:
+            flags = 0
+            if id(p) in embedding_weights or name in embedding_or_output:
+                flags |= ParamFlag.EMBEDDING_OR_OUTPUT
+            if no_decay(name, p):
+                flags |= ParamFlag.NO_WEIGHT_DECAY
+            ids[id(p)] = self._register(name, p, flags)
+        self._opt.finalize()
+        self.views = [self._opt.param_view(i) for i in range(len(named))]
+        for (name, p), view in zip(named, self.views):
+            self._rebind(p, view)
+            p.register_post_accumulate_grad_hook(lambda _p, pid=ids[id(p)]: self._grad_ready(pid))
+        self._hooks = []
+        for m in module.modules():
+            buckets = sorted({self.views[ids[id(p)]].bucket for p in m.parameters(recurse=False)})
+            if buckets:
+                self._hooks.append(m.register_forward_pre_hook(lambda _m, _args, b=buckets: self._wait(b)))
+
+    def _register(self, name, p, flags):
+        dtype = _DTYPES[p.dtype]
+        values = p.detach().contiguous()
+        if self._host:
+            init = memoryview((ctypes.c_char * (values.numel() * _ELEMENT_BYTES[dtype])).from_address(values.data_ptr()))
+        else:
+            init = values.data_ptr()
+        pid = self._opt.add_param(name, tuple(p.shape), dtype=dtype, flags=flags, init=init, init_dtype=dtype)
+        del values  # the library copied it
+        return pid
+
+    def _rebind(self, p, view):
+        with torch.no_grad():
+            p.data = self._tensor(view.data, view.data_ptr, p)
+            p.grad = self._tensor(view.grad, view.grad_ptr, p)
+
+    def _tensor(self, memory, address, p):
+        if self._host:
+            return torch.frombuffer(memory, dtype=p.dtype).view(p.shape)
+        raw = torch.as_tensor(_CudaArray(address, p.numel(), p.element_size()), device=p.device)
+        return raw.view(p.dtype).view(p.shape)
+
+    def _wait(self, buckets):
+        for b in buckets:
+            self._opt.wait_params(b)
+
+    def _grad_ready(self, pid):
+        if self._report_grads:
+            self._opt.grad_ready(pid)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients without reporting them ready."""
+        previous, self._report_grads = self._report_grads, False
+        try:
+            yield
+        finally:
+            self._report_grads = previous
+
+    def zero_grad(self, set_to_none=True):
+        """Zeroes the grad buffers in place (``set_to_none`` is ignored: grads are views)."""
+        self._opt.zero_grad()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step with ``param_groups[0]``'s hyperparameters; returns the closure's
+        loss if given, else the :class:`muon_opt.StepInfo` (also kept in ``last_info``)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        group = self.param_groups[0]
+        info = self._opt.step(
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            adam_lr=group["adam_lr"],
+            adam_weight_decay=group["adam_weight_decay"],
+        )
+        self.last_info = info
+        return loss if closure is not None else info
+
+    def synchronize(self):
+        """Waits for every bucket's params (before reading params outside a forward)."""
+        self._wait(sorted({v.bucket for v in self.views}))
+
+    def routes(self):
+        """Parameter name -> :class:`muon_opt.Route`."""
+        return {name: Route(v.route) for name, v in zip(self.names, self.views)}
+
+    def state_dict(self):
+        """The hyperparameters and step count. The optimizer state itself (fp32 masters,
+        momenta, Adam moments) is sharded across ranks; :meth:`save` and :meth:`load` write and
+        read it as a checkpoint directory that reloads at any data-parallel size."""
+        return {
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+            "step": self.last_info.step if self.last_info else 0,
+        }
+
+    def load_state_dict(self, state_dict):
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            group.update(saved)
+
+    def save(self, directory):
+        """Collective: the sharded optimizer state into ``directory`` (same path on every rank)."""
+        self._opt.save(directory)
+
+    def load(self, directory):
+        """Collective: the state of ``directory`` (any dp size); params re-synchronized."""
+        self._opt.load(directory)
+
+    def close(self):
+        """Removes the hooks and closes the library optimizer (tensors keep its memory alive)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._opt.close()
+
+
+class _CudaArray:
+    """A device buffer of ``numel`` elements of ``itemsize`` bytes, described to torch through
+    ``__cuda_array_interface__`` (version 3) as integers of that size, then viewed as the
+    dtype (the interface has no bfloat16 type string)."""
+
+    def __init__(self, address, numel, itemsize):
+        self.__cuda_array_interface__ = {
+            "shape": (numel,),
+            "typestr": {2: "<i2", 4: "<i4"}[itemsize],
+            "data": (address, False),
+            "version": 3,
+            "strides": None,
+        }

@@ -1,0 +1,190 @@
+"""The PyTorch adapter on the host backend: a small nn.Module trained on 2 ranks (threads)
+matches the same model trained on 1 rank with the whole batch.
+
+Skipped without torch; CI installs it and sets MUON_REQUIRE_TORCH=1 so that it cannot be
+skipped there.
+"""
+
+import os
+import sys
+import tempfile
+import threading
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import muon_opt as mo  # noqa: E402
+
+try:
+    import torch
+    from muon_opt.torch import Muon
+except ImportError:  # pragma: no cover - depends on the machine
+    torch = None
+    if os.environ.get("MUON_REQUIRE_TORCH") == "1":
+        raise
+
+VOCAB, WIDTH, BATCH, STEPS = 40, 16, 8, 6
+
+
+_SEED_LOCK = threading.Lock()  # torch's default generator is one per process, shared by the rank threads
+
+
+def make_model():
+    """The same model on every rank: seeded, built under the lock."""
+
+    class TinyLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+            self.fc1 = torch.nn.Linear(WIDTH, 2 * WIDTH)
+            self.norm = torch.nn.LayerNorm(2 * WIDTH)
+            self.fc2 = torch.nn.Linear(2 * WIDTH, WIDTH, bias=False)
+            self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+            self.head.weight = self.embed.weight  # tied: one parameter
+
+        def forward(self, tokens):
+            h = self.embed(tokens)
+            h = h + self.fc2(torch.relu(self.norm(self.fc1(h))))
+            return self.head(h)
+
+    with _SEED_LOCK:
+        torch.manual_seed(0)
+        return TinyLM()
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, VOCAB, (BATCH,), generator=g)
+    return tokens, (tokens * 7 + 3) % VOCAB
+
+
+def config(mode=mo.CommMode.EAGER):
+    return mo.Config(
+        bucket_size=512,
+        muon_ns_precision=mo.NsPrecision.F32,
+        vocab_size=VOCAB,
+        collective_timeout_ms=30000,
+        host_comm_mode=mode,
+    )
+
+
+def train(comm, world, mode=mo.CommMode.EAGER):
+    """One rank: rank r takes its 1/world slice of every batch; returns the losses and the
+    final params by name."""
+    model = make_model()
+    opt = Muon(model, comm, config(mode), lr=0.02, adam_lr=0.01, weight_decay=0.0, adam_weight_decay=0.0)
+    r, share = comm.rank, BATCH // world
+    losses = []
+    for step in range(STEPS):
+        tokens, targets = batch(step)
+        opt.zero_grad()
+        mine = slice(r * share, (r + 1) * share)
+        with opt.no_sync():  # two micro-batches: the first only accumulates
+            half = share // 2
+            first = slice(mine.start, mine.start + half)
+            loss_a = torch.nn.functional.cross_entropy(model(tokens[first]), targets[first]) / 2
+            loss_a.backward()
+        second = slice(mine.start + share // 2, mine.stop)
+        loss_b = torch.nn.functional.cross_entropy(model(tokens[second]), targets[second]) / 2
+        loss_b.backward()
+        info = opt.step()
+        assert not info.skipped, info
+        losses.append(float(loss_a.detach() + loss_b.detach()))
+    opt.synchronize()
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    routes = opt.routes()
+    opt.close()
+    return losses, params, routes
+
+
+def run_ranks(world, fn):
+    results, errors = [None] * world, [None] * world
+    with mo.HostGroup(world) as group:
+
+        def body(r):
+            try:
+                results[r] = fn(group[r], world)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors[r] = e
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class TorchAdapter(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        torch.set_num_threads(1)
+
+    def test_two_ranks_match_one_rank(self):
+        (a, params_a, routes), (b, params_b, _) = run_ranks(2, train)
+        ((single, params_1, routes_1),) = run_ranks(1, train)
+        self.assertEqual(routes, routes_1)
+        self.assertEqual(routes["embed.weight"], mo.Route.ADAMW, "the tied embedding/head stays out of Muon")
+        self.assertNotIn("head.weight", routes, "a tied parameter is registered once")
+        self.assertEqual(routes["fc1.weight"], mo.Route.MUON)
+        self.assertEqual(routes["norm.weight"], mo.Route.ADAMW)
+        for name in params_a:
+            self.assertTrue(torch.equal(params_a[name], params_b[name]), f"ranks differ on {name}")
+            # The 2-rank gradient is a mean of half-batch means: equal to the 1-rank one up to
+            # f32 summation order, so the params agree to a tolerance, not bitwise.
+            torch.testing.assert_close(params_a[name], params_1[name], rtol=1e-5, atol=5e-6, msg=name)
+        initial = dict(make_model().named_parameters())
+        self.assertFalse(torch.equal(params_1["fc1.weight"], initial["fc1.weight"]), "training changed the params")
+        self.assertLess(single[-1], single[0], "the loss falls")
+        # Lazy comm: params arrive only when a forward pre-hook waits for them, so a hook
+        # missing on some module would leave it training on stale params.
+        lazy = run_ranks(2, lambda comm, world: train(comm, world, mo.CommMode.LAZY))
+        for name in params_a:
+            self.assertTrue(torch.equal(lazy[0][1][name], params_a[name]), f"lazy != eager on {name}")
+
+    def test_lr_scheduler_drives_lr_and_checkpoint_round_trip(self):
+        with mo.HostGroup(1) as group, tempfile.TemporaryDirectory() as tmp:
+            model = make_model()
+            opt = Muon(model, group[0], config(), lr=0.02, adam_lr=0.01)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            tokens, targets = batch(0)
+            for _ in range(2):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(tokens), targets).backward()
+                opt.step()
+                sched.step()
+            self.assertAlmostEqual(opt.param_groups[0]["lr"], 0.005)
+            self.assertEqual(opt.state_dict()["step"], 2)
+            opt.save(Path(tmp) / "ckpt")
+            opt.synchronize()
+            saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(tokens), targets).backward()
+            opt.step()
+            opt.synchronize()
+            self.assertFalse(torch.equal(model.fc1.weight, saved["fc1.weight"]))
+            opt.load(Path(tmp) / "ckpt")
+            opt.synchronize()
+            for n, p in model.named_parameters():
+                self.assertTrue(torch.equal(p, saved[n]), n)
+            opt.close()
+
+    def test_refusals(self):
+        with mo.HostGroup(1) as group:
+            with self.assertRaises(ValueError) as ctx:
+                Muon(make_model(), group[0], mo.Config(grad_dtype=mo.Dtype.BF16))
+            self.assertIn("grad_dtype", str(ctx.exception))
+            with self.assertRaises(ValueError) as ctx:
+                Muon(make_model(), group[0], embedding_or_output=["lm_head.weight"])
+            self.assertIn("lm_head.weight", str(ctx.exception))
+            with self.assertRaises(TypeError):
+                Muon(make_model().double(), group[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
