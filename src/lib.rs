@@ -30,6 +30,12 @@
 //! - **ABI.** Config and description structs start with `struct_size`; fields are
 //!   append-only; status codes are append-only. No ABI promise before 1.0.
 
+/// Version of every JSON document the library and `muon-opt` print (the plan of
+/// `muon_optimizer_plan_json` and `plan --json`, `simulate --json`, `inspect --json`,
+/// `demo --json`), in its `schema_version` field; raised when a field changes meaning or goes
+/// away (adding a field does not raise it).
+pub const SCHEMA_VERSION: u32 = 1;
+
 pub mod agreement;
 pub mod backend;
 pub mod capi;
@@ -38,6 +44,7 @@ pub mod comm;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod log;
 pub mod model;
 pub mod numerics;
 pub mod optimizer;

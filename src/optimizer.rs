@@ -58,14 +58,22 @@ impl Optimizer {
                 crate::backend::cuda::probe::device_count()?;
             }
         }
-        Ok(Optimizer {
+        let optimizer = Optimizer {
             cfg,
             claim,
             registry: Registry::default(),
             init_values: Vec::new(),
             phase: Phase::Registering,
             stream,
-        })
+        };
+        crate::log!(
+            Info,
+            "rank {}/{}: created on the {} backend",
+            optimizer.rank(),
+            optimizer.dp(),
+            if optimizer.init_on_device() { "cuda" } else { "host" }
+        );
+        Ok(optimizer)
     }
 
     /// Whether registration reads `init_data` as a device pointer (the cuda backend).
@@ -143,6 +151,20 @@ impl Optimizer {
             );
         }
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
+        let r = &plan.report;
+        crate::log!(
+            Info,
+            "rank {}/{}: finalize: {} params, {} layout, {} buckets, elements muon {} adamw {}, padding {}, plan hash {:#018x}",
+            self.rank(),
+            self.dp(),
+            self.registry.len(),
+            self.cfg.muon_layout.name(),
+            r.num_buckets,
+            r.elements.muon,
+            r.elements.adamw,
+            r.padding_elements,
+            plan.hash
+        );
         let muon = MuonOptions::from_config(&self.cfg);
         let backend: Box<dyn Backend> = match &self.claim.comm().transport {
             Transport::Host(host) => {
@@ -243,7 +265,21 @@ impl Optimizer {
                 bail!(OutOfRange, "step: args->{field} {value} must be finite and >= 0");
             }
         }
-        self.runtime_mut("step")?.step(args)
+        let info = self.runtime_mut("step")?.step(args)?;
+        crate::log!(
+            Debug,
+            "rank {}: step {}: grad norm {}, clip {}{}",
+            self.rank(),
+            info.step,
+            info.grad_norm,
+            info.clip_coef,
+            if info.skipped {
+                ", skipped (non-finite gradient)"
+            } else {
+                ""
+            }
+        );
+        Ok(info)
     }
 
     /// The runtime for tests and tools that inspect state (state, param values).
@@ -260,14 +296,18 @@ impl Optimizer {
     /// see [`crate::checkpoint`]). Finishes the queued collectives first; changes no state.
     pub fn save(&mut self, dir: &Path) -> Result<()> {
         let rank = self.rank();
-        checkpoint::save(self.runtime_mut("save")?, rank, dir)
+        checkpoint::save(self.runtime_mut("save")?, rank, dir)?;
+        crate::log!(Info, "rank {rank}: saved checkpoint '{}'", dir.display());
+        Ok(())
     }
 
     /// Loads the checkpoint in `dir`, saved at any dp and layout, and re-synchronizes every
     /// param buffer (collective; see [`crate::checkpoint`]). On failure nothing changed on any
     /// rank.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
-        checkpoint::load(self.runtime_mut("load")?, dir)
+        checkpoint::load(self.runtime_mut("load")?, dir)?;
+        crate::log!(Info, "rank {}: loaded checkpoint '{}'", self.rank(), dir.display());
+        Ok(())
     }
 
     /// Checks the id and returns the finalized plan.

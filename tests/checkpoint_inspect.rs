@@ -94,3 +94,104 @@ fn saving_identical_state_twice_writes_identical_bytes() {
     // And the canonical header still loads.
     all_ok(group.load(&b), "load");
 }
+
+/// `muon-opt export`: every param's fp32 master, assembled from the shards of all ranks, in
+/// one safetensors file keyed by param name; bitwise the masters the ranks hold.
+#[test]
+fn export_merges_the_shards_into_full_fp32_masters() {
+    let tmp = TempDir::new("export");
+    let dir = tmp.join("ckpt");
+    let mut group = Group::new(&config(MuonLayout::Compact), 3);
+    group.train(3);
+    all_ok(group.save(&dir), "save");
+    let snapshot = group.snapshot();
+    let out = tmp.join("model.safetensors");
+    std::fs::write(&out, b"an older export").unwrap();
+
+    let (code, text, err) = muon_opt(&["export".as_ref(), dir.as_os_str(), out.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains(&format!("wrote {} params", group.specs.len())), "{text}");
+    let bytes = std::fs::read(&out).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(file.len(), group.specs.len());
+    for (p, spec) in group.specs.iter().enumerate() {
+        let tensor = file.tensor(&spec.name).unwrap();
+        assert_eq!(tensor.dtype(), safetensors::Dtype::F32);
+        let shape: Vec<u64> = tensor.shape().iter().map(|&d| d as u64).collect();
+        assert_eq!(shape, spec.shape, "{}", spec.name);
+        let values: Vec<f32> = tensor
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert!(
+            common::bits(&values) == common::bits(&snapshot.state[p][0]),
+            "{}: exported values differ from the master",
+            spec.name
+        );
+    }
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(metadata.metadata().as_ref().unwrap()["step"], "3");
+
+    // A damaged master tensor: the export fails naming the file, and the earlier export stays.
+    let rank1 = dir.join("rank-00001.safetensors");
+    let mut damaged = std::fs::read(&rank1).unwrap();
+    let (header_len, header) = safetensors::SafeTensors::read_metadata(&damaged).unwrap();
+    let (_, info) = header
+        .tensors()
+        .into_iter()
+        .find(|(key, _)| key.contains("/master@"))
+        .unwrap();
+    damaged[8 + header_len + info.data_offsets.0] ^= 0x40;
+    std::fs::write(&rank1, &damaged).unwrap();
+    let (code, _, err) = muon_opt(&["export".as_ref(), dir.as_os_str(), out.as_os_str()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("rank-00001.safetensors") && err.contains("checksum"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        bytes,
+        "a failed export leaves the target as it was"
+    );
+    assert!(!tmp.join("model.safetensors.partial").exists());
+}
+
+/// `muon-opt inspect --params`: every param with its components and the rank files holding
+/// each component, in text and JSON.
+#[test]
+fn inspect_params_lists_components_and_their_pieces() {
+    let tmp = TempDir::new("inspect-params");
+    let dir = tmp.join("ckpt");
+    let mut group = Group::new(&config(MuonLayout::Compact), 2);
+    group.train(1);
+    all_ok(group.save(&dir), "save");
+    let (code, text, err) = muon_opt(&["inspect".as_ref(), dir.as_os_str(), "--params".as_ref()]);
+    assert_eq!(code, 0, "{err}");
+    for needle in [
+        "layers.0.qkv.weight 96x32 bf16 muon",
+        "  layers.0.qkv.weight/part2 32x32  rank-0000",
+        "  layers.1.experts.fc1/expert3/part1 24x32  rank-0000",
+        "embedding.weight 64x32 bf16 adamw",
+    ] {
+        assert!(text.contains(needle), "missing '{needle}' in:\n{text}");
+    }
+    let (code, json, _) = muon_opt(&[
+        "inspect".as_ref(),
+        dir.as_os_str(),
+        "--params".as_ref(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(code, 0);
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(parsed["schema_version"], muon_opt::SCHEMA_VERSION);
+    let params = parsed["param_components"].as_array().unwrap();
+    assert_eq!(params.len(), group.specs.len());
+    let experts = params.iter().find(|p| p["name"] == "layers.0.experts.fc1").unwrap();
+    assert_eq!(
+        experts["components"].as_array().unwrap().len(),
+        8,
+        "4 experts x 2 parts"
+    );
+}

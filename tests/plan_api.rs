@@ -184,9 +184,23 @@ fn atomic_matrices_move_to_the_ends_of_a_split_stack() {
 fn plan_json_round_trips_with_a_hex_hash() {
     let model = preset("gpt2-124m").unwrap();
     let plans = build_plans(&model, &Config::default(), 8, MuonLayout::ALL).unwrap();
+    let names: Vec<String> = model.params.iter().map(|s| s.name.clone()).collect();
     for p in plans {
-        let json = p.to_json();
+        let json = p.to_json(&names);
         assert!(json.contains(&format!("\"hash\":\"{:#018x}\"", p.hash)));
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["schema_version"], muon_opt::SCHEMA_VERSION);
+        assert!(
+            value["report"]["planning_time_ms"].is_null(),
+            "no wall clock in the plan JSON"
+        );
+        let listed: Vec<&str> = value["params"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(listed, names);
         let back: Plan = serde_json::from_str(&json).unwrap();
         assert_eq!(
             (&back.buffers, &back.buckets, &back.params, back.hash),

@@ -302,7 +302,8 @@ proptest! {
         let first = plan_without_time(&reg, &cfg, dp);
         let second = plan_without_time(&reg, &cfg, dp);
         prop_assert_eq!(&first, &second);
-        prop_assert_eq!(first.to_json(), second.to_json());
+        let names: Vec<String> = reg.params().iter().map(|s| s.name.clone()).collect();
+        prop_assert_eq!(first.to_json(&names), second.to_json(&names));
 
         let changed = pick.index(reg.len());
         let mut modified = Registry::default();

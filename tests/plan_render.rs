@@ -14,7 +14,8 @@ fn gpt2_plans(dp: usize) -> Vec<Plan> {
 #[test]
 fn json_summary_parses_and_carries_every_report_field() {
     let plans = gpt2_plans(4);
-    let json: serde_json::Value = serde_json::from_str(&render::json_summary("gpt2-124m", &plans)).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&render::json_summary("gpt2-124m", &plans, false)).unwrap();
+    assert_eq!(json["schema_version"], muon_opt::SCHEMA_VERSION);
     assert_eq!(json["model"], "gpt2-124m");
     assert_eq!(json["dp"], 4);
     let entries = json["plans"].as_array().unwrap();
@@ -33,10 +34,11 @@ fn json_summary_parses_and_carries_every_report_field() {
             "ns_makespan_over_lower_bound",
             "wire_bytes_per_rank",
             "wire_over_lower_bound",
-            "planning_time_ms",
         ] {
             assert!(!report[field].is_null(), "report lacks {field}");
         }
+        assert!(report["planning_time_ms"].is_null(), "wall clock only when asked");
+        assert!(entry["planning_time_ms"].is_null(), "wall clock only when asked");
         assert_eq!(report["optimizer_state_bytes"]["per_rank"].as_array().unwrap().len(), 4);
         assert_eq!(report["ns_cost"]["per_rank"].as_array().unwrap().len(), 4);
         assert_eq!(report["elements"]["muon"], plan.report.elements.muon);
@@ -60,7 +62,7 @@ fn svg_draws_one_bar_per_rank_per_chart() {
 #[test]
 fn table_shows_layouts_side_by_side() {
     let plans = gpt2_plans(2);
-    let table = render::table("gpt2-124m", &plans);
+    let table = render::table("gpt2-124m", &plans, false);
     let header = table.lines().find(|l| l.contains("compact")).unwrap();
     let order: Vec<usize> = ["compact", "padded", "allreduce"]
         .iter()
@@ -76,6 +78,68 @@ fn table_shows_layouts_side_by_side() {
         assert!(table.contains(label), "table lacks {label}");
     }
     assert!(table.contains(&format!("{:#018x}", plans[1].hash)));
+    assert!(!table.contains("planning time"), "wall clock only when asked");
+    assert!(render::table("gpt2-124m", &plans, true).contains("planning time"));
+}
+
+/// Two plannings of one model print identical bytes (no wall clock unless `--timing`), and
+/// `--timing` adds the planning time to the table and to every plan of the JSON.
+#[test]
+fn cli_output_is_deterministic_unless_timing_is_asked() {
+    for format in [&[][..], &["--json"][..]] {
+        let args: Vec<&str> = ["plan", "--model", "gpt2-124m", "--dp", "3", "--buckets"]
+            .iter()
+            .chain(format)
+            .copied()
+            .collect();
+        let (a, b) = (muon_opt(&args), muon_opt(&args));
+        assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+        assert_eq!(a.stdout, b.stdout, "{args:?}");
+    }
+    let timed = muon_opt(&["plan", "--model", "gpt2-124m", "--dp", "3", "--json", "--timing"]);
+    let json: serde_json::Value = serde_json::from_slice(&timed.stdout).unwrap();
+    for plan in json["plans"].as_array().unwrap() {
+        assert!(plan["planning_time_ms"].as_f64().unwrap() >= 0.0);
+    }
+}
+
+/// `--buckets`: every bucket of every plan with its params and their owners, in text and JSON.
+#[test]
+fn cli_buckets_lists_every_bucket_with_params_and_owners() {
+    let plans = gpt2_plans(2);
+    let out = muon_opt(&["plan", "--model", "gpt2-124m", "--dp", "2", "--buckets"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for plan in &plans {
+        assert!(text.contains(&format!(
+            "{} layout, {} buckets",
+            plan.layout.name(),
+            plan.buckets.len()
+        )));
+    }
+    assert!(text.contains("layers.0.mlp.fc1.weight -> r"), "{text}");
+    assert!(text.contains("2 shards of"), "{text}");
+
+    let out = muon_opt(&[
+        "plan",
+        "--model",
+        "gpt2-124m",
+        "--dp",
+        "2",
+        "--layout",
+        "padded",
+        "--buckets",
+        "--json",
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &json["plans"][0];
+    assert_eq!(plan["buckets"].as_array().unwrap().len(), plans[1].buckets.len());
+    let params = plan["params"].as_array().unwrap();
+    let model = preset("gpt2-124m").unwrap();
+    assert_eq!(params.len(), model.params.len());
+    for (entry, spec) in params.iter().zip(&model.params) {
+        assert_eq!(entry["name"], spec.name.as_str());
+    }
 }
 
 fn muon_opt(args: &[&str]) -> Output {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use muon_opt::checkpoint::export::export;
 use muon_opt::checkpoint::inspect::inspect;
 use muon_opt::config::{Config, MuonLayout, NsPrecision};
 use muon_opt::demo::{self, DemoConfig};
@@ -35,6 +36,8 @@ enum Command {
     Demo(DemoArgs),
     /// Summarize a checkpoint directory and verify the checksum of every file.
     Inspect(InspectArgs),
+    /// Merge a checkpoint into one safetensors file of every param's full fp32 master weight.
+    Export(ExportArgs),
     /// Simulate training iterations of the real schedule on a modelled GPU cluster.
     Simulate(SimulateArgs),
 }
@@ -89,6 +92,18 @@ struct InspectArgs {
     /// Print the summary as JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Also list every param with its components (shape, route, and the rank files and item
+    /// ranges holding each component).
+    #[arg(long)]
+    params: bool,
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// The checkpoint directory (as passed to muon_optimizer_save).
+    dir: PathBuf,
+    /// The safetensors file to write (replaced only once complete).
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -121,6 +136,12 @@ struct PlanArgs {
     /// Print the reports as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also print every bucket of each plan: route, elements, padding, split, params and owners.
+    #[arg(long)]
+    buckets: bool,
+    /// Include the wall-clock planning time (left out by default: the rest is deterministic).
+    #[arg(long)]
+    timing: bool,
     /// Also write a per-rank bar chart of Newton–Schulz cost and optimizer state to FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
@@ -150,6 +171,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => run_plan(&args),
         Command::Demo(args) => run_demo(&args),
         Command::Inspect(args) => run_inspect(&args),
+        Command::Export(args) => run_export(&args),
         Command::Simulate(args) => run_simulate(&args),
     };
     match result {
@@ -187,12 +209,27 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
         std::fs::write(path, render::svg(&model.name, &plans))
             .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
     }
-    let text = if args.json {
-        render::json_summary(&model.name, &plans)
-    } else {
-        render::table(&model.name, &plans)
-    };
-    println!("{text}");
+    let names: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
+    if args.json {
+        let mut summary: serde_json::Value =
+            serde_json::from_str(&render::json_summary(&model.name, &plans, args.timing)).map_err(|e| e.to_string())?;
+        if args.buckets {
+            for (entry, plan) in summary["plans"].as_array_mut().into_iter().flatten().zip(&plans) {
+                let full: serde_json::Value = serde_json::from_str(&plan.to_json(&names)).map_err(|e| e.to_string())?;
+                entry["buckets"] = full["buckets"].clone();
+                entry["params"] = full["params"].clone();
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+        return Ok(());
+    }
+    println!("{}", render::table(&model.name, &plans, args.timing));
+    if args.buckets {
+        for plan in &plans {
+            println!("{} layout, {} buckets", plan.layout.name(), plan.buckets.len());
+            print!("{}", render::bucket_table(plan, &names));
+        }
+    }
     Ok(())
 }
 
@@ -280,9 +317,16 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
 fn run_inspect(args: &InspectArgs) -> Result<(), String> {
     let summary = inspect(&args.dir).map_err(|e| format!("inspect '{}': {e}", args.dir.display()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+        let mut json = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+        if args.params {
+            json["param_components"] = serde_json::to_value(&summary.param_entries).map_err(|e| e.to_string())?;
+        }
+        println!("{}", serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?);
     } else {
         println!("{}", summary.text());
+        if args.params {
+            print!("{}", summary.params_text());
+        }
     }
     let failed = summary.files.iter().filter(|f| f.problem.is_some()).count();
     if failed > 0 {
@@ -292,5 +336,17 @@ fn run_inspect(args: &InspectArgs) -> Result<(), String> {
             args.dir.display()
         ));
     }
+    Ok(())
+}
+
+fn run_export(args: &ExportArgs) -> Result<(), String> {
+    let done = export(&args.dir, &args.out).map_err(|e| format!("export '{}': {e}", args.dir.display()))?;
+    println!(
+        "wrote {} params (fp32 master weights at step {}), {} bytes, to {}",
+        done.params,
+        done.step,
+        done.bytes,
+        done.path.display()
+    );
     Ok(())
 }

@@ -25,6 +25,22 @@ pub fn last_error_ptr() -> *const c_char {
 
 /// Converts a core error into a status, recording its message with the entry point name.
 pub fn fail(function: &str, err: Error) -> muon_status_t {
+    let serious = matches!(
+        err.kind,
+        ErrorKind::CommTimeout
+            | ErrorKind::CommBroken
+            | ErrorKind::PlanMismatch
+            | ErrorKind::CheckpointMismatch
+            | ErrorKind::NcclError
+            | ErrorKind::CudaError
+            | ErrorKind::Internal
+            | ErrorKind::Panic
+    );
+    if serious {
+        crate::log!(Error, "{function}: {:?}: {}", err.kind, err.message);
+    } else {
+        crate::log!(Debug, "{function}: {:?}: {}", err.kind, err.message);
+    }
     set_last_error(&format!("{function}: {}", err.message));
     muon_status_t::from_kind(err.kind)
 }
@@ -48,7 +64,9 @@ pub fn run_or<T>(function: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(payload) => {
-            set_last_error(&format!("{function}: internal panic: {}", panic_text(&*payload)));
+            let message = format!("{function}: internal panic: {}", panic_text(&*payload));
+            crate::log!(Error, "{message}");
+            set_last_error(&message);
             fallback
         }
     }

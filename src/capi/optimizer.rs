@@ -136,7 +136,8 @@ pub unsafe extern "C" fn muon_optimizer_plan_json(
 ) -> muon_status_t {
     with_ref::<Optimizer>("muon_optimizer_plan_json", opt, "opt", |o| {
         non_null(len, "len")?;
-        let json = o.plan()?.to_json();
+        let names: Vec<String> = o.registry().params().iter().map(|p| p.name.clone()).collect();
+        let json = o.plan()?.to_json(&names);
         let needed = json.len() + 1;
         // SAFETY: non-NULL out-pointer.
         unsafe { *len = needed };

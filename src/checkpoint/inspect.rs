@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::components::StateKind;
 use super::files::scan;
-use super::index::{FORMAT, FORMAT_VERSION, Index, NumericsConfig};
+use super::index::{FORMAT, FORMAT_VERSION, Index, NumericsConfig, ParamEntry};
 use super::publish::Paths;
 use super::{INDEX_FILE, io_error};
 use crate::config::MuonLayout;
@@ -36,6 +36,7 @@ pub struct FileCheck {
 /// What `muon-opt inspect` prints.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Summary {
+    pub schema_version: u32,
     /// The directory read (the target, or the previous checkpoint a crash left beside it).
     pub dir: PathBuf,
     pub format_version: u32,
@@ -48,6 +49,9 @@ pub struct Summary {
     pub config: NumericsConfig,
     pub routes: Vec<RouteState>,
     pub files: Vec<FileCheck>,
+    /// Every param with its components and the pieces holding them (`inspect --params`).
+    #[serde(skip)]
+    pub param_entries: Vec<ParamEntry>,
 }
 
 /// Reads the index of the checkpoint in `dir` and verifies every file it lists. Errors are
@@ -100,6 +104,7 @@ pub fn inspect(dir: &Path) -> Result<Summary> {
         })
         .collect();
     Ok(Summary {
+        schema_version: crate::SCHEMA_VERSION,
         dir,
         format_version: FORMAT_VERSION,
         library_version: index.library_version,
@@ -111,6 +116,7 @@ pub fn inspect(dir: &Path) -> Result<Summary> {
         config: index.config,
         routes,
         files,
+        param_entries: index.params,
     })
 }
 
@@ -167,6 +173,33 @@ impl Summary {
             );
         }
         let _ = write!(out, "  verified  {good} of {} files", self.files.len());
+        out
+    }
+
+    /// Every param, then each of its components with the rank files and component item
+    /// ranges that hold it.
+    pub fn params_text(&self) -> String {
+        let dims = |shape: &[u64]| shape.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
+        let mut out = String::new();
+        for p in &self.param_entries {
+            let _ = writeln!(
+                out,
+                "{} {} {} {}{}",
+                p.name,
+                dims(&p.shape),
+                p.dtype.name(),
+                p.route.name(),
+                if p.expert_stack { " expert stack" } else { "" }
+            );
+            for c in &p.components {
+                let pieces: Vec<String> = c
+                    .pieces
+                    .iter()
+                    .map(|s| format!("{}[{}..{}]", s.file, s.start, s.end))
+                    .collect();
+                let _ = writeln!(out, "  {} {}  {}", c.name, dims(&c.shape), pieces.join(" "));
+            }
+        }
         out
     }
 }

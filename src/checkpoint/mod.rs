@@ -31,6 +31,7 @@
 //!   re-synchronized from the loaded masters. A failed load changes nothing on any rank.
 
 mod components;
+pub mod export;
 mod files;
 mod index;
 pub mod inspect;

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{DemoResult, Progress, RunResult, Timings};
-use crate::plan::{BucketSplit, Plan};
+use crate::plan::{Plan, render};
 
 const BAR_WIDTH: usize = 20;
 const CHART_WIDTH: usize = 24;
@@ -27,7 +27,9 @@ pub fn progress_line(p: &Progress) -> String {
 
 /// The result as pretty-printed JSON.
 pub fn json(result: &DemoResult) -> String {
-    serde_json::to_string_pretty(result).expect("a demo result always serializes")
+    let mut document = serde_json::to_value(result).expect("a demo result always serializes");
+    document["schema_version"] = crate::SCHEMA_VERSION.into();
+    serde_json::to_string_pretty(&document).expect("a JSON value always serializes")
 }
 
 /// The human-readable report.
@@ -123,29 +125,6 @@ fn losses(out: &mut String, r: &DemoResult) {
 }
 
 /// How a bucket is split, and its params with the owner rank of every Muon unit.
-fn bucket_params(run: &RunResult, bucket: usize) -> (String, String) {
-    let plan = &run.plan;
-    let b = &plan.buckets[bucket];
-    let split = match &b.split {
-        BucketSplit::OwnerRanges(_) => "whole matrices".to_string(),
-        BucketSplit::EqualShards { shard_size } => format!("{} shards of {shard_size}", plan.dp),
-    };
-    let names = b.params.iter().map(|&p| {
-        let name = &run.routes[p as usize].name;
-        let owners: Vec<String> = plan.params[p as usize]
-            .unit_owners
-            .iter()
-            .map(|r| format!("r{r}"))
-            .collect();
-        if owners.is_empty() {
-            name.clone()
-        } else {
-            format!("{name} -> {}", owners.join(","))
-        }
-    });
-    (split, names.collect::<Vec<_>>().join(", "))
-}
-
 fn plan_line(out: &mut String, plan: &Plan, label: &str) {
     let r = &plan.report;
     let _ = writeln!(
@@ -168,23 +147,8 @@ fn plan(out: &mut String, run: &RunResult, label: &str) {
     let plan = &run.plan;
     let _ = writeln!(out, "Plan (rank 0)");
     plan_line(out, plan, label);
-    let _ = writeln!(
-        out,
-        "  {:>6}  {:<5}  {:>8}  {:>7}  {:<16}  params (-> owner rank)",
-        "bucket", "route", "elements", "padding", "split"
-    );
-    for (i, b) in plan.buckets.iter().enumerate() {
-        let used: u64 = b.params.iter().map(|&p| plan.params[p as usize].numel).sum();
-        let (split, params) = bucket_params(run, i);
-        let _ = writeln!(
-            out,
-            "  {:>6}  {:<5}  {:>8}  {:>7}  {split:<16}  {params}",
-            b.id,
-            b.route.name(),
-            b.numel(),
-            b.numel() - used
-        );
-    }
+    let names: Vec<String> = run.routes.iter().map(|r| r.name.clone()).collect();
+    out.push_str(&render::bucket_table(plan, &names));
     let r = &plan.report;
     let _ = writeln!(
         out,

@@ -139,8 +139,15 @@ impl Plan {
             .collect()
     }
 
-    /// The plan (layout and report) as JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a plan has only string map keys and always serializes")
+    /// The plan (layout and report) as JSON (docs/plan-json.md), with `schema_version` and
+    /// every entry of `params` carrying its registered name (`names`, in registration order).
+    pub fn to_json(&self, names: &[String]) -> String {
+        let mut document = serde_json::to_value(self).expect("a plan has only string map keys and always serializes");
+        document["schema_version"] = crate::SCHEMA_VERSION.into();
+        let entries = document["params"].as_array_mut().expect("params serialize to an array");
+        for (entry, name) in entries.iter_mut().zip(names) {
+            entry["name"] = name.as_str().into();
+        }
+        document.to_string()
     }
 }

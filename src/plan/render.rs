@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::types::Plan;
+use super::types::{BucketSplit, Plan};
 
 /// `1234567` → `"1.23 M"`.
 fn si(value: f64) -> String {
@@ -32,8 +32,9 @@ fn row(out: &mut String, label: &str, plans: &[Plan], value: impl Fn(&Plan) -> S
     out.push('\n');
 }
 
-/// A readable table of the reports of `plans` (one column per layout) for model `model`.
-pub fn table(model: &str, plans: &[Plan]) -> String {
+/// A readable table of the reports of `plans` (one column per layout) for model `model`; the
+/// wall-clock planning time only when `timing`.
+pub fn table(model: &str, plans: &[Plan], timing: bool) -> String {
     let mut out = String::new();
     let Some(first) = plans.first() else {
         return out;
@@ -83,27 +84,83 @@ pub fn table(model: &str, plans: &[Plan]) -> String {
         format!("{:.4}", p.report.wire_over_lower_bound)
     });
     row(&mut out, "ownership", plans, |p| p.report.ownership.name().to_string());
-    row(&mut out, "planning time", plans, |p| {
-        format!("{:.2} ms", p.report.planning_time_ms)
-    });
+    if timing {
+        row(&mut out, "planning time", plans, |p| {
+            format!("{:.2} ms", p.report.planning_time_ms)
+        });
+    }
     row(&mut out, "plan hash", plans, |p| format!("{:#018x}", p.hash));
     out
 }
 
-/// A JSON summary: `{"model", "dp", "plans": [{"layout", "hash", "report"}]}`.
-pub fn json_summary(model: &str, plans: &[Plan]) -> String {
+/// The buckets of one plan, one line each: id, route, elements, padding, how the bucket is
+/// split over ranks, and its params (`names` in registration order), each Muon param with
+/// the owner rank of every unit.
+pub fn bucket_table(plan: &Plan, names: &[String]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  {:>6}  {:<5}  {:>10}  {:>8}  {:<18}  params (-> owner rank)",
+        "bucket", "route", "elements", "padding", "split"
+    );
+    for b in &plan.buckets {
+        let used: u64 = b.params.iter().map(|&p| plan.params[p as usize].numel).sum();
+        let split = match &b.split {
+            BucketSplit::OwnerRanges(_) => "whole matrices".to_string(),
+            BucketSplit::EqualShards { shard_size } => format!("{} shards of {shard_size}", plan.dp),
+        };
+        let params: Vec<String> = b
+            .params
+            .iter()
+            .map(|&p| {
+                let owners = &plan.params[p as usize].unit_owners;
+                let name = &names[p as usize];
+                if owners.is_empty() {
+                    name.clone()
+                } else {
+                    let ranks: Vec<String> = owners.iter().map(|r| format!("r{r}")).collect();
+                    format!("{name} -> {}", ranks.join(","))
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:<5}  {:>10}  {:>8}  {split:<18}  {}",
+            b.id,
+            b.route.name(),
+            b.numel(),
+            b.numel() - used,
+            params.join(", ")
+        );
+    }
+    out
+}
+
+/// A JSON summary: `{"schema_version", "model", "dp", "plans": [{"layout", "hash", "report"}]}`,
+/// with each plan's wall-clock `planning_time_ms` only when `timing` (the rest is
+/// deterministic).
+pub fn json_summary(model: &str, plans: &[Plan], timing: bool) -> String {
     let entries: Vec<serde_json::Value> = plans
         .iter()
         .map(|p| {
-            serde_json::json!({
+            let mut entry = serde_json::json!({
                 "layout": p.layout,
                 "hash": format!("{:#018x}", p.hash),
                 "report": p.report,
-            })
+            });
+            if timing {
+                entry["planning_time_ms"] = p.report.planning_time_ms.into();
+            }
+            entry
         })
         .collect();
     let dp = plans.first().map_or(0, |p| p.dp);
-    let summary = serde_json::json!({ "model": model, "dp": dp, "plans": entries });
+    let summary = serde_json::json!({
+        "schema_version": crate::SCHEMA_VERSION,
+        "model": model,
+        "dp": dp,
+        "plans": entries,
+    });
     serde_json::to_string_pretty(&summary).unwrap_or_default()
 }
 

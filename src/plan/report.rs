@@ -99,7 +99,9 @@ pub struct Report {
     pub wire_bytes_per_rank: f64,
     pub wire_lower_bound_bytes: f64,
     pub wire_over_lower_bound: f64,
-    /// Wall time of `build_plan`; the only field that differs between runs.
+    /// Wall time of `build_plan`; the only field that differs between runs, so it is not
+    /// part of the JSON (the plan command shows it with `--timing`).
+    #[serde(skip)]
     pub planning_time_ms: f64,
 }
 

@@ -30,9 +30,6 @@ use engine::{Class, Item, Timeline};
 use metrics::{DeviceBytes, Figures};
 use profile::Hardware;
 
-/// Version of the JSON output; bumped when a field changes meaning or goes away.
-pub const SCHEMA_VERSION: u32 = 1;
-
 /// What to simulate.
 #[derive(Debug, Clone)]
 pub struct Scenario {
@@ -150,7 +147,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     let programs = contend(programs, &first, scenario.hardware.comm_sm_share);
     let timelines = engine::run(programs)?;
     Ok(Simulation {
-        schema_version: SCHEMA_VERSION,
+        schema_version: crate::SCHEMA_VERSION,
         model: scenario.model.name.clone(),
         hardware: scenario.hardware.name.clone(),
         dp: scenario.dp,
