@@ -790,20 +790,36 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
                                         uint32_t param_id);
 
 /**
- * @brief One optimizer step: waits for the gradient collectives (which sum the ranks'
- *        gradients; 1/dp is applied with the clip coefficient), computes the global grad norm,
- *        clips, skips on non-finite gradients, then bucket by bucket in the order the next
- *        forward uses them updates the owned params and launches that bucket's param
- *        collectives, so they overlap the updates of later buckets (with
- *        overlap_param_gather, wait_params orders their use).
+ * @brief One optimizer step: orders the updates after the gradient collectives (which sum
+ *        the ranks' gradients; 1/dp is applied with the clip coefficient), computes the global
+ *        grad norm, the clip coefficient and the skip decision on a non-finite gradient on the
+ *        device, then bucket by bucket in the order the next forward uses them updates the
+ *        owned params and launches that bucket's param collectives, so they overlap the
+ *        updates of later buckets (with overlap_param_gather, wait_params orders their use).
+ *        With @p info NULL the call only enqueues work on the streams and never waits for the
+ *        device (the arguments reach the device by an asynchronous copy from pinned memory);
+ *        read what the step did later with muon_optimizer_step_info.
  * @param[in]  args Learning rates and weight decays.
- * @param[out] info What the step did; may be NULL.
+ * @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
+ *             read it back (the same as muon_optimizer_step_info right after the step).
  */
 MUON_API
 MUON_NODISCARD
 muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
                                   const struct muon_step_args_t *args,
                                   struct muon_step_info_t *info);
+
+/**
+ * @brief What the last step did (all zeros before the first step): grad norm, clip
+ *        coefficient, whether it was skipped, steps taken. Waits for the caller's stream (a
+ *        device-to-host copy of a few scalars): call it when the value is needed, e.g. for
+ *        logging every N steps, not inside a captured region.
+ * @param[out] info Written on success; info->struct_size must be set by the caller.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_step_info(struct muon_optimizer_t *opt,
+                                       struct muon_step_info_t *info);
 
 /**
  * @brief Block until every operation the optimizer enqueued has finished.

@@ -304,10 +304,20 @@ public:
     void wait_params(uint32_t bucket) { check(muon_optimizer_wait_params(handle_, bucket)); }
     /// Backward hook: the param's gradient is complete for this iteration.
     void grad_ready(uint32_t param_id) { check(muon_optimizer_grad_ready(handle_, param_id)); }
+    /// One step and what it did (waits for the caller's stream to read it back).
     muon_step_info_t step(const muon_step_args_t &args) {
         muon_step_info_t info{};
         info.struct_size = sizeof info;
         check(muon_optimizer_step(handle_, &args, &info));
+        return info;
+    }
+    /// One step, only enqueued: never waits for the device (read it later with step_info()).
+    void step_async(const muon_step_args_t &args) { check(muon_optimizer_step(handle_, &args, nullptr)); }
+    /// What the last step did; waits for the caller's stream.
+    muon_step_info_t step_info() {
+        muon_step_info_t info{};
+        info.struct_size = sizeof info;
+        check(muon_optimizer_step_info(handle_, &info));
         return info;
     }
     void synchronize() { check(muon_optimizer_synchronize(handle_)); }

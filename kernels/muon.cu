@@ -6,7 +6,12 @@
 
 // g = grad * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m.
 extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
-                                         muon_u64 n, float mu, float one_minus_mu, float clip, int nesterov) {
+                                         muon_u64 n, float mu, float one_minus_mu, const double *scalars,
+                                         int nesterov) {
+    if (muon_step_skipped(scalars)) {
+        return;
+    }
+    const float clip = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
         const float g = muon_load(grad, grad_bf16, i) * clip;
         const float m = mu * momentum[i] + one_minus_mu * g;
@@ -34,9 +39,19 @@ extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const dou
 }
 
 // W = W * decay - step * X for `batch` consecutive rows x cols matrices of w, X read transposed
-// (cols x rows) when `transposed` is set (the host's transpose back, then the update).
+// (cols x rows) when `transposed` is set (the host's transpose back, then the update), with
+// lr_eff = lr * lr_scale, decay = 1 - lr_eff * (wd * wd_scale), step = lr_eff * scale: the
+// host's f32 products, lr and wd read from the step's scalars.
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
-                                      int transposed, float decay, float step) {
+                                      int transposed, const double *scalars, float lr_scale, float wd_scale,
+                                      float scale) {
+    if (muon_step_skipped(scalars)) {
+        return;
+    }
+    const float lr_eff = muon_scalar(scalars, MUON_SCALAR_LR) * lr_scale;
+    const float wd_eff = muon_scalar(scalars, MUON_SCALAR_WEIGHT_DECAY) * wd_scale;
+    const float decay = 1.0f - lr_eff * wd_eff;
+    const float step = lr_eff * scale;
     const muon_u64 size = (muon_u64)rows * cols;
     const muon_u64 n = size * batch;
     for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {

@@ -51,4 +51,29 @@ __device__ __forceinline__ muon_u64 muon_grid_stride() {
     return (muon_u64)gridDim.x * blockDim.x;
 }
 
+// Slots of the step's scalars (f64 each; src/backend/ops.rs `Scalar`, same order): the step
+// writes them on the device and the update kernels read them, so no host round trip.
+#define MUON_SCALAR_NORM_SQ 0
+#define MUON_SCALAR_GRAD_NORM 1
+#define MUON_SCALAR_CLIP_COEF 2
+#define MUON_SCALAR_GRAD_SCALE 3
+#define MUON_SCALAR_SKIP 4
+#define MUON_SCALAR_STEP 5
+#define MUON_SCALAR_BC1 6
+#define MUON_SCALAR_BC2 7
+#define MUON_SCALAR_LR 8
+#define MUON_SCALAR_WEIGHT_DECAY 9
+#define MUON_SCALAR_ADAM_LR 10
+#define MUON_SCALAR_ADAM_WEIGHT_DECAY 11
+
+// An f32 scalar of the step (stored exactly as f64).
+__device__ __forceinline__ float muon_scalar(const double *scalars, int slot) {
+    return (float)scalars[slot];
+}
+
+// Whether a non-finite gradient skips this step: every update leaves its state as is.
+__device__ __forceinline__ bool muon_step_skipped(const double *scalars) {
+    return scalars[MUON_SCALAR_SKIP] != 0.0;
+}
+
 #endif

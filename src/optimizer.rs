@@ -253,8 +253,16 @@ impl Optimizer {
         self.runtime_mut("grad_ready")?.grad_ready(id)
     }
 
-    /// One optimizer step.
+    /// One optimizer step and what it did: [`Optimizer::step_async`], then
+    /// [`Optimizer::step_info`] (which waits for the compute stream).
     pub fn step(&mut self, args: &StepArgs) -> Result<StepInfo> {
+        self.step_async(args)?;
+        self.step_info()
+    }
+
+    /// One optimizer step, enqueued on the streams without waiting for the device (the
+    /// norm, clip and skip decision stay on the device).
+    pub fn step_async(&mut self, args: &StepArgs) -> Result<()> {
         for (field, value) in [
             ("lr", args.lr),
             ("weight_decay", args.weight_decay),
@@ -265,7 +273,12 @@ impl Optimizer {
                 bail!(OutOfRange, "step: args->{field} {value} must be finite and >= 0");
             }
         }
-        let info = self.runtime_mut("step")?.step(args)?;
+        self.runtime_mut("step")?.step(args)
+    }
+
+    /// What the last step did (all zeros before the first); waits for the compute stream.
+    pub fn step_info(&mut self) -> Result<StepInfo> {
+        let info = self.runtime_mut("step_info")?.step_info()?;
         crate::log!(
             Debug,
             "rank {}: step {}: grad norm {}, clip {}{}",

@@ -22,6 +22,7 @@ use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
+use muon_opt::backend::ops::Scalar;
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::Result;
@@ -145,7 +146,7 @@ impl Emulator {
                     };
                     bind(*buf, ptr, *bytes);
                 }
-                Action::CopyIn { dst, bytes, .. } => {
+                Action::CopyIn { dst, bytes, .. } | Action::CopyInAsync { dst, bytes, .. } => {
                     let r = self.at(*dst, bytes.len());
                     self.mem[r].copy_from_slice(bytes);
                 }
@@ -175,6 +176,7 @@ impl Emulator {
     fn nccl(&mut self, call: &NcclCall) {
         let size = |t: NcclType| match t {
             NcclType::U8 => 1,
+            NcclType::F64 => 8,
             NcclType::F32 => 4,
             NcclType::Bf16 => 2,
         };
@@ -304,7 +306,10 @@ impl Emulator {
                 }
             }
             Kernel::MuonMomentum => {
-                let (mu, one_minus_mu, clip) = (float(a, 5), float(a, 6), float(a, 7));
+                if self.skipped(n(7)) {
+                    return;
+                }
+                let (mu, one_minus_mu, clip) = (float(a, 5), float(a, 6), self.scalar(n(7), Scalar::GradScale));
                 for i in 0..n(4) {
                     let g = self.load(n(0), n(1) != 0, i) * clip;
                     let m = mu * self.ld_f32(n(2) + 4 * i) + one_minus_mu * g;
@@ -328,7 +333,12 @@ impl Emulator {
             Kernel::MuonApply => {
                 let (w, x) = (n(0), n(1));
                 let (batch, rows, cols, transposed) = (n(2), n(3), n(4), n(5) != 0);
-                let (decay, step) = (float(a, 6), float(a, 7));
+                if self.skipped(n(6)) {
+                    return;
+                }
+                let lr_eff = self.scalar(n(6), Scalar::Lr) * float(a, 7);
+                let wd_eff = self.scalar(n(6), Scalar::WeightDecay) * float(a, 8);
+                let (decay, step) = (1.0 - lr_eff * wd_eff, lr_eff * float(a, 9));
                 let size = rows * cols;
                 for e in 0..batch * size {
                     let (k, within) = (e / size, e % size);
@@ -339,7 +349,15 @@ impl Emulator {
                 }
             }
             Kernel::Adamw => {
-                let [b1, b2, omb1, omb2, bc1, bc2, decay, lr, eps, clip] = std::array::from_fn(|i| float(a, 6 + i));
+                let [b1, b2, omb1, omb2, eps, lr_scale, wd_scale] = std::array::from_fn(|i| float(a, 6 + i));
+                let scalars = n(13);
+                if self.skipped(scalars) {
+                    return;
+                }
+                let clip = self.scalar(scalars, Scalar::GradScale);
+                let (bc1, bc2) = (self.scalar(scalars, Scalar::Bc1), self.scalar(scalars, Scalar::Bc2));
+                let lr = self.scalar(scalars, Scalar::AdamLr) * lr_scale;
+                let decay = 1.0 - lr * (self.scalar(scalars, Scalar::AdamWeightDecay) * wd_scale);
                 let (w, m, v) = (n(0), n(1), n(2));
                 for i in 0..n(5) {
                     let g = self.load(n(3), n(4) != 0, i) * clip;
@@ -352,6 +370,7 @@ impl Emulator {
                     self.st_f32(w + 4 * i, wi);
                 }
             }
+            Kernel::StepScalars => self.step_scalars(n(0), n(1), n(2), [float(a, 3), float(a, 4), float(a, 5)]),
             Kernel::Mxfp8Quantize => {
                 let (rows, cols) = (n(1) as usize, n(2) as usize);
                 let input: Vec<u16> = (0..(rows * cols) as u64).map(|i| self.ld_u16(n(0) + 2 * i)).collect();
@@ -409,6 +428,59 @@ impl Emulator {
             }
             let sum = block_sum(&mut lanes);
             self.st_f64(partials + 8 * u64::from(block), sum);
+        }
+    }
+
+    /// An f32 scalar of the step (`muon_scalar`).
+    fn scalar(&self, scalars: DevPtr, s: Scalar) -> f32 {
+        self.ld_f64(scalars + 8 * s.slot() as u64) as f32
+    }
+
+    /// `muon_step_skipped`.
+    fn skipped(&self, scalars: DevPtr) -> bool {
+        self.ld_f64(scalars + 8 * Scalar::Skip.slot() as u64) != 0.0
+    }
+
+    /// `muon_step_scalars` of `kernels/step.cu`, statement for statement.
+    fn step_scalars(&mut self, scalars: DevPtr, sums: DevPtr, dp: u64, [clip_grad, beta1, beta2]: [f32; 3]) {
+        let mut summed = self.ld_f64(sums);
+        for r in 1..dp {
+            summed += self.ld_f64(sums + 8 * r);
+        }
+        let total = summed / (dp as f64 * dp as f64);
+        let skipped = !total.is_finite();
+        let mut clip_coef = 1.0f32;
+        if !skipped && clip_grad != 0.0 {
+            clip_coef = (f64::from(clip_grad) / (total.sqrt() + 1e-6)).min(1.0) as f32;
+        }
+        let grad_scale = if dp > 1 {
+            clip_coef * (1.0 / dp as f32)
+        } else {
+            clip_coef
+        };
+        let at = |s: Scalar| scalars + 8 * s.slot() as u64;
+        let step = self.ld_f64(at(Scalar::Step)) as u64 + u64::from(!skipped);
+        let powi = |base: f32, mut e: u64| {
+            let (mut result, mut square) = (1.0f32, base);
+            while e > 0 {
+                if e & 1 == 1 {
+                    result *= square;
+                }
+                square *= square;
+                e >>= 1;
+            }
+            result
+        };
+        for (s, v) in [
+            (Scalar::GradNorm, total.sqrt()),
+            (Scalar::ClipCoef, f64::from(clip_coef)),
+            (Scalar::GradScale, f64::from(grad_scale)),
+            (Scalar::Skip, if skipped { 1.0 } else { 0.0 }),
+            (Scalar::Step, step as f64),
+            (Scalar::Bc1, f64::from(1.0 - powi(beta1, step))),
+            (Scalar::Bc2, f64::from(1.0 - powi(beta2, step))),
+        ] {
+            self.st_f64(at(s), v);
         }
     }
 

@@ -23,11 +23,13 @@ use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
-use muon_opt::backend::ops::{Mem, MemoryLayout, MuonJob, MuonWork, Span};
+use muon_opt::backend::ops::{
+    EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, Span, StepConstants, StreamKind,
+};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
 use muon_opt::model::{ParamSpec, Route};
-use muon_opt::numerics::muon::{MuonOptions, MuonStepArgs, muon_scale};
+use muon_opt::numerics::muon::{MuonOptions, muon_scale};
 use muon_opt::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use muon_opt::numerics::newton_schulz::NsOptions;
 use muon_opt::optimizer::Optimizer;
@@ -380,14 +382,25 @@ fn newton_schulz_matches_the_golden_vectors() {
                 rows,
                 cols,
                 split_rows: Vec::new(),
-                args: MuonStepArgs {
-                    lr: 1.0,
-                    weight_decay: 0.0,
+                args: MuonParamArgs {
                     lr_scale: 1.0,
                     wd_scale: 1.0,
-                    clip_coef: 1.0,
                 },
             };
+            // The step's scalars as a step derives them: lr 1, no decay, no clip (scale 1).
+            backend.set_step_args([1.0, 0.0, 0.0, 0.0]).unwrap();
+            backend.squared_norm(&[job.grad]).unwrap();
+            backend.record(StreamKind::Compute, EventId(0)).unwrap();
+            backend.wait(StreamKind::Comm, EventId(0)).unwrap();
+            backend.gather_norm_sums().unwrap();
+            backend.record(StreamKind::Comm, EventId(1)).unwrap();
+            backend.wait(StreamKind::Compute, EventId(1)).unwrap();
+            let constants = StepConstants {
+                clip_grad: 0.0,
+                beta1: 0.9,
+                beta2: 0.999,
+            };
+            backend.finish_step(&constants).unwrap();
             backend.muon_update(&job).unwrap();
             let scale = muon_scale(ScaleMode::Spectral, rows, cols, 1.0);
             let out = backend.download(Span::new(Mem::Master, 0, n)).unwrap();

@@ -94,7 +94,7 @@ fn run<O: Observer + 'static>(cfg: &Config, specs: &[ParamSpec], observer: impl 
                         assert_eq!(info.skipped, step == NAN_STEP);
                     }
                     let state = rt.owned_state().unwrap();
-                    let steps = rt.steps();
+                    let steps = rt.steps().unwrap();
                     rt.load_owned_state(steps, &state).unwrap();
                     for p in 0..specs.len() {
                         rt.address(p, true);
@@ -184,7 +184,11 @@ fn the_cuda_translator_receives_the_host_sequence_and_translates_every_op() {
                 "Record",
                 "Wait",
                 "Collectives",
-                "AllReduceF64",
+                "GatherNormSums",
+                "FinishStep",
+                "SetStepArgs",
+                "SetStepCount",
+                "ReadScalars",
                 "AllGatherU64",
                 "Synchronize",
                 "Address",
@@ -294,4 +298,134 @@ fn every_translated_launch_matches_the_compiled_kernel_signature() {
     }
     let all: BTreeSet<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(launched, all, "every kernel is launched by some schedule op");
+}
+
+/// True for an action that blocks the host until the device caught up (or that cannot be
+/// captured in a CUDA graph for the same reason).
+fn synchronizes_the_host(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::CopyIn { .. } | Action::CopyOut { .. } | Action::Synchronize(_)
+    )
+}
+
+/// An iteration as a trainer drives it — zero_grad, forward pre-hooks, gradients written in
+/// place and grad_ready in backward order, step, the next forward's pre-hooks — translates to
+/// device actions none of which waits for the device: the norm, the clip and the skip decision
+/// stay on the device, and the step's arguments go in through pinned staging. Only asking for
+/// the step's info reads back (one copy to the host).
+#[test]
+fn an_iteration_translates_to_no_host_synchronizing_action() {
+    for (label, cfg, specs) in cases() {
+        let dry: Vec<Dry> = (0..DP)
+            .map(|rank| Arc::new(Mutex::new(DryRun::new(rank, DP, MuonOptions::from_config(&cfg)))))
+            .collect();
+        let comms = HostGroup::new(DP, Duration::from_secs(20));
+        let marks: Vec<usize> = std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let (cfg, specs, dry) = (&cfg, &specs, dry[rank].clone());
+                    scope.spawn(move || {
+                        let comm = Communicator::new(Transport::Host(comm));
+                        let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(cfg)).unwrap();
+                        let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, dry.clone())));
+                        let buckets = rt.plan().buckets.len() as u32;
+                        let mark = dry.lock().unwrap().log.len();
+                        rt.zero_grad().unwrap();
+                        for b in 0..buckets {
+                            rt.wait_params(b).unwrap();
+                        }
+                        for p in (0..specs.len()).rev() {
+                            let seen = rt.param_values(p).unwrap();
+                            let grad = common::rank_grad(0, rank, p, &seen);
+                            let ptr = rt.address(p, true).cast::<f32>();
+                            // SAFETY: the host backend's grad view of param p, f32 (grad_dtype).
+                            if cfg.grad_dtype == Dtype::F32 {
+                                unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
+                            }
+                            rt.grad_ready(p as u32).unwrap();
+                        }
+                        rt.step(&common::ARGS).unwrap();
+                        for b in 0..buckets {
+                            rt.wait_params(b).unwrap();
+                        }
+                        let end = dry.lock().unwrap().log.len();
+                        let info = rt.step_info().unwrap();
+                        assert!(!info.skipped && info.step == 1, "{label}: {info:?}");
+                        (mark, end)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        })
+        .into_iter()
+        .flat_map(|(mark, end)| [mark, end])
+        .collect();
+        for rank in 0..DP {
+            let dry = dry[rank].lock().unwrap();
+            let (mark, end) = (marks[2 * rank], marks[2 * rank + 1]);
+            let mut kinds = BTreeSet::new();
+            for (op, translated) in &dry.log[mark..end] {
+                // param_values reads are the test's own (Download); they are not part of it.
+                if matches!(op, Op::Download(_) | Op::Address(_)) {
+                    continue;
+                }
+                kinds.insert(name(op));
+                let Ok(Translated::Actions(actions)) = translated else {
+                    panic!("{label}: {op:?} did not translate: {translated:?}");
+                };
+                let blocking: Vec<_> = actions.iter().filter(|a| synchronizes_the_host(a)).collect();
+                assert!(
+                    blocking.is_empty(),
+                    "{label}, rank {rank}: {} synchronizes: {blocking:?}",
+                    name(op)
+                );
+            }
+            for expected in [
+                "SquaredNorm",
+                "GatherNormSums",
+                "FinishStep",
+                "SetStepArgs",
+                "MuonUpdate",
+                "AdamwUpdate",
+            ] {
+                assert!(kinds.contains(expected), "{label}: the iteration never ran {expected}");
+            }
+            let (read, translated) = &dry.log[end];
+            assert_eq!(*read, Op::ReadScalars);
+            let Ok(Translated::Actions(actions)) = translated else {
+                unreachable!()
+            };
+            assert_eq!(actions.iter().filter(|a| synchronizes_the_host(a)).count(), 1);
+        }
+    }
+}
+
+/// The kernels number the step's scalars as `ops::Scalar` does (`MUON_SCALAR_*` of
+/// `kernels/muon_common.cuh`), every slot once.
+#[test]
+fn the_kernels_number_the_scalars_like_the_schedule() {
+    use muon_opt::backend::ops::Scalar;
+    let header = include_str!("../kernels/muon_common.cuh");
+    let defined: HashMap<String, usize> = header
+        .lines()
+        .filter_map(|l| l.strip_prefix("#define MUON_SCALAR_"))
+        .map(|rest| {
+            let (name, value) = rest.split_once(' ').unwrap();
+            (name.to_string(), value.trim().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(defined.len(), Scalar::COUNT);
+    for scalar in Scalar::ALL {
+        let mut name = String::new();
+        for (i, c) in format!("{scalar:?}").chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                name.push('_');
+            }
+            name.push(c.to_ascii_uppercase());
+        }
+        assert_eq!(defined.get(&name), Some(&scalar.slot()), "MUON_SCALAR_{name}");
+    }
 }

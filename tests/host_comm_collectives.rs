@@ -391,12 +391,10 @@ fn sums_follow_rank_order() {
         let mut buf = vec![per_rank[comm.rank()]; 3];
         // SAFETY: the buffer outlives the call and is not otherwise accessed during it.
         comm.all_reduce(unsafe { Region::from_f32(&mut buf) }).unwrap();
-        let sum = comm.all_reduce_sum_f64([1e17, 1.0, -1e17, 1.0][comm.rank()]).unwrap();
-        (buf, sum)
+        buf
     });
-    for (buf, sum) in results {
+    for buf in results {
         assert_eq!(buf, vec![forward; 3]);
-        assert_eq!(sum, 1.0);
     }
 }
 
@@ -406,13 +404,11 @@ fn scalar_exchanges_and_barrier() {
         let rank = comm.rank();
         comm.barrier().unwrap();
         let gathered = comm.all_gather_u64(10 * rank as u64 + 7).unwrap();
-        let sum = comm.all_reduce_sum_f64(0.5 * rank as f64).unwrap();
         comm.barrier().unwrap();
-        (gathered, sum)
+        gathered
     });
-    for (gathered, sum) in results {
+    for gathered in results {
         assert_eq!(gathered, vec![7, 17, 27, 37]);
-        assert_eq!(sum, 3.0);
     }
 }
 

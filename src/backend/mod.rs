@@ -10,7 +10,7 @@ pub mod recording;
 use std::ffi::c_void;
 
 use crate::error::Result;
-use ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Span, StreamKind};
+use ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
 
 /// What the schedule needs from a backend. Compute-stream operations are ordered by call
 /// order; comm-stream operations by call order on the comm stream; the two streams are
@@ -26,12 +26,24 @@ pub trait Backend: Send {
     fn memset_zero(&mut self, span: Span) -> Result<()>;
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     fn cast(&mut self, src: Span, dst: Span) -> Result<()>;
-    /// Compute stream, host-synchronizing: Σ x² over `spans` in f64, spans in order
-    /// ([`crate::numerics::squared_norm`] per span).
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64>;
-    /// Compute stream: one Muon update.
+    /// Compute stream: Σ x² over `spans` in f64, spans in order
+    /// ([`crate::numerics::squared_norm`] per span), into [`Scalar::NormSq`].
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<()>;
+    /// Comm stream: every rank's [`Scalar::NormSq`], kept in rank order for `finish_step`.
+    fn gather_norm_sums(&mut self) -> Result<()>;
+    /// Compute stream, after `gather_norm_sums`: the step's scalars from the gathered sums and
+    /// the steps taken so far ([`crate::numerics::step_scalars`]).
+    fn finish_step(&mut self, constants: &StepConstants) -> Result<()>;
+    /// Compute stream, without blocking the host: the step's arguments into [`Scalar::Lr`],
+    /// [`Scalar::WeightDecay`], [`Scalar::AdamLr`] and [`Scalar::AdamWeightDecay`].
+    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()>;
+    /// Compute stream: [`Scalar::Step`] = `step` (a loaded checkpoint's count).
+    fn set_step_count(&mut self, step: u64) -> Result<()>;
+    /// Compute stream, host-synchronizing: every scalar, indexed by [`Scalar::slot`].
+    fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]>;
+    /// Compute stream: one Muon update with the step's scalars (none when skipped).
     fn muon_update(&mut self, job: &MuonJob) -> Result<()>;
-    /// Compute stream: one AdamW update.
+    /// Compute stream: one AdamW update with the step's scalars (none when skipped).
     fn adamw_update(&mut self, job: &AdamwJob) -> Result<()>;
     /// Records `event` on `stream`.
     fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()>;
@@ -39,8 +51,6 @@ pub trait Backend: Send {
     fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()>;
     /// Comm stream: the collectives as one group.
     fn collectives(&mut self, ops: &[CollOp]) -> Result<()>;
-    /// Comm stream, host-synchronizing: sum of `value` over ranks, in rank order.
-    fn all_reduce_f64(&mut self, value: f64) -> Result<f64>;
     /// Comm stream, host-synchronizing: every rank's `value`, indexed by rank (checkpoint
     /// agreement and per-file checksums).
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>>;

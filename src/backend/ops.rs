@@ -2,9 +2,6 @@
 //! element range; the schedule decides every offset, event and collective, the backend only
 //! executes (DESIGN.md section 5).
 
-use crate::numerics::adamw::AdamWArgs;
-use crate::numerics::muon::MuonStepArgs;
-
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mem {
@@ -67,6 +64,86 @@ pub enum CollOp {
     AllReduce { span: Span },
 }
 
+/// The step's scalars, resident in device memory (f64 slots; f32 values are stored exactly):
+/// the step writes them on the streams and the update kernels read them, so a step needs no
+/// host round trip and a captured step replays with new values. `kernels/muon_common.cuh`
+/// numbers the slots alike (`MUON_SCALAR_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scalar {
+    /// This rank's Σ g² over the gradients it owns.
+    NormSq,
+    /// ‖g‖ of the mean gradient over every rank (NaN or inf when skipped).
+    GradNorm,
+    /// The clip multiplier (1 when clipping is off, not needed or skipped).
+    ClipCoef,
+    /// What the updates multiply the summed gradients by: `clip_coef / dp`.
+    GradScale,
+    /// 1 when a non-finite gradient skips the step (every update leaves its state as is).
+    Skip,
+    /// Optimizer steps taken (skipped steps excluded), the AdamW `t`.
+    Step,
+    /// AdamW bias corrections `1 − β1^t`, `1 − β2^t`.
+    Bc1,
+    Bc2,
+    /// The step's arguments (`StepArgs`), copied in asynchronously at the start of the step.
+    Lr,
+    WeightDecay,
+    AdamLr,
+    AdamWeightDecay,
+}
+
+impl Scalar {
+    pub const COUNT: usize = 12;
+    pub const ALL: [Scalar; Scalar::COUNT] = [
+        Scalar::NormSq,
+        Scalar::GradNorm,
+        Scalar::ClipCoef,
+        Scalar::GradScale,
+        Scalar::Skip,
+        Scalar::Step,
+        Scalar::Bc1,
+        Scalar::Bc2,
+        Scalar::Lr,
+        Scalar::WeightDecay,
+        Scalar::AdamLr,
+        Scalar::AdamWeightDecay,
+    ];
+
+    /// The slot's index.
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// The constants the step's scalars are derived with ([`crate::numerics::step_scalars`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepConstants {
+    pub clip_grad: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+}
+
+/// Per-parameter multipliers of a Muon update; the learning rate, weight decay and gradient
+/// scale come from the step's scalars.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MuonParamArgs {
+    pub lr_scale: f32,
+    /// 0 for a no-weight-decay parameter.
+    pub wd_scale: f32,
+}
+
+/// Per-parameter constants of an AdamW update; the learning rate, weight decay, gradient
+/// scale and bias corrections come from the step's scalars.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamwParamArgs {
+    pub lr_scale: f32,
+    /// 0 for a no-weight-decay parameter.
+    pub wd_scale: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+}
+
 /// One Muon matrix update (DESIGN.md section 6) on fp32 state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MuonJob {
@@ -78,7 +155,7 @@ pub struct MuonJob {
     pub cols: usize,
     /// Rows of each fused component; empty = not fused.
     pub split_rows: Vec<usize>,
-    pub args: MuonStepArgs,
+    pub args: MuonParamArgs,
 }
 
 /// One AdamW update of a contiguous piece.
@@ -89,7 +166,7 @@ pub struct AdamwJob {
     pub exp_avg_sq: Span,
     /// The reduced gradient (grad dtype).
     pub grad: Span,
-    pub args: AdamWArgs,
+    pub args: AdamwParamArgs,
 }
 
 /// One param with persistent MXFP8 storage, `[rows, cols]` (the flattened 2-D view).

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::backend::Backend;
-use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
 use crate::error::Result;
 
 /// One backend call with its arguments. Floating-point arguments of the plain calls are kept
@@ -28,6 +28,12 @@ pub enum Op {
         dst: Span,
     },
     SquaredNorm(Vec<Span>),
+    GatherNormSums,
+    FinishStep(StepConstants),
+    /// The arguments as f32 bits.
+    SetStepArgs([u32; 4]),
+    SetStepCount(u64),
+    ReadScalars,
     MuonUpdate(MuonJob),
     AdamwUpdate(AdamwJob),
     Record {
@@ -39,10 +45,6 @@ pub enum Op {
         event: EventId,
     },
     Collectives(Vec<CollOp>),
-    /// The value as f64 bits.
-    AllReduceF64 {
-        value_bits: u64,
-    },
     AllGatherU64 {
         value: u64,
     },
@@ -65,11 +67,9 @@ impl Op {
         }
     }
 
-    /// `Op::AllReduceF64` of `value`.
-    pub fn all_reduce_f64(value: f64) -> Op {
-        Op::AllReduceF64 {
-            value_bits: value.to_bits(),
-        }
+    /// `Op::SetStepArgs` of `args`.
+    pub fn set_step_args(args: [f32; 4]) -> Op {
+        Op::SetStepArgs(args.map(f32::to_bits))
     }
 }
 
@@ -157,9 +157,34 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
         self.inner.cast(src, dst)
     }
 
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<()> {
         self.note(Op::SquaredNorm(spans.to_vec()));
         self.inner.squared_norm(spans)
+    }
+
+    fn gather_norm_sums(&mut self) -> Result<()> {
+        self.note(Op::GatherNormSums);
+        self.inner.gather_norm_sums()
+    }
+
+    fn finish_step(&mut self, constants: &StepConstants) -> Result<()> {
+        self.note(Op::FinishStep(*constants));
+        self.inner.finish_step(constants)
+    }
+
+    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {
+        self.note(Op::set_step_args(args));
+        self.inner.set_step_args(args)
+    }
+
+    fn set_step_count(&mut self, step: u64) -> Result<()> {
+        self.note(Op::SetStepCount(step));
+        self.inner.set_step_count(step)
+    }
+
+    fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]> {
+        self.note(Op::ReadScalars);
+        self.inner.read_scalars()
     }
 
     fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
@@ -185,11 +210,6 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
     fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
         self.note(Op::Collectives(ops.to_vec()));
         self.inner.collectives(ops)
-    }
-
-    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
-        self.note(Op::all_reduce_f64(value));
-        self.inner.all_reduce_f64(value)
     }
 
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {

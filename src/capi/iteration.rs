@@ -76,14 +76,18 @@ pub unsafe extern "C" fn muon_optimizer_grad_ready(opt: *mut muon_optimizer_t, p
     with_mut::<Optimizer>("muon_optimizer_grad_ready", opt, "opt", |o| o.grad_ready(param_id))
 }
 
-/// @brief One optimizer step: waits for the gradient collectives (which sum the ranks'
-///        gradients; 1/dp is applied with the clip coefficient), computes the global grad norm,
-///        clips, skips on non-finite gradients, then bucket by bucket in the order the next
-///        forward uses them updates the owned params and launches that bucket's param
-///        collectives, so they overlap the updates of later buckets (with
-///        overlap_param_gather, wait_params orders their use).
+/// @brief One optimizer step: orders the updates after the gradient collectives (which sum
+///        the ranks' gradients; 1/dp is applied with the clip coefficient), computes the global
+///        grad norm, the clip coefficient and the skip decision on a non-finite gradient on the
+///        device, then bucket by bucket in the order the next forward uses them updates the
+///        owned params and launches that bucket's param collectives, so they overlap the
+///        updates of later buckets (with overlap_param_gather, wait_params orders their use).
+///        With @p info NULL the call only enqueues work on the streams and never waits for the
+///        device (the arguments reach the device by an asynchronous copy from pinned memory);
+///        read what the step did later with muon_optimizer_step_info.
 /// @param[in]  args Learning rates and weight decays.
-/// @param[out] info What the step did; may be NULL.
+/// @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
+///             read it back (the same as muon_optimizer_step_info right after the step).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_step(
@@ -97,26 +101,48 @@ pub unsafe extern "C" fn muon_optimizer_step(
             checked_size(info as *const muon_step_info_t, "info")?;
         }
         let a = unsafe { std::ptr::read_unaligned(args) };
-        let result = o.step(&StepArgs {
+        o.step_async(&StepArgs {
             lr: a.lr,
             weight_decay: a.weight_decay,
             adam_lr: a.adam_lr,
             adam_weight_decay: a.adam_weight_decay,
         })?;
         if !info.is_null() {
-            let out = muon_step_info_t {
-                struct_size: std::mem::size_of::<muon_step_info_t>() as u32,
-                skipped: result.skipped as u32,
-                grad_norm: result.grad_norm,
-                clip_coef: result.clip_coef,
-                reserved: 0,
-                step: result.step,
-            };
-            // SAFETY: non-NULL, struct_size checked.
-            unsafe { info.write_unaligned(out) };
+            write_step_info(info, o.step_info()?);
         }
         Ok(())
     })
+}
+
+/// @brief What the last step did (all zeros before the first step): grad norm, clip
+///        coefficient, whether it was skipped, steps taken. Waits for the caller's stream (a
+///        device-to-host copy of a few scalars): call it when the value is needed, e.g. for
+///        logging every N steps, not inside a captured region.
+/// @param[out] info Written on success; info->struct_size must be set by the caller.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_step_info(
+    opt: *mut muon_optimizer_t,
+    info: *mut muon_step_info_t,
+) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_step_info", opt, "opt", |o| {
+        checked_size(info as *const muon_step_info_t, "info")?;
+        write_step_info(info, o.step_info()?);
+        Ok(())
+    })
+}
+
+fn write_step_info(info: *mut muon_step_info_t, result: crate::schedule::StepInfo) {
+    let out = muon_step_info_t {
+        struct_size: std::mem::size_of::<muon_step_info_t>() as u32,
+        skipped: result.skipped as u32,
+        grad_norm: result.grad_norm,
+        clip_coef: result.clip_coef,
+        reserved: 0,
+        step: result.step,
+    };
+    // SAFETY: the callers checked info (non-NULL, struct_size).
+    unsafe { info.write_unaligned(out) };
 }
 
 /// @brief Block until every operation the optimizer enqueued has finished.

@@ -6,6 +6,7 @@ use std::ptr::{null, null_mut};
 use crate::capi::comm::*;
 use crate::capi::config::*;
 use crate::capi::constants::*;
+use crate::capi::iteration::*;
 use crate::capi::optimizer::*;
 use crate::capi::param::*;
 use crate::capi::status::muon_last_error_message;
@@ -476,5 +477,69 @@ fn const_calls_run_concurrently_on_one_handle() {
         assert_eq!(r, &results[0], "every thread sees the same plan and views");
     }
     assert!(results[0].iter().all(|&(len, data)| len > 0 && data != 0));
+    teardown(comm, opt);
+}
+
+/// `muon_optimizer_step` with a NULL info only enqueues; `muon_optimizer_step_info` reads what
+/// the last step did (zeros before the first), in either order of calls; a bad info is refused.
+#[test]
+fn step_info_is_read_on_demand() {
+    let cfg = default_config();
+    let (comm, opt) = single_rank_optimizer(&cfg);
+    let name = CString::new("layers.0.fc1.weight").unwrap();
+    let mut info = unsafe { std::mem::zeroed::<muon_step_info_t>() };
+    info.struct_size = std::mem::size_of::<muon_step_info_t>() as u32;
+    assert_eq!(
+        unsafe { muon_optimizer_step_info(opt, &mut info) },
+        MUON_STATUS_INVALID_STATE
+    );
+    assert_eq!(
+        unsafe { muon_optimizer_add_param(opt, &desc(&name, &[64, 32]), null_mut()) },
+        MUON_STATUS_SUCCESS
+    );
+    assert_eq!(
+        unsafe { muon_optimizer_finalize(opt) },
+        MUON_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
+    assert_eq!(unsafe { muon_optimizer_step_info(opt, &mut info) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        (info.step, info.skipped, info.grad_norm),
+        (0, 0, 0.0),
+        "before the first step"
+    );
+    let args = muon_step_args_t {
+        struct_size: std::mem::size_of::<muon_step_args_t>() as u32,
+        lr: 0.02,
+        weight_decay: 0.0,
+        adam_lr: 1e-3,
+        adam_weight_decay: 0.0,
+    };
+    for step in 1..=2u64 {
+        assert_eq!(unsafe { muon_optimizer_zero_grad(opt) }, MUON_STATUS_SUCCESS);
+        assert_eq!(unsafe { muon_optimizer_grad_ready(opt, 0) }, MUON_STATUS_SUCCESS);
+        assert_eq!(
+            unsafe { muon_optimizer_step(opt, &args, null_mut()) },
+            MUON_STATUS_SUCCESS,
+            "{}",
+            last_error()
+        );
+        assert_eq!(unsafe { muon_optimizer_step_info(opt, &mut info) }, MUON_STATUS_SUCCESS);
+        assert_eq!((info.step, info.skipped, info.clip_coef), (step, 0, 1.0));
+    }
+    assert_eq!(
+        unsafe { muon_optimizer_step_info(opt, null_mut()) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
+    info.struct_size = 3;
+    assert_eq!(
+        unsafe { muon_optimizer_step_info(opt, &mut info) },
+        MUON_STATUS_ABI_MISMATCH
+    );
+    assert_eq!(
+        unsafe { muon_optimizer_step_info(null_mut(), &mut info) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
     teardown(comm, opt);
 }

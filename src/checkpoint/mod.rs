@@ -194,13 +194,8 @@ pub(crate) fn save_with(
     let files = gather_files(runtime.backend_mut(), dp, &written)?;
     hook(Stage::WriteIndex)?;
     let published = if rank == 0 {
-        let index = Index::new(
-            runtime.plan(),
-            runtime.params(),
-            runtime.config(),
-            runtime.steps(),
-            files,
-        );
+        let steps = runtime.steps()?;
+        let index = Index::new(runtime.plan(), runtime.params(), runtime.config(), steps, files);
         check_visible(&paths.staging, &index.files)
             .and_then(|()| write_index(&paths.staging, &index))
             .and_then(|()| publish::publish(&paths, hook))

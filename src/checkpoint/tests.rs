@@ -111,7 +111,7 @@ fn on_ranks<T: Send>(opts: &mut [Optimizer], f: impl Fn(usize, &mut Optimizer) -
 }
 
 fn train_step(opt: &mut Optimizer, rank: usize) {
-    let step = opt.running().unwrap().steps();
+    let step = opt.running().unwrap().steps().unwrap();
     opt.zero_grad().unwrap();
     for p in (0..model().len()).rev() {
         let seen = opt.running().unwrap().param_values(p).unwrap();
@@ -140,7 +140,7 @@ fn state(opts: &mut [Optimizer]) -> Vec<RankState> {
         let rt = opt.running().unwrap();
         rt.synchronize().unwrap();
         let params = (0..model().len()).map(|p| rt.param_values(p).unwrap()).collect();
-        (rt.steps(), rt.owned_state().unwrap(), params)
+        (rt.steps().unwrap(), rt.owned_state().unwrap(), params)
     })
 }
 

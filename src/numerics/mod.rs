@@ -54,3 +54,54 @@ pub fn clip_coefficient(total_squared_norm: f64, clip_grad: f32) -> f32 {
     let coef = f64::from(clip_grad) / (total_squared_norm.sqrt() + 1e-6);
     coef.min(1.0) as f32
 }
+
+/// What a step derives from every rank's Σ g² (the kernel `muon_step_scalars` computes the
+/// same, operation for operation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepScalars {
+    /// ‖g‖ of the mean gradient; NaN or inf when skipped.
+    pub grad_norm: f64,
+    pub clip_coef: f32,
+    /// `clip_coef / dp`: the summed gradients times this are the clipped mean.
+    pub grad_scale: f32,
+    pub skipped: bool,
+    /// Steps taken after this one (skipped steps excluded).
+    pub step: u64,
+    /// AdamW bias corrections at `step`.
+    pub bc1: f32,
+    pub bc2: f32,
+}
+
+/// The step's scalars from `rank_sums` (Σ g² of each rank's owned gradients, summed in rank
+/// order; the gradients are sums over the `dp = rank_sums.len()` ranks, so the mean's squared
+/// norm is the total over dp²), the steps taken before, and the clip and AdamW constants.
+pub fn step_scalars(rank_sums: &[f64], previous_step: u64, clip_grad: f32, beta1: f32, beta2: f32) -> StepScalars {
+    let dp = rank_sums.len().max(1);
+    let summed = rank_sums
+        .iter()
+        .skip(1)
+        .fold(rank_sums.first().copied().unwrap_or(0.0), |acc, v| acc + v);
+    let total = summed / (dp as f64 * dp as f64);
+    let skipped = !total.is_finite();
+    let clip_coef = if skipped {
+        1.0
+    } else {
+        clip_coefficient(total, clip_grad)
+    };
+    let grad_scale = if dp > 1 {
+        clip_coef * (1.0 / dp as f32)
+    } else {
+        clip_coef
+    };
+    let step = previous_step + u64::from(!skipped);
+    let (bc1, bc2) = adamw::adamw_bias_corrections(beta1, beta2, step);
+    StepScalars {
+        grad_norm: total.sqrt(),
+        clip_coef,
+        grad_scale,
+        skipped,
+        step,
+        bc1,
+        bc2,
+    }
+}

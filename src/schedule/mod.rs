@@ -13,14 +13,13 @@ pub mod restore;
 pub mod state;
 
 use crate::backend::Backend;
-use crate::backend::ops::{AdamwJob, EventId, Mem, MuonJob, Span, StreamKind};
+use crate::backend::ops::{
+    AdamwJob, AdamwParamArgs, EventId, Mem, MuonJob, MuonParamArgs, Scalar, Span, StepConstants, StreamKind,
+};
 use crate::bail;
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
-use crate::numerics::adamw::AdamWArgs;
-use crate::numerics::clip_coefficient;
-use crate::numerics::muon::MuonStepArgs;
 use crate::plan::ElemRange;
 use crate::plan::Plan;
 use state::StateLayout;
@@ -63,6 +62,12 @@ fn event(bucket: usize, ev: Ev) -> EventId {
     EventId(bucket * 4 + ev as usize)
 }
 
+/// The step's own events, numbered after every bucket's: this rank's Σ g² is written (compute),
+/// every rank's is gathered (comm).
+fn norm_event(buckets: usize, gathered: bool) -> EventId {
+    EventId(buckets * 4 + usize::from(gathered))
+}
+
 /// One rank's runtime after finalize.
 pub struct Runtime {
     plan: Box<Plan>,
@@ -84,7 +89,6 @@ pub struct Runtime {
     /// Per bucket: the Muon batches and AdamW slots whose params live in it.
     bucket_batches: Vec<Vec<usize>>,
     bucket_adamw: Vec<Vec<usize>>,
-    steps: u64,
     profile: StepProfile,
 }
 
@@ -151,7 +155,6 @@ impl Runtime {
             cfg,
             layout,
             backend,
-            steps: 0,
             profile: StepProfile::default(),
         })
     }
@@ -164,12 +167,21 @@ impl Runtime {
         self.backend.as_mut()
     }
 
-    pub fn steps(&self) -> u64 {
-        self.steps
+    /// Optimizer steps taken (skipped steps excluded). Waits for the compute stream.
+    pub fn steps(&mut self) -> Result<u64> {
+        Ok(self.step_info()?.step)
     }
 
-    fn dp(&self) -> usize {
-        self.plan.dp as usize
+    /// What the last step did, read from the device: waits for the compute stream (the only
+    /// host synchronization of an iteration, and only when asked).
+    pub fn step_info(&mut self) -> Result<StepInfo> {
+        let s = self.backend.read_scalars()?;
+        Ok(StepInfo {
+            grad_norm: s[Scalar::GradNorm.slot()],
+            clip_coef: s[Scalar::ClipCoef.slot()] as f32,
+            skipped: s[Scalar::Skip.slot()] != 0.0,
+            step: s[Scalar::Step.slot()] as u64,
+        })
     }
 
     /// Marks the grad buffer for zeroing: each bucket's memset is ordered after everything
@@ -265,13 +277,19 @@ impl Runtime {
         muon.chain(self.layout.adamw.iter().map(|s| s.grad())).collect()
     }
 
-    /// One optimizer step (DESIGN.md sections 5 and 6). The reduced gradients are sums over
-    /// the ranks: the norm of their mean is `‖sum‖ / dp`, and the updates scale them by
-    /// `clip_coef / dp` in the same multiply that applies the clip coefficient. Owners update
-    /// the buckets in the order the next forward uses them, and each bucket's param collective
-    /// starts as soon as its own updates are done.
-    pub fn step(&mut self, args: &StepArgs) -> Result<StepInfo> {
+    /// One optimizer step (DESIGN.md sections 5 and 6), enqueued without a host
+    /// synchronization: the arguments go to the device asynchronously, this rank's Σ g² is
+    /// gathered from every rank on the comm stream, and one kernel derives the norm, the clip
+    /// coefficient, the skip decision, the step count and the bias corrections there
+    /// ([`crate::numerics::step_scalars`]); the updates read them from device memory and leave
+    /// every state as is when the step is skipped. The reduced gradients are sums over the
+    /// ranks: the updates scale them by `clip_coef / dp` in the multiply that applies the clip.
+    /// Owners update the buckets in the order the next forward uses them, and each bucket's
+    /// param collective starts as soon as its own updates are done. [`Runtime::step_info`]
+    /// reads what the step did.
+    pub fn step(&mut self, args: &StepArgs) -> Result<()> {
         let mut profile = self.profile;
+        let buckets = self.plan.buckets.len();
         timed(&mut profile.grad_collectives, || {
             for i in 0..self.forward_order.len() {
                 let b = self.grad_sync_bucket(i);
@@ -279,52 +297,40 @@ impl Runtime {
                     self.launch_grad_sync(b)?;
                 }
             }
-            for b in 0..self.plan.buckets.len() {
+            for b in 0..buckets {
                 self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
             }
             Ok(())
         })?;
-        let summed = timed(&mut profile.grad_norm, || {
-            let local = self.backend.squared_norm(&self.owned_grad_spans())?;
-            self.backend.all_reduce_f64(local)
+        self.backend
+            .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])?;
+        timed(&mut profile.grad_norm, || {
+            self.backend.squared_norm(&self.owned_grad_spans())?;
+            self.backend.record(StreamKind::Compute, norm_event(buckets, false))?;
+            self.backend.wait(StreamKind::Comm, norm_event(buckets, false))?;
+            self.backend.gather_norm_sums()?;
+            self.backend.record(StreamKind::Comm, norm_event(buckets, true))?;
+            self.backend.wait(StreamKind::Compute, norm_event(buckets, true))?;
+            self.backend.finish_step(&StepConstants {
+                clip_grad: self.cfg.clip_grad,
+                beta1: self.cfg.adam_beta1,
+                beta2: self.cfg.adam_beta2,
+            })
         })?;
-        let dp = self.dp() as f64;
-        let total = summed / (dp * dp);
         self.end_iteration();
-        if !total.is_finite() {
-            self.profile = profile;
-            return Ok(StepInfo {
-                grad_norm: total.sqrt(),
-                clip_coef: 1.0,
-                skipped: true,
-                step: self.steps,
-            });
-        }
-        let clip_coef = clip_coefficient(total, self.cfg.clip_grad);
-        let grad_scale = if self.dp() > 1 {
-            clip_coef * (1.0 / self.dp() as f32)
-        } else {
-            clip_coef
-        };
-        self.steps += 1;
         for i in 0..self.forward_order.len() {
             let b = self.forward_order[i];
-            self.update_muon(b, args, grad_scale, &mut profile)?;
-            self.update_adamw(b, args, grad_scale, &mut profile)?;
+            self.update_muon(b, &mut profile)?;
+            self.update_adamw(b, &mut profile)?;
             timed(&mut profile.param_collectives, || self.launch_param_sync(b))?;
         }
         if !self.cfg.overlap_param_gather {
-            for b in 0..self.plan.buckets.len() {
+            for b in 0..buckets {
                 self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
         }
         self.profile = profile;
-        Ok(StepInfo {
-            grad_norm: total.sqrt(),
-            clip_coef,
-            skipped: false,
-            step: self.steps,
-        })
+        Ok(())
     }
 
     /// Where `step` spent its time so far.
@@ -379,15 +385,8 @@ impl Runtime {
         }
     }
 
-    /// The Muon updates of bucket `bucket`'s owned matrices; `grad_scale` multiplies the
-    /// summed gradients (clip coefficient / dp).
-    fn update_muon(
-        &mut self,
-        bucket: usize,
-        args: &StepArgs,
-        grad_scale: f32,
-        profile: &mut StepProfile,
-    ) -> Result<()> {
+    /// The Muon updates of bucket `bucket`'s owned matrices.
+    fn update_muon(&mut self, bucket: usize, profile: &mut StepProfile) -> Result<()> {
         for k in 0..self.bucket_batches[bucket].len() {
             let batch = self.layout.muon_batches[self.bucket_batches[bucket][k]];
             let first = self.layout.muon[batch.first];
@@ -409,12 +408,9 @@ impl Runtime {
                 } else {
                     state::component_rows(spec, batch.count)
                 },
-                args: MuonStepArgs {
-                    lr: args.lr,
-                    weight_decay: args.weight_decay,
+                args: MuonParamArgs {
                     lr_scale: spec.lr_scale,
                     wd_scale: Self::wd_scale(spec),
-                    clip_coef: grad_scale,
                 },
             };
             timed(&mut profile.muon, || self.backend.muon_update(&job))?;
@@ -425,13 +421,7 @@ impl Runtime {
     }
 
     /// The AdamW updates of this rank's pieces of bucket `bucket`.
-    fn update_adamw(
-        &mut self,
-        bucket: usize,
-        args: &StepArgs,
-        grad_scale: f32,
-        profile: &mut StepProfile,
-    ) -> Result<()> {
+    fn update_adamw(&mut self, bucket: usize, profile: &mut StepProfile) -> Result<()> {
         for k in 0..self.bucket_adamw[bucket].len() {
             let slot = self.layout.adamw[self.bucket_adamw[bucket][k]];
             let spec = &self.params[slot.piece.param as usize];
@@ -440,14 +430,12 @@ impl Runtime {
                 exp_avg: slot.exp_avg(),
                 exp_avg_sq: slot.exp_avg_sq(),
                 grad: slot.grad(),
-                args: AdamWArgs {
-                    lr: args.adam_lr * spec.lr_scale,
-                    weight_decay: args.adam_weight_decay * Self::wd_scale(spec),
+                args: AdamwParamArgs {
+                    lr_scale: spec.lr_scale,
+                    wd_scale: Self::wd_scale(spec),
                     beta1: self.cfg.adam_beta1,
                     beta2: self.cfg.adam_beta2,
                     eps: self.cfg.adam_eps,
-                    step: self.steps,
-                    clip_coef: grad_scale,
                 },
             };
             timed(&mut profile.adamw, || self.backend.adamw_update(&job))?;

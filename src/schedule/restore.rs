@@ -81,7 +81,7 @@ impl Runtime {
             self.backend.upload(slot.exp_avg(), &piece.moments[0])?;
             self.backend.upload(slot.exp_avg_sq(), &piece.moments[1])?;
         }
-        self.steps = steps;
+        self.backend.set_step_count(steps)?;
         self.resync_params()
     }
 

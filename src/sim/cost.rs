@@ -85,6 +85,7 @@ fn elem(args: &[Arg], i: usize) -> u64 {
 fn nccl_size(dtype: NcclType) -> u64 {
     match dtype {
         NcclType::U8 => 1,
+        NcclType::F64 => 8,
         NcclType::Bf16 => 2,
         NcclType::F32 => 4,
     }
@@ -114,6 +115,12 @@ impl CostModel {
             Action::Alloc { .. } => Cost::Free,
             Action::CopyIn { bytes, stream, .. } => self.copy(*stream, bytes.len() as u64),
             Action::CopyOut { bytes, stream, .. } => self.copy(*stream, *bytes),
+            // Queued from pinned memory: the host only pays the call.
+            Action::CopyInAsync { bytes, stream, .. } => Cost::Work {
+                stream: *stream,
+                host: launch,
+                device: self.hw.copy_latency_us * US + bytes.len() as f64 / (self.hw.pcie_gbps * GB),
+            },
             Action::Zero { bytes, stream, .. } => Cost::Work {
                 stream: *stream,
                 host: launch,
@@ -255,10 +262,12 @@ fn kernel_bytes(l: &Launch) -> u64 {
         Kernel::MuonMomentum => arg_u64(a, 4) * (elem(a, 1) + 12),
         // (u, x, norms, batch, rows, cols, t): read and write f32
         Kernel::NsNormalize => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 5) * 8,
-        // (master, x, batch, rows, cols, t, decay, step): master read+write, x read
+        // (master, x, batch, rows, cols, t, scalars, …): master read+write, x read
         Kernel::MuonApply => arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * 12,
         // master, exp_avg, exp_avg_sq read+write, grad read
         Kernel::Adamw => arg_u64(a, 5) * (24 + elem(a, 4)),
+        // the scalar slots and one sum per rank (dp is argument 2)
+        Kernel::StepScalars => (crate::backend::ops::Scalar::COUNT as u64 + arg_u64(a, 2)) * 8,
         // bf16 in; rowwise and columnwise E4M3 out, one scale byte per 32 elements each
         Kernel::Mxfp8Quantize => {
             let n = arg_u64(a, 1) * arg_u64(a, 2);

@@ -52,6 +52,7 @@ fn what(action: &Action) -> &'static str {
     match action {
         Action::Alloc { .. } => "alloc",
         Action::CopyIn { .. } => "copy to device",
+        Action::CopyInAsync { .. } => "step arguments to device",
         Action::CopyOut { .. } => "copy to host",
         Action::Zero { .. } => "memset",
         Action::CopyDevice { .. } => "copy",
@@ -62,6 +63,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::NsNormalize => "ns normalize",
             Kernel::MuonApply => "muon apply",
             Kernel::Adamw => "adamw",
+            Kernel::StepScalars => "step scalars",
             Kernel::Mxfp8Quantize => "mxfp8 quantize",
         },
         Action::Gemm(_) => "ns gemm",
@@ -69,6 +71,9 @@ fn what(action: &Action) -> &'static str {
             Some(NcclCall::AllGather {
                 dtype: NcclType::U8, ..
             }) => "scalar exchange",
+            Some(NcclCall::AllGather {
+                dtype: NcclType::F64, ..
+            }) => "norm all-gather",
             Some(NcclCall::Reduce { .. }) => "reduce",
             Some(NcclCall::Broadcast { .. }) => "broadcast",
             Some(NcclCall::ReduceScatter { .. }) => "reduce-scatter",

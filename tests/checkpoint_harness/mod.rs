@@ -230,7 +230,7 @@ impl Group {
         self.run(|_, opt| {
             let n = opt.registry().len();
             for _ in 0..steps {
-                let step = opt.running().unwrap().steps();
+                let step = opt.running().unwrap().steps().unwrap();
                 opt.zero_grad().unwrap();
                 let buckets = opt.plan().unwrap().buckets.len() as u32;
                 for b in 0..buckets {
@@ -263,7 +263,7 @@ impl Group {
             let rt = opt.running().unwrap();
             rt.synchronize().unwrap();
             let params: Vec<Vec<f32>> = (0..n).map(|p| rt.param_values(p).unwrap()).collect();
-            (rt.steps(), params, rt.owned_state().unwrap())
+            (rt.steps().unwrap(), params, rt.owned_state().unwrap())
         });
         let steps = per_rank.iter().map(|r| r.0).collect();
         let params = per_rank.iter().map(|r| r.1.clone()).collect();

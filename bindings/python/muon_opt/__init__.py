@@ -464,14 +464,26 @@ class Optimizer(_Owner):
         """Backward hook: the param's gradient is complete for this iteration."""
         lib().muon_optimizer_grad_ready(self._handle, param_id)
 
-    def step(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0):
-        """One optimizer step (Muon lr and decay, AdamW lr and decay); returns StepInfo."""
+    def step(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0, wait=True):
+        """One optimizer step (Muon lr and decay, AdamW lr and decay); returns StepInfo. With
+        ``wait=False`` the step is only enqueued (it never waits for the device) and returns
+        None; :meth:`step_info` reads what it did later."""
         args = _capi.muon_step_args_t(
             ctypes.sizeof(_capi.muon_step_args_t), lr, weight_decay, adam_lr, adam_weight_decay
         )
+        if not wait:
+            lib().muon_optimizer_step(self._handle, byref(args), None)
+            return None
         info = _capi.muon_step_info_t()
         info.struct_size = ctypes.sizeof(info)
         lib().muon_optimizer_step(self._handle, byref(args), byref(info))
+        return StepInfo(bool(info.skipped), info.grad_norm, info.clip_coef, info.step)
+
+    def step_info(self):
+        """What the last step did (waits for the device on the cuda backend)."""
+        info = _capi.muon_step_info_t()
+        info.struct_size = ctypes.sizeof(info)
+        lib().muon_optimizer_step_info(self._handle, byref(info))
         return StepInfo(bool(info.skipped), info.grad_norm, info.clip_coef, info.step)
 
     def synchronize(self):

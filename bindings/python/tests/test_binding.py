@@ -263,6 +263,17 @@ class Library(unittest.TestCase):
             self.assertEqual(len(v.mxfp8_colwise_scales), cr * cc)
             self.assertEqual(v.grad.format, "f")
 
+    def test_step_without_waiting_then_step_info(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            w = opt.add_param("w", (16, 8), dtype=mo.Dtype.F32)
+            opt.finalize()
+            self.assertEqual(opt.step_info().step, 0)
+            opt.zero_grad()
+            opt.grad_ready(w)
+            self.assertIsNone(opt.step(lr=0.02, adam_lr=1e-3, wait=False))
+            info = opt.step_info()
+            self.assertEqual((info.step, info.skipped), (1, False))
+
     def test_plan_json_is_json(self):
         with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
             opt.add_param("w", (16, 8))

@@ -20,7 +20,7 @@ pub enum Buf {
     Mxfp8 { param: u32, part: u8 },
     /// Muon workspace.
     Work(Work),
-    /// f64 slots for scalars: the squared norm, then the all-gather send slot, then one
+    /// f64 slots: the step's scalars (`ops::Scalar`), then the all-gather send slot, then one
     /// receive slot per rank.
     Scalars,
 }
@@ -58,13 +58,14 @@ pub enum Kernel {
     MuonMomentum,
     NsNormalize,
     MuonApply,
+    StepScalars,
     Adamw,
     Mxfp8Quantize,
 }
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 9] = [
+    pub const ALL: [Kernel; 10] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
@@ -73,6 +74,7 @@ impl Kernel {
         Kernel::NsNormalize,
         Kernel::MuonApply,
         Kernel::Adamw,
+        Kernel::StepScalars,
         Kernel::Mxfp8Quantize,
     ];
 
@@ -83,6 +85,7 @@ impl Kernel {
             Kernel::SumsqPartials | Kernel::SumsqFinish => "reduce.cu",
             Kernel::MuonMomentum | Kernel::NsNormalize | Kernel::MuonApply => "muon.cu",
             Kernel::Adamw => "adamw.cu",
+            Kernel::StepScalars => "step.cu",
             Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
         }
     }
@@ -98,6 +101,7 @@ impl Kernel {
             Kernel::NsNormalize => "muon_ns_normalize",
             Kernel::MuonApply => "muon_apply",
             Kernel::Adamw => "muon_adamw",
+            Kernel::StepScalars => "muon_step_scalars",
             Kernel::Mxfp8Quantize => "muon_mxfp8_quantize_bf16",
         }
     }
@@ -160,6 +164,7 @@ pub struct Gemm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NcclType {
     U8,
+    F64,
     F32,
     Bf16,
 }
@@ -212,6 +217,14 @@ pub enum Action {
     },
     /// Copies host bytes to the device on `stream` and waits for the copy.
     CopyIn {
+        dst: DevPtr,
+        bytes: Vec<u8>,
+        stream: StreamKind,
+    },
+    /// Copies host bytes to the device on `stream` without blocking the host: the executor
+    /// stages them in pinned memory it does not reuse before the copy has run, so a captured
+    /// graph's copy reads the values of its replay.
+    CopyInAsync {
         dst: DevPtr,
         bytes: Vec<u8>,
         stream: StreamKind,

@@ -14,7 +14,8 @@ use cudarc::driver::sys as cu;
 
 use crate::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs, NcclCall, NcclType};
 use crate::backend::cuda::kernels::Modules;
-use crate::backend::cuda::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_SUM, NCCL_UINT8, NcclComm};
+use crate::backend::cuda::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM, NCCL_UINT8, NcclComm};
+use crate::backend::cuda::pinned::PinnedRing;
 use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::comm::{Communicator, Transport};
@@ -104,6 +105,7 @@ pub struct Device {
     blas_workspace: DevPtr,
     comm: Arc<Communicator>,
     timeout: Duration,
+    staging: PinnedRing,
 }
 
 // SAFETY: the handles are used by one thread at a time (one thread per optimizer handle);
@@ -190,6 +192,7 @@ impl Device {
             blas_workspace: 0,
             comm: comm.clone(),
             timeout,
+            staging: PinnedRing::default(),
         };
         // SAFETY (this block): plain out-parameters in the current context; everything created
         // is owned by `device` and released by its Drop if a later step fails.
@@ -282,6 +285,11 @@ impl Device {
                     cu::cuMemcpyHtoDAsync_v2(*dst, bytes.as_ptr().cast(), bytes.len(), self.stream(*stream))
                 })?;
                 self.wait_for(*stream, "a host-to-device copy")
+            }
+            Action::CopyInAsync { dst, bytes, stream } => {
+                let stream = self.stream(*stream);
+                // SAFETY: our live stream in the current context; the translator checked the range.
+                unsafe { self.staging.copy(*dst, bytes, stream) }
             }
             Action::CopyOut { src, bytes, stream } => {
                 let mut host = vec![0u8; *bytes as usize];
@@ -462,6 +470,7 @@ impl Device {
         let stream = self.comm_stream.cast::<c_void>();
         let dtype = |t: NcclType| match t {
             NcclType::U8 => NCCL_UINT8,
+            NcclType::F64 => NCCL_FLOAT64,
             NcclType::F32 => NCCL_FLOAT32,
             NcclType::Bf16 => NCCL_BFLOAT16,
         };
@@ -581,6 +590,7 @@ impl Drop for Device {
                 let _ = self.wait_for(stream, "teardown");
             }
         }
+        self.staging.destroy();
         // SAFETY (this block): each handle was created by this backend and is released once.
         unsafe {
             for (_, (ptr, _)) in self.buffers.drain() {

@@ -22,6 +22,7 @@ pub mod host_copy;
 pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
+pub mod pinned;
 pub mod probe;
 pub mod translate;
 
@@ -31,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
 use crate::backend::recording::Op;
 use crate::bail;
 use crate::comm::Communicator;
@@ -191,11 +192,37 @@ impl<E: Executor> Backend for CudaBackend<E> {
         self.op(&Op::Cast { src, dst }).map(drop)
     }
 
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
-        let bytes = single(self.op(&Op::SquaredNorm(spans.to_vec()))?)?;
-        match words(&bytes).next() {
-            Some(word) => Ok(f64::from_le_bytes(word)),
-            None => bail!(Internal, "squared_norm: no result"),
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<()> {
+        self.op(&Op::SquaredNorm(spans.to_vec())).map(drop)
+    }
+
+    fn gather_norm_sums(&mut self) -> Result<()> {
+        self.op(&Op::GatherNormSums).map(drop)
+    }
+
+    fn finish_step(&mut self, constants: &StepConstants) -> Result<()> {
+        self.op(&Op::FinishStep(*constants)).map(drop)
+    }
+
+    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {
+        self.op(&Op::set_step_args(args)).map(drop)
+    }
+
+    fn set_step_count(&mut self, step: u64) -> Result<()> {
+        self.op(&Op::SetStepCount(step)).map(drop)
+    }
+
+    fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]> {
+        let bytes = single(self.op(&Op::ReadScalars)?)?;
+        let values: Vec<f64> = words(&bytes).map(f64::from_le_bytes).collect();
+        match <[f64; Scalar::COUNT]>::try_from(values) {
+            Ok(values) => Ok(values),
+            Err(values) => bail!(
+                Internal,
+                "read_scalars: {} values, expected {}",
+                values.len(),
+                Scalar::COUNT
+            ),
         }
     }
 
@@ -222,15 +249,6 @@ impl<E: Executor> Backend for CudaBackend<E> {
     /// The ranks' values are all-gathered and summed on the host in rank order, so the sum
     /// is bit-identical to the host backend's at any dp (an NCCL all-reduce would add in the
     /// order of its ring or tree).
-    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
-        let bytes = single(self.op(&Op::all_reduce_f64(value))?)?;
-        let mut values = words(&bytes).map(f64::from_le_bytes);
-        let Some(first) = values.next() else {
-            bail!(Internal, "all_reduce_f64: no result")
-        };
-        Ok(values.fold(first, |acc, v| acc + v))
-    }
-
     /// NCCL all-gather of one word per rank on the comm stream; host-synchronizing.
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
         let bytes = single(self.op(&Op::AllGatherU64 { value })?)?;

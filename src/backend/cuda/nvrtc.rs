@@ -42,6 +42,10 @@ pub const SOURCES: &[Source] = &[
         name: "reduce.cu",
         text: include_str!("../../../kernels/reduce.cu"),
     },
+    Source {
+        name: "step.cu",
+        text: include_str!("../../../kernels/step.cu"),
+    },
 ];
 
 /// Every `kernels/*.cuh` header, handed to NVRTC by name so no kernels directory is needed

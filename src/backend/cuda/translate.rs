@@ -14,12 +14,11 @@ use std::collections::HashMap;
 use crate::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType, Work,
 };
-use crate::backend::ops::{AdamwJob, CollOp, Mem, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::backend::ops::{AdamwJob, CollOp, Mem, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
 use crate::backend::recording::Op;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision};
 use crate::error::Result;
-use crate::numerics::adamw::adamw_bias_corrections;
 use crate::numerics::bf16::f32_to_bf16_rne;
 use crate::numerics::muon::{MuonOptions, muon_scale};
 use crate::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
@@ -37,6 +36,10 @@ const SUMSQ_BLOCK_ELEMS: u64 = 4096;
 const SUMSQ_MAX_BLOCKS: u64 = 2048;
 /// Capacity of the partials workspace.
 const PARTIALS: u64 = SUMSQ_SPANS as u64 * SUMSQ_MAX_BLOCKS;
+/// Scalar slot of an exchange's send value, right after the step's scalars.
+const SEND_SLOT: u64 = Scalar::COUNT as u64;
+/// First of the `dp` receive slots (an exchange's values, the gathered Σ g² of the step).
+const RECEIVE_SLOTS: u64 = SEND_SLOT + 1;
 /// MXFP8 quantize: most tile rows covered by separate blocks (the kernel strides over more).
 const MXFP8_MAX_GRID_Y: u64 = 1024;
 
@@ -211,13 +214,13 @@ impl Translator {
         }
     }
 
-    /// The allocations a backend makes at creation, before `allocate`: the scalar slots the
-    /// plan-hash exchange and the step's reductions use.
+    /// The allocations a backend makes at creation, before `allocate`: the step's scalars
+    /// ([`Scalar`]), the send slot of an exchange and one receive slot per rank.
     pub fn setup(&self) -> Vec<Action> {
         vec![
             Action::Alloc {
                 buf: Buf::Scalars,
-                bytes: (2 + self.dp as u64) * 8,
+                bytes: (RECEIVE_SLOTS + self.dp as u64) * 8,
             },
             // Zeroed on the compute stream; the comm stream uses the slots next.
             Action::Synchronize(StreamKind::Compute),
@@ -248,8 +251,13 @@ impl Translator {
     }
 
     /// Scalar slot `i` (f64).
-    fn scalar(&self, i: u64) -> Result<DevPtr> {
+    fn slot(&self, i: u64) -> Result<DevPtr> {
         Ok(self.buffer(Buf::Scalars)?.0 + 8 * i)
+    }
+
+    /// The slot of `scalar`.
+    fn scalar(&self, scalar: Scalar) -> Result<DevPtr> {
+        self.slot(scalar.slot() as u64)
     }
 
     /// The device memory of `span`, bounds-checked; a staging span views its grad buffer's
@@ -304,7 +312,7 @@ impl Translator {
     /// The all-gather of one 8-byte value per rank: the value goes to the send slot, the
     /// ranks' values come back in rank order (`dp · 8` bytes, the result of the actions).
     fn exchange(&self, value: [u8; 8]) -> Result<Vec<Action>> {
-        let (send, recv) = (self.scalar(1)?, self.scalar(2)?);
+        let (send, recv) = (self.slot(SEND_SLOT)?, self.slot(RECEIVE_SLOTS)?);
         Ok(vec![
             Action::CopyIn {
                 dst: send,
@@ -349,6 +357,31 @@ impl Translator {
             }
             Op::Cast { src, dst } => self.cast(*src, *dst),
             Op::SquaredNorm(spans) => self.squared_norm(spans),
+            Op::GatherNormSums => Ok(vec![Action::Nccl(vec![NcclCall::AllGather {
+                send: self.scalar(Scalar::NormSq)?,
+                recv: self.slot(RECEIVE_SLOTS)?,
+                send_count: 1,
+                dtype: NcclType::F64,
+            }])]),
+            Op::FinishStep(constants) => self.finish_step(constants),
+            Op::SetStepArgs(bits) => Ok(vec![Action::CopyInAsync {
+                dst: self.scalar(Scalar::Lr)?,
+                bytes: bits
+                    .iter()
+                    .flat_map(|&b| f64::from(f32::from_bits(b)).to_le_bytes())
+                    .collect(),
+                stream: StreamKind::Compute,
+            }]),
+            Op::SetStepCount(step) => Ok(vec![Action::CopyIn {
+                dst: self.scalar(Scalar::Step)?,
+                bytes: (*step as f64).to_le_bytes().to_vec(),
+                stream: StreamKind::Compute,
+            }]),
+            Op::ReadScalars => Ok(vec![Action::CopyOut {
+                src: self.slot(0)?,
+                bytes: Scalar::COUNT as u64 * 8,
+                stream: StreamKind::Compute,
+            }]),
             Op::MuonUpdate(job) => self.muon_update(job),
             Op::AdamwUpdate(job) => self.adamw_update(job),
             Op::Record { stream, event } => Ok(vec![Action::Record {
@@ -362,7 +395,6 @@ impl Translator {
             Op::Collectives(ops) => Ok(vec![Action::Nccl(
                 ops.iter().map(|op| self.collective(op)).collect::<Result<_>>()?,
             )]),
-            Op::AllReduceF64 { value_bits } => self.exchange(value_bits.to_le_bytes()),
             Op::AllGatherU64 { value } => self.exchange(value.to_le_bytes()),
             Op::Mxfp8Quantize { stream, src, param } => self.mxfp8_quantize(*stream, *src, *param),
             Op::Synchronize => Ok(vec![
@@ -536,19 +568,31 @@ impl Translator {
             .map(|s| self.resolve(*s))
             .filter(|r| !matches!(r, Ok(r) if r.len == 0))
             .collect::<Result<Vec<_>>>()?;
-        let out = self.scalar(0)?;
+        let out = self.scalar(Scalar::NormSq)?;
         let mut actions = vec![Action::Zero {
             dst: out,
             bytes: 8,
             stream: StreamKind::Compute,
         }];
         self.sumsq(&mut actions, &resolved, SumInto::Total, out)?;
-        actions.push(Action::CopyOut {
-            src: out,
-            bytes: 8,
-            stream: StreamKind::Compute,
-        });
         Ok(actions)
+    }
+
+    /// One thread derives the step's scalars from the gathered sums (`numerics::step_scalars`).
+    fn finish_step(&self, constants: &StepConstants) -> Result<Vec<Action>> {
+        Ok(vec![launch(
+            Kernel::StepScalars,
+            1,
+            StreamKind::Compute,
+            vec![
+                Arg::Ptr(self.slot(0)?),
+                Arg::Ptr(self.slot(RECEIVE_SLOTS)?),
+                Arg::U32(to_u32("dp", self.dp as u64)?),
+                Arg::F32(constants.clip_grad),
+                Arg::F32(constants.beta1),
+                Arg::F32(constants.beta2),
+            ],
+        )])
     }
 
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
@@ -594,6 +638,7 @@ impl Translator {
         }
         let opts = &self.muon;
         let update = self.work(Work::Update)?;
+        let scalars = self.slot(0)?;
         let mut actions = vec![launch(
             Kernel::MuonMomentum,
             len,
@@ -606,13 +651,10 @@ impl Translator {
                 Arg::U64(len),
                 Arg::F32(opts.momentum),
                 Arg::F32(1.0 - opts.momentum),
-                Arg::F32(job.args.clip_coef),
+                Arg::Ptr(scalars),
                 Arg::I32(i32::from(opts.nesterov)),
             ],
         )];
-        let lr_eff = job.args.lr * job.args.lr_scale;
-        let wd_eff = job.args.weight_decay * job.args.wd_scale;
-        let decay = 1.0 - lr_eff * wd_eff;
         // Consecutive components of equal shape form one strided batch.
         let mut start = 0u64;
         let mut i = 0;
@@ -620,13 +662,12 @@ impl Translator {
             let comp_rows = split[i];
             let batch = split[i..].iter().take_while(|&&r| r == comp_rows).count() as u64;
             let (x, transposed) = self.newton_schulz(&mut actions, update + start * 4, comp_rows, cols, batch)?;
-            let step = lr_eff
-                * muon_scale(
-                    opts.scale_mode,
-                    comp_rows as usize,
-                    cols as usize,
-                    opts.extra_scale_factor,
-                );
+            let scale = muon_scale(
+                opts.scale_mode,
+                comp_rows as usize,
+                cols as usize,
+                opts.extra_scale_factor,
+            );
             actions.push(launch(
                 Kernel::MuonApply,
                 batch * comp_rows * cols,
@@ -638,8 +679,10 @@ impl Translator {
                     Arg::U32(to_u32("rows", comp_rows)?),
                     Arg::U32(to_u32("cols", cols)?),
                     Arg::I32(i32::from(transposed)),
-                    Arg::F32(decay),
-                    Arg::F32(step),
+                    Arg::Ptr(scalars),
+                    Arg::F32(job.args.lr_scale),
+                    Arg::F32(job.args.wd_scale),
+                    Arg::F32(scale),
                 ],
             ));
             start += batch * comp_rows * cols;
@@ -752,9 +795,6 @@ impl Translator {
 
     fn adamw_update(&self, job: &AdamwJob) -> Result<Vec<Action>> {
         let args = &job.args;
-        if args.step == 0 {
-            bail!(OutOfRange, "adamw_update: step must be >= 1 (1-based), got 0");
-        }
         let master = self.resolve_f32(job.master)?;
         let m = self.resolve_f32(job.exp_avg)?;
         let v = self.resolve_f32(job.exp_avg_sq)?;
@@ -769,8 +809,6 @@ impl Translator {
                 grad.len
             );
         }
-        let (bc1, bc2) = adamw_bias_corrections(args.beta1, args.beta2, args.step);
-        let decay = 1.0 - args.lr * args.weight_decay;
         Ok(vec![launch(
             Kernel::Adamw,
             master.len,
@@ -786,12 +824,10 @@ impl Translator {
                 Arg::F32(args.beta2),
                 Arg::F32(1.0 - args.beta1),
                 Arg::F32(1.0 - args.beta2),
-                Arg::F32(bc1),
-                Arg::F32(bc2),
-                Arg::F32(decay),
-                Arg::F32(args.lr),
                 Arg::F32(args.eps),
-                Arg::F32(args.clip_coef),
+                Arg::F32(args.lr_scale),
+                Arg::F32(args.wd_scale),
+                Arg::Ptr(self.slot(0)?),
             ],
         )])
     }

@@ -331,7 +331,6 @@ enum Kind {
     AllGather,
     AllReduce,
     AllGatherU64,
-    AllReduceSumF64,
 }
 
 impl fmt::Display for Kind {
@@ -343,7 +342,6 @@ impl fmt::Display for Kind {
             Kind::AllGather => "all_gather",
             Kind::AllReduce => "all_reduce",
             Kind::AllGatherU64 => "all_gather_u64",
-            Kind::AllReduceSumF64 => "all_reduce_sum_f64",
         })
     }
 }
@@ -361,7 +359,7 @@ struct Desc {
 impl fmt::Display for Desc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.kind, self.root) {
-            (Kind::AllGatherU64 | Kind::AllReduceSumF64, _) => write!(f, "{}(one value)", self.kind),
+            (Kind::AllGatherU64, _) => write!(f, "{}(one value)", self.kind),
             (kind, Some(root)) => write!(f, "{kind}(root={root}, {}, count={})", self.dtype.name(), self.count),
             (kind, None) => write!(f, "{kind}({}, count={})", self.dtype.name(), self.count),
         }
@@ -596,17 +594,6 @@ impl HostComm {
         self.group(&[])
     }
 
-    /// Sums one f64 per rank in rank order (`acc = v₀; acc += v₁; …`); every rank gets the
-    /// same bits.
-    pub fn all_reduce_sum_f64(&self, value: f64) -> Result<f64> {
-        let values = self.run(vec![Item::scalar(Kind::AllReduceSumF64, value.to_bits())])?;
-        let mut acc = f64::from_bits(values[0]);
-        for &bits in &values[1..] {
-            acc += f64::from_bits(bits);
-        }
-        Ok(acc)
-    }
-
     /// Every rank's `value`, indexed by rank.
     pub fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
         self.run(vec![Item::scalar(Kind::AllGatherU64, value)])
@@ -805,7 +792,7 @@ fn execute(posts: &[Vec<Item>]) -> Vec<u64> {
                     unsafe { item.recv.bytes_mut() }.copy_from_slice(&bytes);
                 }
             }
-            Kind::AllGatherU64 | Kind::AllReduceSumF64 => {
+            Kind::AllGatherU64 => {
                 scalars = column.iter().map(|item| item.value).collect();
             }
         }

@@ -10,16 +10,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::backend::Backend;
 use crate::backend::host::comm::{Collective, HostComm, Region};
 use crate::backend::host::stream::{HostEvent, HostStream};
-use crate::backend::ops::{AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, Span, StreamKind};
+use crate::backend::ops::{
+    AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind,
+};
 use crate::bail;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Dtype};
 use crate::error::{Error, ErrorKind, Result};
-use crate::numerics::adamw::adamw_update;
+use crate::numerics::adamw::{AdamWArgs, adamw_update};
 use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
-use crate::numerics::muon::{MuonOptions, MuonShape, MuonWorkspace, muon_update};
+use crate::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_update};
 use crate::numerics::mxfp8::{Direction, Input, QuantizedMut, ScaleLayout, quantize_both, scale_shape};
-use crate::numerics::squared_norm;
+use crate::numerics::{squared_norm, step_scalars};
 
 const ALIGN: usize = 64;
 
@@ -109,6 +111,24 @@ impl Mxfp8Target {
     }
 }
 
+/// The step's scalars (the device's `Buf::Scalars` on the cuda backend) and every rank's
+/// Σ g², which the comm stream gathers and the compute stream reads after an event.
+#[derive(Debug, Default)]
+struct HostScalars {
+    values: [f64; Scalar::COUNT],
+    rank_sums: Vec<f64>,
+}
+
+impl HostScalars {
+    fn get(&self, s: Scalar) -> f64 {
+        self.values[s.slot()]
+    }
+
+    fn f32(&self, s: Scalar) -> f32 {
+        self.get(s) as f32
+    }
+}
+
 /// One rank's host backend.
 pub struct HostBackend {
     // Field order matters: the stream (and the closures it holds) is dropped before memory.
@@ -121,6 +141,7 @@ pub struct HostBackend {
     muon_opts: MuonOptions,
     workspace: MuonWorkspace,
     scratch: Vec<f32>,
+    scalars: Arc<Mutex<HostScalars>>,
 }
 
 // SAFETY: the raw pointers in `mems` are owned allocations only touched by this backend's
@@ -143,7 +164,12 @@ impl HostBackend {
             muon_opts,
             workspace: MuonWorkspace::default(),
             scratch: Vec::new(),
+            scalars: Arc::default(),
         })
+    }
+
+    fn scalars(&self) -> std::sync::MutexGuard<'_, HostScalars> {
+        self.scalars.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn host_comm(comm: &Communicator) -> &HostComm {
@@ -340,17 +366,89 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<f64> {
+    fn squared_norm(&mut self, spans: &[Span]) -> Result<()> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut total = 0.0f64;
         for span in spans {
             total += squared_norm(self.read_as_f32(*span, &mut scratch)?);
         }
         self.scratch = scratch;
-        Ok(total)
+        self.scalars().values[Scalar::NormSq.slot()] = total;
+        Ok(())
+    }
+
+    fn gather_norm_sums(&mut self) -> Result<()> {
+        let (comm, scalars) = (self.comm.clone(), self.scalars.clone());
+        self.stream.enqueue(move || {
+            let local = scalars
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(Scalar::NormSq);
+            let bits = Self::host_comm(&comm).all_gather_u64(local.to_bits())?;
+            scalars.lock().unwrap_or_else(PoisonError::into_inner).rank_sums =
+                bits.into_iter().map(f64::from_bits).collect();
+            Ok(())
+        })
+    }
+
+    fn finish_step(&mut self, constants: &StepConstants) -> Result<()> {
+        let mut scalars = self.scalars();
+        let previous = scalars.get(Scalar::Step) as u64;
+        let s = step_scalars(
+            &scalars.rank_sums,
+            previous,
+            constants.clip_grad,
+            constants.beta1,
+            constants.beta2,
+        );
+        for (slot, value) in [
+            (Scalar::GradNorm, s.grad_norm),
+            (Scalar::ClipCoef, f64::from(s.clip_coef)),
+            (Scalar::GradScale, f64::from(s.grad_scale)),
+            (Scalar::Skip, f64::from(u8::from(s.skipped))),
+            (Scalar::Step, s.step as f64),
+            (Scalar::Bc1, f64::from(s.bc1)),
+            (Scalar::Bc2, f64::from(s.bc2)),
+        ] {
+            scalars.values[slot.slot()] = value;
+        }
+        Ok(())
+    }
+
+    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {
+        let mut scalars = self.scalars();
+        for (slot, value) in [Scalar::Lr, Scalar::WeightDecay, Scalar::AdamLr, Scalar::AdamWeightDecay]
+            .into_iter()
+            .zip(args)
+        {
+            scalars.values[slot.slot()] = f64::from(value);
+        }
+        Ok(())
+    }
+
+    fn set_step_count(&mut self, step: u64) -> Result<()> {
+        self.scalars().values[Scalar::Step.slot()] = step as f64;
+        Ok(())
+    }
+
+    fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]> {
+        Ok(self.scalars().values)
     }
 
     fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
+        let args = {
+            let s = self.scalars();
+            if s.get(Scalar::Skip) != 0.0 {
+                return Ok(());
+            }
+            MuonStepArgs {
+                lr: s.f32(Scalar::Lr),
+                weight_decay: s.f32(Scalar::WeightDecay),
+                lr_scale: job.args.lr_scale,
+                wd_scale: job.args.wd_scale,
+                clip_coef: s.f32(Scalar::GradScale),
+            }
+        };
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut workspace = std::mem::take(&mut self.workspace);
         let result = (|| {
@@ -362,15 +460,7 @@ impl Backend for HostBackend {
                 cols: job.cols,
                 split_rows: &job.split_rows,
             };
-            muon_update(
-                master,
-                momentum,
-                grad,
-                &shape,
-                &job.args,
-                &self.muon_opts,
-                &mut workspace,
-            )
+            muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace)
         })();
         self.scratch = scratch;
         self.workspace = workspace;
@@ -378,13 +468,28 @@ impl Backend for HostBackend {
     }
 
     fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
+        let args = {
+            let s = self.scalars();
+            if s.get(Scalar::Skip) != 0.0 {
+                return Ok(());
+            }
+            AdamWArgs {
+                lr: s.f32(Scalar::AdamLr) * job.args.lr_scale,
+                weight_decay: s.f32(Scalar::AdamWeightDecay) * job.args.wd_scale,
+                beta1: job.args.beta1,
+                beta2: job.args.beta2,
+                eps: job.args.eps,
+                step: s.get(Scalar::Step) as u64,
+                clip_coef: s.f32(Scalar::GradScale),
+            }
+        };
         let mut scratch = std::mem::take(&mut self.scratch);
         let result = (|| {
             let grad = self.read_as_f32(job.grad, &mut scratch)?;
             let master = unsafe { self.f32s(job.master) }?;
             let m = unsafe { self.f32s(job.exp_avg) }?;
             let v = unsafe { self.f32s(job.exp_avg_sq) }?;
-            adamw_update(master, m, v, grad, &job.args)
+            adamw_update(master, m, v, grad, &args)
         })();
         self.scratch = scratch;
         result
@@ -414,19 +519,6 @@ impl Backend for HostBackend {
             .collect::<Result<Vec<_>>>()?;
         let comm = self.comm.clone();
         self.stream.enqueue(move || Self::host_comm(&comm).group(&group))
-    }
-
-    fn all_reduce_f64(&mut self, value: f64) -> Result<f64> {
-        let result = Arc::new(Mutex::new(None));
-        let (comm, slot) = (self.comm.clone(), result.clone());
-        self.stream.enqueue(move || {
-            let sum = Self::host_comm(&comm).all_reduce_sum_f64(value)?;
-            *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(sum);
-            Ok(())
-        })?;
-        self.stream.synchronize()?;
-        let sum = *result.lock().unwrap_or_else(PoisonError::into_inner);
-        sum.ok_or_else(|| Error::new(ErrorKind::Internal, "all_reduce_f64: no result after synchronize"))
     }
 
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
