@@ -214,3 +214,19 @@ fn cli_errors_exit_with_code_2_and_a_message() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// A reader that stops early (`muon-opt plan … | head`) ends the command quietly: no panic
+/// message about a broken pipe.
+#[test]
+fn a_closed_pipe_ends_the_command_without_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args(["plan", "--model", "llama3-70b", "--dp", "8", "--buckets"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

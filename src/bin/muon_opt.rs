@@ -167,6 +167,10 @@ impl LayoutChoice {
 }
 
 fn main() -> ExitCode {
+    // Like every Unix filter: a closed pipe (`muon-opt plan … | head`) ends the process
+    // quietly instead of failing the next write. Rust starts programs with SIGPIPE ignored.
+    // SAFETY: restores the default disposition before any thread or output exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let result = match Cli::parse().command {
         Command::Plan(args) => run_plan(&args),
         Command::Demo(args) => run_demo(&args),
