@@ -697,8 +697,16 @@ muon_status_t muon_host_group_create(uint32_t world_size,
 
 /**
  * @brief Wrap the caller's NCCL communicator for the cuda backend.
+ *
+ * The optimizer issues its collectives on its own stream, at the greatest stream priority.
+ * NCCL orders collectives per communicator in issue order: if the framework issues its own
+ * collectives on the same communicator from the same rank, the two sequences interleave in
+ * the order the host calls them, which must be the same on every rank. A dedicated
+ * communicator avoids the coupling: `ncclCommSplit(framework_comm, 0, rank, &muon_comm,
+ * NULL)` over the data-parallel group gives one at no bootstrap cost.
  * @param[in]  nccl The caller's ncclComm_t. Borrowed: it must outlive every handle made from
- *                  it; muon never finalizes, destroys or aborts it.
+ *                  it; muon never finalizes, destroys or aborts it. Destroy the optimizer
+ *                  before this communicator and before the stream it was created with.
  * @param[out] out  The new handle (caller owns; release with muon_comm_destroy).
  * @return MUON_STATUS_NCCL_UNAVAILABLE when libnccl.so.2 is neither loaded in the process nor
  *         loadable; the library never loads a second copy beside the caller's.

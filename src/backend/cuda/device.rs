@@ -196,8 +196,16 @@ impl Device {
         };
         // SAFETY (this block): plain out-parameters in the current context; everything created
         // is owned by `device` and released by its Drop if a later step fails.
-        driver_check(|| "cuStreamCreate".into(), unsafe {
-            cu::cuStreamCreate(&mut device.comm_stream, STREAM_NON_BLOCKING)
+        // The comm stream at the greatest priority the context offers: a collective's kernels
+        // are scheduled ahead of queued compute kernels, so a peer waiting on this rank's part
+        // is not held up by this rank's Newton–Schulz (PyTorch offers the same for its NCCL
+        // streams: `ProcessGroupNCCL.Options(is_high_priority_stream=True)`).
+        let (mut least, mut greatest) = (0, 0);
+        driver_check(|| "cuCtxGetStreamPriorityRange".into(), unsafe {
+            cu::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
+        })?;
+        driver_check(|| format!("cuStreamCreateWithPriority(priority {greatest})"), unsafe {
+            cu::cuStreamCreateWithPriority(&mut device.comm_stream, STREAM_NON_BLOCKING, greatest)
         })?;
         for event in &mut device.host_waits {
             driver_check(|| "cuEventCreate".into(), unsafe {
@@ -292,6 +300,10 @@ impl Device {
                 unsafe { self.staging.copy(*dst, bytes, stream) }
             }
             Action::CopyOut { src, bytes, stream } => {
+                // A copy into pageable memory blocks inside the driver until the stream's earlier
+                // work is done, where no timeout or NCCL error is seen: wait for that work
+                // first, polling, so the copy itself only moves the bytes.
+                self.wait_for(*stream, "the work before a device-to-host copy")?;
                 let mut host = vec![0u8; *bytes as usize];
                 // SAFETY: `host` stays alive until the wait below finished the copy.
                 driver_check(|| format!("cuMemcpyDtoHAsync({bytes} bytes)"), unsafe {
