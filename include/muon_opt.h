@@ -840,6 +840,7 @@ muon_status_t muon_optimizer_synchronize(struct muon_optimizer_t *opt);
  * @brief The library's own host Newton–Schulz orthogonalization (for checking numerics).
  * @param[in]  in   rows×cols row-major f32 input (host).
  * @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
+ * @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
  * @param[in]  coefficient_set MUON_COEFFICIENTS_*; @p steps 1..=100;
  *             @p precision MUON_NS_PRECISION_*.
  */

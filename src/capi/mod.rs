@@ -23,4 +23,6 @@ pub mod status;
 pub mod version;
 
 #[cfg(test)]
+mod status_table;
+#[cfg(test)]
 mod tests;
