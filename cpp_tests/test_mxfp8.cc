@@ -104,6 +104,6 @@ TEST(Mxfp8MultiRank, QuantizeHostRejectsBadArguments) {
               MUON_STATUS_NULL_ARGUMENT);
     ASSERT_EQ(muon_mxfp8_quantize_host(x.data(), MUON_DTYPE_BF16, 32, 32, 0, d.data(), s.data(), cd.data(), cs.data()),
               MUON_STATUS_SUCCESS);
-    EXPECT_EQ(d[0], 0x78);  // 1.0 in a block of ones: scale 2^-8, code 0x78 (MXFP8.md §8)
+    EXPECT_EQ(d[0], 0x78);  // 1.0 in a block of ones: scale 2^-8, code 0x78 (docs/mxfp8.md §8)
     EXPECT_EQ(s[0], 0x77);
 }

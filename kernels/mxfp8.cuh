@@ -1,5 +1,5 @@
 // MXFP8 (E4M3 elements, E8M0 block scales) numerics, TransformerEngine-compatible bit for bit.
-// Specification: /work/shared/MXFP8.md (section numbers below refer to it). Mirrored in Rust by
+// Specification: docs/mxfp8.md (section numbers below refer to it). Mirrored in Rust by
 // src/numerics/mxfp8/scalar.rs; tests/mxfp8_cuh_mirror.rs compiles this header as plain C++ on
 // the host and compares both exhaustively over all 65,536 bf16 inputs.
 //

@@ -1,5 +1,5 @@
 // bf16 -> MXFP8 (E4M3 + E8M0) quantization, rowwise (1x32 blocks) and columnwise (32x1 blocks)
-// in one pass over the input; numerics in mxfp8.cuh (MXFP8.md sections 1, 2, 3 and 10), the
+// in one pass over the input; numerics in mxfp8.cuh (docs/mxfp8.md §1, 2, 3 and 10), the
 // same as src/numerics/mxfp8 on the host. Compiled by NVRTC without fast-math or flush-to-zero.
 //
 // Launch: block (32, 8) = 256 threads; grid.x = roundup(cols, 128) / 32,

@@ -52,7 +52,7 @@ macro_rules! coded_enum {
 }
 
 coded_enum! {
-    /// How Muon buckets are laid out and synchronized (DESIGN.md section 4).
+    /// How Muon buckets are laid out and synchronized (docs/design.md §4).
     MuonLayout {
         /// Owner-sorted, no persistent padding; reduce to owner, broadcast from owner.
         Compact = 0 => "compact",

@@ -1,5 +1,5 @@
 //! Parameter specifications, the routing rule (Muon or AdamW) and the registry that validates
-//! every registration against the ones before it (DESIGN.md section 4, "Routing").
+//! every registration against the ones before it (docs/design.md §4, "Routing").
 
 use std::collections::HashMap;
 

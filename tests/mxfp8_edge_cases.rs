@@ -1,10 +1,10 @@
-//! The edge cases of MXFP8.md section 11 and the table "Computed with the TE model" of
+//! The edge cases of docs/mxfp8.md §11 and the table "Computed with the TE model" of
 //! section 8, one named test each. Every block is checked rowwise and columnwise, with compact
 //! and swizzled scales, through the single-direction and the fused entry points, from f32 input
 //! and (when its values are bf16 numbers) from bf16 input, both as a full block (zero padded)
 //! and as a partial block at the matrix edge.
 //!
-//! Where TE's paths differ (MXFP8.md §2), the expected bytes are this crate's documented choice:
+//! Where TE's paths differ (docs/mxfp8.md §2), the expected bytes are this crate's documented choice:
 //! −0 encodes as 0x80 (TE's generic kernel) and a NaN of either sign as 0x7F.
 
 mod mxfp8_common;
@@ -124,7 +124,7 @@ fn bf16(v: f32) -> f32 {
     bf16_to_f32(half::bf16::from_f32(v).to_bits())
 }
 
-// --- MXFP8.md §8, "Computed with the TE model" -------------------------------------------
+// --- docs/mxfp8.md §8, "Computed with the TE model" -------------------------------------------
 
 #[test]
 fn table_all_ones() {
@@ -250,7 +250,7 @@ fn table_bf16_max() {
     }
 }
 
-// --- MXFP8.md §5, TE versus the OCP reference ---------------------------------------------
+// --- docs/mxfp8.md §5, TE versus the OCP reference ---------------------------------------------
 
 #[test]
 fn ocp_vector_485_475_uses_te_scale_and_rne() {
@@ -266,7 +266,7 @@ fn ocp_vector_485_475_uses_te_scale_and_rne() {
     check_bf16_block(&rounded, 0x80, &codes);
 }
 
-// --- MXFP8.md §11 -----------------------------------------------------------------------
+// --- docs/mxfp8.md §11 -----------------------------------------------------------------------
 
 #[test]
 fn s11_01_all_zero_block_with_negative_zeros() {

@@ -1,5 +1,5 @@
 //! Exhaustive and large-sample checks of the scalar MXFP8 primitives against independent
-//! references (MXFP8.md §1, §3, §6), and of the swizzled layout as a permutation of the
+//! references (docs/mxfp8.md §1, §3, §6), and of the swizzled layout as a permutation of the
 //! compact one.
 
 mod mxfp8_common;
@@ -69,7 +69,7 @@ fn decoder_matches_the_format_definition_and_round_trips() {
     assert_eq!(f32_to_e4m3(-0.0), 0x80);
 }
 
-/// `max(0, be - 8 + (mf > 0x600000))` for a normal amax, 0 for zero or subnormal (MXFP8.md §1).
+/// `max(0, be - 8 + (mf > 0x600000))` for a normal amax, 0 for zero or subnormal (docs/mxfp8.md §1).
 fn closed_form(amax: f32) -> u8 {
     let bits = amax.to_bits();
     let (be, mf) = ((bits >> 23) as i32, bits & 0x7F_FFFF);
@@ -181,7 +181,7 @@ fn no_finite_bf16_element_saturates_or_encodes_as_nan() {
 }
 
 /// The permutation PyTorch's test helpers apply to a padded compact scale tensor
-/// (`tests/pytorch/mxfp8/mxfp8_utils.py`, MXFP8.md §3): the destination of compact entry
+/// (`tests/pytorch/mxfp8/mxfp8_utils.py`, docs/mxfp8.md §3): the destination of compact entry
 /// `(r, c)` in the swizzled buffer.
 fn pytorch_swizzle(rows: usize, cols: usize, direction: Direction, r: usize, c: usize) -> usize {
     let (m, n) = scale_shape(rows, cols, direction);

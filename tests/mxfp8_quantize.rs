@@ -1,5 +1,5 @@
 //! The optimized host quantizer (fused strips, fast path, SIMD dispatch) against the naive
-//! reference of MXFP8.md §10 on many shapes and value mixes, plus argument checking and
+//! reference of docs/mxfp8.md §10 on many shapes and value mixes, plus argument checking and
 //! dequantization.
 
 mod mxfp8_common;
@@ -216,7 +216,7 @@ fn dequantize_is_scale_times_code_in_both_layouts_and_output_types() {
                     let k = r * cols + c;
                     let want = f64::from(scale(b)) * f64::from(e4m3_to_f32(q.data[k]));
                     let got = f[k];
-                    // Exact in f32 unless it overflows (MXFP8.md §4).
+                    // Exact in f32 unless it overflows (docs/mxfp8.md §4).
                     let ok = if want.is_nan() {
                         got.is_nan()
                     } else if want.abs() > f64::from(f32::MAX) {

@@ -1,4 +1,4 @@
-//! The per-matrix Muon update against the DESIGN.md section 6 formulas evaluated in f64.
+//! The per-matrix Muon update against the docs/design.md §6 formulas evaluated in f64.
 
 mod numerics_common;
 
@@ -31,7 +31,7 @@ fn args() -> MuonStepArgs {
     }
 }
 
-/// The scale of DESIGN.md section 6 for an m×n component, in f64.
+/// The scale of docs/design.md §6 for an m×n component, in f64.
 fn scale_f64(mode: ScaleMode, m: usize, n: usize, extra: f32) -> f64 {
     let (m, n) = (m as f64, n as f64);
     let base = match mode {

@@ -55,7 +55,7 @@ pub trait Backend: Send {
     /// agreement and per-file checksums).
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>>;
     /// On `stream`: quantizes the bf16 values of `src` (param `param`'s `[rows, cols]`) into
-    /// the param's persistent MXFP8 storage, rowwise and columnwise (MXFP8.md, TE-exact).
+    /// the param's persistent MXFP8 storage, rowwise and columnwise (docs/mxfp8.md, TE-exact).
     fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()>;
     /// Rowwise data, rowwise scales, columnwise data, columnwise scales of `param`'s MXFP8
     /// storage, or None when the param has none.

@@ -1,6 +1,6 @@
 //! The operations the schedule asks a backend to run. Everything is named by memory kind and
 //! element range; the schedule decides every offset, event and collective, the backend only
-//! executes (DESIGN.md section 5).
+//! executes (docs/design.md §5).
 
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -144,7 +144,7 @@ pub struct AdamwParamArgs {
     pub eps: f32,
 }
 
-/// One Muon matrix update (DESIGN.md section 6) on fp32 state.
+/// One Muon matrix update (docs/design.md §6) on fp32 state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MuonJob {
     pub master: Span,

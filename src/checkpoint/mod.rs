@@ -1,4 +1,4 @@
-//! Sharded checkpoints of the optimizer state (DESIGN.md section 9): a directory that loads at
+//! Sharded checkpoints of the optimizer state (docs/design.md §9): a directory that loads at
 //! any data-parallel size and any Muon layout, replaced crash-safely.
 //!
 //! # Format (version 1)

@@ -1,5 +1,5 @@
 //! Element-wise AdamW on fp32 masters: bias-corrected moments and decoupled weight decay
-//! (DESIGN.md section 6), the operation every rank applies to its shard of the AdamW buckets.
+//! (docs/design.md §6), the operation every rank applies to its shard of the AdamW buckets.
 //!
 //! Per step, three scalars are computed once, in f32, on the host (the CUDA backend passes
 //! the same host-computed values to its kernel): `bc1 = 1 − β1^t`, `bc2 = 1 − β2^t`

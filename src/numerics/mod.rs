@@ -1,5 +1,5 @@
 //! Host reference numerics: the executable specification of every floating-point operation
-//! of the optimizer step (DESIGN.md section 6). The CUDA backend mirrors these functions; each
+//! of the optimizer step (docs/design.md §6). The CUDA backend mirrors these functions; each
 //! documents its exact operation order where a bit-for-bit mirror is required.
 //!
 //! Gradient norm and found-inf, the two reductions in front of the step:

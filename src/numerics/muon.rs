@@ -1,4 +1,4 @@
-//! The per-matrix Muon update on fp32 masters (DESIGN.md section 6), following
+//! The per-matrix Muon update on fp32 masters (docs/design.md §6), following
 //! Megatron-LM / Emerging-Optimizers (`OrthogonalizedOptimizer.step`, `Muon`).
 //!
 //! For one owned matrix `W` (`rows × cols`) with momentum `M` and reduced gradient `G`, every

@@ -1,5 +1,5 @@
 //! MXFP8 quantization (E4M3 elements, one E8M0 scale per 32 elements), bit-compatible with
-//! NVIDIA TransformerEngine's MXFP8 cast kernels. The specification is `MXFP8.md`; section
+//! NVIDIA TransformerEngine's MXFP8 cast kernels. The specification is `docs/mxfp8.md`; section
 //! numbers below refer to it. This is the host reference and the host backend; the CUDA kernel
 //! `kernels/mxfp8_quantize.cu` uses the same numerics from `kernels/mxfp8.cuh`.
 //!
@@ -33,7 +33,7 @@ pub use scalar::{
     scale, scale_inv, swizzled_scale_index,
 };
 
-/// Byte order of a scale tensor (MXFP8.md §3, "Compact or swizzled").
+/// Byte order of a scale tensor (docs/mxfp8.md §3, "Compact or swizzled").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScaleLayout {
     /// Row-major in the padded [`scale_shape`]: TE's default (`optimize_for_gemm = False`),
@@ -74,7 +74,7 @@ impl Input<'_> {
 /// A dequantization destination, `[rows, cols]` row-major.
 #[derive(Debug)]
 pub enum Output<'a> {
-    /// bf16 bits, rounded to nearest even from the f32 product (MXFP8.md §4).
+    /// bf16 bits, rounded to nearest even from the f32 product (docs/mxfp8.md §4).
     Bf16(&'a mut [u16]),
     /// f32 values (the product is exact in f32, except for overflow to ±∞).
     F32(&'a mut [f32]),
@@ -91,7 +91,7 @@ pub struct QuantizedMut<'a> {
 }
 
 /// The padded 2-D shape of a scale tensor, as TE allocates it
-/// (`MXFP8Quantizer::get_scale_shape`, alignment constants in `common/common.h`; MXFP8.md §3):
+/// (`MXFP8Quantizer::get_scale_shape`, alignment constants in `common/common.h`; docs/mxfp8.md §3):
 ///
 /// - rowwise: `[roundup(rows, 128), roundup(ceil(cols/32), 4)]`,
 /// - columnwise: `[roundup(ceil(rows/32), 4), roundup(cols, 128)]`.
@@ -112,7 +112,7 @@ pub fn scale_shape(rows: usize, cols: usize, direction: Direction) -> (usize, us
 
 /// Offset in the scale buffer of the scale with compact coordinates `(r, c)`: `(row, row
 /// block)` rowwise, `(row block, column)` columnwise. Compact is `r * stride + c`; swizzled is
-/// [`swizzled_scale_index`] with `(i, j) = (r, c)` rowwise and `(c, r)` columnwise (MXFP8.md
+/// [`swizzled_scale_index`] with `(i, j) = (r, c)` rowwise and `(c, r)` columnwise (docs/mxfp8.md
 /// §3). `(r, c)` may lie in the padding of [`scale_shape`].
 pub fn scale_index(rows: usize, cols: usize, direction: Direction, layout: ScaleLayout, r: usize, c: usize) -> usize {
     ScaleMap::new(rows, cols, direction, layout).offset(r, c)

@@ -1,4 +1,4 @@
-//! Host Newton–Schulz orthogonalization (DESIGN.md section 6, step 3).
+//! Host Newton–Schulz orthogonalization (docs/design.md §6, step 3).
 //!
 //! For an input `U` of `rows × cols`:
 //! 1. if `rows > cols`, work on `Uᵀ` so the Gram matrix is the smaller one; below, `X` is
@@ -89,7 +89,7 @@ const fn polar_express_with_safety() -> [[f32; 3]; 8] {
 
 /// The `(a, b, c)` triple of step `step` (0-based) of a coefficient set.
 ///
-/// - `Quintic`: the five tuned triples of DESIGN.md; steps past the fifth repeat the fifth.
+/// - `Quintic`: the five tuned triples of docs/design.md; steps past the fifth repeat the fifth.
 ///   (Emerging-Optimizers instead cycles the five and requires a multiple of five; the two
 ///   agree for `steps <= 5`.)
 /// - `Simple`: `(3.4445, −4.7750, 2.0315)` at every step.

@@ -1,4 +1,4 @@
-//! The planner (DESIGN.md section 4): a pure, deterministic function from the registered
+//! The planner (docs/design.md §4): a pure, deterministic function from the registered
 //! params, their routes, the config and dp to the layout of every buffer and bucket and the
 //! owner of every Muon matrix and AdamW shard. Buffers, collectives and checkpoints all read
 //! the [`Plan`]; every rank computes the same plan and compares [`Plan::hash`].

@@ -1,4 +1,4 @@
-//! The step pipeline as backend-neutral operations with stream and event order (DESIGN.md
+//! The step pipeline as backend-neutral operations with stream and event order (docs/design.md
 //! section 5). Every decision — which bytes move, when, after which event, which state is
 //! updated — is made here; a backend only executes.
 //!
@@ -277,7 +277,7 @@ impl Runtime {
         muon.chain(self.layout.adamw.iter().map(|s| s.grad())).collect()
     }
 
-    /// One optimizer step (DESIGN.md sections 5 and 6), enqueued without a host
+    /// One optimizer step (docs/design.md §5 and §6), enqueued without a host
     /// synchronization: the arguments go to the device asynchronously, this rank's Σ g² is
     /// gathered from every rank on the comm stream, and one kernel derives the norm, the clip
     /// coefficient, the skip decision, the step count and the bias corrections there

@@ -1,5 +1,5 @@
 //! Helpers shared by the `mxfp8_*` integration tests: a naive reference quantizer written
-//! straight from MXFP8.md §10, an independent f64 E4M3 encoder, and runners that call the
+//! straight from docs/mxfp8.md §10, an independent f64 E4M3 encoder, and runners that call the
 //! library for every direction, layout and input type.
 
 #![allow(dead_code)] // Each test crate uses a different subset of these helpers.
@@ -34,7 +34,7 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
 }
 
 /// Independent E4M3 reference: the nearest of the 127 non-negative finite E4M3 values,
-/// computed in f64 from the format definition (MXFP8.md §6), ties to the even code,
+/// computed in f64 from the format definition (docs/mxfp8.md §6), ties to the even code,
 /// saturating above 448, NaN → 0x7F.
 pub struct E4m3Reference {
     /// Value of code `c` for `c` in `0..=0x7E`, increasing.
@@ -87,7 +87,7 @@ impl E4m3Reference {
     }
 }
 
-/// Naive reference quantization of upcast values `x` (MXFP8.md §10), one block at a time,
+/// Naive reference quantization of upcast values `x` (docs/mxfp8.md §10), one block at a time,
 /// built on the scalar primitives (which have their own exhaustive tests).
 pub fn reference_quantize(x: &[f32], rows: usize, cols: usize, direction: Direction, layout: ScaleLayout) -> Quantized {
     let (sr, sc) = scale_shape(rows, cols, direction);

@@ -68,7 +68,7 @@ pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
     t
 }
 
-/// The Newton–Schulz iteration of DESIGN.md section 6 in f64, written independently of the
+/// The Newton–Schulz iteration of docs/design.md §6 in f64, written independently of the
 /// library (only the coefficient table is shared): transpose when rows > cols, normalize by
 /// max(‖U‖_F, 1e-7), `steps` quintic steps, transpose back.
 pub fn ns_reference_f64(u: &[f64], rows: usize, cols: usize, set: CoefficientSet, steps: usize) -> Vec<f64> {

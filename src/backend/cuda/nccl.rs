@@ -1,6 +1,6 @@
 //! NCCL bound to the process's own `libnccl.so.2`: the copy already loaded (RTLD_NOLOAD)
 //! first, then a normal `dlopen`; never a second copy next to the caller's. A `ncclComm_t`
-//! is only valid inside the NCCL instance that created it (TOOLCHAIN.md, "NCCL").
+//! is only valid inside the NCCL instance that created it (docs/toolchain.md, "NCCL").
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 

@@ -1,5 +1,5 @@
 //! Is a CUDA driver usable here? Answered without ever letting cudarc panic: cudarc panics
-//! when libcuda cannot be loaded (TOOLCHAIN.md), so the presence check comes first and the
+//! when libcuda cannot be loaded (docs/toolchain.md), so the presence check comes first and the
 //! rest runs under `catch_unwind`.
 
 use std::panic::catch_unwind;

@@ -1,4 +1,4 @@
-//! MXFP8 → f32 / bf16, TE's `dequantize_mxfp8.cuh` (MXFP8.md §4):
+//! MXFP8 → f32 / bf16, TE's `dequantize_mxfp8.cuh` (docs/mxfp8.md §4):
 //! `out = round_to_output(scale(b) * e4m3_to_f32(code))`.
 //!
 //! The f32 product is exact (an E4M3 value has at most 4 significant bits and `2^-136` is above

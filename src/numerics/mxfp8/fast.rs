@@ -22,7 +22,7 @@
 //!   formula ([`Element::finish`]) only for the 32-lane groups that contain one.
 //!
 //! The conditions make the fast path exact: `|x| * 2^k <= 448` holds for every finite element
-//! of a block (the scale rounds up, MXFP8.md §1), so no saturation is needed; and `k <= 116`
+//! of a block (the scale rounds up, docs/mxfp8.md §1), so no saturation is needed; and `k <= 116`
 //! puts input subnormals (and products that would underflow f32) below `2^-10`, which
 //! encodes as ±0 in both computations. This module's tests compare it with the exact path
 //! for every bf16 input and every scale byte it can be used with.
@@ -78,7 +78,7 @@ pub(super) trait Element: Copy {
 }
 
 /// bf16 bits. The amax is taken on the bf16 values, which equals the amax of the upcast values
-/// (MXFP8.md §7).
+/// (docs/mxfp8.md §7).
 impl Element for u16 {
     type Key = u16;
     type Lane = u16;
@@ -195,7 +195,7 @@ mod tests {
     use super::super::scalar::{f32_to_e4m3, scale_inv};
     use super::*;
 
-    /// Largest scale byte a finite bf16 or f32 amax produces (MXFP8.md §1).
+    /// Largest scale byte a finite bf16 or f32 amax produces (docs/mxfp8.md §1).
     const MAX_FINITE_SCALE: u8 = 0xF7;
 
     /// Both the full formula and, where it applies, the common one.

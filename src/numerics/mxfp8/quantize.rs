@@ -160,14 +160,14 @@ impl<'a> Target<'a> {
     }
 }
 
-/// The amax key of `x`, ignoring NaN (MXFP8.md §7).
+/// The amax key of `x`, ignoring NaN (docs/mxfp8.md §7).
 #[inline(always)]
 fn nan_free_key<E: Element>(x: E) -> E::Key {
     let k = x.raw_key();
     if k > E::NON_FINITE { E::Key::default() } else { k }
 }
 
-/// The maximum NaN-free key of `xs`: the block amax of MXFP8.md §7.
+/// The maximum NaN-free key of `xs`: the block amax of docs/mxfp8.md §7.
 fn nan_free_max<E: Element>(xs: impl Iterator<Item = E>) -> E::Key {
     xs.map(nan_free_key).fold(E::Key::default(), Ord::max)
 }

@@ -5,24 +5,24 @@
 //! `kernels/mxfp8.cuh` operation for operation; `tests/mxfp8_cuh_mirror.rs` compiles that header
 //! as host C++ and compares both over all 65,536 bf16 inputs.
 
-/// Elements per scaling block: 1×32 rowwise, 32×1 columnwise (MXFP8.md §3).
+/// Elements per scaling block: 1×32 rowwise, 32×1 columnwise (docs/mxfp8.md §3).
 pub const BLOCK_SIZE: usize = 32;
 
-/// Largest finite E4M3 magnitude, 448 (`Quantized_Limits<fp8e4m3>::max_norm`, MXFP8.md §1).
+/// Largest finite E4M3 magnitude, 448 (`Quantized_Limits<fp8e4m3>::max_norm`, docs/mxfp8.md §1).
 pub const MAX_NORM: f32 = 448.0;
 
 /// `(float)(1.0 / 448.0)`, bits `0x3B124925`: TE's `max_norm_rcp`, computed in double and
-/// rounded to f32 (MXFP8.md §1). `448.0 * MAX_NORM_RCP == 1.0` exactly.
+/// rounded to f32 (docs/mxfp8.md §1). `448.0 * MAX_NORM_RCP == 1.0` exactly.
 pub const MAX_NORM_RCP: f32 = f32::from_bits(0x3B12_4925);
 
 /// The E4M3 code this crate emits for a NaN input of either sign.
 ///
 /// NVIDIA's host converter keeps the sign (`0xFF` for −NaN), but on the GPU the NaN first goes
 /// through an f32 multiply that very probably yields the canonical `0x7FFFFFFF`, so TE's
-/// expected output is `0x7F` (MXFP8.md §2, "NaN sign"; the golden vectors use `0x7F`).
+/// expected output is `0x7F` (docs/mxfp8.md §2, "NaN sign"; the golden vectors use `0x7F`).
 pub const E4M3_NAN: u8 = 0x7F;
 
-/// E4M3 code of +448, the largest finite value (MXFP8.md §6).
+/// E4M3 code of +448, the largest finite value (docs/mxfp8.md §6).
 pub const E4M3_MAX: u8 = 0x7E;
 
 /// f32 bits of `2^14`, the constant whose ulp is the E4M3 subnormal step `2^-9`.
@@ -41,7 +41,7 @@ const TWO_POW_MINUS_127: f32 = f32::from_bits(0x0040_0000);
 const SCALE_NAN: f32 = f32::from_bits(0x7FFF_FFFF);
 
 /// TE's `ptx::float_to_e8m0` (software fallback in `common/util/ptx_arch_spec.cuh`, also the
-/// C++ test reference `tests/cpp/test_common.h::float_to_e8m0`), MXFP8.md §1.
+/// C++ test reference `tests/cpp/test_common.h::float_to_e8m0`), docs/mxfp8.md §1.
 ///
 /// Rounds `|v|` up to a power of two and returns its biased exponent: NaN → `0xFF`,
 /// ±∞ → `0xFE`, ±0 → `0x00`, saturating at `0xFE`. An f32 subnormal gives 0 when
@@ -62,19 +62,19 @@ pub fn float_to_e8m0(v: f32) -> u8 {
 }
 
 /// The E8M0 scale byte of a block with the given amax: `float_to_e8m0(amax * MAX_NORM_RCP)`,
-/// one IEEE f32 multiply with round to nearest even and subnormals kept (MXFP8.md §1, §10).
+/// one IEEE f32 multiply with round to nearest even and subnormals kept (docs/mxfp8.md §1, §10).
 ///
 /// For a normal amax with biased exponent `be` and mantissa field `mf` this equals
 /// `max(0, be - 8 + (mf > 0x600000))`, and 0 for a subnormal or zero amax, with the single
 /// exception of amax bits `0x04600001`: the product rounds to exactly `2^-127` in the f32
-/// subnormal range, so TE gives 0 where the closed form gives 1 (MXFP8.md §1).
+/// subnormal range, so TE gives 0 where the closed form gives 1 (docs/mxfp8.md §1).
 #[inline]
 pub fn e8m0_from_amax(amax: f32) -> u8 {
     float_to_e8m0(amax * MAX_NORM_RCP)
 }
 
 /// The inverse scale `2^(127-b)` multiplied into the elements before encoding, TE's
-/// `ptx::exp2f_rcp<float>` (`common/util/ptx.cuh`, MXFP8.md §1): 255 → NaN, 254 → `2^-127`
+/// `ptx::exp2f_rcp<float>` (`common/util/ptx.cuh`, docs/mxfp8.md §1): 255 → NaN, 254 → `2^-127`
 /// (an f32 subnormal), otherwise the f32 with bits `(254 - b) << 23`.
 #[inline]
 pub fn scale_inv(b: u8) -> f32 {
@@ -85,7 +85,7 @@ pub fn scale_inv(b: u8) -> f32 {
     }
 }
 
-/// The scale `2^(b-127)` used by dequantization, TE's `ptx::exp2f` (MXFP8.md §4): 255 → NaN,
+/// The scale `2^(b-127)` used by dequantization, TE's `ptx::exp2f` (docs/mxfp8.md §4): 255 → NaN,
 /// 0 → `2^-127` (an f32 subnormal), otherwise the f32 with bits `b << 23`.
 #[inline]
 pub fn scale(b: u8) -> f32 {
@@ -97,7 +97,7 @@ pub fn scale(b: u8) -> f32 {
 }
 
 /// f32 → E4M3 with round to nearest, ties to even, saturating to ±448: the result of PTX
-/// `cvt.rn.satfinite.e4m3x2.f32` and of the reference encoder of MXFP8.md §6, except that a
+/// `cvt.rn.satfinite.e4m3x2.f32` and of the reference encoder of docs/mxfp8.md §6, except that a
 /// NaN of either sign gives [`E4M3_NAN`] (§2).
 ///
 /// Branch-free so that loops over it vectorize. Magnitudes below `2^-6` are rounded onto the
@@ -119,7 +119,7 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
     if a > 0x7F80_0000 { E4M3_NAN } else { (sign | mag) as u8 }
 }
 
-/// E4M3 code → f32, exact (MXFP8.md §6). `0x7F` and `0xFF` are NaN (quiet, sign kept); there
+/// E4M3 code → f32, exact (docs/mxfp8.md §6). `0x7F` and `0xFF` are NaN (quiet, sign kept); there
 /// is no infinity.
 #[inline]
 pub fn e4m3_to_f32(c: u8) -> f32 {
@@ -139,7 +139,7 @@ pub fn e4m3_to_f32(c: u8) -> f32 {
 
 /// Byte offset of scale `(i, j)` in the swizzled scale layout consumed by cuBLAS / tcgen05,
 /// TE's `gemm_swizzled_scale_idx(i, j, num_tiles_X)` (`common/cast/mxfp8/swizzle.cuh`,
-/// MXFP8.md §3): 128×4 tiles of 512 bytes, inside a tile `(i%32)*16 + ((i%128)/32)*4 + j%4`.
+/// docs/mxfp8.md §3): 128×4 tiles of 512 bytes, inside a tile `(i%32)*16 + ((i%128)/32)*4 + j%4`.
 ///
 /// Rowwise scales use `i = row`, `j = row block`, `num_tiles_x = ceil(cols/128)`; columnwise
 /// scales the transposed view `i = column`, `j = column block`, `num_tiles_x = ceil(rows/128)`.
@@ -150,7 +150,7 @@ pub fn swizzled_scale_index(i: usize, j: usize, num_tiles_x: usize) -> usize {
     tile + (i % 32) * 16 + ((i % 128) / 32) * 4 + (j % 4)
 }
 
-/// bf16 bits → f32 (exact; the `cvt.f32.bf16` upcast of MXFP8.md §7).
+/// bf16 bits → f32 (exact; the `cvt.f32.bf16` upcast of docs/mxfp8.md §7).
 #[inline]
 pub(crate) fn bf16_bits_to_f32(bits: u16) -> f32 {
     f32::from_bits(u32::from(bits) << 16)
