@@ -162,6 +162,14 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_ALLOW_VOCAB_DIM (1 << 5)
 
 /**
+ * A copy of a gradient another rank of the norm group counts (muon_optimizer_set_norm_group):
+ * left out of this rank's share of the gradient norm, e.g. a tensor-parallel duplicate
+ * (layer norm, row-parallel bias) on TP ranks > 0, or the last pipeline stage's copy of an
+ * embedding the first stage also holds. Still updated.
+ */
+#define MUON_PARAM_FLAG_NORM_REPLICA (1 << 6)
+
+/**
  * MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
  */
 #define MUON_MXFP8_SCALES_COMPACT 0
@@ -903,6 +911,31 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
                                     struct muon_comm_t *comm,
                                     struct CUstream_st *stream,
                                     struct muon_optimizer_t **out);
+
+/**
+ * @brief Make the gradient norm — and so the clip coefficient and the found-inf skip — global
+ *        over @p group instead of the optimizer's data-parallel communicator alone.
+ *
+ * With tensor, pipeline or expert parallelism each data-parallel group holds a different
+ * part of the model: pass a communicator spanning all of them (e.g. every rank of the job),
+ * and every rank then clips with the same coefficient and skips the same steps. Each rank
+ * counts the gradients it owns once; flag copies that another rank counts with
+ * MUON_PARAM_FLAG_NORM_REPLICA (tensor-parallel duplicates on TP ranks > 0, a later pipeline
+ * stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
+ * rank order, so every rank computes the same bits.
+ * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
+ * @param[in]     group A communicator of the same kind as the optimizer's (host group or
+ *                      NCCL) whose size is a multiple of the data-parallel size; borrowed
+ *                      (its handle may be destroyed after this call; the optimizer keeps what
+ *                      it needs). Collectives on it run on the optimizer's comm stream. Every
+ *                      rank of the data-parallel group must set a group of the same size
+ *                      (else finalize returns MUON_STATUS_PLAN_MISMATCH).
+ * @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
+                                            struct muon_comm_t *group);
 
 /**
  * @brief Register a parameter (forward order). Only before muon_optimizer_finalize().

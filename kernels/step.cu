@@ -20,13 +20,15 @@ __device__ float muon_powi_f32(float base, muon_u64 exp) {
     return result;
 }
 
-extern "C" __global__ void muon_step_scalars(double *scalars, const double *rank_sums, muon_u32 dp,
+// `count` sums (the data-parallel ranks, or the norm group spanning them), gradients summed
+// over `dp` ranks.
+extern "C" __global__ void muon_step_scalars(double *scalars, const double *rank_sums, muon_u32 count, muon_u32 dp,
                                              float clip_grad, float beta1, float beta2) {
     if (blockIdx.x != 0u || threadIdx.x != 0u) {
         return;
     }
     double summed = rank_sums[0];
-    for (muon_u32 r = 1u; r < dp; ++r) {
+    for (muon_u32 r = 1u; r < count; ++r) {
         summed = summed + rank_sums[r];
     }
     const double ranks = (double)dp;

@@ -24,8 +24,12 @@ impl ParamFlags {
     pub const NO_WEIGHT_DECAY: u32 = 1 << 4;
     /// Allow a Muon-routed parameter to have a dimension equal to `vocab_size`.
     pub const ALLOW_VOCAB_DIM: u32 = 1 << 5;
+    /// A copy of a gradient that another rank of the norm group counts: left out of this
+    /// rank's share of the global gradient norm (tensor-parallel duplicates on TP ranks > 0, a
+    /// pipeline stage's copy of a shared embedding). Updated as usual.
+    pub const NORM_REPLICA: u32 = 1 << 6;
     /// Every defined bit.
-    pub const ALL: u32 = (1 << 6) - 1;
+    pub const ALL: u32 = (1 << 7) - 1;
 
     pub fn has(self, bit: u32) -> bool {
         self.0 & bit != 0

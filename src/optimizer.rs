@@ -2,6 +2,7 @@
 //! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agreement;
@@ -10,7 +11,7 @@ use crate::backend::cuda::{CallerStream, CudaBackend};
 use crate::backend::host::executor::HostBackend;
 use crate::bail;
 use crate::checkpoint;
-use crate::comm::{Claim, Transport};
+use crate::comm::{Claim, Communicator, Transport};
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::{ParamSpec, Registry, Route};
@@ -35,6 +36,9 @@ pub struct Optimizer {
     phase: Phase,
     /// The caller's stream (cuda backend; NULL with a host group).
     stream: CallerStream,
+    /// The communicator over which the gradient norm and the skip decision are global, when
+    /// it spans more than the data-parallel group.
+    norm_group: Option<Arc<Communicator>>,
 }
 
 impl Optimizer {
@@ -65,6 +69,7 @@ impl Optimizer {
             init_values: Vec::new(),
             phase: Phase::Registering,
             stream,
+            norm_group: None,
         };
         crate::log!(
             Info,
@@ -169,11 +174,16 @@ impl Optimizer {
         let backend: Box<dyn Backend> = match &self.claim.comm().transport {
             Transport::Host(host) => {
                 self.verify_agreement(plan.hash, &mut |v| host.all_gather_u64(v))?;
-                Box::new(HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?)
+                let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?;
+                Box::new(match &self.norm_group {
+                    Some(group) => backend.with_norm_group(group.clone())?,
+                    None => backend,
+                })
             }
             Transport::Nccl(_) => {
                 let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
-                let mut backend = CudaBackend::new(self.claim.shared(), self.stream, muon, timeout)?;
+                let group = self.norm_group.clone();
+                let mut backend = CudaBackend::new(self.claim.shared(), group, self.stream, muon, timeout)?;
                 self.verify_agreement(plan.hash, &mut |v| backend.all_gather_u64(v))?;
                 Box::new(backend)
             }
@@ -195,6 +205,23 @@ impl Optimizer {
     /// communication), params or plan differ from this rank's, naming the first difference.
     fn verify_agreement(&self, hash: u64, exchange: &mut agreement::Exchange) -> Result<()> {
         agreement::verify_config(&self.cfg, self.dp(), self.rank(), exchange)?;
+        let size = self.norm_group.as_ref().map_or(0, |g| g.size() as u64);
+        if let Some((rank, &other)) = exchange(size)?.iter().enumerate().find(|(_, s)| **s != size) {
+            let name = |s: u64| {
+                if s == 0 {
+                    "none".to_string()
+                } else {
+                    format!("{s} ranks")
+                }
+            };
+            bail!(
+                PlanMismatch,
+                "finalize: rank {} sums the gradient norm over a norm group of {} but rank {rank} over {}; every rank of the data-parallel group must set the same norm group",
+                self.rank(),
+                name(size),
+                name(other)
+            );
+        }
         let hashes = exchange(hash)?;
         if hashes.iter().any(|h| *h != hash) {
             agreement::explain_param_mismatch(self.registry.params(), self.registry.routes(), self.rank(), exchange)?;
@@ -206,6 +233,41 @@ impl Optimizer {
                 self.rank()
             );
         }
+        Ok(())
+    }
+
+    /// Sums the gradient norm, and so the clip coefficient and the skip decision, over
+    /// `group` — a communicator of the same kind spanning this rank's data-parallel group, e.g.
+    /// every rank of a tensor-, pipeline- and data-parallel job — instead of the data-parallel
+    /// group alone. Each rank counts the gradients it owns except those flagged
+    /// `NORM_REPLICA`. Before finalize; every rank of the data-parallel group sets a group of
+    /// the same size.
+    pub fn set_norm_group(&mut self, group: Arc<Communicator>) -> Result<()> {
+        if !matches!(self.phase, Phase::Registering) {
+            bail!(
+                InvalidState,
+                "set_norm_group: the optimizer is finalized; set the norm group before finalize"
+            );
+        }
+        let same_kind = matches!(
+            (&self.claim.comm().transport, &group.transport),
+            (Transport::Host(_), Transport::Host(_)) | (Transport::Nccl(_), Transport::Nccl(_))
+        );
+        if !same_kind {
+            bail!(
+                CommMismatch,
+                "set_norm_group: the norm group must be a communicator of the same kind as the optimizer's (a host group with a host group, NCCL with NCCL)"
+            );
+        }
+        if group.size() < self.dp() || !group.size().is_multiple_of(self.dp()) {
+            bail!(
+                CommMismatch,
+                "set_norm_group: a norm group of {} ranks cannot span data-parallel groups of {}; its size must be a multiple of dp",
+                group.size(),
+                self.dp()
+            );
+        }
+        self.norm_group = Some(group);
         Ok(())
     }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
+use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
@@ -77,7 +78,7 @@ fn block_sum(lanes: &mut [f64; THREADS]) -> f64 {
 
 /// The cuda backend (its real translator and Backend glue) over the emulated device.
 fn emulated_backend(muon: MuonOptions) -> CudaBackend<Emulator> {
-    CudaBackend::with_executor(0, 1, muon, Emulator { mem: Vec::new() }).unwrap()
+    CudaBackend::with_executor(Translator::new(0, 1, muon), Emulator { mem: Vec::new() }).unwrap()
 }
 
 impl Emulator {
@@ -164,7 +165,7 @@ impl Emulator {
                 }
                 Action::Launch(launch) => self.launch(launch),
                 Action::Gemm(gemm) => self.gemm(gemm),
-                Action::Nccl(calls) => calls.iter().for_each(|c| self.nccl(c)),
+                Action::Nccl(_, calls) => calls.iter().for_each(|c| self.nccl(c)),
                 Action::Record { .. } | Action::Wait { .. } | Action::Synchronize(_) => {}
             }
         }
@@ -370,7 +371,7 @@ impl Emulator {
                     self.st_f32(w + 4 * i, wi);
                 }
             }
-            Kernel::StepScalars => self.step_scalars(n(0), n(1), n(2), [float(a, 3), float(a, 4), float(a, 5)]),
+            Kernel::StepScalars => self.step_scalars(n(0), n(1), n(2), n(3), [float(a, 4), float(a, 5), float(a, 6)]),
             Kernel::Mxfp8Quantize => {
                 let (rows, cols) = (n(1) as usize, n(2) as usize);
                 let input: Vec<u16> = (0..(rows * cols) as u64).map(|i| self.ld_u16(n(0) + 2 * i)).collect();
@@ -442,9 +443,16 @@ impl Emulator {
     }
 
     /// `muon_step_scalars` of `kernels/step.cu`, statement for statement.
-    fn step_scalars(&mut self, scalars: DevPtr, sums: DevPtr, dp: u64, [clip_grad, beta1, beta2]: [f32; 3]) {
+    fn step_scalars(
+        &mut self,
+        scalars: DevPtr,
+        sums: DevPtr,
+        count: u64,
+        dp: u64,
+        [clip_grad, beta1, beta2]: [f32; 3],
+    ) {
         let mut summed = self.ld_f64(sums);
-        for r in 1..dp {
+        for r in 1..count {
             summed += self.ld_f64(sums + 8 * r);
         }
         let total = summed / (dp as f64 * dp as f64);

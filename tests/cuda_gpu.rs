@@ -109,6 +109,7 @@ impl Gpu {
     fn backend(&self, cfg: &Config, stream: CallerStream) -> CudaBackend {
         CudaBackend::new(
             self.communicator(),
+            None,
             stream,
             MuonOptions::from_config(cfg),
             Duration::from_secs(60),
@@ -359,8 +360,14 @@ fn newton_schulz_matches_the_golden_vectors() {
                 extra_scale_factor: 1.0,
             };
             let n = (rows * cols) as u64;
-            let mut backend =
-                CudaBackend::new(gpu.communicator(), CallerStream::NULL, muon, Duration::from_secs(60)).unwrap();
+            let mut backend = CudaBackend::new(
+                gpu.communicator(),
+                None,
+                CallerStream::NULL,
+                muon,
+                Duration::from_secs(60),
+            )
+            .unwrap();
             backend
                 .allocate(&MemoryLayout {
                     buffers: vec![(n, Dtype::F32)],

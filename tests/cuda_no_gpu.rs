@@ -56,7 +56,7 @@ fn the_backend_constructor_reports_the_missing_driver() {
     }
     let comm = Communicator::new(Transport::Host(HostGroup::new(1, Duration::from_secs(1)).remove(0)));
     let muon = MuonOptions::from_config(&Config::default());
-    let err = CudaBackend::new(comm, CallerStream::NULL, muon, Duration::from_secs(1))
+    let err = CudaBackend::new(comm, None, CallerStream::NULL, muon, Duration::from_secs(1))
         .err()
         .expect("no driver");
     assert_eq!(err.kind, ErrorKind::CudaUnavailable);

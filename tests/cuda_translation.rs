@@ -429,3 +429,51 @@ fn the_kernels_number_the_scalars_like_the_schedule() {
         assert_eq!(defined.get(&name), Some(&scalar.slot()), "MUON_SCALAR_{name}");
     }
 }
+
+/// With a norm group the gather of every rank's Σ g² runs on the group's communicator and the
+/// step kernel adds the group's sums but divides by the data-parallel size; without one, both
+/// are the data-parallel group's.
+#[test]
+fn a_norm_group_gathers_on_its_own_communicator() {
+    use muon_opt::backend::cuda::action::{NcclCall, NcclComm, NcclType};
+    use muon_opt::backend::cuda::translate::Translator;
+    use muon_opt::backend::ops::StepConstants;
+    let muon = MuonOptions::from_config(&Config::default());
+    let constants = StepConstants {
+        clip_grad: 1.0,
+        beta1: 0.9,
+        beta2: 0.999,
+    };
+    for (group, comm, count) in [(Some(8), NcclComm::Norm, 8u32), (None, NcclComm::Data, 2)] {
+        let translator = Translator::new(1, 2, muon);
+        let translator = match group {
+            Some(size) => translator.with_norm_group(size),
+            None => translator,
+        };
+        let mut dry = DryRun::with_translator(translator);
+        dry.observe(&Op::GatherNormSums);
+        dry.observe(&Op::FinishStep(constants));
+        let actions: Vec<Action> = dry
+            .log
+            .iter()
+            .flat_map(|(_, t)| match t {
+                Ok(Translated::Actions(a)) => a.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let [Action::Nccl(which, calls), Action::Launch(launch)] = &actions[..] else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(*which, comm);
+        assert!(matches!(
+            calls[..],
+            [NcclCall::AllGather {
+                send_count: 1,
+                dtype: NcclType::F64,
+                ..
+            }]
+        ));
+        assert_eq!(launch.kernel, Kernel::StepScalars);
+        assert_eq!((&launch.args[2], &launch.args[3]), (&Arg::U32(count), &Arg::U32(2)));
+    }
+}

@@ -75,7 +75,7 @@ fn clip_coefficient_brings_the_norm_to_the_threshold() {
 /// bias corrections at it.
 #[test]
 fn step_scalars_sum_in_rank_order_and_derive_the_clip_and_step() {
-    let s = step_scalars(&[1e17, 1.0, -1e17, 1.0], 6, 0.0, 0.9, 0.95);
+    let s = step_scalars(&[1e17, 1.0, -1e17, 1.0], 4, 6, 0.0, 0.9, 0.95);
     assert_eq!(
         s.grad_norm,
         (1.0f64 / 16.0).sqrt(),
@@ -84,20 +84,25 @@ fn step_scalars_sum_in_rank_order_and_derive_the_clip_and_step() {
     assert_eq!((s.clip_coef, s.grad_scale, s.skipped, s.step), (1.0, 0.25, false, 7));
     assert_eq!((s.bc1, s.bc2), adamw_bias_corrections(0.9, 0.95, 7));
 
-    let clipped = step_scalars(&[36.0, 64.0], 0, 1.0, 0.9, 0.95);
+    let clipped = step_scalars(&[36.0, 64.0], 2, 0, 1.0, 0.9, 0.95);
     let coef = clip_coefficient(100.0 / 4.0, 1.0);
     assert!(coef < 1.0);
     assert_eq!((clipped.clip_coef, clipped.grad_scale), (coef, coef * 0.5));
 
-    let single = step_scalars(&[4.0], 2, 0.0, 0.9, 0.95);
+    let single = step_scalars(&[4.0], 1, 2, 0.0, 0.9, 0.95);
     assert_eq!((single.grad_norm, single.grad_scale, single.step), (2.0, 1.0, 3));
+
+    // A norm group of 4 ranks over a data-parallel size of 2: the sums of all 4 are added
+    // (each rank owns distinct gradients), the mean over dp² = 4.
+    let grouped = step_scalars(&[1.0, 2.0, 3.0, 10.0], 2, 0, 0.0, 0.9, 0.95);
+    assert_eq!((grouped.grad_norm, grouped.grad_scale), ((16.0f64 / 4.0).sqrt(), 0.5));
 }
 
 /// A non-finite sum skips the step: no clip, the step count stays.
 #[test]
 fn a_non_finite_sum_skips_without_counting_the_step() {
     for sums in [[f64::NAN, 1.0], [f64::INFINITY, 0.0]] {
-        let s = step_scalars(&sums, 4, 1.0, 0.9, 0.95);
+        let s = step_scalars(&sums, 2, 4, 1.0, 0.9, 0.95);
         assert!(s.skipped && !s.grad_norm.is_finite());
         assert_eq!((s.clip_coef, s.step), (1.0, 4));
         assert_eq!((s.bc1, s.bc2), adamw_bias_corrections(0.9, 0.95, 4));

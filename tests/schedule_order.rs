@@ -116,7 +116,7 @@ fn nccl_calls(dry: &DryRun) -> Vec<String> {
             continue;
         };
         for action in actions {
-            if let Action::Nccl(calls) = action {
+            if let Action::Nccl(_, calls) = action {
                 let group: Vec<String> = calls
                     .iter()
                     .map(|c| match *c {

@@ -391,7 +391,7 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
                 .iter()
                 .filter(|i| matches!(i, Item::Collective { .. }))
                 .count();
-            let nccl = translated.iter().filter(|a| matches!(a, Action::Nccl(_))).count();
+            let nccl = translated.iter().filter(|a| matches!(a, Action::Nccl(..))).count();
             assert_eq!(priced, nccl, "every NCCL group is one priced collective");
         }
     }

@@ -57,6 +57,11 @@ pub const MUON_PARAM_FLAG_MXFP8: u32 = 1 << 3;
 pub const MUON_PARAM_FLAG_NO_WEIGHT_DECAY: u32 = 1 << 4;
 /// Allow a Muon matrix with a dimension equal to vocab_size.
 pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
+/// A copy of a gradient another rank of the norm group counts (muon_optimizer_set_norm_group):
+/// left out of this rank's share of the gradient norm, e.g. a tensor-parallel duplicate
+/// (layer norm, row-parallel bias) on TP ranks > 0, or the last pipeline stage's copy of an
+/// embedding the first stage also holds. Still updated.
+pub const MUON_PARAM_FLAG_NORM_REPLICA: u32 = 1 << 6;
 
 /// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
 pub const MUON_MXFP8_SCALES_COMPACT: u32 = 0;
@@ -106,6 +111,7 @@ mod tests {
         assert_eq!(ParamFlags::MXFP8, MUON_PARAM_FLAG_MXFP8);
         assert_eq!(ParamFlags::NO_WEIGHT_DECAY, MUON_PARAM_FLAG_NO_WEIGHT_DECAY);
         assert_eq!(ParamFlags::ALLOW_VOCAB_DIM, MUON_PARAM_FLAG_ALLOW_VOCAB_DIM);
+        assert_eq!(ParamFlags::NORM_REPLICA, MUON_PARAM_FLAG_NORM_REPLICA);
         assert_eq!(route_code(Route::Muon), MUON_ROUTE_MUON);
         assert_eq!(crate::config::MAX_NS_STEPS, MUON_MAX_NS_STEPS);
         assert_eq!(

@@ -67,6 +67,43 @@ pub unsafe extern "C" fn muon_optimizer_create(
     })
 }
 
+/// @brief Make the gradient norm — and so the clip coefficient and the found-inf skip — global
+///        over @p group instead of the optimizer's data-parallel communicator alone.
+///
+/// With tensor, pipeline or expert parallelism each data-parallel group holds a different
+/// part of the model: pass a communicator spanning all of them (e.g. every rank of the job),
+/// and every rank then clips with the same coefficient and skips the same steps. Each rank
+/// counts the gradients it owns once; flag copies that another rank counts with
+/// MUON_PARAM_FLAG_NORM_REPLICA (tensor-parallel duplicates on TP ranks > 0, a later pipeline
+/// stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
+/// rank order, so every rank computes the same bits.
+/// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
+/// @param[in]     group A communicator of the same kind as the optimizer's (host group or
+///                      NCCL) whose size is a multiple of the data-parallel size; borrowed
+///                      (its handle may be destroyed after this call; the optimizer keeps what
+///                      it needs). Collectives on it run on the optimizer's comm stream. Every
+///                      rank of the data-parallel group must set a group of the same size
+///                      (else finalize returns MUON_STATUS_PLAN_MISMATCH).
+/// @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_set_norm_group(
+    opt: *mut muon_optimizer_t,
+    group: *mut muon_comm_t,
+) -> muon_status_t {
+    let mut communicator: Option<Arc<Communicator>> = None;
+    let status = with_ref::<Arc<Communicator>>("muon_optimizer_set_norm_group", group, "group", |c| {
+        communicator = Some(c.clone());
+        Ok(())
+    });
+    let Some(communicator) = communicator else {
+        return status;
+    };
+    with_mut::<Optimizer>("muon_optimizer_set_norm_group", opt, "opt", |o| {
+        o.set_norm_group(communicator)
+    })
+}
+
 /// @brief Register a parameter (forward order). Only before muon_optimizer_finalize().
 /// @param[in,out] opt      Optimizer handle.
 /// @param[in]     desc     Description; every pointer in it is read during this call only.

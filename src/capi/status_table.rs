@@ -151,6 +151,20 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_add_param(o, &desc(c"late"), null_mut())
         ),
         row!(
+            "muon_optimizer_set_norm_group",
+            "NULL group",
+            Registering,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_set_norm_group(o, null_mut())
+        ),
+        row!(
+            "muon_optimizer_set_norm_group",
+            "after finalize",
+            Finalized,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_set_norm_group(o, comm_handle())
+        ),
+        row!(
             "muon_optimizer_param_route",
             "NULL route",
             Registering,

@@ -73,10 +73,18 @@ pub struct StepScalars {
 }
 
 /// The step's scalars from `rank_sums` (Σ g² of each rank's owned gradients, summed in rank
-/// order; the gradients are sums over the `dp = rank_sums.len()` ranks, so the mean's squared
-/// norm is the total over dp²), the steps taken before, and the clip and AdamW constants.
-pub fn step_scalars(rank_sums: &[f64], previous_step: u64, clip_grad: f32, beta1: f32, beta2: f32) -> StepScalars {
-    let dp = rank_sums.len().max(1);
+/// order: the ranks of the data-parallel group, or of the norm group that spans it), the
+/// data-parallel size `dp` (the gradients are sums over dp ranks, so the mean's squared norm is
+/// the total over dp²), the steps taken before, and the clip and AdamW constants.
+pub fn step_scalars(
+    rank_sums: &[f64],
+    dp: usize,
+    previous_step: u64,
+    clip_grad: f32,
+    beta1: f32,
+    beta2: f32,
+) -> StepScalars {
+    let dp = dp.max(1);
     let summed = rank_sums
         .iter()
         .skip(1)

@@ -272,9 +272,23 @@ impl Runtime {
         Ok(())
     }
 
+    /// The gradients this rank counts in the global norm: everything it owns except the
+    /// params flagged `NORM_REPLICA` (another rank of the norm group counts their copy).
     fn owned_grad_spans(&self) -> Vec<Span> {
-        let muon = self.layout.muon.iter().map(|s| s.grad());
-        muon.chain(self.layout.adamw.iter().map(|s| s.grad())).collect()
+        let counted = |param: u32| !self.params[param as usize].flags.has(ParamFlags::NORM_REPLICA);
+        let muon = self
+            .layout
+            .muon
+            .iter()
+            .filter(|s| counted(s.unit.param))
+            .map(|s| s.grad());
+        let adamw = self
+            .layout
+            .adamw
+            .iter()
+            .filter(|s| counted(s.piece.param))
+            .map(|s| s.grad());
+        muon.chain(adamw).collect()
     }
 
     /// One optimizer step (docs/design.md §5 and §6), enqueued without a host

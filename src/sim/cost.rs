@@ -141,7 +141,7 @@ impl CostModel {
                 host: launch,
                 device: self.gemm(g),
             },
-            Action::Nccl(calls) => Cost::Collective {
+            Action::Nccl(_, calls) => Cost::Collective {
                 host: launch,
                 device: calls.iter().map(|c| self.nccl(c)).sum(),
             },

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::backend::cuda::action::{Action, Buf, DevPtr, Kernel, NcclCall, NcclType};
 use crate::backend::cuda::dry_run::VirtualMemory;
+use crate::backend::cuda::translate::Translator;
 use crate::backend::cuda::{CudaBackend, Executor};
 use crate::backend::ops::StreamKind;
 use crate::bail;
@@ -67,7 +68,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::Mxfp8Quantize => "mxfp8 quantize",
         },
         Action::Gemm(_) => "ns gemm",
-        Action::Nccl(calls) => match calls.first() {
+        Action::Nccl(_, calls) => match calls.first() {
             Some(NcclCall::AllGather {
                 dtype: NcclType::U8, ..
             }) => "scalar exchange",
@@ -120,7 +121,7 @@ impl Recorder {
                 label,
             }),
             Cost::Collective { host, device } => {
-                let Action::Nccl(calls) = action else { return };
+                let Action::Nccl(_, calls) = action else { return };
                 items.push(Item::Collective {
                     host,
                     device,
@@ -267,9 +268,7 @@ pub fn record_rank(
     }));
     let dp = plan.dp as usize;
     let backend = CudaBackend::with_executor(
-        rank,
-        dp,
-        MuonOptions::from_config(cfg),
+        Translator::new(rank, dp, MuonOptions::from_config(cfg)),
         SimExecutor(Arc::clone(&recorder)),
     )?;
     let mut runtime = Runtime::new(

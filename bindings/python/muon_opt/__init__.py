@@ -421,6 +421,13 @@ class Optimizer(_Owner):
         self._params.append((shape, d.dtype))
         return pid.value
 
+    def set_norm_group(self, group):
+        """Makes the gradient norm, clip and skip global over ``group`` (a :class:`Comm`
+        spanning the data-parallel group, e.g. every rank of a tensor/pipeline-parallel job);
+        before :meth:`finalize`. Flag copies another rank counts with
+        ``ParamFlag.NORM_REPLICA``."""
+        lib().muon_optimizer_set_norm_group(self._handle, group.handle)
+
     def param_route(self, param_id):
         route = c_uint32()
         lib().muon_optimizer_param_route(self._handle, param_id, byref(route))

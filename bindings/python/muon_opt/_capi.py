@@ -73,6 +73,7 @@ MUON_PARAM_FLAG_EXPERT_STACK = 1 << 2
 MUON_PARAM_FLAG_MXFP8 = 1 << 3
 MUON_PARAM_FLAG_NO_WEIGHT_DECAY = 1 << 4
 MUON_PARAM_FLAG_ALLOW_VOCAB_DIM = 1 << 5
+MUON_PARAM_FLAG_NORM_REPLICA = 1 << 6
 
 MUON_MXFP8_SCALES_COMPACT = 0
 MUON_MXFP8_SCALES_SWIZZLED = 1
@@ -267,6 +268,7 @@ PROTOTYPES = {
     ),
     "muon_optimizer_create": (muon_status_t, [POINTER(muon_config_t), _comm, c_void_p, POINTER(_opt)]),
     "muon_optimizer_add_param": (muon_status_t, [_opt, POINTER(muon_param_desc_t), POINTER(c_uint32)]),
+    "muon_optimizer_set_norm_group": (muon_status_t, [_opt, _comm]),
     "muon_optimizer_param_route": (muon_status_t, [_opt, c_uint32, POINTER(c_uint32)]),
     "muon_optimizer_finalize": (muon_status_t, [_opt]),
     "muon_optimizer_plan_json": (muon_status_t, [_opt, POINTER(c_char), c_size_t, POINTER(c_size_t)]),

@@ -206,6 +206,15 @@ pub enum NcclCall {
     },
 }
 
+/// Which communicator an NCCL group runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclComm {
+    /// The data-parallel communicator (every data collective and exchange).
+    Data,
+    /// The norm group's communicator (the gather of every rank's Σ g²), when one is set.
+    Norm,
+}
+
 /// One device action.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -251,7 +260,7 @@ pub enum Action {
     Launch(Launch),
     Gemm(Gemm),
     /// The calls as one `ncclGroupStart`/`ncclGroupEnd` group on the comm stream.
-    Nccl(Vec<NcclCall>),
+    Nccl(NcclComm, Vec<NcclCall>),
     /// `cuEventRecord` of `event` on `stream`.
     Record {
         stream: StreamKind,

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
 
-use crate::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs, NcclCall, NcclType};
+use crate::backend::cuda::action::{
+    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, NcclCall, NcclComm as ActionComm, NcclType,
+};
 use crate::backend::cuda::kernels::Modules;
 use crate::backend::cuda::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM, NCCL_UINT8, NcclComm};
 use crate::backend::cuda::pinned::PinnedRing;
@@ -104,6 +106,8 @@ pub struct Device {
     blas: blas::cublasHandle_t,
     blas_workspace: DevPtr,
     comm: Arc<Communicator>,
+    /// The norm group's communicator, when the gradient norm is summed over one.
+    norm_group: Option<Arc<Communicator>>,
     timeout: Duration,
     staging: PinnedRing,
 }
@@ -191,6 +195,7 @@ impl Device {
             blas: std::ptr::null_mut(),
             blas_workspace: 0,
             comm: comm.clone(),
+            norm_group: None,
             timeout,
             staging: PinnedRing::default(),
         };
@@ -242,10 +247,32 @@ impl Device {
         Current::enter(self.ctx)
     }
 
+    /// Sums the gradient norm over `group`, an NCCL communicator on this device spanning the
+    /// data-parallel group.
+    pub fn with_norm_group(mut self, group: Arc<Communicator>) -> Result<Device> {
+        if !matches!(group.transport, Transport::Nccl(_)) {
+            bail!(CommMismatch, "norm group: the cuda backend needs an NCCL communicator");
+        }
+        self.norm_group = Some(group);
+        Ok(self)
+    }
+
     fn nccl(&self) -> &NcclComm {
-        match &self.comm.transport {
+        Self::nccl_of(&self.comm)
+    }
+
+    fn nccl_of(comm: &Communicator) -> &NcclComm {
+        match &comm.transport {
             Transport::Nccl(nccl) => nccl,
-            Transport::Host(_) => unreachable!("checked in Device::new"),
+            Transport::Host(_) => unreachable!("checked in Device::new and with_norm_group"),
+        }
+    }
+
+    /// The NCCL communicator an action names.
+    fn nccl_for(&self, which: ActionComm) -> &NcclComm {
+        match (which, &self.norm_group) {
+            (ActionComm::Norm, Some(group)) => Self::nccl_of(group),
+            _ => self.nccl(),
         }
     }
 
@@ -360,7 +387,7 @@ impl Device {
                 })
             }
             Action::Gemm(gemm) => self.gemm(gemm),
-            Action::Nccl(calls) => self.nccl_group(calls),
+            Action::Nccl(which, calls) => self.nccl_group(*which, calls),
             Action::Record { stream, event } => {
                 let event = self.event(event.0)?;
                 // SAFETY: our event, recorded on a live stream.
@@ -415,6 +442,9 @@ impl Device {
                 }
             }
             self.nccl().async_error()?;
+            if let Some(group) = &self.norm_group {
+                Self::nccl_of(group).async_error()?;
+            }
             if start.elapsed() > self.timeout {
                 bail!(
                     CommTimeout,
@@ -476,8 +506,8 @@ impl Device {
         )
     }
 
-    fn nccl_group(&self, calls: &[NcclCall]) -> Result<()> {
-        let nccl = self.nccl();
+    fn nccl_group(&self, which: ActionComm, calls: &[NcclCall]) -> Result<()> {
+        let nccl = self.nccl_for(which);
         let (api, comm) = (nccl.api, nccl.raw);
         let stream = self.comm_stream.cast::<c_void>();
         let dtype = |t: NcclType| match t {

@@ -61,8 +61,13 @@ impl DryRun {
     /// Rank `rank` of `dp` with the Muon options of the config; the creation-time allocations
     /// are made as `CudaBackend::new` makes them.
     pub fn new(rank: usize, dp: usize, muon: MuonOptions) -> Self {
+        Self::with_translator(Translator::new(rank, dp, muon))
+    }
+
+    /// A dry run of `translator` (e.g. one with a norm group).
+    pub fn with_translator(translator: Translator) -> Self {
         let mut dry = DryRun {
-            translator: Translator::new(rank, dp, muon),
+            translator,
             memory: VirtualMemory::default(),
             log: Vec::new(),
         };

@@ -111,10 +111,19 @@ impl CudaBackend {
     /// a usable driver, NvrtcUnavailable / KernelCompileFailed when the kernels cannot be
     /// built, CudaUnavailable without cuBLAS, CommMismatch when the communicator lives on
     /// another device. Never panics: the driver library is only entered after its presence
-    /// check, and inside `catch_unwind`.
-    pub fn new(comm: Arc<Communicator>, stream: CallerStream, muon: MuonOptions, timeout: Duration) -> Result<Self> {
+    /// check, and inside `catch_unwind`. With `norm_group`, the gradient norm is summed over
+    /// that communicator's ranks instead of the data-parallel group's.
+    pub fn new(
+        comm: Arc<Communicator>,
+        norm_group: Option<Arc<Communicator>>,
+        stream: CallerStream,
+        muon: MuonOptions,
+        timeout: Duration,
+    ) -> Result<Self> {
         probe::device_count()?;
-        match catch_unwind(AssertUnwindSafe(|| Self::create(comm, stream, muon, timeout))) {
+        match catch_unwind(AssertUnwindSafe(|| {
+            Self::create(comm, norm_group, stream, muon, timeout)
+        })) {
             Ok(result) => result,
             Err(payload) => bail!(
                 CudaError,
@@ -124,20 +133,27 @@ impl CudaBackend {
         }
     }
 
-    fn create(comm: Arc<Communicator>, stream: CallerStream, muon: MuonOptions, timeout: Duration) -> Result<Self> {
-        let (rank, dp) = (comm.rank(), comm.size());
-        let device = Device::new(comm, stream.0.cast(), timeout)?;
-        CudaBackend::with_executor(rank, dp, muon, device)
+    fn create(
+        comm: Arc<Communicator>,
+        norm_group: Option<Arc<Communicator>>,
+        stream: CallerStream,
+        muon: MuonOptions,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut translator = Translator::new(comm.rank(), comm.size(), muon);
+        let mut device = Device::new(comm, stream.0.cast(), timeout)?;
+        if let Some(group) = norm_group {
+            translator = translator.with_norm_group(group.size());
+            device = device.with_norm_group(group)?;
+        }
+        CudaBackend::with_executor(translator, device)
     }
 }
 
 impl<E: Executor> CudaBackend<E> {
-    /// A backend for rank `rank` of `dp` whose actions `executor` runs; runs the setup.
-    pub fn with_executor(rank: usize, dp: usize, muon: MuonOptions, executor: E) -> Result<Self> {
-        let mut backend = CudaBackend {
-            translator: Translator::new(rank, dp, muon),
-            executor,
-        };
+    /// A backend whose `translator` decides and whose `executor` runs; runs the setup.
+    pub fn with_executor(translator: Translator, executor: E) -> Result<Self> {
+        let mut backend = CudaBackend { translator, executor };
         let setup = backend.translator.setup();
         backend.run(&setup)?;
         Ok(backend)

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 
 use crate::backend::cuda::action::{
-    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType, Work,
+    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType, Work,
 };
 use crate::backend::ops::{AdamwJob, CollOp, Mem, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
 use crate::backend::recording::Op;
@@ -88,6 +88,8 @@ pub struct Translator {
     map: HashMap<Buf, (DevPtr, u64)>,
     layout: Option<MemoryLayout>,
     work: WorkSizes,
+    /// Ranks of the norm group, when the gradient norm is summed over one.
+    norm_group: Option<usize>,
 }
 
 fn grid_1d(n: u64) -> [u32; 3] {
@@ -211,7 +213,20 @@ impl Translator {
             map: HashMap::new(),
             layout: None,
             work: WorkSizes::default(),
+            norm_group: None,
         }
+    }
+
+    /// Sums the gradient norm over a norm group of `size` ranks (spanning this rank's
+    /// data-parallel group) instead of the data-parallel group alone.
+    pub fn with_norm_group(mut self, size: usize) -> Self {
+        self.norm_group = Some(size);
+        self
+    }
+
+    /// Ranks whose Σ g² make the global norm.
+    fn norm_ranks(&self) -> usize {
+        self.norm_group.unwrap_or(self.dp)
     }
 
     /// The allocations a backend makes at creation, before `allocate`: the step's scalars
@@ -220,7 +235,7 @@ impl Translator {
         vec![
             Action::Alloc {
                 buf: Buf::Scalars,
-                bytes: (RECEIVE_SLOTS + self.dp as u64) * 8,
+                bytes: (RECEIVE_SLOTS + self.dp.max(self.norm_ranks()) as u64) * 8,
             },
             // Zeroed on the compute stream; the comm stream uses the slots next.
             Action::Synchronize(StreamKind::Compute),
@@ -319,12 +334,15 @@ impl Translator {
                 bytes: value.to_vec(),
                 stream: StreamKind::Comm,
             },
-            Action::Nccl(vec![NcclCall::AllGather {
-                send,
-                recv,
-                send_count: 8,
-                dtype: NcclType::U8,
-            }]),
+            Action::Nccl(
+                NcclComm::Data,
+                vec![NcclCall::AllGather {
+                    send,
+                    recv,
+                    send_count: 8,
+                    dtype: NcclType::U8,
+                }],
+            ),
             Action::CopyOut {
                 src: recv,
                 bytes: 8 * self.dp as u64,
@@ -357,12 +375,19 @@ impl Translator {
             }
             Op::Cast { src, dst } => self.cast(*src, *dst),
             Op::SquaredNorm(spans) => self.squared_norm(spans),
-            Op::GatherNormSums => Ok(vec![Action::Nccl(vec![NcclCall::AllGather {
-                send: self.scalar(Scalar::NormSq)?,
-                recv: self.slot(RECEIVE_SLOTS)?,
-                send_count: 1,
-                dtype: NcclType::F64,
-            }])]),
+            Op::GatherNormSums => Ok(vec![Action::Nccl(
+                if self.norm_group.is_some() {
+                    NcclComm::Norm
+                } else {
+                    NcclComm::Data
+                },
+                vec![NcclCall::AllGather {
+                    send: self.scalar(Scalar::NormSq)?,
+                    recv: self.slot(RECEIVE_SLOTS)?,
+                    send_count: 1,
+                    dtype: NcclType::F64,
+                }],
+            )]),
             Op::FinishStep(constants) => self.finish_step(constants),
             Op::SetStepArgs(bits) => Ok(vec![Action::CopyInAsync {
                 dst: self.scalar(Scalar::Lr)?,
@@ -393,6 +418,7 @@ impl Translator {
                 event: *event,
             }]),
             Op::Collectives(ops) => Ok(vec![Action::Nccl(
+                NcclComm::Data,
                 ops.iter().map(|op| self.collective(op)).collect::<Result<_>>()?,
             )]),
             Op::AllGatherU64 { value } => self.exchange(value.to_le_bytes()),
@@ -587,6 +613,7 @@ impl Translator {
             vec![
                 Arg::Ptr(self.slot(0)?),
                 Arg::Ptr(self.slot(RECEIVE_SLOTS)?),
+                Arg::U32(to_u32("norm ranks", self.norm_ranks() as u64)?),
                 Arg::U32(to_u32("dp", self.dp as u64)?),
                 Arg::F32(constants.clip_grad),
                 Arg::F32(constants.beta1),

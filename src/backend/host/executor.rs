@@ -142,6 +142,8 @@ pub struct HostBackend {
     workspace: MuonWorkspace,
     scratch: Vec<f32>,
     scalars: Arc<Mutex<HostScalars>>,
+    /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
+    norm_group: Option<Arc<Communicator>>,
 }
 
 // SAFETY: the raw pointers in `mems` are owned allocations only touched by this backend's
@@ -165,7 +167,21 @@ impl HostBackend {
             workspace: MuonWorkspace::default(),
             scratch: Vec::new(),
             scalars: Arc::default(),
+            norm_group: None,
         })
+    }
+
+    /// Sums the gradient norm over `group` (a host group spanning this rank's data-parallel
+    /// group) instead of the data-parallel group alone.
+    pub fn with_norm_group(mut self, group: Arc<Communicator>) -> Result<Self> {
+        if !matches!(group.transport, Transport::Host(_)) {
+            bail!(
+                CommMismatch,
+                "norm group: the host backend needs a host group communicator"
+            );
+        }
+        self.norm_group = Some(group);
+        Ok(self)
     }
 
     fn scalars(&self) -> std::sync::MutexGuard<'_, HostScalars> {
@@ -378,7 +394,8 @@ impl Backend for HostBackend {
     }
 
     fn gather_norm_sums(&mut self) -> Result<()> {
-        let (comm, scalars) = (self.comm.clone(), self.scalars.clone());
+        let comm = self.norm_group.clone().unwrap_or_else(|| self.comm.clone());
+        let scalars = self.scalars.clone();
         self.stream.enqueue(move || {
             let local = scalars
                 .lock()
@@ -396,6 +413,7 @@ impl Backend for HostBackend {
         let previous = scalars.get(Scalar::Step) as u64;
         let s = step_scalars(
             &scalars.rank_sums,
+            self.comm.size(),
             previous,
             constants.clip_grad,
             constants.beta1,

@@ -1,0 +1,261 @@
+//! A norm group makes the gradient norm, the clip coefficient and the found-inf skip global
+//! over a tensor-parallel × data-parallel job (ranks on threads, dp = 2 × tp = 2): every rank
+//! clips and skips alike, each gradient is counted once (a `NORM_REPLICA` copy is not), and the
+//! norm equals the one computed by hand over the whole model.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use muon_opt::backend::cuda::CallerStream;
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{Config, Dtype, NsPrecision};
+use muon_opt::error::{ErrorKind, Result};
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::optimizer::Optimizer;
+use muon_opt::schedule::{StepArgs, StepInfo};
+
+const DP: usize = 2;
+const TP: usize = 2;
+const ARGS: StepArgs = StepArgs {
+    lr: 0.02,
+    weight_decay: 0.1,
+    adam_lr: 0.003,
+    adam_weight_decay: 0.01,
+};
+
+/// TP rank `t`'s part of the model: its shard of two matrices and of a bias, and the layer
+/// norm every TP rank holds a copy of (a tensor-parallel duplicate), flagged `NORM_REPLICA`
+/// on TP ranks > 0 when `flag_replicas`.
+fn model(t: usize, flag_replicas: bool) -> Vec<ParamSpec> {
+    let mut norm = ParamSpec::new("layers.0.norm.weight", &[24], Dtype::F32);
+    if t > 0 && flag_replicas {
+        norm.flags = ParamFlags(ParamFlags::NORM_REPLICA);
+    }
+    vec![
+        ParamSpec::new("layers.0.fc1.weight", &[32, 24], Dtype::F32),
+        ParamSpec::new("layers.0.fc1.bias", &[32], Dtype::F32),
+        norm,
+        ParamSpec::new("layers.0.fc2.weight", &[24, 16], Dtype::F32),
+    ]
+}
+
+/// Gradient element `i` of param `p` on (data-parallel rank d, TP rank t). The layer norm's
+/// gradient is the same on every TP rank (frameworks all-reduce duplicates over TP first).
+fn grad(d: usize, t: usize, p: usize, i: usize) -> f32 {
+    let t = if p == 2 { 0 } else { t };
+    let h = ((d * 7919 + t * 104_729 + p * 1_000_003 + i * 31) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((h >> 40) % 2001) as f32 / 1000.0 - 1.0
+}
+
+/// What a run of one step reports on every rank, (d, t) in world-rank order t·DP + d.
+struct Setup {
+    flag_replicas: bool,
+    norm_group: bool,
+    clip_grad: f32,
+    /// (d, t, p, i) of a NaN gradient.
+    nan: Option<(usize, usize, usize, usize)>,
+}
+
+fn run(setup: &Setup) -> Vec<Result<StepInfo>> {
+    let world: Vec<Arc<Communicator>> = HostGroup::new(DP * TP, Duration::from_secs(20))
+        .into_iter()
+        .map(|c| Communicator::new(Transport::Host(c)))
+        .collect();
+    let data: Vec<Vec<Arc<Communicator>>> = (0..TP)
+        .map(|_| {
+            HostGroup::new(DP, Duration::from_secs(20))
+                .into_iter()
+                .map(|c| Communicator::new(Transport::Host(c)))
+                .collect()
+        })
+        .collect();
+    let cfg = Config {
+        bucket_size: 256,
+        clip_grad: setup.clip_grad,
+        muon_ns_precision: NsPrecision::F32,
+        ..Config::default()
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..TP)
+            .flat_map(|t| (0..DP).map(move |d| (d, t)))
+            .map(|(d, t)| {
+                let (dp_comm, world_comm) = (data[t][d].clone(), world[t * DP + d].clone());
+                let cfg = cfg.clone();
+                scope.spawn(move || -> Result<StepInfo> {
+                    let mut opt = Optimizer::new(cfg, dp_comm.claim()?, CallerStream::NULL)?;
+                    let specs = model(t, setup.flag_replicas);
+                    for (p, spec) in specs.iter().enumerate() {
+                        let init: Vec<f32> = (0..spec.numel() as usize).map(|i| grad(9, t, p, i) * 0.1).collect();
+                        opt.add_param(spec.clone(), Some(init))?;
+                    }
+                    if setup.norm_group {
+                        opt.set_norm_group(world_comm)?;
+                    }
+                    opt.finalize()?;
+                    opt.zero_grad()?;
+                    for p in (0..specs.len()).rev() {
+                        let rt = opt.running()?;
+                        let ptr = rt.address(p, true).cast::<f32>();
+                        let n = specs[p].numel() as usize;
+                        // SAFETY: the host backend's f32 grad view of param p holds n values.
+                        let g = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
+                        for (i, v) in g.iter_mut().enumerate() {
+                            *v = if setup.nan == Some((d, t, p, i)) {
+                                f32::NAN
+                            } else {
+                                grad(d, t, p, i)
+                            };
+                        }
+                        opt.grad_ready(p as u32)?;
+                    }
+                    opt.step(&ARGS)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// ‖mean gradient‖² by hand: per TP rank, the data-parallel sum in rank order (f32, as the
+/// collectives add), squared in f64, over dp²; the layer norm counted `norm_copies` times.
+fn norm_squared_by_hand(norm_copies: usize) -> f64 {
+    let mut total = 0.0f64;
+    for t in 0..TP {
+        for (p, spec) in model(t, true).iter().enumerate() {
+            if p == 2 && t >= norm_copies {
+                continue;
+            }
+            for i in 0..spec.numel() as usize {
+                let sum = (0..DP).map(|d| grad(d, t, p, i)).fold(0.0f32, |acc, g| acc + g);
+                total += f64::from(sum) * f64::from(sum);
+            }
+        }
+    }
+    total / (DP * DP) as f64
+}
+
+fn all_ok(results: Vec<Result<StepInfo>>) -> Vec<StepInfo> {
+    results.into_iter().map(|r| r.unwrap()).collect()
+}
+
+#[test]
+fn every_rank_clips_with_the_norm_of_the_whole_model() {
+    let exact = norm_squared_by_hand(1).sqrt();
+    let clip_grad = (exact * 0.5) as f32;
+    let infos = all_ok(run(&Setup {
+        flag_replicas: true,
+        norm_group: true,
+        clip_grad,
+        nan: None,
+    }));
+    for info in &infos {
+        assert_eq!(info.grad_norm.to_bits(), infos[0].grad_norm.to_bits(), "{infos:?}");
+        assert_eq!(info.clip_coef.to_bits(), infos[0].clip_coef.to_bits(), "{infos:?}");
+        assert!(!info.skipped);
+    }
+    let norm = infos[0].grad_norm;
+    assert!((norm - exact).abs() <= 1e-12 * exact, "{norm} vs {exact} by hand");
+    let expected_clip = (f64::from(clip_grad) / (norm + 1e-6)) as f32;
+    assert_eq!(infos[0].clip_coef, expected_clip);
+
+    // Without the group, each TP rank's data-parallel group clips with its own part of the
+    // model: the coefficients differ — the silent divergence the group prevents.
+    let alone = all_ok(run(&Setup {
+        flag_replicas: true,
+        norm_group: false,
+        clip_grad,
+        nan: None,
+    }));
+    assert_ne!(alone[0].clip_coef, alone[DP].clip_coef);
+}
+
+#[test]
+fn a_tensor_parallel_duplicate_is_counted_once() {
+    let flagged = all_ok(run(&Setup {
+        flag_replicas: true,
+        norm_group: true,
+        clip_grad: 0.0,
+        nan: None,
+    }));
+    let once = norm_squared_by_hand(1);
+    let twice = norm_squared_by_hand(2);
+    assert!(twice > once * (1.0 + 1e-6), "the layer norm's gradient must weigh in");
+    let got = flagged[0].grad_norm.powi(2);
+    assert!((got - once).abs() <= 1e-12 * once, "counted once: {got} vs {once}");
+    let unflagged = all_ok(run(&Setup {
+        flag_replicas: false,
+        norm_group: true,
+        clip_grad: 0.0,
+        nan: None,
+    }));
+    let got = unflagged[0].grad_norm.powi(2);
+    assert!(
+        (got - twice).abs() <= 1e-12 * twice,
+        "unflagged, both copies count: {got} vs {twice}"
+    );
+}
+
+#[test]
+fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere() {
+    let nan = Some((1, 1, 0, 5)); // data-parallel rank 1 of TP rank 1
+    let grouped = all_ok(run(&Setup {
+        flag_replicas: true,
+        norm_group: true,
+        clip_grad: 1.0,
+        nan,
+    }));
+    assert!(grouped.iter().all(|i| i.skipped && i.step == 0), "{grouped:?}");
+    let alone = all_ok(run(&Setup {
+        flag_replicas: true,
+        norm_group: false,
+        clip_grad: 1.0,
+        nan,
+    }));
+    let skipped: Vec<bool> = alone.iter().map(|i| i.skipped).collect();
+    assert_eq!(
+        skipped,
+        [false, false, true, true],
+        "without the group only TP rank 1 skips"
+    );
+}
+
+#[test]
+fn ranks_of_one_data_parallel_group_must_set_the_same_group() {
+    let world: Vec<Arc<Communicator>> = HostGroup::new(DP, Duration::from_secs(20))
+        .into_iter()
+        .map(|c| Communicator::new(Transport::Host(c)))
+        .collect();
+    let data: Vec<Arc<Communicator>> = HostGroup::new(DP, Duration::from_secs(20))
+        .into_iter()
+        .map(|c| Communicator::new(Transport::Host(c)))
+        .collect();
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..DP)
+            .map(|d| {
+                let (dp_comm, group) = (data[d].clone(), world[d].clone());
+                scope.spawn(move || {
+                    let mut opt = Optimizer::new(Config::default(), dp_comm.claim()?, CallerStream::NULL)?;
+                    opt.add_param(ParamSpec::new("w", &[16, 8], Dtype::F32), None)?;
+                    if d == 0 {
+                        opt.set_norm_group(group)?;
+                    }
+                    opt.finalize()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        let err = r.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PlanMismatch);
+        assert!(err.message.contains("norm group"), "{}", err.message);
+    }
+
+    let comm = Communicator::new(Transport::Host(HostGroup::new(2, Duration::from_secs(1)).remove(0)));
+    let odd = Communicator::new(Transport::Host(HostGroup::new(3, Duration::from_secs(1)).remove(0)));
+    let mut opt = Optimizer::new(Config::default(), comm.claim().unwrap(), CallerStream::NULL).unwrap();
+    let err = opt.set_norm_group(odd).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::CommMismatch);
+    assert!(err.message.contains("multiple of dp"), "{}", err.message);
+}
