@@ -468,17 +468,8 @@ impl Emulator {
         };
         let at = |s: Scalar| scalars + 8 * s.slot() as u64;
         let step = self.ld_f64(at(Scalar::Step)) as u64 + u64::from(!skipped);
-        let powi = |base: f32, mut e: u64| {
-            let (mut result, mut square) = (1.0f32, base);
-            while e > 0 {
-                if e & 1 == 1 {
-                    result *= square;
-                }
-                square *= square;
-                e >>= 1;
-            }
-            result
-        };
+        // `muon_powi_f32` is the host's powi_f32 product for product.
+        let powi = muon_opt::numerics::adamw::powi_f32;
         for (s, v) in [
             (Scalar::GradNorm, total.sqrt()),
             (Scalar::ClipCoef, f64::from(clip_coef)),

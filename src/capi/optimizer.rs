@@ -48,13 +48,9 @@ pub unsafe extern "C" fn muon_optimizer_create(
     stream: *mut CUstream_st,
     out: *mut *mut muon_optimizer_t,
 ) -> muon_status_t {
-    let mut communicator: Option<Arc<Communicator>> = None;
-    let status = with_ref::<Arc<Communicator>>("muon_optimizer_create", comm, "comm", |c| {
-        communicator = Some(c.clone());
-        Ok(())
-    });
-    let Some(communicator) = communicator else {
-        return status;
+    let communicator = match borrow_comm("muon_optimizer_create", comm, "comm") {
+        Ok(c) => c,
+        Err(status) => return status,
     };
     run("muon_optimizer_create", || {
         non_null(out, "out")?;
@@ -65,6 +61,17 @@ pub unsafe extern "C" fn muon_optimizer_create(
         unsafe { *out = into_raw(optimizer) };
         Ok(())
     })
+}
+
+/// The communicator behind handle `comm` (argument `name` of `function`), or the status of a
+/// NULL, foreign or poisoned handle (its message set).
+fn borrow_comm(function: &str, comm: *mut muon_comm_t, name: &str) -> Result<Arc<Communicator>, muon_status_t> {
+    let mut communicator = None;
+    let status = with_ref::<Arc<Communicator>>(function, comm, name, |c| {
+        communicator = Some(c.clone());
+        Ok(())
+    });
+    communicator.ok_or(status)
 }
 
 /// @brief Make the gradient norm — and so the clip coefficient and the found-inf skip — global
@@ -91,13 +98,9 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
     opt: *mut muon_optimizer_t,
     group: *mut muon_comm_t,
 ) -> muon_status_t {
-    let mut communicator: Option<Arc<Communicator>> = None;
-    let status = with_ref::<Arc<Communicator>>("muon_optimizer_set_norm_group", group, "group", |c| {
-        communicator = Some(c.clone());
-        Ok(())
-    });
-    let Some(communicator) = communicator else {
-        return status;
+    let communicator = match borrow_comm("muon_optimizer_set_norm_group", group, "group") {
+        Ok(c) => c,
+        Err(status) => return status,
     };
     with_mut::<Optimizer>("muon_optimizer_set_norm_group", opt, "opt", |o| {
         o.set_norm_group(communicator)
