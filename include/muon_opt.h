@@ -281,7 +281,9 @@ enum muon_status_t
    */
   MUON_STATUS_NCCL_UNAVAILABLE = 300,
   /**
-   * An NCCL call failed.
+   * An NCCL call failed, or the communicator reports an asynchronous error. Every later call
+   * of the optimizer returns MUON_STATUS_COMM_BROKEN: destroy it, then abort the
+   * communicator (ncclCommAbort); muon never aborts the caller's communicator.
    */
   MUON_STATUS_NCCL_ERROR = 301,
   /**
@@ -293,11 +295,13 @@ enum muon_status_t
    */
   MUON_STATUS_OUT_OF_MEMORY = 400,
   /**
-   * A collective did not complete within collective_timeout_ms.
+   * A collective did not complete within collective_timeout_ms (a rank stopped calling, or a
+   * peer died); every wait on device work that depends on a peer is bounded by it. Every
+   * later call of the optimizer returns MUON_STATUS_COMM_BROKEN (as after NCCL_ERROR).
    */
   MUON_STATUS_COMM_TIMEOUT = 500,
   /**
-   * The communication group is unusable after an earlier failure.
+   * The communication group is unusable after an earlier failure, which the message names.
    */
   MUON_STATUS_COMM_BROKEN = 501,
   /**

@@ -23,10 +23,10 @@ use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
-use muon_opt::backend::ops::Scalar;
+use muon_opt::backend::ops::{Mem, Scalar};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
-use muon_opt::error::Result;
+use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::ParamSpec;
 use muon_opt::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
 use muon_opt::numerics::muon::MuonOptions;
@@ -639,4 +639,83 @@ fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
     let (host, _) = elementwise_script(&mut host_backend(&cfg), 512, &specials);
     let (emu, _) = elementwise_script(&mut emulated_backend(MuonOptions::from_config(&cfg)), 512, &specials);
     assert_eq!(host, emu);
+}
+
+/// The emulated device with a fault: its `fail_at`-th NCCL group fails with `kind`, as a
+/// collective whose peer never arrives (the device's polling wait gives `CommTimeout`) or one
+/// NCCL reports failed (`NcclError`).
+struct Faulty {
+    device: Emulator,
+    fail_at: usize,
+    kind: ErrorKind,
+    groups: usize,
+}
+
+impl Executor for Faulty {
+    fn run(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Result<Vec<Vec<u8>>> {
+        for action in actions {
+            if matches!(action, Action::Nccl(..)) {
+                self.groups += 1;
+                if self.groups == self.fail_at {
+                    return Err(muon_opt::error::Error::new(
+                        self.kind,
+                        "ncclReduce: the peer did not arrive within collective_timeout_ms".to_string(),
+                    ));
+                }
+            }
+        }
+        self.device.run(actions, bind)
+    }
+}
+
+/// A collective that times out or fails in NCCL returns its status, and every later call of
+/// the backend returns `CommBroken` at once naming it — nothing more is issued to a
+/// communicator the peers will never match again. Other failures (a span out of bounds) do not
+/// break the backend.
+#[test]
+fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
+    use muon_opt::backend::ops::{CollOp, MemoryLayout, MuonWork, Span};
+    for kind in [ErrorKind::CommTimeout, ErrorKind::NcclError] {
+        let faulty = Faulty {
+            device: Emulator { mem: Vec::new() },
+            fail_at: 2,
+            kind,
+            groups: 0,
+        };
+        let muon = MuonOptions::from_config(&Config::default());
+        let mut backend = CudaBackend::with_executor(Translator::new(0, 1, muon), faulty).unwrap();
+        backend
+            .allocate(&MemoryLayout {
+                buffers: vec![(256, Dtype::F32)],
+                grad_dtype: Dtype::F32,
+                master: 0,
+                momentum: 0,
+                adam_moments: 0,
+                max_matrix: (0, 0),
+                muon_work: MuonWork::default(),
+                mxfp8: Vec::new(),
+                mxfp8_scale_layout: ScaleLayout::Compact,
+            })
+            .unwrap();
+        let grads = Span::new(Mem::Grad(0), 0, 256);
+        let reduce = [CollOp::Reduce { root: 0, span: grads }];
+        backend.collectives(&reduce).unwrap();
+        let bad = backend
+            .upload(Span::new(Mem::Grad(0), 250, 100), &[0.0; 100])
+            .unwrap_err();
+        assert_eq!(bad.kind, ErrorKind::Internal, "{bad:?}");
+        assert_eq!(backend.collectives(&reduce).unwrap_err().kind, kind);
+        for err in [
+            backend.memset_zero(grads).unwrap_err(),
+            backend.collectives(&reduce).unwrap_err(),
+            backend.synchronize().unwrap_err(),
+        ] {
+            assert_eq!(err.kind, ErrorKind::CommBroken, "{err:?}");
+            assert!(
+                err.message.contains("peer did not arrive") && err.message.contains("ncclCommAbort"),
+                "{}",
+                err.message
+            );
+        }
+    }
 }

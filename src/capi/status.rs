@@ -50,15 +50,19 @@ pub enum muon_status_t {
     MUON_STATUS_KERNEL_COMPILE_FAILED = 204,
     /// NCCL (libnccl.so.2) is not available in this process.
     MUON_STATUS_NCCL_UNAVAILABLE = 300,
-    /// An NCCL call failed.
+    /// An NCCL call failed, or the communicator reports an asynchronous error. Every later call
+    /// of the optimizer returns MUON_STATUS_COMM_BROKEN: destroy it, then abort the
+    /// communicator (ncclCommAbort); muon never aborts the caller's communicator.
     MUON_STATUS_NCCL_ERROR = 301,
     /// The communicator does not match (size, rank, kind).
     MUON_STATUS_COMM_MISMATCH = 302,
     /// An allocation failed.
     MUON_STATUS_OUT_OF_MEMORY = 400,
-    /// A collective did not complete within collective_timeout_ms.
+    /// A collective did not complete within collective_timeout_ms (a rank stopped calling, or a
+    /// peer died); every wait on device work that depends on a peer is bounded by it. Every
+    /// later call of the optimizer returns MUON_STATUS_COMM_BROKEN (as after NCCL_ERROR).
     MUON_STATUS_COMM_TIMEOUT = 500,
-    /// The communication group is unusable after an earlier failure.
+    /// The communication group is unusable after an earlier failure, which the message names.
     MUON_STATUS_COMM_BROKEN = 501,
     /// Ranks registered different models (plan hashes differ).
     MUON_STATUS_PLAN_MISMATCH = 502,

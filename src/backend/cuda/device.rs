@@ -16,7 +16,9 @@ use crate::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, NcclCall, NcclComm as ActionComm, NcclType,
 };
 use crate::backend::cuda::kernels::Modules;
-use crate::backend::cuda::nccl::{NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM, NCCL_UINT8, NcclComm};
+use crate::backend::cuda::nccl::{
+    NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT8, NcclComm,
+};
 use crate::backend::cuda::pinned::PinnedRing;
 use crate::backend::ops::StreamKind;
 use crate::bail;
@@ -598,12 +600,16 @@ impl Device {
                     ),
                 }
             };
-            if first_error.is_ok() {
+            // A non-blocking communicator may answer ncclInProgress: queued, not failed.
+            if first_error.is_ok() && result != NCCL_IN_PROGRESS {
                 first_error = api.check(name, result);
             }
         }
         // The group is always closed, also after a failed call inside it.
-        let ended = api.check("ncclGroupEnd", unsafe { (api.group_end)() });
+        let ended = match unsafe { (api.group_end)() } {
+            NCCL_IN_PROGRESS => nccl.wait_until_ready(self.timeout, "ncclGroupEnd"),
+            result => api.check("ncclGroupEnd", result),
+        };
         first_error.and(ended)
     }
 }

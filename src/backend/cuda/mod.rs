@@ -37,7 +37,7 @@ use crate::backend::recording::Op;
 use crate::bail;
 use crate::comm::Communicator;
 use crate::config::Dtype;
-use crate::error::{Result, panic_text};
+use crate::error::{Error, ErrorKind, Result, panic_text};
 use crate::numerics::bf16::bf16_to_f32;
 use crate::numerics::muon::MuonOptions;
 use action::{Action, Buf, DevPtr};
@@ -87,6 +87,8 @@ impl Executor for Device {
 pub struct CudaBackend<E: Executor = Device> {
     translator: Translator,
     executor: E,
+    /// The failure that made the communicator unusable, once one happened.
+    broken: Option<Error>,
 }
 
 /// The single readback of an op's actions.
@@ -153,7 +155,11 @@ impl CudaBackend {
 impl<E: Executor> CudaBackend<E> {
     /// A backend whose `translator` decides and whose `executor` runs; runs the setup.
     pub fn with_executor(translator: Translator, executor: E) -> Result<Self> {
-        let mut backend = CudaBackend { translator, executor };
+        let mut backend = CudaBackend {
+            translator,
+            executor,
+            broken: None,
+        };
         let setup = backend.translator.setup();
         backend.run(&setup)?;
         Ok(backend)
@@ -164,10 +170,31 @@ impl<E: Executor> CudaBackend<E> {
         &self.executor
     }
 
+    /// Runs `actions`. After a failure that leaves the communicator unusable (a timeout, an
+    /// NCCL error) every later call fails at once with `CommBroken`, naming it, instead of
+    /// issuing collectives peers will never match.
     fn run(&mut self, actions: &[Action]) -> Result<Vec<Vec<u8>>> {
+        if let Some(failure) = &self.broken {
+            bail!(
+                CommBroken,
+                "the communicator is unusable since an earlier call failed ({:?}: {}); destroy the optimizer, then abort the communicator (ncclCommAbort; muon never aborts the caller's communicator)",
+                failure.kind,
+                failure.message
+            );
+        }
         let translator = &mut self.translator;
-        self.executor
-            .run(actions, &mut |buf, ptr, bytes| translator.bind(buf, ptr, bytes))
+        let result = self
+            .executor
+            .run(actions, &mut |buf, ptr, bytes| translator.bind(buf, ptr, bytes));
+        if let Err(err) = &result
+            && matches!(
+                err.kind,
+                ErrorKind::CommTimeout | ErrorKind::NcclError | ErrorKind::CommBroken
+            )
+        {
+            self.broken = Some(err.clone());
+        }
+        result
     }
 
     fn op(&mut self, op: &Op) -> Result<Vec<Vec<u8>>> {

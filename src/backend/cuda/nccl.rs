@@ -28,7 +28,7 @@ pub const NCCL_BFLOAT16: c_int = 9;
 pub const NCCL_SUM: c_int = 0;
 /// `ncclResult_t` `ncclInProgress`: a non-blocking communicator still initializing or
 /// running; not an error.
-const NCCL_IN_PROGRESS: NcclResult = 7;
+pub const NCCL_IN_PROGRESS: NcclResult = 7;
 
 /// The NCCL entry points the library uses, resolved once per process.
 pub struct NcclApi {
@@ -174,6 +174,31 @@ impl NcclComm {
             (self.api.comm_cu_device)(self.raw, &mut device)
         })?;
         Ok(device)
+    }
+
+    /// Waits until a non-blocking communicator finished the calls it reported `ncclInProgress`
+    /// for (its asynchronous state leaves `ncclInProgress`), polling; `CommTimeout` after
+    /// `timeout`, the communicator's error if it failed. Immediate for a blocking one.
+    pub fn wait_until_ready(&self, timeout: std::time::Duration, what: &str) -> Result<()> {
+        let start = std::time::Instant::now();
+        loop {
+            let mut state = 0;
+            // SAFETY: as in `cu_device`.
+            self.api.check("ncclCommGetAsyncError", unsafe {
+                (self.api.comm_get_async_error)(self.raw, &mut state)
+            })?;
+            if state != NCCL_IN_PROGRESS {
+                return self.api.check(what, state);
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    CommTimeout,
+                    "{what}: the non-blocking communicator stayed in progress beyond collective_timeout_ms = {} ms",
+                    timeout.as_millis()
+                );
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// The communicator's asynchronous error state (`ncclCommGetAsyncError`) as an error with
