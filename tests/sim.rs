@@ -498,3 +498,21 @@ fn the_lower_bound_never_exceeds_the_exposed_time_without_contention() {
         }
     }
 }
+
+/// A norm group (tensor × pipeline × data parallel) replaces the data-parallel gather of the
+/// ranks' Σ g² by one over the whole group: one tiny collective more on the critical path —
+/// visible, and small against the step.
+#[test]
+fn a_norm_group_costs_one_tiny_collective() {
+    let model = preset("llama3-8b").unwrap();
+    let base = simulate(&Scenario::new(model.clone(), 8, h100())).unwrap();
+    let grouped = simulate(&Scenario {
+        norm_group: Some(64),
+        ..Scenario::new(model, 8, h100())
+    })
+    .unwrap();
+    let extra = grouped.figures.exposed_ms - base.figures.exposed_ms;
+    assert!(extra > 0.0, "the gather over 64 ranks takes longer than over 8");
+    assert!(extra < 1.0, "{extra} ms more per iteration");
+    assert_eq!(grouped.figures.host_syncs, 0);
+}

@@ -68,6 +68,10 @@ struct SimulateArgs {
     /// Iterations to simulate (>= 2; the figures are the last one's).
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// Gather the gradient norm over a norm group of N ranks (tensor × pipeline × data
+    /// parallel, muon_optimizer_set_norm_group) instead of the data-parallel group.
+    #[arg(long, value_name = "N")]
+    norm_group: Option<usize>,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
@@ -295,6 +299,7 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
             },
             tokens_per_gpu: args.tokens_per_gpu,
             iterations: args.steps,
+            norm_group: args.norm_group,
             ..Scenario::new(model.clone(), args.dp, hardware.clone())
         };
         sims.push(sim::simulate(&scenario).map_err(|e| e.to_string())?);

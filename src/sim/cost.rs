@@ -12,7 +12,7 @@
 //!   the bandwidth is NVLink's while the group fits in one node, the NIC's once it crosses nodes;
 //! - host↔device copies: a fixed latency plus bytes at PCIe bandwidth, and the host waits.
 
-use crate::backend::cuda::action::{Action, Arg, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
+use crate::backend::cuda::action::{Action, Arg, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType};
 use crate::backend::ops::StreamKind;
 
 use super::profile::Hardware;
@@ -63,6 +63,8 @@ pub enum Cost {
 pub struct CostModel {
     hw: Hardware,
     dp: u32,
+    /// Ranks of the norm group (`muon_optimizer_set_norm_group`), when one is modelled.
+    norm_group: Option<u32>,
 }
 
 fn arg_u64(args: &[Arg], i: usize) -> u64 {
@@ -93,7 +95,25 @@ fn nccl_size(dtype: NcclType) -> u64 {
 
 impl CostModel {
     pub fn new(hw: Hardware, dp: usize) -> Self {
-        CostModel { hw, dp: dp as u32 }
+        CostModel {
+            hw,
+            dp: dp as u32,
+            norm_group: None,
+        }
+    }
+
+    /// Models a norm group of `ranks` ranks: the data-parallel group's ranks and the
+    /// model-parallel ranks beside them, which share their nodes (tensor and pipeline
+    /// parallelism inside a node), so its ring crosses the network as often as the
+    /// data-parallel ring.
+    pub fn with_norm_group(mut self, ranks: usize) -> Self {
+        self.norm_group = Some(ranks as u32);
+        self
+    }
+
+    /// The modelled norm group's size, if any.
+    pub fn norm_group(&self) -> Option<usize> {
+        self.norm_group.map(|n| n as usize)
     }
 
     pub fn hardware(&self) -> &Hardware {
@@ -141,10 +161,16 @@ impl CostModel {
                 host: launch,
                 device: self.gemm(g),
             },
-            Action::Nccl(_, calls) => Cost::Collective {
-                host: launch,
-                device: calls.iter().map(|c| self.nccl(c)).sum(),
-            },
+            Action::Nccl(which, calls) => {
+                let ranks = match (which, self.norm_group) {
+                    (NcclComm::Norm, Some(n)) => n,
+                    _ => self.dp,
+                };
+                Cost::Collective {
+                    host: launch,
+                    device: calls.iter().map(|c| self.nccl_over(c, ranks)).sum(),
+                }
+            }
             Action::Record { stream, .. } => Cost::Record {
                 stream: *stream,
                 host: self.hw.event_host_us * US,
@@ -186,7 +212,12 @@ impl CostModel {
 
     /// Seconds of one NCCL call of this data-parallel group (see the module docs).
     pub fn nccl(&self, call: &NcclCall) -> f64 {
-        let n = u64::from(self.dp);
+        self.nccl_over(call, self.dp)
+    }
+
+    /// Seconds of one NCCL call over a group of `ranks` ranks.
+    fn nccl_over(&self, call: &NcclCall, ranks: u32) -> f64 {
+        let n = u64::from(ranks);
         if n <= 1 {
             return 0.0;
         }
@@ -211,14 +242,15 @@ impl CostModel {
         if buffer == 0 {
             return 0.0;
         }
-        let (hop, bandwidth) = self.ring();
+        let (hop, bandwidth) = self.ring(ranks);
         (self.hw.nccl_base_latency_us + steps as f64 * hop) * US + traffic / bandwidth
     }
 
-    /// The average hop latency (µs) of a ring over the group and its bandwidth (bytes/s): a
-    /// ring over `nodes` nodes crosses the network `nodes` times per turn.
-    fn ring(&self) -> (f64, f64) {
-        let n = f64::from(self.dp);
+    /// The average hop latency (µs) of a ring over `ranks` ranks spread over the nodes of the
+    /// data-parallel group, and its bandwidth (bytes/s): a ring over `nodes` nodes crosses the
+    /// network `nodes` times per turn.
+    fn ring(&self, ranks: u32) -> (f64, f64) {
+        let n = f64::from(ranks);
         let nodes = self.dp.div_ceil(self.hw.dp_ranks_per_node);
         if nodes <= 1 {
             let bw = self.hw.nvlink_gbps * GB * self.hw.nvlink_efficiency;

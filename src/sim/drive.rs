@@ -257,6 +257,7 @@ pub fn record_rank(
     trainer: Trainer,
     keep_actions: bool,
 ) -> Result<Recorded> {
+    let norm_group = cost.norm_group();
     let recorder = Arc::new(Mutex::new(Recorder {
         cost,
         call: Call::Setup,
@@ -267,10 +268,11 @@ pub fn record_rank(
         },
     }));
     let dp = plan.dp as usize;
-    let backend = CudaBackend::with_executor(
-        Translator::new(rank, dp, MuonOptions::from_config(cfg)),
-        SimExecutor(Arc::clone(&recorder)),
-    )?;
+    let mut translator = Translator::new(rank, dp, MuonOptions::from_config(cfg));
+    if let Some(ranks) = norm_group {
+        translator = translator.with_norm_group(ranks);
+    }
+    let backend = CudaBackend::with_executor(translator, SimExecutor(Arc::clone(&recorder)))?;
     let mut runtime = Runtime::new(
         Box::new(plan.clone()),
         params.to_vec(),

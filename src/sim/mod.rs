@@ -47,6 +47,9 @@ pub struct Scenario {
     pub overlap_grad_reduce: bool,
     pub overlap_param_gather: bool,
     pub bucket_size: u64,
+    /// Ranks of a norm group spanning the data-parallel group (tensor × pipeline × data
+    /// parallel), over which the gradient norm is gathered; None = the data-parallel group.
+    pub norm_group: Option<usize>,
 }
 
 impl Scenario {
@@ -65,6 +68,7 @@ impl Scenario {
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             bucket_size: 0,
+            norm_group: None,
         }
     }
 
@@ -127,7 +131,10 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         registry = model.registry(&cfg)?;
     }
     let plan = build_plan(registry.params(), registry.routes(), &cfg, scenario.dp)?;
-    let cost = CostModel::new(scenario.hardware.clone(), scenario.dp);
+    let mut cost = CostModel::new(scenario.hardware.clone(), scenario.dp);
+    if let Some(ranks) = scenario.norm_group {
+        cost = cost.with_norm_group(ranks);
+    }
     let trainer = Trainer {
         tokens: scenario.tokens_per_gpu,
         iterations: scenario.iterations,
