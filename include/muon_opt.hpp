@@ -268,6 +268,9 @@ public:
     Optimizer &operator=(const Optimizer &) = delete;
     ~Optimizer() { reset(); }
 
+    /// Makes the gradient norm, clip and skip global over @p group (before finalize); flag
+    /// copies another rank counts with MUON_PARAM_FLAG_NORM_REPLICA.
+    void set_norm_group(const Comm &group) { check(muon_optimizer_set_norm_group(handle_, group.get())); }
     /// Registers a param (forward order, before finalize); returns its id.
     uint32_t add_param(const muon_param_desc_t &desc) {
         uint32_t id = 0;

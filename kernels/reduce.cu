@@ -18,10 +18,14 @@
 #define MUON_SUMSQ_MAX_SPANS 32u
 #define MUON_SUMSQ_THREADS 256u
 
+// flags: bit 0 the span is bf16; bit 1 the span is only checked for non-finite values — its
+// squares are added times 0, which leaves a finite sum unchanged to the bit and turns it into
+// NaN when the span holds a NaN or an infinity (the found-inf check of gradients another rank
+// counts in the norm).
 struct muon_sumsq_span {
     const void *ptr;
     muon_u64 len;
-    muon_u32 is_bf16;
+    muon_u32 flags;
     muon_u32 first_block;
 };
 
@@ -68,8 +72,9 @@ extern "C" __global__ void __launch_bounds__(256) muon_sumsq_partials(muon_sumsq
     double acc = 0.0;
     for (muon_u64 i = (muon_u64)(block - span.first_block) * MUON_SUMSQ_THREADS + threadIdx.x; i < span.len;
          i += stride) {
-        const double v = (double)muon_load(span.ptr, (int)span.is_bf16, i);
-        acc += v * v;
+        const double v = (double)muon_load(span.ptr, (int)(span.flags & 1u), i);
+        const double square = v * v;
+        acc += (span.flags & 2u) ? 0.0 * square : square;
     }
     lanes[threadIdx.x] = acc;
     __syncthreads();

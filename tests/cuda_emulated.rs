@@ -406,8 +406,9 @@ impl Emulator {
             (
                 spans[3 * s],
                 spans[3 * s + 1],
-                spans[3 * s + 2] as u32 != 0,
+                spans[3 * s + 2] & 1 != 0,
                 (spans[3 * s + 2] >> 32) as u32,
+                spans[3 * s + 2] & 2 != 0,
             )
         };
         for block in 0..grid {
@@ -415,7 +416,7 @@ impl Emulator {
             while s + 1 < count && span(s + 1).3 <= block {
                 s += 1;
             }
-            let (ptr, len, bf16, first) = span(s);
+            let (ptr, len, bf16, first, check_only) = span(s);
             let end = if s + 1 < count { span(s + 1).3 } else { grid };
             let stride = u64::from(end - first) * THREADS as u64;
             let mut lanes = [0.0f64; THREADS];
@@ -423,7 +424,8 @@ impl Emulator {
                 let mut i = u64::from(block - first) * THREADS as u64 + t as u64;
                 while i < len {
                     let v = f64::from(self.load(ptr, bf16, i));
-                    *lane += v * v;
+                    let square = v * v;
+                    *lane += if check_only { 0.0 * square } else { square };
                     i += stride;
                 }
             }

@@ -396,7 +396,7 @@ fn newton_schulz_matches_the_golden_vectors() {
             };
             // The step's scalars as a step derives them: lr 1, no decay, no clip (scale 1).
             backend.set_step_args([1.0, 0.0, 0.0, 0.0]).unwrap();
-            backend.squared_norm(&[job.grad]).unwrap();
+            backend.squared_norm(&[job.grad], &[]).unwrap();
             backend.record(StreamKind::Compute, EventId(0)).unwrap();
             backend.wait(StreamKind::Comm, EventId(0)).unwrap();
             backend.gather_norm_sums().unwrap();

@@ -220,6 +220,19 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere() {
     );
 }
 
+/// A NaN in a copy no rank counts in the norm (TP rank 1's layer norm, `NORM_REPLICA`) still
+/// skips the step on every rank: replicas are checked for non-finite values, not counted.
+#[test]
+fn a_non_finite_replica_gradient_still_skips_the_step() {
+    let infos = all_ok(run(&Setup {
+        flag_replicas: true,
+        norm_group: true,
+        clip_grad: 1.0,
+        nan: Some((0, 1, 2, 3)),
+    }));
+    assert!(infos.iter().all(|i| i.skipped && i.step == 0), "{infos:?}");
+}
+
 #[test]
 fn ranks_of_one_data_parallel_group_must_set_the_same_group() {
     let world: Vec<Arc<Communicator>> = HostGroup::new(DP, Duration::from_secs(20))

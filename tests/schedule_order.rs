@@ -181,7 +181,7 @@ fn the_step_updates_and_releases_buckets_in_forward_order() {
     iterate(&mut rt, 0, 0, Order::Backward);
     let plan = rt.plan().clone();
     let ops = log.lock().unwrap().clone();
-    let step_start = ops.iter().rposition(|op| matches!(op, Op::SquaredNorm(_))).unwrap();
+    let step_start = ops.iter().rposition(|op| matches!(op, Op::SquaredNorm { .. })).unwrap();
     let step = &ops[step_start..];
 
     // Forward order: by the first (smallest) param index of each bucket.

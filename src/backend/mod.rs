@@ -26,9 +26,11 @@ pub trait Backend: Send {
     fn memset_zero(&mut self, span: Span) -> Result<()>;
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     fn cast(&mut self, src: Span, dst: Span) -> Result<()>;
-    /// Compute stream: Σ x² over `spans` in f64, spans in order
-    /// ([`crate::numerics::squared_norm`] per span), into [`Scalar::NormSq`].
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<()>;
+    /// Compute stream: Σ x² over `counted` in f64, spans in order
+    /// ([`crate::numerics::squared_norm`] per span), plus 0 · Σ x² over `checked` (a finite
+    /// sum is unchanged to the bit; a NaN or infinity in `checked` makes it NaN), into
+    /// [`Scalar::NormSq`].
+    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()>;
     /// Comm stream: every rank's [`Scalar::NormSq`], kept in rank order for `finish_step`.
     fn gather_norm_sums(&mut self) -> Result<()>;
     /// Compute stream, after `gather_norm_sums`: the step's scalars from the gathered sums and

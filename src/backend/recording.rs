@@ -27,7 +27,10 @@ pub enum Op {
         src: Span,
         dst: Span,
     },
-    SquaredNorm(Vec<Span>),
+    SquaredNorm {
+        counted: Vec<Span>,
+        checked: Vec<Span>,
+    },
     GatherNormSums,
     FinishStep(StepConstants),
     /// The arguments as f32 bits.
@@ -157,9 +160,12 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
         self.inner.cast(src, dst)
     }
 
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<()> {
-        self.note(Op::SquaredNorm(spans.to_vec()));
-        self.inner.squared_norm(spans)
+    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
+        self.note(Op::SquaredNorm {
+            counted: counted.to_vec(),
+            checked: checked.to_vec(),
+        });
+        self.inner.squared_norm(counted, checked)
     }
 
     fn gather_norm_sums(&mut self) -> Result<()> {

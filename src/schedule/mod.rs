@@ -272,23 +272,17 @@ impl Runtime {
         Ok(())
     }
 
-    /// The gradients this rank counts in the global norm: everything it owns except the
-    /// params flagged `NORM_REPLICA` (another rank of the norm group counts their copy).
-    fn owned_grad_spans(&self) -> Vec<Span> {
-        let counted = |param: u32| !self.params[param as usize].flags.has(ParamFlags::NORM_REPLICA);
-        let muon = self
-            .layout
-            .muon
-            .iter()
-            .filter(|s| counted(s.unit.param))
-            .map(|s| s.grad());
-        let adamw = self
-            .layout
-            .adamw
-            .iter()
-            .filter(|s| counted(s.piece.param))
-            .map(|s| s.grad());
-        muon.chain(adamw).collect()
+    /// The gradients this rank owns, split into those it counts in the global norm and the
+    /// `NORM_REPLICA` copies another rank of the norm group counts — which are still checked
+    /// for non-finite values, so a NaN in any gradient skips the step (as Megatron checks
+    /// every main grad for found-inf but counts duplicates once in the norm).
+    fn owned_grad_spans(&self) -> (Vec<Span>, Vec<Span>) {
+        let replica = |param: u32| self.params[param as usize].flags.has(ParamFlags::NORM_REPLICA);
+        let muon = self.layout.muon.iter().map(|s| (s.unit.param, s.grad()));
+        let adamw = self.layout.adamw.iter().map(|s| (s.piece.param, s.grad()));
+        let (checked, counted): (Vec<_>, Vec<_>) = muon.chain(adamw).partition(|&(p, _)| replica(p));
+        let spans = |v: Vec<(u32, Span)>| v.into_iter().map(|(_, s)| s).collect();
+        (spans(counted), spans(checked))
     }
 
     /// One optimizer step (docs/design.md §5 and §6), enqueued without a host
@@ -319,7 +313,8 @@ impl Runtime {
         self.backend
             .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])?;
         timed(&mut profile.grad_norm, || {
-            self.backend.squared_norm(&self.owned_grad_spans())?;
+            let (counted, checked) = self.owned_grad_spans();
+            self.backend.squared_norm(&counted, &checked)?;
             self.backend.record(StreamKind::Compute, norm_event(buckets, false))?;
             self.backend.wait(StreamKind::Comm, norm_event(buckets, false))?;
             self.backend.gather_norm_sums()?;

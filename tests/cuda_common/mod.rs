@@ -33,6 +33,10 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     let mut router = ParamSpec::new("mx.router.weight", &[32, 64], muon_opt::config::Dtype::Bf16);
     router.flags = ParamFlags(ParamFlags::MXFP8 | ParamFlags::NO_MUON);
     params.push(router);
+    // A tensor-parallel duplicate another rank counts in the norm: checked, not counted.
+    let mut replica = ParamSpec::new("tp.duplicate.norm.weight", &[64], muon_opt::config::Dtype::F32);
+    replica.flags = ParamFlags(ParamFlags::NORM_REPLICA);
+    params.push(replica);
     params
 }
 
@@ -112,7 +116,9 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         .cast(Span::new(Mem::Grad(1), 0, half), Span::new(Mem::Staging(0), half, half))
         .unwrap();
     backend.memset_zero(Span::new(Mem::Param(0), 100, 7)).unwrap();
-    backend.squared_norm(&[Span::new(Mem::Grad(1), 8, n - 96)]).unwrap();
+    backend
+        .squared_norm(&[Span::new(Mem::Grad(1), 8, n - 96)], &[])
+        .unwrap();
     let norm = backend.read_scalars().unwrap()[muon_opt::backend::ops::Scalar::NormSq.slot()];
     let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]
         .into_iter()

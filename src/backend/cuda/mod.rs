@@ -235,8 +235,12 @@ impl<E: Executor> Backend for CudaBackend<E> {
         self.op(&Op::Cast { src, dst }).map(drop)
     }
 
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<()> {
-        self.op(&Op::SquaredNorm(spans.to_vec())).map(drop)
+    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
+        self.op(&Op::SquaredNorm {
+            counted: counted.to_vec(),
+            checked: checked.to_vec(),
+        })
+        .map(drop)
     }
 
     fn gather_norm_sums(&mut self) -> Result<()> {

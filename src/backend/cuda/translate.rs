@@ -160,12 +160,13 @@ impl Product {
 
 /// The words of `struct muon_sumsq_spans` (`kernels/reduce.cu`): per span the pointer, the
 /// length, then `is_bf16 | first_block << 32`; then the count.
-fn sumsq_spans(spans: &[(Resolved, u32)]) -> Vec<u64> {
+fn sumsq_spans(spans: &[(SumSpan, u32)]) -> Vec<u64> {
     let mut words = vec![0u64; SUMSQ_SPANS * 3 + 1];
-    for (i, (span, first_block)) in spans.iter().enumerate() {
-        words[3 * i] = span.ptr;
-        words[3 * i + 1] = span.len;
-        words[3 * i + 2] = span.is_bf16() as u64 | (u64::from(*first_block) << 32);
+    for (i, (s, first_block)) in spans.iter().enumerate() {
+        words[3 * i] = s.span.ptr;
+        words[3 * i + 1] = s.span.len;
+        let flags = s.span.is_bf16() as u64 | (u64::from(s.check_only) << 1);
+        words[3 * i + 2] = flags | (u64::from(*first_block) << 32);
     }
     words[SUMSQ_SPANS * 3] = spans.len() as u64;
     words
@@ -189,6 +190,14 @@ fn sumsq_groups(groups: &[Group]) -> Vec<u64> {
     }
     words[SUMSQ_SPANS * 2] = groups.len() as u64;
     words
+}
+
+/// One span of a sum of squares; a `check_only` span adds its squares times 0 (non-finite
+/// values still make the sum NaN).
+#[derive(Clone, Copy)]
+struct SumSpan {
+    span: Resolved,
+    check_only: bool,
 }
 
 /// Where sums of squares go.
@@ -374,7 +383,7 @@ impl Translator {
                 }])
             }
             Op::Cast { src, dst } => self.cast(*src, *dst),
-            Op::SquaredNorm(spans) => self.squared_norm(spans),
+            Op::SquaredNorm { counted, checked } => self.squared_norm(counted, checked),
             Op::GatherNormSums => Ok(vec![Action::Nccl(
                 if self.norm_group.is_some() {
                     NcclComm::Norm
@@ -541,14 +550,14 @@ impl Translator {
     /// Sums of squares of the non-empty `spans`: one partials launch and one finish launch per
     /// 32 spans. `Total` adds every span into `out[0]` (which must hold a start value);
     /// `PerSpan` writes span i's sum into `out[i]`.
-    fn sumsq(&self, actions: &mut Vec<Action>, spans: &[Resolved], into: SumInto, out: DevPtr) -> Result<()> {
+    fn sumsq(&self, actions: &mut Vec<Action>, spans: &[SumSpan], into: SumInto, out: DevPtr) -> Result<()> {
         let partials = self.work(Work::Partials)?;
         for (c, chunk) in spans.chunks(SUMSQ_SPANS).enumerate() {
             let mut first = 0u32;
             let mut described = Vec::with_capacity(chunk.len());
             let mut groups = Vec::with_capacity(chunk.len());
             for (i, span) in chunk.iter().enumerate() {
-                let blocks = sumsq_blocks(span.len);
+                let blocks = sumsq_blocks(span.span.len);
                 described.push((*span, first));
                 groups.push(Group {
                     first,
@@ -588,11 +597,20 @@ impl Translator {
         Ok(())
     }
 
-    fn squared_norm(&self, spans: &[Span]) -> Result<Vec<Action>> {
-        let resolved = spans
+    fn squared_norm(&self, counted: &[Span], checked: &[Span]) -> Result<Vec<Action>> {
+        let mark = |check_only: bool| {
+            move |s: &Span| -> Result<SumSpan> {
+                Ok(SumSpan {
+                    span: self.resolve(*s)?,
+                    check_only,
+                })
+            }
+        };
+        let resolved = counted
             .iter()
-            .map(|s| self.resolve(*s))
-            .filter(|r| !matches!(r, Ok(r) if r.len == 0))
+            .map(mark(false))
+            .chain(checked.iter().map(mark(true)))
+            .filter(|r| !matches!(r, Ok(r) if r.span.len == 0))
             .collect::<Result<Vec<_>>>()?;
         let out = self.scalar(Scalar::NormSq)?;
         let mut actions = vec![Action::Zero {
@@ -739,11 +757,14 @@ impl Translator {
             );
         }
         let norms = self.work(Work::Norms)?;
-        let spans: Vec<Resolved> = (0..batch)
-            .map(|k| Resolved {
-                ptr: u + k * mn * 4,
-                dtype: Dtype::F32,
-                len: mn,
+        let spans: Vec<SumSpan> = (0..batch)
+            .map(|k| SumSpan {
+                span: Resolved {
+                    ptr: u + k * mn * 4,
+                    dtype: Dtype::F32,
+                    len: mn,
+                },
+                check_only: false,
             })
             .collect();
         self.sumsq(actions, &spans, SumInto::PerSpan, norms)?;

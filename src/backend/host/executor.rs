@@ -382,11 +382,14 @@ impl Backend for HostBackend {
         Ok(())
     }
 
-    fn squared_norm(&mut self, spans: &[Span]) -> Result<()> {
+    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut total = 0.0f64;
-        for span in spans {
+        for span in counted {
             total += squared_norm(self.read_as_f32(*span, &mut scratch)?);
+        }
+        for span in checked {
+            total += 0.0 * squared_norm(self.read_as_f32(*span, &mut scratch)?);
         }
         self.scratch = scratch;
         self.scalars().values[Scalar::NormSq.slot()] = total;
