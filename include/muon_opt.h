@@ -819,7 +819,10 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
  *        With @p info NULL the call only enqueues work on the streams and never waits for the
  *        device (the arguments reach the device by an asynchronous copy from pinned memory);
  *        read what the step did later with muon_optimizer_step_info.
- * @param[in]  args Learning rates and weight decays.
+ * @param[in]  args Learning rates and weight decays, or NULL to use the ones last set with
+ *             muon_optimizer_set_step_args (then the step copies nothing from the host: a
+ *             step captured in a CUDA graph reads them from device memory at every replay;
+ *             MUON_STATUS_INVALID_STATE if none were set).
  * @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
  *             read it back (the same as muon_optimizer_step_info right after the step).
  */
@@ -828,6 +831,17 @@ MUON_NODISCARD
 muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
                                   const struct muon_step_args_t *args,
                                   struct muon_step_info_t *info);
+
+/**
+ * @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
+ *        ordered on the caller's stream before any later step; never waits. With
+ *        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
+ *        replay to change the learning rate.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_set_step_args(struct muon_optimizer_t *opt,
+                                           const struct muon_step_args_t *args);
 
 /**
  * @brief What the last step did (all zeros before the first step): grad norm, clip

@@ -316,6 +316,11 @@ public:
     }
     /// One step, only enqueued: never waits for the device (read it later with step_info()).
     void step_async(const muon_step_args_t &args) { check(muon_optimizer_step(handle_, &args, nullptr)); }
+    /// Copies the arguments of the next steps to the device, ordered on the stream.
+    void set_step_args(const muon_step_args_t &args) { check(muon_optimizer_set_step_args(handle_, &args)); }
+    /// One step with the arguments last set by set_step_args: copies nothing from the host
+    /// (the form to capture in a CUDA graph); never waits.
+    void step_with_set_args() { check(muon_optimizer_step(handle_, nullptr, nullptr)); }
     /// What the last step did; waits for the caller's stream.
     muon_step_info_t step_info() {
         muon_step_info_t info{};

@@ -325,6 +325,24 @@ impl Optimizer {
     /// One optimizer step, enqueued on the streams without waiting for the device (the
     /// norm, clip and skip decision stay on the device).
     pub fn step_async(&mut self, args: &StepArgs) -> Result<()> {
+        Self::check_args(args)?;
+        self.runtime_mut("step")?.step(Some(args))
+    }
+
+    /// One optimizer step with the arguments last set by [`Optimizer::set_step_args`]: no
+    /// host-to-device copy, so it can be captured in a CUDA graph and replayed with new values.
+    pub fn step_with_set_args(&mut self) -> Result<()> {
+        self.runtime_mut("step")?.step(None)
+    }
+
+    /// Copies the arguments of the next steps to the device, ordered on the caller's stream
+    /// (no host wait).
+    pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
+        Self::check_args(args)?;
+        self.runtime_mut("set_step_args")?.set_step_args(args)
+    }
+
+    fn check_args(args: &StepArgs) -> Result<()> {
         for (field, value) in [
             ("lr", args.lr),
             ("weight_decay", args.weight_decay),
@@ -335,7 +353,7 @@ impl Optimizer {
                 bail!(OutOfRange, "step: args->{field} {value} must be finite and >= 0");
             }
         }
-        self.runtime_mut("step")?.step(args)
+        Ok(())
     }
 
     /// What the last step did (all zeros before the first); waits for the compute stream.

@@ -347,7 +347,7 @@ fn an_iteration_translates_to_no_host_synchronizing_action() {
                             }
                             rt.grad_ready(p as u32).unwrap();
                         }
-                        rt.step(&common::ARGS).unwrap();
+                        rt.step(Some(&common::ARGS)).unwrap();
                         for b in 0..buckets {
                             rt.wait_params(b).unwrap();
                         }
@@ -476,4 +476,69 @@ fn a_norm_group_gathers_on_its_own_communicator() {
         assert_eq!(launch.kernel, Kernel::StepScalars);
         assert_eq!((&launch.args[2], &launch.args[3]), (&Arg::U32(count), &Arg::U32(2)));
     }
+}
+
+/// The capture-ready form of the step: arguments copied beforehand with `set_step_args`
+/// (ordered on the stream), then `step(None)`, which copies nothing from the host — its
+/// translation holds no host-to-device copy at all, the argument copy is the one action of
+/// `set_step_args`, and the params equal those of steps given their arguments, bit for bit,
+/// also when the learning rate changes every step.
+#[test]
+fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
+    use muon_opt::schedule::StepArgs;
+    let (cfg, specs) = (cases()[0].1.clone(), cuda_model());
+    let args = |step: u64| StepArgs {
+        lr: 0.02 / (1.0 + step as f32),
+        ..common::ARGS
+    };
+    type DryLog = Vec<(Op, muon_opt::error::Result<Translated>)>;
+    let run = |preset: bool| -> (Vec<Vec<f32>>, DryLog) {
+        let dry = Arc::new(Mutex::new(DryRun::new(0, 1, MuonOptions::from_config(&cfg))));
+        let comm = Communicator::new(Transport::Host(HostGroup::new(1, Duration::from_secs(20)).remove(0)));
+        let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(&cfg)).unwrap();
+        let mut rt = runtime(&cfg, &specs, 0, 1, Box::new(Recording::new(host, dry.clone())));
+        let mut step_log = Vec::new();
+        for step in 0..3u64 {
+            if preset {
+                rt.set_step_args(&args(step)).unwrap();
+            }
+            let mark = dry.lock().unwrap().log.len();
+            rt.zero_grad().unwrap();
+            for p in (0..specs.len()).rev() {
+                let seen = rt.param_values(p).unwrap();
+                let grad = common::rank_grad(step, 0, p, &seen);
+                let ptr = rt.address(p, true).cast::<f32>();
+                // SAFETY: the host backend's f32 grad view of param p (grad_dtype f32).
+                unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
+                rt.grad_ready(p as u32).unwrap();
+            }
+            if preset {
+                rt.step(None).unwrap();
+            } else {
+                rt.step(Some(&args(step))).unwrap();
+            }
+            let log = dry.lock().unwrap().log[mark..].to_vec();
+            step_log.extend(log);
+        }
+        rt.synchronize().unwrap();
+        let params = (0..specs.len()).map(|p| rt.param_values(p).unwrap()).collect();
+        (params, step_log)
+    };
+    let (given, given_log) = run(false);
+    let (preset, preset_log) = run(true);
+    for (p, (a, b)) in given.iter().zip(&preset).enumerate() {
+        assert!(common::bits(a) == common::bits(b), "param {p} differs");
+    }
+    let copies = |log: &DryLog| {
+        log.iter()
+            .filter_map(|(_, t)| match t {
+                Ok(Translated::Actions(a)) => {
+                    Some(a.iter().filter(|x| matches!(x, Action::CopyInAsync { .. })).count())
+                }
+                _ => None,
+            })
+            .sum::<usize>()
+    };
+    assert_eq!(copies(&given_log), 3, "a step given its arguments copies them");
+    assert_eq!(copies(&preset_log), 0, "a step with preset arguments copies nothing");
 }

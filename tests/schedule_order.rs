@@ -75,7 +75,7 @@ fn iterate(rt: &mut Runtime, rank: usize, step: u64, order: Order) {
         rt.backend_mut().upload(span, &grad).unwrap();
         rt.grad_ready(p as u32).unwrap();
     }
-    rt.step(&ARGS).unwrap();
+    rt.step(Some(&ARGS)).unwrap();
 }
 
 /// Runs `STEPS` steps on a dp=2 host group, rank r using `orders[r]`; returns each rank's

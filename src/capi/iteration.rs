@@ -85,7 +85,10 @@ pub unsafe extern "C" fn muon_optimizer_grad_ready(opt: *mut muon_optimizer_t, p
 ///        With @p info NULL the call only enqueues work on the streams and never waits for the
 ///        device (the arguments reach the device by an asynchronous copy from pinned memory);
 ///        read what the step did later with muon_optimizer_step_info.
-/// @param[in]  args Learning rates and weight decays.
+/// @param[in]  args Learning rates and weight decays, or NULL to use the ones last set with
+///             muon_optimizer_set_step_args (then the step copies nothing from the host: a
+///             step captured in a CUDA graph reads them from device memory at every replay;
+///             MUON_STATUS_INVALID_STATE if none were set).
 /// @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
 ///             read it back (the same as muon_optimizer_step_info right after the step).
 #[must_use]
@@ -96,21 +99,49 @@ pub unsafe extern "C" fn muon_optimizer_step(
     info: *mut muon_step_info_t,
 ) -> muon_status_t {
     with_mut::<Optimizer>("muon_optimizer_step", opt, "opt", |o| {
-        checked_size(args, "args")?;
         if !info.is_null() {
             checked_size(info as *const muon_step_info_t, "info")?;
         }
-        let a = unsafe { std::ptr::read_unaligned(args) };
-        o.step_async(&StepArgs {
-            lr: a.lr,
-            weight_decay: a.weight_decay,
-            adam_lr: a.adam_lr,
-            adam_weight_decay: a.adam_weight_decay,
-        })?;
+        if args.is_null() {
+            o.step_with_set_args()?;
+        } else {
+            o.step_async(&unsafe { read_step_args(args) }?)?;
+        }
         if !info.is_null() {
             write_step_info(info, o.step_info()?);
         }
         Ok(())
+    })
+}
+
+/// @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
+///        ordered on the caller's stream before any later step; never waits. With
+///        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
+///        replay to change the learning rate.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_set_step_args(
+    opt: *mut muon_optimizer_t,
+    args: *const muon_step_args_t,
+) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_set_step_args", opt, "opt", |o| {
+        o.set_step_args(&unsafe { read_step_args(args) }?)
+    })
+}
+
+/// The caller's step arguments, NULL and `struct_size` checked.
+///
+/// # Safety
+/// `args` is NULL or points to a readable `muon_step_args_t` of at least the checked size.
+unsafe fn read_step_args(args: *const muon_step_args_t) -> crate::error::Result<StepArgs> {
+    checked_size(args, "args")?;
+    // SAFETY: non-NULL and of the checked size.
+    let a = unsafe { std::ptr::read_unaligned(args) };
+    Ok(StepArgs {
+        lr: a.lr,
+        weight_decay: a.weight_decay,
+        adam_lr: a.adam_lr,
+        adam_weight_decay: a.adam_weight_decay,
     })
 }
 

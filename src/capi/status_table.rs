@@ -285,9 +285,9 @@ fn table() -> Vec<Row> {
         ),
         row!(
             "muon_optimizer_step",
-            "NULL args",
+            "NULL args before set_step_args",
             Finalized,
-            MUON_STATUS_NULL_ARGUMENT,
+            MUON_STATUS_INVALID_STATE,
             |o| muon_optimizer_step(o, null(), null_mut())
         ),
         row!(
@@ -296,6 +296,20 @@ fn table() -> Vec<Row> {
             Finalized,
             MUON_STATUS_ABI_MISMATCH,
             |o| muon_optimizer_step(o, &args(), &mut info(0))
+        ),
+        row!(
+            "muon_optimizer_set_step_args",
+            "NULL args",
+            Finalized,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_set_step_args(o, null())
+        ),
+        row!(
+            "muon_optimizer_set_step_args",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_set_step_args(o, &args())
         ),
         row!(
             "muon_optimizer_step_info",

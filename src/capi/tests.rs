@@ -528,6 +528,18 @@ fn step_info_is_read_on_demand() {
         assert_eq!(unsafe { muon_optimizer_step_info(opt, &mut info) }, MUON_STATUS_SUCCESS);
         assert_eq!((info.step, info.skipped, info.clip_coef), (step, 0, 1.0));
     }
+    // Arguments set beforehand, then a step that copies nothing (the capture-ready form).
+    assert_eq!(unsafe { muon_optimizer_set_step_args(opt, &args) }, MUON_STATUS_SUCCESS);
+    assert_eq!(unsafe { muon_optimizer_zero_grad(opt) }, MUON_STATUS_SUCCESS);
+    assert_eq!(unsafe { muon_optimizer_grad_ready(opt, 0) }, MUON_STATUS_SUCCESS);
+    assert_eq!(
+        unsafe { muon_optimizer_step(opt, null(), null_mut()) },
+        MUON_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
+    assert_eq!(unsafe { muon_optimizer_step_info(opt, &mut info) }, MUON_STATUS_SUCCESS);
+    assert_eq!(info.step, 3);
     assert_eq!(
         unsafe { muon_optimizer_step_info(opt, null_mut()) },
         MUON_STATUS_NULL_ARGUMENT

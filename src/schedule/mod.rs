@@ -90,6 +90,8 @@ pub struct Runtime {
     bucket_batches: Vec<Vec<usize>>,
     bucket_adamw: Vec<Vec<usize>>,
     profile: StepProfile,
+    /// The device holds step arguments (from a step or `set_step_args`).
+    args_set: bool,
 }
 
 impl Runtime {
@@ -156,6 +158,7 @@ impl Runtime {
             layout,
             backend,
             profile: StepProfile::default(),
+            args_set: false,
         })
     }
 
@@ -295,7 +298,16 @@ impl Runtime {
     /// Owners update the buckets in the order the next forward uses them, and each bucket's
     /// param collective starts as soon as its own updates are done. [`Runtime::step_info`]
     /// reads what the step did.
-    pub fn step(&mut self, args: &StepArgs) -> Result<()> {
+    /// With `args` None the step uses the arguments last copied by [`Runtime::set_step_args`]
+    /// and issues no host-to-device copy at all (a step captured in a CUDA graph reads them
+    /// from device memory at every replay).
+    pub fn step(&mut self, args: Option<&StepArgs>) -> Result<()> {
+        if args.is_none() && !self.args_set {
+            bail!(
+                InvalidState,
+                "step: no step arguments: pass them, or set them first with muon_optimizer_set_step_args"
+            );
+        }
         let mut profile = self.profile;
         let buckets = self.plan.buckets.len();
         timed(&mut profile.grad_collectives, || {
@@ -310,8 +322,9 @@ impl Runtime {
             }
             Ok(())
         })?;
-        self.backend
-            .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])?;
+        if let Some(args) = args {
+            self.set_step_args(args)?;
+        }
         timed(&mut profile.grad_norm, || {
             let (counted, checked) = self.owned_grad_spans();
             self.backend.squared_norm(&counted, &checked)?;
@@ -339,6 +352,15 @@ impl Runtime {
             }
         }
         self.profile = profile;
+        Ok(())
+    }
+
+    /// Copies the step's arguments to the device, ordered on the compute stream before any
+    /// later step (no host wait).
+    pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
+        self.backend
+            .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])?;
+        self.args_set = true;
         Ok(())
     }
 

@@ -242,7 +242,7 @@ pub fn train(runtime: &mut Runtime, plan: &Plan, iterations: usize, hooks: &mut 
             runtime.grad_ready(p as u32)?;
         }
         hooks(TrainerEvent::Call(Call::Step));
-        runtime.step(&STEP_ARGS)?;
+        runtime.step(Some(&STEP_ARGS))?;
     }
     Ok(())
 }

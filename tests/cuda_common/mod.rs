@@ -77,7 +77,7 @@ pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo 
         rt.backend_mut().upload(span, &grad).unwrap();
         rt.grad_ready(p as u32).unwrap();
     }
-    rt.step(&ARGS).unwrap();
+    rt.step(Some(&ARGS)).unwrap();
     for b in 0..buckets {
         rt.wait_params(b).unwrap();
     }
