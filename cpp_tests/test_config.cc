@@ -32,6 +32,7 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.vocab_size, b.vocab_size);
     EXPECT_EQ(a.collective_timeout_ms, b.collective_timeout_ms);
     EXPECT_EQ(a.host_comm_mode, b.host_comm_mode);
+    EXPECT_EQ(a.host_threads, b.host_threads);
 }
 
 struct BadField {
@@ -59,4 +60,5 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"adam_eps", [](muon_config_t &c) { c.adam_eps = -1.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"clip_grad", [](muon_config_t &c) { c.clip_grad = -2.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_nesterov", [](muon_config_t &c) { c.muon_nesterov = 7; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"host_threads", [](muon_config_t &c) { c.host_threads = 1025; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

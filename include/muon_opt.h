@@ -456,6 +456,13 @@ typedef struct muon_config_t {
    * Host backend comm stream: MUON_COMM_MODE_FROM_ENV (default), _EAGER or _LAZY.
    */
   uint32_t host_comm_mode;
+  /**
+   * Host backend: threads of each rank's matrix products, 0..=1024; 0 (default) = the
+   * cores of the process divided by the ranks of the optimizer's host group, at least 1
+   * (a process running several groups sets cores / all its ranks). Results do not depend
+   * on it.
+   */
+  uint32_t host_threads;
 } muon_config_t;
 
 /**
@@ -983,8 +990,8 @@ muon_status_t muon_optimizer_param_route(const struct muon_optimizer_t *opt,
  * @return MUON_STATUS_PLAN_MISMATCH on every rank when the ranks registered different params
  *         (the message names the first differing param, or the counts) or use different
  *         settings that change numerics or communication (the message names the first
- *         differing config field; collective_timeout_ms, host_comm_mode and vocab_size are a
- *         rank's own and may differ).
+ *         differing config field; collective_timeout_ms, host_comm_mode, host_threads and
+ *         vocab_size are a rank's own and may differ).
  */
 MUON_API
 MUON_NODISCARD

@@ -17,7 +17,7 @@ pub type Exchange<'a> = dyn FnMut(u64) -> Result<Vec<u64>> + 'a;
 
 /// Config fields that change neither the numerics nor the communication of any rank: a
 /// rank's own timeout and host comm mode, and the registration-time vocabulary check.
-const LOCAL_FIELDS: &[&str] = &["collective_timeout_ms", "host_comm_mode", "vocab_size"];
+const LOCAL_FIELDS: &[&str] = &["collective_timeout_ms", "host_comm_mode", "host_threads", "vocab_size"];
 
 /// The fields that must agree, as (name, canonical JSON text); `bucket_size` as its
 /// effective value.

@@ -157,6 +157,8 @@ pub struct Config {
     pub vocab_size: u64,
     pub collective_timeout_ms: u32,
     pub host_comm_mode: CommMode,
+    /// Host backend: threads of each rank's matrix products; 0 = [`Config::host_threads_for`].
+    pub host_threads: u32,
 }
 
 impl Default for Config {
@@ -183,9 +185,13 @@ impl Default for Config {
             vocab_size: 0,
             collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_comm_mode: CommMode::FromEnv,
+            host_threads: 0,
         }
     }
 }
+
+/// Upper bound on `host_threads`.
+pub const MAX_HOST_THREADS: u32 = 1024;
 
 /// Upper bound on `muon_num_ns_steps`: more steps than this only waste compute.
 pub const MAX_NS_STEPS: u32 = 100;
@@ -229,7 +235,27 @@ impl Config {
         if self.collective_timeout_ms == 0 {
             bail!(OutOfRange, "collective_timeout_ms: must be > 0");
         }
+        if self.host_threads > MAX_HOST_THREADS {
+            bail!(
+                OutOfRange,
+                "host_threads: {} is outside 0..={MAX_HOST_THREADS} (0 = the cores divided by the ranks of the host group)",
+                self.host_threads
+            );
+        }
         Ok(())
+    }
+
+    /// The threads of one rank's matrix products on the host backend in a data-parallel group
+    /// of `group_size` ranks of this process: `host_threads` when set, else the cores this
+    /// process may use divided by the ranks (at least 1), so the ranks of a group never ask
+    /// for more threads than there are cores. A process that runs several groups (model
+    /// parallelism on threads) sets `host_threads` to the cores divided by all its ranks.
+    pub fn host_threads_for(&self, group_size: usize) -> usize {
+        if self.host_threads > 0 {
+            return self.host_threads as usize;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / group_size.max(1)).max(1)
     }
 
     /// The effective bucket size in elements for `dp` ranks.

@@ -174,7 +174,8 @@ impl Optimizer {
         let backend: Box<dyn Backend> = match &self.claim.comm().transport {
             Transport::Host(host) => {
                 self.verify_agreement(plan.hash, &mut |v| host.all_gather_u64(v))?;
-                let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?;
+                let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?
+                    .with_threads(self.cfg.host_threads_for(host.size()));
                 Box::new(match &self.norm_group {
                     Some(group) => backend.with_norm_group(group.clone())?,
                     None => backend,

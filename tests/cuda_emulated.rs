@@ -29,6 +29,7 @@ use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::ParamSpec;
 use muon_opt::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
+use muon_opt::numerics::gemm::{Output, Strides, gemm};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both};
 
@@ -224,8 +225,8 @@ impl Emulator {
     }
 
     /// `cublasGemmStridedBatchedEx` with `CUBLAS_OP_N` for B, column-major: each product is
-    /// handed to `matrixmultiply::sgemm` (the host backend's GEMM) with the column-major
-    /// strides, so a correct translation reproduces the host's products bit for bit.
+    /// handed to `numerics::gemm::gemm` (the host backend's GEMM) as the row-major product it
+    /// stands for, so a correct translation reproduces the host's products bit for bit.
     fn gemm(&mut self, g: &Gemm) {
         let bf16 = g.inputs == GemmInputs::Bf16;
         let elem = if bf16 { 2 } else { 4 };
@@ -244,26 +245,29 @@ impl Emulator {
             let b = read(self, g.b + batch * g.stride_b as u64 * elem, (n - 1) * ldb + k, bf16);
             let c_ptr = g.c + batch * g.stride_c as u64 * 4;
             let mut c = read(self, c_ptr, (n - 1) * ldc + m, false);
-            let (rsa, csa) = if g.transpose_a { (lda, 1) } else { (1, lda) };
-            // SAFETY: the strides address exactly the elements read above.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    k,
-                    n,
-                    g.alpha,
-                    a.as_ptr(),
-                    rsa as isize,
-                    csa as isize,
-                    b.as_ptr(),
-                    1,
-                    ldb as isize,
-                    g.beta,
-                    c.as_mut_ptr(),
-                    1,
-                    ldc as isize,
-                );
-            }
+            let a_shape = if g.transpose_a {
+                Strides::column_major(k, m, lda).transposed()
+            } else {
+                Strides::column_major(m, k, lda)
+            };
+            let (b_shape, c_shape) = (Strides::column_major(k, n, ldb), Strides::column_major(m, n, ldc));
+            // The column-major `C = op(A)·B` is the row-major `Cᵀ = Bᵀ·op(A)ᵀ` the host asked
+            // for; computed in that form, with the host's symmetric output for a product of a
+            // matrix with itself (`X·Xᵀ`, `A·A`).
+            let output = if g.a == g.b {
+                Output::SymmetricLower
+            } else {
+                Output::Full
+            };
+            gemm(
+                g.alpha,
+                (&b, b_shape.transposed()),
+                (&a, a_shape.transposed()),
+                g.beta,
+                (&mut c, c_shape.transposed()),
+                output,
+                1,
+            );
             for (i, v) in c.into_iter().enumerate() {
                 self.st_f32(c_ptr + 4 * i as u64, v);
             }
@@ -693,7 +697,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
                 master: 0,
                 momentum: 0,
                 adam_moments: 0,
-                max_matrix: (0, 0),
+                max_component: (0, 0),
                 muon_work: MuonWork::default(),
                 mxfp8: Vec::new(),
                 mxfp8_scale_layout: ScaleLayout::Compact,

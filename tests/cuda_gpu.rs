@@ -375,7 +375,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     master: n,
                     momentum: n,
                     adam_moments: 0,
-                    max_matrix: (rows, cols),
+                    max_component: (rows * cols, rows.min(cols)),
                     muon_work: MuonWork::of_job(&[rows], cols),
                     mxfp8: Vec::new(),
                     mxfp8_scale_layout: ScaleLayout::Compact,

@@ -146,7 +146,7 @@ fn the_translator_rejects_what_the_host_backend_rejects() {
         master: 10,
         momentum: 0,
         adam_moments: 0,
-        max_matrix: (0, 0),
+        max_component: (0, 0),
         muon_work: MuonWork::default(),
         mxfp8: Vec::new(),
         mxfp8_scale_layout: ScaleLayout::Compact,

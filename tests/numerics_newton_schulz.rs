@@ -389,3 +389,50 @@ fn rejects_bad_arguments() {
     );
     assert!(out.iter().all(|&v| v == 0.0), "output written on error");
 }
+
+/// The products split their output, never a sum, between threads: the result is the same bits
+/// on 1, 2 or 3 threads, for small, square, wide and tall matrices in both precisions. The
+/// host parity suites (dp ranks on one GEMM thread each against one rank on every core) rely
+/// on it.
+#[test]
+fn result_does_not_depend_on_the_number_of_threads() {
+    let mut rng = Rng::new(41);
+    for (rows, cols) in [(1, 1), (3, 5), (17, 33), (130, 70), (64, 64), (200, 600), (513, 257)] {
+        let input: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
+        for precision in [NsPrecision::F32, NsPrecision::Bf16] {
+            let o = opts(CoefficientSet::Quintic, 5, precision);
+            let on = |threads: usize| {
+                let mut out = vec![0.0; input.len()];
+                let mut ws = NsWorkspace::default().with_threads(threads);
+                newton_schulz(&input, &mut out, rows, cols, &o, &mut ws).unwrap();
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let one = on(1);
+            assert!(one.iter().all(|&b| f32::from_bits(b).is_finite()));
+            for threads in [2, 3] {
+                assert!(
+                    on(threads) == one,
+                    "{rows}×{cols} {precision:?}: {threads} threads differ from 1"
+                );
+            }
+        }
+    }
+}
+
+/// A workspace sized by need ([`NsWorkspace::for_need`]) gives the bits of a grown one, and an
+/// impossible size is an error, not an abort.
+#[test]
+fn workspace_sized_by_need_matches_and_refuses_impossible_sizes() {
+    let mut rng = Rng::new(42);
+    let (rows, cols) = (96, 40);
+    let input: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
+    let o = opts(CoefficientSet::Quintic, 5, NsPrecision::Bf16);
+    let mut ws = NsWorkspace::for_need(rows * cols, cols, NsPrecision::Bf16).unwrap();
+    let mut out = vec![0.0; input.len()];
+    newton_schulz(&input, &mut out, rows, cols, &o, &mut ws).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert!(bits(&out) == bits(&run(&input, rows, cols, &o)));
+    let err = NsWorkspace::for_need(usize::MAX / 2, 1 << 20, NsPrecision::F32).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::OutOfMemory);
+    assert!(err.message.contains("does not fit in host memory"), "{}", err.message);
+}

@@ -222,8 +222,10 @@ pub struct MemoryLayout {
     pub master: u64,
     pub momentum: u64,
     pub adam_moments: u64,
-    /// Largest Muon matrix this rank updates, for workspaces.
-    pub max_matrix: (usize, usize),
+    /// Bounds of every single matrix Newton–Schulz orthogonalizes on this rank (a fused
+    /// component, an expert): (elements, shorter side), for a workspace that takes them one at
+    /// a time.
+    pub max_component: (usize, usize),
     /// What the Muon jobs of this rank need of a device workspace.
     pub muon_work: MuonWork,
     /// Params with persistent MXFP8 storage (rowwise and columnwise copies on every rank).

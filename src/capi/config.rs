@@ -62,10 +62,16 @@ pub struct muon_config_t {
     pub collective_timeout_ms: u32,
     /// Host backend comm stream: MUON_COMM_MODE_FROM_ENV (default), _EAGER or _LAZY.
     pub host_comm_mode: u32,
+    /// Host backend: threads of each rank's matrix products, 0..=1024; 0 (default) = the
+    /// cores of the process divided by the ranks of the optimizer's host group, at least 1
+    /// (a process running several groups sets cores / all its ranks). Results do not depend
+    /// on it.
+    pub host_threads: u32,
 }
 
-/// `muon_config_t` fields of the first ABI; a smaller struct_size is rejected.
-pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::size_of::<muon_config_t>();
+/// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
+/// rejected, the fields after it take their defaults.
+pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, host_threads);
 
 fn flag(field: &str, value: u32) -> Result<bool> {
     match value {
@@ -105,6 +111,7 @@ impl muon_config_t {
             vocab_size: cfg.vocab_size,
             collective_timeout_ms: cfg.collective_timeout_ms,
             host_comm_mode: cfg.host_comm_mode.code(),
+            host_threads: cfg.host_threads,
         }
     }
 
@@ -132,6 +139,7 @@ impl muon_config_t {
             vocab_size: self.vocab_size,
             collective_timeout_ms: self.collective_timeout_ms,
             host_comm_mode: CommMode::from_code("host_comm_mode", self.host_comm_mode)?,
+            host_threads: self.host_threads,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -152,8 +152,8 @@ pub unsafe extern "C" fn muon_optimizer_param_route(
 /// @return MUON_STATUS_PLAN_MISMATCH on every rank when the ranks registered different params
 ///         (the message names the first differing param, or the counts) or use different
 ///         settings that change numerics or communication (the message names the first
-///         differing config field; collective_timeout_ms, host_comm_mode and vocab_size are a
-///         rank's own and may differ).
+///         differing config field; collective_timeout_ms, host_comm_mode, host_threads and
+///         vocab_size are a rank's own and may differ).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_finalize(opt: *mut muon_optimizer_t) -> muon_status_t {

@@ -76,6 +76,24 @@ fn defaults_validate_and_match_the_design() {
     assert_eq!((cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps), (0.9, 0.999, 1e-8));
     assert_eq!(cfg.muon_scale_mode, MUON_SCALE_SPECTRAL);
     assert_eq!(cfg.muon_coefficient_set, MUON_COEFFICIENTS_QUINTIC);
+    assert_eq!(cfg.host_threads, 0);
+}
+
+/// A caller compiled against the first ABI passes a struct that ends at host_comm_mode: it is
+/// accepted, and the fields appended since (host_threads) take their defaults whatever lies
+/// beyond its struct_size.
+#[test]
+fn a_config_of_the_first_abi_defaults_the_appended_fields() {
+    let mut cfg = default_config();
+    cfg.host_threads = 4;
+    cfg.struct_size = std::mem::offset_of!(muon_config_t, host_threads) as u32;
+    cfg.muon_momentum = 0.5;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!((read.host_threads, read.muon_momentum), (0, 0.5));
+    cfg.struct_size -= 4;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_ABI_MISMATCH);
+    assert!(message.contains("oldest supported muon_config_t"), "{message}");
 }
 
 #[test]
@@ -107,6 +125,11 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             |c| c.host_comm_mode = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "host_comm_mode",
+        ),
+        (
+            |c| c.host_threads = 1025,
+            MUON_STATUS_OUT_OF_RANGE,
+            "host_threads: 1025 is outside 0..=1024",
         ),
         (
             |c| c.muon_momentum = 1.0,

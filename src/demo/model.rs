@@ -8,6 +8,7 @@
 
 use crate::config::Dtype;
 use crate::model::{ParamFlags, ParamSpec};
+use crate::numerics::gemm::{Output, Strides, gemm};
 
 /// Sizes of the model and the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -162,42 +163,28 @@ impl<'a> View<'a> {
         }
     }
 
-    /// Row and column strides in elements.
-    fn strides(self) -> (isize, isize) {
+    /// The view's shape and strides.
+    fn strides(self) -> Strides {
         if self.transposed {
-            (1, self.rows as isize)
+            Strides::row_major(self.cols, self.rows).transposed()
         } else {
-            (self.cols as isize, 1)
+            Strides::row_major(self.rows, self.cols)
         }
     }
 }
 
-/// `c = a·b + beta·c` for a `rows(a)×cols(b)` row-major `c`.
+/// `c = a·b + beta·c` for a `rows(a)×cols(b)` row-major `c`, on the calling thread.
 fn matmul(a: View, b: View, beta: f32, c: &mut [f32]) {
-    assert_eq!(a.cols, b.rows, "inner dimensions");
-    assert_eq!(c.len(), a.rows * b.cols, "output size");
-    let (rsa, csa) = a.strides();
-    let (rsb, csb) = b.strides();
-    // SAFETY: the views' lengths were checked against their shapes and the strides address
-    // only elements inside them; `c` holds rows(a)·cols(b) elements, written row-major.
-    unsafe {
-        matrixmultiply::sgemm(
-            a.rows,
-            a.cols,
-            b.cols,
-            1.0,
-            a.data.as_ptr(),
-            rsa,
-            csa,
-            b.data.as_ptr(),
-            rsb,
-            csb,
-            beta,
-            c.as_mut_ptr(),
-            b.cols as isize,
-            1,
-        );
-    }
+    let out = Strides::row_major(a.rows, b.cols);
+    gemm(
+        1.0,
+        (a.data, a.strides()),
+        (b.data, b.strides()),
+        beta,
+        (c, out),
+        Output::Full,
+        1,
+    );
 }
 
 /// `out[r, :] += bias` for every row, then `tanh` when `activate`.

@@ -11,6 +11,7 @@
 
 pub mod adamw;
 pub mod bf16;
+pub mod gemm;
 pub mod muon;
 pub mod mxfp8;
 pub mod newton_schulz;

@@ -17,7 +17,7 @@
 //! QKV components one by one through `scaled_orthogonalize_fn`.
 
 use crate::bail;
-use crate::config::{Config, ScaleMode};
+use crate::config::{Config, NsPrecision, ScaleMode};
 use crate::error::Result;
 use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz_in_place};
 
@@ -104,6 +104,30 @@ impl MuonWorkspace {
             ns: NsWorkspace::new(max_rows, max_cols),
             update: vec![0.0; max_rows * max_cols],
         }
+    }
+
+    /// A workspace for jobs of at most `job_elements` elements whose single matrices (fused
+    /// components) have at most `elements` elements and a shorter side of at most
+    /// `short_side`, running the Newton–Schulz products on `threads` threads.
+    ///
+    /// # Errors
+    /// `OutOfMemory` (naming the sizes) if it does not fit; nothing stays allocated then.
+    pub fn for_need(
+        job_elements: usize,
+        (elements, short_side): (usize, usize),
+        precision: NsPrecision,
+        threads: usize,
+    ) -> Result<Self> {
+        let ns = NsWorkspace::for_need(elements, short_side, precision)?.with_threads(threads);
+        let mut update = Vec::new();
+        if update.try_reserve_exact(job_elements).is_err() {
+            bail!(
+                OutOfMemory,
+                "muon_update: an update buffer of {job_elements} elements does not fit in host memory"
+            );
+        }
+        update.resize(job_elements, 0.0);
+        Ok(MuonWorkspace { ns, update })
     }
 }
 

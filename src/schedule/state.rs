@@ -86,9 +86,14 @@ impl StateLayout {
             })
             .collect();
         let muon_batches = batch_units(&muon);
-        let max_matrix = muon_batches.iter().fold((0usize, 0usize), |(r, c), batch| {
-            let m = params[muon[batch.first].unit.param as usize].unit_matrix();
-            (r.max(batch.count * m.rows as usize), c.max(m.cols as usize))
+        let max_component = muon_batches.iter().fold((0usize, 0usize), |bound, batch| {
+            let spec = &params[muon[batch.first].unit.param as usize];
+            let cols = spec.unit_matrix().cols as usize;
+            component_rows(spec, 1)
+                .into_iter()
+                .fold(bound, |(elements, short), rows| {
+                    (elements.max(rows * cols), short.max(rows.min(cols)))
+                })
         });
         let muon_work = muon_batches.iter().fold(MuonWork::default(), |need, batch| {
             let spec = &params[muon[batch.first].unit.param as usize];
@@ -117,7 +122,7 @@ impl StateLayout {
             master: offset,
             momentum,
             adam_moments: moments,
-            max_matrix,
+            max_component,
             muon_work,
             mxfp8: params
                 .iter()

@@ -97,7 +97,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         master: n,
         momentum: 0,
         adam_moments: 0,
-        max_matrix: (0, 0),
+        max_component: (0, 0),
         muon_work: muon_opt::backend::ops::MuonWork::default(),
         mxfp8: Vec::new(),
         mxfp8_scale_layout: ScaleLayout::Compact,

@@ -170,6 +170,7 @@ class muon_config_t(Structure):
         ("vocab_size", c_uint64),
         ("collective_timeout_ms", c_uint32),
         ("host_comm_mode", c_uint32),
+        ("host_threads", c_uint32),
     ]
 
 

@@ -25,7 +25,7 @@ pub enum Buf {
     Scalars,
 }
 
-/// The Muon workspace, sized once at allocate from `MemoryLayout::max_matrix`.
+/// The Muon workspace, sized once at allocate from `MemoryLayout::muon_work`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Work {
     /// The momentum-updated matrix `U` (f32).

@@ -140,6 +140,8 @@ pub struct HostBackend {
     mxfp8_layout: ScaleLayout,
     muon_opts: MuonOptions,
     workspace: MuonWorkspace,
+    /// Threads of this rank's matrix products.
+    threads: usize,
     scratch: Vec<f32>,
     scalars: Arc<Mutex<HostScalars>>,
     /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
@@ -165,10 +167,18 @@ impl HostBackend {
             mxfp8_layout: ScaleLayout::Compact,
             muon_opts,
             workspace: MuonWorkspace::default(),
+            threads: 1,
             scratch: Vec::new(),
             scalars: Arc::default(),
             norm_group: None,
         })
+    }
+
+    /// Runs this rank's matrix products on `threads` threads (1, the calling thread, unless
+    /// set; the optimizer passes `Config::host_threads_for` its group size).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
     }
 
     /// Sums the gradient norm over `group` (a host group spanning this rank's data-parallel
@@ -330,7 +340,12 @@ impl Backend for HostBackend {
             })
             .collect();
         self.mxfp8_layout = layout.mxfp8_scale_layout;
-        self.workspace = MuonWorkspace::new(layout.max_matrix.0, layout.max_matrix.1);
+        self.workspace = MuonWorkspace::for_need(
+            layout.muon_work.matrix as usize,
+            layout.max_component,
+            self.muon_opts.ns.precision,
+            self.threads,
+        )?;
         Ok(())
     }
 
