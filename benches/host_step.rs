@@ -1,7 +1,7 @@
 //! The host backend's optimizer step at dp ∈ {1, 2, 4} on an 8-layer model, against its
 //! roofline on this machine.
 //!
-//! `cargo bench --bench host_step`. The model: an 8192 × 1024 embedding, then 8 layers of a
+//! `cargo bench --bench host_step [-- muon|adamw-only]`. The model: an 8192 × 1024 embedding, then 8 layers of a
 //! 1024 × 1024 and a 4096 × 1024 matrix and a 1024-element norm (50.3 M params). Two
 //! routings: **Muon** (the matrices on Muon, the rest on AdamW) and **AdamW-only** (every
 //! param on AdamW). All ranks of a data-parallel group run as threads of this process, so the
@@ -16,7 +16,7 @@
 //! - compute: the Newton–Schulz flops of every owned matrix (with the symmetric products,
 //!   `T·(3·m²·n + m³)` per `m × n` matrix, `m ≤ n`) over the GEMM peak, measured as the best
 //!   single `2048 × 2048 × 2048` product with all threads;
-//! - memory: the bytes every rank's step must move (see [`step_bytes`]) over the measured copy
+//! - memory: the bytes the step must move (every rank's [`step_bytes`]) over the measured copy
 //!   bandwidth with all threads.
 //!
 //! Peak RSS is the process's high-water mark during the timed steps (reset through
@@ -106,15 +106,18 @@ fn owned_work(opt: &Optimizer, specs: &[ParamSpec]) -> (f64, f64, f64) {
     (flops, muon, adamw as f64)
 }
 
-/// The bytes a rank's step moves at the least: the gradient reduction and the param gather
-/// read and write each buffer once; for every owned element AdamW reads grad, master and two
+/// The bytes rank `rank` of `dp` adds to the machine's traffic at the least. The gradient
+/// collective reads every rank's gradient buffer and writes the sums once: `G` per rank plus
+/// `G / dp`. The param collective reads the new values once and writes every other rank's
+/// copy: `P` per rank. Each owned element is updated once: AdamW reads grad, master and two
 /// moments and writes master, two moments and the param (8 × 4 bytes); Muon reads grad,
 /// master and momentum, writes master, momentum and the param, and moves the Newton–Schulz
-/// iterate in and out (8 × 4 bytes).
+/// input in and the result out (8 × 4 bytes).
 fn step_bytes(opt: &Optimizer, muon: f64, adamw: f64) -> f64 {
     let report = &opt.plan().expect("finalized").report;
-    let buffers = 2.0 * (report.grad_buffer_bytes + report.param_buffer_bytes) as f64;
-    buffers + (muon + adamw) * 32.0
+    let dp = opt.dp() as f64;
+    let (grads, params) = (report.grad_buffer_bytes as f64, report.param_buffer_bytes as f64);
+    grads * (1.0 + 1.0 / dp) + params + (muon + adamw) * 32.0
 }
 
 fn run(dp: usize, adamw_only: bool) -> Measured {
@@ -246,7 +249,12 @@ fn main() {
         "{:<11} {:>3} {:>10} {:>12} {:>10} {:>12} {:>10}",
         "routing", "dp", "step ms", "roofline ms", "/roofline", "vs dp=1", "RSS/plan"
     );
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     for adamw_only in [false, true] {
+        let routing = if adamw_only { "adamw-only" } else { "muon" };
+        if !only.is_empty() && !only.iter().any(|o| o == routing) {
+            continue;
+        }
         let mut dp1 = None;
         for dp in [1usize, 2, 4] {
             let m = run(dp, adamw_only);
@@ -255,7 +263,7 @@ fn main() {
             let base = *dp1.get_or_insert(step);
             println!(
                 "{:<11} {dp:>3} {:>10.1} {:>12.1} {:>10.2} {:>12.2} {:>10.2}",
-                if adamw_only { "adamw-only" } else { "muon" },
+                routing,
                 step * 1e3,
                 roofline * 1e3,
                 step / roofline,

@@ -11,6 +11,10 @@ use muon_opt::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
 const DP: usize = 4;
 const TIMEOUT: Duration = Duration::from_secs(60);
 const DTYPES: [Dtype; 2] = [Dtype::F32, Dtype::Bf16];
+/// Per-rank element counts: one that fits a single work chunk of the group, and one spread
+/// over several (2^16-element) chunks that the ranks' threads compute in parallel, ending
+/// mid-chunk and mid-block.
+const LENS: [usize; 2] = [1000, 3 * 65_536 + 1_077];
 
 /// Runs `f` on one thread per rank of a fresh group; results in rank order.
 fn on_ranks<T: Send>(n: usize, f: impl Fn(&HostComm) -> T + Sync) -> Vec<T> {
@@ -107,11 +111,11 @@ fn inputs(dtype: Dtype, len: usize, seed: u64) -> Vec<Buf> {
 
 #[test]
 fn reduce_writes_rank_order_sum_on_root_only() {
-    for dtype in DTYPES {
+    for (dtype, len) in DTYPES.into_iter().flat_map(|d| LENS.map(|l| (d, l))) {
         for root in 0..DP {
-            let sends = inputs(dtype, 1000, root as u64);
+            let sends = inputs(dtype, len, root as u64);
             let expected = rank_order_sum(dtype, &sends);
-            let sentinel = Buf::filled(dtype, 1000, 7.0);
+            let sentinel = Buf::filled(dtype, len, 7.0);
             let results = on_ranks(DP, |comm| {
                 let mut send = sends[comm.rank()].clone();
                 let mut recv = sentinel.clone();
@@ -157,8 +161,8 @@ fn reduce_in_place_sums_into_root_region() {
 
 #[test]
 fn all_reduce_gives_every_rank_the_rank_order_sum() {
-    for dtype in DTYPES {
-        let sends = inputs(dtype, 1234, 3);
+    for (dtype, len) in DTYPES.into_iter().flat_map(|d| LENS.map(|l| (d, l))) {
+        let sends = inputs(dtype, len, 3);
         let expected = rank_order_sum(dtype, &sends);
         let in_place = on_ranks(DP, |comm| {
             let mut buf = sends[comm.rank()].clone();
@@ -167,7 +171,7 @@ fn all_reduce_gives_every_rank_the_rank_order_sum() {
         });
         let out_of_place = on_ranks(DP, |comm| {
             let mut send = sends[comm.rank()].clone();
-            let mut recv = Buf::filled(dtype, 1234, 0.0);
+            let mut recv = Buf::filled(dtype, len, 0.0);
             comm.group(&[Collective::AllReduce {
                 send: send.region(),
                 recv: recv.region(),
@@ -189,8 +193,7 @@ fn all_reduce_gives_every_rank_the_rank_order_sum() {
 
 #[test]
 fn reduce_scatter_gives_each_rank_its_chunk_of_the_sum() {
-    let chunk = 333;
-    for dtype in DTYPES {
+    for (dtype, chunk) in DTYPES.into_iter().flat_map(|d| [333, 70_001].map(|c| (d, c))) {
         let sends = inputs(dtype, DP * chunk, 5);
         let expected = rank_order_sum(dtype, &sends);
         let out_of_place = on_ranks(DP, |comm| {
@@ -224,8 +227,7 @@ fn reduce_scatter_gives_each_rank_its_chunk_of_the_sum() {
 
 #[test]
 fn all_gather_concatenates_chunks_in_rank_order() {
-    let chunk = 257;
-    for dtype in DTYPES {
+    for (dtype, chunk) in DTYPES.into_iter().flat_map(|d| [257, 70_001].map(|c| (d, c))) {
         let chunks = inputs(dtype, chunk, 9);
         let expected: Vec<u32> = chunks.iter().flat_map(Buf::bits).collect();
         let out_of_place = on_ranks(DP, |comm| {
@@ -257,9 +259,9 @@ fn all_gather_concatenates_chunks_in_rank_order() {
 
 #[test]
 fn broadcast_copies_the_root_buffer_bitwise() {
-    for dtype in DTYPES {
+    for (dtype, len) in DTYPES.into_iter().flat_map(|d| LENS.map(|l| (d, l))) {
         for root in 0..DP {
-            let bufs = inputs(dtype, 500, 20 + root as u64);
+            let bufs = inputs(dtype, len, 20 + root as u64);
             let results = on_ranks(DP, |comm| {
                 let mut buf = bufs[comm.rank()].clone();
                 comm.broadcast(root, buf.region()).unwrap();
@@ -276,8 +278,8 @@ fn broadcast_copies_the_root_buffer_bitwise() {
 /// its owner, then grouped broadcasts from the owners; ranges of different sizes, one empty.
 #[test]
 fn grouped_reduce_to_owners_then_broadcast_from_owners() {
-    let ranges = [(0, 100), (100, 0), (100, 64), (164, 300)];
-    let len = 464;
+    let ranges = [(0, 100), (100, 0), (100, 64), (164, 150_300)];
+    let len = 150_464;
     for dtype in DTYPES {
         let grads = inputs(dtype, len, 30);
         let expected = rank_order_sum(dtype, &grads);

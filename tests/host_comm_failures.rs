@@ -281,6 +281,78 @@ fn invalid_regions_are_rejected() {
     comms[0].all_reduce(Region::empty(Dtype::F32)).unwrap();
 }
 
+/// The ops of a group run concurrently on the ranks' threads, so overlapping memory is refused
+/// before anything is read or written (NCCL leaves it undefined): within an op unless it is
+/// the exact in-place form of the calling rank, and between the ops of a group always.
+#[test]
+fn overlapping_memory_is_rejected_before_any_write() {
+    let mut data: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let original = data.clone();
+    let base = data.as_mut_ptr();
+    // SAFETY (all regions): rejected before any access; `data` outlives the calls.
+    let region = |at: usize, len: usize| unsafe { Region::from_f32(std::slice::from_raw_parts_mut(base.add(at), len)) };
+    let cases: [(usize, Vec<Collective>, &str); 4] = [
+        (
+            1,
+            vec![Collective::AllReduce {
+                send: region(0, 8),
+                recv: region(4, 8),
+            }],
+            "all_reduce: send 0x",
+        ),
+        (
+            2,
+            vec![Collective::ReduceScatter {
+                send: region(0, 8),
+                recv: region(0, 4),
+            }],
+            "not the in-place form of rank 1",
+        ),
+        (
+            2,
+            vec![Collective::AllGather {
+                send: region(2, 4),
+                recv: region(0, 8),
+            }],
+            "not the in-place form of rank 1",
+        ),
+        (
+            1,
+            vec![
+                Collective::Reduce {
+                    root: 0,
+                    send: region(0, 8),
+                    recv: region(0, 8),
+                },
+                Collective::Broadcast {
+                    root: 0,
+                    buf: region(6, 4),
+                },
+            ],
+            "group: op 1 (broadcast(root=0, f32, count=4)) and op 0 (reduce(root=0, f32, count=8)) overlap in memory",
+        ),
+    ];
+    for (size, ops, expect) in cases {
+        let comms = HostGroup::new(size, LONG);
+        let err = comms[size - 1].group(&ops).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument, "{}", err.message);
+        assert!(err.message.contains(expect), "{}", err.message);
+        if size > 1 {
+            let peer = comms[0].barrier().unwrap_err();
+            assert_eq!(peer.kind, ErrorKind::CommBroken, "{}", peer.message);
+        }
+    }
+    assert_eq!(data, original);
+    // The in-place form itself passes: one rank reduce-scatters into its whole buffer.
+    let comms = HostGroup::new(1, LONG);
+    comms[0]
+        .group(&[Collective::ReduceScatter {
+            send: region(0, 8),
+            recv: region(0, 8),
+        }])
+        .unwrap();
+}
+
 #[test]
 fn a_rank_used_from_two_threads_at_once_is_rejected() {
     let comms = HostGroup::new(2, Duration::from_secs(10));

@@ -9,19 +9,21 @@
 //! Every call of every rank is a collective with a per-rank sequence number: the k-th call of
 //! each rank belongs to collective #k. A rank posts its descriptor (op kinds, dtype, element
 //! counts, roots) and its regions into the group's slot and blocks. The **last rank to arrive**
-//! checks nothing further (each arrival was already matched against the earlier ones), then
-//! performs the whole operation for every rank on its own thread, outside the lock, and
-//! releases all ranks. One thread computing everything makes the result independent of thread
-//! timing.
+//! checks nothing further (each arrival was already matched against the earlier ones) and
+//! starts the operation outside the lock; it wakes the others, and every rank's thread claims
+//! chunks of the elements until none is left ([`work`]), so the reduction runs on all the
+//! group's threads in parallel. A rank returns once every chunk is done. Each element is
+//! summed in the same order whichever thread computes it, so the result is independent of
+//! thread timing.
 //!
 //! # Numerics
 //! Sums are computed in rank order in f32: `acc = x₀; acc += x₁; …; acc += x_{n−1}`, every bf16
 //! input converted exactly to f32 first and the f32 sum rounded to bf16 once, to nearest even.
-//! The result is therefore bit-for-bit equal to that sequential loop on every run. Each op
-//! reads all of its inputs before it writes any output, so every in-place form NCCL allows
-//! works (and any other overlap of one op's inputs and outputs gives the same result as
-//! out of place). The ops of a group run in list order; one op's outputs must not overlap
-//! another op's inputs (undefined in NCCL as well).
+//! The result is therefore bit-for-bit equal to that sequential loop on every run. Every
+//! element of an op is read in full before it is written, so every in-place form NCCL allows
+//! works; an op's `send` and `recv` must otherwise not overlap, and the ops of one group must
+//! not overlap each other's memory (undefined in NCCL as well; refused here as an invalid
+//! argument, since the ops of a group run concurrently).
 //!
 //! # Failures
 //! The group fails as a whole and stays failed: after the first failure every later call on
@@ -40,14 +42,16 @@
 //! - **Panic** while computing: every participant gets [`ErrorKind::Panic`].
 
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::config::Dtype;
 use crate::error::{Error, ErrorKind, Result};
-use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
+
+mod work;
+
+use work::Work;
 
 /// The longest timeout honoured; longer ones are clamped to it (one year).
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -184,52 +188,29 @@ impl Region {
         Ok(())
     }
 
-    /// The elements as bytes.
-    ///
-    /// # Safety
-    /// The region contract holds and no mutable view of this memory is alive.
-    unsafe fn bytes<'a>(self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: checked non-null and in size at posting; valid per the region contract.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len * self.dtype.size()) }
+    /// The addresses the region covers, as a half-open byte range.
+    fn address_range(&self) -> std::ops::Range<usize> {
+        let start = self.ptr as usize;
+        start..start + self.len * self.dtype.size()
     }
 
-    /// The elements as mutable bytes.
+    /// Elements `at..at + len` as f32 values (`dtype` must be f32).
     ///
     /// # Safety
-    /// The region contract holds and no other view of this memory is alive.
-    unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: as in `bytes`, and exclusive per the caller's promise.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len * self.dtype.size()) }
+    /// The region contract holds, the elements are in bounds, and no mutable view of them is
+    /// alive; alignment and non-null were checked at posting.
+    unsafe fn sub_f32s<'a>(self, at: usize, len: usize) -> &'a [f32] {
+        // SAFETY: per the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<f32>().add(at), len) }
     }
 
-    /// The elements as f32 values (`dtype` must be f32).
+    /// Elements `at..at + len` as bf16 bits (`dtype` must be bf16).
     ///
     /// # Safety
-    /// As for [`Region::bytes`]; alignment was checked at posting.
-    unsafe fn f32s<'a>(self) -> &'a [f32] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: checked non-null, aligned and in size at posting; valid per the contract.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast::<f32>(), self.len) }
-    }
-
-    /// The elements as bf16 bits (`dtype` must be bf16).
-    ///
-    /// # Safety
-    /// As for [`Region::f32s`].
-    unsafe fn u16s<'a>(self) -> &'a [u16] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: as in `f32s`.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u16>(), self.len) }
+    /// As for [`Region::sub_f32s`].
+    unsafe fn sub_u16s<'a>(self, at: usize, len: usize) -> &'a [u16] {
+        // SAFETY: per the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u16>().add(at), len) }
     }
 }
 
@@ -258,8 +239,9 @@ pub enum Collective {
 }
 
 impl Collective {
-    /// Checks the regions against each other and the group size and builds the posted item.
-    fn item(&self, size: usize) -> Result<Item> {
+    /// Checks the regions against each other, the rank and the group size and builds the
+    /// posted item.
+    fn item(&self, rank: usize, size: usize) -> Result<Item> {
         let (kind, root, send, recv) = match *self {
             Collective::Reduce { root, send, recv } => (Kind::Reduce, Some(root), send, recv),
             Collective::Broadcast { root, buf } => (Kind::Broadcast, Some(root), buf, buf),
@@ -308,6 +290,7 @@ impl Collective {
                 send.len
             }
         };
+        check_in_place(kind, rank, count, send, recv)?;
         Ok(Item {
             desc: Desc {
                 kind,
@@ -320,6 +303,55 @@ impl Collective {
             value: 0,
         })
     }
+}
+
+/// `send` and `recv` of one op may only overlap in NCCL's in-place form: the same region for
+/// reduce, broadcast and all-reduce; `recv` = chunk `rank` of `send` for reduce-scatter; `send`
+/// = chunk `rank` of `recv` for all-gather.
+fn check_in_place(kind: Kind, rank: usize, count: usize, send: Region, recv: Region) -> Result<()> {
+    let (s, r) = (send.address_range(), recv.address_range());
+    if send.is_empty() || recv.is_empty() || s.end <= r.start || r.end <= s.start {
+        return Ok(());
+    }
+    let chunk = count * send.dtype.size();
+    let in_place = match kind {
+        Kind::ReduceScatter => r.start == s.start + rank * chunk && r.len() == chunk,
+        Kind::AllGather => s.start == r.start + rank * chunk && s.len() == chunk,
+        _ => s == r,
+    };
+    if in_place {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{kind}: send {:#x}..{:#x} and recv {:#x}..{:#x} overlap but are not the in-place form of rank {rank}",
+        s.start, s.end, r.start, r.end
+    )))
+}
+
+/// The ops of one group run concurrently, so their memory must not overlap (NCCL leaves it
+/// undefined too).
+fn check_disjoint(items: &[Item]) -> Result<()> {
+    let mut ranges: Vec<(std::ops::Range<usize>, usize)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(op, item)| [(item.send, op), (item.recv, op)])
+        .filter(|(region, _)| !region.is_empty())
+        .map(|(region, op)| (region.address_range(), op))
+        .collect();
+    ranges.sort_by_key(|(range, _)| range.start);
+    let mut reach: Option<(usize, usize)> = None;
+    for (range, op) in ranges {
+        if let Some((_, other)) = reach.filter(|&(end, other)| other != op && range.start < end) {
+            return Err(invalid(format!(
+                "group: op {op} ({}) and op {other} ({}) overlap in memory at {:#x}; the ops of one group must use disjoint memory",
+                items[op].desc, items[other].desc, range.start
+            )));
+        }
+        if reach.is_none_or(|(end, _)| range.end > end) {
+            reach = Some((range.end, op));
+        }
+    }
+    Ok(())
 }
 
 /// The operation kinds, including the private scalar exchanges.
@@ -457,6 +489,8 @@ impl Failure {
 struct Gathering {
     posts: Vec<Option<Vec<Item>>>,
     executing: bool,
+    /// Once every rank arrived: the shared work and the scalar exchange's values.
+    work: Option<(Arc<Work>, Vec<u64>)>,
 }
 
 struct GroupState {
@@ -581,10 +615,13 @@ impl HostComm {
     pub fn group(&self, ops: &[Collective]) -> Result<()> {
         let mut items = Vec::with_capacity(ops.len());
         for op in ops {
-            match op.item(self.size()) {
+            match op.item(self.rank, self.size()) {
                 Ok(item) => items.push(item),
                 Err(err) => return Err(self.fail_invalid(err)),
             }
+        }
+        if let Err(err) = check_disjoint(&items) {
+            return Err(self.fail_invalid(err));
         }
         self.run(items).map(drop)
     }
@@ -644,6 +681,7 @@ impl HostComm {
         let gathering = st.gathering.get_or_insert_with(|| Gathering {
             posts: vec![None; group.size],
             executing: false,
+            work: None,
         });
         let mismatch = gathering
             .posts
@@ -672,38 +710,25 @@ impl HostComm {
         let description = describe(&items);
         gathering.posts[rank] = Some(items);
         if gathering.posts.iter().all(Option::is_some) {
-            gathering.executing = true;
             let posts: Vec<Vec<Item>> = gathering.posts.iter_mut().filter_map(Option::take).collect();
-            drop(st);
-            let outcome = catch_unwind(AssertUnwindSafe(|| execute(&posts)));
-            let mut st = group.lock();
-            st.gathering = None;
-            let result = match outcome {
-                Ok(scalars) => {
-                    st.completed = seq + 1;
-                    st.scalars = scalars.clone();
-                    Ok(scalars)
-                }
-                Err(payload) => {
-                    let error = Error::new(
-                        ErrorKind::Panic,
-                        format!(
-                            "host group: collective #{seq} {description} panicked on rank {rank}: {}",
-                            crate::error::panic_text(payload.as_ref())
-                        ),
-                    );
-                    st.failure = Some(Failure {
-                        seq,
-                        cause: Cause::Panic,
-                        error: error.clone(),
-                    });
-                    Err(error)
-                }
+            let scalars: Vec<u64> = match posts[0].as_slice() {
+                [only] if only.desc.kind == Kind::AllGatherU64 => posts.iter().map(|p| p[0].value).collect(),
+                _ => Vec::new(),
             };
+            let work = Work::new(posts);
+            if work.is_empty() {
+                st.gathering = None;
+                st.completed = seq + 1;
+                st.scalars = scalars.clone();
+                group.cv.notify_all();
+                return Ok(scalars);
+            }
+            gathering.executing = true;
+            gathering.work = Some((Arc::new(work), scalars));
             group.cv.notify_all();
-            return result;
         }
         let deadline = Instant::now() + timeout;
+        let mut helped = false;
         loop {
             if st.completed > seq {
                 return Ok(st.scalars.clone());
@@ -718,9 +743,22 @@ impl HostComm {
                 ));
             };
             if gathering.executing {
-                // Every rank arrived; the last one is computing and always finishes (panics
-                // are caught), so this wait ends. The timeout bounds only the rendezvous.
-                st = group.wait(st, timeout.max(Duration::from_millis(1)));
+                // Every rank arrived: help with the chunks, then wait for the last one. The
+                // work always finishes (panics are caught), so this wait ends; the timeout
+                // bounds only the rendezvous.
+                match gathering.work.clone() {
+                    Some((work, scalars)) if !helped => {
+                        helped = true;
+                        drop(st);
+                        let completed_last = work.help();
+                        st = group.lock();
+                        if completed_last {
+                            Self::complete(&mut st, seq, &work, scalars, rank);
+                            group.cv.notify_all();
+                        }
+                    }
+                    _ => st = group.wait(st, timeout.max(Duration::from_millis(1))),
+                }
                 continue;
             }
             let now = Instant::now();
@@ -745,102 +783,28 @@ impl HostComm {
             st = group.wait(st, deadline - now);
         }
     }
-}
 
-/// Performs a matched collective for all ranks; `posts[r]` is rank r's list of items. Returns
-/// the per-rank values of a scalar exchange (empty otherwise).
-fn execute(posts: &[Vec<Item>]) -> Vec<u64> {
-    let mut scalars = Vec::new();
-    for i in 0..posts[0].len() {
-        let column: Vec<Item> = posts.iter().map(|items| items[i]).collect();
-        let desc = column[0].desc;
-        let root = desc.root.unwrap_or(0);
-        // SAFETY (all blocks below): every rank's regions satisfy the `Region` contract while
-        // the ranks wait for this collective, and each op reads all inputs into `acc`/`bytes`
-        // before it creates any mutable view for its outputs.
-        match desc.kind {
-            Kind::Reduce => {
-                let acc = sum_in_rank_order(&column);
-                store(column[root].recv, &acc);
+    /// Ends collective #`seq` once its last chunk ran: released with its scalars, or failed
+    /// for every participant if a chunk panicked.
+    fn complete(st: &mut GroupState, seq: u64, work: &Work, scalars: Vec<u64>, rank: usize) {
+        st.gathering = None;
+        match work.panic_message() {
+            None => {
+                st.completed = seq + 1;
+                st.scalars = scalars;
             }
-            Kind::AllReduce => {
-                let acc = sum_in_rank_order(&column);
-                for item in &column {
-                    store(item.recv, &acc);
-                }
-            }
-            Kind::ReduceScatter => {
-                let acc = sum_in_rank_order(&column);
-                for (item, chunk) in column.iter().zip(acc.chunks(desc.count.max(1))) {
-                    store(item.recv, chunk);
-                }
-            }
-            Kind::Broadcast => {
-                let bytes = unsafe { column[root].send.bytes() }.to_vec();
-                for (r, item) in column.iter().enumerate() {
-                    if r != root {
-                        unsafe { item.recv.bytes_mut() }.copy_from_slice(&bytes);
-                    }
-                }
-            }
-            Kind::AllGather => {
-                let bytes: Vec<u8> = column
-                    .iter()
-                    .flat_map(|item| unsafe { item.send.bytes() }.iter().copied())
-                    .collect();
-                for item in &column {
-                    unsafe { item.recv.bytes_mut() }.copy_from_slice(&bytes);
-                }
-            }
-            Kind::AllGatherU64 => {
-                scalars = column.iter().map(|item| item.value).collect();
-            }
-        }
-    }
-    scalars
-}
-
-/// `acc = send₀; acc += send₁; …` in f32, bf16 inputs converted exactly.
-fn sum_in_rank_order(column: &[Item]) -> Vec<f32> {
-    let mut acc: Vec<f32> = match column[0].send.dtype {
-        // SAFETY: see `execute`.
-        Dtype::F32 => unsafe { column[0].send.f32s() }.to_vec(),
-        // SAFETY: see `execute`.
-        Dtype::Bf16 => unsafe { column[0].send.u16s() }
-            .iter()
-            .map(|&b| bf16_to_f32(b))
-            .collect(),
-    };
-    for item in &column[1..] {
-        match item.send.dtype {
-            // SAFETY: see `execute`.
-            Dtype::F32 => acc
-                .iter_mut()
-                .zip(unsafe { item.send.f32s() })
-                .for_each(|(a, &x)| *a += x),
-            // SAFETY: see `execute`.
-            Dtype::Bf16 => acc
-                .iter_mut()
-                .zip(unsafe { item.send.u16s() })
-                .for_each(|(a, &x)| *a += bf16_to_f32(x)),
-        }
-    }
-    acc
-}
-
-/// Writes f32 values into `dst`, rounding once to bf16 (nearest even) for bf16 regions.
-fn store(dst: Region, values: &[f32]) {
-    // SAFETY: see `execute`; no view of the inputs is alive any more.
-    let bytes = unsafe { dst.bytes_mut() };
-    match dst.dtype {
-        Dtype::F32 => {
-            for (out, v) in bytes.chunks_exact_mut(4).zip(values) {
-                out.copy_from_slice(&v.to_ne_bytes());
-            }
-        }
-        Dtype::Bf16 => {
-            for (out, &v) in bytes.chunks_exact_mut(2).zip(values) {
-                out.copy_from_slice(&f32_to_bf16_rne(v).to_ne_bytes());
+            Some(message) => {
+                st.failure = Some(Failure {
+                    seq,
+                    cause: Cause::Panic,
+                    error: Error::new(
+                        ErrorKind::Panic,
+                        format!(
+                            "host group: collective #{seq} {} panicked (noticed on rank {rank}): {message}",
+                            describe(&work.posts()[0])
+                        ),
+                    ),
+                });
             }
         }
     }
