@@ -11,7 +11,7 @@
 //! counts, roots) and its regions into the group's slot and blocks. The **last rank to arrive**
 //! checks nothing further (each arrival was already matched against the earlier ones) and
 //! starts the operation outside the lock; it wakes the others, and every rank's thread claims
-//! chunks of the elements until none is left ([`work`]), so the reduction runs on all the
+//! chunks of the elements until none is left (`comm/work.rs`), so the reduction runs on all the
 //! group's threads in parallel. A rank returns once every chunk is done. Each element is
 //! summed in the same order whichever thread computes it, so the result is independent of
 //! thread timing.
