@@ -641,13 +641,8 @@ impl HostComm {
         let mut st = self.group.lock();
         if st.failure.is_none() {
             let seq = st.entered[self.rank];
-            st.gathering = None;
-            st.failure = Some(Failure {
-                seq,
-                cause: Cause::InvalidArgument,
-                error: Error::new(err.kind, format!("rank {}: {}", self.rank, err.message)),
-            });
-            self.group.cv.notify_all();
+            let error = Error::new(err.kind, format!("rank {}: {}", self.rank, err.message));
+            self.fail(&mut st, seq, Cause::InvalidArgument, error);
         }
         err
     }
@@ -655,10 +650,23 @@ impl HostComm {
     /// Posts `items` as this rank's next collective, waits for the rendezvous, and returns the
     /// per-rank values of a scalar exchange (empty for data collectives).
     fn run(&self, items: Vec<Item>) -> Result<Vec<u64>> {
-        let group = &*self.group;
+        let mut st = self.group.lock();
+        let description = describe(&items);
+        let seq = self.post(&mut st, items)?;
+        let done = Self::start_if_all_arrived(&mut st, seq);
+        if st.gathering.as_ref().is_none_or(|g| g.executing) {
+            self.group.cv.notify_all();
+        }
+        match done {
+            Some(scalars) => Ok(scalars),
+            None => self.await_completion(st, seq, &description),
+        }
+    }
+
+    /// Enters this rank's next collective and posts its items, after checking them against the
+    /// ranks already there. Returns the collective's sequence number.
+    fn post(&self, st: &mut GroupState, items: Vec<Item>) -> Result<u64> {
         let rank = self.rank;
-        let timeout = self.timeout();
-        let mut st = group.lock();
         let seq = st.entered[rank];
         if let Some(failure) = &st.failure {
             return Err(failure.for_arrival(rank, seq));
@@ -678,8 +686,9 @@ impl HostComm {
         st.entered[rank] += 1;
         // Lockstep: a rank enters #k+1 only after #k completed (which cleared `gathering`), so
         // an existing gathering is this rank's collective #seq.
+        let size = self.group.size;
         let gathering = st.gathering.get_or_insert_with(|| Gathering {
-            posts: vec![None; group.size],
+            posts: vec![None; size],
             executing: false,
             work: None,
         });
@@ -698,35 +707,47 @@ impl HostComm {
             });
         if let Some(message) = mismatch {
             let error = Error::new(ErrorKind::CommMismatch, message);
-            st.gathering = None;
-            st.failure = Some(Failure {
-                seq,
-                cause: Cause::Mismatch,
-                error: error.clone(),
-            });
-            group.cv.notify_all();
+            self.fail(st, seq, Cause::Mismatch, error.clone());
             return Err(error);
         }
-        let description = describe(&items);
         gathering.posts[rank] = Some(items);
-        if gathering.posts.iter().all(Option::is_some) {
-            let posts: Vec<Vec<Item>> = gathering.posts.iter_mut().filter_map(Option::take).collect();
-            let scalars: Vec<u64> = match posts[0].as_slice() {
-                [only] if only.desc.kind == Kind::AllGatherU64 => posts.iter().map(|p| p[0].value).collect(),
-                _ => Vec::new(),
-            };
-            let work = Work::new(posts);
-            if work.is_empty() {
-                st.gathering = None;
-                st.completed = seq + 1;
-                st.scalars = scalars.clone();
-                group.cv.notify_all();
-                return Ok(scalars);
-            }
-            gathering.executing = true;
-            gathering.work = Some((Arc::new(work), scalars));
-            group.cv.notify_all();
+        Ok(seq)
+    }
+
+    /// When every rank has posted collective #`seq`, starts it: returns its scalars at once if
+    /// there is nothing to compute, else publishes the work for the ranks to share.
+    fn start_if_all_arrived(st: &mut GroupState, seq: u64) -> Option<Vec<u64>> {
+        let gathering = st.gathering.as_mut()?;
+        if !gathering.posts.iter().all(Option::is_some) {
+            return None;
         }
+        let posts: Vec<Vec<Item>> = gathering.posts.iter_mut().filter_map(Option::take).collect();
+        let scalars: Vec<u64> = match posts[0].as_slice() {
+            [only] if only.desc.kind == Kind::AllGatherU64 => posts.iter().map(|p| p[0].value).collect(),
+            _ => Vec::new(),
+        };
+        let work = Work::new(posts);
+        if work.is_empty() {
+            st.gathering = None;
+            st.completed = seq + 1;
+            st.scalars = scalars.clone();
+            return Some(scalars);
+        }
+        gathering.executing = true;
+        gathering.work = Some((Arc::new(work), scalars));
+        None
+    }
+
+    /// Waits until collective #`seq` completed or failed. While the ranks are arriving the wait
+    /// is bounded by this rank's timeout; once all arrived, this rank helps with the work and
+    /// waits for the last chunk (the work always finishes, panics are caught).
+    fn await_completion<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, GroupState>,
+        seq: u64,
+        description: &str,
+    ) -> Result<Vec<u64>> {
+        let (group, rank, timeout) = (&*self.group, self.rank, self.timeout());
         let deadline = Instant::now() + timeout;
         let mut helped = false;
         loop {
@@ -743,9 +764,6 @@ impl HostComm {
                 ));
             };
             if gathering.executing {
-                // Every rank arrived: help with the chunks, then wait for the last one. The
-                // work always finishes (panics are caught), so this wait ends; the timeout
-                // bounds only the rendezvous.
                 match gathering.work.clone() {
                     Some((work, scalars)) if !helped => {
                         helped = true;
@@ -771,17 +789,18 @@ impl HostComm {
                         timeout.as_millis()
                     ),
                 );
-                st.gathering = None;
-                st.failure = Some(Failure {
-                    seq,
-                    cause: Cause::Timeout,
-                    error: error.clone(),
-                });
-                group.cv.notify_all();
+                self.fail(&mut st, seq, Cause::Timeout, error.clone());
                 return Err(error);
             }
             st = group.wait(st, deadline - now);
         }
+    }
+
+    /// Breaks the group at collective #`seq` and wakes every waiting rank.
+    fn fail(&self, st: &mut GroupState, seq: u64, cause: Cause, error: Error) {
+        st.gathering = None;
+        st.failure = Some(Failure { seq, cause, error });
+        self.group.cv.notify_all();
     }
 
     /// Ends collective #`seq` once its last chunk ran: released with its scalars, or failed
