@@ -42,7 +42,8 @@ struct ncclComm;
 #define MUON_MAX_HOST_GROUP_SIZE 4096
 
 /**
- * Owner-sorted Muon layout without persistent padding (default).
+ * Owner-sorted Muon layout without persistent padding (default): groups of equal matrices,
+ * one per rank, move by reduce-scatter and all-gather; the rest by reduce and broadcast.
  */
 #define MUON_LAYOUT_COMPACT 0
 
@@ -55,6 +56,11 @@ struct ncclComm;
  * Compact layout with all-reduced gradients.
  */
 #define MUON_LAYOUT_ALLREDUCE 2
+
+/**
+ * Compact layout without groups: every Muon bucket reduces to its owners and broadcasts back.
+ */
+#define MUON_LAYOUT_COMPACT_ROOTED 3
 
 /**
  * 32-bit IEEE float.
@@ -375,7 +381,8 @@ typedef struct muon_config_t {
    */
   uint64_t bucket_size;
   /**
-   * MUON_LAYOUT_COMPACT (default), MUON_LAYOUT_PADDED or MUON_LAYOUT_ALLREDUCE.
+   * MUON_LAYOUT_COMPACT (default), MUON_LAYOUT_PADDED, MUON_LAYOUT_ALLREDUCE or
+   * MUON_LAYOUT_COMPACT_ROOTED.
    */
   uint32_t muon_layout;
   /**

@@ -54,12 +54,15 @@ macro_rules! coded_enum {
 coded_enum! {
     /// How Muon buckets are laid out and synchronized (docs/design.md §4).
     MuonLayout {
-        /// Owner-sorted, no persistent padding; reduce to owner, broadcast from owner.
+        /// Owner-sorted, no persistent padding; groups of equal matrices, one per rank, move by
+        /// reduce-scatter and all-gather, the rest by reduce to owner and broadcast from owner.
         Compact = 0 => "compact",
         /// Megatron-LM's shard-aligned layer-wise layout; reduce-scatter, all-gather.
         Padded = 1 => "padded",
         /// Compact layout; all-reduce of gradients, broadcast of params.
         Allreduce = 2 => "allreduce",
+        /// Compact layout without groups: every bucket reduces to owners and broadcasts back.
+        CompactRooted = 3 => "compact_rooted",
     }
 }
 

@@ -133,11 +133,23 @@ fn adamw_params_span_equal_shards() {
 #[test]
 fn an_expert_stack_is_wrapped_over_consecutive_ranks() {
     let registry = register(vec![stack("experts", &[8, 64, 64])]);
+    let rooted = Config {
+        muon_layout: MuonLayout::CompactRooted,
+        ..Config::default()
+    };
+    let quarter = 2 * 64 * 64;
+    let expected: Vec<ElemRange> = (0..4).map(|r| ElemRange::new(r * quarter, (r + 1) * quarter)).collect();
+    let p = plan(&registry, &rooted, 4);
+    assert_eq!(p.param(0).unit_owners, vec![0, 0, 1, 1, 2, 2, 3, 3]);
+    assert_eq!(p.buckets[0].owner_ranges().unwrap(), &expected[..]);
     let p = plan(&registry, &Config::default(), 4);
     assert_eq!(p.param(0).unit_owners, vec![0, 0, 1, 1, 2, 2, 3, 3]);
-    let quarter = 2 * 64 * 64;
-    let ranges = p.buckets[0].owner_ranges().unwrap().to_vec();
-    let expected: Vec<ElemRange> = (0..4).map(|r| ElemRange::new(r * quarter, (r + 1) * quarter)).collect();
+    assert_eq!(
+        p.buckets[0].shard_size(),
+        Some(quarter),
+        "8 experts over 4 ranks are equal shards"
+    );
+    let ranges: Vec<ElemRange> = (0..4).map(|r| p.buckets[0].rank_range(r)).collect();
     assert_eq!(ranges, expected);
     let units = p.muon_units_of(2);
     assert_eq!(

@@ -20,7 +20,7 @@ fn json_summary_parses_and_carries_every_report_field() {
     assert_eq!(json["dp"], 4);
     let entries = json["plans"].as_array().unwrap();
     let layouts: Vec<&str> = entries.iter().map(|e| e["layout"].as_str().unwrap()).collect();
-    assert_eq!(layouts, ["compact", "padded", "allreduce"]);
+    assert_eq!(layouts, ["compact", "padded", "allreduce", "compact_rooted"]);
     for (entry, plan) in entries.iter().zip(&plans) {
         assert_eq!(entry["hash"], format!("{:#018x}", plan.hash));
         let report = &entry["report"];
@@ -34,6 +34,9 @@ fn json_summary_parses_and_carries_every_report_field() {
             "ns_makespan_over_lower_bound",
             "wire_bytes_per_rank",
             "wire_over_lower_bound",
+            "collective_mix",
+            "traffic",
+            "grad_wait_fraction",
         ] {
             assert!(!report[field].is_null(), "report lacks {field}");
         }

@@ -50,7 +50,7 @@ struct SimulateArgs {
     /// Data-parallel size.
     #[arg(long)]
     dp: usize,
-    /// Muon layout; `all` simulates the three side by side.
+    /// Muon layout; `all` simulates every layout side by side.
     #[arg(long, value_enum, default_value_t = LayoutChoice::Compact)]
     layout: LayoutChoice,
     /// Store the Muon matrices as MXFP8 and gather them as bf16.
@@ -156,6 +156,8 @@ enum LayoutChoice {
     Compact,
     Padded,
     Allreduce,
+    #[value(name = "compact_rooted")]
+    CompactRooted,
     All,
 }
 
@@ -165,6 +167,7 @@ impl LayoutChoice {
             LayoutChoice::Compact => vec![MuonLayout::Compact],
             LayoutChoice::Padded => vec![MuonLayout::Padded],
             LayoutChoice::Allreduce => vec![MuonLayout::Allreduce],
+            LayoutChoice::CompactRooted => vec![MuonLayout::CompactRooted],
             LayoutChoice::All => MuonLayout::ALL.to_vec(),
         }
     }

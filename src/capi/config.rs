@@ -20,7 +20,8 @@ pub struct muon_config_t {
     pub abi_version: u32,
     /// Elements per bucket; 0 = max(40,000,000, 1,000,000·dp).
     pub bucket_size: u64,
-    /// MUON_LAYOUT_COMPACT (default), MUON_LAYOUT_PADDED or MUON_LAYOUT_ALLREDUCE.
+    /// MUON_LAYOUT_COMPACT (default), MUON_LAYOUT_PADDED, MUON_LAYOUT_ALLREDUCE or
+    /// MUON_LAYOUT_COMPACT_ROOTED.
     pub muon_layout: u32,
     /// 1 (default): start a bucket's gradient collective when its last gradient is ready.
     pub overlap_grad_reduce: u32,

@@ -2,12 +2,15 @@
 
 use crate::model::Route;
 
-/// Owner-sorted Muon layout without persistent padding (default).
+/// Owner-sorted Muon layout without persistent padding (default): groups of equal matrices,
+/// one per rank, move by reduce-scatter and all-gather; the rest by reduce and broadcast.
 pub const MUON_LAYOUT_COMPACT: u32 = 0;
 /// Megatron-LM's shard-aligned layer-wise layout.
 pub const MUON_LAYOUT_PADDED: u32 = 1;
 /// Compact layout with all-reduced gradients.
 pub const MUON_LAYOUT_ALLREDUCE: u32 = 2;
+/// Compact layout without groups: every Muon bucket reduces to its owners and broadcasts back.
+pub const MUON_LAYOUT_COMPACT_ROOTED: u32 = 3;
 
 /// 32-bit IEEE float.
 pub const MUON_DTYPE_F32: u32 = 0;
@@ -92,6 +95,7 @@ mod tests {
         assert_eq!(MuonLayout::Compact.code(), MUON_LAYOUT_COMPACT);
         assert_eq!(MuonLayout::Padded.code(), MUON_LAYOUT_PADDED);
         assert_eq!(MuonLayout::Allreduce.code(), MUON_LAYOUT_ALLREDUCE);
+        assert_eq!(MuonLayout::CompactRooted.code(), MUON_LAYOUT_COMPACT_ROOTED);
         assert_eq!(Dtype::F32.code(), MUON_DTYPE_F32);
         assert_eq!(Dtype::Bf16.code(), MUON_DTYPE_BF16);
         assert_eq!(CoefficientSet::Quintic.code(), MUON_COEFFICIENTS_QUINTIC);

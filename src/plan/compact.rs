@@ -1,5 +1,9 @@
-//! In-bucket layout of the `compact` and `allreduce` modes: params ordered by owner so that
-//! every rank's owned elements form one contiguous range.
+//! In-bucket layout of the `compact`, `compact_rooted` and `allreduce` modes: params ordered
+//! by owner so that every rank's owned elements form one contiguous range.
+//!
+//! Shard buckets of `compact` (`groups.rs`) hold dp equal shards, shard r holding rank r's
+//! matrices back to back (every element count is 64-aligned, so there is no gap), or one
+//! expert stack with E/dp consecutive experts per rank. Rooted buckets are laid out as below.
 //!
 //! For each rank r in order: [the tail of a stack begun on an earlier rank] [r's atomic
 //! matrices, in backward order] [stacks entirely owned by r] [the head of a stack continuing
@@ -10,7 +14,8 @@ use crate::bail;
 use crate::error::Result;
 use crate::model::ParamSpec;
 
-use super::buckets::{BufferKey, pad64};
+use super::buckets::{BufferKey, PARAM_ALIGN, pad64};
+use super::groups::CompactBucket;
 use super::types::{Bucket, BucketSplit, ElemRange, ParamPlacement};
 
 /// A run of consecutive units of one expert stack owned by one rank.
@@ -173,4 +178,80 @@ pub(crate) fn layout_compact(
         buckets.push(layout_compact_bucket(params, chunk, start, local, dp, key, placements)?);
     }
     Ok(buckets)
+}
+
+/// Lays out one Muon buffer in `compact` mode from its bucket sequence; records the owners of
+/// shard buckets (rooted owners must already be in `placements`).
+pub(crate) fn layout_grouped(
+    params: &[ParamSpec],
+    sequence: &[CompactBucket],
+    dp: usize,
+    key: BufferKey,
+    placements: &mut [ParamPlacement],
+) -> Result<Vec<Bucket>> {
+    let mut buckets: Vec<Bucket> = Vec::with_capacity(sequence.len());
+    for (local, bucket) in sequence.iter().enumerate() {
+        let start = buckets.last().map_or(0, |b| b.end);
+        buckets.push(match bucket {
+            CompactBucket::Rooted(chunk) => layout_compact_bucket(params, chunk, start, local, dp, key, placements)?,
+            CompactBucket::Shards(shards) => layout_shards(params, shards, start, local, key, placements)?,
+            CompactBucket::Stack(param) => layout_split_stack(params, *param, start, local, dp, key, placements),
+        });
+    }
+    Ok(buckets)
+}
+
+/// A bucket of equal shards, shard r holding `shards[r]` (all owned by rank r) back to back.
+fn layout_shards(
+    params: &[ParamSpec],
+    shards: &[Vec<u32>],
+    start: u64,
+    local: usize,
+    key: BufferKey,
+    placements: &mut [ParamPlacement],
+) -> Result<Bucket> {
+    let id = key.first_bucket + local as u32;
+    let shard_size: u64 = shards[0].iter().map(|&p| params[p as usize].numel()).sum();
+    let mut cursor = start;
+    let mut order = Vec::new();
+    for (rank, shard) in shards.iter().enumerate() {
+        for &param in shard {
+            key.place(&mut placements[param as usize], id, cursor);
+            placements[param as usize].unit_owners = vec![rank as u32];
+            order.push(param);
+            cursor += params[param as usize].numel();
+        }
+        if cursor != start + (rank as u64 + 1) * shard_size || !cursor.is_multiple_of(PARAM_ALIGN) {
+            bail!(
+                Internal,
+                "plan: bucket {id}: shard {rank} does not end at {} elements (64-aligned)",
+                (rank as u64 + 1) * shard_size
+            );
+        }
+    }
+    Ok(key.bucket(local, start, cursor, order, BucketSplit::EqualShards { shard_size }))
+}
+
+/// A bucket holding one expert stack, E/dp consecutive experts per rank.
+fn layout_split_stack(
+    params: &[ParamSpec],
+    param: u32,
+    start: u64,
+    local: usize,
+    dp: usize,
+    key: BufferKey,
+    placements: &mut [ParamPlacement],
+) -> Bucket {
+    let id = key.first_bucket + local as u32;
+    let numel = params[param as usize].numel();
+    let per_rank = params[param as usize].num_units() / dp as u64;
+    let placement = &mut placements[param as usize];
+    key.place(placement, id, start);
+    for (unit, owner) in placement.unit_owners.iter_mut().enumerate() {
+        *owner = (unit as u64 / per_rank) as u32;
+    }
+    let split = BucketSplit::EqualShards {
+        shard_size: numel / dp as u64,
+    };
+    key.bucket(local, start, start + numel, vec![param], split)
 }

@@ -2,6 +2,8 @@
 
 use crate::model::{MatrixShape, ParamSpec};
 
+use super::types::ParamPlacement;
+
 /// Newton–Schulz cost of one m×n problem, transposed so that m ≤ n: `T·(4m²n + 2m³)`.
 fn ns_matrix_cost(shape: MatrixShape, steps: u32) -> u128 {
     let m = shape.rows.min(shape.cols) as u128;
@@ -21,6 +23,21 @@ pub(crate) fn ns_unit_cost(spec: &ParamSpec, steps: u32) -> u128 {
 /// Newton–Schulz cost of a whole Muon param (all units).
 pub(crate) fn ns_param_cost(spec: &ParamSpec, steps: u32) -> u128 {
     spec.num_units() as u128 * ns_unit_cost(spec, steps)
+}
+
+/// The largest Newton–Schulz cost of any rank under the owners in `placements`.
+pub(crate) fn ns_makespan(params: &[ParamSpec], placements: &[ParamPlacement], dp: usize, steps: u32) -> u128 {
+    let mut per_rank = vec![0u128; dp];
+    for (spec, placement) in params.iter().zip(placements) {
+        if placement.unit_owners.is_empty() {
+            continue;
+        }
+        let cost = ns_unit_cost(spec, steps);
+        for &owner in &placement.unit_owners {
+            per_rank[owner as usize] += cost;
+        }
+    }
+    per_rank.into_iter().max().unwrap_or(0)
 }
 
 /// Megatron-LM's balancing cost of the padded layout: `max(M,N)·min(M,N)²` of the whole

@@ -21,6 +21,7 @@ mod adamw;
 mod buckets;
 mod compact;
 mod cost;
+mod groups;
 pub(crate) mod hash;
 pub mod model_json;
 mod ownership;
@@ -40,10 +41,14 @@ use crate::model::{ParamSpec, Route};
 
 pub use ownership::OwnershipMethod;
 pub use queries::{AdamwShard, OwnedUnit, ShardPiece};
-pub use report::{ADAMW_STATE_BYTES_PER_ELEMENT, MUON_STATE_BYTES_PER_ELEMENT, RankStats, Report, RouteElements};
+pub use report::{
+    ADAMW_STATE_BYTES_PER_ELEMENT, BucketTraffic, Collective, CollectiveMix, MUON_STATE_BYTES_PER_ELEMENT, RankStats,
+    Report, RouteElements,
+};
 pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan};
 
 use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};
+use groups::{CompactBucket, Grouping};
 use presets::ModelDesc;
 
 /// The layout part of a plan, before the report and hash are added.
@@ -61,30 +66,9 @@ pub(crate) struct Layout {
 pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usize) -> Result<Plan> {
     let started = Instant::now();
     check_inputs(params, routes, cfg, dp)?;
-    let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
-    let mut placements = initial_placements(params, routes);
-    let groups = group_buffers(params, routes);
-    let chunks: Vec<Vec<Vec<u32>>> = groups
-        .iter()
-        .map(|g| backward_chunks(params, &g.params, bucket_size))
-        .collect();
-    let ownership = match cfg.muon_layout {
-        MuonLayout::Padded => OwnershipMethod::MegatronPadded,
-        MuonLayout::Compact | MuonLayout::Allreduce => {
-            let muon: Vec<Vec<u32>> = groups
-                .iter()
-                .zip(&chunks)
-                .filter(|(g, _)| g.route == Route::Muon)
-                .flat_map(|(_, c)| c.iter().cloned())
-                .collect();
-            ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
-        }
-    };
-    let (buffers, buckets) = lay_out_buffers(params, &groups, &chunks, cfg, dp, &mut placements)?;
-    let layout = Layout {
-        buffers,
-        buckets,
-        params: placements,
+    let (layout, ownership) = match cfg.muon_layout {
+        MuonLayout::Compact => lay_out_grouped(params, routes, cfg, dp)?,
+        _ => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
     };
     let mut report = Report::of(params, cfg, dp, &layout, ownership);
     let hash = hash::plan_hash(params, routes, cfg, dp, &layout);
@@ -100,11 +84,103 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
     })
 }
 
+/// Lays out the `compact` mode: groups of stacks and matrices, unless grouping unbalances
+/// Newton–Schulz (see [`NS_TOLERANCE`]); then groups of matrices only, then none.
+fn lay_out_grouped(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+) -> Result<(Layout, OwnershipMethod)> {
+    let steps = cfg.muon_num_ns_steps;
+    let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing)?;
+    let limit = cost::ns_makespan(params, &rooted.0.params, dp, steps) as f64 * (1.0 + NS_TOLERANCE);
+    for grouping in [Grouping::Everything, Grouping::MatricesOnly] {
+        let candidate = lay_out(params, routes, cfg, dp, grouping)?;
+        if cost::ns_makespan(params, &candidate.0.params, dp, steps) as f64 <= limit {
+            return Ok(candidate);
+        }
+    }
+    Ok(rooted)
+}
+
+/// How much longer the slowest rank's Newton–Schulz may get for grouping to be kept: groups
+/// give every rank the same work, so they only unbalance a plan when the rooted rest cannot
+/// even out the large matrices (deepseek-v3-like at dp=256: 1.30 with expert stacks split
+/// evenly, against 1.001 when the stacks fill around the dense matrices).
+const NS_TOLERANCE: f64 = 0.01;
+
+/// Lays out every buffer with the given grouping of compact Muon buffers.
+fn lay_out(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+    grouping: Grouping,
+) -> Result<(Layout, OwnershipMethod)> {
+    let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
+    let mut placements = initial_placements(params, routes);
+    let groups = group_buffers(params, routes);
+    let chunks: Vec<Vec<Vec<u32>>> = groups
+        .iter()
+        .map(|g| backward_chunks(params, &g.params, bucket_size))
+        .collect();
+    let sequences: Vec<Vec<CompactBucket>> = groups
+        .iter()
+        .map(|g| match (g.route, cfg.muon_layout) {
+            (Route::Muon, MuonLayout::Compact) => {
+                groups::compact_buckets(params, &g.params, bucket_size, dp, cfg.muon_num_ns_steps, grouping)
+            }
+            _ => Vec::new(),
+        })
+        .collect();
+    let ownership = match cfg.muon_layout {
+        MuonLayout::Padded => OwnershipMethod::MegatronPadded,
+        MuonLayout::Compact | MuonLayout::CompactRooted | MuonLayout::Allreduce => {
+            let rooted = |c: &CompactBucket| match c {
+                CompactBucket::Rooted(ids) => Some(ids.clone()),
+                _ => None,
+            };
+            let muon: Vec<Vec<u32>> = groups
+                .iter()
+                .zip(&chunks)
+                .zip(&sequences)
+                .filter(|((g, _), _)| g.route == Route::Muon)
+                .flat_map(|((_, chunks), sequence)| match cfg.muon_layout {
+                    MuonLayout::Compact => sequence.iter().filter_map(rooted).collect::<Vec<_>>(),
+                    _ => chunks.clone(),
+                })
+                .collect();
+            ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
+        }
+    };
+    let inputs = BufferInputs {
+        chunks: &chunks,
+        sequences: &sequences,
+    };
+    let (buffers, buckets) = lay_out_buffers(params, &groups, inputs, cfg, dp, &mut placements)?;
+    Ok((
+        Layout {
+            buffers,
+            buckets,
+            params: placements,
+        },
+        ownership,
+    ))
+}
+
+/// Bucket memberships per buffer: backward chunks, and the compact bucket sequence of Muon
+/// buffers in `compact` mode.
+struct BufferInputs<'a> {
+    chunks: &'a [Vec<Vec<u32>>],
+    sequences: &'a [Vec<CompactBucket>],
+}
+
 /// Lays out every buffer (bucket ids global, in buffer order); records param offsets.
 fn lay_out_buffers(
     params: &[ParamSpec],
     groups: &[BufferGroup],
-    chunks: &[Vec<Vec<u32>>],
+    inputs: BufferInputs,
     cfg: &Config,
     dp: usize,
     placements: &mut [ParamPlacement],
@@ -112,7 +188,7 @@ fn lay_out_buffers(
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut buffers = Vec::with_capacity(groups.len());
     let mut all_buckets: Vec<Bucket> = Vec::new();
-    for (index, (group, chunks)) in groups.iter().zip(chunks).enumerate() {
+    for (index, (group, chunks)) in groups.iter().zip(inputs.chunks).enumerate() {
         let key = BufferKey {
             index: index as u32,
             route: group.route,
@@ -123,6 +199,9 @@ fn lay_out_buffers(
             (Route::Adamw, _) => adamw::layout_adamw(params, chunks, dp, key, placements),
             (Route::Muon, MuonLayout::Padded) => {
                 padded::layout_padded(params, &group.params, bucket_size, dp, key, placements)
+            }
+            (Route::Muon, MuonLayout::Compact) => {
+                compact::layout_grouped(params, &inputs.sequences[index], dp, key, placements)?
             }
             (Route::Muon, _) => compact::layout_compact(params, chunks, dp, key, placements)?,
         };

@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::report::Collective;
 use super::types::{BucketSplit, Plan};
 
 /// `1234567` → `"1.23 M"`.
@@ -83,6 +84,17 @@ pub fn table(model: &str, plans: &[Plan], timing: bool) -> String {
     row(&mut out, "wire / lower bound", plans, |p| {
         format!("{:.4}", p.report.wire_over_lower_bound)
     });
+    row(&mut out, "  by reduce-scatter+all-gather", plans, |p| {
+        let mix = &p.report.collective_mix;
+        let sharded = mix.reduce_scatter + mix.all_gather;
+        format!(
+            "{:.1} %",
+            100.0 * if mix.total() > 0.0 { sharded / mix.total() } else { 1.0 }
+        )
+    });
+    row(&mut out, "gradient wait / backward", plans, |p| {
+        format!("{:.4}", p.report.grad_wait_fraction)
+    });
     row(&mut out, "ownership", plans, |p| p.report.ownership.name().to_string());
     if timing {
         row(&mut out, "planning time", plans, |p| {
@@ -100,10 +112,17 @@ pub fn bucket_table(plan: &Plan, names: &[String]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "  {:>6}  {:<5}  {:>10}  {:>8}  {:<18}  params (-> owner rank)",
-        "bucket", "route", "elements", "padding", "split"
+        "  {:>6}  {:<5}  {:>10}  {:>8}  {:<20}  {:<46}  params (-> owner rank)",
+        "bucket", "route", "elements", "padding", "split", "collectives, bytes / rank"
     );
-    for b in &plan.buckets {
+    for (b, traffic) in plan.buckets.iter().zip(&plan.report.traffic) {
+        let collectives = format!(
+            "{} {} + {} {}",
+            collective_name(traffic.grad_collective),
+            bytes(traffic.grad_bytes_per_rank),
+            collective_name(traffic.param_collective),
+            bytes(traffic.param_bytes_per_rank)
+        );
         let used: u64 = b.params.iter().map(|&p| plan.params[p as usize].numel).sum();
         let split = match &b.split {
             BucketSplit::OwnerRanges(_) => "whole matrices".to_string(),
@@ -125,7 +144,7 @@ pub fn bucket_table(plan: &Plan, names: &[String]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "  {:>6}  {:<5}  {:>10}  {:>8}  {split:<18}  {}",
+            "  {:>6}  {:<5}  {:>10}  {:>8}  {split:<20}  {collectives:<46}  {}",
             b.id,
             b.route.name(),
             b.numel(),
@@ -134,6 +153,16 @@ pub fn bucket_table(plan: &Plan, names: &[String]) -> String {
         );
     }
     out
+}
+
+fn collective_name(collective: Collective) -> &'static str {
+    match collective {
+        Collective::Reduce => "reduce",
+        Collective::Broadcast => "broadcast",
+        Collective::ReduceScatter => "reduce-scatter",
+        Collective::AllGather => "all-gather",
+        Collective::AllReduce => "all-reduce",
+    }
 }
 
 /// A JSON summary: `{"schema_version", "model", "dp", "plans": [{"layout", "hash", "report"}]}`,

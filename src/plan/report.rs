@@ -16,14 +16,24 @@
 //!
 //! and nothing at dp = 1. Per layout, summed over buckets (grad bytes per element from
 //! `grad_dtype`, param bytes from the buffer dtype):
-//! - `compact` Muon: reduce of every owner range to its owner, broadcast of it back;
+//! - `compact_rooted` Muon: reduce of every owner range to its owner, broadcast of it back;
+//! - `compact` Muon: shard buckets (groups, `groups.rs`) like `padded`, rooted ones like
+//!   `compact_rooted`;
 //! - `allreduce` Muon: all-reduce of the whole bucket's grads, broadcast of every owner range;
 //! - `padded` Muon and every AdamW bucket: reduce-scatter of grads, all-gather of params over
 //!   the padded bucket.
 //!
 //! The lower bound is a reduce-scatter plus all-gather of the unpadded elements,
-//! `(dp−1)/dp · Σ numel · (grad bytes + param bytes)`; compact comes within `dp/(dp−1)` of it
-//! (a reduce moves all of S per link where reduce-scatter moves (dp−1)/dp of it).
+//! `(dp−1)/dp · Σ numel · (grad bytes + param bytes)`; rooted buckets come within `dp/(dp−1)`
+//! of it (a reduce moves all of S per link where reduce-scatter moves (dp−1)/dp of it).
+//!
+//! # Gradient wait
+//!
+//! Grouping trades bytes for overlap: a bucket's gradient collective starts when its last
+//! gradient is ready, so a gradient waits for every param of its bucket that comes later in
+//! backward. `grad_wait_fraction` is that wait, in elements of backward (all params walked in
+//! reverse registration order), averaged over every element and divided by the model's
+//! elements: 0 would be a collective per param as its gradient lands.
 
 use crate::config::{Config, MuonLayout};
 use crate::model::{ParamSpec, Route};
@@ -70,6 +80,57 @@ pub struct RouteElements {
     pub adamw: u64,
 }
 
+/// A collective as the report counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    /// One reduce per owner range, to its owner.
+    Reduce,
+    /// One broadcast per owner range, from its owner.
+    Broadcast,
+    ReduceScatter,
+    AllGather,
+    AllReduce,
+}
+
+/// The bytes one bucket sends per rank per step, by collective (module docs).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BucketTraffic {
+    pub bucket: u32,
+    pub grad_collective: Collective,
+    pub grad_bytes_per_rank: f64,
+    pub param_collective: Collective,
+    pub param_bytes_per_rank: f64,
+}
+
+/// Bytes per rank per step by collective, over every bucket.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CollectiveMix {
+    pub reduce: f64,
+    pub broadcast: f64,
+    pub reduce_scatter: f64,
+    pub all_gather: f64,
+    pub all_reduce: f64,
+}
+
+impl CollectiveMix {
+    fn add(&mut self, collective: Collective, bytes: f64) {
+        let slot = match collective {
+            Collective::Reduce => &mut self.reduce,
+            Collective::Broadcast => &mut self.broadcast,
+            Collective::ReduceScatter => &mut self.reduce_scatter,
+            Collective::AllGather => &mut self.all_gather,
+            Collective::AllReduce => &mut self.all_reduce,
+        };
+        *slot += bytes;
+    }
+
+    /// Every byte, whatever the collective.
+    pub fn total(&self) -> f64 {
+        self.reduce + self.broadcast + self.reduce_scatter + self.all_gather + self.all_reduce
+    }
+}
+
 /// What a plan costs, for one layout mode.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Report {
@@ -99,6 +160,13 @@ pub struct Report {
     pub wire_bytes_per_rank: f64,
     pub wire_lower_bound_bytes: f64,
     pub wire_over_lower_bound: f64,
+    /// `wire_bytes_per_rank` by collective.
+    pub collective_mix: CollectiveMix,
+    /// Every bucket's collectives and bytes, in bucket order.
+    pub traffic: Vec<BucketTraffic>,
+    /// How long a gradient waits for the rest of its bucket, as a fraction of backward (module
+    /// docs).
+    pub grad_wait_fraction: f64,
     /// Wall time of `build_plan`; the only field that differs between runs, so it is not
     /// part of the JSON (the plan command shows it with `--timing`).
     #[serde(skip)]
@@ -154,7 +222,13 @@ impl Report {
         let unpadded = elements.muon + elements.adamw;
         let buffer_numel: u64 = layout.buffers.iter().map(|b| b.numel).sum();
         let padding_elements = buffer_numel - unpadded;
-        let wire = wire_bytes(cfg, dp, layout);
+        let traffic = bucket_traffic(cfg, dp, layout);
+        let mut collective_mix = CollectiveMix::default();
+        for t in &traffic {
+            collective_mix.add(t.grad_collective, t.grad_bytes_per_rank);
+            collective_mix.add(t.param_collective, t.param_bytes_per_rank);
+        }
+        let wire = collective_mix.total();
         let wire_lower_bound = wire_lower_bound(params, cfg, dp);
         Report {
             layout: cfg.muon_layout,
@@ -175,17 +249,18 @@ impl Report {
             wire_bytes_per_rank: wire,
             wire_lower_bound_bytes: wire_lower_bound,
             wire_over_lower_bound: ratio(wire, wire_lower_bound),
+            collective_mix,
+            traffic,
+            grad_wait_fraction: grad_wait_fraction(params, layout),
             planning_time_ms: 0.0,
         }
     }
 }
 
-/// Bytes every rank sends per step under the module's cost model.
-fn wire_bytes(cfg: &Config, dp: usize, layout: &Layout) -> f64 {
-    if dp == 1 {
-        return 0.0;
-    }
-    let share = (dp - 1) as f64 / dp as f64;
+/// Every bucket's collectives and the bytes each rank sends in them (module docs).
+fn bucket_traffic(cfg: &Config, dp: usize, layout: &Layout) -> Vec<BucketTraffic> {
+    let share = if dp == 1 { 0.0 } else { (dp - 1) as f64 / dp as f64 };
+    let rooted = if dp == 1 { 0.0 } else { 1.0 };
     let grad = cfg.grad_dtype.size() as f64;
     layout
         .buckets
@@ -193,20 +268,56 @@ fn wire_bytes(cfg: &Config, dp: usize, layout: &Layout) -> f64 {
         .map(|bucket| {
             let param = bucket.dtype.size() as f64;
             let numel = bucket.numel() as f64;
-            match &bucket.split {
-                BucketSplit::EqualShards { .. } => share * numel * (grad + param),
+            let (grad_collective, grad_bytes, param_collective, param_bytes) = match &bucket.split {
+                BucketSplit::EqualShards { .. } => (
+                    Collective::ReduceScatter,
+                    share * numel * grad,
+                    Collective::AllGather,
+                    share * numel * param,
+                ),
                 BucketSplit::OwnerRanges(ranges) => {
-                    let owned = ranges.iter().map(|r| r.len()).sum::<u64>() as f64;
-                    let grads = if cfg.muon_layout == MuonLayout::Allreduce {
-                        2.0 * share * numel * grad
+                    let owned = rooted * ranges.iter().map(|r| r.len()).sum::<u64>() as f64;
+                    let (kind, bytes) = if cfg.muon_layout == MuonLayout::Allreduce {
+                        (Collective::AllReduce, 2.0 * share * numel * grad)
                     } else {
-                        owned * grad
+                        (Collective::Reduce, owned * grad)
                     };
-                    grads + owned * param
+                    (kind, bytes, Collective::Broadcast, owned * param)
                 }
+            };
+            BucketTraffic {
+                bucket: bucket.id,
+                grad_collective,
+                grad_bytes_per_rank: grad_bytes,
+                param_collective,
+                param_bytes_per_rank: param_bytes,
             }
         })
-        .sum()
+        .collect()
+}
+
+/// The module docs' gradient wait.
+fn grad_wait_fraction(params: &[ParamSpec], layout: &Layout) -> f64 {
+    let mut ready = vec![0u64; params.len()];
+    let mut position = 0u64;
+    for (p, spec) in params.iter().enumerate().rev() {
+        position += spec.numel();
+        ready[p] = position;
+    }
+    let total = position as f64;
+    let waited: f64 = layout
+        .buckets
+        .iter()
+        .map(|bucket| {
+            let complete = bucket.params.iter().map(|&p| ready[p as usize]).max().unwrap_or(0);
+            bucket
+                .params
+                .iter()
+                .map(|&p| params[p as usize].numel() as f64 * (complete - ready[p as usize]) as f64)
+                .sum::<f64>()
+        })
+        .sum();
+    if total > 0.0 { waited / (total * total) } else { 0.0 }
 }
 
 /// Reduce-scatter plus all-gather of the unpadded elements.

@@ -275,7 +275,7 @@ pub fn table(sims: &[Simulation]) -> String {
     for (name, value) in &rows {
         out.push_str(&format!("{name:<26}"));
         for s in sims {
-            out.push_str(&format!("{:>14}", value(s)));
+            out.push_str(&format!("{:>16}", value(s)));
         }
         out.push('\n');
     }

@@ -1,0 +1,201 @@
+//! Bucket membership of the `compact` Muon layout: equal-shard groups moved by reduce-scatter
+//! and all-gather, and rooted buckets (reduce to owner, broadcast from owner) for the rest.
+//!
+//! A reduce or broadcast moves the whole range over every link of its chain, where a
+//! reduce-scatter or all-gather moves (dp−1)/dp of it (`report.rs`). A bucket whose dp shards
+//! have equal sizes, each holding only its rank's whole matrices, is exactly a padded bucket
+//! with no padding, so it travels by reduce-scatter and all-gather with nothing persistent
+//! added. Such buckets are built from **groups**: dp Muon matrices of one class — equal element
+//! count and equal Newton–Schulz cost (same shape, or a transposed one) — one per rank, so every
+//! group adds the same work to every rank and balance is left to the rooted rest.
+//!
+//! Params are walked in backward order (the order their gradients become ready). A matrix
+//! waits in its class's pool until the pool holds dp members; the completed group joins the
+//! open shard bucket, which closes once it spans the bucket size. An expert stack whose experts
+//! divide evenly among the ranks is a shard bucket on its own (E/dp consecutive experts per
+//! rank). Everything else is rooted, in the order it leaves the grouping: matrices whose element
+//! count is not 64-aligned (shards must start 64-aligned), other stacks, and pool members that
+//! waited longer than the **group window** — the overlap cost model: a gradient whose group
+//! completes later than `window` elements of backward after it would hold its collective back
+//! for longer than grouping saves (the window and its measurement: docs/design.md §4).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::model::ParamSpec;
+
+use super::buckets::PARAM_ALIGN;
+use super::cost::ns_unit_cost;
+
+/// One compact Muon bucket before placement, in the order buckets complete in backward.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CompactBucket {
+    /// `dp` equal shards; shard r holds the matrices in `shards[r]`, all owned by rank r.
+    Shards(Vec<Vec<u32>>),
+    /// One expert stack whose experts divide evenly among the ranks.
+    Stack(u32),
+    /// Matrices and stacks moved to and from their owners (ownership by `ownership.rs`).
+    Rooted(Vec<u32>),
+}
+
+/// What a compact Muon buffer may group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// Evenly divisible expert stacks and equal matrices.
+    Everything,
+    /// Equal matrices; every stack is rooted.
+    MatricesOnly,
+    /// Nothing: every bucket is rooted (the `compact_rooted` buckets).
+    Nothing,
+}
+
+/// A Muon matrix waiting for dp − 1 more of its class.
+struct Waiting {
+    param: u32,
+    /// Backward position (elements of the buffer walked before it).
+    position: u64,
+}
+
+/// The group window is this fraction of the buffer's backward: `total / GROUP_WINDOW_DIVISOR`.
+/// Measured with `muon-opt simulate` on the presets at dp 2–64 (docs/design.md §4): with no
+/// window, groups of llama3-70b at dp=64 span 64 of 80 layers and the exposed step time grows
+/// 4.2× over the rooted layout; with a third, `compact` is at or below `compact_rooted` and
+/// `padded` on NVLink at every measured dp and on InfiniBand at dp ≤ 4, and loses up to 14 %
+/// of exposed time on InfiniBand at dp = 8, where the last groups' reduce-scatters outlast the
+/// backward pass (`compact_rooted` stays available for such jobs).
+const GROUP_WINDOW_DIVISOR: u64 = 3;
+
+/// Builds the bucket sequence of one compact Muon buffer (`ids` in registration order).
+pub(crate) fn compact_buckets(
+    params: &[ParamSpec],
+    ids: &[u32],
+    bucket_size: Option<u64>,
+    dp: usize,
+    steps: u32,
+    grouping: Grouping,
+) -> Vec<CompactBucket> {
+    let total: u64 = ids.iter().map(|&p| params[p as usize].numel()).sum();
+    let mut builder = Builder {
+        dp,
+        bucket_size,
+        window: total / GROUP_WINDOW_DIVISOR,
+        pools: BTreeMap::new(),
+        shards: vec![Vec::new(); dp],
+        shards_numel: 0,
+        rooted: Vec::new(),
+        rooted_numel: 0,
+        out: Vec::new(),
+        params,
+    };
+    let mut position = 0u64;
+    let mut positions = BTreeMap::new();
+    for &param in ids.iter().rev() {
+        positions.insert(param, position);
+        let spec = &params[param as usize];
+        builder.expire(position, builder.window);
+        if spec.is_expert_stack() {
+            let unit = spec.numel() / spec.num_units();
+            let even = spec.num_units().is_multiple_of(dp as u64) && unit.is_multiple_of(PARAM_ALIGN);
+            if even && grouping == Grouping::Everything {
+                builder.out.push(CompactBucket::Stack(param));
+            } else {
+                builder.push_rooted(param);
+            }
+        } else if spec.numel().is_multiple_of(PARAM_ALIGN) && grouping != Grouping::Nothing {
+            let class = (spec.numel(), ns_unit_cost(spec, steps));
+            builder.wait(class, Waiting { param, position });
+        } else {
+            builder.push_rooted(param);
+        }
+        position += spec.numel();
+    }
+    builder.finish(&positions)
+}
+
+struct Builder<'a> {
+    params: &'a [ParamSpec],
+    dp: usize,
+    bucket_size: Option<u64>,
+    window: u64,
+    /// Waiting matrices per class `(elements, Newton–Schulz cost)`, oldest first.
+    pools: BTreeMap<(u64, u128), VecDeque<Waiting>>,
+    shards: Vec<Vec<u32>>,
+    shards_numel: u64,
+    rooted: Vec<u32>,
+    rooted_numel: u64,
+    out: Vec<CompactBucket>,
+}
+
+impl Builder<'_> {
+    fn closes(&self, numel: u64) -> bool {
+        self.bucket_size.is_some_and(|size| numel >= size)
+    }
+
+    /// Sends every waiting matrix that entered more than `window` elements before `position`
+    /// to the rooted buckets, oldest first.
+    fn expire(&mut self, position: u64, window: u64) {
+        let mut expired: Vec<Waiting> = Vec::new();
+        for pool in self.pools.values_mut() {
+            while pool.front().is_some_and(|w| position - w.position > window) {
+                expired.extend(pool.pop_front());
+            }
+        }
+        expired.sort_by_key(|w| w.position);
+        expired.into_iter().for_each(|w| self.push_rooted(w.param));
+    }
+
+    fn wait(&mut self, class: (u64, u128), waiting: Waiting) {
+        let pool = self.pools.entry(class).or_default();
+        pool.push_back(waiting);
+        if pool.len() < self.dp {
+            return;
+        }
+        for (shard, member) in self.shards.iter_mut().zip(pool.drain(..)) {
+            shard.push(member.param);
+        }
+        self.shards_numel += class.0 * self.dp as u64;
+        if self.closes(self.shards_numel) {
+            self.close_shards();
+        }
+    }
+
+    fn close_shards(&mut self) {
+        if self.shards_numel > 0 {
+            let shards = std::mem::replace(&mut self.shards, vec![Vec::new(); self.dp]);
+            self.out.push(CompactBucket::Shards(shards));
+            self.shards_numel = 0;
+        }
+    }
+
+    fn push_rooted(&mut self, param: u32) {
+        self.rooted.push(param);
+        self.rooted_numel = self.rooted_numel.next_multiple_of(PARAM_ALIGN) + self.params[param as usize].numel();
+        if self.closes(self.rooted_numel) {
+            self.close_rooted();
+        }
+    }
+
+    fn close_rooted(&mut self) {
+        if !self.rooted.is_empty() {
+            self.out.push(CompactBucket::Rooted(std::mem::take(&mut self.rooted)));
+            self.rooted_numel = 0;
+        }
+    }
+
+    /// Ends the walk: the open shard bucket closes, matrices still waiting become rooted in
+    /// backward order, and the buckets are ordered by when their last gradient arrives.
+    fn finish(mut self, positions: &BTreeMap<u32, u64>) -> Vec<CompactBucket> {
+        self.close_shards();
+        self.expire(u64::MAX, 0);
+        self.close_rooted();
+        let completes = |bucket: &CompactBucket| -> u64 {
+            let last = |ids: &mut dyn Iterator<Item = &u32>| ids.map(|p| positions[p]).max().unwrap_or(0);
+            match bucket {
+                CompactBucket::Shards(shards) => last(&mut shards.iter().flatten()),
+                CompactBucket::Stack(param) => positions[param],
+                CompactBucket::Rooted(ids) => last(&mut ids.iter()),
+            }
+        };
+        self.out.sort_by_key(completes);
+        self.out
+    }
+}
