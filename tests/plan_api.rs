@@ -255,3 +255,122 @@ fn compact_layout_reaches_the_figures_on_every_preset() {
         }
     }
 }
+
+/// Three layers of a 128×64 matrix and its transpose (one class: equal elements and cost) and
+/// a 64×64 matrix, in registration order.
+fn layers(count: usize) -> Registry {
+    let mut specs = Vec::new();
+    for l in 0..count {
+        specs.push(ParamSpec::new(format!("layers.{l}.up"), &[128, 64], Dtype::Bf16));
+        specs.push(ParamSpec::new(format!("layers.{l}.down"), &[64, 128], Dtype::Bf16));
+        specs.push(ParamSpec::new(format!("layers.{l}.proj"), &[64, 64], Dtype::Bf16));
+    }
+    register(specs)
+}
+
+#[test]
+fn equal_matrices_are_grouped_one_per_rank_into_unpadded_shards() {
+    let registry = layers(3);
+    let cfg = Config {
+        bucket_size: 1,
+        ..Config::default()
+    };
+    let p = plan(&registry, &cfg, 2);
+    // Backward: proj2 down2 up2 proj1 down1 up1 proj0 down0 up0; up and down are one class,
+    // so every layer's pair is a group, and proj2 waits for proj1.
+    let shards: Vec<Vec<u32>> = p
+        .buckets
+        .iter()
+        .filter(|b| b.shard_size().is_some())
+        .map(|b| b.params.clone())
+        .collect();
+    assert_eq!(shards, vec![vec![7, 6], vec![8, 5], vec![4, 3], vec![1, 0]]);
+    for bucket in p.buckets.iter().filter(|b| b.shard_size().is_some()) {
+        let owners: Vec<u32> = bucket
+            .params
+            .iter()
+            .map(|&q| p.param(q as usize).unit_owners[0])
+            .collect();
+        assert_eq!(owners, vec![0, 1], "bucket {}: one matrix per rank", bucket.id);
+        assert_eq!(bucket.shard_size(), Some(bucket.numel() / 2));
+    }
+    let rooted: Vec<Vec<u32>> = p
+        .buckets
+        .iter()
+        .filter(|b| b.owner_ranges().is_some())
+        .map(|b| b.params.clone())
+        .collect();
+    assert_eq!(rooted, vec![vec![2]], "proj0 has no partner");
+    assert_eq!(p.report.padding_elements, 0);
+    let mix = &p.report.collective_mix;
+    assert_eq!(
+        (mix.reduce, mix.broadcast),
+        (4096.0 * 4.0, 4096.0 * 2.0),
+        "proj0 alone is rooted"
+    );
+    assert_eq!(mix.reduce_scatter, 0.5 * (3.0 * 16384.0 + 8192.0) * 4.0);
+    let rooted_layout = plan(
+        &registry,
+        &Config {
+            muon_layout: MuonLayout::CompactRooted,
+            ..cfg.clone()
+        },
+        2,
+    );
+    assert!(p.report.wire_over_lower_bound < rooted_layout.report.wire_over_lower_bound);
+    assert_eq!(rooted_layout.report.collective_mix.reduce_scatter, 0.0);
+    assert!(p.report.grad_wait_fraction > rooted_layout.report.grad_wait_fraction);
+    let traffic: f64 = p
+        .report
+        .traffic
+        .iter()
+        .map(|t| t.grad_bytes_per_rank + t.param_bytes_per_rank)
+        .sum();
+    assert_eq!(traffic, p.report.wire_bytes_per_rank);
+}
+
+#[test]
+fn a_matrix_waits_for_its_group_at_most_a_third_of_backward() {
+    // Eight layers at dp=4: an up/down group spans two layers (a quarter of backward) and
+    // forms; a group of four proj matrices would span three layers (3/8): they are rooted.
+    let p = plan(&layers(8), &Config::default(), 4);
+    let grouped = |name: &str| {
+        p.buckets
+            .iter()
+            .filter(|b| b.shard_size().is_some())
+            .flat_map(|b| &b.params)
+            .any(|&q| q % 3 == if name == "proj" { 2 } else { 0 })
+    };
+    assert!(grouped("up"));
+    assert!(!grouped("proj"));
+}
+
+#[test]
+fn groups_that_would_unbalance_newton_schulz_are_not_made() {
+    // Two stacks of 4 experts at dp=4 split evenly put two experts on every rank; a dense
+    // matrix as costly as two experts then lands on top of one rank's (makespan 4 experts).
+    // Rooted, the stacks fill around it (makespan 3 experts).
+    let registry = register(vec![
+        ParamSpec::new("dense", &[320, 128], Dtype::Bf16),
+        stack("a", &[4, 128, 128]),
+        stack("b", &[4, 128, 128]),
+    ]);
+    let p = plan(&registry, &Config::default(), 4);
+    assert!(
+        p.buckets
+            .iter()
+            .all(|b| b.route != Route::Muon || b.shard_size().is_none())
+    );
+    let even = plan(
+        &registry,
+        &Config {
+            muon_layout: MuonLayout::CompactRooted,
+            ..Config::default()
+        },
+        4,
+    );
+    assert_eq!(
+        p.report.ns_makespan_over_lower_bound,
+        even.report.ns_makespan_over_lower_bound
+    );
+}

@@ -26,6 +26,10 @@ fn param() -> impl Strategy<Value = ParamSpec> {
     prop_oneof![
         1 => (dim(), dtype()).prop_map(|(n, d)| ParamSpec::new("", &[n], d)),
         3 => (dim(), dim(), dtype()).prop_map(|(m, n, d)| ParamSpec::new("", &[m, n], d)),
+        3 => (1u64..3, prop::bool::ANY).prop_map(|(k, wide)| {
+            let shape = if wide { [64, 128 * k] } else { [128 * k, 64] };
+            ParamSpec::new("", &shape, Dtype::Bf16)
+        }),
         1 => (prop::collection::vec(1u64..100, 1..4), dim(), dtype()).prop_map(|(splits, n, d)| {
             let mut spec = ParamSpec::new("", &[splits.iter().sum(), n], d);
             spec.split_sizes = splits;
@@ -57,7 +61,8 @@ fn config() -> impl Strategy<Value = (Config, usize)> {
     let layout = prop_oneof![
         Just(MuonLayout::Compact),
         Just(MuonLayout::Padded),
-        Just(MuonLayout::Allreduce)
+        Just(MuonLayout::Allreduce),
+        Just(MuonLayout::CompactRooted)
     ];
     let dp = prop_oneof![1usize..=8, Just(16), Just(64)];
     (bucket_size, layout, any::<bool>(), dp).prop_map(|(bucket_size, muon_layout, overlap_grad_reduce, dp)| {
@@ -141,7 +146,10 @@ fn check_placement(plan: &Plan, reg: &Registry) {
 fn check_owner_ranges(plan: &Plan, reg: &Registry) {
     let dp = plan.dp as usize;
     for bucket in plan.buckets.iter().filter(|b| b.route == Route::Muon) {
-        let ranges = bucket.owner_ranges().expect("compact Muon buckets have owner ranges");
+        let Some(ranges) = bucket.owner_ranges() else {
+            assert_eq!(plan.layout, MuonLayout::Compact, "only compact has Muon shard buckets");
+            continue;
+        };
         assert_eq!(ranges.len(), dp);
         let nonempty: Vec<_> = ranges.iter().filter(|r| !r.is_empty()).collect();
         assert_eq!(nonempty[0].start, bucket.start);
@@ -204,10 +212,19 @@ fn check_shards(plan: &Plan) {
             }
         } else {
             assert_eq!(shard % 64, 0);
+            if plan.layout == MuonLayout::Compact {
+                let held: u64 = bucket.params.iter().map(|&p| plan.param(p as usize).numel).sum();
+                assert_eq!(held, bucket.numel(), "compact shard buckets hold no padding");
+            }
             for &p in &bucket.params {
                 let placement = plan.param(p as usize);
-                let own = bucket.rank_range(placement.single_owner().expect("padded params have one owner") as usize);
-                assert!(own.start <= placement.offset && placement.range().end <= own.end);
+                for (unit, &owner) in placement.unit_owners.iter().enumerate() {
+                    let (own, range) = (bucket.rank_range(owner as usize), placement.unit_range(unit));
+                    assert!(
+                        own.start <= range.start && range.end <= own.end,
+                        "unit in its owner's shard"
+                    );
+                }
             }
         }
     }
@@ -289,7 +306,12 @@ proptest! {
         check_ownership(&plan, &reg, &cfg);
         let bucket_splits_match_mode = plan.buckets.iter().all(|b| {
             let owner_ranges = matches!(b.split, BucketSplit::OwnerRanges(_));
-            owner_ranges == (b.route == Route::Muon && plan.layout != MuonLayout::Padded)
+            let rooted_layout = matches!(plan.layout, MuonLayout::CompactRooted | MuonLayout::Allreduce);
+            match (b.route, plan.layout) {
+                (Route::Adamw, _) | (_, MuonLayout::Padded) => !owner_ranges,
+                (Route::Muon, MuonLayout::Compact) => true,
+                (Route::Muon, _) => owner_ranges && rooted_layout,
+            }
         });
         prop_assert!(bucket_splits_match_mode);
     }

@@ -7,8 +7,10 @@
 
 mod common;
 
-use common::{Data, Snapshot, bits, train};
+use common::{Data, Snapshot, bits, train, train_model};
 use muon_opt::config::{CommMode, Config, MuonLayout, NsPrecision};
+use muon_opt::model::Route;
+use muon_opt::plan::build_plan;
 
 const STEPS: u64 = 10;
 
@@ -62,7 +64,7 @@ fn every_dp_layout_overlap_and_comm_mode_matches_dp1_bitwise() {
             reference[STEPS as usize - 1].params[0],
             "training must move the params"
         );
-        for layout in [MuonLayout::Compact, MuonLayout::Padded, MuonLayout::Allreduce] {
+        for &layout in MuonLayout::ALL {
             for overlap in [true, false] {
                 for mode in [CommMode::Eager, CommMode::Lazy] {
                     let label = format!("dp={dp} {} overlap={overlap} {}", layout.name(), mode.name());
@@ -70,6 +72,46 @@ fn every_dp_layout_overlap_and_comm_mode_matches_dp1_bitwise() {
                     assert_same(&reference, &run, &label);
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
+    let specs = common::layered_model(4);
+    for dp in [2usize, 4] {
+        let reference = train_model(
+            &specs,
+            &config(MuonLayout::Compact, false, CommMode::Eager),
+            1,
+            Data { emulated_dp: dp },
+            STEPS,
+        );
+        for overlap in [true, false] {
+            let cfg = config(MuonLayout::Compact, overlap, CommMode::Lazy);
+            let registry = {
+                let mut registry = muon_opt::model::Registry::default();
+                specs
+                    .iter()
+                    .for_each(|s| registry.add(s.clone(), &cfg).map(|_| ()).unwrap());
+                registry
+            };
+            let plan = build_plan(registry.params(), registry.routes(), &cfg, dp).unwrap();
+            let shards_of = |want_matrix: bool| {
+                plan.buckets.iter().any(|b| {
+                    b.route == Route::Muon
+                        && b.shard_size().is_some()
+                        && b.params
+                            .iter()
+                            .any(|&p| specs[p as usize].is_expert_stack() != want_matrix)
+                })
+            };
+            assert!(shards_of(false), "dp={dp}: an expert stack split evenly");
+            if dp == 2 {
+                assert!(shards_of(true), "dp=2: a group of equal matrices");
+            }
+            let run = train_model(&specs, &cfg, dp, Data { emulated_dp: dp }, STEPS);
+            assert_same(&reference, &run, &format!("dp={dp} compact groups overlap={overlap}"));
         }
     }
 }

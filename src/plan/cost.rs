@@ -25,19 +25,42 @@ pub(crate) fn ns_param_cost(spec: &ParamSpec, steps: u32) -> u128 {
     spec.num_units() as u128 * ns_unit_cost(spec, steps)
 }
 
-/// The largest Newton–Schulz cost of any rank under the owners in `placements`.
-pub(crate) fn ns_makespan(params: &[ParamSpec], placements: &[ParamPlacement], dp: usize, steps: u32) -> u128 {
-    let mut per_rank = vec![0u128; dp];
-    for (spec, placement) in params.iter().zip(placements) {
-        if placement.unit_owners.is_empty() {
-            continue;
+/// Newton–Schulz work under the owners in `placements`.
+pub(crate) struct NsLoads {
+    /// The largest cost of any rank.
+    pub makespan: u128,
+    pub total: u128,
+    /// The largest single unit.
+    pub largest: u128,
+}
+
+impl NsLoads {
+    pub(crate) fn of(params: &[ParamSpec], placements: &[ParamPlacement], dp: usize, steps: u32) -> Self {
+        let mut per_rank = vec![0u128; dp];
+        let (mut total, mut largest) = (0u128, 0u128);
+        for (spec, placement) in params.iter().zip(placements) {
+            if placement.unit_owners.is_empty() {
+                continue;
+            }
+            let cost = ns_unit_cost(spec, steps);
+            largest = largest.max(cost);
+            for &owner in &placement.unit_owners {
+                per_rank[owner as usize] += cost;
+                total += cost;
+            }
         }
-        let cost = ns_unit_cost(spec, steps);
-        for &owner in &placement.unit_owners {
-            per_rank[owner as usize] += cost;
+        let makespan = per_rank.into_iter().max().unwrap_or(0);
+        NsLoads {
+            makespan,
+            total,
+            largest,
         }
     }
-    per_rank.into_iter().max().unwrap_or(0)
+
+    /// The ownership guarantee: `dp · makespan <= total + dp · largest unit`.
+    pub(crate) fn within_guarantee(&self, dp: usize) -> bool {
+        dp as u128 * self.makespan <= self.total + dp as u128 * self.largest
+    }
 }
 
 /// Megatron-LM's balancing cost of the padded layout: `max(M,N)·min(M,N)²` of the whole

@@ -48,6 +48,7 @@ pub use report::{
 pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan};
 
 use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};
+use cost::NsLoads;
 use groups::{CompactBucket, Grouping};
 use presets::ModelDesc;
 
@@ -85,7 +86,8 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
 }
 
 /// Lays out the `compact` mode: groups of stacks and matrices, unless grouping unbalances
-/// Newton–Schulz (see [`NS_TOLERANCE`]); then groups of matrices only, then none.
+/// Newton–Schulz (see [`NS_TOLERANCE`]) or breaks the ownership guarantee
+/// (`ownership.rs`); then groups of matrices only, then none.
 fn lay_out_grouped(
     params: &[ParamSpec],
     routes: &[Route],
@@ -94,10 +96,11 @@ fn lay_out_grouped(
 ) -> Result<(Layout, OwnershipMethod)> {
     let steps = cfg.muon_num_ns_steps;
     let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing)?;
-    let limit = cost::ns_makespan(params, &rooted.0.params, dp, steps) as f64 * (1.0 + NS_TOLERANCE);
+    let limit = NsLoads::of(params, &rooted.0.params, dp, steps).makespan as f64 * (1.0 + NS_TOLERANCE);
     for grouping in [Grouping::Everything, Grouping::MatricesOnly] {
         let candidate = lay_out(params, routes, cfg, dp, grouping)?;
-        if cost::ns_makespan(params, &candidate.0.params, dp, steps) as f64 <= limit {
+        let loads = NsLoads::of(params, &candidate.0.params, dp, steps);
+        if loads.makespan as f64 <= limit && loads.within_guarantee(dp) {
             return Ok(candidate);
         }
     }

@@ -16,11 +16,16 @@ use muon_opt::schedule::{OwnedState, StepArgs};
 
 /// The test model: embedding, fused QKV, an expert stack, plain matrices, biases, a norm.
 pub fn model() -> Vec<ParamSpec> {
+    layered_model(2)
+}
+
+/// The test model with `layers` layers.
+pub fn layered_model(layers: usize) -> Vec<ParamSpec> {
     let mut params = Vec::new();
     let mut emb = ParamSpec::new("embedding.weight", &[50, 32], Dtype::Bf16);
     emb.flags = ParamFlags(ParamFlags::EMBEDDING_OR_OUTPUT);
     params.push(emb);
-    for layer in 0..2 {
+    for layer in 0..layers {
         let mut qkv = ParamSpec::new(format!("layers.{layer}.qkv.weight"), &[96, 32], Dtype::Bf16);
         qkv.split_sizes = vec![32, 32, 32];
         params.push(qkv);
@@ -134,23 +139,24 @@ pub fn optimizers(cfg: &Config, dp: usize, timeout: Duration) -> Vec<Optimizer> 
 
 /// Trains `steps` steps at `dp` ranks and returns a snapshot after every step.
 pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
-    let specs = model();
+    train_model(&model(), cfg, dp, data, steps)
+}
+
+/// [`train`] on the params `specs`.
+pub fn train_model(specs: &[ParamSpec], cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
     let opts = optimizers(cfg, dp, Duration::from_secs(20));
     let per_rank: Vec<RankHistory> = std::thread::scope(|scope| {
         let handles: Vec<_> = opts
             .into_iter()
             .enumerate()
-            .map(|(rank, mut opt)| {
-                let specs = specs.clone();
-                scope.spawn(move || run_rank(&mut opt, &specs, rank, dp, data, steps))
-            })
+            .map(|(rank, mut opt)| scope.spawn(move || run_rank(&mut opt, specs, rank, dp, data, steps)))
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     (0..steps as usize)
         .map(|s| Snapshot {
             params: per_rank.iter().map(|r| r[s].0.clone()).collect(),
-            state: assemble(&specs, per_rank.iter().map(|r| r[s].1.clone()).collect()),
+            state: assemble(specs, per_rank.iter().map(|r| r[s].1.clone()).collect()),
         })
         .collect()
 }
