@@ -374,3 +374,41 @@ fn groups_that_would_unbalance_newton_schulz_are_not_made() {
         even.report.ns_makespan_over_lower_bound
     );
 }
+
+/// Megatron never sees an expert stack: it sees E separate 2-D weights. Registered that way,
+/// the padded layout (Megatron's own algorithm) shows Megatron's padding for a DeepSeek-V3-like
+/// model — the figures measured by running Megatron-LM's layout code on the same list. A stack
+/// registered as one `[E, m, n]` param stays one contiguous item (its param view is one
+/// pointer), so its padded layout differs (docs/design.md §4).
+#[test]
+fn padded_mode_given_experts_one_by_one_has_megatrons_padding() {
+    let model = preset("deepseek-v3-like").unwrap();
+    let mut specs = Vec::new();
+    for spec in model.params {
+        if !spec.is_expert_stack() {
+            specs.push(spec);
+            continue;
+        }
+        for e in 0..spec.shape[0] {
+            let mut expert = ParamSpec::new(format!("{}.{e}", spec.name), &spec.shape[1..], spec.dtype);
+            expert.split_sizes = spec.split_sizes.clone();
+            specs.push(expert);
+        }
+    }
+    let cfg = Config {
+        vocab_size: model.vocab_size,
+        muon_layout: MuonLayout::Padded,
+        ..Config::default()
+    };
+    let mut registry = Registry::default();
+    for spec in specs {
+        registry.add(spec, &cfg).unwrap();
+    }
+    for (dp, megatron_percent) in [(4usize, 1.39), (8, 3.06), (64, 16.2)] {
+        let percent = 100.0 * plan(&registry, &cfg, dp).report.padding_fraction;
+        assert!(
+            (percent - megatron_percent).abs() < 0.05,
+            "dp {dp}: padding {percent:.3} % where Megatron pads {megatron_percent} %"
+        );
+    }
+}

@@ -131,7 +131,7 @@ struct PlanArgs {
     /// Data-parallel size.
     #[arg(long)]
     dp: usize,
-    /// Muon layout to plan; `all` shows the three side by side.
+    /// Muon layout to plan; `all` shows every layout side by side.
     #[arg(long, value_enum, default_value_t = LayoutChoice::All)]
     layout: LayoutChoice,
     /// Elements per bucket [default: max(40M, 1M·dp)].
