@@ -24,7 +24,9 @@ use muon_opt::backend::ops::{EventId, Mem, Span, StreamKind};
 use muon_opt::backend::recording::{Op, Recording};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config};
+use muon_opt::model::{ParamSpec, Registry, Route};
 use muon_opt::numerics::muon::MuonOptions;
+use muon_opt::plan::build_plan;
 use muon_opt::schedule::Runtime;
 
 const DP: usize = 2;
@@ -81,7 +83,10 @@ fn iterate(rt: &mut Runtime, rank: usize, step: u64, order: Order) {
 /// Runs `STEPS` steps on a dp=2 host group, rank r using `orders[r]`; returns each rank's
 /// params (bits) and its NCCL calls (without the rank-specific pointers).
 fn run(cfg: &Config, orders: [Order; DP]) -> Vec<(Vec<Vec<u32>>, Vec<String>)> {
-    let specs = cuda_model();
+    run_model(cfg, &cuda_model(), orders)
+}
+
+fn run_model(cfg: &Config, specs: &[ParamSpec], orders: [Order; DP]) -> Vec<(Vec<Vec<u32>>, Vec<String>)> {
     let muon = MuonOptions::from_config(cfg);
     let comms = HostGroup::new(DP, Duration::from_secs(20));
     std::thread::scope(|scope| {
@@ -89,7 +94,7 @@ fn run(cfg: &Config, orders: [Order; DP]) -> Vec<(Vec<Vec<u32>>, Vec<String>)> {
             .into_iter()
             .enumerate()
             .map(|(rank, comm)| {
-                let (specs, order) = (&specs, orders[rank]);
+                let order = orders[rank];
                 scope.spawn(move || {
                     let dry = Arc::new(Mutex::new(DryRun::new(rank, DP, muon)));
                     let comm = Communicator::new(Transport::Host(comm));
@@ -153,6 +158,40 @@ fn ranks_with_different_grad_ready_orders_issue_one_collective_order_and_agree_b
                     "rank {rank}: params differ from the backward-order run"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn compact_groups_translate_to_nccl_reduce_scatter_and_all_gather_of_their_shards() {
+    let specs = common::layered_model(4);
+    let cfg = config(CommMode::Eager);
+    let mut registry = Registry::default();
+    specs
+        .iter()
+        .for_each(|s| registry.add(s.clone(), &cfg).map(|_| ()).unwrap());
+    let plan = build_plan(registry.params(), registry.routes(), &cfg, DP).unwrap();
+    let shards: Vec<u64> = plan
+        .buckets
+        .iter()
+        .filter(|b| b.route == Route::Muon)
+        .filter_map(|b| b.shard_size())
+        .collect();
+    assert!(
+        shards.len() >= 2,
+        "groups of matrices and an evenly split stack: {shards:?}"
+    );
+    let ranks = run_model(&cfg, &specs, [Order::Backward, Order::Interleaved]);
+    assert_eq!(ranks[0].1, ranks[1].1, "the ranks' NCCL call sequences differ");
+    for shard in shards {
+        let buckets = plan.buckets.iter().filter(|b| b.shard_size() == Some(shard)).count() as u64;
+        for call in [format!("reduce-scatter {shard}"), format!("all-gather {shard}")] {
+            let issued = ranks[0]
+                .1
+                .iter()
+                .filter(|group| group.split(", ").any(|c| c == call))
+                .count();
+            assert_eq!(issued as u64, STEPS * buckets, "'{call}': once per bucket and step");
         }
     }
 }
