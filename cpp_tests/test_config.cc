@@ -53,7 +53,7 @@ TEST_P(ConfigRejects, NamesTheField) {
 INSTANTIATE_TEST_SUITE_P(
     EveryRule, ConfigRejects,
     ::testing::Values(
-        BadField{"muon_layout", [](muon_config_t &c) { c.muon_layout = 3; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_layout", [](muon_config_t &c) { c.muon_layout = MUON_LAYOUT_COMPACT_ROOTED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"grad_dtype", [](muon_config_t &c) { c.grad_dtype = 5; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_momentum", [](muon_config_t &c) { c.muon_momentum = 1.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_num_ns_steps", [](muon_config_t &c) { c.muon_num_ns_steps = 0; }, MUON_STATUS_OUT_OF_RANGE},
