@@ -382,28 +382,17 @@ fn groups_that_would_unbalance_newton_schulz_are_not_made() {
 /// pointer), so its padded layout differs (docs/design.md §4).
 #[test]
 fn padded_mode_given_experts_one_by_one_has_megatrons_padding() {
-    let model = preset("deepseek-v3-like").unwrap();
-    let mut specs = Vec::new();
-    for spec in model.params {
-        if !spec.is_expert_stack() {
-            specs.push(spec);
-            continue;
-        }
-        for e in 0..spec.shape[0] {
-            let mut expert = ParamSpec::new(format!("{}.{e}", spec.name), &spec.shape[1..], spec.dtype);
-            expert.split_sizes = spec.split_sizes.clone();
-            specs.push(expert);
-        }
-    }
+    let stacked = preset("deepseek-v3-like").unwrap();
+    let stacks = stacked.params.iter().filter(|p| p.is_expert_stack()).count();
+    let model = stacked.with_experts_as_params();
     let cfg = Config {
         vocab_size: model.vocab_size,
         muon_layout: MuonLayout::Padded,
         ..Config::default()
     };
-    let mut registry = Registry::default();
-    for spec in specs {
-        registry.add(spec, &cfg).unwrap();
-    }
+    let registry = model.registry(&cfg).unwrap();
+    assert!(registry.params().iter().all(|p| !p.is_expert_stack()));
+    assert_eq!(registry.params().len(), stacked.params.len() + stacks * 255);
     for (dp, megatron_percent) in [(4usize, 1.39), (8, 3.06), (64, 16.2)] {
         let percent = 100.0 * plan(&registry, &cfg, dp).report.padding_fraction;
         assert!(

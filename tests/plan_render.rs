@@ -233,3 +233,39 @@ fn a_closed_pipe_ends_the_command_without_a_panic() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn cli_plans_expert_stacks_as_separate_params_when_asked() {
+    let padding = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--model",
+            "deepseek-v3-like",
+            "--dp",
+            "8",
+            "--layout",
+            "padded",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = muon_opt(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            json["model"].as_str().unwrap().to_string(),
+            json["plans"][0]["report"]["padding_fraction"].as_f64().unwrap(),
+        )
+    };
+    let (stacked_name, stacked) = padding(&[]);
+    let (split_name, split) = padding(&["--experts-as-params"]);
+    assert_eq!(stacked_name, "deepseek-v3-like");
+    assert_eq!(split_name, "deepseek-v3-like (experts as params)");
+    assert!(
+        (split - 0.0306).abs() < 0.0005,
+        "Megatron's padding at dp 8 is 3.06 %, got {split}"
+    );
+    assert!(
+        stacked > 2.0 * split,
+        "a stack is one padded item: {stacked} vs {split}"
+    );
+}

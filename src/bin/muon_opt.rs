@@ -72,6 +72,10 @@ struct SimulateArgs {
     /// parallel, muon_optimizer_set_norm_group) instead of the data-parallel group.
     #[arg(long, value_name = "N")]
     norm_group: Option<usize>,
+    /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
+    /// MoE layer.
+    #[arg(long)]
+    experts_as_params: bool,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
@@ -149,6 +153,10 @@ struct PlanArgs {
     /// Also write a per-rank bar chart of Newton–Schulz cost and optimizer state to FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+    /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
+    /// MoE layer (its padded layout then matches Megatron's for MoE models).
+    #[arg(long)]
+    experts_as_params: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -210,6 +218,11 @@ fn load_model(arg: &str) -> Result<ModelDesc, String> {
 
 fn run_plan(args: &PlanArgs) -> Result<(), String> {
     let model = load_model(&args.model)?;
+    let model = if args.experts_as_params {
+        model.with_experts_as_params()
+    } else {
+        model
+    };
     let cfg = Config {
         bucket_size: args.bucket_size.unwrap_or(0),
         vocab_size: model.vocab_size,
@@ -290,6 +303,11 @@ fn load_hardware(arg: &str) -> Result<Hardware, String> {
 
 fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
     let model = load_model(&args.model)?;
+    let model = if args.experts_as_params {
+        model.with_experts_as_params()
+    } else {
+        model
+    };
     let hardware = load_hardware(&args.hardware)?;
     let mut sims = Vec::new();
     for layout in args.layout.layouts() {

@@ -17,6 +17,31 @@ pub struct ModelDesc {
 }
 
 impl ModelDesc {
+    /// The same model with every expert stack `[E, m, n]` registered as E separate `[m, n]`
+    /// params `name.0` … `name.{E-1}` (flags, split sizes and hyper-parameters kept), as
+    /// Megatron-LM sees a MoE layer: its layouts then apply unchanged.
+    pub fn with_experts_as_params(&self) -> ModelDesc {
+        let mut params = Vec::with_capacity(self.params.len());
+        for spec in &self.params {
+            if !spec.is_expert_stack() {
+                params.push(spec.clone());
+                continue;
+            }
+            for e in 0..spec.shape[0] {
+                let mut expert = spec.clone();
+                expert.name = format!("{}.{e}", spec.name);
+                expert.shape = spec.shape[1..].to_vec();
+                expert.flags = ParamFlags(spec.flags.0 & !ParamFlags::EXPERT_STACK);
+                params.push(expert);
+            }
+        }
+        ModelDesc {
+            name: format!("{} (experts as params)", self.name),
+            vocab_size: self.vocab_size,
+            params,
+        }
+    }
+
     /// Registers every param through [`Registry::add`], so routing rules and checks apply.
     pub fn registry(&self, cfg: &Config) -> Result<Registry> {
         let mut registry = Registry::default();
