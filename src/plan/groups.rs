@@ -13,13 +13,15 @@
 //! waits in its class's pool until the pool holds dp members; the completed group joins the
 //! open shard bucket, which closes once it spans the bucket size. An expert stack whose experts
 //! divide evenly among the ranks is a shard bucket on its own (E/dp consecutive experts per
-//! rank). Everything else is rooted, in the order it leaves the grouping: matrices whose element
-//! count is not 64-aligned (shards must start 64-aligned), other stacks, and pool members that
-//! waited longer than the **group window** — the overlap cost model: a gradient whose group
-//! completes later than `window` elements of backward after it would hold its collective back
-//! for longer than grouping saves (the window and its measurement: docs/design.md §4).
+//! rank). Everything else is rooted: matrices whose element count is not 64-aligned (shards
+//! must start 64-aligned), other stacks, and pool members that waited longer than the **group
+//! window**. A second walk keeps the groups of the first and roots every other matrix where it
+//! stands, so rooted buckets keep backward order instead of collecting matrices late when they
+//! leave a pool. The window is the overlap cost model: a gradient whose group completes later
+//! than `window` elements of backward after it would hold its collective back for longer than
+//! grouping saves (the window and its measurement: docs/design.md §4).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::model::ParamSpec;
 
@@ -73,6 +75,30 @@ pub(crate) fn compact_buckets(
     steps: u32,
     grouping: Grouping,
 ) -> Vec<CompactBucket> {
+    let first = walk(params, ids, bucket_size, dp, steps, grouping, None);
+    let grouped: BTreeSet<u32> = first
+        .iter()
+        .filter_map(|bucket| match bucket {
+            CompactBucket::Shards(shards) => Some(shards.iter().flatten().copied()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    walk(params, ids, bucket_size, dp, steps, grouping, Some(&grouped))
+}
+
+/// One walk over the buffer in backward order. With `grouped`, only those matrices wait for a
+/// group (the ones that formed groups in a first walk, which form the same groups again) and
+/// every other matrix is rooted where it stands, so rooted buckets keep backward order.
+fn walk(
+    params: &[ParamSpec],
+    ids: &[u32],
+    bucket_size: Option<u64>,
+    dp: usize,
+    steps: u32,
+    grouping: Grouping,
+    grouped: Option<&BTreeSet<u32>>,
+) -> Vec<CompactBucket> {
     let total: u64 = ids.iter().map(|&p| params[p as usize].numel()).sum();
     let mut builder = Builder {
         dp,
@@ -100,7 +126,10 @@ pub(crate) fn compact_buckets(
             } else {
                 builder.push_rooted(param);
             }
-        } else if spec.numel().is_multiple_of(PARAM_ALIGN) && grouping != Grouping::Nothing {
+        } else if spec.numel().is_multiple_of(PARAM_ALIGN)
+            && grouping != Grouping::Nothing
+            && grouped.is_none_or(|g| g.contains(&param))
+        {
             let class = (spec.numel(), ns_unit_cost(spec, steps));
             builder.wait(class, Waiting { param, position });
         } else {
