@@ -88,6 +88,11 @@ struct ncclComm;
 #define MUON_COEFFICIENTS_POLAR_EXPRESS 2
 
 /**
+ * The five quintic triples cycled past the fifth step (Megatron-LM's schedule).
+ */
+#define MUON_COEFFICIENTS_QUINTIC_CYCLIC 3
+
+/**
  * bf16 operands, fp32 accumulation (default).
  */
 #define MUON_NS_PRECISION_BF16 0
@@ -406,7 +411,7 @@ typedef struct muon_config_t {
    */
   uint32_t muon_nesterov;
   /**
-   * MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE or _POLAR_EXPRESS.
+   * MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE, _POLAR_EXPRESS or _QUINTIC_CYCLIC.
    */
   uint32_t muon_coefficient_set;
   /**

@@ -93,6 +93,9 @@ coded_enum! {
         Simple = 1 => "simple",
         /// Polar Express per-step coefficients.
         PolarExpress = 2 => "polar_express",
+        /// The five quintic triples cycled (step k uses triple k mod 5), Megatron-LM's and
+        /// Emerging-Optimizers' schedule beyond five steps.
+        QuinticCyclic = 3 => "quintic_cyclic",
     }
 }
 

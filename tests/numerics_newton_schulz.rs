@@ -310,6 +310,23 @@ fn coefficient_schedules() {
             ns_coefficients(CoefficientSet::Quintic, 4)
         );
     }
+    // Quintic cyclic (Megatron-LM, Emerging-Optimizers): step t uses triple t mod 5, so ten
+    // steps are the five-step polynomial applied twice, and up to five steps it is Quintic.
+    for t in 0..12 {
+        assert_eq!(
+            ns_coefficients(CoefficientSet::QuinticCyclic, t),
+            ns_coefficients(CoefficientSet::Quintic, t % 5)
+        );
+    }
+    for x in [1e-3, 0.1, 0.5, 0.9, 1.0] {
+        let twice = scalar_composition(
+            CoefficientSet::Quintic,
+            5,
+            scalar_composition(CoefficientSet::Quintic, 5, x),
+        );
+        assert_eq!(scalar_composition(CoefficientSet::QuinticCyclic, 10, x), twice);
+        assert_ne!(scalar_composition(CoefficientSet::Quintic, 10, x), twice, "x = {x}");
+    }
     // Simple: one triple.
     for t in 1..12 {
         assert_eq!(

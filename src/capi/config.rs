@@ -33,7 +33,7 @@ pub struct muon_config_t {
     pub muon_momentum: f32,
     /// 1 = Nesterov momentum; default 0.
     pub muon_nesterov: u32,
-    /// MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE or _POLAR_EXPRESS.
+    /// MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE, _POLAR_EXPRESS or _QUINTIC_CYCLIC.
     pub muon_coefficient_set: u32,
     /// Newton–Schulz steps, 1..=100; default 5.
     pub muon_num_ns_steps: u32,

@@ -23,6 +23,8 @@ pub const MUON_COEFFICIENTS_QUINTIC: u32 = 0;
 pub const MUON_COEFFICIENTS_SIMPLE: u32 = 1;
 /// Polar Express per-step coefficients.
 pub const MUON_COEFFICIENTS_POLAR_EXPRESS: u32 = 2;
+/// The five quintic triples cycled past the fifth step (Megatron-LM's schedule).
+pub const MUON_COEFFICIENTS_QUINTIC_CYCLIC: u32 = 3;
 
 /// bf16 operands, fp32 accumulation (default).
 pub const MUON_NS_PRECISION_BF16: u32 = 0;
@@ -101,6 +103,7 @@ mod tests {
         assert_eq!(CoefficientSet::Quintic.code(), MUON_COEFFICIENTS_QUINTIC);
         assert_eq!(CoefficientSet::Simple.code(), MUON_COEFFICIENTS_SIMPLE);
         assert_eq!(CoefficientSet::PolarExpress.code(), MUON_COEFFICIENTS_POLAR_EXPRESS);
+        assert_eq!(CoefficientSet::QuinticCyclic.code(), MUON_COEFFICIENTS_QUINTIC_CYCLIC);
         assert_eq!(NsPrecision::Bf16.code(), MUON_NS_PRECISION_BF16);
         assert_eq!(NsPrecision::F32.code(), MUON_NS_PRECISION_F32);
         assert_eq!(ScaleMode::Spectral.code(), MUON_SCALE_SPECTRAL);

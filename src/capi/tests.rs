@@ -107,7 +107,7 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
         ),
         (|c| c.grad_dtype = 9, MUON_STATUS_INVALID_ENUM_VALUE, "grad_dtype"),
         (
-            |c| c.muon_coefficient_set = 3,
+            |c| c.muon_coefficient_set = 4,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "muon_coefficient_set",
         ),

@@ -95,8 +95,8 @@ const fn polar_express_with_safety() -> [[f32; 3]; 8] {
 /// The `(a, b, c)` triple of step `step` (0-based) of a coefficient set.
 ///
 /// - `Quintic`: the five tuned triples of docs/design.md; steps past the fifth repeat the fifth.
-///   (Emerging-Optimizers instead cycles the five and requires a multiple of five; the two
-///   agree for `steps <= 5`.)
+/// - `QuinticCyclic`: the same five triples cycled, step k using triple k mod 5, as
+///   Emerging-Optimizers (and so Megatron-LM) does; the two agree for `steps <= 5`.
 /// - `Simple`: `(3.4445, −4.7750, 2.0315)` at every step.
 /// - `PolarExpress`: the eight published triples with the reference code's safety factor 1.01
 ///   applied to the first seven (`a/1.01, b/1.01³, c/1.01⁵`, computed in f64, rounded to f32);
@@ -107,6 +107,7 @@ const fn polar_express_with_safety() -> [[f32; 3]; 8] {
 pub fn ns_coefficients(set: CoefficientSet, step: usize) -> [f32; 3] {
     let table: &[[f32; 3]] = match set {
         CoefficientSet::Quintic => &QUINTIC,
+        CoefficientSet::QuinticCyclic => return QUINTIC[step % QUINTIC.len()],
         CoefficientSet::Simple => &SIMPLE,
         CoefficientSet::PolarExpress => &POLAR_EXPRESS,
     };
