@@ -103,6 +103,11 @@ struct ncclComm;
 #define MUON_NS_PRECISION_F32 1
 
 /**
+ * Megatron-LM's bf16 scheme: the iterate and every product stored in bf16.
+ */
+#define MUON_NS_PRECISION_BF16_ITERATE 2
+
+/**
  * √max(m, n) (default).
  */
 #define MUON_SCALE_SPECTRAL 0
@@ -419,7 +424,8 @@ typedef struct muon_config_t {
    */
   uint32_t muon_num_ns_steps;
   /**
-   * MUON_NS_PRECISION_BF16 (default) or MUON_NS_PRECISION_F32.
+   * MUON_NS_PRECISION_BF16 (default), MUON_NS_PRECISION_F32 or
+   * MUON_NS_PRECISION_BF16_ITERATE (Megatron-LM's scheme).
    */
   uint32_t muon_ns_precision;
   /**

@@ -106,6 +106,9 @@ coded_enum! {
         Bf16 = 0 => "bf16",
         /// fp32 throughout.
         F32 = 1 => "f32",
+        /// Megatron-LM's `--muon-fp32-matmul-prec medium`: the iterate and every product stored
+        /// in bf16 (fp32 accumulation inside each product).
+        Bf16Iterate = 2 => "bf16_iterate",
     }
 }
 

@@ -627,6 +627,19 @@ fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
     compare_runs("bf16 NS, MXFP8 local, allreduce", &cfg, &cuda_model());
 }
 
+#[test]
+fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
+    let cfg = Config {
+        bucket_size: 4096,
+        host_comm_mode: CommMode::Eager,
+        muon_ns_precision: NsPrecision::Bf16Iterate,
+        muon_coefficient_set: muon_opt::config::CoefficientSet::QuinticCyclic,
+        muon_num_ns_steps: 7,
+        ..Config::default()
+    };
+    compare_runs("bf16-iterate NS, cyclic quintic, 7 steps", &cfg, &cuda_model());
+}
+
 /// The element-wise ops the dp=1 runs do not reach (scale, casts in every direction, bf16
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]

@@ -453,3 +453,63 @@ fn workspace_sized_by_need_matches_and_refuses_impossible_sizes() {
     assert_eq!(err.kind, ErrorKind::OutOfMemory);
     assert!(err.message.contains("does not fit in host memory"), "{}", err.message);
 }
+
+/// Megatron-LM's `medium` scheme written out plainly (Emerging-Optimizers' `newton_schulz`
+/// after `X.to(bfloat16)`): every stored matrix rounded to bf16, products summed in f64 here.
+fn bf16_iterate_reference(u: &[f32], rows: usize, cols: usize, steps: usize) -> Vec<f64> {
+    let bf16 = |v: f64| f64::from(half_round(v as f32));
+    let (m, n) = (rows.min(cols), rows.max(cols));
+    let u = if rows > cols {
+        transpose(u, rows, cols)
+    } else {
+        u.to_vec()
+    };
+    let norm = (u.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt() as f32).max(1e-7);
+    let mut x: Vec<f64> = u.iter().map(|&v| bf16(f64::from(v / norm))).collect();
+    for t in 0..steps {
+        let [a, b, c] = ns_coefficients(CoefficientSet::QuinticCyclic, t).map(f64::from);
+        let xt = transpose(&x, m, n);
+        let gram: Vec<f64> = numerics_common::matmul(&x, &xt, m, n, m)
+            .into_iter()
+            .map(bf16)
+            .collect();
+        let square = numerics_common::matmul(&gram, &gram, m, m, m);
+        let poly: Vec<f64> = gram.iter().zip(&square).map(|(g, s)| bf16(b * g + c * s)).collect();
+        let product = numerics_common::matmul(&poly, &x, m, m, n);
+        x = x.iter().zip(&product).map(|(x, p)| bf16(a * x + p)).collect();
+    }
+    if rows > cols { transpose(&x, m, n) } else { x }
+}
+
+/// Round to nearest even bf16, as f32.
+fn half_round(v: f32) -> f32 {
+    let bits = v.to_bits();
+    f32::from_bits((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF_0000)
+}
+
+#[test]
+fn bf16_iterate_stores_every_iterate_in_bf16_like_megatron() {
+    let mut rng = Rng::new(17);
+    for (rows, cols) in [(24usize, 40usize), (48, 16)] {
+        let input = rng.normal_vec(rows * cols, 1.0);
+        let o = opts(CoefficientSet::QuinticCyclic, 7, NsPrecision::Bf16Iterate);
+        let out = run(&input, rows, cols, &o);
+        assert!(
+            out.iter().all(|&v| half_round(v) == v),
+            "{rows}×{cols}: the result is the last bf16 iterate"
+        );
+        let reference = bf16_iterate_reference(&input, rows, cols, 7);
+        let diff = max_abs_diff(&out, &reference);
+        assert!(
+            diff <= 4e-3,
+            "{rows}×{cols}: {diff:e} from Megatron's scheme (two bf16 ulps)"
+        );
+        let ours = run(
+            &input,
+            rows,
+            cols,
+            &opts(CoefficientSet::QuinticCyclic, 7, NsPrecision::Bf16),
+        );
+        assert!(ours.iter().any(|&v| half_round(v) != v), "bf16 keeps an f32 iterate");
+    }
+}

@@ -91,6 +91,8 @@ struct SimulateArgs {
 enum PrecisionChoice {
     Bf16,
     F32,
+    #[value(name = "bf16_iterate")]
+    Bf16Iterate,
 }
 
 #[derive(Args)]
@@ -317,6 +319,7 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
             ns_precision: match args.ns_precision {
                 PrecisionChoice::Bf16 => NsPrecision::Bf16,
                 PrecisionChoice::F32 => NsPrecision::F32,
+                PrecisionChoice::Bf16Iterate => NsPrecision::Bf16Iterate,
             },
             tokens_per_gpu: args.tokens_per_gpu,
             iterations: args.steps,

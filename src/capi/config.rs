@@ -37,7 +37,8 @@ pub struct muon_config_t {
     pub muon_coefficient_set: u32,
     /// Newton–Schulz steps, 1..=100; default 5.
     pub muon_num_ns_steps: u32,
-    /// MUON_NS_PRECISION_BF16 (default) or MUON_NS_PRECISION_F32.
+    /// MUON_NS_PRECISION_BF16 (default), MUON_NS_PRECISION_F32 or
+    /// MUON_NS_PRECISION_BF16_ITERATE (Megatron-LM's scheme).
     pub muon_ns_precision: u32,
     /// MUON_SCALE_SPECTRAL (default), _SHAPE_SCALING or _UNIT_RMS_NORM.
     pub muon_scale_mode: u32,

@@ -30,6 +30,8 @@ pub const MUON_COEFFICIENTS_QUINTIC_CYCLIC: u32 = 3;
 pub const MUON_NS_PRECISION_BF16: u32 = 0;
 /// fp32 throughout.
 pub const MUON_NS_PRECISION_F32: u32 = 1;
+/// Megatron-LM's bf16 scheme: the iterate and every product stored in bf16.
+pub const MUON_NS_PRECISION_BF16_ITERATE: u32 = 2;
 
 /// √max(m, n) (default).
 pub const MUON_SCALE_SPECTRAL: u32 = 0;
@@ -106,6 +108,7 @@ mod tests {
         assert_eq!(CoefficientSet::QuinticCyclic.code(), MUON_COEFFICIENTS_QUINTIC_CYCLIC);
         assert_eq!(NsPrecision::Bf16.code(), MUON_NS_PRECISION_BF16);
         assert_eq!(NsPrecision::F32.code(), MUON_NS_PRECISION_F32);
+        assert_eq!(NsPrecision::Bf16Iterate.code(), MUON_NS_PRECISION_BF16_ITERATE);
         assert_eq!(ScaleMode::Spectral.code(), MUON_SCALE_SPECTRAL);
         assert_eq!(ScaleMode::ShapeScaling.code(), MUON_SCALE_SHAPE_SCALING);
         assert_eq!(ScaleMode::UnitRmsNorm.code(), MUON_SCALE_UNIT_RMS_NORM);

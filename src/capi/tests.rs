@@ -112,7 +112,7 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "muon_coefficient_set",
         ),
         (
-            |c| c.muon_ns_precision = 2,
+            |c| c.muon_ns_precision = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "muon_ns_precision",
         ),

@@ -25,6 +25,10 @@
 //!   (`b·A` and `a·X` use the unrounded f32 `A` and `X`) and every stored result stay f32.
 //!   This is what cuBLAS computes with bf16 A/B, f32 C and `CUBLAS_COMPUTE_32F`, up to the
 //!   order of accumulation; the CUDA backend uses exactly that.
+//! - `Bf16Iterate`: Megatron-LM's `--muon-fp32-matmul-prec medium` (Emerging-Optimizers'
+//!   `newton_schulz` converts the normalized `X` to bf16 and runs every step in bf16): the
+//!   normalized `X` and the results `A`, `B` and the next `X` are each rounded to bf16 once,
+//!   so every operand and every `β·C` addend is a bf16 value; products accumulate in f32.
 
 use crate::bail;
 use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsPrecision};
@@ -248,12 +252,18 @@ impl NsWorkspace {
                 *d = s / norm;
             }
         }
+        if opts.precision == NsPrecision::Bf16Iterate {
+            round_slice_through_bf16_in_place(x);
+        }
         self.iterate(rows.min(cols), rows.max(cols), opts);
     }
 
     fn iterate(&mut self, m: usize, n: usize, opts: &NsOptions) {
         let (mn, mm) = (m * n, m * m);
         let bf16 = opts.precision == NsPrecision::Bf16;
+        // Megatron-LM's scheme: X, A = X·Xᵀ, B = b·A + c·A·A and the next X are each stored in
+        // bf16, so every product reads bf16 values and its result is rounded once.
+        let stored_bf16 = opts.precision == NsPrecision::Bf16Iterate;
         let NsWorkspace {
             threads,
             x,
@@ -282,6 +292,9 @@ impl NsWorkspace {
                 Output::SymmetricLower,
                 threads,
             );
+            if stored_bf16 {
+                round_slice_through_bf16_in_place(gram);
+            }
             poly.copy_from_slice(gram);
             if bf16 {
                 round_slice_through_bf16_in_place(gram);
@@ -296,7 +309,7 @@ impl NsWorkspace {
                 Output::SymmetricLower,
                 threads,
             );
-            if bf16 {
+            if bf16 || stored_bf16 {
                 round_slice_through_bf16_in_place(poly);
             }
             x_next[..mn].copy_from_slice(&x[..mn]);
@@ -310,6 +323,9 @@ impl NsWorkspace {
                 Output::Full,
                 threads,
             );
+            if stored_bf16 {
+                round_slice_through_bf16_in_place(&mut x_next[..mn]);
+            }
             std::mem::swap(x, x_next);
         }
     }

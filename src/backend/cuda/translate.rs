@@ -484,7 +484,7 @@ impl Translator {
         alloc(Buf::Work(Work::X), work.matrix * 4);
         alloc(Buf::Work(Work::Gram), work.gram * 4);
         match self.muon.ns.precision {
-            NsPrecision::Bf16 => {
+            NsPrecision::Bf16 | NsPrecision::Bf16Iterate => {
                 alloc(Buf::Work(Work::XBf16), work.matrix * 2);
                 alloc(Buf::Work(Work::GramBf16), work.gram * 2);
             }
@@ -805,6 +805,18 @@ impl Translator {
                 vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count)],
             )
         };
+        // f32 → bf16 → f32 in place: the value a bf16 store keeps, through `scratch`.
+        let store_bf16 = |actions: &mut Vec<Action>, values: DevPtr, scratch: DevPtr, count: u64| {
+            actions.push(round(values, scratch, count));
+            let widen = vec![
+                Arg::Ptr(scratch),
+                Arg::I32(1),
+                Arg::Ptr(values),
+                Arg::I32(0),
+                Arg::U64(count),
+            ];
+            actions.push(launch(Kernel::Cast, count, StreamKind::Compute, widen));
+        };
         let copy = |src: DevPtr, dst: DevPtr, count: u64| Action::CopyDevice {
             dst,
             src,
@@ -812,6 +824,9 @@ impl Translator {
             stream: StreamKind::Compute,
         };
         let mut current = x;
+        if self.muon.ns.precision == NsPrecision::Bf16Iterate {
+            store_bf16(actions, x, self.work(Work::XBf16)?, batch * mn);
+        }
         for step in 0..self.muon.ns.steps as usize {
             let [a, b, c] = ns_coefficients(self.muon.ns.coefficients, step);
             match self.muon.ns.precision {
@@ -824,6 +839,17 @@ impl Translator {
                     actions.push(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).gemm()?);
                     actions.push(round(gram, gb, batch * mm));
                     actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
+                }
+                NsPrecision::Bf16Iterate => {
+                    // `x` holds bf16 values and `xb` the same values as bf16 (`store_bf16`).
+                    use GemmInputs::Bf16;
+                    let (xb, gb) = (self.work(Work::XBf16)?, self.work(Work::GramBf16)?);
+                    actions.push(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).gemm()?);
+                    store_bf16(actions, gram, gb, batch * mm);
+                    actions.push(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).gemm()?);
+                    actions.push(round(gram, gb, batch * mm));
+                    actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
+                    store_bf16(actions, x, xb, batch * mn);
                 }
                 NsPrecision::F32 => {
                     use GemmInputs::F32;
