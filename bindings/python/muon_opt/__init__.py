@@ -471,19 +471,37 @@ class Optimizer(_Owner):
         """Backward hook: the param's gradient is complete for this iteration."""
         lib().muon_optimizer_grad_ready(self._handle, param_id)
 
-    def step(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0, wait=True):
-        """One optimizer step (Muon lr and decay, AdamW lr and decay); returns StepInfo. With
-        ``wait=False`` the step is only enqueued (it never waits for the device) and returns
-        None; :meth:`step_info` reads what it did later."""
-        args = _capi.muon_step_args_t(
+    @staticmethod
+    def _step_args(lr, adam_lr, weight_decay, adam_weight_decay):
+        return _capi.muon_step_args_t(
             ctypes.sizeof(_capi.muon_step_args_t), lr, weight_decay, adam_lr, adam_weight_decay
         )
+
+    def set_step_args(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0):
+        """The arguments of the next steps called without ``lr``: copied to the device in
+        stream order, never waits (the form a CUDA-graph-captured step replays with)."""
+        args = self._step_args(lr, adam_lr, weight_decay, adam_weight_decay)
+        lib().muon_optimizer_set_step_args(self._handle, byref(args))
+
+    def step(self, *, lr=None, adam_lr=None, weight_decay=0.0, adam_weight_decay=0.0, wait=True):
+        """One optimizer step (Muon lr and decay, AdamW lr and decay); returns StepInfo. Without
+        ``lr`` and ``adam_lr`` the step uses the arguments of :meth:`set_step_args` and copies
+        nothing from the host. With ``wait=False`` the step is only enqueued (it never waits
+        for the device) and returns None; :meth:`step_info` reads what it did later."""
+        if (lr is None) != (adam_lr is None):
+            raise ValueError("step: give both lr and adam_lr, or neither to use set_step_args")
+        if lr is None:
+            if weight_decay or adam_weight_decay:
+                raise ValueError("step: weight decays without lr; pass them to set_step_args")
+            args = None
+        else:
+            args = byref(self._step_args(lr, adam_lr, weight_decay, adam_weight_decay))
         if not wait:
-            lib().muon_optimizer_step(self._handle, byref(args), None)
+            lib().muon_optimizer_step(self._handle, args, None)
             return None
         info = _capi.muon_step_info_t()
         info.struct_size = ctypes.sizeof(info)
-        lib().muon_optimizer_step(self._handle, byref(args), byref(info))
+        lib().muon_optimizer_step(self._handle, args, byref(info))
         return StepInfo(bool(info.skipped), info.grad_norm, info.clip_coef, info.step)
 
     def step_info(self):

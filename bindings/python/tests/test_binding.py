@@ -274,6 +274,35 @@ class Library(unittest.TestCase):
             info = opt.step_info()
             self.assertEqual((info.step, info.skipped), (1, False))
 
+    def test_steps_with_set_arguments_match_steps_with_arguments_bitwise(self):
+        def run(preset):
+            with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+                views = register(opt)
+                if preset:
+                    with self.assertRaises(mo.MuonError) as ctx:
+                        opt.step()
+                    self.assertIs(ctx.exception.status, mo.Status.INVALID_STATE)
+                    opt.set_step_args(lr=0.02, adam_lr=0.01, weight_decay=0.1, adam_weight_decay=0.01)
+                for step in range(3):
+                    opt.zero_grad()
+                    for v in views:
+                        opt.wait_params(v.bucket)
+                    for p in reversed(range(len(views))):
+                        views[p].grad[:] = array.array("f", [rank_grad(step, 0, p, i) for i in range(views[p].numel)])
+                        opt.grad_ready(p)
+                    if preset:
+                        self.assertEqual(opt.step().step, step + 1)
+                    else:
+                        opt.step(lr=0.02, adam_lr=0.01, weight_decay=0.1, adam_weight_decay=0.01)
+                return snapshot(opt, views)
+
+        self.assertEqual(run(preset=True), run(preset=False))
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            with self.assertRaises(ValueError):
+                opt.step(lr=0.02)
+            with self.assertRaises(ValueError):
+                opt.step(weight_decay=0.1)
+
     def test_plan_json_is_json(self):
         with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
             opt.add_param("w", (16, 8))
