@@ -66,78 +66,85 @@ struct Waiting {
 /// backward pass (`compact_rooted` stays available for such jobs).
 const GROUP_WINDOW_DIVISOR: u64 = 3;
 
-/// Builds the bucket sequence of one compact Muon buffer (`ids` in registration order).
-pub(crate) fn compact_buckets(
-    params: &[ParamSpec],
-    ids: &[u32],
-    bucket_size: Option<u64>,
-    dp: usize,
-    steps: u32,
-    grouping: Grouping,
-) -> Vec<CompactBucket> {
-    let first = walk(params, ids, bucket_size, dp, steps, grouping, None);
-    let grouped: BTreeSet<u32> = first
-        .iter()
-        .filter_map(|bucket| match bucket {
-            CompactBucket::Shards(shards) => Some(shards.iter().flatten().copied()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    walk(params, ids, bucket_size, dp, steps, grouping, Some(&grouped))
+/// One compact Muon buffer to lay out: its params (`ids`, registration order) and settings.
+pub(crate) struct CompactBuffer<'a> {
+    pub params: &'a [ParamSpec],
+    pub ids: &'a [u32],
+    pub bucket_size: Option<u64>,
+    pub dp: usize,
+    /// Newton–Schulz steps (the class of a matrix includes its cost).
+    pub steps: u32,
+    pub grouping: Grouping,
 }
 
-/// One walk over the buffer in backward order. With `grouped`, only those matrices wait for a
-/// group (the ones that formed groups in a first walk, which form the same groups again) and
-/// every other matrix is rooted where it stands, so rooted buckets keep backward order.
-fn walk(
-    params: &[ParamSpec],
-    ids: &[u32],
-    bucket_size: Option<u64>,
-    dp: usize,
-    steps: u32,
-    grouping: Grouping,
-    grouped: Option<&BTreeSet<u32>>,
-) -> Vec<CompactBucket> {
-    let total: u64 = ids.iter().map(|&p| params[p as usize].numel()).sum();
-    let mut builder = Builder {
-        dp,
-        bucket_size,
-        window: total / GROUP_WINDOW_DIVISOR,
-        pools: BTreeMap::new(),
-        shards: vec![Vec::new(); dp],
-        shards_numel: 0,
-        rooted: Vec::new(),
-        rooted_numel: 0,
-        out: Vec::new(),
-        params,
-    };
-    let mut position = 0u64;
-    let mut positions = BTreeMap::new();
-    for &param in ids.iter().rev() {
-        positions.insert(param, position);
-        let spec = &params[param as usize];
-        builder.expire(position, builder.window);
-        if spec.is_expert_stack() {
-            let unit = spec.numel() / spec.num_units();
-            let even = spec.num_units().is_multiple_of(dp as u64) && unit.is_multiple_of(PARAM_ALIGN);
-            if even && grouping == Grouping::Everything {
-                builder.out.push(CompactBucket::Stack(param));
+impl CompactBuffer<'_> {
+    /// The buffer's bucket sequence.
+    pub(crate) fn buckets(&self) -> Vec<CompactBucket> {
+        let grouped: BTreeSet<u32> = self
+            .walk(None)
+            .iter()
+            .filter_map(|bucket| match bucket {
+                CompactBucket::Shards(shards) => Some(shards.iter().flatten().copied()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        self.walk(Some(&grouped))
+    }
+
+    /// One walk over the buffer in backward order. With `grouped`, only those matrices wait
+    /// for a group (the ones that formed groups in a first walk, which form the same groups
+    /// again) and every other matrix is rooted where it stands, so rooted buckets keep
+    /// backward order.
+    fn walk(&self, grouped: Option<&BTreeSet<u32>>) -> Vec<CompactBucket> {
+        let CompactBuffer {
+            params,
+            ids,
+            bucket_size,
+            dp,
+            steps,
+            grouping,
+        } = *self;
+        let total: u64 = ids.iter().map(|&p| params[p as usize].numel()).sum();
+        let mut builder = Builder {
+            dp,
+            bucket_size,
+            window: total / GROUP_WINDOW_DIVISOR,
+            pools: BTreeMap::new(),
+            shards: vec![Vec::new(); dp],
+            shards_numel: 0,
+            rooted: Vec::new(),
+            rooted_numel: 0,
+            out: Vec::new(),
+            params,
+        };
+        let mut position = 0u64;
+        let mut positions = BTreeMap::new();
+        for &param in ids.iter().rev() {
+            positions.insert(param, position);
+            let spec = &params[param as usize];
+            builder.expire(position, builder.window);
+            if spec.is_expert_stack() {
+                let unit = spec.numel() / spec.num_units();
+                let even = spec.num_units().is_multiple_of(dp as u64) && unit.is_multiple_of(PARAM_ALIGN);
+                if even && grouping == Grouping::Everything {
+                    builder.out.push(CompactBucket::Stack(param));
+                } else {
+                    builder.push_rooted(param);
+                }
+            } else if spec.numel().is_multiple_of(PARAM_ALIGN)
+                && grouping != Grouping::Nothing
+                && grouped.is_none_or(|g| g.contains(&param))
+            {
+                let class = (spec.numel(), ns_unit_cost(spec, steps));
+                builder.wait(class, Waiting { param, position });
             } else {
                 builder.push_rooted(param);
             }
-        } else if spec.numel().is_multiple_of(PARAM_ALIGN)
-            && grouping != Grouping::Nothing
-            && grouped.is_none_or(|g| g.contains(&param))
-        {
-            let class = (spec.numel(), ns_unit_cost(spec, steps));
-            builder.wait(class, Waiting { param, position });
-        } else {
-            builder.push_rooted(param);
+            position += spec.numel();
         }
-        position += spec.numel();
+        builder.finish(&positions)
     }
-    builder.finish(&positions)
 }
 
 struct Builder<'a> {

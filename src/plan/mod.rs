@@ -49,7 +49,7 @@ pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan};
 
 use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};
 use cost::NsLoads;
-use groups::{CompactBucket, Grouping};
+use groups::{CompactBucket, CompactBuffer, Grouping};
 use presets::ModelDesc;
 
 /// The layout part of a plan, before the report and hash are added.
@@ -131,9 +131,15 @@ fn lay_out(
     let sequences: Vec<Vec<CompactBucket>> = groups
         .iter()
         .map(|g| match (g.route, cfg.muon_layout) {
-            (Route::Muon, MuonLayout::Compact) => {
-                groups::compact_buckets(params, &g.params, bucket_size, dp, cfg.muon_num_ns_steps, grouping)
+            (Route::Muon, MuonLayout::Compact) => CompactBuffer {
+                params,
+                ids: &g.params,
+                bucket_size,
+                dp,
+                steps: cfg.muon_num_ns_steps,
+                grouping,
             }
+            .buckets(),
             _ => Vec::new(),
         })
         .collect();
