@@ -251,9 +251,12 @@ fn cli_plans_expert_stacks_as_separate_params_when_asked() {
         let out = muon_opt(&args);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let plan = &json["plans"][0];
+        assert_eq!(plan["device_bytes"]["params"], plan["report"]["param_buffer_bytes"]);
+        assert_eq!(plan["device_bytes"]["grads"], plan["report"]["grad_buffer_bytes"]);
         (
             json["model"].as_str().unwrap().to_string(),
-            json["plans"][0]["report"]["padding_fraction"].as_f64().unwrap(),
+            plan["report"]["padding_fraction"].as_f64().unwrap(),
         )
     };
     let (stacked_name, stacked) = padding(&[]);

@@ -14,6 +14,8 @@ use muon_opt::demo::{self, DemoConfig};
 use muon_opt::plan::model_json::parse_model_json;
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 use muon_opt::plan::{build_plans, render};
+use muon_opt::sim::device::device_bytes;
+use muon_opt::sim::metrics::DeviceBytes;
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware};
 use muon_opt::sim::{self, Scenario};
 
@@ -231,6 +233,17 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
         ..Config::default()
     };
     let plans = build_plans(&model, &cfg, args.dp, &args.layout.layouts()).map_err(|e| e.to_string())?;
+    let registry = model.registry(&cfg).map_err(|e| e.to_string())?;
+    let devices = plans
+        .iter()
+        .map(|plan| {
+            let cfg = Config {
+                muon_layout: plan.layout,
+                ..cfg.clone()
+            };
+            device_bytes(plan, registry.params(), &cfg).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<DeviceBytes>, String>>()?;
     if let Some(path) = &args.svg {
         std::fs::write(path, render::svg(&model.name, &plans))
             .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
@@ -239,6 +252,9 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
     if args.json {
         let mut summary: serde_json::Value =
             serde_json::from_str(&render::json_summary(&model.name, &plans, args.timing)).map_err(|e| e.to_string())?;
+        for (entry, device) in summary["plans"].as_array_mut().into_iter().flatten().zip(&devices) {
+            entry["device_bytes"] = serde_json::to_value(device).map_err(|e| e.to_string())?;
+        }
         if args.buckets {
             for (entry, plan) in summary["plans"].as_array_mut().into_iter().flatten().zip(&plans) {
                 let full: serde_json::Value = serde_json::from_str(&plan.to_json(&names)).map_err(|e| e.to_string())?;
@@ -249,7 +265,14 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
         return Ok(());
     }
-    println!("{}", render::table(&model.name, &plans, args.timing));
+    print!("{}", render::table(&model.name, &plans, args.timing));
+    let totals: Vec<u64> = devices.iter().map(|d| d.total).collect();
+    print!("{}", render::bytes_row("device bytes / rank (cuda), max", &totals));
+    for (kind, (label, _)) in DeviceBytes::default().parts().into_iter().enumerate() {
+        let values: Vec<u64> = devices.iter().map(|d| d.parts()[kind].1).collect();
+        print!("{}", render::bytes_row(&format!("  {label}"), &values));
+    }
+    println!();
     if args.buckets {
         for plan in &plans {
             println!("{} layout, {} buckets", plan.layout.name(), plan.buckets.len());

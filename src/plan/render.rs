@@ -33,6 +33,17 @@ fn row(out: &mut String, label: &str, plans: &[Plan], value: impl Fn(&Plan) -> S
     out.push('\n');
 }
 
+/// A row aligned with [`table`]'s columns for figures computed outside the plan: `bytes[i]`
+/// is plan i's value.
+pub fn bytes_row(label: &str, values: &[u64]) -> String {
+    let mut out = format!("{label:<32}");
+    for &value in values {
+        let _ = write!(out, "{:>22}", bytes(value as f64));
+    }
+    out.push('\n');
+    out
+}
+
 /// A readable table of the reports of `plans` (one column per layout) for model `model`; the
 /// wall-clock planning time only when `timing`.
 pub fn table(model: &str, plans: &[Plan], timing: bool) -> String {

@@ -23,6 +23,19 @@ pub struct DeviceBytes {
 }
 
 impl DeviceBytes {
+    /// Every kind with its name, in the order of the fields.
+    pub fn parts(&self) -> [(&'static str, u64); 7] {
+        [
+            ("params", self.params),
+            ("grads", self.grads),
+            ("masters", self.masters),
+            ("momenta", self.momenta),
+            ("adam moments", self.adam_moments),
+            ("mxfp8", self.mxfp8),
+            ("workspaces", self.workspaces),
+        ]
+    }
+
     pub fn of(allocations: &[(Buf, u64)]) -> Self {
         let mut d = DeviceBytes::default();
         for &(buf, bytes) in allocations {

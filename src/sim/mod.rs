@@ -8,6 +8,7 @@
 //! (within the model). Definitions of every figure: `docs/simulate.md`.
 
 pub mod cost;
+pub mod device;
 pub mod drive;
 pub mod engine;
 pub mod metrics;
