@@ -58,12 +58,12 @@ struct Waiting {
 }
 
 /// The group window is this fraction of the buffer's backward: `total / GROUP_WINDOW_DIVISOR`.
-/// Measured with `muon-opt simulate` on the presets at dp 2–64 (docs/design.md §4): with no
+/// Measured with `muon-opt simulate` on the presets at dp 2–256 (docs/design.md §4): with no
 /// window, groups of llama3-70b at dp=64 span 64 of 80 layers and the exposed step time grows
-/// 4.2× over the rooted layout; with a third, `compact` is at or below `compact_rooted` and
-/// `padded` on NVLink at every measured dp and on InfiniBand at dp ≤ 4, and loses up to 14 %
-/// of exposed time on InfiniBand at dp = 8, where the last groups' reduce-scatters outlast the
-/// backward pass (`compact_rooted` stays available for such jobs).
+/// 4.2× over the rooted layout; with a third, `compact` is at or below `compact_rooted` on
+/// NVLink at every measured dp and on InfiniBand at dp ≤ 4, and loses up to 14 % of exposed
+/// time on InfiniBand at dp = 8, where the last groups' reduce-scatters outlast the backward
+/// pass (`compact_rooted` stays available for such jobs).
 const GROUP_WINDOW_DIVISOR: u64 = 3;
 
 /// One compact Muon buffer to lay out: its params (`ids`, registration order) and settings.
