@@ -27,6 +27,7 @@ pub(crate) fn ns_param_cost(spec: &ParamSpec, steps: u32) -> u128 {
 
 /// Newton–Schulz work under the owners in `placements`.
 pub(crate) struct NsLoads {
+    pub per_rank: Vec<u128>,
     /// The largest cost of any rank.
     pub makespan: u128,
     pub total: u128,
@@ -49,9 +50,9 @@ impl NsLoads {
                 total += cost;
             }
         }
-        let makespan = per_rank.into_iter().max().unwrap_or(0);
         NsLoads {
-            makespan,
+            makespan: per_rank.iter().copied().max().unwrap_or(0),
+            per_rank,
             total,
             largest,
         }

@@ -39,7 +39,7 @@ use crate::config::{Config, MuonLayout};
 use crate::model::{ParamSpec, Route};
 
 use super::Layout;
-use super::cost::ns_unit_cost;
+use super::cost::NsLoads;
 use super::ownership::OwnershipMethod;
 use super::queries::shard_pieces;
 use super::types::BucketSplit;
@@ -186,23 +186,15 @@ impl Report {
         layout: &Layout,
         ownership: OwnershipMethod,
     ) -> Report {
-        let steps = cfg.muon_num_ns_steps;
         let mut elements = RouteElements { muon: 0, adamw: 0 };
-        let mut ns_cost = vec![0u128; dp];
         let mut muon_elements = vec![0u64; dp];
-        let mut largest = 0u128;
         for (spec, placement) in params.iter().zip(&layout.params) {
             match placement.route {
                 Route::Muon => elements.muon += spec.numel(),
                 Route::Adamw => elements.adamw += spec.numel(),
             }
-            if placement.route == Route::Muon {
-                let cost = ns_unit_cost(spec, steps);
-                largest = largest.max(cost);
-                for &r in &placement.unit_owners {
-                    ns_cost[r as usize] += cost;
-                    muon_elements[r as usize] += placement.unit_numel;
-                }
+            for &r in &placement.unit_owners {
+                muon_elements[r as usize] += placement.unit_numel;
             }
         }
         let mut state: Vec<u64> = muon_elements
@@ -216,9 +208,9 @@ impl Report {
                 }
             }
         }
-        let total_cost: u128 = ns_cost.iter().sum();
-        let ns_lower_bound = (total_cost as f64 / dp as f64).max(largest as f64);
-        let makespan = ns_cost.iter().copied().max().unwrap_or(0) as f64;
+        let ns = NsLoads::of(params, &layout.params, dp, cfg.muon_num_ns_steps);
+        let ns_lower_bound = (ns.total as f64 / dp as f64).max(ns.largest as f64);
+        let makespan = ns.makespan as f64;
         let unpadded = elements.muon + elements.adamw;
         let buffer_numel: u64 = layout.buffers.iter().map(|b| b.numel).sum();
         let padding_elements = buffer_numel - unpadded;
@@ -243,7 +235,7 @@ impl Report {
             grad_buffer_bytes: buffer_numel * cfg.grad_dtype.size() as u64,
             muon_elements: RankStats::<u64>::of(muon_elements),
             optimizer_state_bytes: RankStats::<u64>::of(state),
-            ns_cost: RankStats::<f64>::of(ns_cost.into_iter().map(|c| c as f64).collect()),
+            ns_cost: RankStats::<f64>::of(ns.per_rank.into_iter().map(|c| c as f64).collect()),
             ns_lower_bound,
             ns_makespan_over_lower_bound: ratio(makespan, ns_lower_bound),
             wire_bytes_per_rank: wire,
