@@ -268,9 +268,9 @@ fn run_plan(args: &PlanArgs) -> Result<(), String> {
     print!("{}", render::table(&model.name, &plans, args.timing));
     let totals: Vec<u64> = devices.iter().map(|d| d.total).collect();
     print!("{}", render::bytes_row("device bytes / rank (cuda), max", &totals));
-    for (kind, (label, _)) in DeviceBytes::default().parts().into_iter().enumerate() {
-        let values: Vec<u64> = devices.iter().map(|d| d.parts()[kind].1).collect();
-        print!("{}", render::bytes_row(&format!("  {label}"), &values));
+    for (k, (kind, _)) in DeviceBytes::default().parts().into_iter().enumerate() {
+        let values: Vec<u64> = devices.iter().map(|d| d.parts()[k].1).collect();
+        print!("{}", render::bytes_row(&format!("  {kind}"), &values));
     }
     println!();
     if args.buckets {

@@ -253,13 +253,6 @@ pub fn table(sims: &[Simulation]) -> String {
         ("host syncs / step", Box::new(|s| s.figures.host_syncs.to_string())),
         ("host stall ms", Box::new(|s| ms(s.figures.host_stall_ms))),
         ("device GB / rank", Box::new(|s| gb(s.device_bytes.total))),
-        ("  params", Box::new(|s| gb(s.device_bytes.params))),
-        ("  grads", Box::new(|s| gb(s.device_bytes.grads))),
-        ("  masters", Box::new(|s| gb(s.device_bytes.masters))),
-        ("  momenta", Box::new(|s| gb(s.device_bytes.momenta))),
-        ("  adam moments", Box::new(|s| gb(s.device_bytes.adam_moments))),
-        ("  mxfp8", Box::new(|s| gb(s.device_bytes.mxfp8))),
-        ("  workspaces", Box::new(|s| gb(s.device_bytes.workspaces))),
     ];
     let mut out = String::new();
     if let Some(first) = sims.first() {
@@ -273,7 +266,12 @@ pub fn table(sims: &[Simulation]) -> String {
             if first.mxfp8 { ", MXFP8 params" } else { "" }
         ));
     }
-    for (name, value) in &rows {
+    let kinds = DeviceBytes::default().parts().map(|(kind, _)| format!("  {kind}"));
+    let device_rows = kinds.iter().enumerate().map(|(k, name)| {
+        let value: Box<dyn Fn(&Simulation) -> String> = Box::new(move |s| gb(s.device_bytes.parts()[k].1));
+        (name.as_str(), value)
+    });
+    for (name, value) in rows.into_iter().chain(device_rows) {
         out.push_str(&format!("{name:<26}"));
         for s in sims {
             out.push_str(&format!("{:>16}", value(s)));
