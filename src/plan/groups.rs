@@ -39,6 +39,17 @@ pub(crate) enum CompactBucket {
     Rooted(Vec<u32>),
 }
 
+impl CompactBucket {
+    /// Every param of the bucket.
+    fn params(&self) -> Box<dyn Iterator<Item = &u32> + '_> {
+        match self {
+            CompactBucket::Shards(shards) => Box::new(shards.iter().flatten()),
+            CompactBucket::Stack(param) => Box::new(std::iter::once(param)),
+            CompactBucket::Rooted(ids) => Box::new(ids.iter()),
+        }
+    }
+}
+
 /// What a compact Muon buffer may group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Grouping {
@@ -83,11 +94,9 @@ impl CompactBuffer<'_> {
         let grouped: BTreeSet<u32> = self
             .walk(None)
             .iter()
-            .filter_map(|bucket| match bucket {
-                CompactBucket::Shards(shards) => Some(shards.iter().flatten().copied()),
-                _ => None,
-            })
-            .flatten()
+            .filter(|bucket| matches!(bucket, CompactBucket::Shards(_)))
+            .flat_map(CompactBucket::params)
+            .copied()
             .collect();
         self.walk(Some(&grouped))
     }
@@ -119,9 +128,9 @@ impl CompactBuffer<'_> {
             params,
         };
         let mut position = 0u64;
-        let mut positions = BTreeMap::new();
+        let mut positions = vec![0u64; params.len()];
         for &param in ids.iter().rev() {
-            positions.insert(param, position);
+            positions[param as usize] = position;
             let spec = &params[param as usize];
             builder.expire(position, builder.window);
             if spec.is_expert_stack() {
@@ -219,19 +228,12 @@ impl Builder<'_> {
 
     /// Ends the walk: the open shard bucket closes, matrices still waiting become rooted in
     /// backward order, and the buckets are ordered by when their last gradient arrives.
-    fn finish(mut self, positions: &BTreeMap<u32, u64>) -> Vec<CompactBucket> {
+    fn finish(mut self, positions: &[u64]) -> Vec<CompactBucket> {
         self.close_shards();
         self.expire(u64::MAX, 0);
         self.close_rooted();
-        let completes = |bucket: &CompactBucket| -> u64 {
-            let last = |ids: &mut dyn Iterator<Item = &u32>| ids.map(|p| positions[p]).max().unwrap_or(0);
-            match bucket {
-                CompactBucket::Shards(shards) => last(&mut shards.iter().flatten()),
-                CompactBucket::Stack(param) => positions[param],
-                CompactBucket::Rooted(ids) => last(&mut ids.iter()),
-            }
-        };
-        self.out.sort_by_key(completes);
+        self.out
+            .sort_by_cached_key(|bucket| bucket.params().map(|&p| positions[p as usize]).max());
         self.out
     }
 }
