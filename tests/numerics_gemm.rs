@@ -134,18 +134,23 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
 }
 
 #[test]
-#[should_panic(expected = "gemm: 2×3 · 2×2 into 2×2")]
 fn mismatched_dimensions_panic_before_any_write() {
-    let (a, b, mut c) = (vec![1.0f32; 6], vec![1.0f32; 4], vec![0.0f32; 4]);
-    gemm(
-        1.0,
-        (&a, Strides::row_major(2, 3)),
-        (&b, Strides::row_major(2, 2)),
-        0.0,
-        (&mut c, Strides::row_major(2, 2)),
-        Output::Full,
-        1,
-    );
+    let (a, b, mut c) = (vec![1.0f32; 6], vec![1.0f32; 4], vec![7.0f32; 4]);
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        gemm(
+            1.0,
+            (&a, Strides::row_major(2, 3)),
+            (&b, Strides::row_major(2, 2)),
+            2.0,
+            (&mut c, Strides::row_major(2, 2)),
+            Output::Full,
+            1,
+        )
+    }))
+    .expect_err("mismatched dimensions must panic");
+    let message = panic.downcast_ref::<String>().expect("a formatted panic message");
+    assert!(message.contains("gemm: 2×3 · 2×2 into 2×2"), "{message}");
+    assert_eq!(c, vec![7.0f32; 4], "C was scaled by beta before the check");
 }
 
 #[test]
