@@ -830,26 +830,27 @@ impl Translator {
         for step in 0..self.muon.ns.steps as usize {
             let [a, b, c] = ns_coefficients(self.muon.ns.coefficients, step);
             match self.muon.ns.precision {
-                NsPrecision::Bf16 => {
+                NsPrecision::Bf16 | NsPrecision::Bf16Iterate => {
+                    // Bf16Iterate keeps `x` at bf16 values, with `xb` holding the same values
+                    // as bf16 (`store_bf16`); `A` is stored at bf16 values before `b·A` reads it.
                     use GemmInputs::Bf16;
+                    let iterate = self.muon.ns.precision == NsPrecision::Bf16Iterate;
                     let (xb, gb) = (self.work(Work::XBf16)?, self.work(Work::GramBf16)?);
-                    actions.push(round(x, xb, batch * mn));
+                    if !iterate {
+                        actions.push(round(x, xb, batch * mn));
+                    }
                     actions.push(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).gemm()?);
-                    actions.push(round(gram, gb, batch * mm));
+                    if iterate {
+                        store_bf16(actions, gram, gb, batch * mm);
+                    } else {
+                        actions.push(round(gram, gb, batch * mm));
+                    }
                     actions.push(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).gemm()?);
                     actions.push(round(gram, gb, batch * mm));
                     actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
-                }
-                NsPrecision::Bf16Iterate => {
-                    // `x` holds bf16 values and `xb` the same values as bf16 (`store_bf16`).
-                    use GemmInputs::Bf16;
-                    let (xb, gb) = (self.work(Work::XBf16)?, self.work(Work::GramBf16)?);
-                    actions.push(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).gemm()?);
-                    store_bf16(actions, gram, gb, batch * mm);
-                    actions.push(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).gemm()?);
-                    actions.push(round(gram, gb, batch * mm));
-                    actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
-                    store_bf16(actions, x, xb, batch * mn);
+                    if iterate {
+                        store_bf16(actions, x, xb, batch * mn);
+                    }
                 }
                 NsPrecision::F32 => {
                     use GemmInputs::F32;
