@@ -858,6 +858,37 @@ muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
                                   struct muon_step_info_t *info);
 
 /**
+ * @brief One step of several optimizers of this rank with one gradient norm, clip
+ *        coefficient and skip decision — e.g. dense params on the data-parallel
+ *        communicator and expert params on the expert-data-parallel one (Megatron's chained
+ *        optimizer). Each optimizer gathers its ranks' Σ g² over its norm group
+ *        (muon_optimizer_set_norm_group; give both a group spanning every rank whose
+ *        gradients the norm covers), then each derives the norm from all of them — every
+ *        optimizer's mean squared norm (its sums over its own dp²), added in @p opts order —
+ *        and steps as muon_optimizer_step does, scaling its gradients by clip / its own dp.
+ *        Enqueues only, never waits; read what the step did with muon_optimizer_step_info on
+ *        any of them (the norm, clip and skip are the same).
+ *
+ * Every rank passes its optimizers in the same order (the sums are added in that order, so
+ * every rank computes the same bits). The optimizers run on the same backend and, with
+ * NCCL, on the same caller stream (each reads the others' gathered sums in stream order),
+ * and have the same clip_grad. Everything is checked before any work is enqueued.
+ * @param[in] opts  @p count distinct finalized optimizer handles.
+ * @param[in] count 1 to 8.
+ * @param[in] args  NULL to use the arguments each optimizer last set with
+ *                  muon_optimizer_set_step_args, or an array of @p count step args (one per
+ *                  optimizer, each with struct_size set to the caller's sizeof).
+ * @return MUON_STATUS_INVALID_ARGUMENT for a handle passed twice, a count out of range,
+ *         different streams or clip_grad values (the message names the optimizer);
+ *         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizers_step(struct muon_optimizer_t *const *opts,
+                                   size_t count,
+                                   const struct muon_step_args_t *args);
+
+/**
  * @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
  *        ordered on the caller's stream before any later step; never waits. With
  *        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
@@ -965,15 +996,21 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  * counts the gradients it owns once; flag copies that another rank counts with
  * MUON_PARAM_FLAG_NORM_REPLICA (tensor-parallel duplicates on TP ranks > 0, a later pipeline
  * stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
- * rank order, so every rank computes the same bits.
+ * rank order, so every rank computes the same bits. Several optimizers of a rank (dense and
+ * expert params) share one clip through muon_optimizers_step, each with a norm group of its
+ * own over the same ranks.
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the same kind as the optimizer's (host group or
  *                      NCCL) whose size is a multiple of the data-parallel size; borrowed
  *                      (its handle may be destroyed after this call; the optimizer keeps what
- *                      it needs). Collectives on it run on the optimizer's comm stream. Every
- *                      rank of the data-parallel group must set a group of the same size
- *                      (else finalize returns MUON_STATUS_PLAN_MISMATCH).
- * @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size.
+ *                      it needs). Collectives on it run on the optimizer's comm stream, so
+ *                      the optimizer claims it as it claims its data-parallel communicator:
+ *                      no other optimizer may use it while this one lives. Every rank of the
+ *                      data-parallel group must set a group of the same size (else finalize
+ *                      returns MUON_STATUS_PLAN_MISMATCH).
+ * @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size;
+ *         MUON_STATUS_INVALID_STATE for a group another optimizer uses (or this one's own
+ *         data-parallel communicator).
  */
 MUON_API
 MUON_NODISCARD

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -348,6 +349,19 @@ private:
     void reset() noexcept { (void)muon_optimizer_destroy(std::exchange(handle_, nullptr)); }
     muon_optimizer_t *handle_ = nullptr;
 };
+
+/// One step of several optimizers of this rank with one gradient norm, clip coefficient and skip
+/// decision (muon_optimizers_step; e.g. a dense and an expert optimizer). @p args empty uses the
+/// arguments each last set with set_step_args, else one per optimizer (struct_size is set
+/// here). Every rank passes its optimizers in the same order. Enqueues only.
+inline void step_shared(std::initializer_list<std::reference_wrapper<Optimizer>> optimizers,
+                        std::initializer_list<muon_step_args_t> args = {}) {
+    std::vector<muon_optimizer_t *> handles;
+    for (Optimizer &opt : optimizers) handles.push_back(opt.get());
+    std::vector<muon_step_args_t> array(args);
+    for (muon_step_args_t &a : array) a.struct_size = sizeof a;
+    check(muon_optimizers_step(handles.data(), handles.size(), array.empty() ? nullptr : array.data()));
+}
 
 /// The library's host Newton–Schulz orthogonalization of a rows×cols row-major matrix.
 inline void newton_schulz_host(Span<const float> in, Span<float> out, uint32_t rows, uint32_t cols,

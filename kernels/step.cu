@@ -20,19 +20,39 @@ __device__ float muon_powi_f32(float base, muon_u64 exp) {
     return result;
 }
 
-// `count` sums (the data-parallel ranks, or the norm group spanning them), gradients summed
-// over `dp` ranks.
-extern "C" __global__ void muon_step_scalars(double *scalars, const double *rank_sums, muon_u32 count, muon_u32 dp,
+// Most optimizers sharing one clip (src/backend/ops.rs MAX_NORM_TERMS).
+#define MUON_NORM_TERMS_MAX 8
+
+// The gathered sums of every optimizer sharing the step's clip, in the order every rank uses:
+// term k has ranks[k] sums (its norm group) of gradients summed over dp[k] ranks.
+struct muon_norm_terms {
+    const double *sums[MUON_NORM_TERMS_MAX];
+    muon_u32 ranks[MUON_NORM_TERMS_MAX];
+    muon_u32 dp[MUON_NORM_TERMS_MAX];
+    muon_u64 count;
+};
+
+// The squared norm of term k's mean gradient: its sums added in rank order, over dp².
+__device__ double muon_term_squared_norm(const struct muon_norm_terms *terms, muon_u32 k) {
+    const double *sums = terms->sums[k];
+    double summed = sums[0];
+    for (muon_u32 r = 1u; r < terms->ranks[k]; ++r) {
+        summed = summed + sums[r];
+    }
+    const double ranks = (double)terms->dp[k];
+    return summed / (ranks * ranks);
+}
+
+// This optimizer's gradients are summed over `dp` ranks.
+extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_terms terms, muon_u32 dp,
                                              float clip_grad, float beta1, float beta2) {
     if (blockIdx.x != 0u || threadIdx.x != 0u) {
         return;
     }
-    double summed = rank_sums[0];
-    for (muon_u32 r = 1u; r < count; ++r) {
-        summed = summed + rank_sums[r];
+    double total = muon_term_squared_norm(&terms, 0u);
+    for (muon_u32 k = 1u; k < (muon_u32)terms.count; ++k) {
+        total = total + muon_term_squared_norm(&terms, k);
     }
-    const double ranks = (double)dp;
-    const double total = summed / (ranks * ranks);
     const bool skipped = !isfinite(total);
     float clip_coef = 1.0f;
     if (!skipped && clip_grad != 0.0f) {

@@ -72,7 +72,7 @@ cmake --build "$consumer/build" -j 2
 # Lazy comm stream: a forward pre-hook (wait_params) missing from the guide would show as stale params.
 MUON_HOST_COMM_MODE=lazy "$consumer/build/cpp_trainer" >/dev/null
 
-step "Model-parallel example (examples/model_parallel: TP=2 x PP=2 x DP=2, one clip and skip on every rank)"
+step "Model-parallel example (examples/model_parallel: TP=2 x PP=2 x DP=2, EP=2 experts in a second optimizer, one clip and skip on every rank)"
 cmake -S examples/model_parallel -B "$consumer/build-mp" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$consumer/build-mp" -j 2
 LD_LIBRARY_PATH="$prefix/lib" "$consumer/build-mp/model_parallel"

@@ -9,6 +9,7 @@ use crate::agreement;
 use crate::backend::Backend;
 use crate::backend::cuda::{CallerStream, CudaBackend};
 use crate::backend::host::executor::HostBackend;
+use crate::backend::ops::{MAX_NORM_TERMS, NormSums};
 use crate::bail;
 use crate::checkpoint;
 use crate::comm::{Claim, Communicator, Transport};
@@ -38,7 +39,9 @@ pub struct Optimizer {
     stream: CallerStream,
     /// The communicator over which the gradient norm and the skip decision are global, when
     /// it spans more than the data-parallel group.
-    norm_group: Option<Arc<Communicator>>,
+    /// Claimed like the data-parallel communicator: its collectives run on this optimizer's
+    /// comm stream, so no other optimizer may issue collectives on it.
+    norm_group: Option<Claim>,
 }
 
 impl Optimizer {
@@ -76,7 +79,7 @@ impl Optimizer {
             "rank {}/{}: created on the {} backend",
             optimizer.rank(),
             optimizer.dp(),
-            if optimizer.init_on_device() { "cuda" } else { "host" }
+            backend_name(optimizer.init_on_device())
         );
         Ok(optimizer)
     }
@@ -177,13 +180,13 @@ impl Optimizer {
                 let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?
                     .with_threads(self.cfg.host_threads_for(host.size()));
                 Box::new(match &self.norm_group {
-                    Some(group) => backend.with_norm_group(group.clone())?,
+                    Some(group) => backend.with_norm_group(group.shared())?,
                     None => backend,
                 })
             }
             Transport::Nccl(_) => {
                 let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
-                let group = self.norm_group.clone();
+                let group = self.norm_group.as_ref().map(Claim::shared);
                 let mut backend = CudaBackend::new(self.claim.shared(), group, self.stream, muon, timeout)?;
                 self.verify_agreement(plan.hash, &mut |v| backend.all_gather_u64(v))?;
                 Box::new(backend)
@@ -206,7 +209,7 @@ impl Optimizer {
     /// communication), params or plan differ from this rank's, naming the first difference.
     fn verify_agreement(&self, hash: u64, exchange: &mut agreement::Exchange) -> Result<()> {
         agreement::verify_config(&self.cfg, self.dp(), self.rank(), exchange)?;
-        let size = self.norm_group.as_ref().map_or(0, |g| g.size() as u64);
+        let size = self.norm_group.as_ref().map_or(0, |g| g.comm().size() as u64);
         if let Some((rank, &other)) = exchange(size)?.iter().enumerate().find(|(_, s)| **s != size) {
             let name = |s: u64| {
                 if s == 0 {
@@ -242,7 +245,8 @@ impl Optimizer {
     /// every rank of a tensor-, pipeline- and data-parallel job — instead of the data-parallel
     /// group alone. Each rank counts the gradients it owns except those flagged
     /// `NORM_REPLICA`. Before finalize; every rank of the data-parallel group sets a group of
-    /// the same size.
+    /// the same size. The group is this optimizer's alone (a second optimizer, e.g. the expert
+    /// one of a shared clip, needs a communicator of its own over the same ranks).
     pub fn set_norm_group(&mut self, group: Arc<Communicator>) -> Result<()> {
         if !matches!(self.phase, Phase::Registering) {
             bail!(
@@ -268,7 +272,20 @@ impl Optimizer {
                 self.dp()
             );
         }
-        self.norm_group = Some(group);
+        if self
+            .norm_group
+            .as_ref()
+            .is_some_and(|current| std::ptr::eq(current.comm(), &*group))
+        {
+            return Ok(());
+        }
+        match group.claim() {
+            Ok(claim) => self.norm_group = Some(claim),
+            Err(_) => bail!(
+                InvalidState,
+                "set_norm_group: the group is already used by another optimizer (or is this optimizer's own communicator); each optimizer needs a norm group of its own, since its collectives run on that optimizer's comm stream"
+            ),
+        }
         Ok(())
     }
 
@@ -334,6 +351,87 @@ impl Optimizer {
     /// host-to-device copy, so it can be captured in a CUDA graph and replayed with new values.
     pub fn step_with_set_args(&mut self) -> Result<()> {
         self.runtime_mut("step")?.step(None)
+    }
+
+    /// One step of several optimizers of this rank with one gradient norm — e.g. dense params on
+    /// the data-parallel group and expert params on the expert-data-parallel group, as
+    /// Megatron's chained optimizer clips them: each optimizer gathers its Σ g² over its norm
+    /// group, then every optimizer derives the norm from all of them (each term's mean squared
+    /// norm over its own dp², added in `members` order), so every optimizer of every rank clips
+    /// with the same coefficient and skips the same steps. `args` holds one entry per member,
+    /// or None to use the arguments each last set. Every rank passes its optimizers in the same
+    /// order. Checks everything before enqueueing anything.
+    pub fn step_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
+        Self::check_shared(members, args)?;
+        for (k, member) in members.iter_mut().enumerate() {
+            member.runtime_mut("step")?.begin_step(args.map(|a| &a[k]))?;
+        }
+        let terms = members
+            .iter_mut()
+            .map(|m| m.runtime_mut("step")?.norm_term())
+            .collect::<Result<Vec<_>>>()?;
+        for (k, member) in members.iter_mut().enumerate() {
+            let mut own = terms.clone();
+            own[k].sums = NormSums::Own;
+            member.runtime_mut("step")?.finish_step(&own)?;
+        }
+        Ok(())
+    }
+
+    /// The preconditions of [`Optimizer::step_shared`], naming the member that breaks one.
+    fn check_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
+        if members.is_empty() || members.len() > MAX_NORM_TERMS {
+            bail!(
+                InvalidArgument,
+                "step: count {} must be 1 to {MAX_NORM_TERMS} optimizers",
+                members.len()
+            );
+        }
+        if let Some(args) = args {
+            if args.len() != members.len() {
+                bail!(
+                    InvalidArgument,
+                    "step: {} step args for {} optimizers; pass one per optimizer",
+                    args.len(),
+                    members.len()
+                );
+            }
+            args.iter().try_for_each(Self::check_args)?;
+        }
+        let first = &members[0];
+        let (device, stream, clip_grad) = (first.init_on_device(), first.stream.0, first.cfg.clip_grad);
+        for (k, member) in members.iter_mut().enumerate() {
+            if member.init_on_device() != device {
+                bail!(
+                    CommMismatch,
+                    "step: opts[{k}] runs on the {} backend and opts[0] on the {}; optimizers sharing a clip run on one",
+                    backend_name(member.init_on_device()),
+                    backend_name(device)
+                );
+            }
+            if member.stream.0 != stream {
+                bail!(
+                    InvalidArgument,
+                    "step: opts[{k}] uses stream {:p} and opts[0] {stream:p}; optimizers sharing a clip share the caller's stream",
+                    member.stream.0
+                );
+            }
+            if member.cfg.clip_grad != clip_grad {
+                bail!(
+                    InvalidArgument,
+                    "step: opts[{k}] has clip_grad {} and opts[0] {clip_grad}; optimizers sharing a clip need one clip_grad",
+                    member.cfg.clip_grad
+                );
+            }
+            let runtime = member.runtime_mut("step")?;
+            if args.is_none() && !runtime.has_step_args() {
+                bail!(
+                    InvalidState,
+                    "step: opts[{k}] has no step arguments: pass them, or set them first with muon_optimizer_set_step_args"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Copies the arguments of the next steps to the device, ordered on the caller's stream
@@ -409,4 +507,9 @@ impl Optimizer {
         self.check_id(id)?;
         self.plan()
     }
+}
+
+/// The backend an optimizer runs on.
+fn backend_name(on_device: bool) -> &'static str {
+    if on_device { "cuda" } else { "host" }
 }

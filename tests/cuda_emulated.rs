@@ -375,7 +375,12 @@ impl Emulator {
                     self.st_f32(w + 4 * i, wi);
                 }
             }
-            Kernel::StepScalars => self.step_scalars(n(0), n(1), n(2), n(3), [float(a, 4), float(a, 5), float(a, 6)]),
+            Kernel::StepScalars => {
+                let Arg::Words(terms) = &a[1] else {
+                    panic!("muon_step_scalars: argument 1 is {:?}", a[1])
+                };
+                self.step_scalars(n(0), terms, n(2), [float(a, 3), float(a, 4), float(a, 5)])
+            }
             Kernel::Mxfp8Quantize => {
                 let (rows, cols) = (n(1) as usize, n(2) as usize);
                 let input: Vec<u16> = (0..(rows * cols) as u64).map(|i| self.ld_u16(n(0) + 2 * i)).collect();
@@ -448,20 +453,23 @@ impl Emulator {
         self.ld_f64(scalars + 8 * Scalar::Skip.slot() as u64) != 0.0
     }
 
-    /// `muon_step_scalars` of `kernels/step.cu`, statement for statement.
-    fn step_scalars(
-        &mut self,
-        scalars: DevPtr,
-        sums: DevPtr,
-        count: u64,
-        dp: u64,
-        [clip_grad, beta1, beta2]: [f32; 3],
-    ) {
+    /// `muon_term_squared_norm` of `kernels/step.cu`: term k of `struct muon_norm_terms`.
+    fn term_squared_norm(&self, terms: &[u64], k: usize) -> f64 {
+        let half = |word: u64, k: usize| (word >> (32 * (k % 2))) & 0xFFFF_FFFF;
+        let (sums, ranks, dp) = (terms[k], half(terms[8 + k / 2], k), half(terms[12 + k / 2], k));
         let mut summed = self.ld_f64(sums);
-        for r in 1..count {
+        for r in 1..ranks {
             summed += self.ld_f64(sums + 8 * r);
         }
-        let total = summed / (dp as f64 * dp as f64);
+        summed / (dp as f64 * dp as f64)
+    }
+
+    /// `muon_step_scalars` of `kernels/step.cu`, statement for statement.
+    fn step_scalars(&mut self, scalars: DevPtr, terms: &[u64], dp: u64, [clip_grad, beta1, beta2]: [f32; 3]) {
+        let mut total = self.term_squared_norm(terms, 0);
+        for k in 1..terms[16] as usize {
+            total += self.term_squared_norm(terms, k);
+        }
         let skipped = !total.is_finite();
         let mut clip_coef = 1.0f32;
         if !skipped && clip_grad != 0.0 {

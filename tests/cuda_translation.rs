@@ -24,6 +24,7 @@ use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::recording::{Observer, Op, Recording};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
+use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::MuonOptions;
 
@@ -432,12 +433,14 @@ fn the_kernels_number_the_scalars_like_the_schedule() {
 
 /// With a norm group the gather of every rank's Σ g² runs on the group's communicator and the
 /// step kernel adds the group's sums but divides by the data-parallel size; without one, both
-/// are the data-parallel group's.
+/// are the data-parallel group's. A shared step's other terms are read at their own addresses
+/// with their own rank counts and dp (`struct muon_norm_terms`: 8 addresses, 4 words of rank
+/// pairs, 4 of dp pairs, the count).
 #[test]
 fn a_norm_group_gathers_on_its_own_communicator() {
     use muon_opt::backend::cuda::action::{NcclCall, NcclComm, NcclType};
     use muon_opt::backend::cuda::translate::Translator;
-    use muon_opt::backend::ops::StepConstants;
+    use muon_opt::backend::ops::{NormSums, NormTerm, StepConstants};
     let muon = MuonOptions::from_config(&Config::default());
     let constants = StepConstants {
         clip_grad: 1.0,
@@ -451,8 +454,21 @@ fn a_norm_group_gathers_on_its_own_communicator() {
             None => translator,
         };
         let mut dry = DryRun::with_translator(translator);
+        let own = NormTerm {
+            ranks: count as usize,
+            dp: 2,
+            sums: NormSums::Own,
+        };
+        let partner = NormTerm {
+            ranks: 16,
+            dp: 4,
+            sums: NormSums::Device(0xABC0_0000),
+        };
         dry.observe(&Op::GatherNormSums);
-        dry.observe(&Op::FinishStep(constants));
+        dry.observe(&Op::FinishStep {
+            constants,
+            terms: vec![partner, own],
+        });
         let actions: Vec<Action> = dry
             .log
             .iter()
@@ -474,8 +490,36 @@ fn a_norm_group_gathers_on_its_own_communicator() {
             }]
         ));
         assert_eq!(launch.kernel, Kernel::StepScalars);
-        assert_eq!((&launch.args[2], &launch.args[3]), (&Arg::U32(count), &Arg::U32(2)));
+        let NcclCall::AllGather { recv, .. } = calls[0] else {
+            unreachable!()
+        };
+        let Arg::Words(words) = &launch.args[1] else {
+            panic!("{:?}", launch.args)
+        };
+        assert_eq!(words.len(), 17);
+        assert_eq!(
+            &words[..3],
+            &[0xABC0_0000, recv, 0],
+            "the partner's sums first, then this rank's receive slots"
+        );
+        assert_eq!(words[8], 16 | (u64::from(count) << 32), "ranks of each term");
+        assert_eq!(words[12], 4 | (2 << 32), "dp of each term");
+        assert_eq!(words[16], 2, "two terms");
+        assert_eq!(launch.args[2], Arg::U32(2), "this optimizer's dp scales its gradients");
     }
+    let mut dry = DryRun::with_translator(Translator::new(0, 2, muon));
+    let host_partner = NormTerm {
+        ranks: 2,
+        dp: 2,
+        sums: NormSums::Host(Arc::default()),
+    };
+    dry.observe(&Op::FinishStep {
+        constants,
+        terms: vec![host_partner],
+    });
+    let (_, translated) = &dry.log[0];
+    let err = translated.as_ref().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::CommMismatch, "{err}");
 }
 
 /// The capture-ready form of the step: arguments copied beforehand with `set_step_args`

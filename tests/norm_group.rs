@@ -272,3 +272,32 @@ fn ranks_of_one_data_parallel_group_must_set_the_same_group() {
     assert_eq!(err.kind, ErrorKind::CommMismatch);
     assert!(err.message.contains("multiple of dp"), "{}", err.message);
 }
+
+/// A norm group's collectives run on its optimizer's comm stream, so two optimizers on one
+/// communicator would interleave their gathers in any order: the group is claimed, a second
+/// optimizer (or the optimizer's own data-parallel communicator) is refused, and a refused call
+/// leaves the optimizer's group as it was.
+#[test]
+fn a_norm_group_serves_one_optimizer() {
+    let host = |n: usize| Communicator::new(Transport::Host(HostGroup::new(n, Duration::from_secs(1)).remove(0)));
+    let (comm_a, comm_b, group) = (host(1), host(1), host(2));
+    let mut a = Optimizer::new(Config::default(), comm_a.claim().unwrap(), CallerStream::NULL).unwrap();
+    let mut b = Optimizer::new(Config::default(), comm_b.claim().unwrap(), CallerStream::NULL).unwrap();
+    a.set_norm_group(group.clone()).unwrap();
+    a.set_norm_group(group.clone()).unwrap();
+    let err = b.set_norm_group(group.clone()).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidState);
+    assert!(
+        err.message.contains("already used by another optimizer"),
+        "{}",
+        err.message
+    );
+    let err = a.set_norm_group(comm_a.clone()).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidState, "its own communicator: {err}");
+    assert!(
+        group.claim().is_err(),
+        "a's claim on the group survived the refused call"
+    );
+    drop(a);
+    b.set_norm_group(group).unwrap();
+}

@@ -10,7 +10,7 @@ pub mod recording;
 use std::ffi::c_void;
 
 use crate::error::Result;
-use ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
+use ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind};
 
 /// What the schedule needs from a backend. Compute-stream operations are ordered by call
 /// order; comm-stream operations by call order on the comm stream; the two streams are
@@ -33,9 +33,13 @@ pub trait Backend: Send {
     fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()>;
     /// Comm stream: every rank's [`Scalar::NormSq`], kept in rank order for `finish_step`.
     fn gather_norm_sums(&mut self) -> Result<()>;
-    /// Compute stream, after `gather_norm_sums`: the step's scalars from the gathered sums and
-    /// the steps taken so far ([`crate::numerics::step_scalars`]).
-    fn finish_step(&mut self, constants: &StepConstants) -> Result<()>;
+    /// This backend's gathered sums as another backend of the rank reads them in a shared step
+    /// (valid once its `gather_norm_sums` is done on the compute stream).
+    fn norm_term(&self) -> Result<NormTerm>;
+    /// Compute stream, after the `gather_norm_sums` of every term's backend: the step's scalars
+    /// from the terms' sums, in order, and the steps taken so far
+    /// ([`crate::numerics::step_scalars`]).
+    fn finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()>;
     /// Compute stream, without blocking the host: the step's arguments into [`Scalar::Lr`],
     /// [`Scalar::WeightDecay`], [`Scalar::AdamLr`] and [`Scalar::AdamWeightDecay`].
     fn set_step_args(&mut self, args: [f32; 4]) -> Result<()>;

@@ -2,6 +2,8 @@
 //! element range; the schedule decides every offset, event and collective, the backend only
 //! executes (docs/design.md §5).
 
+use std::sync::{Arc, Mutex};
+
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mem {
@@ -121,6 +123,43 @@ pub struct StepConstants {
     pub clip_grad: f32,
     pub beta1: f32,
     pub beta2: f32,
+}
+
+/// Most optimizers one step can share a clip between ([`NormTerm`]s of one `finish_step`; the
+/// `muon_norm_terms` struct of `kernels/step.cu` has this many entries).
+pub const MAX_NORM_TERMS: usize = 8;
+
+/// One optimizer's part of the step's gradient norm: its gathered Σ g² (`ranks` values, one per
+/// rank of its norm group) of gradients summed over `dp` ranks. A step has one term, or one per
+/// optimizer when several optimizers of a rank share one clip (`muon_optimizers_step`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NormTerm {
+    pub ranks: usize,
+    pub dp: usize,
+    pub sums: NormSums,
+}
+
+/// Where a [`NormTerm`]'s gathered sums are, after the `gather_norm_sums` of its optimizer.
+#[derive(Debug, Clone)]
+pub enum NormSums {
+    /// The backend's own (the one running `finish_step`).
+    Own,
+    /// Another host backend's, read under its lock.
+    Host(Arc<Mutex<Vec<f64>>>),
+    /// Another cuda backend's receive slots on the same device and stream.
+    Device(u64),
+}
+
+impl PartialEq for NormSums {
+    /// The same memory.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (NormSums::Own, NormSums::Own) => true,
+            (NormSums::Host(a), NormSums::Host(b)) => Arc::ptr_eq(a, b),
+            (NormSums::Device(a), NormSums::Device(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 /// Per-parameter multipliers of a Muon update; the learning rate, weight decay and gradient

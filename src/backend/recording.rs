@@ -7,7 +7,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::backend::Backend;
-use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
+use crate::backend::ops::{
+    AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
+};
 use crate::error::Result;
 
 /// One backend call with its arguments. Floating-point arguments of the plain calls are kept
@@ -32,7 +34,10 @@ pub enum Op {
         checked: Vec<Span>,
     },
     GatherNormSums,
-    FinishStep(StepConstants),
+    FinishStep {
+        constants: StepConstants,
+        terms: Vec<NormTerm>,
+    },
     /// The arguments as f32 bits.
     SetStepArgs([u32; 4]),
     SetStepCount(u64),
@@ -173,9 +178,16 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
         self.inner.gather_norm_sums()
     }
 
-    fn finish_step(&mut self, constants: &StepConstants) -> Result<()> {
-        self.note(Op::FinishStep(*constants));
-        self.inner.finish_step(constants)
+    fn norm_term(&self) -> Result<NormTerm> {
+        self.inner.norm_term()
+    }
+
+    fn finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()> {
+        self.note(Op::FinishStep {
+            constants: *constants,
+            terms: terms.to_vec(),
+        });
+        self.inner.finish_step(constants, terms)
     }
 
     fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {

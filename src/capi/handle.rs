@@ -111,6 +111,55 @@ pub fn with_mut<T: Exposed>(
     run::<T>(function, ptr, arg, |handle| body(unsafe { &mut (*handle).value }))
 }
 
+/// Runs `body` with exclusive access to every handle of `ptrs` (named `arg[k]` in messages)
+/// inside one panic boundary: the same handle twice is an error (never two `&mut` to one
+/// value), and a panic poisons every handle of the call.
+pub fn with_mut_each<T: Exposed>(
+    function: &str,
+    ptrs: &[*mut T::C],
+    arg: &str,
+    body: impl FnOnce(&mut [&mut T]) -> Result<()>,
+) -> muon_status_t {
+    let checked = catch_unwind(AssertUnwindSafe(|| -> Result<Vec<*mut Handle<T>>> {
+        let handles = ptrs
+            .iter()
+            .enumerate()
+            .map(|(k, &ptr)| check::<T>(ptr, &format!("{arg}[{k}]")))
+            .collect::<Result<Vec<_>>>()?;
+        for (k, handle) in handles.iter().enumerate() {
+            if let Some(first) = handles[..k].iter().position(|h| h == handle) {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{arg}[{k}] and {arg}[{first}] are the same {}; pass each once", T::NAME),
+                ));
+            }
+        }
+        Ok(handles)
+    }));
+    let handles = match checked {
+        Ok(Ok(handles)) => handles,
+        Ok(Err(err)) => return fail(function, err),
+        Err(payload) => return fail(function, Error::new(ErrorKind::Panic, panic_text(&*payload))),
+    };
+    // SAFETY: checked live and pairwise distinct handles; no other call runs on them (the
+    // documented contract).
+    let mut values: Vec<&mut T> = handles.iter().map(|&h| unsafe { &mut (*h).value }).collect();
+    match catch_unwind(AssertUnwindSafe(|| body(&mut values))) {
+        Ok(Ok(())) => muon_status_t::MUON_STATUS_SUCCESS,
+        Ok(Err(err)) => fail(function, err),
+        Err(payload) => {
+            for &handle in &handles {
+                // SAFETY: checked live handles; the flag is atomic.
+                unsafe { (*handle).poisoned.store(true, Ordering::Release) };
+            }
+            fail(
+                function,
+                Error::new(ErrorKind::Panic, format!("internal panic: {}", panic_text(&*payload))),
+            )
+        }
+    }
+}
+
 /// Runs `body` with shared access to the handle behind `ptr` (`const` functions, which
 /// callers may run concurrently): under the handle's lock, so one `&T` exists at a time.
 pub fn with_ref<T: Exposed>(

@@ -1,12 +1,14 @@
 //! Per-iteration calls around the framework's forward and backward, and the host
 //! Newton–Schulz reference utility.
 
+use crate::backend::ops::MAX_NORM_TERMS;
 use crate::bail;
-use crate::capi::boundary::{checked_size, non_null, run};
-use crate::capi::handle::with_mut;
+use crate::capi::boundary::{checked_size, fail, non_null, run};
+use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
 use crate::config::{CoefficientSet, NsPrecision};
+use crate::error::{Error, ErrorKind};
 use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
 use crate::optimizer::Optimizer;
 use crate::schedule::StepArgs;
@@ -112,6 +114,88 @@ pub unsafe extern "C" fn muon_optimizer_step(
         }
         Ok(())
     })
+}
+
+/// @brief One step of several optimizers of this rank with one gradient norm, clip
+///        coefficient and skip decision — e.g. dense params on the data-parallel
+///        communicator and expert params on the expert-data-parallel one (Megatron's chained
+///        optimizer). Each optimizer gathers its ranks' Σ g² over its norm group
+///        (muon_optimizer_set_norm_group; give both a group spanning every rank whose
+///        gradients the norm covers), then each derives the norm from all of them — every
+///        optimizer's mean squared norm (its sums over its own dp²), added in @p opts order —
+///        and steps as muon_optimizer_step does, scaling its gradients by clip / its own dp.
+///        Enqueues only, never waits; read what the step did with muon_optimizer_step_info on
+///        any of them (the norm, clip and skip are the same).
+///
+/// Every rank passes its optimizers in the same order (the sums are added in that order, so
+/// every rank computes the same bits). The optimizers run on the same backend and, with
+/// NCCL, on the same caller stream (each reads the others' gathered sums in stream order),
+/// and have the same clip_grad. Everything is checked before any work is enqueued.
+/// @param[in] opts  @p count distinct finalized optimizer handles.
+/// @param[in] count 1 to 8.
+/// @param[in] args  NULL to use the arguments each optimizer last set with
+///                  muon_optimizer_set_step_args, or an array of @p count step args (one per
+///                  optimizer, each with struct_size set to the caller's sizeof).
+/// @return MUON_STATUS_INVALID_ARGUMENT for a handle passed twice, a count out of range,
+///         different streams or clip_grad values (the message names the optimizer);
+///         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizers_step(
+    opts: *const *mut muon_optimizer_t,
+    count: usize,
+    args: *const muon_step_args_t,
+) -> muon_status_t {
+    const FUNCTION: &str = "muon_optimizers_step";
+    if opts.is_null() {
+        return fail(
+            FUNCTION,
+            Error::new(ErrorKind::NullArgument, "opts is NULL".to_string()),
+        );
+    }
+    if count == 0 || count > MAX_NORM_TERMS {
+        return fail(
+            FUNCTION,
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("count {count} must be 1 to {MAX_NORM_TERMS} optimizers"),
+            ),
+        );
+    }
+    // SAFETY: the caller passes `count` handles.
+    let handles = unsafe { std::slice::from_raw_parts(opts, count) };
+    with_mut_each::<Optimizer>(FUNCTION, handles, "opts", |members| {
+        let args = if args.is_null() {
+            None
+        } else {
+            Some(unsafe { read_step_args_array(args, count) }?)
+        };
+        Optimizer::step_shared(members, args.as_deref())
+    })
+}
+
+/// `count` step args laid out with the stride of the first one's struct_size.
+///
+/// # Safety
+/// `args` points to `count` readable `muon_step_args_t` of the caller's size.
+unsafe fn read_step_args_array(args: *const muon_step_args_t, count: usize) -> crate::error::Result<Vec<StepArgs>> {
+    checked_size(args, "args")?;
+    // SAFETY: checked above: non-NULL, starts with a u32.
+    let stride = unsafe { std::ptr::read_unaligned(args.cast::<u32>()) } as usize;
+    (0..count)
+        .map(|k| {
+            // SAFETY: element k of the caller's array.
+            let element = unsafe { args.cast::<u8>().add(k * stride) }.cast::<muon_step_args_t>();
+            let size = unsafe { std::ptr::read_unaligned(element.cast::<u32>()) } as usize;
+            if size != stride {
+                bail!(
+                    AbiMismatch,
+                    "args[{k}].struct_size: {size} differs from args[0]'s {stride}; set every element's to sizeof(muon_step_args_t)"
+                );
+            }
+            unsafe { read_step_args(element) }
+        })
+        .collect()
 }
 
 /// @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,

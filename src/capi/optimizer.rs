@@ -83,15 +83,21 @@ fn borrow_comm(function: &str, comm: *mut muon_comm_t, name: &str) -> Result<Arc
 /// counts the gradients it owns once; flag copies that another rank counts with
 /// MUON_PARAM_FLAG_NORM_REPLICA (tensor-parallel duplicates on TP ranks > 0, a later pipeline
 /// stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
-/// rank order, so every rank computes the same bits.
+/// rank order, so every rank computes the same bits. Several optimizers of a rank (dense and
+/// expert params) share one clip through muon_optimizers_step, each with a norm group of its
+/// own over the same ranks.
 /// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
 /// @param[in]     group A communicator of the same kind as the optimizer's (host group or
 ///                      NCCL) whose size is a multiple of the data-parallel size; borrowed
 ///                      (its handle may be destroyed after this call; the optimizer keeps what
-///                      it needs). Collectives on it run on the optimizer's comm stream. Every
-///                      rank of the data-parallel group must set a group of the same size
-///                      (else finalize returns MUON_STATUS_PLAN_MISMATCH).
-/// @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size.
+///                      it needs). Collectives on it run on the optimizer's comm stream, so
+///                      the optimizer claims it as it claims its data-parallel communicator:
+///                      no other optimizer may use it while this one lives. Every rank of the
+///                      data-parallel group must set a group of the same size (else finalize
+///                      returns MUON_STATUS_PLAN_MISMATCH).
+/// @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size;
+///         MUON_STATUS_INVALID_STATE for a group another optimizer uses (or this one's own
+///         data-parallel communicator).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_set_norm_group(

@@ -298,6 +298,69 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_step(o, &args(), &mut info(0))
         ),
         row!(
+            "muon_optimizers_step",
+            "NULL opts",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizers_step(null(), 1, null())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "NULL opts[0]",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizers_step([null_mut()].as_ptr(), 1, null())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "count 0",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizers_step([o].as_ptr(), 0, null())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "count 9",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizers_step([o; 9].as_ptr(), 9, null())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "the same optimizer twice",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizers_step([o, o].as_ptr(), 2, null())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizers_step([o].as_ptr(), 1, &args())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "NULL args before set_step_args",
+            Finalized,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizers_step([o].as_ptr(), 1, null())
+        ),
+        row!(
+            "muon_optimizers_step",
+            "args struct_size 0",
+            Finalized,
+            MUON_STATUS_ABI_MISMATCH,
+            |o| muon_optimizers_step(
+                [o].as_ptr(),
+                1,
+                &muon_step_args_t {
+                    struct_size: 0,
+                    ..args()
+                }
+            )
+        ),
+        row!(
             "muon_optimizer_set_step_args",
             "NULL args",
             Finalized,

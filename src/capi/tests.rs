@@ -578,3 +578,81 @@ fn step_info_is_read_on_demand() {
     );
     teardown(comm, opt);
 }
+
+/// `muon_optimizers_step` steps two optimizers with one norm: each holds one matrix whose
+/// gradient is all ones (A, 64×32) or all twos (B, 16×8), so both report ‖g‖ = √(2048 + 512)
+/// and clip with it. The args array is read with the stride of the caller's struct_size (a
+/// newer header's larger struct); an element of another size is refused before any work.
+#[test]
+fn optimizers_step_shares_one_norm() {
+    let mut cfg = default_config();
+    cfg.grad_dtype = MUON_DTYPE_F32;
+    cfg.clip_grad = 1.0;
+    let (comm_a, a) = single_rank_optimizer(&cfg);
+    let (comm_b, b) = single_rank_optimizer(&cfg);
+    let name = CString::new("layers.0.fc1.weight").unwrap();
+    for (opt, shape, value) in [(a, [64i64, 32], 1.0f32), (b, [16, 8], 2.0)] {
+        assert_eq!(
+            unsafe { muon_optimizer_add_param(opt, &desc(&name, &shape), null_mut()) },
+            MUON_STATUS_SUCCESS
+        );
+        assert_eq!(
+            unsafe { muon_optimizer_finalize(opt) },
+            MUON_STATUS_SUCCESS,
+            "{}",
+            last_error()
+        );
+        assert_eq!(unsafe { muon_optimizer_zero_grad(opt) }, MUON_STATUS_SUCCESS);
+        let mut view = unsafe { std::mem::zeroed::<muon_param_view_t>() };
+        view.struct_size = std::mem::size_of::<muon_param_view_t>() as u32;
+        assert_eq!(
+            unsafe { muon_optimizer_param_view(opt, 0, &mut view) },
+            MUON_STATUS_SUCCESS
+        );
+        // SAFETY: the host backend's f32 grad of the param.
+        unsafe { std::slice::from_raw_parts_mut(view.grad.cast::<f32>(), view.numel as usize) }.fill(value);
+        assert_eq!(unsafe { muon_optimizer_grad_ready(opt, 0) }, MUON_STATUS_SUCCESS);
+    }
+    /// A caller's newer muon_step_args_t: eight more bytes.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Newer {
+        args: muon_step_args_t,
+        extra: u64,
+    }
+    let element = Newer {
+        args: muon_step_args_t {
+            struct_size: std::mem::size_of::<Newer>() as u32,
+            lr: 0.02,
+            weight_decay: 0.0,
+            adam_lr: 1e-3,
+            adam_weight_decay: 0.0,
+        },
+        extra: 0,
+    };
+    let mut array = [element; 2];
+    array[1].args.struct_size -= 8;
+    let opts = [a, b];
+    assert_eq!(
+        unsafe { muon_optimizers_step(opts.as_ptr(), 2, array.as_ptr().cast()) },
+        MUON_STATUS_ABI_MISMATCH
+    );
+    assert!(last_error().contains("args[1].struct_size"), "{}", last_error());
+    array[1].args.struct_size += 8;
+    assert_eq!(
+        unsafe { muon_optimizers_step(opts.as_ptr(), 2, array.as_ptr().cast()) },
+        MUON_STATUS_SUCCESS,
+        "{}",
+        last_error()
+    );
+    let expected = (2048.0f64 + 512.0).sqrt();
+    for opt in opts {
+        let mut info = unsafe { std::mem::zeroed::<muon_step_info_t>() };
+        info.struct_size = std::mem::size_of::<muon_step_info_t>() as u32;
+        assert_eq!(unsafe { muon_optimizer_step_info(opt, &mut info) }, MUON_STATUS_SUCCESS);
+        assert_eq!((info.step, info.skipped, info.grad_norm), (1, 0, expected));
+        assert_eq!(info.clip_coef, (1.0 / (expected + 1e-6)) as f32);
+    }
+    teardown(comm_a, a);
+    teardown(comm_b, b);
+}

@@ -73,12 +73,35 @@ pub struct StepScalars {
     pub bc2: f32,
 }
 
-/// The step's scalars from `rank_sums` (Σ g² of each rank's owned gradients, summed in rank
-/// order: the ranks of the data-parallel group, or of the norm group that spans it), the
-/// data-parallel size `dp` (the gradients are sums over dp ranks, so the mean's squared norm is
-/// the total over dp²), the steps taken before, and the clip and AdamW constants.
+/// One optimizer's gathered Σ g² in a step: every rank's sum of squares of the gradients it
+/// owns (the ranks of its data-parallel group, or of the norm group that spans it, in rank
+/// order), the gradients being sums over `dp` ranks (so the mean's squared norm is the total
+/// over dp²).
+#[derive(Debug, Clone, Copy)]
+pub struct GatheredSums<'a> {
+    pub rank_sums: &'a [f64],
+    pub dp: usize,
+}
+
+impl GatheredSums<'_> {
+    /// The squared norm of the mean gradient: the sums added in rank order, over dp².
+    fn mean_squared_norm(&self) -> f64 {
+        let dp = self.dp.max(1) as f64;
+        let summed = self
+            .rank_sums
+            .iter()
+            .skip(1)
+            .fold(self.rank_sums.first().copied().unwrap_or(0.0), |acc, v| acc + v);
+        summed / (dp * dp)
+    }
+}
+
+/// The step's scalars from the gathered sums of every optimizer sharing the clip (one, unless
+/// the step is shared: their mean squared norms added in the order given, which every rank and
+/// every optimizer of the set uses), this optimizer's data-parallel size `dp` (its gradients
+/// are scaled by `clip_coef / dp`), the steps taken before, and the clip and AdamW constants.
 pub fn step_scalars(
-    rank_sums: &[f64],
+    terms: &[GatheredSums<'_>],
     dp: usize,
     previous_step: u64,
     clip_grad: f32,
@@ -86,11 +109,12 @@ pub fn step_scalars(
     beta2: f32,
 ) -> StepScalars {
     let dp = dp.max(1);
-    let summed = rank_sums
+    let total = terms
         .iter()
         .skip(1)
-        .fold(rank_sums.first().copied().unwrap_or(0.0), |acc, v| acc + v);
-    let total = summed / (dp as f64 * dp as f64);
+        .fold(terms.first().map_or(0.0, GatheredSums::mean_squared_norm), |acc, t| {
+            acc + t.mean_squared_norm()
+        });
     let skipped = !total.is_finite();
     let clip_coef = if skipped {
         1.0

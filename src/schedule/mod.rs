@@ -14,7 +14,8 @@ pub mod state;
 
 use crate::backend::Backend;
 use crate::backend::ops::{
-    AdamwJob, AdamwParamArgs, EventId, Mem, MuonJob, MuonParamArgs, Scalar, Span, StepConstants, StreamKind,
+    AdamwJob, AdamwParamArgs, EventId, Mem, MuonJob, MuonParamArgs, NormSums, NormTerm, Scalar, Span, StepConstants,
+    StreamKind,
 };
 use crate::bail;
 use crate::config::Config;
@@ -92,6 +93,8 @@ pub struct Runtime {
     profile: StepProfile,
     /// The device holds step arguments (from a step or `set_step_args`).
     args_set: bool,
+    /// `begin_step` gathered the norm sums and `finish_step` has not used them yet.
+    norm_gathered: bool,
 }
 
 impl Runtime {
@@ -159,6 +162,7 @@ impl Runtime {
             backend,
             profile: StepProfile::default(),
             args_set: false,
+            norm_gathered: false,
         })
     }
 
@@ -302,6 +306,24 @@ impl Runtime {
     /// and issues no host-to-device copy at all (a step captured in a CUDA graph reads them
     /// from device memory at every replay).
     pub fn step(&mut self, args: Option<&StepArgs>) -> Result<()> {
+        self.begin_step(args)?;
+        let own = self.backend.norm_term()?;
+        self.finish_step(&[NormTerm {
+            sums: NormSums::Own,
+            ..own
+        }])
+    }
+
+    /// The first half of a step, up to this rank's gathered Σ g² (see [`Runtime::step`]);
+    /// [`Runtime::finish_step`] completes it, with the terms of every optimizer sharing the
+    /// clip.
+    pub fn begin_step(&mut self, args: Option<&StepArgs>) -> Result<()> {
+        if self.norm_gathered {
+            bail!(
+                InvalidState,
+                "step: the previous step of this optimizer was begun and not finished"
+            );
+        }
         if args.is_none() && !self.args_set {
             bail!(
                 InvalidState,
@@ -332,13 +354,42 @@ impl Runtime {
             self.backend.wait(StreamKind::Comm, norm_event(buckets, false))?;
             self.backend.gather_norm_sums()?;
             self.backend.record(StreamKind::Comm, norm_event(buckets, true))?;
-            self.backend.wait(StreamKind::Compute, norm_event(buckets, true))?;
-            self.backend.finish_step(&StepConstants {
-                clip_grad: self.cfg.clip_grad,
-                beta1: self.cfg.adam_beta1,
-                beta2: self.cfg.adam_beta2,
-            })
+            self.backend.wait(StreamKind::Compute, norm_event(buckets, true))
         })?;
+        self.profile = profile;
+        self.norm_gathered = true;
+        Ok(())
+    }
+
+    /// This optimizer's gathered sums, for the other optimizers sharing its clip (valid after
+    /// [`Runtime::begin_step`]).
+    pub fn norm_term(&self) -> Result<NormTerm> {
+        self.backend.norm_term()
+    }
+
+    /// The second half of a step begun by [`Runtime::begin_step`]: the step's scalars from
+    /// `terms` (this optimizer's as [`NormSums::Own`]; every rank passes them in one order),
+    /// then the updates and param collectives.
+    pub fn finish_step(&mut self, terms: &[NormTerm]) -> Result<()> {
+        if !self.norm_gathered {
+            bail!(
+                InvalidState,
+                "step: finish_step without begin_step; the gradient norm is not gathered"
+            );
+        }
+        let mut profile = self.profile;
+        let buckets = self.plan.buckets.len();
+        timed(&mut profile.grad_norm, || {
+            self.backend.finish_step(
+                &StepConstants {
+                    clip_grad: self.cfg.clip_grad,
+                    beta1: self.cfg.adam_beta1,
+                    beta2: self.cfg.adam_beta2,
+                },
+                terms,
+            )
+        })?;
+        self.norm_gathered = false;
         self.end_iteration();
         for i in 0..self.forward_order.len() {
             let b = self.forward_order[i];
@@ -362,6 +413,11 @@ impl Runtime {
             .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])?;
         self.args_set = true;
         Ok(())
+    }
+
+    /// The device holds step arguments, so a step may omit them.
+    pub fn has_step_args(&self) -> bool {
+        self.args_set
     }
 
     /// Where `step` spent its time so far.

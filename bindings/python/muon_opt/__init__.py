@@ -533,6 +533,31 @@ class Optimizer(_Owner):
         self._storage = None
 
 
+def step_shared(optimizers, args=None):
+    """One step of several optimizers of this rank with one gradient norm, clip coefficient and
+    skip decision (``muon_optimizers_step``; e.g. a dense and an expert optimizer). ``args`` is
+    None (each uses its :meth:`Optimizer.set_step_args`) or one dict per optimizer with
+    ``lr``, ``adam_lr`` and optionally ``weight_decay``, ``adam_weight_decay``. Every rank
+    passes its optimizers in the same order. Enqueues only; :meth:`Optimizer.step_info` of any
+    of them reads what the step did."""
+    optimizers = list(optimizers)
+    handles = (_capi._opt * len(optimizers))(*[o._handle for o in optimizers])
+    array = None
+    if args is not None:
+        args = list(args)
+        if len(args) != len(optimizers):
+            raise ValueError(f"step_shared: {len(args)} args for {len(optimizers)} optimizers")
+        array = (_capi.muon_step_args_t * len(args))(
+            *[
+                Optimizer._step_args(
+                    a["lr"], a["adam_lr"], a.get("weight_decay", 0.0), a.get("adam_weight_decay", 0.0)
+                )
+                for a in args
+            ]
+        )
+    lib().muon_optimizers_step(handles, len(optimizers), array)
+
+
 __all__ = [
     "MuonError",
     "Status",
@@ -556,5 +581,6 @@ __all__ = [
     "cuda_available",
     "newton_schulz_host",
     "mxfp8_scale_shape",
+    "step_shared",
     "lib",
 ] + sorted(_constants())

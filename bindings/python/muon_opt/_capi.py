@@ -261,6 +261,7 @@ PROTOTYPES = {
     "muon_optimizer_step": (muon_status_t, [_opt, POINTER(muon_step_args_t), POINTER(muon_step_info_t)]),
     "muon_optimizer_step_info": (muon_status_t, [_opt, POINTER(muon_step_info_t)]),
     "muon_optimizer_set_step_args": (muon_status_t, [_opt, POINTER(muon_step_args_t)]),
+    "muon_optimizers_step": (muon_status_t, [POINTER(_opt), c_size_t, POINTER(muon_step_args_t)]),
     "muon_optimizer_synchronize": (muon_status_t, [_opt]),
     "muon_newton_schulz_host": (
         muon_status_t,

@@ -274,6 +274,27 @@ class Library(unittest.TestCase):
             info = opt.step_info()
             self.assertEqual((info.step, info.skipped), (1, False))
 
+    def test_step_shared_clips_two_optimizers_with_one_norm(self):
+        with mo.HostGroup(1) as ga, mo.HostGroup(1) as gb:
+            with mo.Optimizer(config(clip_grad=1.0), ga[0]) as a, mo.Optimizer(config(clip_grad=1.0), gb[0]) as b:
+                for opt, shape, value in [(a, (64, 32), 1.0), (b, (16, 8), 2.0)]:
+                    w = opt.add_param("w", shape, dtype=mo.Dtype.F32)
+                    opt.finalize()
+                    opt.zero_grad()
+                    view = opt.param_view(w)
+                    view.grad[:] = array.array("f", [value] * view.numel)
+                    opt.grad_ready(w)
+                with self.assertRaises(ValueError):
+                    mo.step_shared([a, b], [dict(lr=0.02, adam_lr=1e-3)])
+                with self.assertRaises(mo.MuonError) as ctx:
+                    mo.step_shared([a, a])
+                self.assertIs(ctx.exception.status, mo.Status.INVALID_ARGUMENT)
+                mo.step_shared([a, b], [dict(lr=0.02, adam_lr=1e-3), dict(lr=0.01, adam_lr=1e-3)])
+                infos = [a.step_info(), b.step_info()]
+                self.assertEqual(infos[0], infos[1])
+                self.assertEqual(infos[0].grad_norm, (2048.0 + 512.0) ** 0.5)
+                self.assertEqual(infos[0].step, 1)
+
     def test_steps_with_set_arguments_match_steps_with_arguments_bitwise(self):
         def run(preset):
             with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:

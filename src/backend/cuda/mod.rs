@@ -32,7 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::backend::ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
+use crate::backend::ops::{
+    AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
+};
 use crate::backend::recording::Op;
 use crate::bail;
 use crate::comm::Communicator;
@@ -247,8 +249,16 @@ impl<E: Executor> Backend for CudaBackend<E> {
         self.op(&Op::GatherNormSums).map(drop)
     }
 
-    fn finish_step(&mut self, constants: &StepConstants) -> Result<()> {
-        self.op(&Op::FinishStep(*constants)).map(drop)
+    fn norm_term(&self) -> Result<NormTerm> {
+        self.translator.norm_term()
+    }
+
+    fn finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()> {
+        self.op(&Op::FinishStep {
+            constants: *constants,
+            terms: terms.to_vec(),
+        })
+        .map(drop)
     }
 
     fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {

@@ -14,7 +14,10 @@ use std::collections::HashMap;
 use crate::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType, Work,
 };
-use crate::backend::ops::{AdamwJob, CollOp, Mem, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind};
+use crate::backend::ops::{
+    AdamwJob, CollOp, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants,
+    StreamKind,
+};
 use crate::backend::recording::Op;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision};
@@ -238,6 +241,15 @@ impl Translator {
         self.norm_group.unwrap_or(self.dp)
     }
 
+    /// This backend's gathered sums as another cuda backend of the rank reads them.
+    pub fn norm_term(&self) -> Result<NormTerm> {
+        Ok(NormTerm {
+            ranks: self.norm_ranks(),
+            dp: self.dp,
+            sums: NormSums::Device(self.slot(RECEIVE_SLOTS)?),
+        })
+    }
+
     /// The allocations a backend makes at creation, before `allocate`: the step's scalars
     /// ([`Scalar`]), the send slot of an exchange and one receive slot per rank.
     pub fn setup(&self) -> Vec<Action> {
@@ -397,7 +409,7 @@ impl Translator {
                     dtype: NcclType::F64,
                 }],
             )]),
-            Op::FinishStep(constants) => self.finish_step(constants),
+            Op::FinishStep { constants, terms } => self.finish_step(constants, terms),
             Op::SetStepArgs(bits) => Ok(vec![Action::CopyInAsync {
                 dst: self.scalar(Scalar::Lr)?,
                 bytes: bits
@@ -622,22 +634,51 @@ impl Translator {
         Ok(actions)
     }
 
-    /// One thread derives the step's scalars from the gathered sums (`numerics::step_scalars`).
-    fn finish_step(&self, constants: &StepConstants) -> Result<Vec<Action>> {
+    /// One thread derives the step's scalars from the gathered sums of every term
+    /// (`numerics::step_scalars`); another backend's sums are read where they are.
+    fn finish_step(&self, constants: &StepConstants, terms: &[NormTerm]) -> Result<Vec<Action>> {
         Ok(vec![launch(
             Kernel::StepScalars,
             1,
             StreamKind::Compute,
             vec![
                 Arg::Ptr(self.slot(0)?),
-                Arg::Ptr(self.slot(RECEIVE_SLOTS)?),
-                Arg::U32(to_u32("norm ranks", self.norm_ranks() as u64)?),
+                Arg::Words(self.norm_terms(terms)?),
                 Arg::U32(to_u32("dp", self.dp as u64)?),
                 Arg::F32(constants.clip_grad),
                 Arg::F32(constants.beta1),
                 Arg::F32(constants.beta2),
             ],
         )])
+    }
+
+    /// The words of `struct muon_norm_terms` (`kernels/step.cu`): the sums' addresses, then
+    /// the ranks and the dp of each term as u32 pairs, then the count.
+    fn norm_terms(&self, terms: &[NormTerm]) -> Result<Vec<u64>> {
+        if terms.is_empty() || terms.len() > MAX_NORM_TERMS {
+            bail!(
+                InvalidArgument,
+                "step: {} optimizers share the clip; 1 to {MAX_NORM_TERMS} can",
+                terms.len()
+            );
+        }
+        let pairs = MAX_NORM_TERMS / 2;
+        let mut words = vec![0u64; MAX_NORM_TERMS + 2 * pairs + 1];
+        for (i, term) in terms.iter().enumerate() {
+            words[i] = match term.sums {
+                NormSums::Own => self.slot(RECEIVE_SLOTS)?,
+                NormSums::Device(address) => address,
+                NormSums::Host(_) => bail!(
+                    CommMismatch,
+                    "step: a cuda optimizer cannot share a clip with a host optimizer's norm"
+                ),
+            };
+            let shift = 32 * (i % 2) as u32;
+            words[MAX_NORM_TERMS + i / 2] |= u64::from(to_u32("norm ranks", term.ranks as u64)?) << shift;
+            words[MAX_NORM_TERMS + pairs + i / 2] |= u64::from(to_u32("dp", term.dp as u64)?) << shift;
+        }
+        words[MAX_NORM_TERMS + 2 * pairs] = terms.len() as u64;
+        Ok(words)
     }
 
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {

@@ -11,7 +11,7 @@ use crate::backend::Backend;
 use crate::backend::host::comm::{Collective, HostComm, Region};
 use crate::backend::host::stream::{HostEvent, HostStream};
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, Scalar, Span, StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants, StreamKind,
 };
 use crate::bail;
 use crate::comm::{Communicator, Transport};
@@ -21,7 +21,7 @@ use crate::numerics::adamw::{AdamWArgs, adamw_update};
 use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
 use crate::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_update};
 use crate::numerics::mxfp8::{Direction, Input, QuantizedMut, ScaleLayout, quantize_both, scale_shape};
-use crate::numerics::{squared_norm, step_scalars};
+use crate::numerics::{GatheredSums, squared_norm, step_scalars};
 
 const ALIGN: usize = 64;
 
@@ -111,12 +111,10 @@ impl Mxfp8Target {
     }
 }
 
-/// The step's scalars (the device's `Buf::Scalars` on the cuda backend) and every rank's
-/// Σ g², which the comm stream gathers and the compute stream reads after an event.
+/// The step's scalars (the device's `Buf::Scalars` on the cuda backend).
 #[derive(Debug, Default)]
 struct HostScalars {
     values: [f64; Scalar::COUNT],
-    rank_sums: Vec<f64>,
 }
 
 impl HostScalars {
@@ -144,6 +142,9 @@ pub struct HostBackend {
     threads: usize,
     scratch: Vec<f32>,
     scalars: Arc<Mutex<HostScalars>>,
+    /// Every rank's Σ g², which the comm stream gathers and the compute stream (of this
+    /// backend, or of another optimizer's sharing the clip) reads after an event.
+    rank_sums: Arc<Mutex<Vec<f64>>>,
     /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
     norm_group: Option<Arc<Communicator>>,
 }
@@ -170,6 +171,7 @@ impl HostBackend {
             threads: 1,
             scratch: Vec::new(),
             scalars: Arc::default(),
+            rank_sums: Arc::default(),
             norm_group: None,
         })
     }
@@ -414,23 +416,50 @@ impl Backend for HostBackend {
     fn gather_norm_sums(&mut self) -> Result<()> {
         let comm = self.norm_group.clone().unwrap_or_else(|| self.comm.clone());
         let scalars = self.scalars.clone();
+        let rank_sums = self.rank_sums.clone();
         self.stream.enqueue(move || {
             let local = scalars
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(Scalar::NormSq);
             let bits = Self::host_comm(&comm).all_gather_u64(local.to_bits())?;
-            scalars.lock().unwrap_or_else(PoisonError::into_inner).rank_sums =
-                bits.into_iter().map(f64::from_bits).collect();
+            *rank_sums.lock().unwrap_or_else(PoisonError::into_inner) = bits.into_iter().map(f64::from_bits).collect();
             Ok(())
         })
     }
 
-    fn finish_step(&mut self, constants: &StepConstants) -> Result<()> {
+    fn norm_term(&self) -> Result<NormTerm> {
+        Ok(NormTerm {
+            ranks: self.norm_group.as_ref().unwrap_or(&self.comm).size(),
+            dp: self.comm.size(),
+            sums: NormSums::Host(self.rank_sums.clone()),
+        })
+    }
+
+    fn finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()> {
+        let gathered = terms
+            .iter()
+            .map(|term| {
+                let sums = match &term.sums {
+                    NormSums::Own => &self.rank_sums,
+                    NormSums::Host(sums) => sums,
+                    NormSums::Device(_) => bail!(
+                        CommMismatch,
+                        "step: a host optimizer cannot share a clip with a cuda optimizer's device norm"
+                    ),
+                };
+                Ok(sums.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let terms: Vec<GatheredSums> = gathered
+            .iter()
+            .zip(terms)
+            .map(|(rank_sums, term)| GatheredSums { rank_sums, dp: term.dp })
+            .collect();
         let mut scalars = self.scalars();
         let previous = scalars.get(Scalar::Step) as u64;
         let s = step_scalars(
-            &scalars.rank_sums,
+            &terms,
             self.comm.size(),
             previous,
             constants.clip_grad,
