@@ -181,7 +181,18 @@ fn a_failed_op_fails_later_waits_and_drops_later_ops() {
         stream
             .enqueue(|| bail!(CommTimeout, "collective #7 timed out"))
             .unwrap();
-        enqueue_increments(&stream, &count, 3);
+        // An eager worker may already have failed: then enqueue reports the failure at once,
+        // else the op is accepted and dropped when the worker reaches it.
+        for _ in 0..3 {
+            let count = count.clone();
+            let enqueued = stream.enqueue(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            });
+            if let Err(err) = enqueued {
+                assert_eq!(err.kind, ErrorKind::CommTimeout, "{mode:?}");
+            }
+        }
         stream.record_on_comm(&after);
         let err = after.synchronize().unwrap_err();
         assert_eq!(err.kind, ErrorKind::CommTimeout, "{mode:?}");
