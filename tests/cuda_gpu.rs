@@ -24,7 +24,7 @@ use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{
-    EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, Span, StepConstants, StreamKind,
+    EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, NormSums, NormTerm, Span, StepConstants, StreamKind,
 };
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
@@ -407,7 +407,11 @@ fn newton_schulz_matches_the_golden_vectors() {
                 beta1: 0.9,
                 beta2: 0.999,
             };
-            backend.finish_step(&constants).unwrap();
+            let own = NormTerm {
+                sums: NormSums::Own,
+                ..backend.norm_term().unwrap()
+            };
+            backend.finish_step(&constants, &[own]).unwrap();
             backend.muon_update(&job).unwrap();
             let scale = muon_scale(ScaleMode::Spectral, rows, cols, 1.0);
             let out = backend.download(Span::new(Mem::Master, 0, n)).unwrap();
