@@ -123,6 +123,17 @@ struct ncclComm;
 #define MUON_SCALE_UNIT_RMS_NORM 2
 
 /**
+ * Each tensor-parallel rank orthogonalizes its own shard (default; Megatron's `blockwise`).
+ */
+#define MUON_TP_MODE_BLOCKWISE 0
+
+/**
+ * The owner gathers a TP-sharded matrix whole over the TP group, orthogonalizes it and keeps
+ * its shard (Megatron's `duplicated`).
+ */
+#define MUON_TP_MODE_DUPLICATED 1
+
+/**
  * Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
  */
 #define MUON_COMM_MODE_FROM_ENV 0
@@ -184,6 +195,18 @@ struct ncclComm;
  * embedding the first stage also holds. Still updated.
  */
 #define MUON_PARAM_FLAG_NORM_REPLICA (1 << 6)
+
+/**
+ * A tensor-parallel shard along dim 0 (rows: a column-parallel weight `[out/tp, in]`,
+ * Megatron's `partition_dim` 0); with MUON_TP_MODE_DUPLICATED, orthogonalized whole.
+ */
+#define MUON_PARAM_FLAG_TP_SHARD_ROWS (1 << 7)
+
+/**
+ * A tensor-parallel shard along dim 1 (columns: a row-parallel weight `[out, in/tp]`,
+ * Megatron's `partition_dim` 1); with MUON_TP_MODE_DUPLICATED, orthogonalized whole.
+ */
+#define MUON_PARAM_FLAG_TP_SHARD_COLS (1 << 8)
 
 /**
  * MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
@@ -481,6 +504,10 @@ typedef struct muon_config_t {
    * on it.
    */
   uint32_t host_threads;
+  /**
+   * Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default) or _DUPLICATED.
+   */
+  uint32_t muon_tp_mode;
 } muon_config_t;
 
 /**
@@ -1018,6 +1045,32 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
                                             struct muon_comm_t *group);
 
 /**
+ * @brief Give the optimizer its tensor-parallel group, over which MUON_TP_MODE_DUPLICATED
+ *        gathers the shards of every Muon matrix flagged MUON_PARAM_FLAG_TP_SHARD_ROWS or
+ *        _COLS: each owner orthogonalizes the whole matrix and keeps its shard, scaled by
+ *        the whole matrix's shape (Megatron's `--muon-tp-mode duplicated`). Fused splits
+ *        apply per shard, each component gathered whole (Megatron's split QKV in this mode).
+ *
+ * The group is this rank's tensor-parallel group: the ranks holding the other shards of its
+ * matrices at the same data-parallel index (and pipeline stage); its rank order is the order
+ * of the shards. Every TP rank registers the same shard names, shapes and order, so each
+ * matrix's shards have owners at one data-parallel index (finalize checks it over the group:
+ * MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
+ * ranks too, so the shards are clipped and skipped alike. Host backend only so far (the cuda
+ * backend returns MUON_STATUS_INCOMPATIBLE_OPTIONS at finalize for a gathered shard).
+ * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
+ * @param[in]     group A host group communicator; borrowed, and claimed like the
+ *                      data-parallel one (no other optimizer may use it while this one
+ *                      lives).
+ * @return MUON_STATUS_COMM_MISMATCH for an NCCL optimizer or group;
+ *         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_set_tp_group(struct muon_optimizer_t *opt,
+                                          struct muon_comm_t *group);
+
+/**
  * @brief Register a parameter (forward order). Only before muon_optimizer_finalize().
  * @param[in,out] opt      Optimizer handle.
  * @param[in]     desc     Description; every pointer in it is read during this call only.
@@ -1123,4 +1176,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0 }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_BLOCKWISE }

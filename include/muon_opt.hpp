@@ -272,6 +272,9 @@ public:
     /// Makes the gradient norm, clip and skip global over @p group (before finalize); flag
     /// copies another rank counts with MUON_PARAM_FLAG_NORM_REPLICA.
     void set_norm_group(const Comm &group) { check(muon_optimizer_set_norm_group(handle_, group.get())); }
+    /// The tensor-parallel group MUON_TP_MODE_DUPLICATED gathers TP-sharded matrices over
+    /// (before finalize).
+    void set_tp_group(const Comm &group) { check(muon_optimizer_set_tp_group(handle_, group.get())); }
     /// Registers a param (forward order, before finalize); returns its id.
     uint32_t add_param(const muon_param_desc_t &desc) {
         uint32_t id = 0;

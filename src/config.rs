@@ -136,6 +136,18 @@ coded_enum! {
     }
 }
 
+coded_enum! {
+    /// Muon on tensor-parallel shards (`MUON_PARAM_FLAG_TP_SHARD_ROWS` / `_COLS`), Megatron's
+    /// `--muon-tp-mode`.
+    TpMode {
+        /// Each TP rank orthogonalizes its own shard (Megatron's default).
+        Blockwise = 0 => "blockwise",
+        /// The owner gathers the whole matrix over its TP group, orthogonalizes it and keeps
+        /// its shard (the same update as the unsharded model).
+        Duplicated = 1 => "duplicated",
+    }
+}
+
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
 
@@ -168,6 +180,7 @@ pub struct Config {
     pub host_comm_mode: CommMode,
     /// Host backend: threads of each rank's matrix products; 0 = [`Config::host_threads_for`].
     pub host_threads: u32,
+    pub muon_tp_mode: TpMode,
 }
 
 impl Default for Config {
@@ -195,6 +208,7 @@ impl Default for Config {
             collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_comm_mode: CommMode::FromEnv,
             host_threads: 0,
+            muon_tp_mode: TpMode::Blockwise,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use crate::bail;
 use crate::config::{Config, Dtype};
 use crate::error::Result;
+use crate::numerics::muon::TpDim;
 
 /// Bit flags of a parameter description (`MUON_PARAM_FLAG_*` in C).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
@@ -28,8 +29,12 @@ impl ParamFlags {
     /// rank's share of the global gradient norm (tensor-parallel duplicates on TP ranks > 0, a
     /// pipeline stage's copy of a shared embedding). Updated as usual.
     pub const NORM_REPLICA: u32 = 1 << 6;
+    /// A tensor-parallel shard along dim 0 (a column-parallel weight).
+    pub const TP_SHARD_ROWS: u32 = 1 << 7;
+    /// A tensor-parallel shard along dim 1 (a row-parallel weight).
+    pub const TP_SHARD_COLS: u32 = 1 << 8;
     /// Every defined bit.
-    pub const ALL: u32 = (1 << 7) - 1;
+    pub const ALL: u32 = (1 << 9) - 1;
 
     pub fn has(self, bit: u32) -> bool {
         self.0 & bit != 0
@@ -195,12 +200,44 @@ impl ParamSpec {
                 self.shape.len()
             );
         }
+        self.validate_tp_shard()?;
         self.validate_splits()?;
         self.validate_mxfp8()?;
         for (field, value) in [("lr_scale", self.lr_scale), ("wd_scale", self.wd_scale)] {
             if !(value.is_finite() && value >= 0.0) {
                 bail!(InvalidParam, "param '{name}': {field} {value} must be finite and >= 0");
             }
+        }
+        Ok(())
+    }
+
+    /// The dimension a tensor-parallel shard is split along, from its flags.
+    pub fn tp_shard(&self) -> Option<TpDim> {
+        if self.flags.has(ParamFlags::TP_SHARD_ROWS) {
+            Some(TpDim::Rows)
+        } else if self.flags.has(ParamFlags::TP_SHARD_COLS) {
+            Some(TpDim::Cols)
+        } else {
+            None
+        }
+    }
+
+    fn validate_tp_shard(&self) -> Result<()> {
+        let both = ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_SHARD_COLS;
+        if self.flags.0 & both == both {
+            bail!(
+                InvalidParam,
+                "param '{}': TP_SHARD_ROWS and TP_SHARD_COLS both set; a shard is split along one dimension",
+                self.name
+            );
+        }
+        if self.tp_shard().is_some() && self.shape.len() != 2 {
+            bail!(
+                InvalidParam,
+                "param '{}': TP_SHARD_* describes a 2-D matrix shard, got ndim {} (expert stacks are orthogonalized per shard)",
+                self.name,
+                self.shape.len()
+            );
         }
         Ok(())
     }
@@ -450,6 +487,11 @@ mod tests {
             (flagged("m", &[48, 64], ParamFlags::MXFP8), "multiples of 32"),
             (flagged("u", &[4, 4], 1 << 20), "unknown flag bits"),
             (flagged("x", &[4, 4], ParamFlags::EXPERT_STACK), "3-D"),
+            (
+                flagged("t", &[4, 4], ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_SHARD_COLS),
+                "both set",
+            ),
+            (flagged("t1", &[4], ParamFlags::TP_SHARD_COLS), "2-D matrix shard"),
         ];
         for (spec, needle) in cases {
             let err = Registry::default().add(spec, &cfg).unwrap_err();

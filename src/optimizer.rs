@@ -13,10 +13,11 @@ use crate::backend::ops::{MAX_NORM_TERMS, NormSums};
 use crate::bail;
 use crate::checkpoint;
 use crate::comm::{Claim, Communicator, Transport};
-use crate::config::Config;
+use crate::config::{Config, TpMode};
 use crate::error::Result;
 use crate::model::{ParamSpec, Registry, Route};
 use crate::numerics::muon::MuonOptions;
+use crate::plan::hash::Fnv1a;
 use crate::plan::{Plan, build_plan};
 use crate::schedule::{Runtime, StepArgs, StepInfo};
 
@@ -42,6 +43,8 @@ pub struct Optimizer {
     /// Claimed like the data-parallel communicator: its collectives run on this optimizer's
     /// comm stream, so no other optimizer may issue collectives on it.
     norm_group: Option<Claim>,
+    /// The tensor-parallel group `duplicated` shards are gathered over (claimed likewise).
+    tp_group: Option<Claim>,
 }
 
 impl Optimizer {
@@ -73,6 +76,7 @@ impl Optimizer {
             phase: Phase::Registering,
             stream,
             norm_group: None,
+            tp_group: None,
         };
         crate::log!(
             Info,
@@ -158,6 +162,21 @@ impl Optimizer {
                 "finalize: no params registered; call muon_optimizer_add_param first"
             );
         }
+        let gathered_shard = self.first_gathered_shard();
+        if let Some(name) = &gathered_shard {
+            if self.tp_group.is_none() {
+                bail!(
+                    InvalidState,
+                    "finalize: muon_tp_mode duplicated gathers TP-sharded Muon params ('{name}') over the tensor-parallel group; call muon_optimizer_set_tp_group first"
+                );
+            }
+            if self.init_on_device() {
+                bail!(
+                    IncompatibleOptions,
+                    "finalize: muon_tp_mode duplicated ('{name}') runs on the host backend only so far; use MUON_TP_MODE_BLOCKWISE with NCCL"
+                );
+            }
+        }
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
         let r = &plan.report;
         crate::log!(
@@ -177,12 +196,16 @@ impl Optimizer {
         let backend: Box<dyn Backend> = match &self.claim.comm().transport {
             Transport::Host(host) => {
                 self.verify_agreement(plan.hash, &mut |v| host.all_gather_u64(v))?;
-                let backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?
+                let mut backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?
                     .with_threads(self.cfg.host_threads_for(host.size()));
-                Box::new(match &self.norm_group {
-                    Some(group) => backend.with_norm_group(group.shared())?,
-                    None => backend,
-                })
+                if let Some(group) = &self.norm_group {
+                    backend = backend.with_norm_group(group.shared())?;
+                }
+                if let (Some(group), Some(_)) = (&self.tp_group, &gathered_shard) {
+                    self.verify_tp_owners(&plan, group.comm())?;
+                    backend = backend.with_tp_group(group.shared())?;
+                }
+                Box::new(backend)
             }
             Transport::Nccl(_) => {
                 let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
@@ -285,6 +308,80 @@ impl Optimizer {
                 InvalidState,
                 "set_norm_group: the group is already used by another optimizer (or is this optimizer's own communicator); each optimizer needs a norm group of its own, since its collectives run on that optimizer's comm stream"
             ),
+        }
+        Ok(())
+    }
+
+    /// Gathers the `duplicated` tensor-parallel shards over `group`: this rank's TP group, the
+    /// ranks holding the other shards of its matrices at the same data-parallel index
+    /// (Megatron's tensor-model-parallel group). Claimed like the data-parallel communicator.
+    /// Before finalize.
+    pub fn set_tp_group(&mut self, group: Arc<Communicator>) -> Result<()> {
+        if !matches!(self.phase, Phase::Registering) {
+            bail!(
+                InvalidState,
+                "set_tp_group: the optimizer is finalized; set the TP group before finalize"
+            );
+        }
+        if !matches!(group.transport, Transport::Host(_)) || !matches!(self.claim.comm().transport, Transport::Host(_))
+        {
+            bail!(
+                CommMismatch,
+                "set_tp_group: gathering tensor-parallel shards runs on the host backend only so far; the optimizer and the group must be host groups"
+            );
+        }
+        if self
+            .tp_group
+            .as_ref()
+            .is_some_and(|current| std::ptr::eq(current.comm(), &*group))
+        {
+            return Ok(());
+        }
+        match group.claim() {
+            Ok(claim) => self.tp_group = Some(claim),
+            Err(_) => bail!(
+                InvalidState,
+                "set_tp_group: the group is already used by another optimizer (or is this optimizer's own communicator)"
+            ),
+        }
+        Ok(())
+    }
+
+    /// The first Muon param whose shards `muon_tp_mode` duplicated gathers, if any.
+    fn first_gathered_shard(&self) -> Option<String> {
+        if self.cfg.muon_tp_mode != TpMode::Duplicated {
+            return None;
+        }
+        let params = self.registry.params().iter().zip(self.registry.routes());
+        params
+            .filter(|(spec, route)| **route == Route::Muon && spec.tp_shard().is_some())
+            .map(|(spec, _)| spec.name.clone())
+            .next()
+    }
+
+    /// Collective over the TP group: every TP rank must own the same gathered shards (so each
+    /// matrix's shards meet in one gather), which holds when they register the same shard
+    /// names, shapes and flags in the same order.
+    fn verify_tp_owners(&self, plan: &Plan, group: &Communicator) -> Result<()> {
+        let mut hash = Fnv1a::new();
+        for (p, spec) in self.registry.params().iter().enumerate() {
+            if spec.tp_shard().is_some() && self.registry.routes()[p] == Route::Muon {
+                hash.str(&spec.name);
+                hash.u64(spec.unit_matrix().rows);
+                hash.u64(spec.unit_matrix().cols);
+                hash.u64(u64::from(plan.params[p].unit_owners[0]));
+            }
+        }
+        let mine = hash.finish();
+        let Transport::Host(host) = &group.transport else {
+            unreachable!("set_tp_group accepts host groups only")
+        };
+        if let Some(other) = host.all_gather_u64(mine)?.iter().position(|&h| h != mine) {
+            bail!(
+                PlanMismatch,
+                "finalize: TP rank {other} owns other duplicated shards than TP rank {}; every TP rank must register the same TP-sharded params (names, shard shapes, order) with the same config",
+                group.rank()
+            );
         }
         Ok(())
     }

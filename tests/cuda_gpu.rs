@@ -389,6 +389,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                 rows,
                 cols,
                 split_rows: Vec::new(),
+                tp: None,
                 args: MuonParamArgs {
                     lr_scale: 1.0,
                     wd_scale: 1.0,

@@ -46,6 +46,7 @@ fn the_megatron_table_states_the_code_defaults() {
         "clip_grad",
         "bucket_size",
         "muon_layout",
+        "muon_tp_mode",
     ] {
         assert!(
             checked.iter().any(|f| f == field),

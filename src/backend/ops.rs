@@ -4,6 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::numerics::muon::TpDim;
+
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mem {
@@ -194,6 +196,9 @@ pub struct MuonJob {
     pub cols: usize,
     /// Rows of each fused component; empty = not fused.
     pub split_rows: Vec<usize>,
+    /// A tensor-parallel shard orthogonalized whole (`muon_tp_mode` duplicated): each
+    /// component is gathered over the TP group along this dimension.
+    pub tp: Option<TpDim>,
     pub args: MuonParamArgs,
 }
 

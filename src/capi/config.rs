@@ -3,7 +3,7 @@
 use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
-use crate::config::{CoefficientSet, CommMode, Config, Dtype, MuonLayout, NsPrecision, ScaleMode};
+use crate::config::{CoefficientSet, CommMode, Config, Dtype, MuonLayout, NsPrecision, ScaleMode, TpMode};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Optimizer configuration. Initialise with muon_config_init() (or MUON_CONFIG_INIT), then
@@ -69,6 +69,8 @@ pub struct muon_config_t {
     /// (a process running several groups sets cores / all its ranks). Results do not depend
     /// on it.
     pub host_threads: u32,
+    /// Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default) or _DUPLICATED.
+    pub muon_tp_mode: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -114,6 +116,7 @@ impl muon_config_t {
             collective_timeout_ms: cfg.collective_timeout_ms,
             host_comm_mode: cfg.host_comm_mode.code(),
             host_threads: cfg.host_threads,
+            muon_tp_mode: cfg.muon_tp_mode.code(),
         }
     }
 
@@ -142,6 +145,7 @@ impl muon_config_t {
             collective_timeout_ms: self.collective_timeout_ms,
             host_comm_mode: CommMode::from_code("host_comm_mode", self.host_comm_mode)?,
             host_threads: self.host_threads,
+            muon_tp_mode: TpMode::from_code("muon_tp_mode", self.muon_tp_mode)?,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -40,6 +40,12 @@ pub const MUON_SCALE_SHAPE_SCALING: u32 = 1;
 /// √(m/n).
 pub const MUON_SCALE_UNIT_RMS_NORM: u32 = 2;
 
+/// Each tensor-parallel rank orthogonalizes its own shard (default; Megatron's `blockwise`).
+pub const MUON_TP_MODE_BLOCKWISE: u32 = 0;
+/// The owner gathers a TP-sharded matrix whole over the TP group, orthogonalizes it and keeps
+/// its shard (Megatron's `duplicated`).
+pub const MUON_TP_MODE_DUPLICATED: u32 = 1;
+
 /// Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
 pub const MUON_COMM_MODE_FROM_ENV: u32 = 0;
 /// Host comm worker runs work as soon as it can.
@@ -69,6 +75,12 @@ pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
 /// (layer norm, row-parallel bias) on TP ranks > 0, or the last pipeline stage's copy of an
 /// embedding the first stage also holds. Still updated.
 pub const MUON_PARAM_FLAG_NORM_REPLICA: u32 = 1 << 6;
+/// A tensor-parallel shard along dim 0 (rows: a column-parallel weight `[out/tp, in]`,
+/// Megatron's `partition_dim` 0); with MUON_TP_MODE_DUPLICATED, orthogonalized whole.
+pub const MUON_PARAM_FLAG_TP_SHARD_ROWS: u32 = 1 << 7;
+/// A tensor-parallel shard along dim 1 (columns: a row-parallel weight `[out, in/tp]`,
+/// Megatron's `partition_dim` 1); with MUON_TP_MODE_DUPLICATED, orthogonalized whole.
+pub const MUON_PARAM_FLAG_TP_SHARD_COLS: u32 = 1 << 8;
 
 /// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
 pub const MUON_MXFP8_SCALES_COMPACT: u32 = 0;
@@ -91,7 +103,7 @@ pub fn route_code(route: Route) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{CoefficientSet, CommMode, Dtype, MuonLayout, NsPrecision, ScaleMode};
+    use crate::config::{CoefficientSet, CommMode, Dtype, MuonLayout, NsPrecision, ScaleMode, TpMode};
     use crate::model::ParamFlags;
 
     #[test]
@@ -122,6 +134,10 @@ mod tests {
         assert_eq!(ParamFlags::NO_WEIGHT_DECAY, MUON_PARAM_FLAG_NO_WEIGHT_DECAY);
         assert_eq!(ParamFlags::ALLOW_VOCAB_DIM, MUON_PARAM_FLAG_ALLOW_VOCAB_DIM);
         assert_eq!(ParamFlags::NORM_REPLICA, MUON_PARAM_FLAG_NORM_REPLICA);
+        assert_eq!(ParamFlags::TP_SHARD_ROWS, MUON_PARAM_FLAG_TP_SHARD_ROWS);
+        assert_eq!(ParamFlags::TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_COLS);
+        assert_eq!(TpMode::Blockwise.code(), MUON_TP_MODE_BLOCKWISE);
+        assert_eq!(TpMode::Duplicated.code(), MUON_TP_MODE_DUPLICATED);
         assert_eq!(route_code(Route::Muon), MUON_ROUTE_MUON);
         assert_eq!(crate::config::MAX_NS_STEPS, MUON_MAX_NS_STEPS);
         assert_eq!(

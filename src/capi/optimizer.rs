@@ -113,6 +113,40 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
     })
 }
 
+/// @brief Give the optimizer its tensor-parallel group, over which MUON_TP_MODE_DUPLICATED
+///        gathers the shards of every Muon matrix flagged MUON_PARAM_FLAG_TP_SHARD_ROWS or
+///        _COLS: each owner orthogonalizes the whole matrix and keeps its shard, scaled by
+///        the whole matrix's shape (Megatron's `--muon-tp-mode duplicated`). Fused splits
+///        apply per shard, each component gathered whole (Megatron's split QKV in this mode).
+///
+/// The group is this rank's tensor-parallel group: the ranks holding the other shards of its
+/// matrices at the same data-parallel index (and pipeline stage); its rank order is the order
+/// of the shards. Every TP rank registers the same shard names, shapes and order, so each
+/// matrix's shards have owners at one data-parallel index (finalize checks it over the group:
+/// MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
+/// ranks too, so the shards are clipped and skipped alike. Host backend only so far (the cuda
+/// backend returns MUON_STATUS_INCOMPATIBLE_OPTIONS at finalize for a gathered shard).
+/// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
+/// @param[in]     group A host group communicator; borrowed, and claimed like the
+///                      data-parallel one (no other optimizer may use it while this one
+///                      lives).
+/// @return MUON_STATUS_COMM_MISMATCH for an NCCL optimizer or group;
+///         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_set_tp_group(
+    opt: *mut muon_optimizer_t,
+    group: *mut muon_comm_t,
+) -> muon_status_t {
+    let communicator = match borrow_comm("muon_optimizer_set_tp_group", group, "group") {
+        Ok(c) => c,
+        Err(status) => return status,
+    };
+    with_mut::<Optimizer>("muon_optimizer_set_tp_group", opt, "opt", |o| {
+        o.set_tp_group(communicator)
+    })
+}
+
 /// @brief Register a parameter (forward order). Only before muon_optimizer_finalize().
 /// @param[in,out] opt      Optimizer handle.
 /// @param[in]     desc     Description; every pointer in it is read during this call only.

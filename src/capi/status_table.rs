@@ -165,6 +165,27 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_set_norm_group(o, comm_handle())
         ),
         row!(
+            "muon_optimizer_set_tp_group",
+            "NULL group",
+            Registering,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_set_tp_group(o, null_mut())
+        ),
+        row!(
+            "muon_optimizer_set_tp_group",
+            "after finalize",
+            Finalized,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_set_tp_group(o, comm_handle())
+        ),
+        row!(
+            "muon_optimizer_set_tp_group",
+            "NULL opt",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_set_tp_group(o, comm_handle())
+        ),
+        row!(
             "muon_optimizer_param_route",
             "NULL route",
             Registering,

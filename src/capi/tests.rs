@@ -122,6 +122,11 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "muon_scale_mode",
         ),
         (
+            |c| c.muon_tp_mode = 2,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_tp_mode: unknown value 2",
+        ),
+        (
             |c| c.host_comm_mode = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "host_comm_mode",

@@ -8,7 +8,9 @@
 //! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
 //! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
 //!    split): `X_k = NS(U_k)` ([`newton_schulz`](super::newton_schulz)) and
-//!    `scale_k = s(mode, rows_k, cols)·extra_scale_factor`, `s` from [`muon_scale`];
+//!    `scale_k = s(mode, rows_k, cols)·extra_scale_factor`, `s` from [`muon_scale`] (for a
+//!    tensor-parallel shard in `duplicated` mode, [`muon_update_sharded`]: `U_k` gathered whole
+//!    over the TP ranks, orthogonalized and scaled whole, this rank's chunk kept);
 //! 4. `W = W·decay − (lr_eff·scale_k)·X_k`.
 //!
 //! Step 4 fuses Megatron's decoupled weight decay `p.mul_(1 − lr·wd)` (done before the
@@ -95,6 +97,8 @@ pub fn muon_scale(mode: ScaleMode, rows: usize, cols: usize, extra_scale_factor:
 pub struct MuonWorkspace {
     ns: NsWorkspace,
     update: Vec<f32>,
+    /// A tensor-parallel component gathered whole.
+    full: Vec<f32>,
 }
 
 impl MuonWorkspace {
@@ -103,6 +107,7 @@ impl MuonWorkspace {
         MuonWorkspace {
             ns: NsWorkspace::new(max_rows, max_cols),
             update: vec![0.0; max_rows * max_cols],
+            full: Vec::new(),
         }
     }
 
@@ -127,8 +132,32 @@ impl MuonWorkspace {
             );
         }
         update.resize(job_elements, 0.0);
-        Ok(MuonWorkspace { ns, update })
+        Ok(MuonWorkspace {
+            ns,
+            update,
+            full: Vec::new(),
+        })
     }
+}
+
+/// The dimension along which a matrix is sharded over tensor-parallel ranks (Megatron's
+/// `partition_dim`): `Rows` for a column-parallel weight `[out/tp, in]`, `Cols` for a
+/// row-parallel weight `[out, in/tp]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TpDim {
+    Rows,
+    Cols,
+}
+
+/// This rank's shard of a tensor-parallel matrix in Megatron's `duplicated` mode: every
+/// component is gathered over the `ranks` TP ranks (`gather` returns every rank's values, in
+/// rank order), orthogonalized whole, and this rank keeps its part (`rank`); the update scale
+/// is the whole component's.
+pub struct TpShard<'a> {
+    pub dim: TpDim,
+    pub ranks: usize,
+    pub rank: usize,
+    pub gather: &'a mut dyn FnMut(&[f32]) -> Result<Vec<f32>>,
 }
 
 /// Applies one Muon update to `master` and `momentum` from `grad` (all `rows × cols`,
@@ -146,6 +175,25 @@ pub fn muon_update(
     args: &MuonStepArgs,
     opts: &MuonOptions,
     ws: &mut MuonWorkspace,
+) -> Result<()> {
+    muon_update_sharded(master, momentum, grad, shape, args, opts, ws, None)
+}
+
+/// [`muon_update`] of a tensor-parallel shard: with `tp`, step 3 orthogonalizes each
+/// component gathered whole over the TP ranks (Emerging-Optimizers' `newton_schulz_tp`,
+/// `duplicated`: all-gather along the partition dim, Newton–Schulz, keep this rank's chunk)
+/// and scales it by the whole component's shape (Megatron's `scale_factor_fn_tp`); without
+/// `tp` it is [`muon_update`]. Every TP rank calls `gather` once per component in order.
+#[allow(clippy::too_many_arguments)]
+pub fn muon_update_sharded(
+    master: &mut [f32],
+    momentum: &mut [f32],
+    grad: &[f32],
+    shape: &MuonShape<'_>,
+    args: &MuonStepArgs,
+    opts: &MuonOptions,
+    ws: &mut MuonWorkspace,
+    mut tp: Option<&mut TpShard<'_>>,
 ) -> Result<()> {
     let (rows, cols) = (shape.rows, shape.cols);
     check_shape(shape)?;
@@ -191,13 +239,65 @@ pub fn muon_update(
         let range = start..start + comp_rows * cols;
         start = range.end;
         let x = &mut update[range.clone()];
-        newton_schulz_in_place(x, comp_rows, cols, &opts.ns, &mut ws.ns)?;
-        let step = lr_eff * muon_scale(opts.scale_mode, comp_rows, cols, opts.extra_scale_factor);
+        let (full_rows, full_cols) = match tp.as_deref_mut() {
+            None => {
+                newton_schulz_in_place(x, comp_rows, cols, &opts.ns, &mut ws.ns)?;
+                (comp_rows, cols)
+            }
+            Some(shard) => orthogonalize_gathered(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns, &mut ws.full)?,
+        };
+        let step = lr_eff * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
         for (w, &x) in master[range].iter_mut().zip(x.iter()) {
             *w = *w * decay - step * x;
         }
     }
     Ok(())
+}
+
+/// Gathers the `rows × cols` shard `x` of one component over the TP ranks, orthogonalizes the
+/// whole component and writes this rank's chunk of the result back into `x`; returns the
+/// whole component's shape.
+fn orthogonalize_gathered(
+    x: &mut [f32],
+    rows: usize,
+    cols: usize,
+    shard: &mut TpShard<'_>,
+    ns: &NsOptions,
+    ns_ws: &mut NsWorkspace,
+    full: &mut Vec<f32>,
+) -> Result<(usize, usize)> {
+    let (ranks, rank, len) = (shard.ranks, shard.rank, x.len());
+    let gathered = (shard.gather)(x)?;
+    if gathered.len() != ranks * len || rank >= ranks {
+        bail!(
+            Internal,
+            "muon_update: the tensor-parallel gather returned {} values for {ranks} shards of {len} (rank {rank})",
+            gathered.len()
+        );
+    }
+    match shard.dim {
+        TpDim::Rows => {
+            full.clear();
+            full.extend_from_slice(&gathered);
+            newton_schulz_in_place(full, ranks * rows, cols, ns, ns_ws)?;
+            x.copy_from_slice(&full[rank * len..(rank + 1) * len]);
+            Ok((ranks * rows, cols))
+        }
+        TpDim::Cols => {
+            let wide = ranks * cols;
+            full.resize(rows * wide, 0.0);
+            for (t, block) in gathered.chunks_exact(len).enumerate() {
+                for (r, row) in block.chunks_exact(cols).enumerate() {
+                    full[r * wide + t * cols..r * wide + (t + 1) * cols].copy_from_slice(row);
+                }
+            }
+            newton_schulz_in_place(full, rows, wide, ns, ns_ws)?;
+            for (r, row) in x.chunks_exact_mut(cols).enumerate() {
+                row.copy_from_slice(&full[r * wide + rank * cols..r * wide + (rank + 1) * cols]);
+            }
+            Ok((rows, wide))
+        }
+    }
 }
 
 fn check_shape(shape: &MuonShape<'_>) -> Result<()> {

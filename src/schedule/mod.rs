@@ -18,7 +18,7 @@ use crate::backend::ops::{
     StreamKind,
 };
 use crate::bail;
-use crate::config::Config;
+use crate::config::{Config, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
 use crate::plan::ElemRange;
@@ -495,6 +495,7 @@ impl Runtime {
                 } else {
                     state::component_rows(spec, batch.count)
                 },
+                tp: spec.tp_shard().filter(|_| self.cfg.muon_tp_mode == TpMode::Duplicated),
                 args: MuonParamArgs {
                     lr_scale: spec.lr_scale,
                     wd_scale: Self::wd_scale(spec),

@@ -51,6 +51,7 @@ Coefficients = _enum("Coefficients", "MUON_COEFFICIENTS_")
 NsPrecision = _enum("NsPrecision", "MUON_NS_PRECISION_")
 ScaleMode = _enum("ScaleMode", "MUON_SCALE_")
 CommMode = _enum("CommMode", "MUON_COMM_MODE_")
+TpMode = _enum("TpMode", "MUON_TP_MODE_")
 Route = _enum("Route", "MUON_ROUTE_")
 ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
@@ -428,6 +429,12 @@ class Optimizer(_Owner):
         ``ParamFlag.NORM_REPLICA``."""
         lib().muon_optimizer_set_norm_group(self._handle, group.handle)
 
+    def set_tp_group(self, group):
+        """The tensor-parallel group (a :class:`Comm`) over which ``TpMode.DUPLICATED`` gathers
+        the matrices flagged ``ParamFlag.TP_SHARD_ROWS`` / ``TP_SHARD_COLS``; before
+        :meth:`finalize`."""
+        lib().muon_optimizer_set_tp_group(self._handle, group.handle)
+
     def param_route(self, param_id):
         route = c_uint32()
         lib().muon_optimizer_param_route(self._handle, param_id, byref(route))
@@ -567,6 +574,7 @@ __all__ = [
     "NsPrecision",
     "ScaleMode",
     "CommMode",
+    "TpMode",
     "Route",
     "ParamFlag",
     "Mxfp8Scales",

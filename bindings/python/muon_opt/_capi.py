@@ -62,6 +62,8 @@ MUON_NS_PRECISION_BF16_ITERATE = 2
 MUON_SCALE_SPECTRAL = 0
 MUON_SCALE_SHAPE_SCALING = 1
 MUON_SCALE_UNIT_RMS_NORM = 2
+MUON_TP_MODE_BLOCKWISE = 0
+MUON_TP_MODE_DUPLICATED = 1
 
 MUON_COMM_MODE_FROM_ENV = 0
 MUON_COMM_MODE_EAGER = 1
@@ -77,6 +79,8 @@ MUON_PARAM_FLAG_MXFP8 = 1 << 3
 MUON_PARAM_FLAG_NO_WEIGHT_DECAY = 1 << 4
 MUON_PARAM_FLAG_ALLOW_VOCAB_DIM = 1 << 5
 MUON_PARAM_FLAG_NORM_REPLICA = 1 << 6
+MUON_PARAM_FLAG_TP_SHARD_ROWS = 1 << 7
+MUON_PARAM_FLAG_TP_SHARD_COLS = 1 << 8
 
 MUON_MXFP8_SCALES_COMPACT = 0
 MUON_MXFP8_SCALES_SWIZZLED = 1
@@ -174,6 +178,7 @@ class muon_config_t(Structure):
         ("collective_timeout_ms", c_uint32),
         ("host_comm_mode", c_uint32),
         ("host_threads", c_uint32),
+        ("muon_tp_mode", c_uint32),
     ]
 
 
@@ -261,6 +266,7 @@ PROTOTYPES = {
     "muon_optimizer_step": (muon_status_t, [_opt, POINTER(muon_step_args_t), POINTER(muon_step_info_t)]),
     "muon_optimizer_step_info": (muon_status_t, [_opt, POINTER(muon_step_info_t)]),
     "muon_optimizer_set_step_args": (muon_status_t, [_opt, POINTER(muon_step_args_t)]),
+    "muon_optimizer_set_tp_group": (muon_status_t, [_opt, _comm]),
     "muon_optimizers_step": (muon_status_t, [POINTER(_opt), c_size_t, POINTER(muon_step_args_t)]),
     "muon_optimizer_synchronize": (muon_status_t, [_opt]),
     "muon_newton_schulz_host": (

@@ -683,6 +683,12 @@ impl Translator {
 
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
         self.muon.ns.validate()?;
+        if job.tp.is_some() {
+            bail!(
+                IncompatibleOptions,
+                "muon_tp_mode duplicated: gathering tensor-parallel shards for Newton–Schulz runs on the host backend only so far; use blockwise on the cuda backend"
+            );
+        }
         let (rows, cols) = (job.rows as u64, job.cols as u64);
         if rows == 0 || cols == 0 {
             bail!(

@@ -19,7 +19,9 @@ use crate::config::{CommMode, Dtype};
 use crate::error::{Error, ErrorKind, Result};
 use crate::numerics::adamw::{AdamWArgs, adamw_update};
 use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
-use crate::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_update};
+use crate::numerics::muon::{
+    MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded,
+};
 use crate::numerics::mxfp8::{Direction, Input, QuantizedMut, ScaleLayout, quantize_both, scale_shape};
 use crate::numerics::{GatheredSums, squared_norm, step_scalars};
 
@@ -147,6 +149,8 @@ pub struct HostBackend {
     rank_sums: Arc<Mutex<Vec<f64>>>,
     /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
     norm_group: Option<Arc<Communicator>>,
+    /// The tensor-parallel group over which `duplicated` shards are gathered.
+    tp_group: Option<Arc<Communicator>>,
 }
 
 // SAFETY: the raw pointers in `mems` are owned allocations only touched by this backend's
@@ -173,6 +177,7 @@ impl HostBackend {
             scalars: Arc::default(),
             rank_sums: Arc::default(),
             norm_group: None,
+            tp_group: None,
         })
     }
 
@@ -194,6 +199,30 @@ impl HostBackend {
         }
         self.norm_group = Some(group);
         Ok(self)
+    }
+
+    /// Gathers the `duplicated` tensor-parallel shards over `group` (this rank's TP group:
+    /// the ranks holding the other shards of its matrices, at the same data-parallel index).
+    pub fn with_tp_group(mut self, group: Arc<Communicator>) -> Result<Self> {
+        if !matches!(group.transport, Transport::Host(_)) {
+            bail!(
+                CommMismatch,
+                "tp group: the host backend needs a host group communicator"
+            );
+        }
+        self.tp_group = Some(group);
+        Ok(self)
+    }
+
+    /// All-gathers `shard` over the TP group on the calling (compute) thread: every rank's
+    /// values in rank order.
+    fn gather_tp(group: &Communicator, shard: &[f32]) -> Result<Vec<f32>> {
+        let mut send = shard.to_vec();
+        let mut gathered = vec![0.0f32; shard.len() * group.size()];
+        // SAFETY: both buffers live until the collective returns.
+        let (send_region, recv_region) = unsafe { (Region::from_f32(&mut send), Region::from_f32(&mut gathered)) };
+        Self::host_comm(group).all_gather(send_region, recv_region)?;
+        Ok(gathered)
     }
 
     fn scalars(&self) -> std::sync::MutexGuard<'_, HostScalars> {
@@ -501,9 +530,23 @@ impl Backend for HostBackend {
     }
 
     fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
+        let tp_group = match (job.tp, &self.tp_group) {
+            (None, _) => None,
+            (Some(dim), Some(group)) => Some((dim, group.clone())),
+            (Some(_), None) => bail!(
+                InvalidState,
+                "muon_update: a duplicated tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
+            ),
+        };
         let args = {
             let s = self.scalars();
             if s.get(Scalar::Skip) != 0.0 {
+                // The TP peers gather whatever this rank does: take part in every gather.
+                if let Some((_, group)) = &tp_group {
+                    for rows in components(job) {
+                        Self::gather_tp(group, &vec![0.0; rows * job.cols])?;
+                    }
+                }
                 return Ok(());
             }
             MuonStepArgs {
@@ -525,7 +568,26 @@ impl Backend for HostBackend {
                 cols: job.cols,
                 split_rows: &job.split_rows,
             };
-            muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace)
+            let Some((dim, group)) = &tp_group else {
+                return muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace);
+            };
+            let mut gather = |shard: &[f32]| Self::gather_tp(group, shard);
+            let mut shard = TpShard {
+                dim: *dim,
+                ranks: group.size(),
+                rank: group.rank(),
+                gather: &mut gather,
+            };
+            muon_update_sharded(
+                master,
+                momentum,
+                grad,
+                &shape,
+                &args,
+                &self.muon_opts,
+                &mut workspace,
+                Some(&mut shard),
+            )
         })();
         self.scratch = scratch;
         self.workspace = workspace;
@@ -636,5 +698,14 @@ impl Backend for HostBackend {
 
     fn address(&self, span: Span) -> *mut c_void {
         self.region(span).map_or(std::ptr::null_mut(), |r| r.as_ptr().cast())
+    }
+}
+
+/// Rows of each Newton–Schulz component of `job` (the whole matrix when it is not fused).
+fn components(job: &MuonJob) -> Vec<usize> {
+    if job.split_rows.is_empty() {
+        vec![job.rows]
+    } else {
+        job.split_rows.clone()
     }
 }

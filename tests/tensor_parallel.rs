@@ -1,0 +1,389 @@
+//! Muon on tensor-parallel shards (`muon_tp_mode`), ranks on threads in a dp 2 × tp 2 grid:
+//! in `duplicated` mode each owner gathers its matrices' shards over its TP group,
+//! orthogonalizes the whole matrix and keeps its shard, so the full logical model after N
+//! steps equals, bit for bit, the unsharded model trained at dp 2 (the math is the same:
+//! element-wise steps per element, one Newton–Schulz on the same matrix, the same scale); in
+//! `blockwise` mode each shard is orthogonalized alone, which equals the unsharded run with
+//! every shard registered as a matrix of its own. Column-parallel (rows) and row-parallel
+//! (columns) shards and a fused QKV split per shard are covered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use muon_opt::backend::cuda::CallerStream;
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{Config, Dtype, NsPrecision, TpMode};
+use muon_opt::error::{ErrorKind, Result};
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::numerics::muon::TpDim;
+use muon_opt::optimizer::Optimizer;
+use muon_opt::schedule::StepArgs;
+
+const DP: usize = 2;
+const TP: usize = 2;
+const STEPS: usize = 3;
+const ARGS: StepArgs = StepArgs {
+    lr: 0.02,
+    weight_decay: 0.1,
+    adam_lr: 0.003,
+    adam_weight_decay: 0.01,
+};
+
+/// A weight of the logical (unsharded) model and how TP shards it.
+struct Logical {
+    name: &'static str,
+    rows: usize,
+    cols: usize,
+    tp: Option<TpDim>,
+    /// Fused components along the rows (each sharded over TP separately).
+    splits: &'static [usize],
+}
+
+const MODEL: [Logical; 5] = [
+    Logical {
+        name: "attn.qkv.weight",
+        rows: 48,
+        cols: 32,
+        tp: Some(TpDim::Rows),
+        splits: &[16, 16, 16],
+    },
+    Logical {
+        name: "attn.proj.weight",
+        rows: 32,
+        cols: 48,
+        tp: Some(TpDim::Cols),
+        splits: &[],
+    },
+    Logical {
+        name: "mlp.fc1.weight",
+        rows: 64,
+        cols: 32,
+        tp: Some(TpDim::Rows),
+        splits: &[],
+    },
+    Logical {
+        name: "mlp.fc2.weight",
+        rows: 32,
+        cols: 64,
+        tp: Some(TpDim::Cols),
+        splits: &[],
+    },
+    Logical {
+        name: "norm.weight",
+        rows: 1,
+        cols: 32,
+        tp: None,
+        splits: &[],
+    },
+];
+
+impl Logical {
+    fn components(&self) -> Vec<usize> {
+        if self.splits.is_empty() {
+            vec![self.rows]
+        } else {
+            self.splits.to_vec()
+        }
+    }
+
+    /// TP rank `t`'s shard: its shape, its split, and for each of its elements the index of
+    /// the logical element it holds.
+    fn shard(&self, t: usize) -> (usize, usize, Vec<usize>, Vec<usize>) {
+        match self.tp {
+            None => (self.rows, self.cols, Vec::new(), (0..self.rows * self.cols).collect()),
+            Some(TpDim::Cols) => {
+                let c = self.cols / TP;
+                let map = (0..self.rows)
+                    .flat_map(|r| (0..c).map(move |j| r * self.cols + t * c + j))
+                    .collect();
+                (self.rows, c, Vec::new(), map)
+            }
+            Some(TpDim::Rows) => {
+                let mut map = Vec::new();
+                let mut split = Vec::new();
+                let mut start = 0;
+                for rows in self.components() {
+                    let local = rows / TP;
+                    split.push(local);
+                    for r in start + t * local..start + (t + 1) * local {
+                        map.extend((0..self.cols).map(|j| r * self.cols + j));
+                    }
+                    start += rows;
+                }
+                let split = if self.splits.is_empty() { Vec::new() } else { split };
+                (self.rows / TP, self.cols, split, map)
+            }
+        }
+    }
+
+    fn spec(&self, name: String, rows: usize, cols: usize, split: Vec<usize>, flags: u32) -> ParamSpec {
+        let shape: Vec<u64> = if self.rows == 1 {
+            vec![cols as u64]
+        } else {
+            vec![rows as u64, cols as u64]
+        };
+        ParamSpec {
+            flags: ParamFlags(flags),
+            split_sizes: split.into_iter().map(|s| s as u64).collect(),
+            ..ParamSpec::new(name, &shape, Dtype::F32)
+        }
+    }
+}
+
+/// Logical element `i` of weight `name`: its initial value (`step` None) or the gradient of
+/// data-parallel rank `d` at `step`.
+fn value(name: &str, step: Option<usize>, d: usize, i: usize) -> f32 {
+    let key = name
+        .bytes()
+        .fold(7u64, |h, b| h.wrapping_mul(131).wrapping_add(u64::from(b)));
+    let salt = step.map_or(0, |s| 1 + s * 7919 + d * 104_729) as u64;
+    let h = (key ^ salt.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (i as u64 * 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let v = ((h >> 40) % 2001) as f32 / 1000.0 - 1.0;
+    if step.is_none() { v * 0.1 } else { v }
+}
+
+fn host_comms(n: usize) -> Vec<Arc<Communicator>> {
+    HostGroup::new(n, Duration::from_secs(20))
+        .into_iter()
+        .map(|c| Communicator::new(Transport::Host(c)))
+        .collect()
+}
+
+fn config(mode: TpMode) -> Config {
+    Config {
+        bucket_size: 1024,
+        clip_grad: 0.0,
+        muon_ns_precision: NsPrecision::F32,
+        muon_tp_mode: mode,
+        ..Config::default()
+    }
+}
+
+/// One rank's registered params: (spec, logical element of each of its elements).
+type Params = Vec<(ParamSpec, Vec<usize>, &'static str)>;
+
+/// Trains `params` for STEPS steps as data-parallel rank `d`; returns each param's values.
+fn train(opt: &mut Optimizer, params: &Params, d: usize) -> Result<Vec<Vec<f32>>> {
+    for (spec, map, logical) in params {
+        let init = map.iter().map(|&i| value(logical, None, d, i)).collect();
+        opt.add_param(spec.clone(), Some(init))?;
+    }
+    opt.finalize()?;
+    for step in 0..STEPS {
+        opt.zero_grad()?;
+        for (p, (_, map, logical)) in params.iter().enumerate().rev() {
+            let ptr = opt.running()?.address(p, true).cast::<f32>();
+            // SAFETY: the host backend's f32 grad view of param p holds map.len() values.
+            let g = unsafe { std::slice::from_raw_parts_mut(ptr, map.len()) };
+            for (v, &i) in g.iter_mut().zip(map) {
+                *v = value(logical, Some(step), d, i);
+            }
+            opt.grad_ready(p as u32)?;
+        }
+        opt.step(&ARGS)?;
+    }
+    opt.synchronize()?;
+    (0..params.len())
+        .map(|p| {
+            let ptr = opt.running()?.address(p, false).cast::<f32>();
+            // SAFETY: the host backend's f32 param view of param p.
+            Ok(unsafe { std::slice::from_raw_parts(ptr, params[p].1.len()) }.to_vec())
+        })
+        .collect()
+}
+
+/// TP rank `t`'s params, flagged as TP shards.
+fn sharded_params(t: usize) -> Params {
+    MODEL
+        .iter()
+        .map(|l| {
+            let (rows, cols, split, map) = l.shard(t);
+            let flags = match l.tp {
+                Some(TpDim::Rows) => ParamFlags::TP_SHARD_ROWS,
+                Some(TpDim::Cols) => ParamFlags::TP_SHARD_COLS,
+                None if t > 0 => ParamFlags::NORM_REPLICA,
+                None => 0,
+            };
+            (l.spec(l.name.to_string(), rows, cols, split, flags), map, l.name)
+        })
+        .collect()
+}
+
+/// The full logical model of a dp × tp run: each weight assembled from its TP shards (as
+/// trained by data-parallel rank 0; every data-parallel rank holds the same values).
+fn tp_run(mode: TpMode) -> Vec<Vec<f32>> {
+    let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
+    let tensor: Vec<Vec<Arc<Communicator>>> = (0..DP).map(|_| host_comms(TP)).collect();
+    let results: Vec<Result<Vec<Vec<f32>>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..TP)
+            .flat_map(|t| (0..DP).map(move |d| (d, t)))
+            .map(|(d, t)| {
+                let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
+                scope.spawn(move || -> Result<Vec<Vec<f32>>> {
+                    let mut opt = Optimizer::new(config(mode), dp_comm.claim()?, CallerStream::NULL)?;
+                    opt.set_tp_group(tp_comm)?;
+                    train(&mut opt, &sharded_params(t), d)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let shards: Vec<Vec<Vec<f32>>> = results.into_iter().map(|r| r.unwrap()).collect();
+    // shards[t * DP + d][param]
+    MODEL
+        .iter()
+        .enumerate()
+        .map(|(p, l)| {
+            let mut full = vec![f32::NAN; l.rows * l.cols];
+            for t in 0..TP {
+                for d in 0..DP {
+                    assert_eq!(
+                        bits(&shards[t * DP + d][p]),
+                        bits(&shards[t * DP][p]),
+                        "{}: data-parallel ranks differ",
+                        l.name
+                    );
+                }
+                for (&v, i) in shards[t * DP][p].iter().zip(l.shard(t).3) {
+                    full[i] = v;
+                }
+            }
+            full
+        })
+        .collect()
+}
+
+/// The unsharded model (or, `split_shards`, every shard a matrix of its own) at dp 2, TP 1.
+fn reference_run(split_shards: bool) -> Vec<Vec<f32>> {
+    let params: Params = MODEL
+        .iter()
+        .flat_map(|l| {
+            if split_shards && l.tp.is_some() {
+                (0..TP)
+                    .map(|t| {
+                        let (rows, cols, split, map) = l.shard(t);
+                        (
+                            l.spec(format!("{}.shard{t}", l.name), rows, cols, split, 0),
+                            map,
+                            l.name,
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            } else {
+                let split = l.splits.to_vec();
+                vec![(
+                    l.spec(l.name.to_string(), l.rows, l.cols, split, 0),
+                    (0..l.rows * l.cols).collect(),
+                    l.name,
+                )]
+            }
+        })
+        .collect();
+    let comms = host_comms(DP);
+    let results: Vec<Result<Vec<Vec<f32>>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..DP)
+            .map(|d| {
+                let (comm, params) = (comms[d].clone(), &params);
+                scope.spawn(move || -> Result<Vec<Vec<f32>>> {
+                    let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
+                    train(&mut opt, params, d)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let values = results.into_iter().next().unwrap().unwrap();
+    MODEL
+        .iter()
+        .map(|l| {
+            let mut full = vec![f32::NAN; l.rows * l.cols];
+            for (p, (_, map, logical)) in params.iter().enumerate() {
+                if *logical == l.name {
+                    for (&v, &i) in values[p].iter().zip(map) {
+                        full[i] = v;
+                    }
+                }
+            }
+            full
+        })
+        .collect()
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+fn assert_same_model(got: &[Vec<f32>], want: &[Vec<f32>]) {
+    for (l, (g, w)) in MODEL.iter().zip(got.iter().zip(want)) {
+        assert!(g.iter().all(|v| v.is_finite()), "{}: every element assembled", l.name);
+        assert_eq!(bits(g), bits(w), "{}", l.name);
+    }
+}
+
+#[test]
+fn duplicated_shards_train_bitwise_like_the_unsharded_model() {
+    let initial: Vec<f32> = (0..48 * 32).map(|i| value("attn.qkv.weight", None, 0, i)).collect();
+    let duplicated = tp_run(TpMode::Duplicated);
+    assert_ne!(bits(&duplicated[0]), bits(&initial), "the weights moved");
+    assert_same_model(&duplicated, &reference_run(false));
+}
+
+#[test]
+fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
+    let blockwise = tp_run(TpMode::Blockwise);
+    assert_same_model(&blockwise, &reference_run(true));
+    let unsharded = reference_run(false);
+    for (l, (b, u)) in MODEL.iter().zip(blockwise.iter().zip(&unsharded)) {
+        if l.tp.is_some() {
+            assert_ne!(
+                bits(b),
+                bits(u),
+                "{}: orthogonalizing shards alone is another update",
+                l.name
+            );
+        }
+    }
+}
+
+/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
+#[test]
+fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
+    let comm = host_comms(1).remove(0);
+    let mut opt = Optimizer::new(config(TpMode::Duplicated), comm.claim().unwrap(), CallerStream::NULL).unwrap();
+    let spec = sharded_params(0).remove(0).0;
+    opt.add_param(spec, None).unwrap();
+    let err = opt.finalize().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidState);
+    assert!(err.message.contains("muon_optimizer_set_tp_group"), "{err}");
+
+    let tensor = host_comms(TP);
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..TP)
+            .map(|t| {
+                let tp_comm = tensor[t].clone();
+                scope.spawn(move || -> Result<()> {
+                    let comm = host_comms(1).remove(0);
+                    let mut opt = Optimizer::new(config(TpMode::Duplicated), comm.claim()?, CallerStream::NULL)?;
+                    opt.set_tp_group(tp_comm)?;
+                    let rows = if t == 0 { 32 } else { 16 };
+                    let flags = ParamFlags(ParamFlags::TP_SHARD_ROWS);
+                    opt.add_param(
+                        ParamSpec {
+                            flags,
+                            ..ParamSpec::new("fc1.weight", &[rows, 32], Dtype::F32)
+                        },
+                        None,
+                    )?;
+                    opt.finalize()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in results {
+        let err = r.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PlanMismatch);
+        assert!(err.message.contains("duplicated shards"), "{err}");
+    }
+}
