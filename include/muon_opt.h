@@ -625,6 +625,13 @@ typedef struct muon_param_desc_t {
    * Multiplier on the weight decay of this param (default 1).
    */
   float wd_scale;
+  /**
+   * How many times split_sizes repeats along dim 0 (0 or 1 = once: consecutive
+   * components). Megatron's fused QKV `[groups·(q + k + v), hidden]` is split_sizes
+   * {q, k, v} with num_split_groups = the query groups: component c (Q, K or V) is the c-th
+   * block of every group, stacked in group order, orthogonalized as one matrix.
+   */
+  uint32_t num_split_groups;
 } muon_param_desc_t;
 
 /**

@@ -70,6 +70,10 @@ pub struct ParamSpec {
     /// Fused components along the matrix row dimension (dim 0 of a matrix, dim 1 of an
     /// expert stack); empty = not fused.
     pub split_sizes: Vec<u64>,
+    /// How many times `split_sizes` repeats along the rows (Megatron's fused QKV: one
+    /// `[q, k, v]` block per query group); component c is the c-th block of every group,
+    /// stacked in group order. 1 = consecutive components.
+    pub split_groups: u64,
     pub lr_scale: f32,
     pub wd_scale: f32,
 }
@@ -91,6 +95,7 @@ impl ParamSpec {
             flags: ParamFlags::default(),
             tie_group: 0,
             split_sizes: Vec::new(),
+            split_groups: 1,
             lr_scale: 1.0,
             wd_scale: 1.0,
         }
@@ -128,7 +133,8 @@ impl ParamSpec {
         }
     }
 
-    /// The Newton–Schulz problems inside one unit: one per fused component, else the unit.
+    /// The Newton–Schulz problems inside one unit: one per fused component (its blocks of
+    /// every split group stacked), else the unit.
     pub fn unit_components(&self) -> Vec<MatrixShape> {
         let unit = self.unit_matrix();
         if self.split_sizes.is_empty() {
@@ -136,7 +142,10 @@ impl ParamSpec {
         } else {
             self.split_sizes
                 .iter()
-                .map(|&rows| MatrixShape { rows, cols: unit.cols })
+                .map(|&rows| MatrixShape {
+                    rows: rows * self.split_groups,
+                    cols: unit.cols,
+                })
                 .collect()
         }
     }
@@ -245,6 +254,13 @@ impl ParamSpec {
     fn validate_splits(&self) -> Result<()> {
         let name = &self.name;
         if self.split_sizes.is_empty() {
+            if self.split_groups != 1 {
+                bail!(
+                    InvalidParam,
+                    "param '{name}': split_groups {} without split_sizes; give the sizes of one group's components",
+                    self.split_groups
+                );
+            }
             return Ok(());
         }
         if self.route() != Route::Muon {
@@ -264,13 +280,29 @@ impl ParamSpec {
                 "param '{name}': split_sizes[{i}] is 0; every component needs >= 1 row"
             );
         }
-        // Checked: a wrapped sum could equal `rows` and pass.
-        let sum = self.split_sizes.iter().try_fold(0u64, |acc, &s| acc.checked_add(s));
-        if sum != Some(rows) {
-            let sum = sum.map_or_else(|| "more than 2^64".to_string(), |s| s.to_string());
+        let groups = self.split_groups;
+        if groups == 0 || (groups > 1 && self.is_expert_stack()) {
             bail!(
                 InvalidParam,
-                "param '{name}': split_sizes {:?} sum to {sum}, but dim {dim} is {rows}",
+                "param '{name}': split_groups {groups} must be >= 1, and 1 for an expert stack"
+            );
+        }
+        // Checked: a wrapped sum could equal `rows` and pass.
+        let sum = self
+            .split_sizes
+            .iter()
+            .try_fold(0u64, |acc, &s| acc.checked_add(s))
+            .and_then(|s| s.checked_mul(groups));
+        if sum != Some(rows) {
+            let sum = sum.map_or_else(|| "more than 2^64".to_string(), |s| s.to_string());
+            let times = if groups > 1 {
+                format!(" × {groups} groups")
+            } else {
+                String::new()
+            };
+            bail!(
+                InvalidParam,
+                "param '{name}': split_sizes {:?}{times} sum to {sum}, but dim {dim} is {rows}",
                 self.split_sizes
             );
         }

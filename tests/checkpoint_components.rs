@@ -71,9 +71,30 @@ fn fused_params_are_saved_as_their_components() {
             }
         }
 
-        let qkv = index.param("layers.1.qkv.weight").unwrap();
-        assert_eq!(qkv.components.len(), 3);
-        assert_eq!(qkv.components[2].offset, 64 * 32);
+        let consecutive = index.param("layers.0.qkv.weight").unwrap();
+        assert_eq!(consecutive.components.len(), 3);
+        assert_eq!(consecutive.components[2].offset, 64 * 32);
+
+        // Split per query group: one component per (group, part), each a contiguous block.
+        let grouped = id("layers.1.qkv.weight");
+        let entry = index.param("layers.1.qkv.weight").unwrap();
+        assert_eq!(entry.split_groups, 3);
+        assert_eq!(entry.components.len(), 3 * 3);
+        for g in 0..3usize {
+            for (c, (rows, within)) in [(16usize, 0usize), (8, 16), (8, 24)].into_iter().enumerate() {
+                let component = &entry.components[3 * g + c];
+                assert_eq!(component.name, format!("layers.1.qkv.weight/group{g}/part{c}"));
+                assert_eq!(component.shape, [rows as u64, 32]);
+                let start = (g * 32 + within) * 32;
+                assert_eq!(component.offset as usize, start);
+                let piece = &component.pieces[0];
+                let (_, values) = tensor(&dir, &piece.file, &piece.keys[&StateKind::Master]);
+                assert!(
+                    same_bits(&values, &state[grouped][0][start..start + rows * 32]),
+                    "dp={dp}: group {g} part {c} master"
+                );
+            }
+        }
 
         let experts = id("layers.1.experts.fc1");
         let entry = index.param("layers.1.experts.fc1").unwrap();

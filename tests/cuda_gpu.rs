@@ -376,7 +376,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     momentum: n,
                     adam_moments: 0,
                     max_component: (rows * cols, rows.min(cols)),
-                    muon_work: MuonWork::of_job(&[rows], cols),
+                    muon_work: MuonWork::of_job(&[rows], cols, 1),
                     mxfp8: Vec::new(),
                     mxfp8_scale_layout: ScaleLayout::Compact,
                 })
@@ -389,6 +389,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                 rows,
                 cols,
                 split_rows: Vec::new(),
+                split_groups: 1,
                 tp: None,
                 args: MuonParamArgs {
                     lr_scale: 1.0,

@@ -116,6 +116,7 @@ fn single_step_matches_f64_formulas() {
                         rows,
                         cols,
                         split_rows: &[],
+                        split_groups: 1,
                     };
                     muon_update(&mut w, &mut m, &g, &shape, &a, &o, &mut MuonWorkspace::default()).unwrap();
                     let what = format!("{rows}×{cols} {mode:?} nesterov={nesterov} extra={extra}");
@@ -144,6 +145,7 @@ fn momentum_follows_the_documented_f32_order_bit_for_bit() {
         rows,
         cols,
         split_rows: &[],
+        split_groups: 1,
     };
     muon_update(&mut w, &mut m, &g, &shape, &a, &o, &mut MuonWorkspace::default()).unwrap();
     let mu = o.momentum;
@@ -164,6 +166,7 @@ fn nesterov_changes_the_update() {
         rows,
         cols,
         split_rows: &[],
+        split_groups: 1,
     };
     let run = |nesterov| {
         let (mut w, mut m) = (start.w.clone(), start.m.clone());
@@ -188,6 +191,7 @@ fn several_steps_accumulate_momentum() {
         rows,
         cols,
         split_rows: &[],
+        split_groups: 1,
     };
     let start = random_state(&mut rng, n);
     let (mut w, mut m) = (start.w.clone(), start.m.clone());
@@ -219,6 +223,7 @@ fn split_components_match_separate_updates_and_f64() {
             rows,
             cols,
             split_rows: &splits,
+            split_groups: 1,
         };
         muon_update(&mut w, &mut m, &g, &shape, &a, &o, &mut ws).unwrap();
 
@@ -230,6 +235,7 @@ fn split_components_match_separate_updates_and_f64() {
                 rows: r,
                 cols,
                 split_rows: &[],
+                split_groups: 1,
             };
             let (wp, mp) = (&mut w_sep[range.clone()], &mut m_sep[range.clone()]);
             muon_update(wp, mp, &g[range.clone()], &part, &a, &o, &mut ws).unwrap();
@@ -243,6 +249,111 @@ fn split_components_match_separate_updates_and_f64() {
     }
 }
 
+/// Megatron's per-query-group QKV split (Emerging-Optimizers / Megatron `orthogonalize`:
+/// `grad.view(groups, q + k + v, -1)`, split along dim 1, each part reshaped to a matrix):
+/// with 4 query groups of 2 q-heads, component Q is the q rows of every group stacked in
+/// group order. The grouped update equals gathering Q, K and V by that formula, updating each
+/// as a matrix of its own and writing the rows back — bit for bit — and differs from the
+/// consecutive split of the same sizes by far more than rounding.
+#[test]
+fn per_group_splits_match_the_megatron_view_split_formula() {
+    let mut rng = Rng::new(26);
+    let (groups, head, heads_per_group, cols) = (4usize, 4usize, 2usize, 24usize);
+    let pattern = [heads_per_group * head, head, head];
+    let group_rows: usize = pattern.iter().sum();
+    let rows = groups * group_rows;
+    let n = rows * cols;
+    let g = rng.normal_vec(n, 0.01);
+    let start = random_state(&mut rng, n);
+    let (o, a) = (options(ScaleMode::Spectral, true, 1.0), args());
+    let mut ws = MuonWorkspace::default();
+    let components: Vec<usize> = pattern.iter().map(|&p| p * groups).collect();
+    let (mut w, mut m) = (start.w.clone(), start.m.clone());
+    let grouped = MuonShape {
+        rows,
+        cols,
+        split_rows: &components,
+        split_groups: groups,
+    };
+    muon_update(&mut w, &mut m, &g, &grouped, &a, &o, &mut ws).unwrap();
+
+    // The formula: rows of part c are, per group gi in order, gi·(q+k+v) + offset_c + j.
+    let (mut w_ref, mut m_ref) = (start.w.clone(), start.m.clone());
+    let mut offset = 0;
+    for &part in &pattern {
+        let rows_of: Vec<usize> = (0..groups)
+            .flat_map(|gi| (0..part).map(move |j| gi * group_rows + offset + j))
+            .collect();
+        let take = |v: &[f32]| -> Vec<f32> {
+            rows_of
+                .iter()
+                .flat_map(|&r| v[r * cols..(r + 1) * cols].to_vec())
+                .collect()
+        };
+        let (mut wp, mut mp, gp) = (take(&w_ref), take(&m_ref), take(&g));
+        let matrix = MuonShape {
+            rows: rows_of.len(),
+            cols,
+            split_rows: &[],
+            split_groups: 1,
+        };
+        muon_update(&mut wp, &mut mp, &gp, &matrix, &a, &o, &mut ws).unwrap();
+        for (i, &r) in rows_of.iter().enumerate() {
+            w_ref[r * cols..(r + 1) * cols].copy_from_slice(&wp[i * cols..(i + 1) * cols]);
+            m_ref[r * cols..(r + 1) * cols].copy_from_slice(&mp[i * cols..(i + 1) * cols]);
+        }
+        offset += part;
+    }
+    assert_eq!(w, w_ref);
+    assert_eq!(m, m_ref);
+
+    let (mut w_consecutive, mut m_consecutive) = (start.w.clone(), start.m.clone());
+    let consecutive = MuonShape {
+        split_groups: 1,
+        ..grouped
+    };
+    muon_update(
+        &mut w_consecutive,
+        &mut m_consecutive,
+        &g,
+        &consecutive,
+        &a,
+        &o,
+        &mut ws,
+    )
+    .unwrap();
+    let delta = |x: &[f32]| -> Vec<f32> { x.iter().zip(&start.w).map(|(a, b)| a - b).collect() };
+    let (grouped_delta, consecutive_delta) = (delta(&w), delta(&w_consecutive));
+    let norm = |x: &[f32]| x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    let difference: Vec<f32> = grouped_delta
+        .iter()
+        .zip(&consecutive_delta)
+        .map(|(a, b)| a - b)
+        .collect();
+    let relative = norm(&difference) / norm(&grouped_delta);
+    assert!(
+        relative > 0.3,
+        "the interleaved split is another update: relative difference {relative}"
+    );
+
+    let uneven = MuonShape {
+        split_rows: &[9, 4, 3],
+        ..grouped
+    };
+    let (w16, m16) = (&mut w[..16 * cols], &mut m[..16 * cols]);
+    let err = muon_update(
+        w16,
+        m16,
+        &g[..16 * cols],
+        &MuonShape { rows: 16, ..uneven },
+        &a,
+        &o,
+        &mut ws,
+    )
+    .unwrap_err();
+    assert!(err.message.contains("not a multiple of the 4 split groups"), "{err}");
+}
+
 #[test]
 fn weight_decay_alone_scales_the_master() {
     let mut rng = Rng::new(25);
@@ -254,6 +365,7 @@ fn weight_decay_alone_scales_the_master() {
         rows,
         cols,
         split_rows: &[],
+        split_groups: 1,
     };
     let a = args();
     // Zero gradient and momentum: the orthogonalized update is 0 and only decay remains.
@@ -302,6 +414,7 @@ fn clip_coefficient_scales_the_gradient() {
         rows,
         cols,
         split_rows: &[],
+        split_groups: 1,
     };
     let run = |grad: &[f32], clip_coef| {
         let (mut w, mut m) = (start.w.clone(), start.m.clone());
@@ -343,12 +456,14 @@ fn rejects_bad_arguments_without_touching_state() {
         rows,
         cols,
         split_rows: &[],
+        split_groups: 1,
     };
     check(plain, &g[1..], &o, ErrorKind::InvalidArgument);
     check(MuonShape { rows: 7, ..plain }, &g, &o, ErrorKind::InvalidArgument);
     check(
         MuonShape {
             split_rows: &[4, 3],
+            split_groups: 1,
             ..plain
         },
         &g,
@@ -358,6 +473,7 @@ fn rejects_bad_arguments_without_touching_state() {
     check(
         MuonShape {
             split_rows: &[8, 0],
+            split_groups: 1,
             ..plain
         },
         &g,
@@ -369,6 +485,7 @@ fn rejects_bad_arguments_without_touching_state() {
             rows: 0,
             cols: 0,
             split_rows: &[],
+            split_groups: 1,
         },
         &[],
         &o,

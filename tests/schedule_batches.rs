@@ -79,33 +79,45 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
     use muon_opt::backend::ops::MuonWork;
     // A fused [2·14336, 4096] gate|up: one job of 117M elements whose Gram batch is two
     // 4096² matrices; a [4096, 14336] down projection: 4096² again.
-    let gate_up = MuonWork::of_job(&[14336, 14336], 4096);
+    let gate_up = MuonWork::of_job(&[14336, 14336], 4096, 1);
     assert_eq!(
         gate_up,
         MuonWork {
             matrix: 28672 * 4096,
             gram: 2 * 4096 * 4096,
-            run: 2
+            run: 2,
+            grouped: 0
         }
     );
-    let down = MuonWork::of_job(&[4096], 14336);
+    let down = MuonWork::of_job(&[4096], 14336, 1);
     assert_eq!(
         down,
         MuonWork {
             matrix: 4096 * 14336,
             gram: 4096 * 4096,
-            run: 1
+            run: 1,
+            grouped: 0
         }
     );
     assert_eq!(gate_up.max(down), gate_up);
     // Runs of equal components batch; different ones do not.
-    let qkv = MuonWork::of_job(&[64, 16, 16], 32);
+    let qkv = MuonWork::of_job(&[64, 16, 16], 32, 1);
     assert_eq!(
         qkv,
         MuonWork {
             matrix: 96 * 32,
             gram: 32 * 32,
-            run: 2
+            run: 2,
+            grouped: 0
+        }
+    );
+    // The same QKV split per query group (4 groups of [16, 4, 4] rows) also needs its update
+    // in component order.
+    assert_eq!(
+        MuonWork::of_job(&[64, 16, 16], 32, 4),
+        MuonWork {
+            grouped: 96 * 32,
+            ..qkv
         }
     );
 
@@ -120,7 +132,8 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
         MuonWork {
             matrix: 8 * 64 * 32,
             gram: 16 * 32 * 32,
-            run: 16
+            run: 16,
+            grouped: 0
         }
     );
 }

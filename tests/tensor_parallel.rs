@@ -5,7 +5,8 @@
 //! element-wise steps per element, one Newton–Schulz on the same matrix, the same scale); in
 //! `blockwise` mode each shard is orthogonalized alone, which equals the unsharded run with
 //! every shard registered as a matrix of its own. Column-parallel (rows) and row-parallel
-//! (columns) shards and a fused QKV split per shard are covered.
+//! (columns) shards, a fused gate|up split per shard and Megatron's QKV split per query group
+//! (TP shards whole groups) are covered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,17 +37,28 @@ struct Logical {
     rows: usize,
     cols: usize,
     tp: Option<TpDim>,
-    /// Fused components along the rows (each sharded over TP separately).
+    /// Fused components along the rows: each sharded over TP separately, or with `groups` > 1
+    /// the pattern of one query group (Megatron's QKV: TP shards whole groups).
     splits: &'static [usize],
+    groups: usize,
 }
 
-const MODEL: [Logical; 5] = [
+const MODEL: [Logical; 6] = [
     Logical {
         name: "attn.qkv.weight",
-        rows: 48,
+        rows: 64,
         cols: 32,
         tp: Some(TpDim::Rows),
-        splits: &[16, 16, 16],
+        splits: &[16, 8, 8],
+        groups: 2,
+    },
+    Logical {
+        name: "mlp.gate_up.weight",
+        rows: 64,
+        cols: 32,
+        tp: Some(TpDim::Rows),
+        splits: &[32, 32],
+        groups: 1,
     },
     Logical {
         name: "attn.proj.weight",
@@ -54,6 +66,7 @@ const MODEL: [Logical; 5] = [
         cols: 48,
         tp: Some(TpDim::Cols),
         splits: &[],
+        groups: 1,
     },
     Logical {
         name: "mlp.fc1.weight",
@@ -61,6 +74,7 @@ const MODEL: [Logical; 5] = [
         cols: 32,
         tp: Some(TpDim::Rows),
         splits: &[],
+        groups: 1,
     },
     Logical {
         name: "mlp.fc2.weight",
@@ -68,6 +82,7 @@ const MODEL: [Logical; 5] = [
         cols: 64,
         tp: Some(TpDim::Cols),
         splits: &[],
+        groups: 1,
     },
     Logical {
         name: "norm.weight",
@@ -75,6 +90,7 @@ const MODEL: [Logical; 5] = [
         cols: 32,
         tp: None,
         splits: &[],
+        groups: 1,
     },
 ];
 
@@ -99,6 +115,11 @@ impl Logical {
                     .collect();
                 (self.rows, c, Vec::new(), map)
             }
+            Some(TpDim::Rows) if self.groups > 1 => {
+                let rows = self.rows / TP;
+                let map = (t * rows * self.cols..(t + 1) * rows * self.cols).collect();
+                (rows, self.cols, self.splits.to_vec(), map)
+            }
             Some(TpDim::Rows) => {
                 let mut map = Vec::new();
                 let mut split = Vec::new();
@@ -117,15 +138,23 @@ impl Logical {
         }
     }
 
+    /// A param of `rows × cols` with `split` (one group's pattern when grouped) over as many
+    /// query groups as its rows hold.
     fn spec(&self, name: String, rows: usize, cols: usize, split: Vec<usize>, flags: u32) -> ParamSpec {
         let shape: Vec<u64> = if self.rows == 1 {
             vec![cols as u64]
         } else {
             vec![rows as u64, cols as u64]
         };
+        let groups = if self.groups > 1 {
+            rows / self.splits.iter().sum::<usize>()
+        } else {
+            1
+        };
         ParamSpec {
             flags: ParamFlags(flags),
             split_sizes: split.into_iter().map(|s| s as u64).collect(),
+            split_groups: groups as u64,
             ..ParamSpec::new(name, &shape, Dtype::F32)
         }
     }
@@ -323,7 +352,7 @@ fn assert_same_model(got: &[Vec<f32>], want: &[Vec<f32>]) {
 
 #[test]
 fn duplicated_shards_train_bitwise_like_the_unsharded_model() {
-    let initial: Vec<f32> = (0..48 * 32).map(|i| value("attn.qkv.weight", None, 0, i)).collect();
+    let initial: Vec<f32> = (0..64 * 32).map(|i| value("attn.qkv.weight", None, 0, i)).collect();
     let duplicated = tp_run(TpMode::Duplicated);
     assert_ne!(bits(&duplicated[0]), bits(&initial), "the weights moved");
     assert_same_model(&duplicated, &reference_run(false));

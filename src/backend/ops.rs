@@ -196,6 +196,8 @@ pub struct MuonJob {
     pub cols: usize,
     /// Rows of each fused component; empty = not fused.
     pub split_rows: Vec<usize>,
+    /// Groups the components are interleaved in ([`crate::numerics::muon::MuonShape`]).
+    pub split_groups: usize,
     /// A tensor-parallel shard orthogonalized whole (`muon_tp_mode` duplicated): each
     /// component is gathered over the TP group along this dimension.
     pub tp: Option<TpDim>,
@@ -229,14 +231,20 @@ pub struct MuonWork {
     pub matrix: u64,
     pub gram: u64,
     pub run: u64,
+    /// Elements of the largest job whose components are interleaved in split groups (its
+    /// update in component order); 0 when there is none.
+    pub grouped: u64,
 }
 
 impl MuonWork {
-    /// The need of one job of `cols` columns whose components have `component_rows` rows.
-    pub fn of_job(component_rows: &[usize], cols: usize) -> MuonWork {
+    /// The need of one job of `cols` columns whose components have `component_rows` rows,
+    /// interleaved in `split_groups` groups.
+    pub fn of_job(component_rows: &[usize], cols: usize, split_groups: usize) -> MuonWork {
         let cols = cols as u64;
+        let matrix = component_rows.iter().map(|&r| r as u64).sum::<u64>() * cols;
         let mut need = MuonWork {
-            matrix: component_rows.iter().map(|&r| r as u64).sum::<u64>() * cols,
+            matrix,
+            grouped: if split_groups > 1 { matrix } else { 0 },
             ..MuonWork::default()
         };
         for run in component_rows.chunk_by(|a, b| a == b) {
@@ -253,6 +261,7 @@ impl MuonWork {
             matrix: self.matrix.max(other.matrix),
             gram: self.gram.max(other.gram),
             run: self.run.max(other.run),
+            grouped: self.grouped.max(other.grouped),
         }
     }
 }

@@ -48,6 +48,11 @@ pub struct muon_param_desc_t {
     pub lr_scale: f32,
     /// Multiplier on the weight decay of this param (default 1).
     pub wd_scale: f32,
+    /// How many times split_sizes repeats along dim 0 (0 or 1 = once: consecutive
+    /// components). Megatron's fused QKV `[groups·(q + k + v), hidden]` is split_sizes
+    /// {q, k, v} with num_split_groups = the query groups: component c (Q, K or V) is the c-th
+    /// block of every group, stacked in group order, orthogonalized as one matrix.
+    pub num_split_groups: u32,
 }
 
 /// Where a registered parameter lives.
@@ -90,8 +95,9 @@ pub struct muon_param_view_t {
     pub mxfp8_cols: u64,
 }
 
-/// Size of the first ABI version of each struct; smaller struct_size values are rejected.
-pub(crate) const MIN_DESC_SIZE: usize = std::mem::size_of::<muon_param_desc_t>();
+/// Size of the first ABI version of the struct (up to `wd_scale`); smaller struct_size values
+/// are rejected, the fields after it take their defaults.
+pub(crate) const MIN_DESC_SIZE: usize = std::mem::offset_of!(muon_param_desc_t, num_split_groups);
 
 impl muon_param_desc_t {
     fn defaults() -> Self {
@@ -109,6 +115,7 @@ impl muon_param_desc_t {
             init_dtype: Dtype::F32.code(),
             lr_scale: 1.0,
             wd_scale: 1.0,
+            num_split_groups: 1,
         }
     }
 }
@@ -145,7 +152,16 @@ pub unsafe fn read_desc(ptr: *const muon_param_desc_t, init_on_device: bool) -> 
             "desc->struct_size: {size} is smaller than the {MIN_DESC_SIZE} bytes of muon_param_desc_t; initialise it with muon_param_desc_init()"
         );
     }
-    let desc = unsafe { std::ptr::read_unaligned(ptr) };
+    let mut desc = muon_param_desc_t::defaults();
+    // SAFETY: the caller's struct holds `size` readable bytes; only the bytes both versions
+    // have are copied over the defaults.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            ptr.cast::<u8>(),
+            (&raw mut desc).cast::<u8>(),
+            size.min(std::mem::size_of::<muon_param_desc_t>()),
+        )
+    };
     if desc.name.is_null() {
         bail!(NullArgument, "desc->name is NULL");
     }
@@ -178,6 +194,7 @@ pub unsafe fn read_desc(ptr: *const muon_param_desc_t, init_on_device: bool) -> 
         flags: ParamFlags(desc.flags),
         tie_group: desc.tie_group,
         split_sizes: splits,
+        split_groups: u64::from(desc.num_split_groups.max(1)),
         lr_scale: desc.lr_scale,
         wd_scale: desc.wd_scale,
     };

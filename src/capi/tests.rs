@@ -65,6 +65,34 @@ fn teardown(comm: *mut muon_comm_t, opt: *mut muon_optimizer_t) {
     assert_eq!(unsafe { muon_comm_destroy(comm) }, MUON_STATUS_SUCCESS);
 }
 
+/// A param description of the first ABI (ending at wd_scale) is accepted with one split
+/// group whatever lies beyond its struct_size; the current one carries num_split_groups
+/// (Megatron's QKV split per query group), checked against the rows.
+#[test]
+fn a_param_desc_of_the_first_abi_defaults_the_split_groups() {
+    let sizes = [8i64, 4, 4];
+    let name = CString::new("attn.qkv.weight").unwrap();
+    let mut d = desc(&name, &[48, 32]);
+    d.num_splits = 3;
+    d.split_sizes = sizes.as_ptr();
+    d.num_split_groups = 3;
+    let read = unsafe { crate::capi::param::read_desc(&d, false) }.unwrap();
+    assert_eq!(
+        (read.spec.split_sizes.clone(), read.spec.split_groups),
+        (vec![8, 4, 4], 3)
+    );
+    d.struct_size = std::mem::offset_of!(muon_param_desc_t, num_split_groups) as u32;
+    let err = unsafe { crate::capi::param::read_desc(&d, false) }.err().unwrap();
+    assert!(err.message.contains("sum to 16, but dim 0 is 48"), "{err}");
+    d.num_split_groups = 2;
+    d.struct_size = std::mem::size_of::<muon_param_desc_t>() as u32;
+    let err = unsafe { crate::capi::param::read_desc(&d, false) }.err().unwrap();
+    assert!(err.message.contains("× 2 groups sum to 32"), "{err}");
+    d.struct_size = std::mem::offset_of!(muon_param_desc_t, num_split_groups) as u32 - 4;
+    let err = unsafe { crate::capi::param::read_desc(&d, false) }.err().unwrap();
+    assert_eq!(err.kind, crate::error::ErrorKind::AbiMismatch);
+}
+
 #[test]
 fn defaults_validate_and_match_the_design() {
     let cfg = default_config();

@@ -9,6 +9,9 @@
 //!   `[m, n]`; with `split_sizes` (rows of each expert's matrix, dim 1 of the stack) one per
 //!   expert and part, `name/expert{e}/part{c}` with shape `[s_c, n]`. Component c of a stack is
 //!   therefore not one contiguous item range of the stack, but each (expert, part) pair is.
+//! - A per-group split (`split_groups` G > 1, Megatron's fused QKV of G query groups) has one
+//!   component per group and part, `name/group{g}/part{c}`: the c-th block of group g, each
+//!   contiguous; Muon orthogonalizes part c of every group together.
 
 use crate::bail;
 use crate::error::Result;
@@ -73,6 +76,11 @@ pub fn components(spec: &ParamSpec) -> Vec<Component> {
     let units: Vec<(String, u64)> = if spec.is_expert_stack() {
         (0..spec.num_units())
             .map(|e| (format!("{}/expert{e}", spec.name), e * unit))
+            .collect()
+    } else if spec.split_groups > 1 {
+        let group = unit / spec.split_groups;
+        (0..spec.split_groups)
+            .map(|g| (format!("{}/group{g}", spec.name), g * group))
             .collect()
     } else {
         vec![(spec.name.clone(), 0)]

@@ -127,7 +127,19 @@ pub struct ParamEntry {
     pub route: Route,
     pub expert_stack: bool,
     pub split_sizes: Vec<u64>,
+    /// Groups `split_sizes` repeats in (absent = 1, so checkpoints without per-group splits
+    /// keep their bytes).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub split_groups: u64,
     pub components: Vec<ComponentEntry>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn is_one(value: &u64) -> bool {
+    *value == 1
 }
 
 /// The checkpoint index.
@@ -158,6 +170,8 @@ struct ModelKey<'a> {
     route: Route,
     expert_stack: bool,
     split_sizes: &'a [u64],
+    #[serde(skip_serializing_if = "is_one")]
+    split_groups: u64,
 }
 
 /// The model description hash (see [`Index::model_hash`]).
@@ -170,6 +184,7 @@ pub fn model_hash(specs: &[ParamSpec]) -> String {
             route: s.route(),
             expert_stack: s.is_expert_stack(),
             split_sizes: &s.split_sizes,
+            split_groups: s.split_groups,
         })
         .collect();
     keys.sort_by(|a, b| a.name.cmp(b.name));
@@ -208,6 +223,7 @@ impl Index {
                 route: placement.route,
                 expert_stack: spec.is_expert_stack(),
                 split_sizes: spec.split_sizes.clone(),
+                split_groups: spec.split_groups,
                 components: components(spec)
                     .into_iter()
                     .map(|c| ComponentEntry {
@@ -403,6 +419,13 @@ impl Index {
                     "split_sizes",
                     format!("{:?}", entry.split_sizes),
                     format!("{:?}", spec.split_sizes),
+                ));
+            }
+            if entry.split_groups != spec.split_groups {
+                return Err(differs(
+                    "split_groups",
+                    entry.split_groups.to_string(),
+                    spec.split_groups.to_string(),
                 ));
             }
             let ours: Vec<(String, u64, Vec<u64>)> = components(spec)

@@ -77,6 +77,11 @@ pub struct MuonShape<'a> {
     pub cols: usize,
     /// Rows of each fused component, summing to `rows`; empty = not fused.
     pub split_rows: &'a [usize],
+    /// Groups the components are interleaved in: the rows are `split_groups` blocks, each
+    /// holding `split_rows[c] / split_groups` rows of every component c in order, and
+    /// component c is its part of every group stacked in group order (Megatron's
+    /// per-query-group QKV split). 1 = consecutive components.
+    pub split_groups: usize,
 }
 
 /// The update scale of an orthogonalized `rows × cols` matrix (`m = rows`, `n = cols`):
@@ -99,6 +104,8 @@ pub struct MuonWorkspace {
     update: Vec<f32>,
     /// A tensor-parallel component gathered whole.
     full: Vec<f32>,
+    /// The update in component-major row order (per-group splits).
+    grouped: Vec<f32>,
 }
 
 impl MuonWorkspace {
@@ -108,6 +115,7 @@ impl MuonWorkspace {
             ns: NsWorkspace::new(max_rows, max_cols),
             update: vec![0.0; max_rows * max_cols],
             full: Vec::new(),
+            grouped: Vec::new(),
         }
     }
 
@@ -136,6 +144,7 @@ impl MuonWorkspace {
             ns,
             update,
             full: Vec::new(),
+            grouped: Vec::new(),
         })
     }
 }
@@ -228,16 +237,27 @@ pub fn muon_update_sharded(
     let lr_eff = args.lr * args.lr_scale;
     let wd_eff = args.weight_decay * args.wd_scale;
     let decay = 1.0 - lr_eff * wd_eff;
-    let whole = [rows];
-    let components = if shape.split_rows.is_empty() {
-        &whole[..]
+    let groups = shape.split_groups.max(1);
+    let components: Vec<usize> = if shape.split_rows.is_empty() {
+        vec![rows]
     } else {
-        shape.split_rows
+        shape.split_rows.to_vec()
     };
+    // Rows in component order: row i of the component-major matrix is row `order[i]` of the
+    // param (the identity for consecutive components).
+    let order = component_row_order(&components, groups);
+    if groups > 1 {
+        ws.grouped.clear();
+        for &r in &order {
+            ws.grouped.extend_from_slice(&update[r * cols..(r + 1) * cols]);
+        }
+        update.copy_from_slice(&ws.grouped);
+    }
     let mut start = 0;
-    for &comp_rows in components {
+    for &comp_rows in &components {
         let range = start..start + comp_rows * cols;
         start = range.end;
+        let first_row = range.start / cols;
         let x = &mut update[range.clone()];
         let (full_rows, full_cols) = match tp.as_deref_mut() {
             None => {
@@ -247,11 +267,34 @@ pub fn muon_update_sharded(
             Some(shard) => orthogonalize_gathered(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns, &mut ws.full)?,
         };
         let step = lr_eff * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
-        for (w, &x) in master[range].iter_mut().zip(x.iter()) {
-            *w = *w * decay - step * x;
+        for (i, x_row) in x.chunks_exact(cols).enumerate() {
+            let r = order[first_row + i];
+            for (w, &x) in master[r * cols..(r + 1) * cols].iter_mut().zip(x_row) {
+                *w = *w * decay - step * x;
+            }
         }
     }
     Ok(())
+}
+
+/// The param rows in component-major order: for each component c (`component_rows[c]` rows in
+/// all), its block of every one of `groups` groups in group order.
+pub fn component_row_order(component_rows: &[usize], groups: usize) -> Vec<usize> {
+    let rows: usize = component_rows.iter().sum();
+    if groups <= 1 {
+        return (0..rows).collect();
+    }
+    let group_rows = rows / groups;
+    let mut order = Vec::with_capacity(rows);
+    let mut offset = 0;
+    for &component in component_rows {
+        let part = component / groups;
+        for g in 0..groups {
+            order.extend(g * group_rows + offset..g * group_rows + offset + part);
+        }
+        offset += part;
+    }
+    order
 }
 
 /// Gathers the `rows × cols` shard `x` of one component over the TP ranks, orthogonalizes the
@@ -322,6 +365,14 @@ fn check_shape(shape: &MuonShape<'_>) -> Result<()> {
         bail!(
             InvalidArgument,
             "muon_update: split_rows {splits:?} do not sum to rows {rows}"
+        );
+    }
+    let groups = shape.split_groups.max(1);
+    if let Some(c) = splits.iter().position(|&r| r % groups != 0) {
+        bail!(
+            InvalidArgument,
+            "muon_update: split_rows[{c}] = {} is not a multiple of the {groups} split groups",
+            splits[c]
         );
     }
     Ok(())

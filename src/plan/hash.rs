@@ -56,6 +56,7 @@ impl Fnv1a {
         self.u64(spec.flags.0 as u64);
         self.u64(spec.tie_group as u64);
         self.list(spec.split_sizes.iter().copied());
+        self.u64(spec.split_groups);
         self.u64(spec.lr_scale.to_bits() as u64);
         self.u64(spec.wd_scale.to_bits() as u64);
         self.u64(route_code(route));

@@ -21,6 +21,8 @@
 //!   `no_weight_decay`, `allow_vocab_dim` (default none);
 //! - `tie_group`: copies of one logical weight share a non-zero group (default 0);
 //! - `split_sizes`: fused components along the matrix row dimension (default none);
+//! - `split_groups`: how many times `split_sizes` repeats along the rows (Megatron's QKV per
+//!   query group; default 1);
 //! - `lr_scale`, `wd_scale`: per-param multipliers (default 1).
 //!
 //! The optional top-level `vocab_size` enables the untagged-embedding check. Unknown fields
@@ -68,6 +70,8 @@ struct ParamEntry {
     #[serde(default)]
     split_sizes: Vec<u64>,
     #[serde(default)]
+    split_groups: Option<u64>,
+    #[serde(default)]
     lr_scale: Option<f32>,
     #[serde(default)]
     wd_scale: Option<f32>,
@@ -98,6 +102,7 @@ impl ParamEntry {
         spec.flags = ParamFlags(flags);
         spec.tie_group = self.tie_group;
         spec.split_sizes = self.split_sizes;
+        spec.split_groups = self.split_groups.unwrap_or(1);
         spec.lr_scale = self.lr_scale.unwrap_or(1.0);
         spec.wd_scale = self.wd_scale.unwrap_or(1.0);
         Ok(spec)

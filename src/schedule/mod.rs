@@ -495,6 +495,7 @@ impl Runtime {
                 } else {
                     state::component_rows(spec, batch.count)
                 },
+                split_groups: spec.split_groups as usize,
                 tp: spec.tp_shard().filter(|_| self.cfg.muon_tp_mode == TpMode::Duplicated),
                 args: MuonParamArgs {
                     lr_scale: spec.lr_scale,

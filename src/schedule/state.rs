@@ -98,7 +98,11 @@ impl StateLayout {
         let muon_work = muon_batches.iter().fold(MuonWork::default(), |need, batch| {
             let spec = &params[muon[batch.first].unit.param as usize];
             let rows = component_rows(spec, batch.count);
-            need.max(MuonWork::of_job(&rows, spec.unit_matrix().cols as usize))
+            need.max(MuonWork::of_job(
+                &rows,
+                spec.unit_matrix().cols as usize,
+                spec.split_groups as usize,
+            ))
         });
         let momentum = offset;
         let mut moments = 0u64;
@@ -187,12 +191,9 @@ impl AdamwSlot {
 }
 
 /// The rows of each component of a Muon job over `count` consecutive units of `spec`: every
-/// unit is one matrix, split further by the fused splits.
+/// unit is one matrix, split further by the fused splits (a component of a per-group split
+/// holds its rows of every group).
 pub fn component_rows(spec: &ParamSpec, count: usize) -> Vec<usize> {
-    let unit: Vec<usize> = if spec.split_sizes.is_empty() {
-        vec![spec.unit_matrix().rows as usize]
-    } else {
-        spec.split_sizes.iter().map(|&s| s as usize).collect()
-    };
+    let unit: Vec<usize> = spec.unit_components().iter().map(|c| c.rows as usize).collect();
     unit.repeat(count)
 }

@@ -50,7 +50,13 @@ pub fn model() -> Vec<ParamSpec> {
     for layer in 0..2 {
         let name = |suffix: &str| format!("layers.{layer}.{suffix}");
         let mut qkv = ParamSpec::new(name("qkv.weight"), &[96, 32], Dtype::Bf16);
-        qkv.split_sizes = vec![32, 32, 32];
+        // Layer 0 as q|k|v blocks; layer 1 as Megatron's 3 query groups of [16 q | 8 k | 8 v].
+        if layer == 0 {
+            qkv.split_sizes = vec![32, 32, 32];
+        } else {
+            qkv.split_sizes = vec![16, 8, 8];
+            qkv.split_groups = 3;
+        }
         params.push(qkv);
         params.push(ParamSpec::new(name("proj.weight"), &[32, 32], Dtype::Bf16));
         params.push(ParamSpec::new(name("norm.weight"), &[32], Dtype::F32));

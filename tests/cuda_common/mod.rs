@@ -26,6 +26,11 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     let mut tall = ParamSpec::new("fused.tall.weight", &[112, 16], muon_opt::config::Dtype::Bf16);
     tall.split_sizes = vec![48, 48, 16];
     params.push(tall);
+    // Megatron's fused QKV of 3 query groups ([8 q | 4 k | 4 v] rows each), split per group.
+    let mut qkv = ParamSpec::new("grouped.qkv.weight", &[48, 32], muon_opt::config::Dtype::Bf16);
+    qkv.split_sizes = vec![8, 4, 4];
+    qkv.split_groups = 3;
+    params.push(qkv);
     let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
     fc.flags = ParamFlags(ParamFlags::MXFP8);
     fc.split_sizes = vec![32, 32];

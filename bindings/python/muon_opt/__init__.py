@@ -351,6 +351,7 @@ class Optimizer(_Owner):
         flags=0,
         tie_group=0,
         split_sizes=None,
+        split_groups=None,
         init=None,
         init_dtype=None,
         lr_scale=None,
@@ -360,7 +361,8 @@ class Optimizer(_Owner):
 
         ``init``: initial values as any buffer (array('f'), bytes, numpy, memoryview); its
         dtype is ``init_dtype`` or, if None, taken from the buffer's format ('f' = F32,
-        'H' = BF16 bits). On the cuda backend ``init`` is a device address (an int) and
+        'H' = BF16 bits). ``split_groups``: how many times ``split_sizes`` repeats along the
+        rows (Megatron's fused QKV: ``split_sizes=(q, k, v)``, ``split_groups`` = query groups). On the cuda backend ``init`` is a device address (an int) and
         ``init_dtype`` is required. ``dtype`` (the model dtype) defaults to the library's (bf16).
         """
         d = _capi.muon_param_desc_t()
@@ -385,6 +387,8 @@ class Optimizer(_Owner):
             splits = (c_int64 * len(split_sizes))(*split_sizes)
             d.num_splits = len(split_sizes)
             d.split_sizes = ctypes.cast(splits, POINTER(c_int64))
+        if split_groups is not None:
+            d.num_split_groups = _capi.check_integer(c_uint32, split_groups, f"add_param '{name}' split_groups")
         keep = None
         if isinstance(init, int):  # an address (device memory on the cuda backend)
             if init_dtype is None:

@@ -218,6 +218,7 @@ class muon_param_desc_t(Structure):
         ("init_dtype", c_uint32),
         ("lr_scale", c_float),
         ("wd_scale", c_float),
+        ("num_split_groups", c_uint32),
     ]
 
 

@@ -274,6 +274,15 @@ class Library(unittest.TestCase):
             info = opt.step_info()
             self.assertEqual((info.step, info.skipped), (1, False))
 
+    def test_split_groups_reach_the_library(self):
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.add_param("qkv", (48, 32), split_sizes=(8, 4, 4), split_groups=2)
+            self.assertIs(ctx.exception.status, mo.Status.INVALID_PARAM)
+            self.assertIn("2 groups sum to 32", str(ctx.exception))
+            pid = opt.add_param("qkv", (48, 32), split_sizes=(8, 4, 4), split_groups=3)
+            self.assertEqual(opt.param_route(pid), mo.Route.MUON)
+
     def test_step_shared_clips_two_optimizers_with_one_norm(self):
         with mo.HostGroup(1) as ga, mo.HostGroup(1) as gb:
             with mo.Optimizer(config(clip_grad=1.0), ga[0]) as a, mo.Optimizer(config(clip_grad=1.0), gb[0]) as b:

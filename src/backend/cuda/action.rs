@@ -46,6 +46,8 @@ pub enum Work {
     Norms,
     /// Block partial sums of squares (f64).
     Partials,
+    /// The update of a per-group split job in component order (f32; only with such jobs).
+    Grouped,
 }
 
 /// A kernel of `kernels/*.cu`.

@@ -210,6 +210,36 @@ enum SumInto {
     PerSpan,
 }
 
+/// Copies between a per-group split matrix in param row order (`param`) and in component order
+/// (`ordered`), one copy per (component, group) block (`numerics::muon::component_row_order`);
+/// `to_param` copies back.
+fn group_copies(param: DevPtr, ordered: DevPtr, split: &[u64], groups: u64, cols: u64, to_param: bool) -> Vec<Action> {
+    let group_rows = split.iter().sum::<u64>() / groups;
+    let mut actions = Vec::new();
+    let (mut offset, mut component_start) = (0u64, 0u64);
+    for &rows in split {
+        let part = rows / groups;
+        for g in 0..groups {
+            let at_param = param + (g * group_rows + offset) * cols * 4;
+            let at_ordered = ordered + (component_start + g * part) * cols * 4;
+            let (src, dst) = if to_param {
+                (at_ordered, at_param)
+            } else {
+                (at_param, at_ordered)
+            };
+            actions.push(Action::CopyDevice {
+                dst,
+                src,
+                bytes: part * cols * 4,
+                stream: StreamKind::Compute,
+            });
+        }
+        offset += part;
+        component_start += rows;
+    }
+    actions
+}
+
 /// Blocks of one span of a sum-of-squares launch.
 fn sumsq_blocks(len: u64) -> u32 {
     len.div_ceil(SUMSQ_BLOCK_ELEMS).clamp(1, SUMSQ_MAX_BLOCKS) as u32
@@ -507,6 +537,9 @@ impl Translator {
         }
         alloc(Buf::Work(Work::Norms), work.norms * 8);
         alloc(Buf::Work(Work::Partials), PARTIALS * 8);
+        if need.grouped > 0 {
+            alloc(Buf::Work(Work::Grouped), need.grouped * 4);
+        }
         // The allocations are zeroed on the compute stream; finish before anything else runs.
         actions.push(Action::Synchronize(StreamKind::Compute));
         self.layout = Some(layout.clone());
@@ -701,10 +734,11 @@ impl Translator {
         } else {
             job.split_rows.iter().map(|&r| r as u64).collect()
         };
-        if split.contains(&0) || split.iter().sum::<u64>() != rows {
+        let groups = job.split_groups.max(1) as u64;
+        if split.contains(&0) || split.iter().sum::<u64>() != rows || split.iter().any(|r| r % groups != 0) {
             bail!(
                 InvalidArgument,
-                "muon_update: split_rows {:?} must be >= 1 each and sum to rows {rows}",
+                "muon_update: split_rows {:?} must be >= 1 each, multiples of the {groups} split groups, and sum to rows {rows}",
                 job.split_rows
             );
         }
@@ -747,13 +781,23 @@ impl Translator {
                 Arg::I32(i32::from(opts.nesterov)),
             ],
         )];
+        // A per-group split runs in component order: the update into the grouped workspace,
+        // the masters into the update's place (no longer needed), and back after the apply.
+        let (ns_input, target) = if groups > 1 {
+            let grouped = self.work(Work::Grouped)?;
+            actions.extend(group_copies(update, grouped, &split, groups, cols, false));
+            actions.extend(group_copies(master.ptr, update, &split, groups, cols, false));
+            (grouped, update)
+        } else {
+            (update, master.ptr)
+        };
         // Consecutive components of equal shape form one strided batch.
         let mut start = 0u64;
         let mut i = 0;
         while i < split.len() {
             let comp_rows = split[i];
             let batch = split[i..].iter().take_while(|&&r| r == comp_rows).count() as u64;
-            let (x, transposed) = self.newton_schulz(&mut actions, update + start * 4, comp_rows, cols, batch)?;
+            let (x, transposed) = self.newton_schulz(&mut actions, ns_input + start * 4, comp_rows, cols, batch)?;
             let scale = muon_scale(
                 opts.scale_mode,
                 comp_rows as usize,
@@ -765,7 +809,7 @@ impl Translator {
                 batch * comp_rows * cols,
                 StreamKind::Compute,
                 vec![
-                    Arg::Ptr(master.at(start)),
+                    Arg::Ptr(target + start * 4),
                     Arg::Ptr(x),
                     Arg::U32(to_u32("batch", batch)?),
                     Arg::U32(to_u32("rows", comp_rows)?),
@@ -779,6 +823,9 @@ impl Translator {
             ));
             start += batch * comp_rows * cols;
             i += batch as usize;
+        }
+        if groups > 1 {
+            actions.extend(group_copies(master.ptr, update, &split, groups, cols, true));
         }
         Ok(actions)
     }

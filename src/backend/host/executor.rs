@@ -567,6 +567,7 @@ impl Backend for HostBackend {
                 rows: job.rows,
                 cols: job.cols,
                 split_rows: &job.split_rows,
+                split_groups: job.split_groups,
             };
             let Some((dim, group)) = &tp_group else {
                 return muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace);
