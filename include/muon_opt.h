@@ -755,6 +755,30 @@ muon_status_t muon_optimizer_load(struct muon_optimizer_t *opt,
                                   const char *dir);
 
 /**
+ * @brief Load from several checkpoints at once into every rank: each registered param from
+ *        the one checkpoint that holds it; params the checkpoints hold that this optimizer
+ *        does not register are left for other optimizers. Collective, like
+ *        muon_optimizer_load, every rank passing the same directories in the same order.
+ *
+ * Expert parallelism: each expert-parallel rank's expert optimizer saves its own experts
+ * (registered under their global names, e.g. `layers.3.experts.12.fc1.weight`) into its own
+ * directory; at another expert-parallel split an optimizer loads its experts from all of
+ * those directories (and at a finer split from the one that has them), at any expert
+ * data-parallel size.
+ * @param[in] dirs  @p count NUL-terminated checkpoint directories, each saved by
+ *                  muon_optimizer_save at the same step with the same numerics.
+ * @param[in] count >= 1.
+ * @return As muon_optimizer_load; MUON_STATUS_CHECKPOINT_MISMATCH also for a param found in
+ *         none or in two of the checkpoints, or checkpoints of different steps (named in the
+ *         message).
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_load_union(struct muon_optimizer_t *opt,
+                                        const char *const *dirs,
+                                        size_t count);
+
+/**
  * @brief Create an in-process group of @p world_size ranks for the host backend.
  * @param[in]  world_size Number of ranks, 1..=4096.
  * @param[out] comms      Array of @p world_size handles; comms[r] is rank r. Written only on

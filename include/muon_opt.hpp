@@ -340,6 +340,13 @@ public:
     /// Collective: every rank loads checkpoint @p dir (written at any dp size and layout) and
     /// re-synchronizes its params; on failure nothing changed on any rank. Between steps.
     void load(const std::string &dir) { check(muon_optimizer_load(handle_, dir.c_str())); }
+    /// Collective: loads every registered param from the one of @p dirs that holds it (the
+    /// expert checkpoints of another expert-parallel split); others are left out.
+    void load_union(const std::vector<std::string> &dirs) {
+        std::vector<const char *> paths;
+        for (const std::string &d : dirs) paths.push_back(d.c_str());
+        check(muon_optimizer_load_union(handle_, paths.data(), paths.size()));
+    }
 
     muon_optimizer_t *get() const noexcept { return handle_; }
     explicit operator bool() const noexcept { return handle_ != nullptr; }

@@ -599,6 +599,14 @@ impl Optimizer {
         Ok(())
     }
 
+    /// Loads from the checkpoints in `dirs` together, each registered param from the one that
+    /// holds it (collective; see [`checkpoint::load_union`]). On failure nothing changed.
+    pub fn load_union(&mut self, dirs: &[&Path]) -> Result<()> {
+        checkpoint::load_union(self.runtime_mut("load")?, dirs)?;
+        crate::log!(Info, "rank {}: loaded {} checkpoints", self.rank(), dirs.len());
+        Ok(())
+    }
+
     /// Checks the id and returns the finalized plan.
     pub fn plan_for(&self, id: u32) -> Result<&Plan> {
         self.check_id(id)?;

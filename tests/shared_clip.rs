@@ -46,7 +46,12 @@ fn dense_model() -> Vec<ParamSpec> {
 
 /// Expert-parallel rank `e`'s experts (global numbers 2e, 2e + 1), each a matrix and a bias.
 fn expert_model(e: usize) -> Vec<ParamSpec> {
-    (2 * e..2 * e + 2)
+    experts(2 * e..2 * e + 2)
+}
+
+/// The experts `range` (global numbers), each a matrix and a bias.
+fn experts(range: std::ops::Range<usize>) -> Vec<ParamSpec> {
+    range
         .flat_map(|x| {
             [
                 ParamSpec::new(format!("layers.0.experts.{x}.fc.weight"), &[24, 16], Dtype::F32),
@@ -364,4 +369,148 @@ fn a_shared_step_refuses_mismatched_optimizers_and_changes_nothing() {
             h.join().unwrap().unwrap();
         }
     });
+}
+
+/// What a rank of a resumed run saw: the loaded expert values by name, then the dense and the
+/// expert optimizer's next step.
+type Resumed = (Vec<(String, Vec<u32>)>, StepInfo, StepInfo);
+
+/// Each param's value bits by name.
+fn named_values(opt: &mut Optimizer, specs: &[ParamSpec]) -> Result<Vec<(String, Vec<u32>)>> {
+    opt.synchronize()?;
+    specs
+        .iter()
+        .enumerate()
+        .map(|(p, spec)| {
+            let ptr = opt.running()?.address(p, false).cast::<f32>();
+            // SAFETY: the host backend's f32 param view of param p.
+            let v = unsafe { std::slice::from_raw_parts(ptr, spec.numel() as usize) };
+            Ok((spec.name.clone(), v.iter().map(|x| x.to_bits()).collect()))
+        })
+        .collect()
+}
+
+/// After 2 shared steps at EP 2 × EDP 2 (dense, `experts.0`, `experts.1` saved), the experts
+/// reload at other expert-parallel splits from the union of the expert checkpoints: EP 1 ×
+/// EDP 4 (every rank holds all four experts, from both directories) and EP 4 × EDP 1 (each
+/// rank one expert, from the directory that has it). Every expert's values and the step come
+/// back exactly, and the pair steps on with one clip.
+#[test]
+fn expert_checkpoints_reload_at_another_expert_parallel_split() {
+    let tmp = TempDir::new("ep-resplit");
+    let saved = all_ok(run(Run {
+        steps: 2,
+        clip_grad: 0.5,
+        save_after: Some((2, &tmp.0)),
+        ..Run::default()
+    }));
+    let expert_dirs = [tmp.0.join("experts.0"), tmp.0.join("experts.1")];
+    // The saved values of every expert param, from the rank that holds it.
+    let mut want = std::collections::BTreeMap::new();
+    let comms = comms();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..WORLD)
+            .map(|w| {
+                let (e, edp_rank) = expert_coordinates(w);
+                let (expert, norm) = (&comms.expert_data[e][edp_rank], &comms.expert_norm[w]);
+                let dirs = &expert_dirs;
+                scope.spawn(move || -> Result<Vec<(String, Vec<u32>)>> {
+                    let specs = expert_model(e);
+                    let mut opt = optimizer(&config(0.5), expert, norm, &specs)?;
+                    opt.load(&dirs[e])?;
+                    named_values(&mut opt, &specs)
+                })
+            })
+            .collect();
+        for h in handles {
+            want.extend(h.join().unwrap().unwrap());
+        }
+    });
+    assert_eq!(want.len(), 8, "four experts, a matrix and a bias each");
+    assert_eq!(saved[0].expert.step, 2);
+
+    for ep in [1usize, 4] {
+        let edp = WORLD / ep;
+        let expert_data: Vec<Vec<Arc<Communicator>>> = (0..ep).map(|_| host_comms(edp)).collect();
+        let (world, dense_norm, expert_norm) = (host_comms(WORLD), host_comms(WORLD), host_comms(WORLD));
+        let results: Vec<Result<Resumed>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..WORLD)
+                .map(|w| {
+                    let (e, edp_rank) = (w % ep, w / ep);
+                    let comm = &expert_data[e][edp_rank];
+                    let (world, dense_norm, expert_norm) = (&world[w], &dense_norm[w], &expert_norm[w]);
+                    let (dirs, root) = (&expert_dirs, &tmp.0);
+                    scope.spawn(move || -> Result<Resumed> {
+                        let (dense_specs, expert_specs) = (dense_model(), experts(e * 4 / ep..(e + 1) * 4 / ep));
+                        let mut dense = optimizer(&config(0.5), world, dense_norm, &dense_specs)?;
+                        let mut moe = optimizer(&config(0.5), comm, expert_norm, &expert_specs)?;
+                        dense.load(&root.join("dense"))?;
+                        moe.load_union(&[dirs[0].as_path(), dirs[1].as_path()])?;
+                        let loaded = named_values(&mut moe, &expert_specs)?;
+                        assert_eq!(moe.step_info()?.step, 2);
+                        backward(&mut dense, &dense_specs, 2, w, None)?;
+                        backward(&mut moe, &expert_specs, 2, w, None)?;
+                        Optimizer::step_shared(&mut [&mut dense, &mut moe], Some(&[ARGS, ARGS]))?;
+                        Ok((loaded, dense.step_info()?, moe.step_info()?))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let results: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
+        for (loaded, dense, moe) in &results {
+            for (name, bits) in loaded {
+                assert!(want[name] == *bits, "EP {ep}: {name} did not come back exactly");
+            }
+            assert_eq!((dense.step, moe.step), (3, 3), "EP {ep}");
+            assert_eq!(dense.clip_coef.to_bits(), results[0].1.clip_coef.to_bits(), "EP {ep}");
+            assert_eq!(moe.grad_norm.to_bits(), dense.grad_norm.to_bits(), "EP {ep}");
+        }
+    }
+}
+
+/// A union load names the param no checkpoint holds, or the one two of them hold, and
+/// changes nothing.
+#[test]
+fn a_union_load_needs_each_param_in_exactly_one_checkpoint() {
+    let tmp = TempDir::new("union-errors");
+    all_ok(run(Run {
+        steps: 1,
+        clip_grad: 0.5,
+        save_after: Some((1, &tmp.0)),
+        ..Run::default()
+    }));
+    let (experts0, experts1) = (tmp.0.join("experts.0"), tmp.0.join("experts.1"));
+    let (comms, norms) = (host_comms(WORLD), host_comms(WORLD));
+    let errors: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..WORLD)
+            .map(|w| {
+                let (comm, norm) = (&comms[w], &norms[w]);
+                let (experts0, experts1) = (&experts0, &experts1);
+                scope.spawn(move || -> Result<()> {
+                    let specs = experts(0..4);
+                    let mut opt = optimizer(&config(0.5), comm, norm, &specs)?;
+                    let before = named_values(&mut opt, &specs)?;
+                    let err = opt.load_union(&[experts0.as_path()]).unwrap_err();
+                    assert_eq!(err.kind, ErrorKind::CheckpointMismatch);
+                    assert!(
+                        err.message
+                            .contains("layers.0.experts.2.fc.weight' is in none of the 1 checkpoints"),
+                        "{err}"
+                    );
+                    let err = opt
+                        .load_union(&[experts0.as_path(), experts1.as_path(), experts0.as_path()])
+                        .unwrap_err();
+                    assert!(err.message.contains("is in both"), "{err}");
+                    assert_eq!(named_values(&mut opt, &specs)?, before, "a failed load changes nothing");
+                    assert_eq!(opt.step_info()?.step, 0);
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in errors {
+        e.unwrap();
+    }
 }

@@ -74,6 +74,44 @@ pub unsafe extern "C" fn muon_optimizer_load(opt: *mut muon_optimizer_t, dir: *c
     })
 }
 
+/// @brief Load from several checkpoints at once into every rank: each registered param from
+///        the one checkpoint that holds it; params the checkpoints hold that this optimizer
+///        does not register are left for other optimizers. Collective, like
+///        muon_optimizer_load, every rank passing the same directories in the same order.
+///
+/// Expert parallelism: each expert-parallel rank's expert optimizer saves its own experts
+/// (registered under their global names, e.g. `layers.3.experts.12.fc1.weight`) into its own
+/// directory; at another expert-parallel split an optimizer loads its experts from all of
+/// those directories (and at a finer split from the one that has them), at any expert
+/// data-parallel size.
+/// @param[in] dirs  @p count NUL-terminated checkpoint directories, each saved by
+///                  muon_optimizer_save at the same step with the same numerics.
+/// @param[in] count >= 1.
+/// @return As muon_optimizer_load; MUON_STATUS_CHECKPOINT_MISMATCH also for a param found in
+///         none or in two of the checkpoints, or checkpoints of different steps (named in the
+///         message).
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_load_union(
+    opt: *mut muon_optimizer_t,
+    dirs: *const *const c_char,
+    count: usize,
+) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_load_union", opt, "opt", |o| {
+        non_null(dirs, "dirs")?;
+        if count == 0 {
+            bail!(InvalidArgument, "count: 0 directories; pass at least one");
+        }
+        // SAFETY: the caller passes `count` pointers.
+        let raw = unsafe { std::slice::from_raw_parts(dirs, count) };
+        let paths = raw
+            .iter()
+            .map(|&d| unsafe { read_dir_arg(d) })
+            .collect::<Result<Vec<&Path>>>()?;
+        o.load_union(&paths)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::{CStr, CString};

@@ -445,6 +445,41 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_load(o, DIR.as_ptr())
         ),
         row!(
+            "muon_optimizer_load_union",
+            "NULL dirs",
+            Finalized,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_load_union(o, null(), 1)
+        ),
+        row!(
+            "muon_optimizer_load_union",
+            "count 0",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizer_load_union(o, [DIR.as_ptr()].as_ptr(), 0)
+        ),
+        row!(
+            "muon_optimizer_load_union",
+            "NULL dirs[1]",
+            Finalized,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_load_union(o, [DIR.as_ptr(), null()].as_ptr(), 2)
+        ),
+        row!(
+            "muon_optimizer_load_union",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_load_union(o, [DIR.as_ptr()].as_ptr(), 1)
+        ),
+        row!(
+            "muon_optimizer_load_union",
+            "missing directory",
+            Finalized,
+            MUON_STATUS_IO_ERROR,
+            |o| muon_optimizer_load_union(o, [DIR.as_ptr()].as_ptr(), 1)
+        ),
+        row!(
             "muon_optimizer_destroy",
             "a comm handle",
             None,

@@ -388,62 +388,7 @@ impl Index {
                     self.params.len()
                 );
             };
-            let differs = |field: &str, saved: String, ours: String| {
-                Error::new(
-                    ErrorKind::CheckpointMismatch,
-                    format!(
-                        "param '{}': {field} is {ours} but the checkpoint has {saved}",
-                        spec.name
-                    ),
-                )
-            };
-            if entry.shape != spec.shape {
-                return Err(differs(
-                    "shape",
-                    format!("{:?}", entry.shape),
-                    format!("{:?}", spec.shape),
-                ));
-            }
-            if entry.route != spec.route() {
-                return Err(differs("route", entry.route.name().into(), spec.route().name().into()));
-            }
-            if entry.expert_stack != spec.is_expert_stack() {
-                return Err(differs(
-                    "the EXPERT_STACK flag",
-                    entry.expert_stack.to_string(),
-                    spec.is_expert_stack().to_string(),
-                ));
-            }
-            if entry.split_sizes != spec.split_sizes {
-                return Err(differs(
-                    "split_sizes",
-                    format!("{:?}", entry.split_sizes),
-                    format!("{:?}", spec.split_sizes),
-                ));
-            }
-            if entry.split_groups != spec.split_groups {
-                return Err(differs(
-                    "split_groups",
-                    entry.split_groups.to_string(),
-                    spec.split_groups.to_string(),
-                ));
-            }
-            let ours: Vec<(String, u64, Vec<u64>)> = components(spec)
-                .into_iter()
-                .map(|c| (c.name, c.range.start, c.shape))
-                .collect();
-            let theirs: Vec<(String, u64, Vec<u64>)> = entry
-                .components
-                .iter()
-                .map(|c| (c.name.clone(), c.offset, c.shape.clone()))
-                .collect();
-            if ours != theirs {
-                bail!(
-                    CheckpointCorrupt,
-                    "index.json: the components of param '{}' do not follow from its shape and splits",
-                    spec.name
-                );
-            }
+            entry.check_matches(spec)?;
         }
         if saved.len() != specs.len() {
             let ours: std::collections::HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
@@ -462,6 +407,11 @@ impl Index {
                 extra.join(", ")
             );
         }
+        self.check_config(cfg)
+    }
+
+    /// Checks that the checkpoint was saved with `cfg`'s numerics.
+    pub fn check_config(&self, cfg: &Config) -> Result<()> {
         let saved = self.config.fields();
         for (field, value) in NumericsConfig::of(cfg).fields() {
             if saved.get(&field) != Some(&value) {
@@ -478,6 +428,70 @@ impl Index {
     /// The entry of param `name`.
     pub fn param(&self, name: &str) -> Option<&ParamEntry> {
         self.params.iter().find(|p| p.name == name)
+    }
+}
+
+impl ParamEntry {
+    /// Checks that this saved param can load into `spec`: the same shape, route, expert flag
+    /// and splits, with the components they imply.
+    pub fn check_matches(&self, spec: &ParamSpec) -> Result<()> {
+        let differs = |field: &str, saved: String, ours: String| {
+            Error::new(
+                ErrorKind::CheckpointMismatch,
+                format!(
+                    "param '{}': {field} is {ours} but the checkpoint has {saved}",
+                    spec.name
+                ),
+            )
+        };
+        if self.shape != spec.shape {
+            return Err(differs(
+                "shape",
+                format!("{:?}", self.shape),
+                format!("{:?}", spec.shape),
+            ));
+        }
+        if self.route != spec.route() {
+            return Err(differs("route", self.route.name().into(), spec.route().name().into()));
+        }
+        if self.expert_stack != spec.is_expert_stack() {
+            return Err(differs(
+                "the EXPERT_STACK flag",
+                self.expert_stack.to_string(),
+                spec.is_expert_stack().to_string(),
+            ));
+        }
+        if self.split_sizes != spec.split_sizes {
+            return Err(differs(
+                "split_sizes",
+                format!("{:?}", self.split_sizes),
+                format!("{:?}", spec.split_sizes),
+            ));
+        }
+        if self.split_groups != spec.split_groups {
+            return Err(differs(
+                "split_groups",
+                self.split_groups.to_string(),
+                spec.split_groups.to_string(),
+            ));
+        }
+        let ours: Vec<(String, u64, Vec<u64>)> = components(spec)
+            .into_iter()
+            .map(|c| (c.name, c.range.start, c.shape))
+            .collect();
+        let theirs: Vec<(String, u64, Vec<u64>)> = self
+            .components
+            .iter()
+            .map(|c| (c.name.clone(), c.offset, c.shape.clone()))
+            .collect();
+        if ours != theirs {
+            bail!(
+                CheckpointCorrupt,
+                "index.json: the components of param '{}' do not follow from its shape and splits",
+                spec.name
+            );
+        }
+        Ok(())
     }
 }
 

@@ -283,22 +283,119 @@ fn write_index(dir: &Path, index: &Index) -> Result<()> {
     publish::fsync_dir(dir)
 }
 
-/// Loads the checkpoint in `dir` into every rank (collective).
+/// Loads the checkpoint in `dir` into every rank (collective): it holds exactly the params
+/// this optimizer registered.
 pub fn load(runtime: &mut Runtime, dir: &Path) -> Result<()> {
+    load_from(runtime, &[dir], Coverage::Exact)
+}
+
+/// Loads from several checkpoints at once (collective): every registered param from the one
+/// checkpoint that holds it, params this optimizer does not register left out — expert
+/// optimizers of an earlier expert-parallel split, each of which saved its own experts under
+/// their global names, reload at another split. The checkpoints must share their step and
+/// numerics.
+pub fn load_union(runtime: &mut Runtime, dirs: &[&Path]) -> Result<()> {
+    if dirs.is_empty() {
+        bail!(InvalidArgument, "load: no checkpoint directories given");
+    }
+    load_from(runtime, dirs, Coverage::Union)
+}
+
+/// Which params the checkpoints of a load must hold.
+#[derive(Clone, Copy, PartialEq)]
+enum Coverage {
+    /// One checkpoint with exactly the registered params.
+    Exact,
+    /// Every registered param in exactly one of them; others are ignored.
+    Union,
+}
+
+fn load_from(runtime: &mut Runtime, dirs: &[&Path], coverage: Coverage) -> Result<()> {
     runtime.synchronize()?;
-    let local = read_owned_state(runtime, dir);
+    let local = read_owned_state(runtime, dirs, coverage);
     let (identity, step, pieces) = agree(runtime.backend_mut(), Call::Load, local)?;
     // Every rank read successfully; commit only if they all read the same checkpoint.
     let identities = runtime.backend_mut().all_gather_u64(identity)?;
     if let Some(rank) = identities.iter().position(|&i| i != identity) {
+        let names: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
         bail!(
             CheckpointMismatch,
-            "load: rank {rank} read a different checkpoint than this rank's '{}' (index checksums {:08x} and {identity:08x}); every rank must load the same checkpoint (nothing was changed)",
-            dir.display(),
+            "load: rank {rank} read a different checkpoint than this rank's {} (index checksums {:08x} and {identity:08x}); every rank must load the same checkpoint (nothing was changed)",
+            names.join(", "),
             identities[rank]
         );
     }
     runtime.load_owned_state(step, &pieces)
+}
+
+/// One checkpoint of a load: its directory and index.
+struct Source {
+    dir: std::path::PathBuf,
+    index: Index,
+}
+
+/// Reads every index, checking `coverage`, the params and the numerics; returns the sources
+/// and the identity of the set (the CRC-32 of their index bytes in order).
+fn open_sources(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Result<(Vec<Source>, u64)> {
+    let mut sources = Vec::new();
+    let mut identity = crc32fast::Hasher::new();
+    for dir in dirs {
+        let paths = Paths::new(dir)?;
+        let dir = paths.for_load();
+        let index_path = dir.join(INDEX_FILE);
+        let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
+        identity.update(&bytes);
+        let index = Index::decode(&bytes)?;
+        sources.push(Source {
+            dir: dir.to_path_buf(),
+            index,
+        });
+    }
+    let (specs, cfg) = (runtime.params(), runtime.config());
+    match coverage {
+        Coverage::Exact => sources[0].index.check_matches(specs, cfg)?,
+        Coverage::Union => {
+            for source in sources.iter() {
+                source.index.check_config(cfg)?;
+                if source.index.step != sources[0].index.step {
+                    bail!(
+                        CheckpointMismatch,
+                        "load: '{}' was saved at step {} but '{}' at step {}; checkpoints loaded together must be of one step",
+                        source.dir.display(),
+                        source.index.step,
+                        sources[0].dir.display(),
+                        sources[0].index.step
+                    );
+                }
+            }
+            for spec in specs {
+                let holders: Vec<usize> = (0..sources.len())
+                    .filter(|&s| sources[s].index.param(&spec.name).is_some())
+                    .collect();
+                match holders[..] {
+                    [s] => sources[s]
+                        .index
+                        .param(&spec.name)
+                        .expect("found above")
+                        .check_matches(spec)?,
+                    [] => bail!(
+                        CheckpointMismatch,
+                        "param '{}' is in none of the {} checkpoints",
+                        spec.name,
+                        sources.len()
+                    ),
+                    [a, b, ..] => bail!(
+                        CheckpointMismatch,
+                        "param '{}' is in both '{}' and '{}'; each param must come from one checkpoint",
+                        spec.name,
+                        sources[a].dir.display(),
+                        sources[b].dir.display()
+                    ),
+                }
+            }
+        }
+    }
+    Ok((sources, u64::from(identity.finalize())))
 }
 
 /// Part of a saved tensor that lands in a piece of this rank's state.
@@ -311,29 +408,29 @@ struct Copy {
     len: usize,
 }
 
-/// Reads everything this rank owns from the checkpoint in `dir`, changing nothing. Returns the
-/// checkpoint's identity (the CRC-32 of its index, which holds every file's CRC-32), its step
+/// Reads everything this rank owns from the checkpoints in `dirs`, changing nothing. Returns
+/// their identity (the CRC-32 of their indexes, which hold every file's CRC-32), their step
 /// and the state.
-fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, u64, Vec<OwnedState>)> {
+fn read_owned_state(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Result<(u64, u64, Vec<OwnedState>)> {
     if runtime.iteration_in_progress() {
         bail!(
             InvalidState,
             "load: an iteration is in progress (grad_ready was called since the last step); load between steps"
         );
     }
-    let paths = Paths::new(dir)?;
-    let dir = paths.for_load();
-    let index_path = dir.join(INDEX_FILE);
-    let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
-    let identity = u64::from(crc32fast::hash(&bytes));
-    let index = Index::decode(&bytes)?;
-    index.check_matches(runtime.params(), runtime.config())?;
-    let entries: HashMap<&str, &ParamEntry> = index.params.iter().map(|p| (p.name.as_str(), p)).collect();
+    let (sources, identity) = open_sources(runtime, dirs, coverage)?;
+    // Per param name, the first source that holds it (`open_sources` checked the coverage).
+    let mut entries: HashMap<&str, (usize, &ParamEntry)> = HashMap::new();
+    for (s, source) in sources.iter().enumerate() {
+        for entry in &source.index.params {
+            entries.entry(entry.name.as_str()).or_insert((s, entry));
+        }
+    }
     let mut pieces = Vec::new();
-    let mut reads: BTreeMap<(&str, &str), (u64, Vec<Copy>)> = BTreeMap::new();
+    let mut reads: BTreeMap<(usize, &str, &str), (u64, Vec<Copy>)> = BTreeMap::new();
     for (i, (param, range)) in runtime.owned_ranges().into_iter().enumerate() {
         let spec = &runtime.params()[param as usize];
-        let entry = entries[spec.name.as_str()];
+        let (source, entry) = entries[spec.name.as_str()];
         let kinds = StateKind::of(entry.route);
         let len = range.len() as usize;
         pieces.push(OwnedState {
@@ -353,7 +450,7 @@ fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, u64, Vec<Owne
                 for (slot, kind) in kinds.iter().enumerate() {
                     let key = saved.keys[kind].as_str();
                     let (_, copies) = reads
-                        .entry((saved.file.as_str(), key))
+                        .entry((source, saved.file.as_str(), key))
                         .or_insert_with(|| (saved.range().len(), Vec::new()));
                     copies.push(Copy {
                         piece: i,
@@ -366,11 +463,14 @@ fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, u64, Vec<Owne
             }
         }
     }
-    let files: HashMap<&str, &FileEntry> = index.files.iter().map(|f| (f.name.as_str(), f)).collect();
-    let mut reader: Option<(&str, Reader)> = None;
-    for ((file, key), (len, copies)) in reads {
-        if reader.as_ref().is_none_or(|(name, _)| *name != file) {
-            reader = Some((file, Reader::open(dir, files[file])?));
+    let files: Vec<HashMap<&str, &FileEntry>> = sources
+        .iter()
+        .map(|s| s.index.files.iter().map(|f| (f.name.as_str(), f)).collect())
+        .collect();
+    let mut reader: Option<((usize, &str), Reader)> = None;
+    for ((source, file, key), (len, copies)) in reads {
+        if reader.as_ref().is_none_or(|(open, _)| *open != (source, file)) {
+            reader = Some(((source, file), Reader::open(&sources[source].dir, files[source][file])?));
         }
         let values = reader.as_mut().expect("opened above").1.read(key, len)?;
         for copy in copies {
@@ -383,5 +483,5 @@ fn read_owned_state(runtime: &Runtime, dir: &Path) -> Result<(u64, u64, Vec<Owne
             dst[copy.dst..copy.dst + copy.len].copy_from_slice(&values[copy.src..copy.src + copy.len]);
         }
     }
-    Ok((identity, index.step, pieces))
+    Ok((identity, sources[0].index.step, pieces))
 }

@@ -29,7 +29,7 @@ import ctypes
 import enum
 import json
 import os
-from ctypes import POINTER, byref, c_char, c_float, c_int64, c_size_t, c_uint16, c_uint32, c_uint64
+from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int64, c_size_t, c_uint16, c_uint32, c_uint64
 from typing import NamedTuple
 
 from . import _capi
@@ -534,6 +534,14 @@ class Optimizer(_Owner):
         """Collective: every rank loads checkpoint ``directory`` (any dp size and layout) and
         re-synchronizes its params; on failure nothing changed. Between steps."""
         lib().muon_optimizer_load(self._handle, os.fsencode(directory))
+
+    def load_union(self, directories):
+        """Collective: loads every registered param from the one of ``directories`` that holds
+        it (e.g. the expert checkpoints of another expert-parallel split); params this
+        optimizer does not register are left out. Same step and numerics in all of them."""
+        paths = [os.fsencode(d) for d in directories]
+        array = (c_char_p * len(paths))(*paths)
+        lib().muon_optimizer_load_union(self._handle, array, len(paths))
 
     def close(self):
         """Closes the optimizer (idempotent): every later call on it raises. The library's
