@@ -541,7 +541,7 @@ class Optimizer(_Owner):
         optimizer does not register are left out. Same step and numerics in all of them."""
         paths = [os.fsencode(d) for d in directories]
         array = (c_char_p * len(paths))(*paths)
-        lib().muon_optimizer_load_union(self._handle, array, len(paths))
+        lib().muon_optimizer_load_union(self._handle, ctypes.cast(array, POINTER(POINTER(c_char))), len(paths))
 
     def close(self):
         """Closes the optimizer (idempotent): every later call on it raises. The library's

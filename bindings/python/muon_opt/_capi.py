@@ -293,7 +293,7 @@ PROTOTYPES = {
     "muon_get_version": (c_uint32, []),
     "muon_optimizer_save": (muon_status_t, [_opt, c_char_p]),
     "muon_optimizer_load": (muon_status_t, [_opt, c_char_p]),
-    "muon_optimizer_load_union": (muon_status_t, [_opt, POINTER(c_char_p), c_size_t]),
+    "muon_optimizer_load_union": (muon_status_t, [_opt, POINTER(POINTER(c_char)), c_size_t]),
 }
 
 # --- errors and loading ---------------------------------------------------------------------

@@ -348,6 +348,32 @@ class Checkpoints(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
+    def test_load_union_reads_each_param_from_the_checkpoint_that_holds_it(self):
+        dirs = [Path(self.tmp.name) / "a", Path(self.tmp.name) / "b"]
+        values = {}
+        for directory, name in zip(dirs, ["w0", "w1"]):
+            with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+                pid = opt.add_param(name, (16, 8), dtype=mo.Dtype.F32, init=array.array("f", [0.5] * 128))
+                opt.finalize()
+                opt.zero_grad()
+                opt.param_view(pid).grad[:] = array.array("f", [0.25] * 128)
+                opt.grad_ready(pid)
+                opt.step(lr=0.02, adam_lr=1e-3)
+                opt.wait_params(opt.param_view(pid).bucket)
+                values[name] = opt.param_view(pid).data.tobytes()
+                opt.save(directory)
+        with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
+            ids = [opt.add_param(name, (16, 8), dtype=mo.Dtype.F32) for name in ["w0", "w1"]]
+            opt.finalize()
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.load_union(dirs[:1])
+            self.assertIs(ctx.exception.status, mo.Status.CHECKPOINT_MISMATCH)
+            opt.load_union(dirs)
+            for pid, name in zip(ids, ["w0", "w1"]):
+                opt.wait_params(opt.param_view(pid).bucket)
+                self.assertEqual(opt.param_view(pid).data.tobytes(), values[name])
+            self.assertEqual(opt.step_info().step, 1)
+
     def test_resume_replays_bitwise_and_loads_at_another_dp(self):
         def body(comm):
             grads = lambda s, p, i: rank_grad(s, comm.rank, p, i)  # noqa: E731
