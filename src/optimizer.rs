@@ -295,21 +295,7 @@ impl Optimizer {
                 self.dp()
             );
         }
-        if self
-            .norm_group
-            .as_ref()
-            .is_some_and(|current| std::ptr::eq(current.comm(), &*group))
-        {
-            return Ok(());
-        }
-        match group.claim() {
-            Ok(claim) => self.norm_group = Some(claim),
-            Err(_) => bail!(
-                InvalidState,
-                "set_norm_group: the group is already used by another optimizer (or is this optimizer's own communicator); each optimizer needs a norm group of its own, since its collectives run on that optimizer's comm stream"
-            ),
-        }
-        Ok(())
+        claim_group(&mut self.norm_group, group, "set_norm_group")
     }
 
     /// Gathers the `duplicated` tensor-parallel shards over `group`: this rank's TP group, the
@@ -330,21 +316,7 @@ impl Optimizer {
                 "set_tp_group: gathering tensor-parallel shards runs on the host backend only so far; the optimizer and the group must be host groups"
             );
         }
-        if self
-            .tp_group
-            .as_ref()
-            .is_some_and(|current| std::ptr::eq(current.comm(), &*group))
-        {
-            return Ok(());
-        }
-        match group.claim() {
-            Ok(claim) => self.tp_group = Some(claim),
-            Err(_) => bail!(
-                InvalidState,
-                "set_tp_group: the group is already used by another optimizer (or is this optimizer's own communicator)"
-            ),
-        }
-        Ok(())
+        claim_group(&mut self.tp_group, group, "set_tp_group")
     }
 
     /// The first Muon param whose shards `muon_tp_mode` duplicated gathers, if any.
@@ -612,6 +584,26 @@ impl Optimizer {
         self.check_id(id)?;
         self.plan()
     }
+}
+
+/// Claims `group` into `slot` for the call `call` (setting the group it already holds again is a
+/// no-op). A group's collectives run on its optimizer's comm stream, so no other optimizer may
+/// use it; on failure `slot` keeps what it held.
+fn claim_group(slot: &mut Option<Claim>, group: Arc<Communicator>, call: &str) -> Result<()> {
+    if slot
+        .as_ref()
+        .is_some_and(|current| std::ptr::eq(current.comm(), &*group))
+    {
+        return Ok(());
+    }
+    match group.claim() {
+        Ok(claim) => *slot = Some(claim),
+        Err(_) => bail!(
+            InvalidState,
+            "{call}: the group is already used by another optimizer (or is this optimizer's own communicator); each optimizer needs a group of its own, since its collectives run on that optimizer's comm stream"
+        ),
+    }
+    Ok(())
 }
 
 /// The backend an optimizer runs on.

@@ -150,15 +150,10 @@ fn backward(opt: &mut Optimizer, specs: &[ParamSpec], step: usize, w: usize, nan
 }
 
 fn values(opt: &mut Optimizer, specs: &[ParamSpec]) -> Result<Vec<u32>> {
-    opt.synchronize()?;
-    let mut bits = Vec::new();
-    for (p, spec) in specs.iter().enumerate() {
-        let ptr = opt.running()?.address(p, false).cast::<f32>();
-        // SAFETY: the host backend's f32 param view of param p.
-        let v = unsafe { std::slice::from_raw_parts(ptr, spec.numel() as usize) };
-        bits.extend(v.iter().map(|x| x.to_bits()));
-    }
-    Ok(bits)
+    Ok(named_values(opt, specs)?
+        .into_iter()
+        .flat_map(|(_, bits)| bits)
+        .collect())
 }
 
 /// One rank's view after a run: both optimizers' last step and their params' bits.
