@@ -39,12 +39,14 @@ extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const dou
 }
 
 // W = W * decay - step * X for `batch` consecutive rows x cols matrices of w, X read transposed
-// (cols x rows) when `transposed` is set (the host's transpose back, then the update), with
+// (cols x rows) when `transposed` is set (the host's transpose back, then the update), each of
+// its stored rows `x_ld` elements apart (cols, or rows when transposed, unless X is a block of
+// a wider matrix: this rank's chunk of a gathered tensor-parallel matrix), with
 // lr_eff = lr * lr_scale, decay = 1 - lr_eff * (wd * wd_scale), step = lr_eff * scale: the
 // host's f32 products, lr and wd read from the step's scalars.
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
-                                      int transposed, const double *scalars, float lr_scale, float wd_scale,
-                                      float scale) {
+                                      int transposed, muon_u32 x_ld, const double *scalars, float lr_scale,
+                                      float wd_scale, float scale) {
     if (muon_step_skipped(scalars)) {
         return;
     }
@@ -59,7 +61,7 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
         const muon_u64 within = e - k * size;
         const muon_u64 r = within / cols;
         const muon_u64 c = within - r * cols;
-        const muon_u64 at = transposed ? k * size + c * rows + r : e;
+        const muon_u64 at = transposed ? k * size + c * x_ld + r : k * size + r * x_ld + c;
         w[e] = w[e] * decay - step * x[at];
     }
 }

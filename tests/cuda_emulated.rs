@@ -337,18 +337,22 @@ impl Emulator {
             }
             Kernel::MuonApply => {
                 let (w, x) = (n(0), n(1));
-                let (batch, rows, cols, transposed) = (n(2), n(3), n(4), n(5) != 0);
-                if self.skipped(n(6)) {
+                let (batch, rows, cols, transposed, ld) = (n(2), n(3), n(4), n(5) != 0, n(6));
+                if self.skipped(n(7)) {
                     return;
                 }
-                let lr_eff = self.scalar(n(6), Scalar::Lr) * float(a, 7);
-                let wd_eff = self.scalar(n(6), Scalar::WeightDecay) * float(a, 8);
-                let (decay, step) = (1.0 - lr_eff * wd_eff, lr_eff * float(a, 9));
+                let lr_eff = self.scalar(n(7), Scalar::Lr) * float(a, 8);
+                let wd_eff = self.scalar(n(7), Scalar::WeightDecay) * float(a, 9);
+                let (decay, step) = (1.0 - lr_eff * wd_eff, lr_eff * float(a, 10));
                 let size = rows * cols;
                 for e in 0..batch * size {
                     let (k, within) = (e / size, e % size);
                     let (r, c) = (within / cols, within % cols);
-                    let at = if transposed { k * size + c * rows + r } else { e };
+                    let at = if transposed {
+                        k * size + c * ld + r
+                    } else {
+                        k * size + r * ld + c
+                    };
                     let v = self.ld_f32(w + 4 * e) * decay - step * self.ld_f32(x + 4 * at);
                     self.st_f32(w + 4 * e, v);
                 }
@@ -720,6 +724,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
                 adam_moments: 0,
                 max_component: (0, 0),
                 muon_work: MuonWork::default(),
+                tp_components: Vec::new(),
                 mxfp8: Vec::new(),
                 mxfp8_scale_layout: ScaleLayout::Compact,
             })

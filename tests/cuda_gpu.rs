@@ -377,6 +377,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     adam_moments: 0,
                     max_component: (rows * cols, rows.min(cols)),
                     muon_work: MuonWork::of_job(&[rows], cols, 1),
+                    tp_components: Vec::new(),
                     mxfp8: Vec::new(),
                     mxfp8_scale_layout: ScaleLayout::Compact,
                 })

@@ -148,6 +148,7 @@ fn the_translator_rejects_what_the_host_backend_rejects() {
         adam_moments: 0,
         max_component: (0, 0),
         muon_work: MuonWork::default(),
+        tp_components: Vec::new(),
         mxfp8: Vec::new(),
         mxfp8_scale_layout: ScaleLayout::Compact,
     };

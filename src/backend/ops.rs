@@ -266,6 +266,14 @@ impl MuonWork {
     }
 }
 
+/// One component of a tensor-parallel shard, as this rank holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TpComponent {
+    pub rows: usize,
+    pub cols: usize,
+    pub dim: TpDim,
+}
+
 /// Sizes of every allocation of a rank (elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryLayout {
@@ -281,6 +289,10 @@ pub struct MemoryLayout {
     pub max_component: (usize, usize),
     /// What the Muon jobs of this rank need of a device workspace.
     pub muon_work: MuonWork,
+    /// The distinct components of this rank's tensor-parallel shards that `duplicated` mode
+    /// gathers (local shape and dimension): a backend that knows its TP size sizes the
+    /// gathered matrices' workspace from them.
+    pub tp_components: Vec<TpComponent>,
     /// Params with persistent MXFP8 storage (rowwise and columnwise copies on every rank).
     pub mxfp8: Vec<Mxfp8Tensor>,
     /// Byte order of the MXFP8 scales.

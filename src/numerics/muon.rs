@@ -152,7 +152,7 @@ impl MuonWorkspace {
 /// The dimension along which a matrix is sharded over tensor-parallel ranks (Megatron's
 /// `partition_dim`): `Rows` for a column-parallel weight `[out/tp, in]`, `Cols` for a
 /// row-parallel weight `[out, in/tp]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TpDim {
     Rows,
     Cols,

@@ -1,8 +1,8 @@
 //! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
 //! AdamW pieces of its shards, packed in plan order.
 
-use crate::backend::ops::{Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span};
-use crate::config::Config;
+use crate::backend::ops::{Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span, TpComponent};
+use crate::config::{Config, TpMode};
 use crate::model::ParamFlags;
 use crate::model::ParamSpec;
 use crate::numerics::mxfp8::ScaleLayout;
@@ -104,6 +104,18 @@ impl StateLayout {
                 spec.split_groups as usize,
             ))
         });
+        let mut tp_components: Vec<TpComponent> = Vec::new();
+        if cfg.muon_tp_mode == TpMode::Duplicated {
+            for batch in &muon_batches {
+                let spec = &params[muon[batch.first].unit.param as usize];
+                if let Some(dim) = spec.tp_shard() {
+                    let cols = spec.unit_matrix().cols as usize;
+                    tp_components.extend(component_rows(spec, 1).into_iter().map(|rows| TpComponent { rows, cols, dim }));
+                }
+            }
+            tp_components.sort();
+            tp_components.dedup();
+        }
         let momentum = offset;
         let mut moments = 0u64;
         let mut adamw = Vec::new();
@@ -128,6 +140,7 @@ impl StateLayout {
             adam_moments: moments,
             max_component,
             muon_work,
+            tp_components,
             mxfp8: params
                 .iter()
                 .enumerate()

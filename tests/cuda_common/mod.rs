@@ -104,6 +104,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         adam_moments: 0,
         max_component: (0, 0),
         muon_work: muon_opt::backend::ops::MuonWork::default(),
+        tp_components: Vec::new(),
         mxfp8: Vec::new(),
         mxfp8_scale_layout: ScaleLayout::Compact,
     };

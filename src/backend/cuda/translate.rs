@@ -815,6 +815,7 @@ impl Translator {
                     Arg::U32(to_u32("rows", comp_rows)?),
                     Arg::U32(to_u32("cols", cols)?),
                     Arg::I32(i32::from(transposed)),
+                    Arg::U32(to_u32("x_ld", if transposed { comp_rows } else { cols })?),
                     Arg::Ptr(scalars),
                     Arg::F32(job.args.lr_scale),
                     Arg::F32(job.args.wd_scale),
