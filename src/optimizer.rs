@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::agreement;
 use crate::backend::Backend;
-use crate::backend::cuda::{CallerStream, CudaBackend};
+use crate::backend::cuda::{CallerStream, CudaBackend, Groups};
 use crate::backend::host::executor::HostBackend;
 use crate::backend::ops::{MAX_NORM_TERMS, NormSums};
 use crate::bail;
@@ -163,19 +163,13 @@ impl Optimizer {
             );
         }
         let gathered_shard = self.first_gathered_shard();
-        if let Some(name) = &gathered_shard {
-            if self.tp_group.is_none() {
-                bail!(
-                    InvalidState,
-                    "finalize: muon_tp_mode duplicated gathers TP-sharded Muon params ('{name}') over the tensor-parallel group; call muon_optimizer_set_tp_group first"
-                );
-            }
-            if self.init_on_device() {
-                bail!(
-                    IncompatibleOptions,
-                    "finalize: muon_tp_mode duplicated ('{name}') runs on the host backend only so far; use MUON_TP_MODE_BLOCKWISE with NCCL"
-                );
-            }
+        if let Some(name) = &gathered_shard
+            && self.tp_group.is_none()
+        {
+            bail!(
+                InvalidState,
+                "finalize: muon_tp_mode duplicated gathers TP-sharded Muon params ('{name}') over the tensor-parallel group; call muon_optimizer_set_tp_group first"
+            );
         }
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
         let r = &plan.report;
@@ -202,16 +196,25 @@ impl Optimizer {
                     backend = backend.with_norm_group(group.shared())?;
                 }
                 if let (Some(group), Some(_)) = (&self.tp_group, &gathered_shard) {
-                    self.verify_tp_owners(&plan, group.comm())?;
+                    let Transport::Host(tp) = &group.comm().transport else {
+                        unreachable!("set_tp_group takes a group of the optimizer's kind")
+                    };
+                    self.verify_tp_owners(&plan, group.comm().rank(), &mut |v| tp.all_gather_u64(v))?;
                     backend = backend.with_tp_group(group.shared())?;
                 }
                 Box::new(backend)
             }
             Transport::Nccl(_) => {
                 let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
-                let group = self.norm_group.as_ref().map(Claim::shared);
-                let mut backend = CudaBackend::new(self.claim.shared(), group, self.stream, muon, timeout)?;
+                let groups = Groups {
+                    norm: self.norm_group.as_ref().map(Claim::shared),
+                    tensor: self.tp_group.as_ref().map(Claim::shared),
+                };
+                let mut backend = CudaBackend::new(self.claim.shared(), groups, self.stream, muon, timeout)?;
                 self.verify_agreement(plan.hash, &mut |v| backend.all_gather_u64(v))?;
+                if let (Some(group), Some(_)) = (&self.tp_group, &gathered_shard) {
+                    self.verify_tp_owners(&plan, group.comm().rank(), &mut |v| backend.tp_all_gather_u64(v))?;
+                }
                 Box::new(backend)
             }
         };
@@ -309,11 +312,14 @@ impl Optimizer {
                 "set_tp_group: the optimizer is finalized; set the TP group before finalize"
             );
         }
-        if !matches!(group.transport, Transport::Host(_)) || !matches!(self.claim.comm().transport, Transport::Host(_))
-        {
+        let same_kind = matches!(
+            (&self.claim.comm().transport, &group.transport),
+            (Transport::Host(_), Transport::Host(_)) | (Transport::Nccl(_), Transport::Nccl(_))
+        );
+        if !same_kind {
             bail!(
                 CommMismatch,
-                "set_tp_group: gathering tensor-parallel shards runs on the host backend only so far; the optimizer and the group must be host groups"
+                "set_tp_group: the TP group must be a communicator of the same kind as the optimizer's (a host group with a host group, NCCL with NCCL)"
             );
         }
         claim_group(&mut self.tp_group, group, "set_tp_group")
@@ -334,7 +340,7 @@ impl Optimizer {
     /// Collective over the TP group: every TP rank must own the same gathered shards (so each
     /// matrix's shards meet in one gather), which holds when they register the same shard
     /// names, shapes and flags in the same order.
-    fn verify_tp_owners(&self, plan: &Plan, group: &Communicator) -> Result<()> {
+    fn verify_tp_owners(&self, plan: &Plan, tp_rank: usize, exchange: &mut agreement::Exchange) -> Result<()> {
         let mut hash = Fnv1a::new();
         for (p, spec) in self.registry.params().iter().enumerate() {
             if spec.tp_shard().is_some() && self.registry.routes()[p] == Route::Muon {
@@ -345,14 +351,10 @@ impl Optimizer {
             }
         }
         let mine = hash.finish();
-        let Transport::Host(host) = &group.transport else {
-            unreachable!("set_tp_group accepts host groups only")
-        };
-        if let Some(other) = host.all_gather_u64(mine)?.iter().position(|&h| h != mine) {
+        if let Some(other) = exchange(mine)?.iter().position(|&h| h != mine) {
             bail!(
                 PlanMismatch,
-                "finalize: TP rank {other} owns other duplicated shards than TP rank {}; every TP rank must register the same TP-sharded params (names, shard shapes, order) with the same config",
-                group.rank()
+                "finalize: TP rank {other} owns other duplicated shards than TP rank {tp_rank}; every TP rank must register the same TP-sharded params (names, shard shapes, order) with the same config"
             );
         }
         Ok(())

@@ -18,10 +18,12 @@ use std::time::Duration;
 
 use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use muon_opt::backend::Backend;
-use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclType};
+use muon_opt::backend::cuda::action::{
+    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType,
+};
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
-use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::backend::host::comm::{HostComm, HostGroup, Region};
 use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{Mem, Scalar};
 use muon_opt::comm::{Communicator, Transport};
@@ -37,9 +39,11 @@ use muon_opt::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both}
 const BASE: DevPtr = 1 << 40;
 const THREADS: usize = 256;
 
-/// A CPU stand-in for one GPU with a one-rank communicator.
+/// A CPU stand-in for one GPU with a one-rank communicator and, when given, a tensor-parallel
+/// group whose all-gathers run over a host group (one emulator per TP rank, on threads).
 struct Emulator {
     mem: Vec<u8>,
+    tp: Option<HostComm>,
 }
 
 fn word(args: &[Arg], i: usize) -> u64 {
@@ -79,7 +83,14 @@ fn block_sum(lanes: &mut [f64; THREADS]) -> f64 {
 
 /// The cuda backend (its real translator and Backend glue) over the emulated device.
 fn emulated_backend(muon: MuonOptions) -> CudaBackend<Emulator> {
-    CudaBackend::with_executor(Translator::new(0, 1, muon), Emulator { mem: Vec::new() }).unwrap()
+    CudaBackend::with_executor(
+        Translator::new(0, 1, muon),
+        Emulator {
+            mem: Vec::new(),
+            tp: None,
+        },
+    )
+    .unwrap()
 }
 
 impl Emulator {
@@ -164,8 +175,22 @@ impl Emulator {
                         self.copy(*dst, *src, *bytes as usize);
                     }
                 }
+                Action::CopyDevice2D {
+                    dst,
+                    dst_pitch,
+                    src,
+                    src_pitch,
+                    width,
+                    height,
+                    ..
+                } => {
+                    for row in 0..*height {
+                        self.copy(dst + row * dst_pitch, src + row * src_pitch, *width as usize);
+                    }
+                }
                 Action::Launch(launch) => self.launch(launch),
                 Action::Gemm(gemm) => self.gemm(gemm),
+                Action::Nccl(NcclComm::Tensor, calls) => calls.iter().for_each(|c| self.tp_gather(c)),
                 Action::Nccl(_, calls) => calls.iter().for_each(|c| self.nccl(c)),
                 Action::Record { .. } | Action::Wait { .. } | Action::Synchronize(_) => {}
             }
@@ -175,6 +200,29 @@ impl Emulator {
 
     /// One rank: every collective is the identity, except that a copy from `send` to a
     /// different `recv` still moves the rank's own chunk.
+    /// An f32 all-gather over the tensor-parallel host group.
+    fn tp_gather(&mut self, call: &NcclCall) {
+        let NcclCall::AllGather {
+            send,
+            recv,
+            send_count,
+            dtype: NcclType::F32,
+        } = *call
+        else {
+            panic!("the TP group runs f32 all-gathers only, got {call:?}")
+        };
+        let group = self.tp.as_ref().expect("a TP gather needs the emulator's TP group");
+        let count = send_count as usize;
+        let mut shard: Vec<f32> = (0..send_count).map(|i| self.ld_f32(send + 4 * i)).collect();
+        let mut gathered = vec![0.0f32; count * group.size()];
+        // SAFETY: both buffers outlive the collective.
+        let (send_region, recv_region) = unsafe { (Region::from_f32(&mut shard), Region::from_f32(&mut gathered)) };
+        group.all_gather(send_region, recv_region).unwrap();
+        for (i, v) in gathered.into_iter().enumerate() {
+            self.st_f32(recv + 4 * i as u64, v);
+        }
+    }
+
     fn nccl(&mut self, call: &NcclCall) {
         let size = |t: NcclType| match t {
             NcclType::U8 => 1,
@@ -708,7 +756,10 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
     use muon_opt::backend::ops::{CollOp, MemoryLayout, MuonWork, Span};
     for kind in [ErrorKind::CommTimeout, ErrorKind::NcclError] {
         let faulty = Faulty {
-            device: Emulator { mem: Vec::new() },
+            device: Emulator {
+                mem: Vec::new(),
+                tp: None,
+            },
             fail_at: 2,
             kind,
             groups: 0,
@@ -749,5 +800,81 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
                 err.message
             );
         }
+    }
+}
+
+/// `duplicated` tensor-parallel shards on the emulated device, TP 2 (one emulator per TP rank
+/// on threads, their all-gathers over a host group) against the host backend's TP 2 run, bit
+/// for bit after every step: column-parallel and row-parallel matrices whose whole result is
+/// stored plain or transposed (both for each split dimension), a square shard, and Megatron's
+/// QKV split per query group (two groups per shard), in f32 and bf16
+/// Newton–Schulz — the gather, the 2-D assembly of column blocks, the chunk of a transposed
+/// result read with its row stride, and the whole-shape scale.
+#[test]
+fn tensor_parallel_shards_match_the_host_backend_bitwise() {
+    use muon_opt::config::TpMode;
+    use muon_opt::model::ParamFlags;
+    const TP: usize = 2;
+    let shard = |name: &str, shape: &[u64], flags: u32| ParamSpec {
+        flags: ParamFlags(flags),
+        ..ParamSpec::new(name, shape, Dtype::F32)
+    };
+    let mut qkv = shard("attn.qkv.weight", &[32, 16], ParamFlags::TP_SHARD_ROWS);
+    qkv.split_sizes = vec![8, 4, 4];
+    qkv.split_groups = 2;
+    let specs = vec![
+        qkv,
+        shard("mlp.fc1.weight", &[32, 24], ParamFlags::TP_SHARD_ROWS),
+        shard("mlp.fc2.weight", &[24, 16], ParamFlags::TP_SHARD_COLS),
+        shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),
+        shard("mlp.down.weight", &[40, 8], ParamFlags::TP_SHARD_COLS),
+    ];
+    for precision in [NsPrecision::F32, NsPrecision::Bf16] {
+        let cfg = Config {
+            bucket_size: 4096,
+            muon_ns_precision: precision,
+            muon_tp_mode: TpMode::Duplicated,
+            host_comm_mode: CommMode::Eager,
+            ..Config::default()
+        };
+        let host_tp = HostGroup::new(TP, Duration::from_secs(20));
+        let emu_tp = HostGroup::new(TP, Duration::from_secs(20));
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = host_tp
+                .into_iter()
+                .zip(emu_tp)
+                .enumerate()
+                .map(|(t, (host_comm, emu_comm))| {
+                    let (cfg, specs) = (&cfg, &specs);
+                    scope.spawn(move || {
+                        let host = host_backend(cfg)
+                            .with_tp_group(Communicator::new(Transport::Host(host_comm)))
+                            .unwrap();
+                        let device = Emulator {
+                            mem: Vec::new(),
+                            tp: Some(emu_comm),
+                        };
+                        let translator = Translator::new(0, 1, MuonOptions::from_config(cfg)).with_tp_group(TP, t);
+                        let emulated = CudaBackend::with_executor(translator, device).unwrap();
+                        let mut host = runtime(cfg, specs, 0, 1, Box::new(host));
+                        let mut emu = runtime(cfg, specs, 0, 1, Box::new(emulated));
+                        for step in 0..3 {
+                            let (a, b) = (iterate(&mut host, t, step, false), iterate(&mut emu, t, step, false));
+                            assert_eq!(a.step, b.step);
+                            for (x, y) in host.owned_state().unwrap().iter().zip(&emu.owned_state().unwrap()) {
+                                let name = &specs[x.param as usize].name;
+                                assert!(
+                                    bits(&x.master) == bits(&y.master),
+                                    "{precision:?} TP rank {t} step {step}: {name} master differs"
+                                );
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+        });
     }
 }

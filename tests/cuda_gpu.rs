@@ -20,7 +20,7 @@ use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use cudarc::driver::CudaContext;
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
-use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
+use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{
@@ -109,7 +109,7 @@ impl Gpu {
     fn backend(&self, cfg: &Config, stream: CallerStream) -> CudaBackend {
         CudaBackend::new(
             self.communicator(),
-            None,
+            Groups::default(),
             stream,
             MuonOptions::from_config(cfg),
             Duration::from_secs(60),
@@ -362,7 +362,7 @@ fn newton_schulz_matches_the_golden_vectors() {
             let n = (rows * cols) as u64;
             let mut backend = CudaBackend::new(
                 gpu.communicator(),
-                None,
+                Groups::default(),
                 CallerStream::NULL,
                 muon,
                 Duration::from_secs(60),

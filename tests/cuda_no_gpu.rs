@@ -9,7 +9,7 @@ use muon_opt::backend::cuda::action::{Action, Kernel};
 use muon_opt::backend::cuda::device::driver_error;
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::nvrtc::{self, Target};
-use muon_opt::backend::cuda::{CallerStream, CudaBackend, probe};
+use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::ops::{Mem, MemoryLayout, MuonWork, Span};
 use muon_opt::backend::recording::{Observer, Op};
@@ -56,9 +56,15 @@ fn the_backend_constructor_reports_the_missing_driver() {
     }
     let comm = Communicator::new(Transport::Host(HostGroup::new(1, Duration::from_secs(1)).remove(0)));
     let muon = MuonOptions::from_config(&Config::default());
-    let err = CudaBackend::new(comm, None, CallerStream::NULL, muon, Duration::from_secs(1))
-        .err()
-        .expect("no driver");
+    let err = CudaBackend::new(
+        comm,
+        Groups::default(),
+        CallerStream::NULL,
+        muon,
+        Duration::from_secs(1),
+    )
+    .err()
+    .expect("no driver");
     assert_eq!(err.kind, ErrorKind::CudaUnavailable);
     assert!(err.message.contains("libcuda.so"), "{}", err.message);
     assert_eq!(

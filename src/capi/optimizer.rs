@@ -124,13 +124,14 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
 /// of the shards. Every TP rank registers the same shard names, shapes and order, so each
 /// matrix's shards have owners at one data-parallel index (finalize checks it over the group:
 /// MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
-/// ranks too, so the shards are clipped and skipped alike. Host backend only so far (the cuda
-/// backend returns MUON_STATUS_INCOMPATIBLE_OPTIONS at finalize for a gathered shard).
+/// ranks too, so the shards are clipped and skipped alike. On the cuda backend the gather is
+/// an NCCL all-gather on this communicator, on the optimizer's comm stream between event
+/// waits, inside the owner's update (no host synchronization).
 /// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
-/// @param[in]     group A host group communicator; borrowed, and claimed like the
-///                      data-parallel one (no other optimizer may use it while this one
-///                      lives).
-/// @return MUON_STATUS_COMM_MISMATCH for an NCCL optimizer or group;
+/// @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
+///                      optimizer's device); borrowed, and claimed like the data-parallel one
+///                      (no other optimizer may use it while this one lives).
+/// @return MUON_STATUS_COMM_MISMATCH for a group of another kind;
 ///         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
 #[must_use]
 #[unsafe(no_mangle)]

@@ -110,7 +110,11 @@ impl StateLayout {
                 let spec = &params[muon[batch.first].unit.param as usize];
                 if let Some(dim) = spec.tp_shard() {
                     let cols = spec.unit_matrix().cols as usize;
-                    tp_components.extend(component_rows(spec, 1).into_iter().map(|rows| TpComponent { rows, cols, dim }));
+                    tp_components.extend(component_rows(spec, 1).into_iter().map(|rows| TpComponent {
+                        rows,
+                        cols,
+                        dim,
+                    }));
                 }
             }
             tp_components.sort();

@@ -151,6 +151,13 @@ impl CostModel {
                 host: launch,
                 device: self.kernel(2 * bytes),
             },
+            Action::CopyDevice2D {
+                width, height, stream, ..
+            } => Cost::Work {
+                stream: *stream,
+                host: launch,
+                device: self.kernel(2 * width * height),
+            },
             Action::Launch(l) => Cost::Work {
                 stream: l.stream,
                 host: launch,

@@ -56,7 +56,7 @@ fn what(action: &Action) -> &'static str {
         Action::CopyInAsync { .. } => "step arguments to device",
         Action::CopyOut { .. } => "copy to host",
         Action::Zero { .. } => "memset",
-        Action::CopyDevice { .. } => "copy",
+        Action::CopyDevice { .. } | Action::CopyDevice2D { .. } => "copy",
         Action::Launch(l) => match l.kernel {
             Kernel::CastF32ToBf16 | Kernel::Cast => "cast",
             Kernel::SumsqPartials | Kernel::SumsqFinish => "sum of squares",

@@ -48,6 +48,11 @@ pub enum Work {
     Partials,
     /// The update of a per-group split job in component order (f32; only with such jobs).
     Grouped,
+    /// Every tensor-parallel rank's shard of one component, in rank order (f32; only with
+    /// duplicated shards).
+    Gathered,
+    /// A column-split component assembled whole from `Gathered` (f32; only with such shards).
+    Assembled,
 }
 
 /// A kernel of `kernels/*.cu`.
@@ -215,6 +220,8 @@ pub enum NcclComm {
     Data,
     /// The norm group's communicator (the gather of every rank's Σ g²), when one is set.
     Norm,
+    /// The tensor-parallel group's communicator (the gather of `duplicated` shards).
+    Tensor,
 }
 
 /// One device action.
@@ -257,6 +264,17 @@ pub enum Action {
         dst: DevPtr,
         src: DevPtr,
         bytes: u64,
+        stream: StreamKind,
+    },
+    /// `cuMemcpy2DAsync` on `stream`: `height` rows of `width` bytes, `src_pitch` and
+    /// `dst_pitch` bytes apart.
+    CopyDevice2D {
+        dst: DevPtr,
+        dst_pitch: u64,
+        src: DevPtr,
+        src_pitch: u64,
+        width: u64,
+        height: u64,
         stream: StreamKind,
     },
     Launch(Launch),

@@ -110,6 +110,8 @@ pub struct Device {
     comm: Arc<Communicator>,
     /// The norm group's communicator, when the gradient norm is summed over one.
     norm_group: Option<Arc<Communicator>>,
+    /// The tensor-parallel group's communicator, when `duplicated` shards are gathered.
+    tp_group: Option<Arc<Communicator>>,
     timeout: Duration,
     staging: PinnedRing,
 }
@@ -198,6 +200,7 @@ impl Device {
             blas_workspace: 0,
             comm: comm.clone(),
             norm_group: None,
+            tp_group: None,
             timeout,
             staging: PinnedRing::default(),
         };
@@ -249,6 +252,16 @@ impl Device {
         Current::enter(self.ctx)
     }
 
+    /// Gathers `duplicated` tensor-parallel shards over `group`, an NCCL communicator on this
+    /// device.
+    pub fn with_tp_group(mut self, group: Arc<Communicator>) -> Result<Device> {
+        if !matches!(group.transport, Transport::Nccl(_)) {
+            bail!(CommMismatch, "tp group: the cuda backend needs an NCCL communicator");
+        }
+        self.tp_group = Some(group);
+        Ok(self)
+    }
+
     /// Sums the gradient norm over `group`, an NCCL communicator on this device spanning the
     /// data-parallel group.
     pub fn with_norm_group(mut self, group: Arc<Communicator>) -> Result<Device> {
@@ -272,10 +285,12 @@ impl Device {
 
     /// The NCCL communicator an action names.
     fn nccl_for(&self, which: ActionComm) -> &NcclComm {
-        match (which, &self.norm_group) {
-            (ActionComm::Norm, Some(group)) => Self::nccl_of(group),
-            _ => self.nccl(),
-        }
+        let group = match which {
+            ActionComm::Data => None,
+            ActionComm::Norm => self.norm_group.as_ref(),
+            ActionComm::Tensor => self.tp_group.as_ref(),
+        };
+        group.map_or_else(|| self.nccl(), |g| Self::nccl_of(g))
     }
 
     fn stream(&self, kind: StreamKind) -> cu::CUstream {
@@ -363,6 +378,42 @@ impl Device {
                 // SAFETY: ranges of our allocations (bounds checked by the translator).
                 driver_check(|| format!("cuMemcpyDtoDAsync({bytes} bytes)"), unsafe {
                     cu::cuMemcpyDtoDAsync_v2(*dst, *src, *bytes as usize, self.stream(*stream))
+                })
+            }
+            Action::CopyDevice2D {
+                dst,
+                dst_pitch,
+                src,
+                src_pitch,
+                width,
+                height,
+                stream,
+            } => {
+                if *width == 0 || *height == 0 {
+                    return Ok(());
+                }
+                let copy = cu::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
+                    srcDevice: *src,
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: *src_pitch as usize,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: cu::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
+                    dstDevice: *dst,
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: *dst_pitch as usize,
+                    WidthInBytes: *width as usize,
+                    Height: *height as usize,
+                };
+                // SAFETY: pitched ranges of our allocations (bounds checked by the translator);
+                // the descriptor is read during the call.
+                driver_check(|| format!("cuMemcpy2DAsync({height} rows of {width} bytes)"), unsafe {
+                    cu::cuMemcpy2DAsync_v2(&copy, self.stream(*stream))
                 })
             }
             Action::Launch(launch) => {

@@ -115,19 +115,18 @@ impl CudaBackend {
     /// a usable driver, NvrtcUnavailable / KernelCompileFailed when the kernels cannot be
     /// built, CudaUnavailable without cuBLAS, CommMismatch when the communicator lives on
     /// another device. Never panics: the driver library is only entered after its presence
-    /// check, and inside `catch_unwind`. With `norm_group`, the gradient norm is summed over
-    /// that communicator's ranks instead of the data-parallel group's.
+    /// check, and inside `catch_unwind`. With `groups.norm`, the gradient norm is summed over
+    /// that communicator's ranks instead of the data-parallel group's; with `groups.tensor`,
+    /// `duplicated` tensor-parallel shards are gathered over it.
     pub fn new(
         comm: Arc<Communicator>,
-        norm_group: Option<Arc<Communicator>>,
+        groups: Groups,
         stream: CallerStream,
         muon: MuonOptions,
         timeout: Duration,
     ) -> Result<Self> {
         probe::device_count()?;
-        match catch_unwind(AssertUnwindSafe(|| {
-            Self::create(comm, norm_group, stream, muon, timeout)
-        })) {
+        match catch_unwind(AssertUnwindSafe(|| Self::create(comm, groups, stream, muon, timeout))) {
             Ok(result) => result,
             Err(payload) => bail!(
                 CudaError,
@@ -139,19 +138,32 @@ impl CudaBackend {
 
     fn create(
         comm: Arc<Communicator>,
-        norm_group: Option<Arc<Communicator>>,
+        groups: Groups,
         stream: CallerStream,
         muon: MuonOptions,
         timeout: Duration,
     ) -> Result<Self> {
         let mut translator = Translator::new(comm.rank(), comm.size(), muon);
         let mut device = Device::new(comm, stream.0.cast(), timeout)?;
-        if let Some(group) = norm_group {
+        if let Some(group) = groups.norm {
             translator = translator.with_norm_group(group.size());
             device = device.with_norm_group(group)?;
         }
+        if let Some(group) = groups.tensor {
+            translator = translator.with_tp_group(group.size(), group.rank());
+            device = device.with_tp_group(group)?;
+        }
         CudaBackend::with_executor(translator, device)
     }
+}
+
+/// The communicators of a backend beside its data-parallel one.
+#[derive(Default)]
+pub struct Groups {
+    /// The norm group (`muon_optimizer_set_norm_group`).
+    pub norm: Option<Arc<Communicator>>,
+    /// The tensor-parallel group (`muon_optimizer_set_tp_group`).
+    pub tensor: Option<Arc<Communicator>>,
 }
 
 impl<E: Executor> CudaBackend<E> {
@@ -202,6 +214,14 @@ impl<E: Executor> CudaBackend<E> {
     fn op(&mut self, op: &Op) -> Result<Vec<Vec<u8>>> {
         let actions = self.translator.translate(op)?;
         self.run(&actions)
+    }
+
+    /// Every rank of the tensor-parallel group's `value`, indexed by TP rank
+    /// (host-synchronizing; the agreement at finalize).
+    pub fn tp_all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
+        let actions = self.translator.tp_exchange(value)?;
+        let bytes = single(self.run(&actions)?)?;
+        Ok(words(&bytes).map(u64::from_le_bytes).collect())
     }
 }
 

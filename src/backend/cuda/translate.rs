@@ -15,15 +15,15 @@ use crate::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType, Work,
 };
 use crate::backend::ops::{
-    AdamwJob, CollOp, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants,
-    StreamKind,
+    AdamwJob, CollOp, EventId, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Scalar, Span,
+    StepConstants, StreamKind,
 };
 use crate::backend::recording::Op;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision};
 use crate::error::Result;
 use crate::numerics::bf16::f32_to_bf16_rne;
-use crate::numerics::muon::{MuonOptions, muon_scale};
+use crate::numerics::muon::{MuonOptions, TpDim, muon_scale};
 use crate::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use crate::numerics::newton_schulz::ns_coefficients;
 
@@ -93,7 +93,15 @@ pub struct Translator {
     work: WorkSizes,
     /// Ranks of the norm group, when the gradient norm is summed over one.
     norm_group: Option<usize>,
+    /// (ranks, this rank) of the tensor-parallel group `duplicated` shards are gathered over.
+    tp_group: Option<(usize, usize)>,
 }
+
+/// The translation's own events around a tensor-parallel gather (the schedule numbers its
+/// events from 0 up): the shard is ready on the compute stream, the gather done on the comm
+/// stream.
+const TP_SHARD_READY: EventId = EventId(usize::MAX - 1);
+const TP_GATHERED: EventId = EventId(usize::MAX);
 
 fn grid_1d(n: u64) -> [u32; 3] {
     [n.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1]
@@ -240,6 +248,15 @@ fn group_copies(param: DevPtr, ordered: DevPtr, split: &[u64], groups: u64, cols
     actions
 }
 
+/// The whole shape of a tensor-parallel component whose shard is `rows × cols`, split along
+/// `dim` over `ranks` ranks.
+fn whole_shape(dim: TpDim, rows: u64, cols: u64, ranks: u64) -> (u64, u64) {
+    match dim {
+        TpDim::Rows => (ranks * rows, cols),
+        TpDim::Cols => (rows, ranks * cols),
+    }
+}
+
 /// Blocks of one span of a sum-of-squares launch.
 fn sumsq_blocks(len: u64) -> u32 {
     len.div_ceil(SUMSQ_BLOCK_ELEMS).clamp(1, SUMSQ_MAX_BLOCKS) as u32
@@ -256,7 +273,15 @@ impl Translator {
             layout: None,
             work: WorkSizes::default(),
             norm_group: None,
+            tp_group: None,
         }
+    }
+
+    /// Gathers `duplicated` tensor-parallel shards over a TP group of `size` ranks, this one
+    /// being `rank`.
+    pub fn with_tp_group(mut self, size: usize, rank: usize) -> Self {
+        self.tp_group = Some((size, rank));
+        self
     }
 
     /// Sums the gradient norm over a norm group of `size` ranks (spanning this rank's
@@ -269,6 +294,11 @@ impl Translator {
     /// Ranks whose Σ g² make the global norm.
     fn norm_ranks(&self) -> usize {
         self.norm_group.unwrap_or(self.dp)
+    }
+
+    /// Ranks of the tensor-parallel group (1 without one).
+    fn tp_ranks(&self) -> usize {
+        self.tp_group.map_or(1, |(size, _)| size)
     }
 
     /// This backend's gathered sums as another cuda backend of the rank reads them.
@@ -286,7 +316,7 @@ impl Translator {
         vec![
             Action::Alloc {
                 buf: Buf::Scalars,
-                bytes: (RECEIVE_SLOTS + self.dp.max(self.norm_ranks()) as u64) * 8,
+                bytes: (RECEIVE_SLOTS + self.dp.max(self.norm_ranks()).max(self.tp_ranks()) as u64) * 8,
             },
             // Zeroed on the compute stream; the comm stream uses the slots next.
             Action::Synchronize(StreamKind::Compute),
@@ -377,7 +407,17 @@ impl Translator {
 
     /// The all-gather of one 8-byte value per rank: the value goes to the send slot, the
     /// ranks' values come back in rank order (`dp · 8` bytes, the result of the actions).
+    /// Every rank of the tensor-parallel group's `value` (a host-synchronizing exchange on the
+    /// TP communicator, for the agreement at finalize).
+    pub fn tp_exchange(&self, value: u64) -> Result<Vec<Action>> {
+        self.exchange_on(NcclComm::Tensor, self.tp_ranks(), value.to_le_bytes())
+    }
+
     fn exchange(&self, value: [u8; 8]) -> Result<Vec<Action>> {
+        self.exchange_on(NcclComm::Data, self.dp, value)
+    }
+
+    fn exchange_on(&self, comm: NcclComm, ranks: usize, value: [u8; 8]) -> Result<Vec<Action>> {
         let (send, recv) = (self.slot(SEND_SLOT)?, self.slot(RECEIVE_SLOTS)?);
         Ok(vec![
             Action::CopyIn {
@@ -386,7 +426,7 @@ impl Translator {
                 stream: StreamKind::Comm,
             },
             Action::Nccl(
-                NcclComm::Data,
+                comm,
                 vec![NcclCall::AllGather {
                     send,
                     recv,
@@ -396,7 +436,7 @@ impl Translator {
             ),
             Action::CopyOut {
                 src: recv,
-                bytes: 8 * self.dp as u64,
+                bytes: 8 * ranks as u64,
                 stream: StreamKind::Comm,
             },
         ])
@@ -516,7 +556,7 @@ impl Translator {
                 );
             }
         }
-        let need = layout.muon_work;
+        let (need, gathered) = self.tp_need(layout);
         let work = WorkSizes {
             matrix: need.matrix,
             gram: need.gram,
@@ -539,6 +579,12 @@ impl Translator {
         alloc(Buf::Work(Work::Partials), PARTIALS * 8);
         if need.grouped > 0 {
             alloc(Buf::Work(Work::Grouped), need.grouped * 4);
+        }
+        if gathered > 0 {
+            alloc(Buf::Work(Work::Gathered), gathered * 4);
+            if layout.tp_components.iter().any(|c| c.dim == TpDim::Cols) {
+                alloc(Buf::Work(Work::Assembled), gathered * 4);
+            }
         }
         // The allocations are zeroed on the compute stream; finish before anything else runs.
         actions.push(Action::Synchronize(StreamKind::Compute));
@@ -714,14 +760,106 @@ impl Translator {
         Ok(words)
     }
 
+    /// The Muon workspace the layout's jobs need with their tensor-parallel components
+    /// orthogonalized whole (this translator knows the TP size), and the elements of the
+    /// largest gathered component.
+    fn tp_need(&self, layout: &MemoryLayout) -> (MuonWork, u64) {
+        let Some((ranks, _)) = self.tp_group else {
+            return (layout.muon_work, 0);
+        };
+        layout
+            .tp_components
+            .iter()
+            .fold((layout.muon_work, 0), |(need, gathered), c| {
+                let (rows, cols) = whole_shape(c.dim, c.rows as u64, c.cols as u64, ranks as u64);
+                (
+                    need.max(MuonWork::of_job(&[rows as usize], cols as usize, 1)),
+                    gathered.max(rows * cols),
+                )
+            })
+    }
+
+    /// Orthogonalizes the `rows × cols` tensor-parallel shard component at `shard` whole:
+    /// all-gathers it over the TP group (ordered after the compute stream's writes, and the
+    /// compute stream after the gather), assembles the whole component (row blocks follow each
+    /// other; column blocks are placed side by side by a 2-D copy), runs Newton–Schulz on it and
+    /// returns this rank's chunk of the result as (pointer, transposed, row stride), with the
+    /// whole shape for the scale.
+    fn gathered_newton_schulz(
+        &self,
+        actions: &mut Vec<Action>,
+        shard: DevPtr,
+        (rows, cols): (u64, u64),
+        dim: TpDim,
+    ) -> Result<(DevPtr, bool, u64, (u64, u64))> {
+        let Some((ranks, rank)) = self.tp_group else {
+            bail!(
+                InvalidState,
+                "muon_update: a duplicated tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
+            );
+        };
+        let (ranks, rank) = (ranks as u64, rank as u64);
+        let count = rows * cols;
+        let gathered = self.work(Work::Gathered)?;
+        actions.extend([
+            Action::Record {
+                stream: StreamKind::Compute,
+                event: TP_SHARD_READY,
+            },
+            Action::Wait {
+                stream: StreamKind::Comm,
+                event: TP_SHARD_READY,
+            },
+            Action::Nccl(
+                NcclComm::Tensor,
+                vec![NcclCall::AllGather {
+                    send: shard,
+                    recv: gathered,
+                    send_count: count,
+                    dtype: NcclType::F32,
+                }],
+            ),
+            Action::Record {
+                stream: StreamKind::Comm,
+                event: TP_GATHERED,
+            },
+            Action::Wait {
+                stream: StreamKind::Compute,
+                event: TP_GATHERED,
+            },
+        ]);
+        let whole = match dim {
+            TpDim::Rows => gathered,
+            TpDim::Cols => {
+                let assembled = self.work(Work::Assembled)?;
+                for t in 0..ranks {
+                    actions.push(Action::CopyDevice2D {
+                        dst: assembled + t * cols * 4,
+                        dst_pitch: ranks * cols * 4,
+                        src: gathered + t * count * 4,
+                        src_pitch: cols * 4,
+                        width: cols * 4,
+                        height: rows,
+                        stream: StreamKind::Compute,
+                    });
+                }
+                assembled
+            }
+        };
+        let (whole_rows, whole_cols) = whole_shape(dim, rows, cols, ranks);
+        let (x, transposed) = self.newton_schulz(actions, whole, whole_rows, whole_cols, 1)?;
+        // X is whole_rows × whole_cols, or stored transposed (whole_cols × whole_rows).
+        let (chunk, ld) = match (dim, transposed) {
+            (TpDim::Rows, false) => (x + rank * count * 4, cols),
+            (TpDim::Rows, true) => (x + rank * rows * 4, whole_rows),
+            (TpDim::Cols, false) => (x + rank * cols * 4, whole_cols),
+            (TpDim::Cols, true) => (x + rank * count * 4, rows),
+        };
+        Ok((chunk, transposed, ld, (whole_rows, whole_cols)))
+    }
+
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
         self.muon.ns.validate()?;
-        if job.tp.is_some() {
-            bail!(
-                IncompatibleOptions,
-                "muon_tp_mode duplicated: gathering tensor-parallel shards for Newton–Schulz runs on the host backend only so far; use blockwise on the cuda backend"
-            );
-        }
         let (rows, cols) = (job.rows as u64, job.cols as u64);
         if rows == 0 || cols == 0 {
             bail!(
@@ -791,17 +929,29 @@ impl Translator {
         } else {
             (update, master.ptr)
         };
-        // Consecutive components of equal shape form one strided batch.
+        // Consecutive components of equal shape form one strided batch; a tensor-parallel
+        // shard's components are gathered and orthogonalized whole, one at a time.
         let mut start = 0u64;
         let mut i = 0;
         while i < split.len() {
             let comp_rows = split[i];
-            let batch = split[i..].iter().take_while(|&&r| r == comp_rows).count() as u64;
-            let (x, transposed) = self.newton_schulz(&mut actions, ns_input + start * 4, comp_rows, cols, batch)?;
+            let batch = match job.tp {
+                Some(_) => 1,
+                None => split[i..].iter().take_while(|&&r| r == comp_rows).count() as u64,
+            };
+            let shard = ns_input + start * 4;
+            let (x, transposed, ld, (scale_rows, scale_cols)) = match job.tp {
+                Some(dim) => self.gathered_newton_schulz(&mut actions, shard, (comp_rows, cols), dim)?,
+                None => {
+                    let (x, transposed) = self.newton_schulz(&mut actions, shard, comp_rows, cols, batch)?;
+                    let ld = if transposed { comp_rows } else { cols };
+                    (x, transposed, ld, (comp_rows, cols))
+                }
+            };
             let scale = muon_scale(
                 opts.scale_mode,
-                comp_rows as usize,
-                cols as usize,
+                scale_rows as usize,
+                scale_cols as usize,
                 opts.extra_scale_factor,
             );
             actions.push(launch(
@@ -815,7 +965,7 @@ impl Translator {
                     Arg::U32(to_u32("rows", comp_rows)?),
                     Arg::U32(to_u32("cols", cols)?),
                     Arg::I32(i32::from(transposed)),
-                    Arg::U32(to_u32("x_ld", if transposed { comp_rows } else { cols })?),
+                    Arg::U32(to_u32("x_ld", ld)?),
                     Arg::Ptr(scalars),
                     Arg::F32(job.args.lr_scale),
                     Arg::F32(job.args.wd_scale),
