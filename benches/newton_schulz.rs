@@ -115,6 +115,7 @@ fn main() {
                 coefficients: CoefficientSet::Quintic,
                 steps: STEPS,
                 precision,
+                eps: muon_opt::config::DEFAULT_NS_EPS,
             };
             newton_schulz(&input, &mut output, rows, cols, &opts, &mut ws).expect("valid arguments");
         };

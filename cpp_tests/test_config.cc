@@ -34,6 +34,7 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.host_comm_mode, b.host_comm_mode);
     EXPECT_EQ(a.host_threads, b.host_threads);
     EXPECT_EQ(a.muon_tp_mode, b.muon_tp_mode);
+    EXPECT_EQ(a.muon_ns_eps, b.muon_ns_eps);
 }
 
 struct BadField {
@@ -63,4 +64,5 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_nesterov", [](muon_config_t &c) { c.muon_nesterov = 7; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"host_threads", [](muon_config_t &c) { c.host_threads = 1025; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_tp_mode", [](muon_config_t &c) { c.muon_tp_mode = 2; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_ns_eps", [](muon_config_t &c) { c.muon_ns_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

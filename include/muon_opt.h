@@ -508,6 +508,11 @@ typedef struct muon_config_t {
    * Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default) or _DUPLICATED.
    */
   uint32_t muon_tp_mode;
+  /**
+   * Newton–Schulz normalization X = U / max(‖U‖_F, muon_ns_eps); finite, > 0; default
+   * 1e-7 (Megatron-LM's, through Emerging-Optimizers).
+   */
+  float muon_ns_eps;
 } muon_config_t;
 
 /**
@@ -977,7 +982,8 @@ MUON_NODISCARD
 muon_status_t muon_optimizer_synchronize(struct muon_optimizer_t *opt);
 
 /**
- * @brief The library's own host Newton–Schulz orthogonalization (for checking numerics).
+ * @brief The library's own host Newton–Schulz orthogonalization (for checking numerics), with
+ *        the default normalization floor (muon_config_t.muon_ns_eps = 1e-7).
  * @param[in]  in   rows×cols row-major f32 input (host).
  * @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
  * @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
@@ -1208,4 +1214,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_BLOCKWISE }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_BLOCKWISE, 1e-7f }

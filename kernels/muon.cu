@@ -21,10 +21,10 @@ extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float 
 }
 
 // The Newton-Schulz input of `batch` consecutive rows x cols matrices of u: X = U / norm with
-// norm = max(f32(sqrt(sumsq[k])), 1e-7) for matrix k, written transposed (cols x rows) when
+// norm = max(f32(sqrt(sumsq[k])), eps) for matrix k, written transposed (cols x rows) when
 // `transpose` is set, as the host's normalization and transpose_map.
 extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const double *sumsq, muon_u32 batch,
-                                             muon_u32 rows, muon_u32 cols, int transpose) {
+                                             muon_u32 rows, muon_u32 cols, int transpose, float eps) {
     const muon_u64 size = (muon_u64)rows * cols;
     const muon_u64 n = size * batch;
     for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
@@ -32,7 +32,7 @@ extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const dou
         const muon_u64 within = e - k * size;
         const muon_u64 r = within / cols;
         const muon_u64 c = within - r * cols;
-        const float norm = fmaxf(__double2float_rn(sqrt(sumsq[k])), 1e-7f);
+        const float norm = fmaxf(__double2float_rn(sqrt(sumsq[k])), eps);
         const muon_u64 at = transpose ? k * size + c * rows + r : e;
         x[at] = u[e] / norm;
     }

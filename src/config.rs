@@ -148,6 +148,10 @@ coded_enum! {
     }
 }
 
+/// The default `muon_ns_eps`: Emerging-Optimizers' `newton_schulz(eps=1e-7)`, which Megatron-LM
+/// calls (`F.normalize` clamps the norm at eps).
+pub const DEFAULT_NS_EPS: f32 = 1e-7;
+
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
 
@@ -181,6 +185,8 @@ pub struct Config {
     /// Host backend: threads of each rank's matrix products; 0 = [`Config::host_threads_for`].
     pub host_threads: u32,
     pub muon_tp_mode: TpMode,
+    /// Floor of the Frobenius norm the Newton–Schulz input is divided by.
+    pub muon_ns_eps: f32,
 }
 
 impl Default for Config {
@@ -209,6 +215,7 @@ impl Default for Config {
             host_comm_mode: CommMode::FromEnv,
             host_threads: 0,
             muon_tp_mode: TpMode::Blockwise,
+            muon_ns_eps: DEFAULT_NS_EPS,
         }
     }
 }
@@ -241,6 +248,7 @@ impl Config {
         check_unit_interval("adam_beta2", self.adam_beta2)?;
         check_positive_finite("adam_eps", self.adam_eps)?;
         check_positive_finite("muon_extra_scale_factor", self.muon_extra_scale_factor)?;
+        check_positive_finite("muon_ns_eps", self.muon_ns_eps)?;
         if self.muon_num_ns_steps == 0 || self.muon_num_ns_steps > MAX_NS_STEPS {
             bail!(
                 OutOfRange,

@@ -232,6 +232,13 @@ fn a_numerics_config_mismatch_names_the_field_and_other_fields_may_differ() {
             },
             "muon_num_ns_steps",
         ),
+        (
+            Config {
+                muon_ns_eps: 1e-15,
+                ..base.clone()
+            },
+            "muon_ns_eps",
+        ),
     ];
     for (cfg, field) in cases {
         let (mut group, before) = victim(&cfg, &model());

@@ -372,12 +372,12 @@ impl Emulator {
             }
             Kernel::NsNormalize => {
                 let (u, x, sumsq) = (n(0), n(1), n(2));
-                let (batch, rows, cols, transpose) = (n(3), n(4), n(5), n(6) != 0);
+                let (batch, rows, cols, transpose, eps) = (n(3), n(4), n(5), n(6) != 0, float(a, 7));
                 let size = rows * cols;
                 for e in 0..batch * size {
                     let (k, within) = (e / size, e % size);
                     let (r, c) = (within / cols, within % cols);
-                    let norm = (self.ld_f64(sumsq + 8 * k).sqrt() as f32).max(1e-7);
+                    let norm = (self.ld_f64(sumsq + 8 * k).sqrt() as f32).max(eps);
                     let at = if transpose { k * size + c * rows + r } else { e };
                     let v = self.ld_f32(u + 4 * e) / norm;
                     self.st_f32(x + 4 * at, v);

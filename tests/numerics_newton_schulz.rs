@@ -3,7 +3,7 @@
 
 mod numerics_common;
 
-use muon_opt::config::{CoefficientSet, NsPrecision};
+use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::newton_schulz::{
     NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_in_place, newton_schulz_split,
@@ -54,6 +54,7 @@ fn opts(set: CoefficientSet, steps: u32, precision: NsPrecision) -> NsOptions {
         coefficients: set,
         steps,
         precision,
+        eps: DEFAULT_NS_EPS,
     }
 }
 
@@ -512,4 +513,41 @@ fn bf16_iterate_stores_every_iterate_in_bf16_like_megatron() {
         );
         assert!(ours.iter().any(|&v| half_round(v) != v), "bf16 keeps an f32 iterate");
     }
+}
+
+/// The normalization floor (`muon_ns_eps`): `X = U / max(‖U‖, eps)`. For an input of norm
+/// ≈ 1e-14, a floor of 1e-15 normalizes it — bit for bit what the default floor does with the
+/// input scaled by 2^27 (an exact scaling of U and of its norm) — while the default 1e-7
+/// leaves X at norm ≈ 1e-7, which five quintic steps do not bring to an orthogonal matrix.
+#[test]
+fn the_normalization_floor_is_an_option() {
+    let (rows, cols) = (8usize, 16usize);
+    let mut rng = Rng::new(77);
+    let tiny: Vec<f32> = rng.normal_vec(rows * cols, 1.0).iter().map(|v| v * 1e-15).collect();
+    let scaled: Vec<f32> = tiny.iter().map(|v| v * (1u64 << 27) as f32).collect();
+    let run = |input: &[f32], eps: f32| {
+        let o = NsOptions {
+            eps,
+            ..opts(CoefficientSet::Quintic, 5, NsPrecision::F32)
+        };
+        let mut out = vec![0.0f32; rows * cols];
+        newton_schulz(input, &mut out, rows, cols, &o, &mut NsWorkspace::default()).unwrap();
+        out
+    };
+    let floor_low = run(&tiny, 1e-15);
+    let rescaled = run(&scaled, DEFAULT_NS_EPS);
+    assert!(floor_low.iter().zip(&rescaled).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let frobenius = |x: &[f32]| x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    let orthogonal = (rows as f64).sqrt();
+    assert!(
+        (frobenius(&floor_low) / orthogonal - 1.0).abs() < 0.3,
+        "{}",
+        frobenius(&floor_low)
+    );
+    let floor_default = run(&tiny, DEFAULT_NS_EPS);
+    assert!(
+        frobenius(&floor_default) < 0.1 * orthogonal,
+        "{}",
+        frobenius(&floor_default)
+    );
 }

@@ -71,6 +71,9 @@ pub struct muon_config_t {
     pub host_threads: u32,
     /// Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default) or _DUPLICATED.
     pub muon_tp_mode: u32,
+    /// Newton–Schulz normalization X = U / max(‖U‖_F, muon_ns_eps); finite, > 0; default
+    /// 1e-7 (Megatron-LM's, through Emerging-Optimizers).
+    pub muon_ns_eps: f32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -117,6 +120,7 @@ impl muon_config_t {
             host_comm_mode: cfg.host_comm_mode.code(),
             host_threads: cfg.host_threads,
             muon_tp_mode: cfg.muon_tp_mode.code(),
+            muon_ns_eps: cfg.muon_ns_eps,
         }
     }
 
@@ -146,6 +150,7 @@ impl muon_config_t {
             host_comm_mode: CommMode::from_code("host_comm_mode", self.host_comm_mode)?,
             host_threads: self.host_threads,
             muon_tp_mode: TpMode::from_code("muon_tp_mode", self.muon_tp_mode)?,
+            muon_ns_eps: self.muon_ns_eps,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -7,7 +7,7 @@ use crate::capi::boundary::{checked_size, fail, non_null, run};
 use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
-use crate::config::{CoefficientSet, NsPrecision};
+use crate::config::{CoefficientSet, DEFAULT_NS_EPS, NsPrecision};
 use crate::error::{Error, ErrorKind};
 use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
 use crate::optimizer::Optimizer;
@@ -267,7 +267,8 @@ pub unsafe extern "C" fn muon_optimizer_synchronize(opt: *mut muon_optimizer_t) 
     with_mut::<Optimizer>("muon_optimizer_synchronize", opt, "opt", |o| o.synchronize())
 }
 
-/// @brief The library's own host Newton–Schulz orthogonalization (for checking numerics).
+/// @brief The library's own host Newton–Schulz orthogonalization (for checking numerics), with
+///        the default normalization floor (muon_config_t.muon_ns_eps = 1e-7).
 /// @param[in]  in   rows×cols row-major f32 input (host).
 /// @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
 /// @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
@@ -294,6 +295,7 @@ pub unsafe extern "C" fn muon_newton_schulz_host(
             coefficients: CoefficientSet::from_code("coefficient_set", coefficient_set)?,
             steps,
             precision: NsPrecision::from_code("precision", precision)?,
+            eps: DEFAULT_NS_EPS,
         };
         let n = rows as usize * cols as usize;
         // SAFETY: the caller provides rows·cols values in each array.

@@ -155,6 +155,11 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "muon_tp_mode: unknown value 2",
         ),
         (
+            |c| c.muon_ns_eps = f32::NAN,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_ns_eps: NaN must be finite and > 0",
+        ),
+        (
             |c| c.host_comm_mode = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "host_comm_mode",

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::components::{Component, StateKind, components, split_by_component, tensor_key};
 use crate::bail;
-use crate::config::{CoefficientSet, Config, Dtype, MuonLayout, NsPrecision, ScaleMode};
+use crate::config::{CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsPrecision, ScaleMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamSpec, Route};
 use crate::plan::{ElemRange, Plan};
@@ -43,6 +43,18 @@ pub struct NumericsConfig {
     pub adam_beta2: f32,
     pub adam_eps: f32,
     pub clip_grad: f32,
+    /// Written only when it differs from the default (checkpoints of the default keep their
+    /// bytes; older ones read as the default).
+    #[serde(default = "default_ns_eps", skip_serializing_if = "is_default_ns_eps")]
+    pub muon_ns_eps: f32,
+}
+
+fn default_ns_eps() -> f32 {
+    DEFAULT_NS_EPS
+}
+
+fn is_default_ns_eps(value: &f32) -> bool {
+    value.to_bits() == DEFAULT_NS_EPS.to_bits()
 }
 
 impl NumericsConfig {
@@ -67,6 +79,7 @@ impl NumericsConfig {
             adam_beta2: cfg.adam_beta2,
             adam_eps: cfg.adam_eps,
             clip_grad: cfg.clip_grad,
+            muon_ns_eps: cfg.muon_ns_eps,
         }
     }
 }
@@ -412,15 +425,21 @@ impl Index {
 
     /// Checks that the checkpoint was saved with `cfg`'s numerics.
     pub fn check_config(&self, cfg: &Config) -> Result<()> {
-        let saved = self.config.fields();
-        for (field, value) in NumericsConfig::of(cfg).fields() {
+        let (saved, ours) = (self.config.fields(), NumericsConfig::of(cfg).fields());
+        for (field, value) in ours.clone() {
             if saved.get(&field) != Some(&value) {
                 bail!(
                     CheckpointMismatch,
                     "config field {field}: this optimizer has {value} but the checkpoint was saved with {}; the field changes numerics, so it must be equal",
-                    saved.get(&field).map_or("nothing".to_string(), |v| v.to_string())
+                    saved.get(&field).map_or("the default".to_string(), |v| v.to_string())
                 );
             }
+        }
+        if let Some((field, value)) = saved.iter().find(|(field, _)| !ours.contains_key(*field)) {
+            bail!(
+                CheckpointMismatch,
+                "config field {field}: the checkpoint was saved with {value} but this optimizer has the default; the field changes numerics, so it must be equal"
+            );
         }
         Ok(())
     }

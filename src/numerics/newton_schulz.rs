@@ -3,8 +3,8 @@
 //! For an input `U` of `rows × cols`:
 //! 1. if `rows > cols`, work on `Uᵀ` so the Gram matrix is the smaller one; below, `X` is
 //!    `m × n` with `m = min(rows, cols)`, `n = max(rows, cols)`;
-//! 2. `X = U / max(‖U‖_F, 1e-7)` (the squared norm is summed in f64, see
-//!    [`squared_norm`]; the quotient is an f32 division by the f32 norm);
+//! 2. `X = U / max(‖U‖_F, eps)` (`eps` = `muon_ns_eps`, 1e-7 by default; the squared norm is
+//!    summed in f64, see [`squared_norm`]; the quotient is an f32 division by the f32 norm);
 //! 3. for `t` in `0..steps`, with `(a, b, c)` = [`ns_coefficients`]`(set, t)`:
 //!    `A = X·Xᵀ`, `B = b·A + c·A·A`, `X = a·X + B·X`;
 //! 4. transpose back if step 1 transposed.
@@ -36,9 +36,6 @@ use crate::error::Result;
 use crate::numerics::bf16::{round_slice_through_bf16, round_slice_through_bf16_in_place};
 use crate::numerics::gemm::{Output, Strides, gemm};
 use crate::numerics::squared_norm;
-
-/// The floor of the Frobenius norm in the normalization `X = U / max(‖U‖_F, NS_NORM_EPS)`.
-pub const NS_NORM_EPS: f32 = 1e-7;
 
 /// Keller Jordan's tuned quintic triples, one per step (modded-nanogpt `train_gpt_medium.py`,
 /// also Emerging-Optimizers' `quintic`).
@@ -118,8 +115,9 @@ pub fn ns_coefficients(set: CoefficientSet, step: usize) -> [f32; 3] {
     table[step.min(table.len() - 1)]
 }
 
-/// What a Newton–Schulz run computes: coefficient set, number of steps, product precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a Newton–Schulz run computes: coefficient set, number of steps, product precision,
+/// normalization floor.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NsOptions {
     /// The coefficient schedule.
     pub coefficients: CoefficientSet,
@@ -127,6 +125,8 @@ pub struct NsOptions {
     pub steps: u32,
     /// Precision of the matrix products.
     pub precision: NsPrecision,
+    /// Floor of the input's Frobenius norm in the normalization (`muon_ns_eps`).
+    pub eps: f32,
 }
 
 impl NsOptions {
@@ -136,6 +136,7 @@ impl NsOptions {
             coefficients: cfg.muon_coefficient_set,
             steps: cfg.muon_num_ns_steps,
             precision: cfg.muon_ns_precision,
+            eps: cfg.muon_ns_eps,
         }
     }
 
@@ -243,7 +244,7 @@ impl NsWorkspace {
     /// `self.x` as `m × n` (transposed when `rows > cols`).
     fn orthogonalize(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
         self.reserve(rows, cols, opts.precision);
-        let norm = (squared_norm(input).sqrt() as f32).max(NS_NORM_EPS);
+        let norm = (squared_norm(input).sqrt() as f32).max(opts.eps);
         let x = &mut self.x[..rows * cols];
         if rows > cols {
             transpose_map(input, rows, cols, x, |v| v / norm);

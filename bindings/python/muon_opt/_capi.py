@@ -179,6 +179,7 @@ class muon_config_t(Structure):
         ("host_comm_mode", c_uint32),
         ("host_threads", c_uint32),
         ("muon_tp_mode", c_uint32),
+        ("muon_ns_eps", c_float),
     ]
 
 

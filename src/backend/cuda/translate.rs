@@ -1026,6 +1026,7 @@ impl Translator {
                 Arg::U32(to_u32("rows", rows)?),
                 Arg::U32(to_u32("cols", cols)?),
                 Arg::I32(i32::from(transposed)),
+                Arg::F32(self.muon.ns.eps),
             ],
         ));
         let gram = self.work(Work::Gram)?;
