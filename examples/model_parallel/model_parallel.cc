@@ -30,7 +30,9 @@ struct Param {
     uint32_t flags;
 };
 
-// Rank (tp, pp)'s params: column-parallel fc1 and row-parallel fc2 are TP shards; the layer
+// Rank (tp, pp)'s params: column-parallel fc1 (rows split) and row-parallel fc2 (columns split)
+// are TP shards, orthogonalized whole (MUON_TP_MODE_DUPLICATED, Megatron's `--muon-tp-mode
+// duplicated`: each owner gathers the other TP ranks' shards); the layer
 // norm and fc2's bias are replicated on every TP rank (TP duplicates); the embedding (stage 0)
 // and the output head (stage 1) are one tied weight, vocabulary-parallel over TP.
 std::vector<Param> stage_params(int tp, int pp) {
@@ -39,8 +41,8 @@ std::vector<Param> stage_params(int tp, int pp) {
     const std::string layer = "layers." + std::to_string(pp) + ".";
     if (pp == 0) params.push_back({"embedding.weight", {VOCAB / TP, HIDDEN}, MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT});
     params.push_back({layer + "norm.weight", {HIDDEN}, tp_duplicate | MUON_PARAM_FLAG_NO_WEIGHT_DECAY});
-    params.push_back({layer + "fc1.weight", {4 * HIDDEN / TP, HIDDEN}, 0});
-    params.push_back({layer + "fc2.weight", {HIDDEN, 4 * HIDDEN / TP}, 0});
+    params.push_back({layer + "fc1.weight", {4 * HIDDEN / TP, HIDDEN}, MUON_PARAM_FLAG_TP_SHARD_ROWS});
+    params.push_back({layer + "fc2.weight", {HIDDEN, 4 * HIDDEN / TP}, MUON_PARAM_FLAG_TP_SHARD_COLS});
     params.push_back({layer + "fc2.bias", {HIDDEN}, tp_duplicate | MUON_PARAM_FLAG_NO_WEIGHT_DECAY});
     // The last stage's copy of the tied embedding: the first stage counts it in the norm.
     if (pp == PP - 1) {
@@ -111,11 +113,12 @@ void backward(muon::Optimizer &opt, const std::vector<Param> &params, const std:
 
 int main() {
     // Communicators, as a framework derives them from its world: one data-parallel group per
-    // (tp, pp), one expert-data-parallel group per (tp, pp, expert), and a norm group over
-    // every rank (Megatron's model-parallel group × DP) for each of the two optimizers (a
-    // communicator serves one optimizer).
-    std::vector<std::vector<muon::Comm>> data_groups, expert_groups;
+    // (tp, pp), one tensor-parallel group per (dp, pp), one expert-data-parallel group per
+    // (tp, pp, expert), and a norm group over every rank (Megatron's model-parallel group × DP)
+    // for each of the two optimizers (a communicator serves one optimizer).
+    std::vector<std::vector<muon::Comm>> data_groups, tensor_groups, expert_groups;
     for (int g = 0; g < TP * PP; ++g) data_groups.push_back(muon::Comm::host_group(DP));
+    for (int g = 0; g < DP * PP; ++g) tensor_groups.push_back(muon::Comm::host_group(TP));
     for (int g = 0; g < TP * PP * EP; ++g) expert_groups.push_back(muon::Comm::host_group(EDP));
     std::vector<muon::Comm> world = muon::Comm::host_group(WORLD), expert_world = muon::Comm::host_group(WORLD);
     std::vector<Outcome> outcomes(WORLD);
@@ -129,10 +132,12 @@ int main() {
                 muon_config_t cfg = muon::default_config();
                 cfg.clip_grad = 0.5f;
                 cfg.vocab_size = VOCAB / TP;
+                cfg.muon_tp_mode = MUON_TP_MODE_DUPLICATED;
                 muon::Optimizer opt(cfg, data_groups[tp * PP + pp][dp]);
                 muon::Optimizer experts(cfg, expert_groups[(tp * PP + pp) * EP + dp][0]);
                 opt.set_norm_group(world[w]);  // 1. the clip and the skip are global
                 experts.set_norm_group(expert_world[w]);
+                opt.set_tp_group(tensor_groups[dp * PP + pp][tp]);  // TP shards gathered here
                 const std::vector<Param> params = stage_params(tp, pp), expert = expert_params(tp, pp, dp);
                 const std::vector<uint32_t> ids = register_params(opt, params);  // 2. duplicates flagged
                 const std::vector<uint32_t> expert_ids = register_params(experts, expert);
