@@ -31,6 +31,17 @@ bad=$(nm -D --defined-only target/release/libmuon_opt.so | awk '$2 ~ /^[TtWwDdBb
 step "cargo test"
 cargo test --release --locked
 
+# MUON_NVRTC12_DIR: an NVRTC 12.4 install (.ci/run makes one); only its libnvrtc on the path, so
+# the loader falls back from libnvrtc.so.13 to .12 as on a CUDA 12 machine.
+nvrtc12_dir="${MUON_NVRTC12_DIR:-$HOME/.cache/muon_nvrtc/12.4/nvidia}"
+if [ -f "$nvrtc12_dir/cuda_nvrtc/lib/libnvrtc.so.12" ]; then
+    step "kernels compile with NVRTC 12.4 (CUDA 12 drivers)"
+    LD_LIBRARY_PATH="$nvrtc12_dir/cuda_nvrtc/lib" MUON_CUDA_INCLUDE_DIR="$nvrtc12_dir/cuda_runtime/include" \
+        MUON_NVRTC_MAJOR=12 MUON_REQUIRE_NVRTC=1 cargo test --release --locked --test kernels_nvrtc
+elif [ -n "${MUON_NVRTC12_DIR:-}" ]; then
+    echo "MUON_NVRTC12_DIR=$MUON_NVRTC12_DIR holds no libnvrtc.so.12"; exit 1
+fi
+
 step "clippy and rustfmt"
 cargo clippy --release --locked --all-targets -- -D warnings
 cargo clippy --release --locked --all-targets --features gpu-tests -- -D warnings

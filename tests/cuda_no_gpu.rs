@@ -185,3 +185,35 @@ fn the_translator_rejects_what_the_host_backend_rejects() {
     };
     assert_eq!(launch.kernel, Kernel::Cast);
 }
+
+/// CUDA 12.4+ and 13 drivers: the driver's version is checked against the minimum and against
+/// the NVRTC that compiles the kernels (a newer major NVRTC than the driver's makes CUBINs the
+/// driver cannot load), each refusal naming the versions and the fix.
+#[test]
+fn driver_and_nvrtc_versions_are_checked_before_any_kernel_is_built() {
+    use muon_opt::backend::cuda::probe::check_versions;
+    for (driver, nvrtc) in [
+        (12040, Some((12, 4))),
+        (12080, Some((12, 8))),
+        (12090, None),
+        (13000, Some((13, 0))),
+        (13000, Some((12, 8))),
+    ] {
+        check_versions(driver, nvrtc).unwrap_or_else(|e| panic!("driver {driver}, NVRTC {nvrtc:?}: {e}"));
+    }
+    let old = check_versions(12020, Some((12, 2))).unwrap_err();
+    assert_eq!(old.kind, ErrorKind::CudaUnavailable);
+    assert!(
+        old.message.contains("supports CUDA 12.2 but this library needs 12.4"),
+        "{old}"
+    );
+    let mixed = check_versions(12060, Some((13, 0))).unwrap_err();
+    assert_eq!(mixed.kind, ErrorKind::CudaUnavailable);
+    assert!(
+        mixed
+            .message
+            .contains("NVRTC 13.0 was loaded but the CUDA driver supports CUDA 12.6")
+            && mixed.message.contains("libnvrtc.so.12"),
+        "{mixed}"
+    );
+}

@@ -20,6 +20,7 @@ use crate::backend::cuda::nccl::{
     NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT8, NcclComm,
 };
 use crate::backend::cuda::pinned::PinnedRing;
+use crate::backend::cuda::{nvrtc, probe};
 use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::comm::{Communicator, Transport};
@@ -129,6 +130,11 @@ struct Setup {
 fn setup(comm: &NcclComm, stream: cu::CUstream) -> Result<Setup> {
     // SAFETY: the driver library is loaded (checked by the caller); plain out-parameters.
     driver_check(|| "cuInit".into(), unsafe { cu::cuInit(0) })?;
+    let mut driver = 0;
+    driver_check(|| "cuDriverGetVersion".into(), unsafe {
+        cu::cuDriverGetVersion(&mut driver)
+    })?;
+    probe::check_versions(driver, nvrtc::version())?;
     let mut ctx = std::ptr::null_mut();
     driver_check(|| "cuCtxGetCurrent".into(), unsafe { cu::cuCtxGetCurrent(&mut ctx) })?;
     if !stream.is_null() {

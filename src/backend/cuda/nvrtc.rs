@@ -127,7 +127,7 @@ pub fn compile(source: &Source, target: Target) -> Result<Vec<u8>> {
     if !available() {
         bail!(
             NvrtcUnavailable,
-            "libnvrtc.so.13 could not be loaded: install NVRTC 13.0 (e.g. pip wheel nvidia-cuda-nvrtc==13.0.88) and put its lib directory on LD_LIBRARY_PATH"
+            "libnvrtc.so.13 or libnvrtc.so.12 could not be loaded: install the NVRTC of the driver's CUDA major version, 12.4 or newer (e.g. pip wheel nvidia-cuda-nvrtc==13.0.88, or nvidia-cuda-nvrtc-cu12 for a CUDA 12 driver) and put its lib directory on LD_LIBRARY_PATH"
         );
     }
     let text = to_cstring(source.text)?;
