@@ -63,6 +63,6 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"clip_grad", [](muon_config_t &c) { c.clip_grad = -2.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_nesterov", [](muon_config_t &c) { c.muon_nesterov = 7; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"host_threads", [](muon_config_t &c) { c.host_threads = 1025; }, MUON_STATUS_OUT_OF_RANGE},
-        BadField{"muon_tp_mode", [](muon_config_t &c) { c.muon_tp_mode = 2; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_tp_mode", [](muon_config_t &c) { c.muon_tp_mode = 3; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ns_eps", [](muon_config_t &c) { c.muon_ns_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

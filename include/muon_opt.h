@@ -134,6 +134,12 @@ struct ncclComm;
 #define MUON_TP_MODE_DUPLICATED 1
 
 /**
+ * Newton–Schulz on the shards, the norm and every X·Xᵀ all-reduced over the TP group
+ * (Megatron's `distributed`).
+ */
+#define MUON_TP_MODE_DISTRIBUTED 2
+
+/**
  * Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
  */
 #define MUON_COMM_MODE_FROM_ENV 0
@@ -505,7 +511,8 @@ typedef struct muon_config_t {
    */
   uint32_t host_threads;
   /**
-   * Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default) or _DUPLICATED.
+   * Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default), _DUPLICATED or
+   * _DISTRIBUTED.
    */
   uint32_t muon_tp_mode;
   /**
@@ -1085,8 +1092,11 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * @brief Give the optimizer its tensor-parallel group, over which MUON_TP_MODE_DUPLICATED
  *        gathers the shards of every Muon matrix flagged MUON_PARAM_FLAG_TP_SHARD_ROWS or
  *        _COLS: each owner orthogonalizes the whole matrix and keeps its shard, scaled by
- *        the whole matrix's shape (Megatron's `--muon-tp-mode duplicated`). Fused splits
- *        apply per shard, each component gathered whole (Megatron's split QKV in this mode).
+ *        the whole matrix's shape (Megatron's `--muon-tp-mode duplicated`); with
+ *        MUON_TP_MODE_DISTRIBUTED each owner runs Newton–Schulz on its shard with the norm
+ *        and every X·Xᵀ all-reduced over the group (`--muon-tp-mode distributed`). Fused
+ *        splits apply per shard, each component orthogonalized whole (Megatron's split QKV in
+ *        these modes).
  *
  * The group is this rank's tensor-parallel group: the ranks holding the other shards of its
  * matrices at the same data-parallel index (and pipeline stage); its rank order is the order

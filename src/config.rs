@@ -145,6 +145,9 @@ coded_enum! {
         /// The owner gathers the whole matrix over its TP group, orthogonalizes it and keeps
         /// its shard (the same update as the unsharded model).
         Duplicated = 1 => "duplicated",
+        /// Newton–Schulz runs on the shards, the norm and every `X·Xᵀ` summed over the TP
+        /// group (the unsharded model's update up to the order of those sums).
+        Distributed = 2 => "distributed",
     }
 }
 

@@ -325,9 +325,10 @@ impl Optimizer {
         claim_group(&mut self.tp_group, group, "set_tp_group")
     }
 
-    /// The first Muon param whose shards `muon_tp_mode` duplicated gathers, if any.
+    /// The first Muon param whose shards `muon_tp_mode` duplicated or distributed exchanges
+    /// over the TP group, if any.
     fn first_gathered_shard(&self) -> Option<String> {
-        if self.cfg.muon_tp_mode != TpMode::Duplicated {
+        if self.cfg.muon_tp_mode == TpMode::Blockwise {
             return None;
         }
         let params = self.registry.params().iter().zip(self.registry.routes());

@@ -190,7 +190,7 @@ impl Emulator {
                 }
                 Action::Launch(launch) => self.launch(launch),
                 Action::Gemm(gemm) => self.gemm(gemm),
-                Action::Nccl(NcclComm::Tensor, calls) => calls.iter().for_each(|c| self.tp_gather(c)),
+                Action::Nccl(NcclComm::Tensor, calls) => calls.iter().for_each(|c| self.tp_collective(c)),
                 Action::Nccl(_, calls) => calls.iter().for_each(|c| self.nccl(c)),
                 Action::Record { .. } | Action::Wait { .. } | Action::Synchronize(_) => {}
             }
@@ -200,26 +200,57 @@ impl Emulator {
 
     /// One rank: every collective is the identity, except that a copy from `send` to a
     /// different `recv` still moves the rank's own chunk.
-    /// An f32 all-gather over the tensor-parallel host group.
-    fn tp_gather(&mut self, call: &NcclCall) {
-        let NcclCall::AllGather {
-            send,
-            recv,
-            send_count,
-            dtype: NcclType::F32,
-        } = *call
-        else {
-            panic!("the TP group runs f32 all-gathers only, got {call:?}")
-        };
-        let group = self.tp.as_ref().expect("a TP gather needs the emulator's TP group");
-        let count = send_count as usize;
-        let mut shard: Vec<f32> = (0..send_count).map(|i| self.ld_f32(send + 4 * i)).collect();
-        let mut gathered = vec![0.0f32; count * group.size()];
-        // SAFETY: both buffers outlive the collective.
-        let (send_region, recv_region) = unsafe { (Region::from_f32(&mut shard), Region::from_f32(&mut gathered)) };
-        group.all_gather(send_region, recv_region).unwrap();
-        for (i, v) in gathered.into_iter().enumerate() {
-            self.st_f32(recv + 4 * i as u64, v);
+    /// A collective over the tensor-parallel host group: an f32 all-gather, or an f32 or f64
+    /// all-reduce summing in rank order (NCCL's sum for two ranks, whose order does not matter).
+    fn tp_collective(&mut self, call: &NcclCall) {
+        let group = self.tp.as_ref().expect("a TP collective needs the emulator's TP group");
+        match *call {
+            NcclCall::AllGather {
+                send,
+                recv,
+                send_count,
+                dtype: NcclType::F32,
+            } => {
+                let mut shard: Vec<f32> = (0..send_count).map(|i| self.ld_f32(send + 4 * i)).collect();
+                let mut gathered = vec![0.0f32; send_count as usize * group.size()];
+                // SAFETY: both buffers outlive the collective.
+                let (send_region, recv_region) =
+                    unsafe { (Region::from_f32(&mut shard), Region::from_f32(&mut gathered)) };
+                group.all_gather(send_region, recv_region).unwrap();
+                for (i, v) in gathered.into_iter().enumerate() {
+                    self.st_f32(recv + 4 * i as u64, v);
+                }
+            }
+            NcclCall::AllReduce {
+                send,
+                recv,
+                count,
+                dtype: NcclType::F32,
+            } => {
+                let mut values: Vec<f32> = (0..count).map(|i| self.ld_f32(send + 4 * i)).collect();
+                // SAFETY: the buffer outlives the collective.
+                group.all_reduce(unsafe { Region::from_f32(&mut values) }).unwrap();
+                for (i, v) in values.into_iter().enumerate() {
+                    self.st_f32(recv + 4 * i as u64, v);
+                }
+            }
+            NcclCall::AllReduce {
+                send,
+                recv,
+                count,
+                dtype: NcclType::F64,
+            } => {
+                for i in 0..count {
+                    let all = group.all_gather_u64(self.ld_f64(send + 8 * i).to_bits()).unwrap();
+                    let sum = all
+                        .iter()
+                        .skip(1)
+                        .fold(f64::from_bits(all[0]), |acc, &b| acc + f64::from_bits(b));
+                    let r = self.at(recv + 8 * i, 8);
+                    self.mem[r].copy_from_slice(&sum.to_le_bytes());
+                }
+            }
+            ref other => panic!("the TP group runs f32 all-gathers and f32/f64 all-reduces, got {other:?}"),
         }
     }
 
@@ -803,13 +834,14 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
     }
 }
 
-/// `duplicated` tensor-parallel shards on the emulated device, TP 2 (one emulator per TP rank
-/// on threads, their all-gathers over a host group) against the host backend's TP 2 run, bit
-/// for bit after every step: column-parallel and row-parallel matrices whose whole result is
-/// stored plain or transposed (both for each split dimension), a square shard, and Megatron's
-/// QKV split per query group (two groups per shard), in f32 and bf16
-/// Newton–Schulz — the gather, the 2-D assembly of column blocks, the chunk of a transposed
-/// result read with its row stride, and the whole-shape scale.
+/// Tensor-parallel shards on the emulated device, TP 2 (one emulator per TP rank on threads,
+/// their collectives over a host group) against the host backend's TP 2 run, bit for bit after
+/// every step: column-parallel and row-parallel matrices whose whole result is stored plain or
+/// transposed (both for each split dimension), a square shard, and Megatron's QKV split per
+/// query group (two groups per shard). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
+/// the 2-D assembly of column blocks, the chunk of a transposed result read with its row
+/// stride, the whole-shape scale; `distributed` in f32 and bf16_iterate — the forced
+/// orientation and the all-reduced norm and Gram matrices.
 #[test]
 fn tensor_parallel_shards_match_the_host_backend_bitwise() {
     use muon_opt::config::TpMode;
@@ -829,11 +861,16 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
         shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),
         shard("mlp.down.weight", &[40, 8], ParamFlags::TP_SHARD_COLS),
     ];
-    for precision in [NsPrecision::F32, NsPrecision::Bf16] {
+    for (precision, mode) in [
+        (NsPrecision::F32, TpMode::Duplicated),
+        (NsPrecision::Bf16, TpMode::Duplicated),
+        (NsPrecision::F32, TpMode::Distributed),
+        (NsPrecision::Bf16Iterate, TpMode::Distributed),
+    ] {
         let cfg = Config {
             bucket_size: 4096,
             muon_ns_precision: precision,
-            muon_tp_mode: TpMode::Duplicated,
+            muon_tp_mode: mode,
             host_comm_mode: CommMode::Eager,
             ..Config::default()
         };
@@ -865,7 +902,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
                                 let name = &specs[x.param as usize].name;
                                 assert!(
                                     bits(&x.master) == bits(&y.master),
-                                    "{precision:?} TP rank {t} step {step}: {name} master differs"
+                                    "{mode:?} {precision:?} TP rank {t} step {step}: {name} master differs"
                                 );
                             }
                         }

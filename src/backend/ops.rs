@@ -4,7 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::numerics::muon::TpDim;
+use crate::config::TpMode;
+use crate::numerics::muon::{TpDim, TpJob};
 
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,9 +199,9 @@ pub struct MuonJob {
     pub split_rows: Vec<usize>,
     /// Groups the components are interleaved in ([`crate::numerics::muon::MuonShape`]).
     pub split_groups: usize,
-    /// A tensor-parallel shard orthogonalized whole (`muon_tp_mode` duplicated): each
-    /// component is gathered over the TP group along this dimension.
-    pub tp: Option<TpDim>,
+    /// A tensor-parallel shard (`muon_tp_mode` duplicated or distributed), with the dimension
+    /// it is split along.
+    pub tp: Option<TpJob>,
     pub args: MuonParamArgs,
 }
 
@@ -267,11 +268,12 @@ impl MuonWork {
 }
 
 /// One component of a tensor-parallel shard, as this rank holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TpComponent {
     pub rows: usize,
     pub cols: usize,
     pub dim: TpDim,
+    pub mode: TpMode,
 }
 
 /// Sizes of every allocation of a rank (elements).

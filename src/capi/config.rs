@@ -69,7 +69,8 @@ pub struct muon_config_t {
     /// (a process running several groups sets cores / all its ranks). Results do not depend
     /// on it.
     pub host_threads: u32,
-    /// Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default) or _DUPLICATED.
+    /// Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default), _DUPLICATED or
+    /// _DISTRIBUTED.
     pub muon_tp_mode: u32,
     /// Newton–Schulz normalization X = U / max(‖U‖_F, muon_ns_eps); finite, > 0; default
     /// 1e-7 (Megatron-LM's, through Emerging-Optimizers).

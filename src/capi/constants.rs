@@ -45,6 +45,9 @@ pub const MUON_TP_MODE_BLOCKWISE: u32 = 0;
 /// The owner gathers a TP-sharded matrix whole over the TP group, orthogonalizes it and keeps
 /// its shard (Megatron's `duplicated`).
 pub const MUON_TP_MODE_DUPLICATED: u32 = 1;
+/// Newton–Schulz on the shards, the norm and every X·Xᵀ all-reduced over the TP group
+/// (Megatron's `distributed`).
+pub const MUON_TP_MODE_DISTRIBUTED: u32 = 2;
 
 /// Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
 pub const MUON_COMM_MODE_FROM_ENV: u32 = 0;
@@ -138,6 +141,7 @@ mod tests {
         assert_eq!(ParamFlags::TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_COLS);
         assert_eq!(TpMode::Blockwise.code(), MUON_TP_MODE_BLOCKWISE);
         assert_eq!(TpMode::Duplicated.code(), MUON_TP_MODE_DUPLICATED);
+        assert_eq!(TpMode::Distributed.code(), MUON_TP_MODE_DISTRIBUTED);
         assert_eq!(route_code(Route::Muon), MUON_ROUTE_MUON);
         assert_eq!(crate::config::MAX_NS_STEPS, MUON_MAX_NS_STEPS);
         assert_eq!(

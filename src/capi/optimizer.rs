@@ -116,8 +116,11 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
 /// @brief Give the optimizer its tensor-parallel group, over which MUON_TP_MODE_DUPLICATED
 ///        gathers the shards of every Muon matrix flagged MUON_PARAM_FLAG_TP_SHARD_ROWS or
 ///        _COLS: each owner orthogonalizes the whole matrix and keeps its shard, scaled by
-///        the whole matrix's shape (Megatron's `--muon-tp-mode duplicated`). Fused splits
-///        apply per shard, each component gathered whole (Megatron's split QKV in this mode).
+///        the whole matrix's shape (Megatron's `--muon-tp-mode duplicated`); with
+///        MUON_TP_MODE_DISTRIBUTED each owner runs Newton–Schulz on its shard with the norm
+///        and every X·Xᵀ all-reduced over the group (`--muon-tp-mode distributed`). Fused
+///        splits apply per shard, each component orthogonalized whole (Megatron's split QKV in
+///        these modes).
 ///
 /// The group is this rank's tensor-parallel group: the ranks holding the other shards of its
 /// matrices at the same data-parallel index (and pipeline stage); its rank order is the order

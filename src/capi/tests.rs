@@ -150,9 +150,9 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "muon_scale_mode",
         ),
         (
-            |c| c.muon_tp_mode = 2,
+            |c| c.muon_tp_mode = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
-            "muon_tp_mode: unknown value 2",
+            "muon_tp_mode: unknown value 3",
         ),
         (
             |c| c.muon_ns_eps = f32::NAN,

@@ -19,9 +19,11 @@
 //! QKV components one by one through `scaled_orthogonalize_fn`.
 
 use crate::bail;
-use crate::config::{Config, NsPrecision, ScaleMode};
+use crate::config::{Config, NsPrecision, ScaleMode, TpMode};
 use crate::error::Result;
-use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz_in_place};
+use crate::numerics::newton_schulz::{
+    NsOptions, NsWorkspace, ShardSums, newton_schulz_in_place, newton_schulz_sharded_in_place,
+};
 
 /// The Muon fields of a configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -158,12 +160,21 @@ pub enum TpDim {
     Cols,
 }
 
-/// This rank's shard of a tensor-parallel matrix in Megatron's `duplicated` mode: every
-/// component is gathered over the `ranks` TP ranks (`gather` returns every rank's values, in
-/// rank order), orthogonalized whole, and this rank keeps its part (`rank`); the update scale
-/// is the whole component's.
-pub struct TpShard<'a> {
+/// A tensor-parallel Muon job: the dimension its matrix is split along, and how the shards
+/// are orthogonalized (`muon_tp_mode` duplicated or distributed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TpJob {
     pub dim: TpDim,
+    pub mode: TpMode,
+}
+
+/// This rank's shard of a tensor-parallel matrix, with `gather` returning every one of the
+/// `ranks` TP ranks' values in rank order (this one is `rank`). Duplicated mode orthogonalizes
+/// each component gathered whole and keeps this rank's part; distributed mode runs
+/// Newton–Schulz on the shard with the norm and every `X·Xᵀ` summed over the ranks in rank
+/// order (through the same gather). Either way the update scale is the whole component's.
+pub struct TpShard<'a> {
+    pub job: TpJob,
     pub ranks: usize,
     pub rank: usize,
     pub gather: &'a mut dyn FnMut(&[f32]) -> Result<Vec<f32>>,
@@ -264,7 +275,12 @@ pub fn muon_update_sharded(
                 newton_schulz_in_place(x, comp_rows, cols, &opts.ns, &mut ws.ns)?;
                 (comp_rows, cols)
             }
-            Some(shard) => orthogonalize_gathered(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns, &mut ws.full)?,
+            Some(shard) => match shard.job.mode {
+                TpMode::Distributed => orthogonalize_distributed(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns)?,
+                TpMode::Duplicated | TpMode::Blockwise => {
+                    orthogonalize_gathered(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns, &mut ws.full)?
+                }
+            },
         };
         let step = lr_eff * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
         for (i, x_row) in x.chunks_exact(cols).enumerate() {
@@ -275,6 +291,76 @@ pub fn muon_update_sharded(
         }
     }
     Ok(())
+}
+
+/// Orthogonalizes the `rows × cols` shard `x` of one component in place with Megatron's
+/// `distributed` mode (Emerging-Optimizers' `newton_schulz_tp`): the iterate is the shard —
+/// transposed for a row split, so the split dimension is always the iterate's columns — and
+/// the norm and every `X·Xᵀ` are summed over the TP ranks; returns the whole shape.
+fn orthogonalize_distributed(
+    x: &mut [f32],
+    rows: usize,
+    cols: usize,
+    shard: &mut TpShard<'_>,
+    ns: &NsOptions,
+    ns_ws: &mut NsWorkspace,
+) -> Result<(usize, usize)> {
+    let ranks = shard.ranks;
+    let mut sums = GatheredSums {
+        gather: &mut *shard.gather,
+        ranks,
+    };
+    let transpose = shard.job.dim == TpDim::Rows;
+    newton_schulz_sharded_in_place(x, rows, cols, transpose, ns, ns_ws, &mut sums)?;
+    Ok(match shard.job.dim {
+        TpDim::Rows => (ranks * rows, cols),
+        TpDim::Cols => (rows, ranks * cols),
+    })
+}
+
+/// [`ShardSums`] through an all-gather: every rank's values added in rank order, so every rank
+/// computes the same bits.
+struct GatheredSums<'a> {
+    gather: &'a mut dyn FnMut(&[f32]) -> Result<Vec<f32>>,
+    ranks: usize,
+}
+
+impl GatheredSums<'_> {
+    fn all(&mut self, local: &[f32]) -> Result<Vec<f32>> {
+        let all = (self.gather)(local)?;
+        if all.len() != local.len() * self.ranks {
+            bail!(
+                Internal,
+                "newton_schulz: the tensor-parallel gather returned {} values for {} shards of {}",
+                all.len(),
+                self.ranks,
+                local.len()
+            );
+        }
+        Ok(all)
+    }
+}
+
+impl ShardSums for GatheredSums<'_> {
+    /// The f64 travels as two f32 bit patterns (the gather copies bytes).
+    fn norm(&mut self, local: f64) -> Result<f64> {
+        let bits = local.to_bits();
+        let halves = [f32::from_bits(bits as u32), f32::from_bits((bits >> 32) as u32)];
+        let all = self.all(&halves)?;
+        let value = |p: &[f32]| f64::from_bits(u64::from(p[0].to_bits()) | (u64::from(p[1].to_bits()) << 32));
+        let mut ranks = all.chunks_exact(2);
+        let first = value(ranks.next().expect("at least one rank"));
+        Ok(ranks.fold(first, |acc, p| acc + value(p)))
+    }
+
+    fn gram(&mut self, local: &mut [f32]) -> Result<()> {
+        let all = self.all(local)?;
+        let len = local.len();
+        for (i, v) in local.iter_mut().enumerate() {
+            *v = (1..self.ranks).fold(all[i], |acc, r| acc + all[r * len + i]);
+        }
+        Ok(())
+    }
 }
 
 /// The param rows in component-major order: for each component c (`component_rows[c]` rows in
@@ -318,7 +404,7 @@ fn orthogonalize_gathered(
             gathered.len()
         );
     }
-    match shard.dim {
+    match shard.job.dim {
         TpDim::Rows => {
             full.clear();
             full.extend_from_slice(&gathered);

@@ -183,7 +183,7 @@ impl NsWorkspace {
     /// A workspace sized for every matrix up to `max_rows × max_cols`, in both precisions.
     pub fn new(max_rows: usize, max_cols: usize) -> Self {
         let mut ws = NsWorkspace::default();
-        ws.reserve(max_rows, max_cols, NsPrecision::Bf16);
+        ws.reserve(max_rows, max_cols, max_rows > max_cols, NsPrecision::Bf16);
         ws
     }
 
@@ -228,9 +228,9 @@ impl NsWorkspace {
         self
     }
 
-    fn reserve(&mut self, rows: usize, cols: usize, precision: NsPrecision) {
+    fn reserve(&mut self, rows: usize, cols: usize, transpose: bool, precision: NsPrecision) {
         let mn = rows * cols;
-        let m = rows.min(cols);
+        let m = if transpose { cols } else { rows };
         grow(&mut self.x, mn);
         grow(&mut self.x_next, mn);
         grow(&mut self.gram, m * m);
@@ -243,10 +243,31 @@ impl NsWorkspace {
     /// Runs the whole iteration on `input` (`rows × cols`, validated) and leaves the result in
     /// `self.x` as `m × n` (transposed when `rows > cols`).
     fn orthogonalize(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
-        self.reserve(rows, cols, opts.precision);
-        let norm = (squared_norm(input).sqrt() as f32).max(opts.eps);
+        self.orthogonalize_sharded(input, rows, cols, rows > cols, opts, None)
+            .expect("without shard sums nothing fails");
+    }
+
+    /// [`Self::orthogonalize`] with the orientation given (`transpose`: work on `inputᵀ`) and,
+    /// for one shard of a matrix split along the columns of `X`, the squared norm and every
+    /// Gram matrix completed over the shards by `sums`.
+    fn orthogonalize_sharded(
+        &mut self,
+        input: &[f32],
+        rows: usize,
+        cols: usize,
+        transpose: bool,
+        opts: &NsOptions,
+        mut sums: Option<&mut dyn ShardSums>,
+    ) -> Result<()> {
+        self.reserve(rows, cols, transpose, opts.precision);
+        let local = squared_norm(input);
+        let total = match sums.as_deref_mut() {
+            Some(sums) => sums.norm(local)?,
+            None => local,
+        };
+        let norm = (total.sqrt() as f32).max(opts.eps);
         let x = &mut self.x[..rows * cols];
-        if rows > cols {
+        if transpose {
             transpose_map(input, rows, cols, x, |v| v / norm);
         } else {
             for (d, &s) in x.iter_mut().zip(input) {
@@ -256,10 +277,11 @@ impl NsWorkspace {
         if opts.precision == NsPrecision::Bf16Iterate {
             round_slice_through_bf16_in_place(x);
         }
-        self.iterate(rows.min(cols), rows.max(cols), opts);
+        let (m, n) = if transpose { (cols, rows) } else { (rows, cols) };
+        self.iterate(m, n, opts, sums)
     }
 
-    fn iterate(&mut self, m: usize, n: usize, opts: &NsOptions) {
+    fn iterate(&mut self, m: usize, n: usize, opts: &NsOptions, mut sums: Option<&mut dyn ShardSums>) -> Result<()> {
         let (mn, mm) = (m * n, m * m);
         let bf16 = opts.precision == NsPrecision::Bf16;
         // Megatron-LM's scheme: X, A = X·Xᵀ, B = b·A + c·A·A and the next X are each stored in
@@ -293,6 +315,9 @@ impl NsWorkspace {
                 Output::SymmetricLower,
                 threads,
             );
+            if let Some(sums) = sums.as_deref_mut() {
+                sums.gram(gram)?;
+            }
             if stored_bf16 {
                 round_slice_through_bf16_in_place(gram);
             }
@@ -329,12 +354,17 @@ impl NsWorkspace {
             }
             std::mem::swap(x, x_next);
         }
+        Ok(())
     }
 
     /// Writes the result of [`Self::orthogonalize`] into `output` (`rows × cols`).
     fn store(&self, output: &mut [f32], rows: usize, cols: usize) {
+        self.store_oriented(output, rows, cols, rows > cols);
+    }
+
+    fn store_oriented(&self, output: &mut [f32], rows: usize, cols: usize, transposed: bool) {
         let x = &self.x[..rows * cols];
-        if rows > cols {
+        if transposed {
             transpose_map(x, cols, rows, output, |v| v);
         } else {
             output.copy_from_slice(x);
@@ -419,6 +449,39 @@ pub fn newton_schulz_in_place(
     check_matrix("data", data.len(), rows, cols)?;
     ws.orthogonalize(data, rows, cols, opts);
     ws.store(data, rows, cols);
+    Ok(())
+}
+
+/// How one shard's Newton–Schulz completes its sums over the other shards (Megatron's
+/// `distributed` tensor-parallel mode, Emerging-Optimizers' `newton_schulz(tp_group=…)`):
+/// every shard calls them in the same order, and each returns the same total on every shard.
+pub trait ShardSums {
+    /// The squared Frobenius norm of the whole matrix from this shard's.
+    fn norm(&mut self, local: f64) -> Result<f64>;
+    /// The whole Gram matrix `X·Xᵀ` from this shard's, in place.
+    fn gram(&mut self, local: &mut [f32]) -> Result<()>;
+}
+
+/// Orthogonalizes in place one shard (`rows × cols`) of a matrix split along the columns of the
+/// iterate `X` — the shard's columns, or with `transpose` its rows (`X = shardᵀ`) — with `sums`
+/// completing the norm and each `X·Xᵀ` over the shards; the result is this shard of the whole
+/// matrix's.
+///
+/// # Errors
+/// As [`newton_schulz`], and whatever `sums` returns.
+pub fn newton_schulz_sharded_in_place(
+    data: &mut [f32],
+    rows: usize,
+    cols: usize,
+    transpose: bool,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+    sums: &mut dyn ShardSums,
+) -> Result<()> {
+    opts.validate()?;
+    check_matrix("data", data.len(), rows, cols)?;
+    ws.orthogonalize_sharded(data, rows, cols, transpose, opts, Some(sums))?;
+    ws.store_oriented(data, rows, cols, transpose);
     Ok(())
 }
 

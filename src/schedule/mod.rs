@@ -21,6 +21,7 @@ use crate::bail;
 use crate::config::{Config, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
+use crate::numerics::muon::TpJob;
 use crate::plan::ElemRange;
 use crate::plan::Plan;
 use state::StateLayout;
@@ -496,7 +497,13 @@ impl Runtime {
                     state::component_rows(spec, batch.count)
                 },
                 split_groups: spec.split_groups as usize,
-                tp: spec.tp_shard().filter(|_| self.cfg.muon_tp_mode == TpMode::Duplicated),
+                tp: spec
+                    .tp_shard()
+                    .filter(|_| self.cfg.muon_tp_mode != TpMode::Blockwise)
+                    .map(|dim| TpJob {
+                        dim,
+                        mode: self.cfg.muon_tp_mode,
+                    }),
                 args: MuonParamArgs {
                     lr_scale: spec.lr_scale,
                     wd_scale: Self::wd_scale(spec),

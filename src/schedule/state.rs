@@ -105,7 +105,7 @@ impl StateLayout {
             ))
         });
         let mut tp_components: Vec<TpComponent> = Vec::new();
-        if cfg.muon_tp_mode == TpMode::Duplicated {
+        if cfg.muon_tp_mode != TpMode::Blockwise {
             for batch in &muon_batches {
                 let spec = &params[muon[batch.first].unit.param as usize];
                 if let Some(dim) = spec.tp_shard() {
@@ -114,10 +114,11 @@ impl StateLayout {
                         rows,
                         cols,
                         dim,
+                        mode: cfg.muon_tp_mode,
                     }));
                 }
             }
-            tp_components.sort();
+            tp_components.sort_by_key(|c| (c.rows, c.cols, c.dim));
             tp_components.dedup();
         }
         let momentum = offset;

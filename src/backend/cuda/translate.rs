@@ -20,10 +20,10 @@ use crate::backend::ops::{
 };
 use crate::backend::recording::Op;
 use crate::bail;
-use crate::config::{Dtype, NsPrecision};
+use crate::config::{Dtype, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::numerics::bf16::f32_to_bf16_rne;
-use crate::numerics::muon::{MuonOptions, TpDim, muon_scale};
+use crate::numerics::muon::{MuonOptions, TpDim, TpJob, muon_scale};
 use crate::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use crate::numerics::newton_schulz::ns_coefficients;
 
@@ -97,11 +97,10 @@ pub struct Translator {
     tp_group: Option<(usize, usize)>,
 }
 
-/// The translation's own events around a tensor-parallel gather (the schedule numbers its
-/// events from 0 up): the shard is ready on the compute stream, the gather done on the comm
-/// stream.
-const TP_SHARD_READY: EventId = EventId(usize::MAX - 1);
-const TP_GATHERED: EventId = EventId(usize::MAX);
+/// The translation's own events around a tensor-parallel collective (the schedule numbers its
+/// events from 0 up): its input is ready on the compute stream, its result on the comm stream.
+const TP_INPUT_READY: EventId = EventId(usize::MAX - 1);
+const TP_RESULT_READY: EventId = EventId(usize::MAX);
 
 fn grid_1d(n: u64) -> [u32; 3] {
     [n.div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS) as u32, 1, 1]
@@ -246,6 +245,50 @@ fn group_copies(param: DevPtr, ordered: DevPtr, split: &[u64], groups: u64, cols
         component_start += rows;
     }
     actions
+}
+
+/// How a Newton–Schulz input is split over the tensor-parallel group.
+#[derive(Clone, Copy)]
+enum Sharding {
+    /// Not split: the iterate is the input or, when it is tall, its transpose.
+    None,
+    /// The iterate (the input, or its transpose with `transpose`) is one shard of a matrix
+    /// split along its columns: the norm and every Gram matrix are all-reduced.
+    Columns { transpose: bool },
+}
+
+/// `call` on the tensor-parallel communicator, after the compute stream's work so far and
+/// before any later compute (the translation's own two events).
+fn on_tp_comm(actions: &mut Vec<Action>, call: NcclCall) {
+    actions.extend([
+        Action::Record {
+            stream: StreamKind::Compute,
+            event: TP_INPUT_READY,
+        },
+        Action::Wait {
+            stream: StreamKind::Comm,
+            event: TP_INPUT_READY,
+        },
+        Action::Nccl(NcclComm::Tensor, vec![call]),
+        Action::Record {
+            stream: StreamKind::Comm,
+            event: TP_RESULT_READY,
+        },
+        Action::Wait {
+            stream: StreamKind::Compute,
+            event: TP_RESULT_READY,
+        },
+    ]);
+}
+
+/// An in-place sum of `count` values at `ptr` over the group.
+fn all_reduce(ptr: DevPtr, count: u64, dtype: NcclType) -> NcclCall {
+    NcclCall::AllReduce {
+        send: ptr,
+        recv: ptr,
+        count,
+        dtype,
+    }
 }
 
 /// The whole shape of a tensor-parallel component whose shard is `rows × cols`, split along
@@ -770,12 +813,26 @@ impl Translator {
         layout
             .tp_components
             .iter()
-            .fold((layout.muon_work, 0), |(need, gathered), c| {
-                let (rows, cols) = whole_shape(c.dim, c.rows as u64, c.cols as u64, ranks as u64);
-                (
-                    need.max(MuonWork::of_job(&[rows as usize], cols as usize, 1)),
-                    gathered.max(rows * cols),
-                )
+            .fold((layout.muon_work, 0), |(need, gathered), c| match c.mode {
+                // The shard is the iterate, its unsplit dimension the Gram matrix's.
+                TpMode::Distributed => {
+                    let unsplit = match c.dim {
+                        TpDim::Rows => c.cols,
+                        TpDim::Cols => c.rows,
+                    } as u64;
+                    let gram = MuonWork {
+                        gram: unsplit * unsplit,
+                        ..MuonWork::default()
+                    };
+                    (need.max(gram), gathered)
+                }
+                TpMode::Duplicated | TpMode::Blockwise => {
+                    let (rows, cols) = whole_shape(c.dim, c.rows as u64, c.cols as u64, ranks as u64);
+                    (
+                        need.max(MuonWork::of_job(&[rows as usize], cols as usize, 1)),
+                        gathered.max(rows * cols),
+                    )
+                }
             })
     }
 
@@ -801,33 +858,15 @@ impl Translator {
         let (ranks, rank) = (ranks as u64, rank as u64);
         let count = rows * cols;
         let gathered = self.work(Work::Gathered)?;
-        actions.extend([
-            Action::Record {
-                stream: StreamKind::Compute,
-                event: TP_SHARD_READY,
+        on_tp_comm(
+            actions,
+            NcclCall::AllGather {
+                send: shard,
+                recv: gathered,
+                send_count: count,
+                dtype: NcclType::F32,
             },
-            Action::Wait {
-                stream: StreamKind::Comm,
-                event: TP_SHARD_READY,
-            },
-            Action::Nccl(
-                NcclComm::Tensor,
-                vec![NcclCall::AllGather {
-                    send: shard,
-                    recv: gathered,
-                    send_count: count,
-                    dtype: NcclType::F32,
-                }],
-            ),
-            Action::Record {
-                stream: StreamKind::Comm,
-                event: TP_GATHERED,
-            },
-            Action::Wait {
-                stream: StreamKind::Compute,
-                event: TP_GATHERED,
-            },
-        ]);
+        );
         let whole = match dim {
             TpDim::Rows => gathered,
             TpDim::Cols => {
@@ -847,7 +886,7 @@ impl Translator {
             }
         };
         let (whole_rows, whole_cols) = whole_shape(dim, rows, cols, ranks);
-        let (x, transposed) = self.newton_schulz(actions, whole, whole_rows, whole_cols, 1)?;
+        let (x, transposed) = self.newton_schulz(actions, whole, whole_rows, whole_cols, 1, Sharding::None)?;
         // X is whole_rows × whole_cols, or stored transposed (whole_cols × whole_rows).
         let (chunk, ld) = match (dim, transposed) {
             (TpDim::Rows, false) => (x + rank * count * 4, cols),
@@ -856,6 +895,29 @@ impl Translator {
             (TpDim::Cols, true) => (x + rank * count * 4, rows),
         };
         Ok((chunk, transposed, ld, (whole_rows, whole_cols)))
+    }
+
+    /// Orthogonalizes the `rows × cols` tensor-parallel shard component at `shard` with
+    /// Megatron's `distributed` mode: Newton–Schulz on the shard (transposed for a row split,
+    /// so the split dimension is the iterate's columns), the norm and every `X·Xᵀ` all-reduced
+    /// over the TP group. Returns the result as `gathered_newton_schulz` does.
+    fn distributed_newton_schulz(
+        &self,
+        actions: &mut Vec<Action>,
+        shard: DevPtr,
+        (rows, cols): (u64, u64),
+        dim: TpDim,
+    ) -> Result<(DevPtr, bool, u64, (u64, u64))> {
+        let Some((ranks, _)) = self.tp_group else {
+            bail!(
+                InvalidState,
+                "muon_update: a distributed tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
+            );
+        };
+        let transpose = dim == TpDim::Rows;
+        let (x, transposed) = self.newton_schulz(actions, shard, rows, cols, 1, Sharding::Columns { transpose })?;
+        let ld = if transposed { rows } else { cols };
+        Ok((x, transposed, ld, whole_shape(dim, rows, cols, ranks as u64)))
     }
 
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
@@ -941,9 +1003,14 @@ impl Translator {
             };
             let shard = ns_input + start * 4;
             let (x, transposed, ld, (scale_rows, scale_cols)) = match job.tp {
-                Some(dim) => self.gathered_newton_schulz(&mut actions, shard, (comp_rows, cols), dim)?,
+                Some(TpJob {
+                    dim,
+                    mode: TpMode::Distributed,
+                }) => self.distributed_newton_schulz(&mut actions, shard, (comp_rows, cols), dim)?,
+                Some(TpJob { dim, .. }) => self.gathered_newton_schulz(&mut actions, shard, (comp_rows, cols), dim)?,
                 None => {
-                    let (x, transposed) = self.newton_schulz(&mut actions, shard, comp_rows, cols, batch)?;
+                    let (x, transposed) =
+                        self.newton_schulz(&mut actions, shard, comp_rows, cols, batch, Sharding::None)?;
                     let ld = if transposed { comp_rows } else { cols };
                     (x, transposed, ld, (comp_rows, cols))
                 }
@@ -991,9 +1058,14 @@ impl Translator {
         rows: u64,
         cols: u64,
         batch: u64,
+        sharding: Sharding,
     ) -> Result<(DevPtr, bool)> {
-        let (m, n) = (rows.min(cols), rows.max(cols));
-        let transposed = rows > cols;
+        let transposed = match sharding {
+            Sharding::None => rows > cols,
+            Sharding::Columns { transpose } => transpose,
+        };
+        let (m, n) = if transposed { (cols, rows) } else { (rows, cols) };
+        let reduce = matches!(sharding, Sharding::Columns { .. });
         let (mn, mm) = (m * n, m * m);
         if batch * mm > self.work.gram || batch > self.work.norms {
             bail!(
@@ -1013,6 +1085,9 @@ impl Translator {
             })
             .collect();
         self.sumsq(actions, &spans, SumInto::PerSpan, norms)?;
+        if reduce {
+            on_tp_comm(actions, all_reduce(norms, batch, NcclType::F64));
+        }
         let x = self.work(Work::X)?;
         actions.push(launch(
             Kernel::NsNormalize,
@@ -1086,6 +1161,9 @@ impl Translator {
                         actions.push(round(x, xb, batch * mn));
                     }
                     actions.push(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).gemm()?);
+                    if reduce {
+                        on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
+                    }
                     if iterate {
                         store_bf16(actions, gram, gb, batch * mm);
                     } else {
@@ -1103,6 +1181,9 @@ impl Translator {
                     let poly = self.work(Work::Poly)?;
                     let next = if current == x { self.work(Work::XNext)? } else { x };
                     actions.push(product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).gemm()?);
+                    if reduce {
+                        on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
+                    }
                     actions.push(copy(gram, poly, batch * mm));
                     actions.push(product(F32, (m, m, m), c, gram, gram, false, b, poly).gemm()?);
                     actions.push(copy(current, next, batch * mn));

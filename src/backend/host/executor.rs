@@ -532,31 +532,26 @@ impl Backend for HostBackend {
     fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
         let tp_group = match (job.tp, &self.tp_group) {
             (None, _) => None,
-            (Some(dim), Some(group)) => Some((dim, group.clone())),
+            (Some(tp), Some(group)) => Some((tp, group.clone())),
             (Some(_), None) => bail!(
                 InvalidState,
-                "muon_update: a duplicated tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
+                "muon_update: a tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
             ),
         };
-        let args = {
+        let (args, skipped) = {
             let s = self.scalars();
-            if s.get(Scalar::Skip) != 0.0 {
-                // The TP peers gather whatever this rank does: take part in every gather.
-                if let Some((_, group)) = &tp_group {
-                    for rows in components(job) {
-                        Self::gather_tp(group, &vec![0.0; rows * job.cols])?;
-                    }
-                }
-                return Ok(());
-            }
-            MuonStepArgs {
+            let args = MuonStepArgs {
                 lr: s.f32(Scalar::Lr),
                 weight_decay: s.f32(Scalar::WeightDecay),
                 lr_scale: job.args.lr_scale,
                 wd_scale: job.args.wd_scale,
                 clip_coef: s.f32(Scalar::GradScale),
-            }
+            };
+            (args, s.get(Scalar::Skip) != 0.0)
         };
+        if skipped && tp_group.is_none() {
+            return Ok(());
+        }
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut workspace = std::mem::take(&mut self.workspace);
         let result = (|| {
@@ -569,15 +564,24 @@ impl Backend for HostBackend {
                 split_rows: &job.split_rows,
                 split_groups: job.split_groups,
             };
-            let Some((dim, group)) = &tp_group else {
+            let Some((tp, group)) = &tp_group else {
                 return muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace);
             };
             let mut gather = |shard: &[f32]| Self::gather_tp(group, shard);
             let mut shard = TpShard {
-                dim: *dim,
+                job: *tp,
                 ranks: group.size(),
                 rank: group.rank(),
                 gather: &mut gather,
+            };
+            // A skipped step changes no state, yet the TP peers gather whatever this rank
+            // does: the update runs on copies, so every collective of it is joined.
+            let (mut master_copy, mut momentum_copy);
+            let (master, momentum) = if skipped {
+                (master_copy, momentum_copy) = (master.to_vec(), momentum.to_vec());
+                (&mut master_copy[..], &mut momentum_copy[..])
+            } else {
+                (master, momentum)
             };
             muon_update_sharded(
                 master,
@@ -699,14 +703,5 @@ impl Backend for HostBackend {
 
     fn address(&self, span: Span) -> *mut c_void {
         self.region(span).map_or(std::ptr::null_mut(), |r| r.as_ptr().cast())
-    }
-}
-
-/// Rows of each Newton–Schulz component of `job` (the whole matrix when it is not fused).
-fn components(job: &MuonJob) -> Vec<usize> {
-    if job.split_rows.is_empty() {
-        vec![job.rows]
-    } else {
-        job.split_rows.clone()
     }
 }
