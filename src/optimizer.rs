@@ -274,22 +274,7 @@ impl Optimizer {
     /// the same size. The group is this optimizer's alone (a second optimizer, e.g. the expert
     /// one of a shared clip, needs a communicator of its own over the same ranks).
     pub fn set_norm_group(&mut self, group: Arc<Communicator>) -> Result<()> {
-        if !matches!(self.phase, Phase::Registering) {
-            bail!(
-                InvalidState,
-                "set_norm_group: the optimizer is finalized; set the norm group before finalize"
-            );
-        }
-        let same_kind = matches!(
-            (&self.claim.comm().transport, &group.transport),
-            (Transport::Host(_), Transport::Host(_)) | (Transport::Nccl(_), Transport::Nccl(_))
-        );
-        if !same_kind {
-            bail!(
-                CommMismatch,
-                "set_norm_group: the norm group must be a communicator of the same kind as the optimizer's (a host group with a host group, NCCL with NCCL)"
-            );
-        }
+        self.check_group(&group, "set_norm_group", "norm group")?;
         if group.size() < self.dp() || !group.size().is_multiple_of(self.dp()) {
             bail!(
                 CommMismatch,
@@ -306,10 +291,16 @@ impl Optimizer {
     /// (Megatron's tensor-model-parallel group). Claimed like the data-parallel communicator.
     /// Before finalize.
     pub fn set_tp_group(&mut self, group: Arc<Communicator>) -> Result<()> {
+        self.check_group(&group, "set_tp_group", "TP group")?;
+        claim_group(&mut self.tp_group, group, "set_tp_group")
+    }
+
+    /// The checks every extra group passes: set before finalize, and of the optimizer's kind.
+    fn check_group(&self, group: &Communicator, call: &str, what: &str) -> Result<()> {
         if !matches!(self.phase, Phase::Registering) {
             bail!(
                 InvalidState,
-                "set_tp_group: the optimizer is finalized; set the TP group before finalize"
+                "{call}: the optimizer is finalized; set the {what} before finalize"
             );
         }
         let same_kind = matches!(
@@ -319,10 +310,10 @@ impl Optimizer {
         if !same_kind {
             bail!(
                 CommMismatch,
-                "set_tp_group: the TP group must be a communicator of the same kind as the optimizer's (a host group with a host group, NCCL with NCCL)"
+                "{call}: the {what} must be a communicator of the same kind as the optimizer's (a host group with a host group, NCCL with NCCL)"
             );
         }
-        claim_group(&mut self.tp_group, group, "set_tp_group")
+        Ok(())
     }
 
     /// The first Muon param whose shards `muon_tp_mode` duplicated or distributed exchanges

@@ -849,13 +849,7 @@ impl Translator {
         (rows, cols): (u64, u64),
         dim: TpDim,
     ) -> Result<(DevPtr, bool, u64, (u64, u64))> {
-        let Some((ranks, rank)) = self.tp_group else {
-            bail!(
-                InvalidState,
-                "muon_update: a duplicated tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
-            );
-        };
-        let (ranks, rank) = (ranks as u64, rank as u64);
+        let (ranks, rank) = self.tp_group_for("duplicated")?;
         let count = rows * cols;
         let gathered = self.work(Work::Gathered)?;
         on_tp_comm(
@@ -908,16 +902,22 @@ impl Translator {
         (rows, cols): (u64, u64),
         dim: TpDim,
     ) -> Result<(DevPtr, bool, u64, (u64, u64))> {
-        let Some((ranks, _)) = self.tp_group else {
-            bail!(
-                InvalidState,
-                "muon_update: a distributed tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
-            );
-        };
+        let (ranks, _) = self.tp_group_for("distributed")?;
         let transpose = dim == TpDim::Rows;
         let (x, transposed) = self.newton_schulz(actions, shard, rows, cols, 1, Sharding::Columns { transpose })?;
         let ld = if transposed { rows } else { cols };
-        Ok((x, transposed, ld, whole_shape(dim, rows, cols, ranks as u64)))
+        Ok((x, transposed, ld, whole_shape(dim, rows, cols, ranks)))
+    }
+
+    /// (ranks, this rank) of the TP group a `mode` shard needs.
+    fn tp_group_for(&self, mode: &str) -> Result<(u64, u64)> {
+        match self.tp_group {
+            Some((ranks, rank)) => Ok((ranks as u64, rank as u64)),
+            None => bail!(
+                InvalidState,
+                "muon_update: a {mode} tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
+            ),
+        }
     }
 
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
