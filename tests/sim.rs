@@ -516,3 +516,47 @@ fn a_norm_group_costs_one_tiny_collective() {
     assert!(extra < 1.0, "{extra} ms more per iteration");
     assert_eq!(grouped.figures.host_syncs, 0);
 }
+
+/// Tensor parallelism in the simulator (llama3-8b at TP 2, dp 2): each simulated rank holds TP
+/// rank 0's shards; blockwise runs no TP collective, duplicated an all-gather per owned shard
+/// component and step, distributed all-reduces (the norm and every X·Xᵀ) and no gather. The
+/// TP collectives are the rank's own comm-stream work (its TP peers run the same schedule),
+/// so the simulated data-parallel ranks never wait on each other for them; duplicated holds
+/// the gathered matrices besides.
+#[test]
+fn tensor_parallel_modes_add_their_own_collectives() {
+    use muon_opt::config::TpMode;
+    let model = preset("llama3-8b").unwrap();
+    let run = |mode: TpMode| {
+        simulate(&Scenario {
+            tp: Some((2, mode)),
+            ..Scenario::new(model.clone(), 2, h100())
+        })
+        .unwrap()
+    };
+    let count = |sim: &muon_opt::sim::Simulation, what: &str| {
+        sim.timelines[0]
+            .slices
+            .iter()
+            .filter(|s| s.label.what == what && s.iteration == Some(1))
+            .count()
+    };
+    let (blockwise, duplicated, distributed) = (
+        run(TpMode::Blockwise),
+        run(TpMode::Duplicated),
+        run(TpMode::Distributed),
+    );
+    for sim in [&blockwise, &duplicated, &distributed] {
+        assert_eq!(sim.figures.host_syncs, 0);
+    }
+    assert_eq!(
+        count(&blockwise, "tensor-parallel all-gather") + count(&blockwise, "tensor-parallel all-reduce"),
+        0
+    );
+    assert!(count(&duplicated, "tensor-parallel all-gather") > 0);
+    assert_eq!(count(&duplicated, "tensor-parallel all-reduce"), 0);
+    assert!(count(&distributed, "tensor-parallel all-reduce") > count(&duplicated, "tensor-parallel all-gather"));
+    assert_eq!(count(&distributed, "tensor-parallel all-gather"), 0);
+    assert!(duplicated.device_bytes.workspaces > distributed.device_bytes.workspaces);
+    assert!(duplicated.figures.exposed_ms > blockwise.figures.exposed_ms);
+}

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use muon_opt::checkpoint::export::export;
 use muon_opt::checkpoint::inspect::inspect;
-use muon_opt::config::{Config, MuonLayout, NsPrecision};
+use muon_opt::config::{Config, MuonLayout, NsPrecision, TpMode};
 use muon_opt::demo::{self, DemoConfig};
 use muon_opt::plan::model_json::parse_model_json;
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
@@ -74,6 +74,13 @@ struct SimulateArgs {
     /// parallel, muon_optimizer_set_norm_group) instead of the data-parallel group.
     #[arg(long, value_name = "N")]
     norm_group: Option<usize>,
+    /// Tensor parallelism of size N: each rank holds TP rank 0's shards of the column-parallel
+    /// (qkv, fc1) and row-parallel (proj, fc2) matrices; their collectives run over NVLink.
+    #[arg(long, value_name = "N")]
+    tp: Option<usize>,
+    /// How TP-sharded Muon matrices are orthogonalized (muon_tp_mode).
+    #[arg(long, value_enum, default_value_t = TpModeChoice::Blockwise)]
+    tp_mode: TpModeChoice,
     /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
     /// MoE layer.
     #[arg(long)]
@@ -87,6 +94,13 @@ struct SimulateArgs {
     /// Write an SVG timeline of the first layout to FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TpModeChoice {
+    Blockwise,
+    Duplicated,
+    Distributed,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -347,6 +361,14 @@ fn run_simulate(args: &SimulateArgs) -> Result<(), String> {
             tokens_per_gpu: args.tokens_per_gpu,
             iterations: args.steps,
             norm_group: args.norm_group,
+            tp: args.tp.map(|ranks| {
+                let mode = match args.tp_mode {
+                    TpModeChoice::Blockwise => TpMode::Blockwise,
+                    TpModeChoice::Duplicated => TpMode::Duplicated,
+                    TpModeChoice::Distributed => TpMode::Distributed,
+                };
+                (ranks, mode)
+            }),
             ..Scenario::new(model.clone(), args.dp, hardware.clone())
         };
         sims.push(sim::simulate(&scenario).map_err(|e| e.to_string())?);

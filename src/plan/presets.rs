@@ -4,7 +4,7 @@
 //! so Muon orthogonalizes each component.
 
 use crate::config::{Config, Dtype};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec, Registry};
 
 /// A model: its params in registration (forward) order and its vocabulary size.
@@ -40,6 +40,44 @@ impl ModelDesc {
             vocab_size: self.vocab_size,
             params,
         }
+    }
+
+    /// One tensor-parallel rank's part of the model at TP size `tp`, as Megatron-LM shards it:
+    /// the column-parallel `…qkv.weight` and `…fc1.weight` split along their rows (each fused
+    /// component by `tp`), the row-parallel `…proj.weight` and `…fc2.weight` along their
+    /// columns, each flagged as a TP shard; everything else whole.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the param whose split dimension (or component) `tp` does not
+    /// divide.
+    pub fn with_tensor_parallel(&self, tp: usize) -> Result<ModelDesc> {
+        let tp = tp as u64;
+        let mut params = self.params.clone();
+        for spec in params.iter_mut().filter(|s| s.shape.len() == 2 && !s.is_expert_stack()) {
+            let split = |n: u64| {
+                if n % tp == 0 {
+                    Ok(n / tp)
+                } else {
+                    Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("tp {tp} does not divide {n}, a split dimension of '{}'", spec.name),
+                    ))
+                }
+            };
+            if spec.name.ends_with("qkv.weight") || spec.name.ends_with("fc1.weight") {
+                spec.shape[0] = split(spec.shape[0])?;
+                spec.split_sizes = spec.split_sizes.iter().map(|&s| split(s)).collect::<Result<_>>()?;
+                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::TP_SHARD_ROWS);
+            } else if spec.name.ends_with("proj.weight") || spec.name.ends_with("fc2.weight") {
+                spec.shape[1] = split(spec.shape[1])?;
+                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::TP_SHARD_COLS);
+            }
+        }
+        Ok(ModelDesc {
+            name: format!("{} (tp {tp})", self.name),
+            vocab_size: self.vocab_size,
+            params,
+        })
     }
 
     /// Registers every param through [`Registry::add`], so routing rules and checks apply.
@@ -285,6 +323,42 @@ mod tests {
             .filter(|p| !p.name.starts_with("mtp."))
             .map(ParamSpec::numel)
             .sum()
+    }
+
+    /// Megatron's TP sharding of llama3-8b at TP 8: QKV [4096 | 1024 | 1024] rows become
+    /// [512 | 128 | 128], fc1's gate|up halves 1792 rows each, proj and fc2 lose 7/8 of their
+    /// columns; norms and the embedding stay whole; TP 3 divides nothing and says which param.
+    #[test]
+    fn tensor_parallel_shards_the_column_and_row_parallel_matrices() {
+        let model = preset("llama3-8b").unwrap();
+        let tp = model.with_tensor_parallel(8).unwrap();
+        let find = |m: &ModelDesc, name: &str| m.params.iter().find(|p| p.name == name).unwrap().clone();
+        let qkv = find(&tp, "layers.0.self_attention.qkv.weight");
+        assert_eq!(
+            (qkv.shape.clone(), qkv.split_sizes.clone()),
+            (vec![768, 4096], vec![512, 128, 128])
+        );
+        assert!(qkv.flags.has(ParamFlags::TP_SHARD_ROWS));
+        let fc1 = find(&tp, "layers.0.mlp.fc1.weight");
+        assert_eq!(
+            (fc1.shape.clone(), fc1.split_sizes.clone()),
+            (vec![3584, 4096], vec![1792, 1792])
+        );
+        for (name, cols) in [
+            ("layers.0.self_attention.proj.weight", 512),
+            ("layers.0.mlp.fc2.weight", 1792),
+        ] {
+            let spec = find(&tp, name);
+            assert_eq!(spec.shape[1], cols, "{name}");
+            assert!(spec.flags.has(ParamFlags::TP_SHARD_COLS), "{name}");
+        }
+        let untouched = |name: &str| find(&tp, name) == find(&model, name);
+        assert!(untouched("layers.0.input_layernorm.weight") && untouched("embedding.word_embeddings.weight"));
+        let err = model.with_tensor_parallel(3).unwrap_err();
+        assert!(
+            err.message.contains("tp 3 does not divide") && err.message.contains("qkv.weight"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -65,6 +65,8 @@ pub struct CostModel {
     dp: u32,
     /// Ranks of the norm group (`muon_optimizer_set_norm_group`), when one is modelled.
     norm_group: Option<u32>,
+    /// Ranks of the tensor-parallel group (`muon_optimizer_set_tp_group`), when modelled.
+    tp_group: Option<u32>,
 }
 
 fn arg_u64(args: &[Arg], i: usize) -> u64 {
@@ -99,7 +101,22 @@ impl CostModel {
             hw,
             dp: dp as u32,
             norm_group: None,
+            tp_group: None,
         }
+    }
+
+    /// Models a tensor-parallel group of `ranks` ranks inside one node (Megatron's placement:
+    /// TP ranks are consecutive), joined over NVLink; a node then holds `ranks` times fewer
+    /// ranks of one data-parallel group.
+    pub fn with_tp_group(mut self, ranks: usize) -> Self {
+        self.tp_group = Some(ranks as u32);
+        self.hw.dp_ranks_per_node = (self.hw.dp_ranks_per_node / ranks as u32).max(1);
+        self
+    }
+
+    /// The modelled tensor-parallel group's size, if any.
+    pub fn tp_group(&self) -> Option<usize> {
+        self.tp_group.map(|n| n as usize)
     }
 
     /// Models a norm group of `ranks` ranks: the data-parallel group's ranks and the
@@ -168,6 +185,17 @@ impl CostModel {
                 host: launch,
                 device: self.gemm(g),
             },
+            // The simulated ranks are one data-parallel group; each one's TP peers are other
+            // GPUs running the same schedule, so a TP collective is comm-stream work of its own
+            // rank, not a meeting of the simulated ranks.
+            Action::Nccl(NcclComm::Tensor, calls) => Cost::Work {
+                stream: StreamKind::Comm,
+                host: launch,
+                device: calls
+                    .iter()
+                    .map(|c| self.nccl_on(c, self.tp_group.unwrap_or(1), self.nvlink_ring()))
+                    .sum(),
+            },
             Action::Nccl(which, calls) => {
                 let ranks = match (which, self.norm_group) {
                     (NcclComm::Norm, Some(n)) => n,
@@ -224,6 +252,17 @@ impl CostModel {
 
     /// Seconds of one NCCL call over a group of `ranks` ranks.
     fn nccl_over(&self, call: &NcclCall, ranks: u32) -> f64 {
+        self.nccl_on(call, ranks, self.ring(ranks))
+    }
+
+    /// A ring inside one node: NVLink's hop latency and bandwidth.
+    fn nvlink_ring(&self) -> (f64, f64) {
+        let bw = self.hw.nvlink_gbps * GB * self.hw.nvlink_efficiency;
+        (self.hw.nccl_hop_latency_nvlink_us, bw)
+    }
+
+    /// `call` over `ranks` ranks on a ring of (hop latency µs, bandwidth bytes/s) `ring`.
+    fn nccl_on(&self, call: &NcclCall, ranks: u32, ring: (f64, f64)) -> f64 {
         let n = u64::from(ranks);
         if n <= 1 {
             return 0.0;
@@ -249,7 +288,7 @@ impl CostModel {
         if buffer == 0 {
             return 0.0;
         }
-        let (hop, bandwidth) = self.ring(ranks);
+        let (hop, bandwidth) = ring;
         (self.hw.nccl_base_latency_us + steps as f64 * hop) * US + traffic / bandwidth
     }
 
@@ -260,8 +299,7 @@ impl CostModel {
         let n = f64::from(ranks);
         let nodes = self.dp.div_ceil(self.hw.dp_ranks_per_node);
         if nodes <= 1 {
-            let bw = self.hw.nvlink_gbps * GB * self.hw.nvlink_efficiency;
-            return (self.hw.nccl_hop_latency_nvlink_us, bw);
+            return self.nvlink_ring();
         }
         let network_hops = f64::from(nodes);
         let hop = (network_hops * self.hw.nccl_hop_latency_network_us

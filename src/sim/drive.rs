@@ -7,7 +7,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::backend::cuda::action::{Action, Buf, DevPtr, Kernel, NcclCall, NcclType};
+use crate::backend::cuda::action::{Action, Buf, DevPtr, Kernel, NcclCall, NcclComm, NcclType};
 use crate::backend::cuda::dry_run::VirtualMemory;
 use crate::backend::cuda::translate::Translator;
 use crate::backend::cuda::{CudaBackend, Executor};
@@ -68,6 +68,10 @@ fn what(action: &Action) -> &'static str {
             Kernel::Mxfp8Quantize => "mxfp8 quantize",
         },
         Action::Gemm(_) => "ns gemm",
+        Action::Nccl(NcclComm::Tensor, calls) => match calls.first() {
+            Some(NcclCall::AllGather { .. }) => "tensor-parallel all-gather",
+            _ => "tensor-parallel all-reduce",
+        },
         Action::Nccl(_, calls) => match calls.first() {
             Some(NcclCall::AllGather {
                 dtype: NcclType::U8, ..
@@ -257,7 +261,7 @@ pub fn record_rank(
     trainer: Trainer,
     keep_actions: bool,
 ) -> Result<Recorded> {
-    let norm_group = cost.norm_group();
+    let (norm_group, tp_group) = (cost.norm_group(), cost.tp_group());
     let recorder = Arc::new(Mutex::new(Recorder {
         cost,
         call: Call::Setup,
@@ -271,6 +275,9 @@ pub fn record_rank(
     let mut translator = Translator::new(rank, dp, MuonOptions::from_config(cfg));
     if let Some(ranks) = norm_group {
         translator = translator.with_norm_group(ranks);
+    }
+    if let Some(ranks) = tp_group {
+        translator = translator.with_tp_group(ranks, 0);
     }
     let backend = CudaBackend::with_executor(translator, SimExecutor(Arc::clone(&recorder)))?;
     let mut runtime = Runtime::new(

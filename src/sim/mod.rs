@@ -18,7 +18,7 @@ pub mod trace;
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, MuonLayout, NsPrecision};
+use crate::config::{Config, MuonLayout, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, Route};
 use crate::plan::build_plan;
@@ -51,6 +51,9 @@ pub struct Scenario {
     /// Ranks of a norm group spanning the data-parallel group (tensor × pipeline × data
     /// parallel), over which the gradient norm is gathered; None = the data-parallel group.
     pub norm_group: Option<usize>,
+    /// Tensor parallelism: the TP size (each simulated rank holds TP rank 0's shards,
+    /// [`ModelDesc::with_tensor_parallel`]) and how its Muon matrices are orthogonalized.
+    pub tp: Option<(usize, TpMode)>,
 }
 
 impl Scenario {
@@ -70,6 +73,7 @@ impl Scenario {
             overlap_param_gather: true,
             bucket_size: 0,
             norm_group: None,
+            tp: None,
         }
     }
 
@@ -82,6 +86,7 @@ impl Scenario {
             overlap_param_gather: self.overlap_param_gather,
             bucket_size: self.bucket_size,
             vocab_size: self.model.vocab_size,
+            muon_tp_mode: self.tp.map_or(TpMode::Blockwise, |(_, mode)| mode),
             ..Config::default()
         }
     }
@@ -120,9 +125,13 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         bail!(OutOfRange, "simulate: dp must be >= 1");
     }
     let cfg = scenario.config();
-    let mut registry = scenario.model.registry(&cfg)?;
+    let model = match scenario.tp {
+        Some((ranks, _)) => scenario.model.with_tensor_parallel(ranks)?,
+        None => scenario.model.clone(),
+    };
+    let mut registry = model.registry(&cfg)?;
     if scenario.mxfp8 {
-        let mut model = scenario.model.clone();
+        let mut model = model.clone();
         for (spec, route) in model.params.iter_mut().zip(registry.routes()) {
             let (rows, cols) = spec.flat_2d();
             if *route == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
@@ -135,6 +144,9 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     let mut cost = CostModel::new(scenario.hardware.clone(), scenario.dp);
     if let Some(ranks) = scenario.norm_group {
         cost = cost.with_norm_group(ranks);
+    }
+    if let Some((ranks, _)) = scenario.tp {
+        cost = cost.with_tp_group(ranks);
     }
     let trainer = Trainer {
         tokens: scenario.tokens_per_gpu,
