@@ -55,7 +55,7 @@ impl ModelDesc {
         let mut params = self.params.clone();
         for spec in params.iter_mut().filter(|s| s.shape.len() == 2 && !s.is_expert_stack()) {
             let split = |n: u64| {
-                if n % tp == 0 {
+                if n.is_multiple_of(tp) {
                     Ok(n / tp)
                 } else {
                     Err(Error::new(
