@@ -304,6 +304,43 @@ class Library(unittest.TestCase):
                 self.assertEqual(infos[0].grad_norm, (2048.0 + 512.0) ** 0.5)
                 self.assertEqual(infos[0].step, 1)
 
+    def test_duplicated_tp_shards_train_like_the_whole_matrix(self):
+        rows, cols = 16, 12
+        init = [((i * 29) % 17 - 8) / 40.0 for i in range(rows * cols)]
+        grad = [((i * 13) % 23 - 11) / 10.0 for i in range(rows * cols)]
+        cfg = dict(muon_tp_mode=mo.TpMode.DUPLICATED, clip_grad=0.0)
+
+        def train(opt, pid, lo, hi):
+            opt.finalize()
+            opt.zero_grad()
+            view = opt.param_view(pid)
+            view.grad[:] = array.array("f", grad[lo:hi])
+            opt.grad_ready(pid)
+            opt.step(lr=0.02, adam_lr=1e-3)
+            opt.wait_params(view.bucket)
+            return view.data.tobytes()
+
+        def shard(tp_comm):
+            half = rows * cols // 2
+            lo = tp_comm.rank * half
+            with mo.HostGroup(1) as dp, mo.Optimizer(config(**cfg), dp[0]) as opt:
+                opt.set_tp_group(tp_comm)
+                values = array.array("f", init[lo : lo + half])
+                pid = opt.add_param("fc1", (rows // 2, cols), dtype=mo.Dtype.F32, flags=mo.ParamFlag.TP_SHARD_ROWS, init=values)
+                return train(opt, pid, lo, lo + half)
+
+        shards = run_ranks(2, shard)
+        with mo.HostGroup(1) as dp, mo.Optimizer(config(**cfg), dp[0]) as opt:
+            pid = opt.add_param("fc1", (rows, cols), dtype=mo.Dtype.F32, init=array.array("f", init))
+            whole = train(opt, pid, 0, rows * cols)
+        self.assertEqual(shards[0] + shards[1], whole)
+        with mo.HostGroup(1) as dp, mo.Optimizer(config(**cfg), dp[0]) as opt:
+            opt.add_param("fc1", (rows // 2, cols), dtype=mo.Dtype.F32, flags=mo.ParamFlag.TP_SHARD_ROWS)
+            with self.assertRaises(mo.MuonError) as ctx:
+                opt.finalize()
+            self.assertIs(ctx.exception.status, mo.Status.INVALID_STATE)
+            self.assertIn("muon_optimizer_set_tp_group", str(ctx.exception))
+
     def test_steps_with_set_arguments_match_steps_with_arguments_bitwise(self):
         def run(preset):
             with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
