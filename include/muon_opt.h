@@ -205,14 +205,16 @@ struct ncclComm;
 /**
  * A tensor-parallel shard along dim 0 (rows: a column-parallel weight `[out/tp, in]`,
  * Megatron's `partition_dim` 0); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
- * _DISTRIBUTED (a 2-D Muon matrix; ignored by AdamW and in blockwise mode).
+ * _DISTRIBUTED (a Muon matrix, or every expert of an expert stack — Megatron's expert tensor
+ * parallelism; ignored by AdamW and in blockwise mode).
  */
 #define MUON_PARAM_FLAG_TP_SHARD_ROWS (1 << 7)
 
 /**
  * A tensor-parallel shard along dim 1 (columns: a row-parallel weight `[out, in/tp]`,
  * Megatron's `partition_dim` 1); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
- * _DISTRIBUTED (a 2-D Muon matrix; ignored by AdamW and in blockwise mode).
+ * _DISTRIBUTED (a Muon matrix, or every expert of an expert stack; ignored by AdamW and in
+ * blockwise mode).
  */
 #define MUON_PARAM_FLAG_TP_SHARD_COLS (1 << 8)
 

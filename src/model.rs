@@ -240,10 +240,11 @@ impl ParamSpec {
                 self.name
             );
         }
-        if self.tp_shard().is_some() && self.shape.len() != 2 {
+        let matrix = self.shape.len() == 2 || (self.shape.len() == 3 && self.is_expert_stack());
+        if self.tp_shard().is_some() && !matrix {
             bail!(
                 InvalidParam,
-                "param '{}': TP_SHARD_* describes a 2-D matrix shard, got ndim {} (expert stacks are orthogonalized per shard)",
+                "param '{}': TP_SHARD_* describes a shard of a matrix (2-D, or each expert of an expert stack), got ndim {}",
                 self.name,
                 self.shape.len()
             );
@@ -523,7 +524,7 @@ mod tests {
                 flagged("t", &[4, 4], ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_SHARD_COLS),
                 "both set",
             ),
-            (flagged("t1", &[4], ParamFlags::TP_SHARD_COLS), "2-D matrix shard"),
+            (flagged("t1", &[4], ParamFlags::TP_SHARD_COLS), "a shard of a matrix"),
         ];
         for (spec, needle) in cases {
             let err = Registry::default().add(spec, &cfg).unwrap_err();

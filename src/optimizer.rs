@@ -339,7 +339,7 @@ impl Optimizer {
                 hash.str(&spec.name);
                 hash.u64(spec.unit_matrix().rows);
                 hash.u64(spec.unit_matrix().cols);
-                hash.u64(u64::from(plan.params[p].unit_owners[0]));
+                hash.list(plan.params[p].unit_owners.iter().map(|&o| u64::from(o)));
             }
         }
         let mine = hash.finish();

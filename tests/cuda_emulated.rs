@@ -837,8 +837,9 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
 /// Tensor-parallel shards on the emulated device, TP 2 (one emulator per TP rank on threads,
 /// their collectives over a host group) against the host backend's TP 2 run, bit for bit after
 /// every step: column-parallel and row-parallel matrices whose whole result is stored plain or
-/// transposed (both for each split dimension), a square shard, and Megatron's QKV split per
-/// query group (two groups per shard). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
+/// transposed (both for each split dimension), a square shard, an expert stack split per
+/// expert (expert tensor parallelism), and Megatron's QKV split per query group (two groups per
+/// shard). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
 /// the 2-D assembly of column blocks, the chunk of a transposed result read with its row
 /// stride, the whole-shape scale; `distributed` in f32 and bf16_iterate — the forced
 /// orientation and the all-reduced norm and Gram matrices.
@@ -860,6 +861,11 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
         shard("mlp.fc2.weight", &[24, 16], ParamFlags::TP_SHARD_COLS),
         shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),
         shard("mlp.down.weight", &[40, 8], ParamFlags::TP_SHARD_COLS),
+        shard(
+            "experts.fc2",
+            &[3, 16, 12],
+            ParamFlags::EXPERT_STACK | ParamFlags::TP_SHARD_COLS,
+        ),
     ];
     for (precision, mode) in [
         (NsPrecision::F32, TpMode::Duplicated),

@@ -411,7 +411,67 @@ fn distributed_shards_train_like_the_unsharded_model_up_to_rounding() {
     }
 }
 
-/// Finalize refuses a duplicated shard without a TP group/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
+/// Expert tensor parallelism (Megatron's `expt_tp`): an expert stack whose every expert is
+/// split along its rows; each owner gathers each of its experts whole, so the stack trains as
+/// the unsharded one bit for bit, also where one rank's experts form a batch.
+#[test]
+fn duplicated_expert_stacks_train_like_the_unsharded_stack() {
+    const EXPERTS: usize = 4;
+    let (rows, cols) = (16usize, 12usize);
+    let stack = |rows: usize, flags: u32| ParamSpec {
+        flags: ParamFlags(ParamFlags::EXPERT_STACK | flags),
+        ..ParamSpec::new("experts.fc1", &[EXPERTS as u64, rows as u64, cols as u64], Dtype::F32)
+    };
+    let shard_map = |t: usize| -> Vec<usize> {
+        (0..EXPERTS)
+            .flat_map(|e| {
+                (t * rows / TP..(t + 1) * rows / TP)
+                    .flat_map(move |r| (0..cols).map(move |c| (e * rows + r) * cols + c))
+            })
+            .collect()
+    };
+    let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
+    let tensor: Vec<Vec<Arc<Communicator>>> = (0..DP).map(|_| host_comms(TP)).collect();
+    let shards: Vec<Vec<f32>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..TP)
+            .flat_map(|t| (0..DP).map(move |d| (d, t)))
+            .map(|(d, t)| {
+                let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
+                scope.spawn(move || -> Result<Vec<f32>> {
+                    let mut opt = Optimizer::new(config(TpMode::Duplicated), dp_comm.claim()?, CallerStream::NULL)?;
+                    opt.set_tp_group(tp_comm)?;
+                    let params: Params =
+                        vec![(stack(rows / TP, ParamFlags::TP_SHARD_ROWS), shard_map(t), "experts.fc1")];
+                    Ok(train(&mut opt, &params, d)?.remove(0))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+    });
+    let comms = host_comms(DP);
+    let whole: Vec<f32> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..DP)
+            .map(|d| {
+                let comm = comms[d].clone();
+                scope.spawn(move || -> Result<Vec<f32>> {
+                    let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
+                    let params: Params = vec![(stack(rows, 0), (0..EXPERTS * rows * cols).collect(), "experts.fc1")];
+                    Ok(train(&mut opt, &params, d)?.remove(0))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap().unwrap()).next().unwrap()
+    });
+    let mut assembled = vec![f32::NAN; whole.len()];
+    for t in 0..TP {
+        for (&v, i) in shards[t * DP].iter().zip(shard_map(t)) {
+            assembled[i] = v;
+        }
+    }
+    assert_eq!(bits(&assembled), bits(&whole));
+}
+
+/// Finalize refuses a duplicated shard without a TP group/// Finalize refuses a duplicated shard without a TP group/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
 #[test]
 fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     let comm = host_comms(1).remove(0);

@@ -80,11 +80,13 @@ pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
 pub const MUON_PARAM_FLAG_NORM_REPLICA: u32 = 1 << 6;
 /// A tensor-parallel shard along dim 0 (rows: a column-parallel weight `[out/tp, in]`,
 /// Megatron's `partition_dim` 0); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
-/// _DISTRIBUTED (a 2-D Muon matrix; ignored by AdamW and in blockwise mode).
+/// _DISTRIBUTED (a Muon matrix, or every expert of an expert stack — Megatron's expert tensor
+/// parallelism; ignored by AdamW and in blockwise mode).
 pub const MUON_PARAM_FLAG_TP_SHARD_ROWS: u32 = 1 << 7;
 /// A tensor-parallel shard along dim 1 (columns: a row-parallel weight `[out, in/tp]`,
 /// Megatron's `partition_dim` 1); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
-/// _DISTRIBUTED (a 2-D Muon matrix; ignored by AdamW and in blockwise mode).
+/// _DISTRIBUTED (a Muon matrix, or every expert of an expert stack; ignored by AdamW and in
+/// blockwise mode).
 pub const MUON_PARAM_FLAG_TP_SHARD_COLS: u32 = 1 << 8;
 
 /// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).

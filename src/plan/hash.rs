@@ -41,7 +41,7 @@ impl Fnv1a {
         self.bytes(text.as_bytes());
     }
 
-    fn list(&mut self, values: impl ExactSizeIterator<Item = u64>) {
+    pub(crate) fn list(&mut self, values: impl ExactSizeIterator<Item = u64>) {
         self.u64(values.len() as u64);
         for v in values {
             self.u64(v);
