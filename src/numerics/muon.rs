@@ -8,9 +8,12 @@
 //! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
 //! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
 //!    split): `X_k = NS(U_k)` ([`newton_schulz`](super::newton_schulz)) and
-//!    `scale_k = s(mode, rows_k, cols)·extra_scale_factor`, `s` from [`muon_scale`] (for a
-//!    tensor-parallel shard in `duplicated` mode, [`muon_update_sharded`]: `U_k` gathered whole
-//!    over the TP ranks, orthogonalized and scaled whole, this rank's chunk kept);
+//!    `scale_k = s(mode, rows_k, cols)·extra_scale_factor`, `s` from [`muon_scale`]. With
+//!    per-group splits component `k` is its rows of every group, in group order. For a
+//!    tensor-parallel shard ([`muon_update_sharded`]) `duplicated` mode gathers `U_k` whole
+//!    over the TP ranks, orthogonalizes it and keeps this rank's chunk; `distributed` mode runs
+//!    Newton–Schulz on the shard with the norm and every `X·Xᵀ` summed over the ranks; both
+//!    scale by the whole component's shape;
 //! 4. `W = W·decay − (lr_eff·scale_k)·X_k`.
 //!
 //! Step 4 fuses Megatron's decoupled weight decay `p.mul_(1 − lr·wd)` (done before the
@@ -199,11 +202,12 @@ pub fn muon_update(
     muon_update_sharded(master, momentum, grad, shape, args, opts, ws, None)
 }
 
-/// [`muon_update`] of a tensor-parallel shard: with `tp`, step 3 orthogonalizes each
-/// component gathered whole over the TP ranks (Emerging-Optimizers' `newton_schulz_tp`,
-/// `duplicated`: all-gather along the partition dim, Newton–Schulz, keep this rank's chunk)
-/// and scales it by the whole component's shape (Megatron's `scale_factor_fn_tp`); without
-/// `tp` it is [`muon_update`]. Every TP rank calls `gather` once per component in order.
+/// [`muon_update`] of a tensor-parallel shard: with `tp`, step 3 orthogonalizes each component
+/// as Emerging-Optimizers' `newton_schulz_tp` does in `tp.job.mode` (duplicated: all-gather
+/// along the partition dim, Newton–Schulz, keep this rank's chunk; distributed: Newton–Schulz
+/// on the shard with the sums completed over the ranks) and scales it by the whole
+/// component's shape (Megatron's `scale_factor_fn_tp`); without `tp` it is [`muon_update`].
+/// Every TP rank makes the same gathers in the same order.
 #[allow(clippy::too_many_arguments)]
 pub fn muon_update_sharded(
     master: &mut [f32],
@@ -248,45 +252,53 @@ pub fn muon_update_sharded(
     let lr_eff = args.lr * args.lr_scale;
     let wd_eff = args.weight_decay * args.wd_scale;
     let decay = 1.0 - lr_eff * wd_eff;
-    let groups = shape.split_groups.max(1);
-    let components: Vec<usize> = if shape.split_rows.is_empty() {
-        vec![rows]
+    let whole = [rows];
+    let components = if shape.split_rows.is_empty() {
+        &whole[..]
     } else {
-        shape.split_rows.to_vec()
+        shape.split_rows
     };
-    // Rows in component order: row i of the component-major matrix is row `order[i]` of the
-    // param (the identity for consecutive components).
-    let order = component_row_order(&components, groups);
-    if groups > 1 {
+    // Per-group splits run in component order: row i of the component-major update is row
+    // `order[i]` of the param. Consecutive components need no reordering.
+    let order = (shape.split_groups > 1).then(|| component_row_order(components, shape.split_groups));
+    if let Some(order) = &order {
         ws.grouped.clear();
-        for &r in &order {
+        for &r in order {
             ws.grouped.extend_from_slice(&update[r * cols..(r + 1) * cols]);
         }
         update.copy_from_slice(&ws.grouped);
     }
     let mut start = 0;
-    for &comp_rows in &components {
+    for &comp_rows in components {
         let range = start..start + comp_rows * cols;
         start = range.end;
         let first_row = range.start / cols;
         let x = &mut update[range.clone()];
         let (full_rows, full_cols) = match tp.as_deref_mut() {
-            None => {
+            Some(shard) if shard.job.mode == TpMode::Distributed => {
+                orthogonalize_distributed(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns)?
+            }
+            Some(shard) if shard.job.mode == TpMode::Duplicated => {
+                orthogonalize_gathered(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns, &mut ws.full)?
+            }
+            _ => {
                 newton_schulz_in_place(x, comp_rows, cols, &opts.ns, &mut ws.ns)?;
                 (comp_rows, cols)
             }
-            Some(shard) => match shard.job.mode {
-                TpMode::Distributed => orthogonalize_distributed(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns)?,
-                TpMode::Duplicated | TpMode::Blockwise => {
-                    orthogonalize_gathered(x, comp_rows, cols, shard, &opts.ns, &mut ws.ns, &mut ws.full)?
-                }
-            },
         };
         let step = lr_eff * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
-        for (i, x_row) in x.chunks_exact(cols).enumerate() {
-            let r = order[first_row + i];
-            for (w, &x) in master[r * cols..(r + 1) * cols].iter_mut().zip(x_row) {
+        let apply = |w: &mut [f32], x: &[f32]| {
+            for (w, &x) in w.iter_mut().zip(x) {
                 *w = *w * decay - step * x;
+            }
+        };
+        match &order {
+            None => apply(&mut master[range], x),
+            Some(order) => {
+                for (i, x_row) in x.chunks_exact(cols).enumerate() {
+                    let r = order[first_row + i];
+                    apply(&mut master[r * cols..(r + 1) * cols], x_row);
+                }
             }
         }
     }
