@@ -43,7 +43,7 @@ pub struct Optimizer {
     /// Claimed like the data-parallel communicator: its collectives run on this optimizer's
     /// comm stream, so no other optimizer may issue collectives on it.
     norm_group: Option<Claim>,
-    /// The tensor-parallel group `duplicated` shards are gathered over (claimed likewise).
+    /// The tensor-parallel group TP shards are orthogonalized over (claimed likewise).
     tp_group: Option<Claim>,
 }
 
@@ -162,13 +162,14 @@ impl Optimizer {
                 "finalize: no params registered; call muon_optimizer_add_param first"
             );
         }
-        let gathered_shard = self.first_gathered_shard();
-        if let Some(name) = &gathered_shard
+        let tp_shard_name = self.first_tp_shard();
+        if let Some(name) = &tp_shard_name
             && self.tp_group.is_none()
         {
             bail!(
                 InvalidState,
-                "finalize: muon_tp_mode duplicated gathers TP-sharded Muon params ('{name}') over the tensor-parallel group; call muon_optimizer_set_tp_group first"
+                "finalize: muon_tp_mode {} orthogonalizes TP-sharded Muon params ('{name}') over the tensor-parallel group; call muon_optimizer_set_tp_group first",
+                self.cfg.muon_tp_mode.name()
             );
         }
         let plan = build_plan(self.registry.params(), self.registry.routes(), &self.cfg, self.dp())?;
@@ -195,7 +196,7 @@ impl Optimizer {
                 if let Some(group) = &self.norm_group {
                     backend = backend.with_norm_group(group.shared())?;
                 }
-                if let (Some(group), Some(_)) = (&self.tp_group, &gathered_shard) {
+                if let (Some(group), Some(_)) = (&self.tp_group, &tp_shard_name) {
                     let Transport::Host(tp) = &group.comm().transport else {
                         unreachable!("set_tp_group takes a group of the optimizer's kind")
                     };
@@ -212,7 +213,7 @@ impl Optimizer {
                 };
                 let mut backend = CudaBackend::new(self.claim.shared(), groups, self.stream, muon, timeout)?;
                 self.verify_agreement(plan.hash, &mut |v| backend.all_gather_u64(v))?;
-                if let (Some(group), Some(_)) = (&self.tp_group, &gathered_shard) {
+                if let (Some(group), Some(_)) = (&self.tp_group, &tp_shard_name) {
                     self.verify_tp_owners(&plan, group.comm().rank(), &mut |v| backend.tp_all_gather_u64(v))?;
                 }
                 Box::new(backend)
@@ -286,7 +287,8 @@ impl Optimizer {
         claim_group(&mut self.norm_group, group, "set_norm_group")
     }
 
-    /// Gathers the `duplicated` tensor-parallel shards over `group`: this rank's TP group, the
+    /// Orthogonalizes the tensor-parallel shards over `group` (`muon_tp_mode` duplicated or
+    /// distributed): this rank's TP group, the
     /// ranks holding the other shards of its matrices at the same data-parallel index
     /// (Megatron's tensor-model-parallel group). Claimed like the data-parallel communicator.
     /// Before finalize.
@@ -318,7 +320,7 @@ impl Optimizer {
 
     /// The first Muon param whose shards `muon_tp_mode` duplicated or distributed exchanges
     /// over the TP group, if any.
-    fn first_gathered_shard(&self) -> Option<String> {
+    fn first_tp_shard(&self) -> Option<String> {
         if self.cfg.muon_tp_mode == TpMode::Blockwise {
             return None;
         }
@@ -346,7 +348,7 @@ impl Optimizer {
         if let Some(other) = exchange(mine)?.iter().position(|&h| h != mine) {
             bail!(
                 PlanMismatch,
-                "finalize: TP rank {other} owns other duplicated shards than TP rank {tp_rank}; every TP rank must register the same TP-sharded params (names, shard shapes, order) with the same config"
+                "finalize: TP rank {other} owns other tensor-parallel shards than TP rank {tp_rank}; every TP rank must register the same TP-sharded params (names, shard shapes, order) with the same config"
             );
         }
         Ok(())

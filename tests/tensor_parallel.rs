@@ -481,6 +481,11 @@ fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     let err = opt.finalize().unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidState);
     assert!(err.message.contains("muon_optimizer_set_tp_group"), "{err}");
+    let comm = host_comms(1).remove(0);
+    let mut opt = Optimizer::new(config(TpMode::Distributed), comm.claim().unwrap(), CallerStream::NULL).unwrap();
+    opt.add_param(sharded_params(0).remove(0).0, None).unwrap();
+    let err = opt.finalize().unwrap_err();
+    assert!(err.message.contains("muon_tp_mode distributed orthogonalizes"), "{err}");
 
     let tensor = host_comms(TP);
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
@@ -509,6 +514,6 @@ fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     for r in results {
         let err = r.unwrap_err();
         assert_eq!(err.kind, ErrorKind::PlanMismatch);
-        assert!(err.message.contains("duplicated shards"), "{err}");
+        assert!(err.message.contains("other tensor-parallel shards"), "{err}");
     }
 }

@@ -291,9 +291,9 @@ pub struct MemoryLayout {
     pub max_component: (usize, usize),
     /// What the Muon jobs of this rank need of a device workspace.
     pub muon_work: MuonWork,
-    /// The distinct components of this rank's tensor-parallel shards that `duplicated` mode
-    /// gathers (local shape and dimension): a backend that knows its TP size sizes the
-    /// gathered matrices' workspace from them.
+    /// The distinct components of this rank's tensor-parallel shards that `duplicated` or
+    /// `distributed` mode orthogonalizes over the TP group (local shape, dimension, mode): a
+    /// backend that knows its TP size sizes its workspaces from them.
     pub tp_components: Vec<TpComponent>,
     /// Params with persistent MXFP8 storage (rowwise and columnwise copies on every rank).
     pub mxfp8: Vec<Mxfp8Tensor>,

@@ -111,7 +111,7 @@ pub struct Device {
     comm: Arc<Communicator>,
     /// The norm group's communicator, when the gradient norm is summed over one.
     norm_group: Option<Arc<Communicator>>,
-    /// The tensor-parallel group's communicator, when `duplicated` shards are gathered.
+    /// The tensor-parallel group's communicator, when TP shards are orthogonalized over it.
     tp_group: Option<Arc<Communicator>>,
     timeout: Duration,
     staging: PinnedRing,
@@ -258,7 +258,7 @@ impl Device {
         Current::enter(self.ctx)
     }
 
-    /// Gathers `duplicated` tensor-parallel shards over `group`, an NCCL communicator on this
+    /// Orthogonalizes tensor-parallel shards over `group`, an NCCL communicator on this
     /// device.
     pub fn with_tp_group(mut self, group: Arc<Communicator>) -> Result<Device> {
         if !matches!(group.transport, Transport::Nccl(_)) {

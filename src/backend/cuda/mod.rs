@@ -117,7 +117,7 @@ impl CudaBackend {
     /// another device. Never panics: the driver library is only entered after its presence
     /// check, and inside `catch_unwind`. With `groups.norm`, the gradient norm is summed over
     /// that communicator's ranks instead of the data-parallel group's; with `groups.tensor`,
-    /// `duplicated` tensor-parallel shards are gathered over it.
+    /// tensor-parallel shards are orthogonalized over it.
     pub fn new(
         comm: Arc<Communicator>,
         groups: Groups,

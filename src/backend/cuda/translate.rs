@@ -93,7 +93,7 @@ pub struct Translator {
     work: WorkSizes,
     /// Ranks of the norm group, when the gradient norm is summed over one.
     norm_group: Option<usize>,
-    /// (ranks, this rank) of the tensor-parallel group `duplicated` shards are gathered over.
+    /// (ranks, this rank) of the tensor-parallel group TP shards are orthogonalized over.
     tp_group: Option<(usize, usize)>,
 }
 
@@ -320,8 +320,8 @@ impl Translator {
         }
     }
 
-    /// Gathers `duplicated` tensor-parallel shards over a TP group of `size` ranks, this one
-    /// being `rank`.
+    /// Orthogonalizes tensor-parallel shards over a TP group of `size` ranks, this one being
+    /// `rank`.
     pub fn with_tp_group(mut self, size: usize, rank: usize) -> Self {
         self.tp_group = Some((size, rank));
         self
@@ -448,8 +448,6 @@ impl Translator {
         Some([part(0)?, part(1)?, part(2)?, part(3)?])
     }
 
-    /// The all-gather of one 8-byte value per rank: the value goes to the send slot, the
-    /// ranks' values come back in rank order (`dp · 8` bytes, the result of the actions).
     /// Every rank of the tensor-parallel group's `value` (a host-synchronizing exchange on the
     /// TP communicator, for the agreement at finalize).
     pub fn tp_exchange(&self, value: u64) -> Result<Vec<Action>> {
@@ -460,6 +458,9 @@ impl Translator {
         self.exchange_on(NcclComm::Data, self.dp, value)
     }
 
+    /// The all-gather of one 8-byte value per rank of `comm` (`ranks` ranks): the value goes
+    /// to the send slot, the ranks' values come back in rank order (`ranks · 8` bytes, the
+    /// result of the actions).
     fn exchange_on(&self, comm: NcclComm, ranks: usize, value: [u8; 8]) -> Result<Vec<Action>> {
         let (send, recv) = (self.slot(SEND_SLOT)?, self.slot(RECEIVE_SLOTS)?);
         Ok(vec![

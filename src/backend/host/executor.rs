@@ -149,7 +149,7 @@ pub struct HostBackend {
     rank_sums: Arc<Mutex<Vec<f64>>>,
     /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
     norm_group: Option<Arc<Communicator>>,
-    /// The tensor-parallel group over which `duplicated` shards are gathered.
+    /// The tensor-parallel group TP shards are orthogonalized over (duplicated or distributed).
     tp_group: Option<Arc<Communicator>>,
 }
 
@@ -201,7 +201,7 @@ impl HostBackend {
         Ok(self)
     }
 
-    /// Gathers the `duplicated` tensor-parallel shards over `group` (this rank's TP group:
+    /// Orthogonalizes tensor-parallel shards over `group` (this rank's TP group:
     /// the ranks holding the other shards of its matrices, at the same data-parallel index).
     pub fn with_tp_group(mut self, group: Arc<Communicator>) -> Result<Self> {
         if !matches!(group.transport, Transport::Host(_)) {
