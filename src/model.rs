@@ -119,6 +119,12 @@ impl ParamSpec {
         }
     }
 
+    /// Whether this param is stored as MXFP8 only and travels as bf16 staged on the idle grad
+    /// buffer (MXFP8 with `mxfp8_param_gather`), never in param storage.
+    pub fn is_staged(&self, cfg: &Config) -> bool {
+        cfg.mxfp8_param_gather && self.flags.has(ParamFlags::MXFP8)
+    }
+
     /// Number of Muon ownership units: E for an expert stack, else 1.
     pub fn num_units(&self) -> u64 {
         if self.is_expert_stack() { self.shape[0] } else { 1 }

@@ -784,7 +784,7 @@ impl Executor for Faulty {
 /// break the backend.
 #[test]
 fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
-    use muon_opt::backend::ops::{CollOp, MemoryLayout, MuonWork, Span};
+    use muon_opt::backend::ops::{BufferSizes, CollOp, MemoryLayout, MuonWork, Span};
     for kind in [ErrorKind::CommTimeout, ErrorKind::NcclError] {
         let faulty = Faulty {
             device: Emulator {
@@ -799,7 +799,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
         let mut backend = CudaBackend::with_executor(Translator::new(0, 1, muon), faulty).unwrap();
         backend
             .allocate(&MemoryLayout {
-                buffers: vec![(256, Dtype::F32)],
+                buffers: vec![BufferSizes::whole(256, Dtype::F32)],
                 grad_dtype: Dtype::F32,
                 master: 0,
                 momentum: 0,

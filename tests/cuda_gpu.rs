@@ -24,7 +24,8 @@ use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{
-    EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, NormSums, NormTerm, Span, StepConstants, StreamKind,
+    BufferSizes, EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, NormSums, NormTerm, Span, StepConstants,
+    StreamKind,
 };
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
@@ -371,7 +372,7 @@ fn newton_schulz_matches_the_golden_vectors() {
             .unwrap();
             backend
                 .allocate(&MemoryLayout {
-                    buffers: vec![(n, Dtype::F32)],
+                    buffers: vec![BufferSizes::whole(n, Dtype::F32)],
                     grad_dtype: Dtype::F32,
                     master: n,
                     momentum: n,

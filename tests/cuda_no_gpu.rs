@@ -11,7 +11,7 @@ use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::nvrtc::{self, Target};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::backend::ops::{Mem, MemoryLayout, MuonWork, Span};
+use muon_opt::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Span};
 use muon_opt::backend::recording::{Observer, Op};
 use muon_opt::capi::comm::{muon_comm_create_nccl, muon_comm_t, muon_cuda_available, ncclComm};
 use muon_opt::capi::status::{muon_last_error_message, muon_status_t};
@@ -147,7 +147,7 @@ fn driver_errors_map_out_of_memory_and_no_device_to_their_statuses() {
 #[test]
 fn the_translator_rejects_what_the_host_backend_rejects() {
     let layout = MemoryLayout {
-        buffers: vec![(100, Dtype::Bf16)],
+        buffers: vec![BufferSizes::whole(100, Dtype::Bf16)],
         grad_dtype: Dtype::F32,
         master: 10,
         momentum: 0,

@@ -370,7 +370,7 @@ fn an_iteration_translates_to_no_host_synchronizing_action() {
             let mut kinds = BTreeSet::new();
             for (op, translated) in &dry.log[mark..end] {
                 // param_values reads are the test's own (Download); they are not part of it.
-                if matches!(op, Op::Download(_) | Op::Address(_)) {
+                if matches!(op, Op::Download(_) | Op::DownloadMxfp8 { .. } | Op::Address(_)) {
                     continue;
                 }
                 kinds.insert(name(op));
@@ -548,6 +548,9 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
             }
             let mark = dry.lock().unwrap().log.len();
             rt.zero_grad().unwrap();
+            for b in 0..rt.plan().buckets.len() as u32 {
+                rt.wait_params(b).unwrap();
+            }
             for p in (0..specs.len()).rev() {
                 let seen = rt.param_values(p).unwrap();
                 let grad = common::rank_grad(step, 0, p, &seen);

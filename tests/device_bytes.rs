@@ -3,6 +3,7 @@
 //! against what the simulator's full run allocates.
 
 use muon_opt::config::{Config, MuonLayout};
+use muon_opt::model::{ParamFlags, Registry, Route};
 use muon_opt::plan::build_plan;
 use muon_opt::plan::presets::preset;
 use muon_opt::sim::device::{device_bytes, rank_device_bytes};
@@ -51,23 +52,113 @@ fn the_simulation_allocates_what_the_plan_command_reports() {
             ..Scenario::new(model.clone(), 4, builtin("h100-nvlink").unwrap())
         };
         let simulated = simulate(&scenario).unwrap().device_bytes;
-        let cfg = Config {
-            vocab_size: model.vocab_size,
-            mxfp8_param_gather: mxfp8,
-            ..Config::default()
-        };
-        let mut registry = muon_opt::model::Registry::default();
-        for spec in &model.params {
-            let mut spec = spec.clone();
-            let (rows, cols) = spec.flat_2d();
-            if mxfp8 && spec.route() == muon_opt::model::Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
-                spec.flags = muon_opt::model::ParamFlags(spec.flags.0 | muon_opt::model::ParamFlags::MXFP8);
-            }
-            registry.add(spec, &cfg).unwrap();
-        }
+        let (cfg, registry) = mxfp8_registry(&model, mxfp8, Config::default().muon_layout);
         let plan = build_plan(registry.params(), registry.routes(), &cfg, 4).unwrap();
         let planned = device_bytes(&plan, registry.params(), &cfg).unwrap();
         assert_eq!(planned, simulated, "mxfp8 {mxfp8}");
         assert_eq!(planned.mxfp8 > 0, mxfp8);
     }
+}
+
+/// `model` registered as the simulator does: with `mxfp8`, every Muon matrix whose sides are
+/// multiples of 32 is MXFP8 and `mxfp8_param_gather` is on.
+fn mxfp8_registry(
+    model: &muon_opt::plan::presets::ModelDesc,
+    mxfp8: bool,
+    muon_layout: MuonLayout,
+) -> (Config, Registry) {
+    let cfg = Config {
+        vocab_size: model.vocab_size,
+        mxfp8_param_gather: mxfp8,
+        muon_layout,
+        ..Config::default()
+    };
+    let mut registry = Registry::default();
+    for spec in &model.params {
+        let mut spec = spec.clone();
+        let (rows, cols) = spec.flat_2d();
+        if mxfp8 && spec.route() == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
+            spec.flags = ParamFlags(spec.flags.0 | ParamFlags::MXFP8);
+        }
+        registry.add(spec, &cfg).unwrap();
+    }
+    (cfg, registry)
+}
+
+#[test]
+fn mxfp8_gathered_buckets_have_no_param_storage() {
+    for name in ["gpt2-124m", "deepseek-v3-like"] {
+        let model = preset(name).unwrap();
+        for &layout in MuonLayout::ALL {
+            let label = format!("{name} {}", layout.name());
+            let (cfg_off, off) = mxfp8_registry(&model, false, layout);
+            let (cfg_on, on) = mxfp8_registry(&model, true, layout);
+            let plan_off = build_plan(off.params(), off.routes(), &cfg_off, 4).unwrap();
+            let plan_on = build_plan(on.params(), on.routes(), &cfg_on, 4).unwrap();
+            let mut staged_bytes = 0;
+            let mut staged_buckets = 0;
+            for bucket in &plan_on.buckets {
+                let all_staged = bucket
+                    .params
+                    .iter()
+                    .all(|&p| on.params()[p as usize].is_staged(&cfg_on));
+                assert_eq!(bucket.param_start.is_none(), all_staged, "{label} bucket {}", bucket.id);
+                if all_staged {
+                    staged_buckets += 1;
+                    staged_bytes += (bucket.end - bucket.start) * 2;
+                }
+            }
+            assert!(staged_buckets > 0, "{label}: no bucket is all MXFP8");
+            assert_eq!(
+                plan_on.report.param_buffer_bytes,
+                plan_off.report.param_buffer_bytes - staged_bytes,
+                "{label}"
+            );
+            for buffer in &plan_on.buffers {
+                let buckets =
+                    &plan_on.buckets[buffer.first_bucket as usize..(buffer.first_bucket + buffer.num_buckets) as usize];
+                let mut next = 0;
+                for bucket in buckets.iter().filter(|b| b.param_start.is_some()) {
+                    assert_eq!(
+                        bucket.param_start,
+                        Some(next),
+                        "{label} bucket {}: back to back",
+                        bucket.id
+                    );
+                    next += bucket.end - bucket.start;
+                }
+                assert_eq!(buffer.param_numel, next, "{label}");
+            }
+            for rank in 0..4 {
+                let d = rank_device_bytes(&plan_on, on.params(), &cfg_on, rank).unwrap();
+                assert_eq!(d.params, plan_on.report.param_buffer_bytes, "{label} rank {rank}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bucket_with_one_unstaged_param_keeps_its_param_storage() {
+    let cfg = Config {
+        mxfp8_param_gather: true,
+        bucket_size: 1 << 30,
+        ..Config::default()
+    };
+    let mut registry = Registry::default();
+    let shapes = [
+        ([64u64, 64], ParamFlags::MXFP8),
+        ([48, 64], 0),
+        ([64, 32], ParamFlags::MXFP8),
+    ];
+    for (i, (shape, flags)) in shapes.into_iter().enumerate() {
+        let mut spec = muon_opt::model::ParamSpec::new(format!("w{i}"), &shape, muon_opt::config::Dtype::Bf16);
+        spec.flags = ParamFlags(flags);
+        registry.add(spec, &cfg).unwrap();
+    }
+    let plan = build_plan(registry.params(), registry.routes(), &cfg, 2).unwrap();
+    let muon: Vec<_> = plan.buckets.iter().filter(|b| b.route == Route::Muon).collect();
+    assert_eq!(muon.len(), 1, "{muon:?}");
+    assert_eq!(muon[0].param_start, Some(0));
+    let elements = 64 * 64 + 48 * 64 + 64 * 32;
+    assert_eq!(plan.buffers[muon[0].buffer as usize].param_numel, elements);
 }

@@ -66,6 +66,9 @@ pub trait Backend: Send {
     /// Rowwise data, rowwise scales, columnwise data, columnwise scales of `param`'s MXFP8
     /// storage, or None when the param has none.
     fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]>;
+    /// Compute stream, host-synchronizing: the bytes of part `part` (in the order of
+    /// [`Backend::mxfp8_addresses`]) of `param`'s MXFP8 storage.
+    fn download_mxfp8(&mut self, param: u32, part: u8) -> Result<Vec<u8>>;
     /// Blocks until both streams finished everything enqueued.
     fn synchronize(&mut self) -> Result<()>;
     /// Address of the first element of `span` (host or device), for views.

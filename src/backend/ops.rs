@@ -276,11 +276,32 @@ pub struct TpComponent {
     pub mode: TpMode,
 }
 
+/// The two allocations of one plan buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferSizes {
+    /// Elements of the grad storage (the whole buffer).
+    pub numel: u64,
+    /// Elements of the param storage (fewer when buckets of staged params need none).
+    pub param_numel: u64,
+    pub dtype: crate::config::Dtype,
+}
+
+impl BufferSizes {
+    /// A buffer whose every element has param storage.
+    pub fn whole(numel: u64, dtype: crate::config::Dtype) -> BufferSizes {
+        BufferSizes {
+            numel,
+            param_numel: numel,
+            dtype,
+        }
+    }
+}
+
 /// Sizes of every allocation of a rank (elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryLayout {
-    /// Per plan buffer: (elements, param dtype).
-    pub buffers: Vec<(u64, crate::config::Dtype)>,
+    /// Per plan buffer.
+    pub buffers: Vec<BufferSizes>,
     pub grad_dtype: crate::config::Dtype,
     pub master: u64,
     pub momentum: u64,

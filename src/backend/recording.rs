@@ -62,6 +62,10 @@ pub enum Op {
         param: u32,
     },
     Mxfp8Addresses(u32),
+    DownloadMxfp8 {
+        param: u32,
+        part: u8,
+    },
     Synchronize,
     Address(Span),
 }
@@ -153,6 +157,11 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
     fn download(&mut self, src: Span) -> Result<Vec<f32>> {
         self.note(Op::Download(src));
         self.inner.download(src)
+    }
+
+    fn download_mxfp8(&mut self, param: u32, part: u8) -> Result<Vec<u8>> {
+        self.note(Op::DownloadMxfp8 { param, part });
+        self.inner.download_mxfp8(param, part)
     }
 
     fn memset_zero(&mut self, span: Span) -> Result<()> {

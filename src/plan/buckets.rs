@@ -51,6 +51,7 @@ impl BufferKey {
             end,
             params,
             split,
+            param_start: None,
         }
     }
 

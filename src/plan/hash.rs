@@ -87,7 +87,15 @@ pub(crate) fn plan_hash(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp
     for buffer in &layout.buffers {
         h.u64(route_code(buffer.route));
         h.u64(buffer.dtype.code() as u64);
-        h.list([buffer.numel, buffer.first_bucket as u64, buffer.num_buckets as u64].into_iter());
+        h.list(
+            [
+                buffer.numel,
+                buffer.param_numel,
+                buffer.first_bucket as u64,
+                buffer.num_buckets as u64,
+            ]
+            .into_iter(),
+        );
     }
     for bucket in &layout.buckets {
         h.list([bucket.buffer as u64, bucket.start, bucket.end].into_iter());

@@ -204,7 +204,7 @@ fn lay_out_buffers(
             dtype: group.dtype,
             first_bucket: all_buckets.len() as u32,
         };
-        let buckets = match (group.route, cfg.muon_layout) {
+        let mut buckets = match (group.route, cfg.muon_layout) {
             (Route::Adamw, _) => adamw::layout_adamw(params, chunks, dp, key, placements),
             (Route::Muon, MuonLayout::Padded) => {
                 padded::layout_padded(params, &group.params, bucket_size, dp, key, placements)
@@ -214,16 +214,34 @@ fn lay_out_buffers(
             }
             (Route::Muon, _) => compact::layout_compact(params, chunks, dp, key, placements)?,
         };
+        let param_numel = place_param_storage(&mut buckets, params, cfg);
         buffers.push(Buffer {
             route: group.route,
             dtype: group.dtype,
             numel: buckets.last().map_or(0, |b| b.end),
+            param_numel,
             first_bucket: key.first_bucket,
             num_buckets: buckets.len() as u32,
         });
         all_buckets.extend(buckets);
     }
     Ok((buffers, all_buckets))
+}
+
+/// Places the buckets of one buffer in its param storage, back to back in bucket order, except
+/// those whose every param is staged on the grad buffer ([`ParamSpec::is_staged`]): their
+/// params live as MXFP8 only, so param storage for them would never be read (2 bytes per
+/// element of a bf16 model). Returns the storage's elements.
+fn place_param_storage(buckets: &mut [Bucket], params: &[ParamSpec], cfg: &Config) -> u64 {
+    let mut next = 0;
+    for bucket in buckets {
+        let staged = bucket.params.iter().all(|&p| params[p as usize].is_staged(cfg));
+        bucket.param_start = (!staged).then_some(next);
+        next += bucket
+            .param_range(ElemRange::new(bucket.start, bucket.end))
+            .map_or(0, |r| r.len());
+    }
+    next
 }
 
 /// Plans `model` once per Muon layout in `layouts` (the CLI's side-by-side comparison); every

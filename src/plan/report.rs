@@ -231,7 +231,11 @@ impl Report {
             num_buckets: layout.buckets.len() as u32,
             padding_elements,
             padding_fraction: padding_elements as f64 / unpadded as f64,
-            param_buffer_bytes: layout.buffers.iter().map(|b| b.numel * b.dtype.size() as u64).sum(),
+            param_buffer_bytes: layout
+                .buffers
+                .iter()
+                .map(|b| b.param_numel * b.dtype.size() as u64)
+                .sum(),
             grad_buffer_bytes: buffer_numel * cfg.grad_dtype.size() as u64,
             muon_elements: RankStats::<u64>::of(muon_elements),
             optimizer_state_bytes: RankStats::<u64>::of(state),

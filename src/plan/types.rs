@@ -49,6 +49,9 @@ pub struct Buffer {
     pub dtype: Dtype,
     /// Elements, padding included.
     pub numel: u64,
+    /// Elements of the param storage: `numel` less the buckets that have none (see
+    /// [`Bucket::param_start`]). Grad storage always has `numel`.
+    pub param_numel: u64,
     /// Global id of this buffer's first bucket; its buckets are `first_bucket..first_bucket + num_buckets`.
     pub first_bucket: u32,
     pub num_buckets: u32,
@@ -80,6 +83,11 @@ pub struct Bucket {
     /// Param ids in layout (memory) order.
     pub params: Vec<u32>,
     pub split: BucketSplit,
+    /// Where this bucket starts in its buffer's param storage, which holds the buckets that have
+    /// one back to back in bucket order; `None` when every param of the bucket travels as bf16
+    /// staged on its grad bytes (MXFP8 with `mxfp8_param_gather`), so nothing ever reads or
+    /// writes it in param storage.
+    pub param_start: Option<u64>,
 }
 
 impl Bucket {
@@ -97,6 +105,13 @@ impl Bucket {
                 ElemRange::new(start, start + shard_size)
             }
         }
+    }
+
+    /// Where `range` (elements of this bucket) lies in the buffer's param storage; `None` when
+    /// the bucket has none.
+    pub fn param_range(&self, range: ElemRange) -> Option<ElemRange> {
+        self.param_start
+            .map(|first| ElemRange::new(first + (range.start - self.start), first + (range.end - self.start)))
     }
 
     /// Per-rank owner ranges of a compact or allreduce Muon bucket.

@@ -1,7 +1,9 @@
 //! Which bytes move in each collective of a bucket, and where MXFP8 params are staged.
 
 use crate::backend::ops::{CollOp, Mem, Span};
+use crate::bail;
 use crate::config::MuonLayout;
+use crate::error::Result;
 use crate::model::ParamFlags;
 use crate::plan::{Bucket, BucketSplit, ElemRange};
 
@@ -24,12 +26,12 @@ impl Runtime {
     }
 
     /// The param collectives of `bucket` on the param buffer, or on its bf16 staging view.
-    pub(super) fn param_ops(&self, bucket: &Bucket, staging: bool) -> Vec<CollOp> {
+    pub(super) fn param_ops(&self, bucket: &Bucket, staging: bool) -> Result<Vec<CollOp>> {
         let span = |range: ElemRange| {
             if staging {
-                self.staging_span(bucket, range)
+                Ok(self.staging_span(bucket, range))
             } else {
-                Span::new(Mem::Param(bucket.buffer), range.start, range.len())
+                Self::param_span(bucket, range)
             }
         };
         match &bucket.split {
@@ -37,16 +39,28 @@ impl Runtime {
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| !r.is_empty())
-                .map(|(root, r)| CollOp::Broadcast {
-                    root: root as u32,
-                    span: span(*r),
+                .map(|(root, r)| {
+                    Ok(CollOp::Broadcast {
+                        root: root as u32,
+                        span: span(*r)?,
+                    })
                 })
                 .collect(),
-            BucketSplit::EqualShards { .. } => {
-                vec![CollOp::AllGather {
-                    span: span(ElemRange::new(bucket.start, bucket.end)),
-                }]
-            }
+            BucketSplit::EqualShards { .. } => Ok(vec![CollOp::AllGather {
+                span: span(ElemRange::new(bucket.start, bucket.end))?,
+            }]),
+        }
+    }
+
+    /// `range` (elements of `bucket`) in its buffer's param storage.
+    pub(super) fn param_span(bucket: &Bucket, range: ElemRange) -> Result<Span> {
+        match bucket.param_range(range) {
+            Some(r) => Ok(Span::new(Mem::Param(bucket.buffer), r.start, r.len())),
+            None => bail!(
+                Internal,
+                "bucket {} has no param storage: every param of it is staged on the grad buffer",
+                bucket.id
+            ),
         }
     }
 
@@ -79,16 +93,16 @@ impl Runtime {
 
     /// Whether param `p` travels as bf16 staged on the grad buffer (MXFP8 with gather on).
     pub(super) fn is_staged(&self, p: u32) -> bool {
-        self.cfg.mxfp8_param_gather && self.is_mxfp8(p)
+        self.params[p as usize].is_staged(&self.cfg)
     }
 
     /// Where an owner writes the new value of `range` of param `p` (bucket `b`).
-    pub(super) fn param_destination(&self, p: u32, b: u32, range: ElemRange) -> Span {
+    pub(super) fn param_destination(&self, p: u32, b: u32, range: ElemRange) -> Result<Span> {
         let bucket = &self.plan.buckets[b as usize];
         if self.is_staged(p) {
-            self.staging_span(bucket, range)
+            Ok(self.staging_span(bucket, range))
         } else {
-            Span::new(Mem::Param(bucket.buffer), range.start, range.len())
+            Self::param_span(bucket, range)
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::backend::ops::{Mem, Span};
 use crate::error::Result;
+use crate::numerics::mxfp8::{Output, dequantize_rowwise};
 use crate::plan::ElemRange;
 
 use super::Runtime;
@@ -19,12 +20,15 @@ impl Runtime {
             return std::ptr::null_mut();
         }
         let placement = &self.plan.params[p];
-        let mem = if grad {
-            Mem::Grad(placement.buffer)
+        let span = if grad {
+            Span::new(Mem::Grad(placement.buffer), placement.offset, placement.numel)
         } else {
-            Mem::Param(placement.buffer)
+            match Self::param_span(&self.plan.buckets[placement.bucket as usize], placement.range()) {
+                Ok(span) => span,
+                Err(_) => return std::ptr::null_mut(),
+            }
         };
-        self.backend.address(Span::new(mem, placement.offset, placement.numel))
+        self.backend.address(span)
     }
 }
 
@@ -67,13 +71,21 @@ impl Runtime {
         Ok(out)
     }
 
-    /// This rank's copy of param `p` as f32 (what its forward would read).
+    /// This rank's copy of param `p` as f32: what its forward reads, so the dequantized rowwise
+    /// copy of an MXFP8 param.
     pub fn param_values(&mut self, p: usize) -> Result<Vec<f32>> {
+        if let Some(tensor) = self.layout.memory.mxfp8.iter().find(|t| t.param == p as u32) {
+            let (rows, cols) = (tensor.rows, tensor.cols);
+            let data = self.backend.download_mxfp8(p as u32, 0)?;
+            let scales = self.backend.download_mxfp8(p as u32, 1)?;
+            let mut out = vec![0.0; rows * cols];
+            let layout = self.layout.memory.mxfp8_scale_layout;
+            dequantize_rowwise(&data, &scales, rows, cols, layout, Output::F32(&mut out))?;
+            return Ok(out);
+        }
         let placement = &self.plan.params[p];
-        self.backend.download(Span::new(
-            Mem::Param(placement.buffer),
-            placement.offset,
-            placement.numel,
-        ))
+        let bucket = &self.plan.buckets[placement.bucket as usize];
+        let span = Self::param_span(bucket, placement.range())?;
+        self.backend.download(span)
     }
 }

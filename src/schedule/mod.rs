@@ -7,6 +7,7 @@
 //! `PARAM_SYNCED` (comm: b's param collective done).
 
 mod collectives;
+mod initial;
 mod inspect;
 mod profile;
 pub mod restore;
@@ -111,34 +112,6 @@ impl Runtime {
     ) -> Result<Self> {
         let layout = StateLayout::new(&plan, &params, &cfg, rank);
         backend.allocate(&layout.memory)?;
-        // `allocate` zeroes every buffer, so a param without initial values needs no upload
-        // (and no zero-filled host copy of its size).
-        for (p, placement) in plan.params.iter().enumerate() {
-            if let Some(values) = init(p) {
-                backend.upload(
-                    Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel),
-                    values,
-                )?;
-            }
-        }
-        for slot in &layout.muon {
-            let p = slot.unit.param as usize;
-            let local = (slot.unit.range.start - plan.params[p].offset) as usize;
-            if let Some(values) = init(p) {
-                backend.upload(slot.master(), &values[local..local + slot.unit.range.len() as usize])?;
-            }
-        }
-        for slot in &layout.adamw {
-            let r = slot.piece.param_range;
-            if let Some(values) = init(slot.piece.param as usize) {
-                backend.upload(slot.master(), &values[r.start as usize..r.end as usize])?;
-            }
-        }
-        for tensor in &layout.memory.mxfp8 {
-            let placement = &plan.params[tensor.param as usize];
-            let src = Span::new(Mem::Param(placement.buffer), placement.offset, placement.numel);
-            backend.mxfp8_quantize(StreamKind::Compute, src, tensor.param)?;
-        }
         let pending = plan.buckets.iter().map(|b| b.params.len()).collect();
         let mut bucket_batches = vec![Vec::new(); plan.buckets.len()];
         for (i, batch) in layout.muon_batches.iter().enumerate() {
@@ -148,7 +121,7 @@ impl Runtime {
         for (i, slot) in layout.adamw.iter().enumerate() {
             bucket_adamw[slot.bucket as usize].push(i);
         }
-        Ok(Runtime {
+        let mut runtime = Runtime {
             ready: vec![false; params.len()],
             launched: vec![false; plan.buckets.len()],
             forward_order: forward_order(&plan),
@@ -164,7 +137,9 @@ impl Runtime {
             profile: StepProfile::default(),
             args_set: false,
             norm_gathered: false,
-        })
+        };
+        runtime.write_initial_values(init)?;
+        Ok(runtime)
     }
 
     pub fn plan(&self) -> &Plan {
@@ -433,10 +408,10 @@ impl Runtime {
         let (staged, direct): (Vec<u32>, Vec<u32>) = bucket.params.iter().partition(|&&p| self.is_staged(p));
         let mut ops = Vec::new();
         if !direct.is_empty() {
-            ops.extend(self.param_ops(bucket, false));
+            ops.extend(self.param_ops(bucket, false)?);
         }
         if !staged.is_empty() {
-            ops.extend(self.param_ops(bucket, true));
+            ops.extend(self.param_ops(bucket, true)?);
         }
         let quantize: Vec<(Span, u32)> = bucket
             .params
@@ -444,9 +419,9 @@ impl Runtime {
             .filter(|&&p| self.is_mxfp8(p))
             .map(|&p| {
                 let placement = &self.plan.params[p as usize];
-                (self.param_destination(p, b as u32, placement.range()), p)
+                Ok((self.param_destination(p, b as u32, placement.range())?, p))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         self.backend.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
         self.backend.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
         self.backend.collectives(&ops)?;
@@ -510,7 +485,7 @@ impl Runtime {
                 },
             };
             timed(&mut profile.muon, || self.backend.muon_update(&job))?;
-            let destination = self.param_destination(first.unit.param, first.unit.bucket, range);
+            let destination = self.param_destination(first.unit.param, first.unit.bucket, range)?;
             timed(&mut profile.casts, || self.backend.cast(job.master, destination))?;
         }
         Ok(())
@@ -535,7 +510,7 @@ impl Runtime {
                 },
             };
             timed(&mut profile.adamw, || self.backend.adamw_update(&job))?;
-            let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range);
+            let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;
             timed(&mut profile.casts, || self.backend.cast(slot.master(), destination))?;
         }
         Ok(())

@@ -91,11 +91,11 @@ impl Runtime {
     pub fn resync_params(&mut self) -> Result<()> {
         self.backend.synchronize()?;
         for slot in self.layout.muon.clone() {
-            let destination = self.param_destination(slot.unit.param, slot.unit.bucket, slot.unit.range);
+            let destination = self.param_destination(slot.unit.param, slot.unit.bucket, slot.unit.range)?;
             self.backend.cast(slot.master(), destination)?;
         }
         for slot in self.layout.adamw.clone() {
-            let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range);
+            let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;
             self.backend.cast(slot.master(), destination)?;
         }
         for b in 0..self.plan.buckets.len() {

@@ -1,7 +1,7 @@
 //! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
 //! AdamW pieces of its shards, packed in plan order.
 
-use crate::backend::ops::{Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span, TpComponent};
+use crate::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span, TpComponent};
 use crate::config::{Config, TpMode};
 use crate::model::ParamFlags;
 use crate::model::ParamSpec;
@@ -138,7 +138,15 @@ impl StateLayout {
             }
         }
         let memory = MemoryLayout {
-            buffers: plan.buffers.iter().map(|b| (b.numel, b.dtype)).collect(),
+            buffers: plan
+                .buffers
+                .iter()
+                .map(|b| BufferSizes {
+                    numel: b.numel,
+                    param_numel: b.param_numel,
+                    dtype: b.dtype,
+                })
+                .collect(),
             grad_dtype: cfg.grad_dtype,
             master: offset,
             momentum,

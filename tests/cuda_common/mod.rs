@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use muon_opt::backend::Backend;
-use muon_opt::backend::ops::{Mem, Span};
+use muon_opt::backend::ops::{BufferSizes, Mem, Span};
 use muon_opt::config::Config;
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::plan::build_plan;
@@ -97,7 +97,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
     use muon_opt::config::Dtype;
     use muon_opt::numerics::mxfp8::ScaleLayout;
     let layout = MemoryLayout {
-        buffers: vec![(n, Dtype::Bf16), (n, Dtype::F32)],
+        buffers: vec![BufferSizes::whole(n, Dtype::Bf16), BufferSizes::whole(n, Dtype::F32)],
         grad_dtype: Dtype::Bf16,
         master: n,
         momentum: 0,

@@ -253,6 +253,10 @@ impl<E: Executor> Backend for CudaBackend<E> {
         self.op(&Op::MemsetZero(span)).map(drop)
     }
 
+    fn download_mxfp8(&mut self, param: u32, part: u8) -> Result<Vec<u8>> {
+        single(self.op(&Op::DownloadMxfp8 { param, part })?)
+    }
+
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
         self.op(&Op::Cast { src, dst }).map(drop)
     }

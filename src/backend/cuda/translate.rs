@@ -407,7 +407,7 @@ impl Translator {
             Mem::Staging(i) => (Mem::Grad(i), Dtype::Bf16),
             Mem::Grad(_) => (span.mem, layout.grad_dtype),
             Mem::Param(i) => match layout.buffers.get(i as usize) {
-                Some(&(_, dtype)) => (span.mem, dtype),
+                Some(sizes) => (span.mem, sizes.dtype),
                 None => bail!(Internal, "{:?} is not allocated", span.mem),
             },
             Mem::Master | Mem::Momentum | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
@@ -500,6 +500,14 @@ impl Translator {
                     stream: StreamKind::Compute,
                 }])
             }
+            &Op::DownloadMxfp8 { param, part } => {
+                let (src, bytes) = self.buffer(Buf::Mxfp8 { param, part })?;
+                Ok(vec![Action::CopyOut {
+                    src,
+                    bytes,
+                    stream: StreamKind::Compute,
+                }])
+            }
             Op::MemsetZero(span) => {
                 let r = self.resolve(*span)?;
                 Ok(vec![Action::Zero {
@@ -575,9 +583,9 @@ impl Translator {
         self.map.retain(|buf, _| *buf == Buf::Scalars);
         let mut actions = Vec::new();
         let mut alloc = |buf: Buf, bytes: u64| actions.push(Action::Alloc { buf, bytes });
-        for (i, &(numel, dtype)) in layout.buffers.iter().enumerate() {
-            alloc(Buf::Mem(Mem::Param(i as u32)), numel * dtype.size() as u64);
-            alloc(Buf::Mem(Mem::Grad(i as u32)), numel * layout.grad_dtype.size() as u64);
+        for (i, b) in layout.buffers.iter().enumerate() {
+            alloc(Buf::Mem(Mem::Param(i as u32)), b.param_numel * b.dtype.size() as u64);
+            alloc(Buf::Mem(Mem::Grad(i as u32)), b.numel * layout.grad_dtype.size() as u64);
         }
         alloc(Buf::Mem(Mem::Master), layout.master * 4);
         alloc(Buf::Mem(Mem::Momentum), layout.momentum * 4);

@@ -347,9 +347,9 @@ impl HostBackend {
 impl Backend for HostBackend {
     fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
         let mut mems = HashMap::new();
-        for (i, &(numel, dtype)) in layout.buffers.iter().enumerate() {
-            mems.insert(Mem::Param(i as u32), Storage::new(numel, dtype)?);
-            mems.insert(Mem::Grad(i as u32), Storage::new(numel, layout.grad_dtype)?);
+        for (i, b) in layout.buffers.iter().enumerate() {
+            mems.insert(Mem::Param(i as u32), Storage::new(b.param_numel, b.dtype)?);
+            mems.insert(Mem::Grad(i as u32), Storage::new(b.numel, layout.grad_dtype)?);
         }
         mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
         mems.insert(Mem::Momentum, Storage::new(layout.momentum, Dtype::F32)?);
@@ -695,6 +695,13 @@ impl Backend for HostBackend {
     fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
         let storage = self.mxfp8.get(&param)?;
         Some(storage.parts.each_ref().map(|p| p.as_ptr().cast_mut()))
+    }
+
+    fn download_mxfp8(&mut self, param: u32, part: u8) -> Result<Vec<u8>> {
+        match self.mxfp8.get(&param).and_then(|s| s.parts.get(part as usize)) {
+            Some(bytes) => Ok(bytes.to_vec()),
+            None => bail!(Internal, "param {param} has no MXFP8 storage part {part}"),
+        }
     }
 
     fn synchronize(&mut self) -> Result<()> {
