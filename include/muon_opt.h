@@ -625,8 +625,10 @@ typedef struct muon_param_desc_t {
    */
   const int64_t *split_sizes;
   /**
-   * High-precision initial values (NULL = zeros), read during the call. Host pointer on
-   * the host backend; device pointer on the cuda backend.
+   * High-precision initial values (NULL = zeros), read during the call: free or reuse the
+   * array when muon_optimizer_add_param returns. Host pointer on the host backend; device
+   * pointer on the cuda backend, copied device to device on the optimizer's stream (after
+   * the work queued on it) into memory the library frees at finalize.
    */
   const void *init_data;
   /**

@@ -44,6 +44,7 @@ pub mod comm;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod init_data;
 pub mod log;
 pub mod model;
 pub mod numerics;

@@ -15,6 +15,7 @@ use crate::checkpoint;
 use crate::comm::{Claim, Communicator, Transport};
 use crate::config::{Config, TpMode};
 use crate::error::Result;
+use crate::init_data::InitData;
 use crate::model::{ParamSpec, Registry, Route};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::hash::Fnv1a;
@@ -34,7 +35,7 @@ pub struct Optimizer {
     cfg: Config,
     claim: Claim,
     registry: Registry,
-    init_values: Vec<Option<Vec<f32>>>,
+    init_values: Vec<Option<InitData>>,
     phase: Phase,
     /// The caller's stream (cuda backend; NULL with a host group).
     stream: CallerStream,
@@ -93,6 +94,12 @@ impl Optimizer {
         matches!(self.claim.comm().transport, Transport::Nccl(_))
     }
 
+    /// The stream a device `init_data` is copied on: the caller's, on the cuda backend; None
+    /// on the host backend, which reads `init_data` from host memory.
+    pub fn init_stream(&self) -> Option<CallerStream> {
+        self.init_on_device().then_some(self.stream)
+    }
+
     pub fn config(&self) -> &Config {
         &self.cfg
     }
@@ -111,7 +118,7 @@ impl Optimizer {
 
     /// Registers a parameter; `init` holds its high-precision initial values (or None for
     /// zeros). Returns the parameter id. Nothing changes on error.
-    pub fn add_param(&mut self, spec: ParamSpec, init: Option<Vec<f32>>) -> Result<u32> {
+    pub fn add_param(&mut self, spec: ParamSpec, init: Option<InitData>) -> Result<u32> {
         if !matches!(self.phase, Phase::Registering) {
             bail!(
                 InvalidState,
@@ -119,13 +126,13 @@ impl Optimizer {
             );
         }
         if let Some(values) = &init
-            && values.len() as u64 != spec.numel()
+            && values.numel() != spec.numel()
         {
             bail!(
                 InvalidArgument,
                 "init_data of '{}': {} values for {} elements",
                 spec.name,
-                values.len(),
+                values.numel(),
                 spec.numel()
             );
         }
@@ -226,8 +233,9 @@ impl Optimizer {
             self.cfg.clone(),
             self.rank(),
             backend,
-            |p| init[p].as_deref(),
+            |p| init[p].as_ref().map(InitData::values),
         )?;
+        self.init_values = Vec::new();
         self.phase = Phase::Running(Box::new(runtime));
         Ok(())
     }

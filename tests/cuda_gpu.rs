@@ -282,8 +282,14 @@ fn the_optimizer_runs_on_the_caller_stream_and_communicator() {
     let mut host = common::optimizers(&cfg, 1, Duration::from_secs(20)).remove(0);
     for opt in [&mut cuda, &mut host] {
         for (p, spec) in specs.iter().enumerate() {
-            opt.add_param(spec.clone(), Some(common::init_values(p, spec.numel())))
-                .unwrap();
+            opt.add_param(
+                spec.clone(),
+                Some(muon_opt::init_data::InitData::from_f32(&common::init_values(
+                    p,
+                    spec.numel(),
+                ))),
+            )
+            .unwrap();
         }
         opt.finalize().unwrap();
     }

@@ -157,8 +157,10 @@ fn the_cuda_translator_receives_the_host_sequence_and_translates_every_op() {
                 match translated {
                     Err(e) => panic!("{label}, rank {rank}: op {i} ({}) failed to translate: {e:?}", name(op)),
                     Ok(Translated::Actions(actions)) => {
+                        // Host initial values are only bookkept: the casts from them copy.
+                        let bookkeeping = matches!(op, Op::AttachInit { .. } | Op::DetachInit(_));
                         assert!(
-                            !actions.is_empty(),
+                            !actions.is_empty() || bookkeeping,
                             "{label}: op {i} ({}) has no device action",
                             name(op)
                         )

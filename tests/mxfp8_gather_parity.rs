@@ -94,7 +94,8 @@ fn run_rank(opt: &mut Optimizer, mxfp8: bool, rank: usize, layout: ScaleLayout) 
         let init: Vec<f32> = (0..spec.numel())
             .map(|i| 0.1 * noise(1_000_000 * p as u64 + i))
             .collect();
-        opt.add_param(spec, Some(init)).unwrap();
+        opt.add_param(spec, Some(muon_opt::init_data::InitData::from_f32(&init)))
+            .unwrap();
     }
     opt.finalize().unwrap();
     let buckets = opt.plan().unwrap().buckets.len() as u32;

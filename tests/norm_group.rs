@@ -87,7 +87,7 @@ fn run(setup: &Setup) -> Vec<Result<StepInfo>> {
                     let specs = model(t, setup.flag_replicas);
                     for (p, spec) in specs.iter().enumerate() {
                         let init: Vec<f32> = (0..spec.numel() as usize).map(|i| grad(9, t, p, i) * 0.1).collect();
-                        opt.add_param(spec.clone(), Some(init))?;
+                        opt.add_param(spec.clone(), Some(muon_opt::init_data::InitData::from_f32(&init)))?;
                     }
                     if setup.norm_group {
                         opt.set_norm_group(world_comm)?;

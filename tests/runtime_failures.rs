@@ -13,7 +13,8 @@ use muon_opt::optimizer::Optimizer;
 fn register(opt: &mut Optimizer) {
     for (p, spec) in model().into_iter().enumerate() {
         let n = spec.numel();
-        opt.add_param(spec, Some(init_values(p, n))).unwrap();
+        opt.add_param(spec, Some(muon_opt::init_data::InitData::from_f32(&init_values(p, n))))
+            .unwrap();
     }
 }
 

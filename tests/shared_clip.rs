@@ -123,7 +123,7 @@ fn optimizer(
         let init: Vec<f32> = (0..spec.numel() as usize)
             .map(|i| grad(99, 0, &spec.name, i) * 0.1)
             .collect();
-        opt.add_param(spec.clone(), Some(init))?;
+        opt.add_param(spec.clone(), Some(muon_opt::init_data::InitData::from_f32(&init)))?;
     }
     opt.set_norm_group(norm.clone())?;
     opt.finalize()?;

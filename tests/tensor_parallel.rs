@@ -195,8 +195,8 @@ type Params = Vec<(ParamSpec, Vec<usize>, &'static str)>;
 /// Trains `params` for STEPS steps as data-parallel rank `d`; returns each param's values.
 fn train(opt: &mut Optimizer, params: &Params, d: usize) -> Result<Vec<Vec<f32>>> {
     for (spec, map, logical) in params {
-        let init = map.iter().map(|&i| value(logical, None, d, i)).collect();
-        opt.add_param(spec.clone(), Some(init))?;
+        let init: Vec<f32> = map.iter().map(|&i| value(logical, None, d, i)).collect();
+        opt.add_param(spec.clone(), Some(muon_opt::init_data::InitData::from_f32(&init)))?;
     }
     opt.finalize()?;
     for step in 0..STEPS {

@@ -10,7 +10,9 @@ pub mod recording;
 use std::ffi::c_void;
 
 use crate::error::Result;
-use ops::{AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind};
+use ops::{
+    AdamwJob, CollOp, EventId, InitValues, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
+};
 
 /// What the schedule needs from a backend. Compute-stream operations are ordered by call
 /// order; comm-stream operations by call order on the comm stream; the two streams are
@@ -26,6 +28,12 @@ pub trait Backend: Send {
     fn memset_zero(&mut self, span: Span) -> Result<()>;
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     fn cast(&mut self, src: Span, dst: Span) -> Result<()>;
+    /// Makes `init` readable as `Mem::Init(param)` (host values are copied in; device values
+    /// are read in place, so they must stay valid until `detach_init`).
+    fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()>;
+    /// Ends `Mem::Init(param)` once the compute stream has finished reading it (blocks until
+    /// then): what `attach_init` copied is freed, and device values may be freed by their owner.
+    fn detach_init(&mut self, param: u32) -> Result<()>;
     /// Compute stream: Σ x² over `counted` in f64, spans in order
     /// ([`crate::numerics::squared_norm`] per span), plus 0 · Σ x² over `checked` (a finite
     /// sum is unchanged to the bit; a NaN or infinity in `checked` makes it NaN), into

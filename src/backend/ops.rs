@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::config::TpMode;
+use crate::config::{Dtype, TpMode};
 use crate::numerics::muon::{TpDim, TpJob};
 
 /// A memory allocation of one rank.
@@ -25,6 +25,9 @@ pub enum Mem {
     /// The bytes of grad buffer `i` viewed as bf16: MXFP8 params are staged here after the
     /// step (element `e` of the staging view is bytes `2e..2e+2` of the grad buffer).
     Staging(u32),
+    /// Param `p`'s initial values in the dtype the caller gave them, readable between
+    /// [`crate::backend::Backend::attach_init`] and `detach_init` of `p`.
+    Init(u32),
 }
 
 /// `len` elements of `mem` starting at element `start`.
@@ -38,6 +41,39 @@ pub struct Span {
 impl Span {
     pub fn new(mem: Mem, start: u64, len: u64) -> Self {
         Span { mem, start, len }
+    }
+}
+
+/// A param's initial values as the caller gave them (f32 or bf16), for
+/// [`crate::backend::Backend::attach_init`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InitValues<'a> {
+    pub dtype: Dtype,
+    pub numel: u64,
+    pub at: InitAt<'a>,
+}
+
+/// Where [`InitValues`] are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InitAt<'a> {
+    /// `numel` values in host memory, as laid out in memory.
+    Host(&'a [u8]),
+    /// `numel` values at this device address, in the backend's context (the cuda backend's
+    /// copy made at registration).
+    Device(u64),
+}
+
+impl<'a> InitValues<'a> {
+    /// f32 values in host memory.
+    pub fn f32(values: &'a [f32]) -> Self {
+        // SAFETY: an f32 slice is readable as its bytes (u8 has no alignment requirement and
+        // every f32 bit pattern is valid bytes); the borrow keeps `values` alive.
+        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+        InitValues {
+            dtype: Dtype::F32,
+            numel: values.len() as u64,
+            at: InitAt::Host(bytes),
+        }
     }
 }
 
@@ -283,12 +319,12 @@ pub struct BufferSizes {
     pub numel: u64,
     /// Elements of the param storage (fewer when buckets of staged params need none).
     pub param_numel: u64,
-    pub dtype: crate::config::Dtype,
+    pub dtype: Dtype,
 }
 
 impl BufferSizes {
     /// A buffer whose every element has param storage.
-    pub fn whole(numel: u64, dtype: crate::config::Dtype) -> BufferSizes {
+    pub fn whole(numel: u64, dtype: Dtype) -> BufferSizes {
         BufferSizes {
             numel,
             param_numel: numel,
@@ -302,7 +338,7 @@ impl BufferSizes {
 pub struct MemoryLayout {
     /// Per plan buffer.
     pub buffers: Vec<BufferSizes>,
-    pub grad_dtype: crate::config::Dtype,
+    pub grad_dtype: Dtype,
     pub master: u64,
     pub momentum: u64,
     pub adam_moments: u64,

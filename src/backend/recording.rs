@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::backend::Backend;
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, InitAt, InitValues, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants,
+    StreamKind,
 };
+use crate::config::Dtype;
 use crate::error::Result;
 
 /// One backend call with its arguments. Floating-point arguments of the plain calls are kept
@@ -29,6 +31,13 @@ pub enum Op {
         src: Span,
         dst: Span,
     },
+    AttachInit {
+        param: u32,
+        dtype: Dtype,
+        numel: u64,
+        source: InitSource,
+    },
+    DetachInit(u32),
     SquaredNorm {
         counted: Vec<Span>,
         checked: Vec<Span>,
@@ -70,7 +79,27 @@ pub enum Op {
     Address(Span),
 }
 
+/// The values of an [`Op::AttachInit`]: host values as their bytes, device values by address.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InitSource {
+    Host(Vec<u8>),
+    Device(u64),
+}
+
 impl Op {
+    /// `Op::AttachInit` of `init`.
+    pub fn attach_init(param: u32, init: InitValues<'_>) -> Op {
+        Op::AttachInit {
+            param,
+            dtype: init.dtype,
+            numel: init.numel,
+            source: match init.at {
+                InitAt::Host(bytes) => InitSource::Host(bytes.to_vec()),
+                InitAt::Device(address) => InitSource::Device(address),
+            },
+        }
+    }
+
     /// `Op::Upload` of `values`.
     pub fn upload(dst: Span, values: &[f32]) -> Op {
         Op::Upload {
@@ -172,6 +201,16 @@ impl<B: Backend, O: Observer> Backend for Recording<B, O> {
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
         self.note(Op::Cast { src, dst });
         self.inner.cast(src, dst)
+    }
+
+    fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()> {
+        self.note(Op::attach_init(param, init));
+        self.inner.attach_init(param, init)
+    }
+
+    fn detach_init(&mut self, param: u32) -> Result<()> {
+        self.note(Op::DetachInit(param));
+        self.inner.detach_init(param)
     }
 
     fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {

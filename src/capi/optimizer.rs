@@ -164,7 +164,7 @@ pub unsafe extern "C" fn muon_optimizer_add_param(
     param_id: *mut u32,
 ) -> muon_status_t {
     with_mut::<Optimizer>("muon_optimizer_add_param", opt, "opt", |o| {
-        let decoded = unsafe { read_desc(desc, o.init_on_device()) }?;
+        let decoded = unsafe { read_desc(desc, o.init_stream()) }?;
         let id = o.add_param(decoded.spec, decoded.init)?;
         if !param_id.is_null() {
             // SAFETY: non-NULL out-pointer.

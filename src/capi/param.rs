@@ -3,13 +3,14 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-use crate::backend::cuda::host_copy::read_device;
+use crate::backend::cuda::CallerStream;
+use crate::backend::cuda::init_copy::DeviceInit;
 use crate::bail;
 use crate::capi::boundary::{non_null, run_or};
 use crate::config::Dtype;
 use crate::error::Result;
+use crate::init_data::InitData;
 use crate::model::{ParamFlags, ParamSpec};
-use crate::numerics::bf16::bf16_to_f32;
 
 /// Largest number of dimensions of a registered tensor.
 pub const MUON_MAX_DIMS: usize = 4;
@@ -39,8 +40,10 @@ pub struct muon_param_desc_t {
     pub num_splits: u32,
     /// num_splits row counts along dim 0 (dim 1 of an expert stack), summing to that dim.
     pub split_sizes: *const i64,
-    /// High-precision initial values (NULL = zeros), read during the call. Host pointer on
-    /// the host backend; device pointer on the cuda backend.
+    /// High-precision initial values (NULL = zeros), read during the call: free or reuse the
+    /// array when muon_optimizer_add_param returns. Host pointer on the host backend; device
+    /// pointer on the cuda backend, copied device to device on the optimizer's stream (after
+    /// the work queued on it) into memory the library frees at finalize.
     pub init_data: *const c_void,
     /// Dtype of init_data: MUON_DTYPE_F32 or MUON_DTYPE_BF16.
     pub init_dtype: u32,
@@ -135,7 +138,7 @@ pub unsafe extern "C" fn muon_param_desc_init(desc: *mut muon_param_desc_t) {
 /// A registration decoded from C: the spec and its initial values.
 pub struct Decoded {
     pub spec: ParamSpec,
-    pub init: Option<Vec<f32>>,
+    pub init: Option<InitData>,
 }
 
 /// Decodes a caller's description; every pointer is read during this call only.
@@ -143,7 +146,9 @@ pub struct Decoded {
 /// # Safety
 /// `ptr` must be NULL or point to `struct_size` readable bytes whose pointers are valid as
 /// documented on the fields.
-pub unsafe fn read_desc(ptr: *const muon_param_desc_t, init_on_device: bool) -> Result<Decoded> {
+/// `init_stream` is the stream a device `init_data` is copied on; None reads it as a host
+/// pointer.
+pub unsafe fn read_desc(ptr: *const muon_param_desc_t, init_stream: Option<CallerStream>) -> Result<Decoded> {
     non_null(ptr, "desc")?;
     let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
     if size < MIN_DESC_SIZE {
@@ -200,14 +205,21 @@ pub unsafe fn read_desc(ptr: *const muon_param_desc_t, init_on_device: bool) -> 
     };
     spec.validate()?;
     let init_dtype = Dtype::from_code("desc->init_dtype", desc.init_dtype)?;
-    let numel = spec.numel() as usize;
-    let init = match (desc.init_data.is_null(), init_on_device) {
+    let numel = spec.numel();
+    let len = numel as usize * init_dtype.size();
+    let init = match (desc.init_data.is_null(), init_stream) {
         (true, _) => None,
-        (false, false) => Some(read_init(desc.init_data, init_dtype, numel)),
-        (false, true) => {
-            let bytes = read_device(desc.init_data as u64, numel * init_dtype.size())?;
-            Some(read_init(bytes.as_ptr().cast(), init_dtype, numel))
-        }
+        // SAFETY: the caller provides `len` readable bytes at init_data (the values of
+        // init_dtype; read as bytes, so any alignment does).
+        (false, None) => Some(InitData::Host {
+            dtype: init_dtype,
+            bytes: unsafe { std::slice::from_raw_parts(desc.init_data.cast::<u8>(), len) }.to_vec(),
+        }),
+        (false, Some(stream)) => Some(InitData::Device {
+            dtype: init_dtype,
+            numel,
+            copy: DeviceInit::copy_of(desc.init_data as u64, len, stream)?,
+        }),
     };
     Ok(Decoded { spec, init })
 }
@@ -244,14 +256,4 @@ fn read_splits(name: &str, desc: &muon_param_desc_t) -> Result<Vec<u64>> {
             Ok(s as u64)
         })
         .collect()
-}
-
-fn read_init(data: *const c_void, dtype: Dtype, numel: usize) -> Vec<f32> {
-    // SAFETY: the caller provides numel readable values of init_dtype (read unaligned, since
-    // a copied device buffer is only byte-aligned).
-    let value = |i: usize| match dtype {
-        Dtype::F32 => unsafe { data.cast::<f32>().add(i).read_unaligned() },
-        Dtype::Bf16 => bf16_to_f32(unsafe { data.cast::<u16>().add(i).read_unaligned() }),
-    };
-    (0..numel).map(value).collect()
 }

@@ -76,20 +76,20 @@ fn a_param_desc_of_the_first_abi_defaults_the_split_groups() {
     d.num_splits = 3;
     d.split_sizes = sizes.as_ptr();
     d.num_split_groups = 3;
-    let read = unsafe { crate::capi::param::read_desc(&d, false) }.unwrap();
+    let read = unsafe { crate::capi::param::read_desc(&d, None) }.unwrap();
     assert_eq!(
         (read.spec.split_sizes.clone(), read.spec.split_groups),
         (vec![8, 4, 4], 3)
     );
     d.struct_size = std::mem::offset_of!(muon_param_desc_t, num_split_groups) as u32;
-    let err = unsafe { crate::capi::param::read_desc(&d, false) }.err().unwrap();
+    let err = unsafe { crate::capi::param::read_desc(&d, None) }.err().unwrap();
     assert!(err.message.contains("sum to 16, but dim 0 is 48"), "{err}");
     d.num_split_groups = 2;
     d.struct_size = std::mem::size_of::<muon_param_desc_t>() as u32;
-    let err = unsafe { crate::capi::param::read_desc(&d, false) }.err().unwrap();
+    let err = unsafe { crate::capi::param::read_desc(&d, None) }.err().unwrap();
     assert!(err.message.contains("× 2 groups sum to 32"), "{err}");
     d.struct_size = std::mem::offset_of!(muon_param_desc_t, num_split_groups) as u32 - 4;
-    let err = unsafe { crate::capi::param::read_desc(&d, false) }.err().unwrap();
+    let err = unsafe { crate::capi::param::read_desc(&d, None) }.err().unwrap();
     assert_eq!(err.kind, crate::error::ErrorKind::AbiMismatch);
 }
 
@@ -693,4 +693,80 @@ fn optimizers_step_shares_one_norm() {
     }
     teardown(comm_a, a);
     teardown(comm_b, b);
+}
+
+/// The state an optimizer starts from: every param's model-dtype values and every owned
+/// master, as bits.
+fn initial_state(opt: *mut muon_optimizer_t) -> Vec<Vec<u32>> {
+    let mut state = Vec::new();
+    let status = crate::capi::handle::with_mut::<crate::optimizer::Optimizer>("test", opt, "opt", |o| {
+        let rt = o.runtime_mut("test")?;
+        for p in 0..rt.plan().params.len() {
+            state.push(rt.param_values(p)?.iter().map(|v| v.to_bits()).collect());
+        }
+        for owned in rt.owned_state()? {
+            state.push(owned.master.iter().map(|v| v.to_bits()).collect());
+        }
+        Ok(())
+    });
+    assert_eq!(status, MUON_STATUS_SUCCESS, "{}", last_error());
+    state
+}
+
+/// `init_data` is read during `add_param` only (the caller may overwrite it right after), in
+/// either dtype: bf16 values start the same params and masters, bit for bit, as the same
+/// values given as f32.
+#[test]
+fn init_data_is_copied_at_registration_in_either_dtype() {
+    let cfg = default_config();
+    let names = [c"layers.0.fc1.weight", c"layers.0.fc1.bias"];
+    let shapes: [&[i64]; 2] = [&[64, 32], &[32]];
+    let values = |p: usize, n: usize| -> Vec<u16> {
+        (0..n)
+            .map(|i| crate::numerics::bf16::f32_to_bf16_rne(((p * 131 + i * 7) % 97) as f32 / 97.0 - 0.5))
+            .collect()
+    };
+    let mut states = Vec::new();
+    for dtype in [MUON_DTYPE_BF16, MUON_DTYPE_F32] {
+        let (comm, opt) = single_rank_optimizer(&cfg);
+        for (p, (name, shape)) in names.iter().zip(shapes).enumerate() {
+            let n = shape.iter().product::<i64>() as usize;
+            let bf16 = values(p, n);
+            let mut f32s: Vec<f32> = bf16.iter().map(|&b| crate::numerics::bf16::bf16_to_f32(b)).collect();
+            let mut halves = bf16.clone();
+            let name = CString::from(*name);
+            let mut d = desc(&name, shape);
+            d.init_dtype = dtype;
+            d.init_data = if dtype == MUON_DTYPE_BF16 {
+                halves.as_ptr().cast()
+            } else {
+                f32s.as_ptr().cast()
+            };
+            assert_eq!(
+                unsafe { muon_optimizer_add_param(opt, &d, null_mut()) },
+                MUON_STATUS_SUCCESS,
+                "{}",
+                last_error()
+            );
+            halves.fill(0x7fc0);
+            f32s.fill(f32::NAN);
+        }
+        assert_eq!(
+            unsafe { muon_optimizer_finalize(opt) },
+            MUON_STATUS_SUCCESS,
+            "{}",
+            last_error()
+        );
+        states.push(initial_state(opt));
+        teardown(comm, opt);
+    }
+    let expected: Vec<u32> = values(0, 64 * 32)
+        .iter()
+        .map(|&b| crate::numerics::bf16::bf16_to_f32(b).to_bits())
+        .collect();
+    assert_eq!(
+        states[0][0], expected,
+        "param 0 holds the values given, not the overwritten ones"
+    );
+    assert_eq!(states[0], states[1], "bf16 and f32 init_data start the same state");
 }

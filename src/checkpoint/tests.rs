@@ -85,8 +85,9 @@ fn group() -> Vec<Optimizer> {
         .collect();
     for opt in &mut opts {
         for (p, spec) in model().into_iter().enumerate() {
-            let init = (0..spec.numel()).map(|i| 0.1 * value((p as u64) << 20 | i)).collect();
-            opt.add_param(spec, Some(init)).unwrap();
+            let init: Vec<f32> = (0..spec.numel()).map(|i| 0.1 * value((p as u64) << 20 | i)).collect();
+            opt.add_param(spec, Some(crate::init_data::InitData::from_f32(&init)))
+                .unwrap();
         }
     }
     on_ranks(&mut opts, |_, opt| opt.finalize())

@@ -14,6 +14,7 @@ use crate::bail;
 use crate::comm::{Communicator, Transport};
 use crate::config::Dtype;
 use crate::error::{ErrorKind, Result};
+use crate::init_data::InitData;
 use crate::model::ParamSpec;
 use crate::optimizer::Optimizer;
 use crate::plan::Plan;
@@ -189,7 +190,7 @@ fn train_rank(
         CallerStream::NULL,
     )?;
     for (spec, values) in task.specs.iter().zip(&task.init) {
-        opt.add_param(spec.clone(), Some(values.clone()))?;
+        opt.add_param(spec.clone(), Some(InitData::from_f32(values)))?;
     }
     opt.finalize()?;
     let routes = task

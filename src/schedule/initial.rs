@@ -2,7 +2,8 @@
 //! storage, and the masters of what the rank owns.
 
 use super::Runtime;
-use crate::backend::ops::StreamKind;
+use crate::backend::ops::{InitValues, Mem, Span, StreamKind};
+use crate::bail;
 use crate::error::Result;
 use crate::plan::ElemRange;
 
@@ -10,24 +11,25 @@ impl Runtime {
     /// Writes `init(p)` (None = zeros) where param p's values live: its model-dtype copy, or
     /// for a param staged on the grad buffer (which has no model-dtype copy) its bf16 staging,
     /// from which its MXFP8 storage is quantized as after a step; then the masters of the
-    /// units and pieces this rank owns. The staging bytes are zeroed again afterwards, so the
-    /// grad buffer starts at zero as allocated.
-    pub(super) fn write_initial_values<'a>(&mut self, init: impl Fn(usize) -> Option<&'a [f32]>) -> Result<()> {
-        // `allocate` zeroes every buffer, so a param without initial values needs no upload
-        // (and no zero-filled host copy of its size).
+    /// units and pieces this rank owns. Each param's values are attached to the backend only
+    /// while they are cast into place, so no converted copy of the model exists at any time.
+    /// The staging bytes are zeroed again afterwards, so the grad buffer starts at zero as
+    /// allocated.
+    pub(super) fn write_initial_values<'a>(&mut self, init: impl Fn(usize) -> Option<InitValues<'a>>) -> Result<()> {
+        // `allocate` zeroes every buffer, so a param without initial values needs no write.
         let mut staged_buckets = Vec::new();
         for p in 0..self.plan.params.len() {
             let placement = &self.plan.params[p];
             let (bucket, range) = (placement.bucket, placement.range());
             let storage = self.param_destination(p as u32, bucket, range)?;
             if let Some(values) = init(p) {
-                self.backend.upload(storage, values)?;
+                self.write_param_initial_values(p as u32, values, storage)?;
+                if self.is_staged(p as u32) {
+                    staged_buckets.push(bucket);
+                }
             }
             if self.is_mxfp8(p as u32) {
                 self.backend.mxfp8_quantize(StreamKind::Compute, storage, p as u32)?;
-            }
-            if self.is_staged(p as u32) && init(p).is_some() {
-                staged_buckets.push(bucket);
             }
         }
         staged_buckets.sort_unstable();
@@ -37,21 +39,33 @@ impl Runtime {
             let whole = self.staging_span(bucket, ElemRange::new(bucket.start, bucket.end));
             self.backend.memset_zero(whole)?;
         }
-        for slot in self.layout.muon.clone() {
-            let p = slot.unit.param as usize;
-            let local = (slot.unit.range.start - self.plan.params[p].offset) as usize;
-            if let Some(values) = init(p) {
-                self.backend
-                    .upload(slot.master(), &values[local..local + slot.unit.range.len() as usize])?;
-            }
-        }
-        for slot in self.layout.adamw.clone() {
-            let r = slot.piece.param_range;
-            if let Some(values) = init(slot.piece.param as usize) {
-                self.backend
-                    .upload(slot.master(), &values[r.start as usize..r.end as usize])?;
-            }
-        }
         Ok(())
+    }
+
+    /// Casts param `p`'s initial values into `storage` and into the masters of the Muon units
+    /// and AdamW pieces of it this rank owns.
+    fn write_param_initial_values(&mut self, p: u32, values: InitValues<'_>, storage: Span) -> Result<()> {
+        let numel = self.params[p as usize].numel();
+        if values.numel != numel {
+            bail!(
+                Internal,
+                "initial values of param {p}: {} values for {numel} elements",
+                values.numel
+            );
+        }
+        self.backend.attach_init(p, values)?;
+        let init = |start: u64, len: u64| Span::new(Mem::Init(p), start, len);
+        self.backend.cast(init(0, numel), storage)?;
+        let offset = self.plan.params[p as usize].offset;
+        for slot in self.layout.muon.iter().filter(|s| s.unit.param == p) {
+            let range = slot.unit.range;
+            self.backend
+                .cast(init(range.start - offset, range.len()), slot.master())?;
+        }
+        for slot in self.layout.adamw.iter().filter(|s| s.piece.param == p) {
+            let range = slot.piece.param_range;
+            self.backend.cast(init(range.start, range.len()), slot.master())?;
+        }
+        self.backend.detach_init(p)
     }
 }

@@ -15,8 +15,8 @@ pub mod state;
 
 use crate::backend::Backend;
 use crate::backend::ops::{
-    AdamwJob, AdamwParamArgs, EventId, Mem, MuonJob, MuonParamArgs, NormSums, NormTerm, Scalar, Span, StepConstants,
-    StreamKind,
+    AdamwJob, AdamwParamArgs, EventId, InitValues, Mem, MuonJob, MuonParamArgs, NormSums, NormTerm, Scalar, Span,
+    StepConstants, StreamKind,
 };
 use crate::bail;
 use crate::config::{Config, TpMode};
@@ -108,7 +108,7 @@ impl Runtime {
         cfg: Config,
         rank: usize,
         mut backend: Box<dyn Backend>,
-        init: impl Fn(usize) -> Option<&'a [f32]>,
+        init: impl Fn(usize) -> Option<InitValues<'a>>,
     ) -> Result<Self> {
         let layout = StateLayout::new(&plan, &params, &cfg, rank);
         backend.allocate(&layout.memory)?;

@@ -40,7 +40,8 @@ impl DeviceBytes {
         let mut d = DeviceBytes::default();
         for &(buf, bytes) in allocations {
             let slot = match buf {
-                Buf::Mem(Mem::Param(_)) => &mut d.params,
+                // Initial values are mapped from the caller's copy, never allocated here.
+                Buf::Mem(Mem::Param(_) | Mem::Init(_)) => &mut d.params,
                 Buf::Mem(Mem::Grad(_) | Mem::Staging(_)) => &mut d.grads,
                 Buf::Mem(Mem::Master) => &mut d.masters,
                 Buf::Mem(Mem::Momentum) => &mut d.momenta,

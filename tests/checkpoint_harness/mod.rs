@@ -200,7 +200,11 @@ impl Group {
             .collect();
         for opt in &mut opts {
             for (p, spec) in specs.iter().enumerate() {
-                opt.add_param(spec.clone(), Some(init_values(p, spec.numel()))).unwrap();
+                opt.add_param(
+                    spec.clone(),
+                    Some(muon_opt::init_data::InitData::from_f32(&init_values(p, spec.numel()))),
+                )
+                .unwrap();
             }
         }
         let mut group = Group {

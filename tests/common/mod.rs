@@ -10,6 +10,7 @@ use muon_opt::backend::cuda::CallerStream;
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{Config, Dtype};
+use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
 use muon_opt::schedule::{OwnedState, StepArgs};
@@ -163,7 +164,8 @@ pub fn train_model(specs: &[ParamSpec], cfg: &Config, dp: usize, data: Data, ste
 
 fn run_rank(opt: &mut Optimizer, specs: &[ParamSpec], rank: usize, dp: usize, data: Data, steps: u64) -> RankHistory {
     for (p, spec) in specs.iter().enumerate() {
-        opt.add_param(spec.clone(), Some(init_values(p, spec.numel()))).unwrap();
+        opt.add_param(spec.clone(), Some(InitData::from_f32(&init_values(p, spec.numel()))))
+            .unwrap();
     }
     opt.finalize().unwrap();
     let mut out = Vec::new();

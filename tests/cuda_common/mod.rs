@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use muon_opt::backend::Backend;
-use muon_opt::backend::ops::{BufferSizes, Mem, Span};
+use muon_opt::backend::ops::{BufferSizes, InitValues, Mem, Span};
 use muon_opt::config::Config;
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::plan::build_plan;
@@ -58,7 +58,7 @@ pub fn runtime(cfg: &Config, specs: &[ParamSpec], rank: usize, dp: usize, backen
         .map(|(p, s)| init_values(p, s.numel()))
         .collect();
     Runtime::new(Box::new(plan), specs.to_vec(), cfg.clone(), rank, backend, |p| {
-        Some(&init[p][..])
+        Some(InitValues::f32(&init[p]))
     })
     .unwrap()
 }

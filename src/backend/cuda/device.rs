@@ -70,7 +70,7 @@ pub struct Current {
 }
 
 impl Current {
-    fn enter(ctx: cu::CUcontext) -> Result<Current> {
+    pub(crate) fn enter(ctx: cu::CUcontext) -> Result<Current> {
         let mut current = std::ptr::null_mut();
         // SAFETY: plain out-parameter.
         driver_check(|| "cuCtxGetCurrent".into(), unsafe {

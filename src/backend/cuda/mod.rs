@@ -12,13 +12,13 @@
 //! storage) is a device pointer of the context current at finalize. `Backend::upload` and
 //! `Backend::download` take and return host values (copied through the caller's stream).
 //! `muon_param_desc_t::init_data` is a device pointer on this backend: registration copies it
-//! to the host with `cuMemcpyDtoH` in the calling thread's current context
-//! ([`host_copy::read_device`]) before the masters are made from it.
+//! device to device on the caller's stream ([`init_copy::DeviceInit`]), finalize casts the copy
+//! into the param storage and the masters, then frees it.
 
 pub mod action;
 pub mod device;
 pub mod dry_run;
-pub mod host_copy;
+pub mod init_copy;
 pub mod kernels;
 pub mod nccl;
 pub mod nvrtc;
@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, InitValues, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
 };
 use crate::backend::recording::Op;
 use crate::bail;
@@ -259,6 +259,14 @@ impl<E: Executor> Backend for CudaBackend<E> {
 
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
         self.op(&Op::Cast { src, dst }).map(drop)
+    }
+
+    fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()> {
+        self.op(&Op::attach_init(param, init)).map(drop)
+    }
+
+    fn detach_init(&mut self, param: u32) -> Result<()> {
+        self.op(&Op::DetachInit(param)).map(drop)
     }
 
     fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {

@@ -9,6 +9,8 @@
 //! Newton–Schulz products run on cuBLAS with the host's operand roundings but cuBLAS's
 //! accumulation order.
 
+mod init;
+
 use std::collections::HashMap;
 
 use crate::backend::cuda::action::{
@@ -95,6 +97,8 @@ pub struct Translator {
     norm_group: Option<usize>,
     /// (ranks, this rank) of the tensor-parallel group TP shards are orthogonalized over.
     tp_group: Option<(usize, usize)>,
+    /// Initial values attached by param, for the writes at finalize.
+    init: HashMap<u32, init::Attached>,
 }
 
 /// The translation's own events around a tensor-parallel collective (the schedule numbers its
@@ -317,6 +321,7 @@ impl Translator {
             work: WorkSizes::default(),
             norm_group: None,
             tp_group: None,
+            init: HashMap::new(),
         }
     }
 
@@ -411,6 +416,7 @@ impl Translator {
                 None => bail!(Internal, "{:?} is not allocated", span.mem),
             },
             Mem::Master | Mem::Momentum | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
+            Mem::Init(p) => (span.mem, self.init_dtype(p)?),
         };
         let (ptr, bytes) = self.buffer(Buf::Mem(mem))?;
         let capacity = bytes / dtype.size() as u64;
@@ -517,6 +523,13 @@ impl Translator {
                 }])
             }
             Op::Cast { src, dst } => self.cast(*src, *dst),
+            Op::AttachInit {
+                param,
+                dtype,
+                numel,
+                source,
+            } => self.attach_init(*param, *dtype, *numel, source),
+            &Op::DetachInit(param) => self.detach_init(param),
             Op::SquaredNorm { counted, checked } => self.squared_norm(counted, checked),
             Op::GatherNormSums => Ok(vec![Action::Nccl(
                 if self.norm_group.is_some() {
@@ -670,6 +683,9 @@ impl Translator {
                 Internal,
                 "cast {src:?} -> {dst:?}: lengths differ or spans share memory"
             );
+        }
+        if let Some(copy) = self.cast_from_host_init(src, dst) {
+            return copy;
         }
         let (s, d) = (self.resolve(src)?, self.resolve(dst)?);
         if s.dtype == d.dtype {

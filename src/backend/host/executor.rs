@@ -11,7 +11,8 @@ use crate::backend::Backend;
 use crate::backend::host::comm::{Collective, HostComm, Region};
 use crate::backend::host::stream::{HostEvent, HostStream};
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, InitAt, InitValues, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Scalar, Span,
+    StepConstants, StreamKind,
 };
 use crate::bail;
 use crate::comm::{Communicator, Transport};
@@ -426,6 +427,32 @@ impl Backend for HostBackend {
         }
         self.scratch = scratch;
         Ok(())
+    }
+
+    fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()> {
+        let InitAt::Host(bytes) = init.at else {
+            bail!(Internal, "the host backend reads initial values from host memory")
+        };
+        if init.numel == 0 || bytes.len() as u64 != init.numel * init.dtype.size() as u64 {
+            bail!(
+                Internal,
+                "init of param {param}: {} bytes for {} values",
+                bytes.len(),
+                init.numel
+            );
+        }
+        let storage = Storage::new(init.numel, init.dtype)?;
+        // SAFETY: `storage` is a fresh allocation of exactly `bytes.len()` > 0 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), storage.ptr, bytes.len()) };
+        self.mems.insert(Mem::Init(param), storage);
+        Ok(())
+    }
+
+    fn detach_init(&mut self, param: u32) -> Result<()> {
+        match self.mems.remove(&Mem::Init(param)) {
+            Some(_) => Ok(()),
+            None => bail!(Internal, "init of param {param} is not attached"),
+        }
     }
 
     fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
