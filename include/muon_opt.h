@@ -988,6 +988,35 @@ muon_status_t muon_optimizer_step_info(struct muon_optimizer_t *opt,
                                        struct muon_step_info_t *info);
 
 /**
+ * @brief Order the caller's stream after all of the library's queued communication, without
+ *        waiting on the host (an event the caller's stream waits on; nothing when the comm
+ *        stream has had no work since the last join or synchronize).
+ *
+ * CUDA graph capture of an iteration. Every call between zero_grad and step issues only
+ * stream-ordered work and event records and waits (no allocation, no event query or
+ * synchronize, no host branch on device values; step reads its arguments and the clip and
+ * skip decisions from device memory). Capture requires every stream forked from the captured
+ * one (the library's comm stream) to be joined back before it ends, and no wait on work
+ * recorded outside the capture. The protocol:
+ *   1. Warm up eagerly, ending each iteration with muon_optimizer_join.
+ *   2. muon_optimizer_set_step_args (outside the capture; again before each replay to change
+ *      the arguments).
+ *   3. cudaStreamBeginCapture(stream); muon_optimizer_step(opt, NULL, NULL);
+ *      muon_optimizer_zero_grad; forward with muon_optimizer_wait_params per bucket;
+ *      backward with muon_optimizer_grad_ready per param; muon_optimizer_join;
+ *      cudaStreamEndCapture. Starting the region with the step keeps every overlap: the
+ *      param collectives overlap the forward, the gradient collectives the backward, and the
+ *      join waits only for the last gradient collective, which the next step waits for
+ *      anyway.
+ *   4. Replay the graph once per iteration; muon_optimizer_step_info reads the step's outcome
+ *      after a replay (it waits), never inside the captured region.
+ * The communicator must support capture (NCCL 2.9.6+).
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_join(struct muon_optimizer_t *opt);
+
+/**
  * @brief Block until every operation the optimizer enqueued has finished.
  */
 MUON_API

@@ -557,6 +557,11 @@ impl Optimizer {
         self.runtime_mut("synchronize")?.synchronize()
     }
 
+    /// Orders the caller's stream after the queued communication (see [`Runtime::join`]).
+    pub fn join(&mut self) -> Result<()> {
+        self.runtime_mut("join")?.join()
+    }
+
     /// Saves every rank's optimizer state into the checkpoint directory `dir` (collective;
     /// see [`crate::checkpoint`]). Finishes the queued collectives first; changes no state.
     pub fn save(&mut self, dir: &Path) -> Result<()> {

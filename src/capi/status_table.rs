@@ -410,6 +410,13 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_step_info(o, null_mut())
         ),
         row!(
+            "muon_optimizer_join",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_join(o)
+        ),
+        row!(
             "muon_optimizer_synchronize",
             "before finalize",
             Registering,

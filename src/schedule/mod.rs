@@ -7,6 +7,7 @@
 //! `PARAM_SYNCED` (comm: b's param collective done).
 
 mod collectives;
+mod events;
 mod initial;
 mod inspect;
 mod profile;
@@ -97,6 +98,10 @@ pub struct Runtime {
     args_set: bool,
     /// `begin_step` gathered the norm sums and `finish_step` has not used them yet.
     norm_gathered: bool,
+    /// Per event slot: recorded since the last join ([`Runtime::join`]).
+    live: Vec<bool>,
+    /// The comm stream has work the compute stream has not joined.
+    comm_unjoined: bool,
 }
 
 impl Runtime {
@@ -121,6 +126,7 @@ impl Runtime {
         for (i, slot) in layout.adamw.iter().enumerate() {
             bucket_adamw[slot.bucket as usize].push(i);
         }
+        let live = vec![false; events::event_slots(plan.buckets.len())];
         let mut runtime = Runtime {
             ready: vec![false; params.len()],
             launched: vec![false; plan.buckets.len()],
@@ -137,6 +143,8 @@ impl Runtime {
             profile: StepProfile::default(),
             args_set: false,
             norm_gathered: false,
+            live,
+            comm_unjoined: false,
         };
         runtime.write_initial_values(init)?;
         Ok(runtime)
@@ -172,9 +180,9 @@ impl Runtime {
     /// staged on it, their param gather and quantize.
     pub fn zero_grad(&mut self) -> Result<()> {
         for b in 0..self.plan.buckets.len() {
-            self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
+            self.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
             if self.plan.buckets[b].params.iter().any(|&p| self.is_staged(p)) {
-                self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
+                self.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
             let bucket = &self.plan.buckets[b];
             self.backend
@@ -192,8 +200,7 @@ impl Runtime {
                 self.plan.buckets.len()
             );
         }
-        self.backend
-            .wait(StreamKind::Compute, event(b as usize, Ev::ParamSynced))
+        self.wait(StreamKind::Compute, event(b as usize, Ev::ParamSynced))
     }
 
     /// Backward hook: param `p`'s gradient is final for this iteration.
@@ -247,10 +254,10 @@ impl Runtime {
     fn launch_grad_sync(&mut self, b: usize) -> Result<()> {
         let bucket = &self.plan.buckets[b];
         let ops = self.grad_ops(bucket);
-        self.backend.record(StreamKind::Compute, event(b, Ev::GradReady))?;
-        self.backend.wait(StreamKind::Comm, event(b, Ev::GradReady))?;
+        self.record(StreamKind::Compute, event(b, Ev::GradReady))?;
+        self.wait(StreamKind::Comm, event(b, Ev::GradReady))?;
         self.backend.collectives(&ops)?;
-        self.backend.record(StreamKind::Comm, event(b, Ev::GradSynced))?;
+        self.record(StreamKind::Comm, event(b, Ev::GradSynced))?;
         self.launched[b] = true;
         Ok(())
     }
@@ -316,7 +323,7 @@ impl Runtime {
                 }
             }
             for b in 0..buckets {
-                self.backend.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
+                self.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
             }
             Ok(())
         })?;
@@ -326,11 +333,11 @@ impl Runtime {
         timed(&mut profile.grad_norm, || {
             let (counted, checked) = self.owned_grad_spans();
             self.backend.squared_norm(&counted, &checked)?;
-            self.backend.record(StreamKind::Compute, norm_event(buckets, false))?;
-            self.backend.wait(StreamKind::Comm, norm_event(buckets, false))?;
+            self.record(StreamKind::Compute, norm_event(buckets, false))?;
+            self.wait(StreamKind::Comm, norm_event(buckets, false))?;
             self.backend.gather_norm_sums()?;
-            self.backend.record(StreamKind::Comm, norm_event(buckets, true))?;
-            self.backend.wait(StreamKind::Compute, norm_event(buckets, true))
+            self.record(StreamKind::Comm, norm_event(buckets, true))?;
+            self.wait(StreamKind::Compute, norm_event(buckets, true))
         })?;
         self.profile = profile;
         self.norm_gathered = true;
@@ -375,7 +382,7 @@ impl Runtime {
         }
         if !self.cfg.overlap_param_gather {
             for b in 0..buckets {
-                self.backend.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
+                self.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
         }
         self.profile = profile;
@@ -422,13 +429,13 @@ impl Runtime {
                 Ok((self.param_destination(p, b as u32, placement.range())?, p))
             })
             .collect::<Result<_>>()?;
-        self.backend.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
-        self.backend.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
+        self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
+        self.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
         self.backend.collectives(&ops)?;
         for (src, p) in quantize {
             self.backend.mxfp8_quantize(StreamKind::Comm, src, p)?;
         }
-        self.backend.record(StreamKind::Comm, event(b, Ev::ParamSynced))
+        self.record(StreamKind::Comm, event(b, Ev::ParamSynced))
     }
 
     fn end_iteration(&mut self) {
@@ -518,7 +525,9 @@ impl Runtime {
 
     /// Blocks until every enqueued operation finished.
     pub fn synchronize(&mut self) -> Result<()> {
-        self.backend.synchronize()
+        self.backend.synchronize()?;
+        self.forget_events();
+        Ok(())
     }
 }
 

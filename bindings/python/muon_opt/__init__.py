@@ -525,6 +525,11 @@ class Optimizer(_Owner):
     def synchronize(self):
         lib().muon_optimizer_synchronize(self._handle)
 
+    def join(self):
+        """Orders the caller's stream after the library's queued communication (no host wait);
+        the last call of an iteration captured in a CUDA graph."""
+        lib().muon_optimizer_join(self._handle)
+
     def save(self, directory):
         """Collective: every rank saves its state into checkpoint ``directory`` (same path on
         every rank; replaced atomically). Host-synchronizing."""

@@ -272,6 +272,7 @@ PROTOTYPES = {
     "muon_optimizer_set_tp_group": (muon_status_t, [_opt, _comm]),
     "muon_optimizers_step": (muon_status_t, [POINTER(_opt), c_size_t, POINTER(muon_step_args_t)]),
     "muon_optimizer_synchronize": (muon_status_t, [_opt]),
+    "muon_optimizer_join": (muon_status_t, [_opt]),
     "muon_newton_schulz_host": (
         muon_status_t,
         [POINTER(c_float), POINTER(c_float), c_uint32, c_uint32, c_uint32, c_uint32, c_uint32],

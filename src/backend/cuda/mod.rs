@@ -16,6 +16,7 @@
 //! into the param storage and the masters, then frees it.
 
 pub mod action;
+pub mod capture;
 pub mod device;
 pub mod dry_run;
 pub mod init_copy;
