@@ -1010,6 +1010,7 @@ muon_status_t muon_optimizer_step_info(struct muon_optimizer_t *opt,
  *      anyway.
  *   4. Replay the graph once per iteration; muon_optimizer_step_info reads the step's outcome
  *      after a replay (it waits), never inside the captured region.
+ *
  * The communicator must support capture (NCCL 2.9.6+).
  */
 MUON_API

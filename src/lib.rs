@@ -52,3 +52,8 @@ pub mod optimizer;
 pub mod plan;
 pub mod schedule;
 pub mod sim;
+/// The integration tests' scratch directories, shared with the unit tests.
+#[cfg(test)]
+#[path = "../tests/support/tempdir.rs"]
+#[allow(dead_code)] // The unit tests use a subset of it.
+mod tempdir;

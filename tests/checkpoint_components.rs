@@ -8,13 +8,15 @@
 //! the per-expert components of an AdamW expert stack here and on the range math in the
 //! library's unit tests (`checkpoint::components`).
 
-mod checkpoint_harness;
-mod common;
+mod support;
 
-use checkpoint_harness::{Group, TempDir, all_ok, config, model};
 use muon_opt::checkpoint::{INDEX_FILE, Index, StateKind};
 use muon_opt::config::MuonLayout;
 use safetensors::SafeTensors;
+use support::checkpoint::{Group, all_ok, config, model};
+use support::golden::f32_from_le;
+use support::tempdir::TempDir;
+use support::training::bits;
 
 /// Tensor `key` of `file` in `dir`, as f32 values, with its shape.
 fn tensor(dir: &std::path::Path, file: &str, key: &str) -> (Vec<usize>, Vec<f32>) {
@@ -23,16 +25,7 @@ fn tensor(dir: &std::path::Path, file: &str, key: &str) -> (Vec<usize>, Vec<f32>
     let view = st
         .tensor(key)
         .unwrap_or_else(|e| panic!("{file} has no '{key}': {e:?}"));
-    let values = view
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (view.shape().to_vec(), values)
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    (view.shape().to_vec(), f32_from_le(view.data()))
 }
 
 #[test]
@@ -64,7 +57,7 @@ fn fused_params_are_saved_as_their_components() {
                 let (shape, values) = tensor(&dir, &piece.file, key);
                 assert_eq!(shape, [64, 32]);
                 assert!(
-                    same_bits(&values, &state[fc1][k][half.clone()]),
+                    bits(&values) == bits(&state[fc1][k][half.clone()]),
                     "dp={dp}: part{c} {} is not that half of the param",
                     kind.name()
                 );
@@ -90,7 +83,7 @@ fn fused_params_are_saved_as_their_components() {
                 let piece = &component.pieces[0];
                 let (_, values) = tensor(&dir, &piece.file, &piece.keys[&StateKind::Master]);
                 assert!(
-                    same_bits(&values, &state[grouped][0][start..start + rows * 32]),
+                    bits(&values) == bits(&state[grouped][0][start..start + rows * 32]),
                     "dp={dp}: group {g} part {c} master"
                 );
             }
@@ -109,7 +102,7 @@ fn fused_params_are_saved_as_their_components() {
                 let piece = &component.pieces[0];
                 let (_, values) = tensor(&dir, &piece.file, &piece.keys[&StateKind::Momentum]);
                 assert!(
-                    same_bits(&values, &state[experts][1][start..start + 24 * 32]),
+                    bits(&values) == bits(&state[experts][1][start..start + 24 * 32]),
                     "dp={dp}: expert {e} part {c} momentum"
                 );
             }
@@ -144,7 +137,10 @@ fn shard_bounds_inside_a_component_are_saved_as_partial_pieces() {
                         assert_eq!(shape.iter().map(|&d| d as u64).collect::<Vec<_>>(), component.shape);
                     }
                     let start = (component.offset + piece.start) as usize;
-                    assert!(same_bits(&values, &state[p][k][start..start + values.len()]), "{key}");
+                    assert!(
+                        bits(&values) == bits(&state[p][k][start..start + values.len()]),
+                        "{key}"
+                    );
                 }
                 if partial && entry.name.contains("experts.scale") {
                     cut += 1;

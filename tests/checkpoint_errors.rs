@@ -1,15 +1,15 @@
 //! Bad input on load: each case gives a distinct status with a message, the same status on
 //! every rank, and changes nothing in memory on any rank.
 
-mod checkpoint_harness;
-mod common;
+mod support;
 
 use std::path::{Path, PathBuf};
 
-use checkpoint_harness::{Group, Snapshot, TempDir, all_ok, config, model};
 use muon_opt::config::{Config, MuonLayout};
 use muon_opt::error::{Error, ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
+use support::checkpoint::{Group, Snapshot, all_ok, config, model};
+use support::tempdir::TempDir;
 
 /// A checkpoint saved at dp=3 after two steps.
 fn saved(label: &str) -> (TempDir, PathBuf) {

@@ -1,15 +1,17 @@
 //! `muon-opt inspect DIR`: the summary of a checkpoint, every file's checksum verified; a
 //! damaged file fails the command with exit code 2.
 
-mod checkpoint_harness;
-mod common;
+mod support;
 
 use std::process::Command;
 
-use checkpoint_harness::{Group, TempDir, all_ok, config};
 use muon_opt::checkpoint::inspect::inspect;
 use muon_opt::config::MuonLayout;
 use muon_opt::model::Route;
+use support::checkpoint::{Group, all_ok, config};
+use support::golden::f32_from_le;
+use support::tempdir::TempDir;
+use support::training::bits;
 
 fn muon_opt(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_muon-opt"))
@@ -119,13 +121,8 @@ fn export_merges_the_shards_into_full_fp32_masters() {
         assert_eq!(tensor.dtype(), safetensors::Dtype::F32);
         let shape: Vec<u64> = tensor.shape().iter().map(|&d| d as u64).collect();
         assert_eq!(shape, spec.shape, "{}", spec.name);
-        let values: Vec<f32> = tensor
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
         assert!(
-            common::bits(&values) == common::bits(&snapshot.state[p][0]),
+            bits(&f32_from_le(tensor.data())) == bits(&snapshot.state[p][0]),
             "{}: exported values differ from the master",
             spec.name
         );

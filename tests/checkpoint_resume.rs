@@ -3,17 +3,19 @@
 //! that exact). Also: every rank's file holds its state, load re-synchronizes every rank's
 //! params, and a later save replaces the whole directory.
 
-mod checkpoint_harness;
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 
-use checkpoint_harness::{Group, Snapshot, TempDir, all_ok, config, model};
 use muon_opt::checkpoint::{INDEX_FILE, Index, StateKind};
 use muon_opt::config::{Config, Dtype, MuonLayout};
 use muon_opt::model::{ParamFlags, ParamSpec, Route};
 use muon_opt::numerics::mxfp8::{Direction, scale_shape};
 use safetensors::SafeTensors;
+use support::checkpoint::{Group, Snapshot, all_ok, config, model};
+use support::golden::f32_from_le;
+use support::tempdir::TempDir;
+use support::training::bits;
 
 const SAVED_AT: u64 = 3;
 const MORE: u64 = 3;
@@ -80,11 +82,7 @@ fn read_back(dir: &std::path::Path) -> (Index, BTreeMap<(String, StateKind), Vec
                 for piece in &component.pieces {
                     let file = SafeTensors::deserialize(&files[&piece.file]).unwrap();
                     let tensor = file.tensor(&piece.keys[&kind]).unwrap();
-                    let data: Vec<f32> = tensor
-                        .data()
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                        .collect();
+                    let data = f32_from_le(tensor.data());
                     let start = (component.offset + piece.start) as usize;
                     values[start..start + data.len()].copy_from_slice(&data);
                 }
@@ -112,10 +110,7 @@ fn every_rank_file_holds_its_masters_momenta_and_moments() {
             for (k, &kind) in kinds.iter().enumerate() {
                 let from_files = &tensors[&(spec.name.clone(), kind)];
                 assert!(
-                    from_files
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .eq(snapshot.state[p][k].iter().map(|v| v.to_bits())),
+                    bits(from_files) == bits(&snapshot.state[p][k]),
                     "dp={dp}: {} {} differs from the owners' state",
                     spec.name,
                     kind.name()
@@ -169,7 +164,7 @@ fn a_later_save_replaces_the_whole_directory() {
         ["index.json", "rank-00000.safetensors", "rank-00001.safetensors"]
     );
     assert_ne!(std::fs::read(dir.join(INDEX_FILE)).unwrap(), first);
-    let beside: Vec<_> = std::fs::read_dir(&tmp.0).unwrap().collect();
+    let beside: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert_eq!(
         beside.len(),
         1,

@@ -11,12 +11,10 @@
 //! the host backend: element-wise results bit for bit, Newton–Schulz within tolerance. What it
 //! cannot check is the CUDA code itself (that takes a GPU: `--features gpu-tests`).
 
-mod common;
-mod cuda_common;
+mod support;
 
 use std::time::Duration;
 
-use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType,
@@ -24,7 +22,6 @@ use muon_opt::backend::cuda::action::{
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::{HostComm, HostGroup, Region};
-use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{Mem, Scalar};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
@@ -34,6 +31,9 @@ use muon_opt::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
 use muon_opt::numerics::gemm::{Output, Strides, gemm};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both};
+use support::cuda::{cuda_model, elementwise_script, host_backend, iterate, runtime};
+use support::ranks::on_ranks;
+use support::training::bits;
 
 /// First emulated device address (allocations follow, 512-byte aligned).
 const BASE: DevPtr = 1 << 40;
@@ -592,16 +592,6 @@ impl Executor for Emulator {
     }
 }
 
-fn host_backend(cfg: &Config) -> HostBackend {
-    let comm = HostGroup::new(1, Duration::from_secs(20)).pop().unwrap();
-    HostBackend::new(
-        Communicator::new(Transport::Host(comm)),
-        CommMode::Eager,
-        MuonOptions::from_config(cfg),
-    )
-    .unwrap()
-}
-
 /// The sizes of the four MXFP8 parts of a `rows × cols` tensor.
 fn part_sizes(rows: usize, cols: usize) -> [usize; 4] {
     use muon_opt::numerics::mxfp8::{Direction, scale_shape};
@@ -882,41 +872,29 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
         };
         let host_tp = HostGroup::new(TP, Duration::from_secs(20));
         let emu_tp = HostGroup::new(TP, Duration::from_secs(20));
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = host_tp
-                .into_iter()
-                .zip(emu_tp)
-                .enumerate()
-                .map(|(t, (host_comm, emu_comm))| {
-                    let (cfg, specs) = (&cfg, &specs);
-                    scope.spawn(move || {
-                        let host = host_backend(cfg)
-                            .with_tp_group(Communicator::new(Transport::Host(host_comm)))
-                            .unwrap();
-                        let device = Emulator {
-                            mem: Vec::new(),
-                            tp: Some(emu_comm),
-                        };
-                        let translator = Translator::new(0, 1, MuonOptions::from_config(cfg)).with_tp_group(TP, t);
-                        let emulated = CudaBackend::with_executor(translator, device).unwrap();
-                        let mut host = runtime(cfg, specs, 0, 1, Box::new(host));
-                        let mut emu = runtime(cfg, specs, 0, 1, Box::new(emulated));
-                        for step in 0..3 {
-                            let (a, b) = (iterate(&mut host, t, step, false), iterate(&mut emu, t, step, false));
-                            assert_eq!(a.step, b.step);
-                            for (x, y) in host.owned_state().unwrap().iter().zip(&emu.owned_state().unwrap()) {
-                                let name = &specs[x.param as usize].name;
-                                assert!(
-                                    bits(&x.master) == bits(&y.master),
-                                    "{mode:?} {precision:?} TP rank {t} step {step}: {name} master differs"
-                                );
-                            }
-                        }
-                    })
-                })
-                .collect();
-            for h in handles {
-                h.join().unwrap();
+        on_ranks(host_tp.into_iter().zip(emu_tp), |t, (host_comm, emu_comm)| {
+            let (cfg, specs) = (&cfg, &specs);
+            let host = host_backend(cfg)
+                .with_tp_group(Communicator::new(Transport::Host(host_comm)))
+                .unwrap();
+            let device = Emulator {
+                mem: Vec::new(),
+                tp: Some(emu_comm),
+            };
+            let translator = Translator::new(0, 1, MuonOptions::from_config(cfg)).with_tp_group(TP, t);
+            let emulated = CudaBackend::with_executor(translator, device).unwrap();
+            let mut host = runtime(cfg, specs, 0, 1, Box::new(host));
+            let mut emu = runtime(cfg, specs, 0, 1, Box::new(emulated));
+            for step in 0..3 {
+                let (a, b) = (iterate(&mut host, t, step, false), iterate(&mut emu, t, step, false));
+                assert_eq!(a.step, b.step);
+                for (x, y) in host.owned_state().unwrap().iter().zip(&emu.owned_state().unwrap()) {
+                    let name = &specs[x.param as usize].name;
+                    assert!(
+                        bits(&x.master) == bits(&y.master),
+                        "{mode:?} {precision:?} TP rank {t} step {step}: {name} master differs"
+                    );
+                }
             }
         });
     }

@@ -9,32 +9,33 @@
 
 #![cfg(feature = "gpu-tests")]
 
-mod common;
-mod cuda_common;
+mod support;
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use cuda_common::{bits, cuda_model, elementwise_script, iterate, runtime};
 use cudarc::driver::CudaContext;
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
-use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{
     BufferSizes, EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, NormSums, NormTerm, Span, StepConstants,
     StreamKind,
 };
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
+use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamSpec, Route};
 use muon_opt::numerics::muon::{MuonOptions, muon_scale};
 use muon_opt::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use muon_opt::numerics::newton_schulz::NsOptions;
 use muon_opt::optimizer::Optimizer;
 use serde_json::Value;
+use support::cuda::{cuda_model, elementwise_script, host_backend, iterate, runtime};
+use support::golden;
+use support::ranks::optimizers;
+use support::training::{ARGS, bits, init_values, model, rank_grad};
 
 /// One GPU test at a time (one device, one NCCL communicator each).
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -117,16 +118,6 @@ impl Gpu {
         )
         .unwrap()
     }
-}
-
-fn host_backend(cfg: &Config) -> HostBackend {
-    let comm = HostGroup::new(1, Duration::from_secs(20)).remove(0);
-    HostBackend::new(
-        Communicator::new(Transport::Host(comm)),
-        CommMode::Eager,
-        MuonOptions::from_config(cfg),
-    )
-    .unwrap()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -271,7 +262,7 @@ fn the_optimizer_runs_on_the_caller_stream_and_communicator() {
         clip_grad: 0.0,
         ..Config::default()
     };
-    let specs = common::model();
+    let specs = model();
     let stream = gpu.ctx.new_stream().unwrap();
     let mut cuda = Optimizer::new(
         cfg.clone(),
@@ -279,17 +270,11 @@ fn the_optimizer_runs_on_the_caller_stream_and_communicator() {
         CallerStream(stream.cu_stream().cast()),
     )
     .unwrap();
-    let mut host = common::optimizers(&cfg, 1, Duration::from_secs(20)).remove(0);
+    let mut host = optimizers(&cfg, 1, Duration::from_secs(20)).remove(0);
     for opt in [&mut cuda, &mut host] {
         for (p, spec) in specs.iter().enumerate() {
-            opt.add_param(
-                spec.clone(),
-                Some(muon_opt::init_data::InitData::from_f32(&common::init_values(
-                    p,
-                    spec.numel(),
-                ))),
-            )
-            .unwrap();
+            opt.add_param(spec.clone(), Some(InitData::from_f32(&init_values(p, spec.numel()))))
+                .unwrap();
         }
         opt.finalize().unwrap();
     }
@@ -298,7 +283,7 @@ fn the_optimizer_runs_on_the_caller_stream_and_communicator() {
             opt.zero_grad().unwrap();
             for p in (0..specs.len()).rev() {
                 let seen = opt.running().unwrap().param_values(p).unwrap();
-                let grad = common::rank_grad(step, 0, p, &seen);
+                let grad = rank_grad(step, 0, p, &seen);
                 let ptr = opt.running().unwrap().address(p, true);
                 if is_cuda {
                     stream.synchronize().unwrap();
@@ -310,7 +295,7 @@ fn the_optimizer_runs_on_the_caller_stream_and_communicator() {
                 }
                 opt.grad_ready(p as u32).unwrap();
             }
-            assert!(!opt.step(&common::ARGS).unwrap().skipped);
+            assert!(!opt.step(&ARGS).unwrap().skipped);
             opt.synchronize().unwrap();
         }
         for (p, spec) in specs.iter().enumerate() {
@@ -334,9 +319,7 @@ fn newton_schulz_matches_the_golden_vectors() {
     let Some(gpu) = gpu("newton_schulz_matches_the_golden_vectors") else {
         return;
     };
-    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/golden");
-    let read = |name: &str| std::fs::read(format!("{golden}/{name}")).unwrap();
-    let manifest: Value = serde_json::from_slice(&read("manifest.json")).unwrap();
+    let manifest: Value = serde_json::from_slice(&golden::read("manifest.json")).unwrap();
     for case in manifest["ns"].as_array().unwrap() {
         let (rows, cols) = (
             case["rows"].as_u64().unwrap() as usize,
@@ -346,14 +329,8 @@ fn newton_schulz_matches_the_golden_vectors() {
             "simple" => CoefficientSet::Simple,
             _ => CoefficientSet::Quintic,
         };
-        let input: Vec<f32> = read(case["input_f32"].as_str().unwrap())
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        let truth: Vec<f64> = read(case["output_f64"].as_str().unwrap())
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let input = golden::read_f32(case["input_f32"].as_str().unwrap());
+        let truth = golden::read_f64(case["output_f64"].as_str().unwrap());
         for (precision, tolerance) in [(NsPrecision::F32, 1e-4), (NsPrecision::Bf16, 3e-2)] {
             let muon = MuonOptions {
                 momentum: 0.0,

@@ -3,13 +3,11 @@
 //! masters it owns — with device copies and cast kernels, uploads none of the model from the
 //! host, and waits for the compute stream before it lets the copy go.
 
-mod common;
-mod cuda_common;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cuda_common::cuda_model;
 use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Kernel};
 use muon_opt::backend::cuda::dry_run::VirtualMemory;
 use muon_opt::backend::cuda::translate::Translator;
@@ -21,6 +19,7 @@ use muon_opt::model::Registry;
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
 use muon_opt::schedule::Runtime;
+use support::cuda::cuda_model;
 
 /// Far above the virtual addresses of the backend's own allocations.
 const INIT_BASE: DevPtr = 1 << 50;

@@ -8,14 +8,12 @@
 //! least one device action. With NVRTC present, every kernel launch of the translation is
 //! also checked against the kernel's compiled PTX signature.
 
-mod common;
-mod cuda_common;
+mod support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cuda_common::{cuda_model, iterate, runtime};
 use muon_opt::backend::cuda::action::{Action, Arg, Kernel};
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::nvrtc::{self, SOURCES, Target};
@@ -27,6 +25,9 @@ use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::MuonOptions;
+use support::cuda::{cuda_model, iterate, runtime};
+use support::ranks::on_ranks;
+use support::training::{ARGS, bits, rank_grad};
 
 const DP: usize = 2;
 const STEPS: u64 = 3;
@@ -77,37 +78,26 @@ fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
 /// `Recording` with the observer `observer(rank)`.
 fn run<O: Observer + 'static>(cfg: &Config, specs: &[ParamSpec], observer: impl Fn(usize) -> O) {
     let comms = HostGroup::new(DP, Duration::from_secs(20));
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let observer = observer(rank);
-                scope.spawn(move || {
-                    let comm = Communicator::new(Transport::Host(comm));
-                    let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(cfg)).unwrap();
-                    let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, observer)));
-                    // The plan-hash exchange of finalize.
-                    let hash = rt.plan().hash;
-                    rt.backend_mut().all_gather_u64(hash).unwrap();
-                    for step in 0..STEPS {
-                        let info = iterate(&mut rt, rank, step, step == NAN_STEP);
-                        assert_eq!(info.skipped, step == NAN_STEP);
-                    }
-                    let state = rt.owned_state().unwrap();
-                    let steps = rt.steps().unwrap();
-                    rt.load_owned_state(steps, &state).unwrap();
-                    for p in 0..specs.len() {
-                        rt.address(p, true);
-                        rt.mxfp8_addresses(p);
-                    }
-                    rt.synchronize().unwrap();
-                })
-            })
-            .collect();
-        for handle in handles {
-            handle.join().unwrap();
+    let observers: Vec<O> = (0..DP).map(observer).collect();
+    on_ranks(comms.into_iter().zip(observers), |rank, (comm, observer)| {
+        let comm = Communicator::new(Transport::Host(comm));
+        let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(cfg)).unwrap();
+        let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, observer)));
+        // The plan-hash exchange of finalize.
+        let hash = rt.plan().hash;
+        rt.backend_mut().all_gather_u64(hash).unwrap();
+        for step in 0..STEPS {
+            let info = iterate(&mut rt, rank, step, step == NAN_STEP);
+            assert_eq!(info.skipped, step == NAN_STEP);
         }
+        let state = rt.owned_state().unwrap();
+        let steps = rt.steps().unwrap();
+        rt.load_owned_state(steps, &state).unwrap();
+        for p in 0..specs.len() {
+            rt.address(p, true);
+            rt.mxfp8_addresses(p);
+        }
+        rt.synchronize().unwrap();
     });
 }
 
@@ -324,44 +314,35 @@ fn an_iteration_translates_to_no_host_synchronizing_action() {
             .map(|rank| Arc::new(Mutex::new(DryRun::new(rank, DP, MuonOptions::from_config(&cfg)))))
             .collect();
         let comms = HostGroup::new(DP, Duration::from_secs(20));
-        let marks: Vec<usize> = std::thread::scope(|scope| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    let (cfg, specs, dry) = (&cfg, &specs, dry[rank].clone());
-                    scope.spawn(move || {
-                        let comm = Communicator::new(Transport::Host(comm));
-                        let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(cfg)).unwrap();
-                        let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, dry.clone())));
-                        let buckets = rt.plan().buckets.len() as u32;
-                        let mark = dry.lock().unwrap().log.len();
-                        rt.zero_grad().unwrap();
-                        for b in 0..buckets {
-                            rt.wait_params(b).unwrap();
-                        }
-                        for p in (0..specs.len()).rev() {
-                            let seen = rt.param_values(p).unwrap();
-                            let grad = common::rank_grad(0, rank, p, &seen);
-                            let ptr = rt.address(p, true).cast::<f32>();
-                            // SAFETY: the host backend's grad view of param p, f32 (grad_dtype).
-                            if cfg.grad_dtype == Dtype::F32 {
-                                unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
-                            }
-                            rt.grad_ready(p as u32).unwrap();
-                        }
-                        rt.step(Some(&common::ARGS)).unwrap();
-                        for b in 0..buckets {
-                            rt.wait_params(b).unwrap();
-                        }
-                        let end = dry.lock().unwrap().log.len();
-                        let info = rt.step_info().unwrap();
-                        assert!(!info.skipped && info.step == 1, "{label}: {info:?}");
-                        (mark, end)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        let marks: Vec<usize> = on_ranks(comms, |rank, comm| {
+            let (cfg, specs, dry) = (&cfg, &specs, dry[rank].clone());
+            let comm = Communicator::new(Transport::Host(comm));
+            let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(cfg)).unwrap();
+            let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, dry.clone())));
+            let buckets = rt.plan().buckets.len() as u32;
+            let mark = dry.lock().unwrap().log.len();
+            rt.zero_grad().unwrap();
+            for b in 0..buckets {
+                rt.wait_params(b).unwrap();
+            }
+            for p in (0..specs.len()).rev() {
+                let seen = rt.param_values(p).unwrap();
+                let grad = rank_grad(0, rank, p, &seen);
+                let ptr = rt.address(p, true).cast::<f32>();
+                // SAFETY: the host backend's grad view of param p, f32 (grad_dtype).
+                if cfg.grad_dtype == Dtype::F32 {
+                    unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
+                }
+                rt.grad_ready(p as u32).unwrap();
+            }
+            rt.step(Some(&ARGS)).unwrap();
+            for b in 0..buckets {
+                rt.wait_params(b).unwrap();
+            }
+            let end = dry.lock().unwrap().log.len();
+            let info = rt.step_info().unwrap();
+            assert!(!info.skipped && info.step == 1, "{label}: {info:?}");
+            (mark, end)
         })
         .into_iter()
         .flat_map(|(mark, end)| [mark, end])
@@ -535,7 +516,7 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
     let (cfg, specs) = (cases()[0].1.clone(), cuda_model());
     let args = |step: u64| StepArgs {
         lr: 0.02 / (1.0 + step as f32),
-        ..common::ARGS
+        ..ARGS
     };
     type DryLog = Vec<(Op, muon_opt::error::Result<Translated>)>;
     let run = |preset: bool| -> (Vec<Vec<f32>>, DryLog) {
@@ -555,7 +536,7 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
             }
             for p in (0..specs.len()).rev() {
                 let seen = rt.param_values(p).unwrap();
-                let grad = common::rank_grad(step, 0, p, &seen);
+                let grad = rank_grad(step, 0, p, &seen);
                 let ptr = rt.address(p, true).cast::<f32>();
                 // SAFETY: the host backend's f32 grad view of param p (grad_dtype f32).
                 unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
@@ -576,7 +557,7 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
     let (given, given_log) = run(false);
     let (preset, preset_log) = run(true);
     for (p, (a, b)) in given.iter().zip(&preset).enumerate() {
-        assert!(common::bits(a) == common::bits(b), "param {p} differs");
+        assert!(bits(a) == bits(b), "param {p} differs");
     }
     let copies = |log: &DryLog| {
         log.iter()

@@ -2,6 +2,8 @@
 //! communication, and the message names the first difference: a config field, a param, or
 //! the param count. Settings that are a rank's own (timeout, comm mode) may differ.
 
+mod support;
+
 use std::time::Duration;
 
 use muon_opt::backend::cuda::CallerStream;
@@ -11,6 +13,7 @@ use muon_opt::config::{Config, Dtype};
 use muon_opt::error::{Error, ErrorKind};
 use muon_opt::model::ParamSpec;
 use muon_opt::optimizer::Optimizer;
+use support::ranks::on_ranks;
 
 fn model(rank: usize, change: Option<(usize, usize)>, extra: bool) -> Vec<ParamSpec> {
     let mut params: Vec<ParamSpec> = (0..7)
@@ -30,23 +33,13 @@ fn model(rank: usize, change: Option<(usize, usize)>, extra: bool) -> Vec<ParamS
 /// Finalizes on 2 host ranks with per-rank configs and models; returns each rank's result.
 fn finalize(configs: [Config; 2], change: Option<(usize, usize)>, extra: bool) -> Vec<Result<(), Error>> {
     let comms = HostGroup::new(2, Duration::from_secs(20));
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .zip(configs)
-            .enumerate()
-            .map(|(rank, (comm, cfg))| {
-                scope.spawn(move || {
-                    let claim = Communicator::new(Transport::Host(comm)).claim().unwrap();
-                    let mut opt = Optimizer::new(cfg, claim, CallerStream::NULL).unwrap();
-                    for spec in model(rank, change, extra) {
-                        opt.add_param(spec, None).unwrap();
-                    }
-                    opt.finalize()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    on_ranks(comms.into_iter().zip(configs), |rank, (comm, cfg)| {
+        let claim = Communicator::new(Transport::Host(comm)).claim().unwrap();
+        let mut opt = Optimizer::new(cfg, claim, CallerStream::NULL).unwrap();
+        for spec in model(rank, change, extra) {
+            opt.add_param(spec, None).unwrap();
+        }
+        opt.finalize()
     })
 }
 

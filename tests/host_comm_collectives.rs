@@ -1,12 +1,15 @@
 //! Host communicator collectives: every op kind, f32 and bf16, out of place and in place, in
 //! groups, bit-identical to the sequential rank-order sum `acc = x₀; acc += x₁; …`.
 
-use std::thread;
+mod support;
+
 use std::time::Duration;
 
 use muon_opt::backend::host::comm::{Collective, HostComm, HostGroup, Region};
 use muon_opt::config::Dtype;
 use muon_opt::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
+use support::ranks::on_ranks;
+use support::rng::Rng;
 
 const DP: usize = 4;
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -15,18 +18,6 @@ const DTYPES: [Dtype; 2] = [Dtype::F32, Dtype::Bf16];
 /// over several (2^16-element) chunks that the ranks' threads compute in parallel, ending
 /// mid-chunk and mid-block.
 const LENS: [usize; 2] = [1000, 3 * 65_536 + 1_077];
-
-/// Runs `f` on one thread per rank of a fresh group; results in rank order.
-fn on_ranks<T: Send>(n: usize, f: impl Fn(&HostComm) -> T + Sync) -> Vec<T> {
-    let comms = HostGroup::new(n, TIMEOUT);
-    thread::scope(|s| {
-        let handles: Vec<_> = comms.iter().map(|comm| s.spawn(|| f(comm))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
-}
 
 /// A rank's buffer of either dtype.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,13 +29,9 @@ enum Buf {
 impl Buf {
     /// `len` pseudo-random finite values of varied magnitude, exactly representable in `dtype`.
     fn random(dtype: Dtype, len: usize, seed: u64) -> Buf {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        let mut rng = Rng::new(seed);
         let values = (0..len).map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
+            let z = rng.next_u64();
             let unit = (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
             let exponent = (z & 0x1F) as i32 - 12;
             unit * 2f32.powi(exponent)
@@ -116,7 +103,7 @@ fn reduce_writes_rank_order_sum_on_root_only() {
             let sends = inputs(dtype, len, root as u64);
             let expected = rank_order_sum(dtype, &sends);
             let sentinel = Buf::filled(dtype, len, 7.0);
-            let results = on_ranks(DP, |comm| {
+            let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
                 let mut send = sends[comm.rank()].clone();
                 let mut recv = sentinel.clone();
                 comm.reduce(root, send.region(), recv.region()).unwrap();
@@ -143,7 +130,7 @@ fn reduce_in_place_sums_into_root_region() {
         let root = 2;
         let sends = inputs(dtype, 777, 11);
         let expected = rank_order_sum(dtype, &sends);
-        let results = on_ranks(DP, |comm| {
+        let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut buf = sends[comm.rank()].clone();
             let region = buf.region();
             comm.reduce(root, region, region).unwrap();
@@ -164,12 +151,12 @@ fn all_reduce_gives_every_rank_the_rank_order_sum() {
     for (dtype, len) in DTYPES.into_iter().flat_map(|d| LENS.map(|l| (d, l))) {
         let sends = inputs(dtype, len, 3);
         let expected = rank_order_sum(dtype, &sends);
-        let in_place = on_ranks(DP, |comm| {
+        let in_place = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut buf = sends[comm.rank()].clone();
             comm.all_reduce(buf.region()).unwrap();
             buf
         });
-        let out_of_place = on_ranks(DP, |comm| {
+        let out_of_place = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut send = sends[comm.rank()].clone();
             let mut recv = Buf::filled(dtype, len, 0.0);
             comm.group(&[Collective::AllReduce {
@@ -196,13 +183,13 @@ fn reduce_scatter_gives_each_rank_its_chunk_of_the_sum() {
     for (dtype, chunk) in DTYPES.into_iter().flat_map(|d| [333, 70_001].map(|c| (d, c))) {
         let sends = inputs(dtype, DP * chunk, 5);
         let expected = rank_order_sum(dtype, &sends);
-        let out_of_place = on_ranks(DP, |comm| {
+        let out_of_place = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut send = sends[comm.rank()].clone();
             let mut recv = Buf::filled(dtype, chunk, 0.0);
             comm.reduce_scatter(send.region(), recv.region()).unwrap();
             recv.bits()
         });
-        let in_place = on_ranks(DP, |comm| {
+        let in_place = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut buf = sends[comm.rank()].clone();
             let whole = buf.region();
             let mine = whole.sub(comm.rank() * chunk, chunk).unwrap();
@@ -230,13 +217,13 @@ fn all_gather_concatenates_chunks_in_rank_order() {
     for (dtype, chunk) in DTYPES.into_iter().flat_map(|d| [257, 70_001].map(|c| (d, c))) {
         let chunks = inputs(dtype, chunk, 9);
         let expected: Vec<u32> = chunks.iter().flat_map(Buf::bits).collect();
-        let out_of_place = on_ranks(DP, |comm| {
+        let out_of_place = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut send = chunks[comm.rank()].clone();
             let mut recv = Buf::filled(dtype, DP * chunk, 0.0);
             comm.all_gather(send.region(), recv.region()).unwrap();
             recv.bits()
         });
-        let in_place = on_ranks(DP, |comm| {
+        let in_place = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let rank = comm.rank();
             let mut whole = Buf::random(dtype, DP * chunk, 1000 + rank as u64);
             let mut mine = whole.values();
@@ -262,7 +249,7 @@ fn broadcast_copies_the_root_buffer_bitwise() {
     for (dtype, len) in DTYPES.into_iter().flat_map(|d| LENS.map(|l| (d, l))) {
         for root in 0..DP {
             let bufs = inputs(dtype, len, 20 + root as u64);
-            let results = on_ranks(DP, |comm| {
+            let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
                 let mut buf = bufs[comm.rank()].clone();
                 comm.broadcast(root, buf.region()).unwrap();
                 buf
@@ -283,7 +270,7 @@ fn grouped_reduce_to_owners_then_broadcast_from_owners() {
     for dtype in DTYPES {
         let grads = inputs(dtype, len, 30);
         let expected = rank_order_sum(dtype, &grads);
-        let after_reduce = on_ranks(DP, |comm| {
+        let after_reduce = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut buf = grads[comm.rank()].clone();
             let whole = buf.region();
             let ops: Vec<Collective> = ranges
@@ -316,7 +303,7 @@ fn grouped_reduce_to_owners_then_broadcast_from_owners() {
             }
         }
         let params = inputs(dtype, len, 40);
-        let after_broadcast = on_ranks(DP, |comm| {
+        let after_broadcast = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
             let mut buf = params[comm.rank()].clone();
             let whole = buf.region();
             let ops: Vec<Collective> = ranges
@@ -349,7 +336,7 @@ fn group_mixes_kinds_and_dtypes() {
     let grads_bf16 = inputs(Dtype::Bf16, 90, 51);
     let expected_f32 = rank_order_sum(Dtype::F32, &grads_f32);
     let expected_bf16 = rank_order_sum(Dtype::Bf16, &grads_bf16);
-    let results = on_ranks(DP, |comm| {
+    let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
         let rank = comm.rank();
         let mut adam = grads_f32[rank].clone();
         let mut muon = grads_bf16[rank].clone();
@@ -389,7 +376,7 @@ fn sums_follow_rank_order() {
     let backward = ((per_rank[3] + per_rank[2]) + per_rank[1]) + per_rank[0];
     assert_eq!(forward, 1.0);
     assert_ne!(forward, backward, "the values must make the order observable");
-    let results = on_ranks(DP, |comm| {
+    let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
         let mut buf = vec![per_rank[comm.rank()]; 3];
         // SAFETY: the buffer outlives the call and is not otherwise accessed during it.
         comm.all_reduce(unsafe { Region::from_f32(&mut buf) }).unwrap();
@@ -402,7 +389,7 @@ fn sums_follow_rank_order() {
 
 #[test]
 fn scalar_exchanges_and_barrier() {
-    let results = on_ranks(DP, |comm| {
+    let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
         let rank = comm.rank();
         comm.barrier().unwrap();
         let gathered = comm.all_gather_u64(10 * rank as u64 + 7).unwrap();
@@ -419,7 +406,7 @@ fn scalar_exchanges_and_barrier() {
 #[test]
 fn back_to_back_collectives_stay_in_lockstep() {
     let rounds = 300u64;
-    let results = on_ranks(DP, |comm| {
+    let results = on_ranks(&HostGroup::new(DP, TIMEOUT), |_, comm| {
         let rank = comm.rank() as u64;
         let mut sums = Vec::new();
         for round in 0..rounds {
@@ -440,7 +427,7 @@ fn back_to_back_collectives_stay_in_lockstep() {
 
 #[test]
 fn single_rank_group_copies() {
-    let results = on_ranks(1, |comm| {
+    let results = on_ranks(&HostGroup::new(1, TIMEOUT), |_, comm| {
         assert_eq!((comm.rank(), comm.size()), (0, 1));
         let mut send = Buf::random(Dtype::Bf16, 64, 60);
         let original = send.clone();

@@ -1,6 +1,8 @@
 //! Host communicator failures: timeouts, mismatches and invalid arguments break the group
 //! with a clear error on every rank, never a hang; later calls get `CommBroken`.
 
+mod support;
+
 use std::sync::{Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -8,19 +10,9 @@ use std::time::{Duration, Instant};
 use muon_opt::backend::host::comm::{Collective, HostComm, HostGroup, Region};
 use muon_opt::config::Dtype;
 use muon_opt::error::{Error, ErrorKind};
+use support::ranks::on_ranks;
 
 const LONG: Duration = Duration::from_secs(60);
-
-/// Runs `f` on one thread per rank of `comms`; results in rank order.
-fn on_ranks<T: Send>(comms: &[HostComm], f: impl Fn(&HostComm) -> T + Sync) -> Vec<T> {
-    thread::scope(|s| {
-        let handles: Vec<_> = comms.iter().map(|comm| s.spawn(|| f(comm))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
-    })
-}
 
 fn all_reduce(comm: &HostComm, len: usize) -> Result<(), Error> {
     let mut buf = vec![1.0f32; len];
@@ -35,7 +27,7 @@ fn missing_rank_times_out_then_group_is_broken() {
     let (failed_tx, failed_rx) = mpsc::channel::<()>();
     let failed_rx = Mutex::new(failed_rx);
     let start = Instant::now();
-    let results = on_ranks(&comms, |comm| {
+    let results = on_ranks(&comms, |_, comm| {
         if comm.rank() == 2 {
             // Arrives only after the others gave up (bounded wait: at most 10 s).
             for _ in 0..2 {
@@ -122,7 +114,7 @@ fn set_timeout_applies_to_later_calls() {
 /// Two ranks issue different collectives; `expect` must appear in both errors.
 fn assert_mismatch(op0: Collective, op1: Collective, expect: [&str; 2]) {
     let comms = HostGroup::new(2, LONG);
-    let results = on_ranks(&comms, |comm| {
+    let results = on_ranks(&comms, |_, comm| {
         let op = if comm.rank() == 0 { op0 } else { op1 };
         let err = comm.group(&[op]).unwrap_err();
         let next = comm.barrier().unwrap_err();
@@ -182,7 +174,7 @@ fn mismatched_collectives_fail_on_every_rank() {
 #[test]
 fn mismatched_group_lengths_fail() {
     let comms = HostGroup::new(2, LONG);
-    let results = on_ranks(&comms, |comm| {
+    let results = on_ranks(&comms, |_, comm| {
         if comm.rank() == 0 {
             comm.barrier().unwrap_err()
         } else {
@@ -203,7 +195,7 @@ fn rank_arriving_after_a_mismatch_also_gets_it() {
     let comms = HostGroup::new(3, LONG);
     let (tx, rx) = mpsc::channel::<()>();
     let rx = Mutex::new(rx);
-    let results = on_ranks(&comms, |comm| match comm.rank() {
+    let results = on_ranks(&comms, |_, comm| match comm.rank() {
         0 => all_reduce(comm, 4).unwrap_err(),
         1 => {
             let err = all_reduce(comm, 5).unwrap_err();
@@ -226,7 +218,7 @@ fn rank_arriving_after_a_mismatch_also_gets_it() {
 #[test]
 fn invalid_arguments_break_the_group_without_waiting() {
     let comms = HostGroup::new(2, LONG);
-    let results = on_ranks(&comms, |comm| {
+    let results = on_ranks(&comms, |_, comm| {
         let mut send = vec![0.0f32; 10];
         let mut recv = vec![0.0f32; 5];
         if comm.rank() == 0 {

@@ -1,6 +1,8 @@
 //! Host comm streams and events: FIFO order, eager and lazy execution, CUDA event semantics,
 //! error propagation, and collectives run from per-rank comm streams.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -11,6 +13,7 @@ use muon_opt::backend::host::stream::{HostEvent, HostStream};
 use muon_opt::bail;
 use muon_opt::config::CommMode;
 use muon_opt::error::ErrorKind;
+use support::ranks::on_ranks;
 
 const MODES: [CommMode; 2] = [CommMode::Eager, CommMode::Lazy];
 
@@ -266,35 +269,27 @@ fn ranks_run_collectives_on_their_comm_streams() {
             .into_iter()
             .map(Arc::new)
             .collect();
-        let results: Vec<(Option<Vec<f32>>, Vec<f32>)> = thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .map(|comm| {
-                    s.spawn(move || {
-                        let stream = HostStream::new(mode).unwrap();
-                        let mut buf = vec![comm.rank() as f32 + 1.0; 64];
-                        // SAFETY: `buf` lives until after the event wait below and this
-                        // thread reads it only after that wait.
-                        let region = unsafe { Region::from_f32(&mut buf) };
-                        let done = HostEvent::new();
-                        let c = comm.clone();
-                        stream.enqueue(move || c.all_reduce(region)).unwrap();
-                        stream.record_on_comm(&done);
-                        let c = comm.clone();
-                        stream.enqueue(move || c.barrier()).unwrap();
-                        // Only lazy mode guarantees nobody writes `buf` before the wait.
-                        let before_wait = (mode == CommMode::Lazy).then(|| {
-                            thread::sleep(Duration::from_millis(20));
-                            buf.clone()
-                        });
-                        done.synchronize().unwrap();
-                        let after_wait = buf.clone();
-                        stream.synchronize().unwrap();
-                        (before_wait, after_wait)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results: Vec<(Option<Vec<f32>>, Vec<f32>)> = on_ranks(comms.iter(), |_, comm| {
+            let stream = HostStream::new(mode).unwrap();
+            let mut buf = vec![comm.rank() as f32 + 1.0; 64];
+            // SAFETY: `buf` lives until after the event wait below and this
+            // thread reads it only after that wait.
+            let region = unsafe { Region::from_f32(&mut buf) };
+            let done = HostEvent::new();
+            let c = comm.clone();
+            stream.enqueue(move || c.all_reduce(region)).unwrap();
+            stream.record_on_comm(&done);
+            let c = comm.clone();
+            stream.enqueue(move || c.barrier()).unwrap();
+            // Only lazy mode guarantees nobody writes `buf` before the wait.
+            let before_wait = (mode == CommMode::Lazy).then(|| {
+                thread::sleep(Duration::from_millis(20));
+                buf.clone()
+            });
+            done.synchronize().unwrap();
+            let after_wait = buf.clone();
+            stream.synchronize().unwrap();
+            (before_wait, after_wait)
         });
         for (rank, (before_wait, after_wait)) in results.into_iter().enumerate() {
             if let Some(before_wait) = before_wait {

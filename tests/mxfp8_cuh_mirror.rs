@@ -6,12 +6,14 @@
 //!
 //! Without `g++` the test prints a notice and passes, unless `MUON_REQUIRE_CXX=1` is set.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::Command;
 
 use muon_opt::numerics::mxfp8::{
     e4m3_to_f32, e8m0_from_amax, f32_to_e4m3, float_to_e8m0, scale, scale_inv, swizzled_scale_index,
 };
+use support::tempdir::TempDir;
 
 /// Scale bytes for the per-element check: both ends, the values around typical data, the
 /// largest finite-amax scale (0xF7 = 247), the subnormal inverse scale (254) and NaN (255).
@@ -103,23 +105,6 @@ fn expected() -> Vec<u8> {
     v
 }
 
-/// A fresh scratch directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("muon_mxfp8_cuh_mirror_{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn cuh_device_functions_equal_the_rust_mirror() {
     let required = std::env::var("MUON_REQUIRE_CXX").is_ok_and(|v| v == "1");
@@ -129,10 +114,10 @@ fn cuh_device_functions_equal_the_rust_mirror() {
         return;
     }
     let kernels = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
-    let tmp = TempDir::new();
-    let source = tmp.0.join("mxfp8_mirror.cpp");
-    let exe = tmp.0.join("mxfp8_mirror");
-    let dump = tmp.0.join("mxfp8_mirror.bin");
+    let tmp = TempDir::new("mxfp8-cuh-mirror");
+    let source = tmp.join("mxfp8_mirror.cpp");
+    let exe = tmp.join("mxfp8_mirror");
+    let dump = tmp.join("mxfp8_mirror.bin");
     let scales: Vec<String> = SCALE_BYTES.iter().map(|b| b.to_string()).collect();
     let program = DRIVER.replace("SCALES", &scales.join(", "));
     std::fs::write(&source, program).expect("write driver");

@@ -7,13 +7,13 @@
 //! Where TE's paths differ (docs/mxfp8.md §2), the expected bytes are this crate's documented choice:
 //! −0 encodes as 0x80 (TE's generic kernel) and a NaN of either sign as 0x7F.
 
-mod mxfp8_common;
+mod support;
 
 use muon_opt::numerics::mxfp8::{
     Direction, Output, ScaleLayout, dequantize_colwise, dequantize_rowwise, scale_index, scale_shape,
     swizzled_scale_index,
 };
-use mxfp8_common::{DIRECTIONS, LAYOUTS, bf16_to_f32, run_all};
+use support::mxfp8::{DIRECTIONS, LAYOUTS, bf16_to_f32, run_all};
 
 /// Where a test block sits: block 1 of row/column 2 of a 3-wide matrix.
 const LINE: usize = 2;

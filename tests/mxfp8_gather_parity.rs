@@ -4,17 +4,19 @@
 //! function. Both runs compute their gradients from the dequantized rowwise MXFP8 copy, so the
 //! math is the same: masters, optimizer state and MXFP8 bytes must be equal bit for bit.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{ARGS, assemble, noise, optimizers};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::mxfp8::{
     Direction, Input, Output, QuantizedMut, ScaleLayout, dequantize_rowwise, quantize_both, scale_shape,
 };
 use muon_opt::optimizer::Optimizer;
+use support::ranks::{on_ranks, optimizers};
+use support::rng::noise;
+use support::training::{ARGS, assemble};
 
 const STEPS: u64 = 10;
 
@@ -165,14 +167,7 @@ fn train(cfg: &Config, dp: usize, mxfp8: bool) -> History {
         ScaleLayout::Compact
     };
     let opts = optimizers(cfg, dp, Duration::from_secs(20));
-    let per_rank: Vec<History> = std::thread::scope(|scope| {
-        let handles: Vec<_> = opts
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut opt)| scope.spawn(move || run_rank(&mut opt, mxfp8, rank, layout)))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let per_rank: Vec<History> = on_ranks(opts, |rank, mut opt| run_rank(&mut opt, mxfp8, rank, layout));
     let specs = model(true);
     (0..STEPS as usize)
         .map(|s| {

@@ -3,18 +3,12 @@
 //! and from bf16 input, through every entry point and both scale layouts. Golden scales are
 //! compact and unpadded, so they are compared with the valid region of our padded buffers.
 
-mod mxfp8_common;
+mod support;
 
 use muon_opt::numerics::mxfp8::{Direction, Input, ScaleLayout, scale_index};
-use mxfp8_common::{LAYOUTS, Quantized, bf16_exact, run_both, run_single};
 use serde_json::Value;
-
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/golden");
-
-fn read(name: &str) -> Vec<u8> {
-    let path = format!("{GOLDEN}/{name}");
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
+use support::golden::{read, read_f32};
+use support::mxfp8::{LAYOUTS, Quantized, bf16_exact, run_both, run_single};
 
 struct Case {
     rows: usize,
@@ -34,10 +28,7 @@ fn cases() -> Vec<Case> {
         .map(|c| {
             let field = |k: &str| c[k].as_str().unwrap_or_else(|| panic!("field {k}"));
             let dim = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("field {k}")) as usize;
-            let input = read(field("input_bf16_as_f32"))
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
+            let input = read_f32(field("input_bf16_as_f32"));
             Case {
                 rows: dim("rows"),
                 cols: dim("cols"),

@@ -2,30 +2,15 @@
 //! reference of docs/mxfp8.md §10 on many shapes and value mixes, plus argument checking and
 //! dequantization.
 
-mod mxfp8_common;
+mod support;
 
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::mxfp8::{
     Direction, Input, Output, QuantizedMut, ScaleLayout, dequantize_colwise, dequantize_rowwise, e4m3_to_f32, quantize,
     quantize_rowwise, scale, scale_index, scale_shape,
 };
-use mxfp8_common::{DIRECTIONS, LAYOUTS, Quantized, bf16_to_f32, reference_quantize, run_both, run_single};
-
-/// Deterministic xorshift generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use support::mxfp8::{DIRECTIONS, LAYOUTS, Quantized, bf16_to_f32, reference_quantize, run_both, run_single};
+use support::rng::Rng;
 
 /// Value mixes. Each returns bf16 bits; the f32 input is their exact upcast.
 #[derive(Debug, Clone, Copy)]
@@ -45,7 +30,7 @@ fn make(mix: Mix, n: usize, rng: &mut Rng) -> Vec<u16> {
     let centre = 100 + rng.below(60) as u16;
     (0..n)
         .map(|_| {
-            let r = rng.next();
+            let r = rng.next_u64();
             let sign = ((r >> 40) as u16) & 0x8000;
             let mant = (r >> 20) as u16 & 0x7F;
             let normal = |rng: &mut Rng| {
@@ -95,7 +80,7 @@ const SHAPES: [(usize, usize); 15] = [
 
 #[test]
 fn library_matches_naive_reference_on_all_shapes_and_mixes() {
-    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    let mut rng = Rng::new(0x1234_5678_9ABC_DEF1);
     for (rows, cols) in SHAPES {
         for mix in [Mix::Normal, Mix::AnyBits, Mix::Tiny, Mix::Sprinkled] {
             let bits = make(mix, rows * cols, &mut rng);
@@ -122,12 +107,12 @@ fn library_matches_naive_reference_on_all_shapes_and_mixes() {
 
 #[test]
 fn f32_inputs_that_are_not_bf16_match_reference() {
-    let mut rng = Rng(0xDEAD_BEEF_0BAD_CAFE);
+    let mut rng = Rng::new(0xDEAD_BEEF_0BAD_CAFE);
     let (rows, cols) = (67, 290);
     for spread in [4u32, 30, 120] {
         let values: Vec<f32> = (0..rows * cols)
             .map(|_| {
-                let r = rng.next();
+                let r = rng.next_u64();
                 let e = 127 - spread / 2 + (r as u32 % spread);
                 f32::from_bits(((r >> 32) as u32 & 0x8000_0000) | (e << 23) | (r >> 40) as u32 & 0x7F_FFFF)
             })
@@ -192,7 +177,7 @@ fn wrong_buffer_lengths_are_invalid_arguments_and_write_nothing() {
 
 #[test]
 fn dequantize_is_scale_times_code_in_both_layouts_and_output_types() {
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     let (rows, cols) = (45, 70);
     let bits = make(Mix::Sprinkled, rows * cols, &mut rng);
     for layout in LAYOUTS {

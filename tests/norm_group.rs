@@ -3,6 +3,8 @@
 //! clips and skips alike, each gradient is counted once (a `NORM_REPLICA` copy is not), and the
 //! norm equals the one computed by hand over the whole model.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,16 +15,13 @@ use muon_opt::config::{Config, Dtype, NsPrecision};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::{StepArgs, StepInfo};
+use muon_opt::schedule::StepInfo;
+use support::ranks::{host_comms, on_ranks};
+use support::rng::milli;
+use support::training::ARGS;
 
 const DP: usize = 2;
 const TP: usize = 2;
-const ARGS: StepArgs = StepArgs {
-    lr: 0.02,
-    weight_decay: 0.1,
-    adam_lr: 0.003,
-    adam_weight_decay: 0.01,
-};
 
 /// TP rank `t`'s part of the model: its shard of two matrices and of a bias, and the layer
 /// norm every TP rank holds a copy of (a tensor-parallel duplicate), flagged `NORM_REPLICA`
@@ -44,8 +43,7 @@ fn model(t: usize, flag_replicas: bool) -> Vec<ParamSpec> {
 /// gradient is the same on every TP rank (frameworks all-reduce duplicates over TP first).
 fn grad(d: usize, t: usize, p: usize, i: usize) -> f32 {
     let t = if p == 2 { 0 } else { t };
-    let h = ((d * 7919 + t * 104_729 + p * 1_000_003 + i * 31) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((h >> 40) % 2001) as f32 / 1000.0 - 1.0
+    milli((d * 7919 + t * 104_729 + p * 1_000_003 + i * 31) as u64)
 }
 
 /// What a run of one step reports on every rank, (d, t) in world-rank order t·DP + d.
@@ -58,63 +56,48 @@ struct Setup {
 }
 
 fn run(setup: &Setup) -> Vec<Result<StepInfo>> {
-    let world: Vec<Arc<Communicator>> = HostGroup::new(DP * TP, Duration::from_secs(20))
-        .into_iter()
-        .map(|c| Communicator::new(Transport::Host(c)))
-        .collect();
-    let data: Vec<Vec<Arc<Communicator>>> = (0..TP)
-        .map(|_| {
-            HostGroup::new(DP, Duration::from_secs(20))
-                .into_iter()
-                .map(|c| Communicator::new(Transport::Host(c)))
-                .collect()
-        })
-        .collect();
+    let world = host_comms(DP * TP);
+    let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
     let cfg = Config {
         bucket_size: 256,
         clip_grad: setup.clip_grad,
         muon_ns_precision: NsPrecision::F32,
         ..Config::default()
     };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..TP)
-            .flat_map(|t| (0..DP).map(move |d| (d, t)))
-            .map(|(d, t)| {
-                let (dp_comm, world_comm) = (data[t][d].clone(), world[t * DP + d].clone());
-                let cfg = cfg.clone();
-                scope.spawn(move || -> Result<StepInfo> {
-                    let mut opt = Optimizer::new(cfg, dp_comm.claim()?, CallerStream::NULL)?;
-                    let specs = model(t, setup.flag_replicas);
-                    for (p, spec) in specs.iter().enumerate() {
-                        let init: Vec<f32> = (0..spec.numel() as usize).map(|i| grad(9, t, p, i) * 0.1).collect();
-                        opt.add_param(spec.clone(), Some(muon_opt::init_data::InitData::from_f32(&init)))?;
-                    }
-                    if setup.norm_group {
-                        opt.set_norm_group(world_comm)?;
-                    }
-                    opt.finalize()?;
-                    opt.zero_grad()?;
-                    for p in (0..specs.len()).rev() {
-                        let rt = opt.running()?;
-                        let ptr = rt.address(p, true).cast::<f32>();
-                        let n = specs[p].numel() as usize;
-                        // SAFETY: the host backend's f32 grad view of param p holds n values.
-                        let g = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
-                        for (i, v) in g.iter_mut().enumerate() {
-                            *v = if setup.nan == Some((d, t, p, i)) {
-                                f32::NAN
-                            } else {
-                                grad(d, t, p, i)
-                            };
-                        }
-                        opt.grad_ready(p as u32)?;
-                    }
-                    opt.step(&ARGS)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    on_ranks(
+        (0..TP).flat_map(|t| (0..DP).map(move |d| (d, t))),
+        |_, (d, t)| -> Result<StepInfo> {
+            let (dp_comm, world_comm) = (data[t][d].clone(), world[t * DP + d].clone());
+            let cfg = cfg.clone();
+            let mut opt = Optimizer::new(cfg, dp_comm.claim()?, CallerStream::NULL)?;
+            let specs = model(t, setup.flag_replicas);
+            for (p, spec) in specs.iter().enumerate() {
+                let init: Vec<f32> = (0..spec.numel() as usize).map(|i| grad(9, t, p, i) * 0.1).collect();
+                opt.add_param(spec.clone(), Some(muon_opt::init_data::InitData::from_f32(&init)))?;
+            }
+            if setup.norm_group {
+                opt.set_norm_group(world_comm)?;
+            }
+            opt.finalize()?;
+            opt.zero_grad()?;
+            for p in (0..specs.len()).rev() {
+                let rt = opt.running()?;
+                let ptr = rt.address(p, true).cast::<f32>();
+                let n = specs[p].numel() as usize;
+                // SAFETY: the host backend's f32 grad view of param p holds n values.
+                let g = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
+                for (i, v) in g.iter_mut().enumerate() {
+                    *v = if setup.nan == Some((d, t, p, i)) {
+                        f32::NAN
+                    } else {
+                        grad(d, t, p, i)
+                    };
+                }
+                opt.grad_ready(p as u32)?;
+            }
+            opt.step(&ARGS)
+        },
+    )
 }
 
 /// ‖mean gradient‖² by hand: per TP rank, the data-parallel sum in rank order (f32, as the
@@ -235,29 +218,15 @@ fn a_non_finite_replica_gradient_still_skips_the_step() {
 
 #[test]
 fn ranks_of_one_data_parallel_group_must_set_the_same_group() {
-    let world: Vec<Arc<Communicator>> = HostGroup::new(DP, Duration::from_secs(20))
-        .into_iter()
-        .map(|c| Communicator::new(Transport::Host(c)))
-        .collect();
-    let data: Vec<Arc<Communicator>> = HostGroup::new(DP, Duration::from_secs(20))
-        .into_iter()
-        .map(|c| Communicator::new(Transport::Host(c)))
-        .collect();
-    let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..DP)
-            .map(|d| {
-                let (dp_comm, group) = (data[d].clone(), world[d].clone());
-                scope.spawn(move || {
-                    let mut opt = Optimizer::new(Config::default(), dp_comm.claim()?, CallerStream::NULL)?;
-                    opt.add_param(ParamSpec::new("w", &[16, 8], Dtype::F32), None)?;
-                    if d == 0 {
-                        opt.set_norm_group(group)?;
-                    }
-                    opt.finalize()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let (world, data) = (host_comms(DP), host_comms(DP));
+    let results: Vec<Result<()>> = on_ranks(0..DP, |_, d| {
+        let (dp_comm, group) = (data[d].clone(), world[d].clone());
+        let mut opt = Optimizer::new(Config::default(), dp_comm.claim()?, CallerStream::NULL)?;
+        opt.add_param(ParamSpec::new("w", &[16, 8], Dtype::F32), None)?;
+        if d == 0 {
+            opt.set_norm_group(group)?;
+        }
+        opt.finalize()
     });
     for r in results {
         let err = r.unwrap_err();

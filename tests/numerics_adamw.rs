@@ -1,11 +1,11 @@
 //! Element-wise AdamW against its formulas in f64 and against its documented f32 operation
 //! order bit for bit.
 
-mod numerics_common;
+mod support;
 
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::adamw::{AdamWArgs, adamw_bias_corrections, adamw_update, powi_f32};
-use numerics_common::Rng;
+use support::rng::Rng;
 
 fn args(step: u64) -> AdamWArgs {
     AdamWArgs {

@@ -1,13 +1,13 @@
 //! f32 → bf16 round-to-nearest-even against an independent value-based definition, NaN,
 //! infinities, subnormals and the slice helpers.
 
-mod numerics_common;
+mod support;
 
 use muon_opt::numerics::bf16::{
     bf16_to_f32, cast_bf16_to_f32, cast_f32_to_bf16, f32_to_bf16_rne, round_slice_through_bf16,
     round_slice_through_bf16_in_place, round_through_bf16,
 };
-use numerics_common::Rng;
+use support::rng::Rng;
 
 /// RNE by value: of the two bf16 neighbours of finite `x` (its upper 16 bits, and the next
 /// bf16 away from zero), take the nearer in f64; on a tie the one with an even last mantissa

@@ -1,10 +1,10 @@
 //! The host GEMM (`numerics::gemm`): every stride form against an f64 reference, the `β`
 //! passes, symmetric outputs, and the checks that keep a bad call from touching memory.
 
-mod numerics_common;
+mod support;
 
 use muon_opt::numerics::gemm::{Output, Strides, gemm};
-use numerics_common::Rng;
+use support::rng::Rng;
 
 /// `α·A·B + β·C` in f64 from row-major operands.
 #[allow(clippy::too_many_arguments)]

@@ -1,10 +1,10 @@
 //! The reductions in front of the step: squared gradient norm, found-inf, clip coefficient.
 
-mod numerics_common;
+mod support;
 
 use muon_opt::numerics::adamw::adamw_bias_corrections;
 use muon_opt::numerics::{GatheredSums, clip_coefficient, has_non_finite, squared_norm, step_scalars};
-use numerics_common::Rng;
+use support::rng::Rng;
 
 #[test]
 fn squared_norm_matches_naive_f64_sum() {

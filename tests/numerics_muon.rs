@@ -1,11 +1,12 @@
 //! The per-matrix Muon update against the docs/design.md §6 formulas evaluated in f64.
 
-mod numerics_common;
+mod support;
 
 use muon_opt::config::{CoefficientSet, Config, NsPrecision, ScaleMode};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_scale, muon_update};
-use numerics_common::{Rng, max_abs_diff, ns_reference_f64, to_f64};
+use support::numerics::{max_abs_diff, ns_reference_f64, to_f64};
+use support::rng::Rng;
 
 fn options(scale_mode: ScaleMode, nesterov: bool, extra: f32) -> MuonOptions {
     let cfg = Config {

@@ -1,7 +1,7 @@
 //! Host Newton–Schulz: golden vectors, orthogonality, precision modes, transposition,
 //! batched and split entry points, argument checks.
 
-mod numerics_common;
+mod support;
 
 use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, NsPrecision};
 use muon_opt::error::ErrorKind;
@@ -9,9 +9,9 @@ use muon_opt::numerics::newton_schulz::{
     NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_in_place, newton_schulz_split,
     ns_coefficients,
 };
-use numerics_common::{
-    GOLDEN_DIR, Rng, max_abs_diff, ns_reference_f64, read_f32, read_f64, singular_values, to_f64, transpose,
-};
+use support::golden::{read, read_f32, read_f64};
+use support::numerics::{max_abs_diff, ns_reference_f64, singular_values, to_f64, transpose};
+use support::rng::Rng;
 
 struct GoldenCase {
     rows: usize,
@@ -23,8 +23,7 @@ struct GoldenCase {
 }
 
 fn golden_cases() -> Vec<GoldenCase> {
-    let text = std::fs::read_to_string(format!("{GOLDEN_DIR}/manifest.json")).unwrap();
-    let manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&read("manifest.json")).unwrap();
     let cases = manifest["ns"].as_array().unwrap();
     assert!(!cases.is_empty());
     cases
@@ -33,8 +32,8 @@ fn golden_cases() -> Vec<GoldenCase> {
             let rows = c["rows"].as_u64().unwrap() as usize;
             let cols = c["cols"].as_u64().unwrap() as usize;
             let set = CoefficientSet::from_name("coefficients", c["coefficients"].as_str().unwrap()).unwrap();
-            let input = read_f32(&format!("{GOLDEN_DIR}/{}", c["input_f32"].as_str().unwrap()));
-            let output_f64 = read_f64(&format!("{GOLDEN_DIR}/{}", c["output_f64"].as_str().unwrap()));
+            let input = read_f32(c["input_f32"].as_str().unwrap());
+            let output_f64 = read_f64(c["output_f64"].as_str().unwrap());
             assert_eq!(input.len(), rows * cols);
             assert_eq!(output_f64.len(), rows * cols);
             GoldenCase {
@@ -87,7 +86,7 @@ fn golden_f32_within_1e5_of_f64_truth() {
 
 #[test]
 fn f64_test_reference_matches_golden() {
-    // The f64 reference of numerics_common is what the Muon tests compare against.
+    // The f64 reference of support::numerics is what the Muon tests compare against.
     for case in golden_cases() {
         let r = ns_reference_f64(
             &to_f64(&case.input),
@@ -470,13 +469,13 @@ fn bf16_iterate_reference(u: &[f32], rows: usize, cols: usize, steps: usize) -> 
     for t in 0..steps {
         let [a, b, c] = ns_coefficients(CoefficientSet::QuinticCyclic, t).map(f64::from);
         let xt = transpose(&x, m, n);
-        let gram: Vec<f64> = numerics_common::matmul(&x, &xt, m, n, m)
+        let gram: Vec<f64> = support::numerics::matmul(&x, &xt, m, n, m)
             .into_iter()
             .map(bf16)
             .collect();
-        let square = numerics_common::matmul(&gram, &gram, m, m, m);
+        let square = support::numerics::matmul(&gram, &gram, m, m, m);
         let poly: Vec<f64> = gram.iter().zip(&square).map(|(g, s)| bf16(b * g + c * s)).collect();
-        let product = numerics_common::matmul(&poly, &x, m, m, n);
+        let product = support::numerics::matmul(&poly, &x, m, m, n);
         x = x.iter().zip(&product).map(|(x, p)| bf16(a * x + p)).collect();
     }
     if rows > cols { transpose(&x, m, n) } else { x }

@@ -1,11 +1,13 @@
 //! Rendering of plan reports (table, JSON, SVG) and the `muon-opt plan` command line.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Output};
 
 use muon_opt::config::{Config, MuonLayout};
 use muon_opt::plan::presets::preset;
 use muon_opt::plan::{Plan, build_plans, render};
+use support::tempdir::TempDir;
 
 fn gpt2_plans(dp: usize) -> Vec<Plan> {
     build_plans(&preset("gpt2-124m").unwrap(), &Config::default(), dp, MuonLayout::ALL).unwrap()
@@ -152,13 +154,10 @@ fn muon_opt(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn scratch_file(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("muon-opt-plan-render-{}-{name}", std::process::id()))
-}
-
 #[test]
 fn cli_plans_a_preset_and_writes_json_and_svg() {
-    let svg = scratch_file("chart.svg");
+    let tmp = TempDir::new("plan-render");
+    let svg = tmp.join("chart.svg");
     let out = muon_opt(&[
         "plan",
         "--model",
@@ -177,12 +176,12 @@ fn cli_plans_a_preset_and_writes_json_and_svg() {
     assert_eq!(json["plans"][0]["layout"], "compact");
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(chart.matches(r#"class="bar ns""#).count(), 4);
-    std::fs::remove_file(svg).unwrap();
 }
 
 #[test]
 fn cli_reads_a_json_parameter_list() {
-    let model = scratch_file("model.json");
+    let tmp = TempDir::new("plan-model");
+    let model = tmp.join("model.json");
     let text = r#"{"params": [
         {"name": "embedding", "shape": [1000, 64], "flags": ["embedding_or_output"]},
         {"name": "layers.0.fc1.weight", "shape": [256, 64]},
@@ -197,7 +196,6 @@ fn cli_reads_a_json_parameter_list() {
         "--bucket-size",
         "4096",
     ]);
-    std::fs::remove_file(&model).unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("padded") && table.contains("allreduce"), "{table}");

@@ -1,14 +1,15 @@
 //! Failure paths of the runtime: a non-finite gradient on one rank, a rank that stops calling,
 //! and wrong call order.
 
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::{ARGS, init_values, model, optimizers};
 use muon_opt::config::Config;
 use muon_opt::error::ErrorKind;
 use muon_opt::optimizer::Optimizer;
+use support::ranks::{on_ranks, optimizers};
+use support::training::{ARGS, init_values, model};
 
 fn register(opt: &mut Optimizer) {
     for (p, spec) in model().into_iter().enumerate() {
@@ -38,52 +39,48 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_and_changes_nothi
         ..Config::default()
     };
     let opts = optimizers(&cfg, dp, Duration::from_secs(20));
-    std::thread::scope(|scope| {
-        for (rank, mut opt) in opts.into_iter().enumerate() {
-            scope.spawn(move || {
-                register(&mut opt);
-                opt.finalize().unwrap();
-                opt.zero_grad().unwrap();
-                write_grads(&mut opt, |p, i| ((p * 7 + i) % 13) as f32 * 1e-3);
-                assert!(!opt.step(&ARGS).unwrap().skipped);
-                let before = opt.running().unwrap().owned_state().unwrap();
-                let params_before: Vec<Vec<f32>> = (0..model().len())
-                    .map(|p| opt.running().unwrap().param_values(p).unwrap())
-                    .collect();
-                opt.zero_grad().unwrap();
-                write_grads(
-                    &mut opt,
-                    |p, i| if rank == 1 && p == 2 && i == 5 { f32::NAN } else { 1e-3 },
-                );
-                let info = opt.step(&ARGS).unwrap();
-                assert!(
-                    info.skipped,
-                    "rank {rank}: a NaN on rank 1 must skip the step on every rank"
-                );
-                assert_eq!(info.step, 1, "a skipped step is not counted");
-                assert!(!info.grad_norm.is_finite());
-                opt.synchronize().unwrap();
-                let after = opt.running().unwrap().owned_state().unwrap();
-                assert_eq!(
-                    format!("{before:?}"),
-                    format!("{after:?}"),
-                    "rank {rank}: state changed on a skipped step"
-                );
-                for (p, values) in params_before.iter().enumerate() {
-                    let now = opt.running().unwrap().param_values(p).unwrap();
-                    assert_eq!(
-                        values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        now.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                    );
-                }
-                opt.zero_grad().unwrap();
-                write_grads(&mut opt, |_, _| 1e-3);
-                assert!(
-                    !opt.step(&ARGS).unwrap().skipped,
-                    "training continues after a skipped step"
-                );
-            });
+    on_ranks(opts, |rank, mut opt| {
+        register(&mut opt);
+        opt.finalize().unwrap();
+        opt.zero_grad().unwrap();
+        write_grads(&mut opt, |p, i| ((p * 7 + i) % 13) as f32 * 1e-3);
+        assert!(!opt.step(&ARGS).unwrap().skipped);
+        let before = opt.running().unwrap().owned_state().unwrap();
+        let params_before: Vec<Vec<f32>> = (0..model().len())
+            .map(|p| opt.running().unwrap().param_values(p).unwrap())
+            .collect();
+        opt.zero_grad().unwrap();
+        write_grads(
+            &mut opt,
+            |p, i| if rank == 1 && p == 2 && i == 5 { f32::NAN } else { 1e-3 },
+        );
+        let info = opt.step(&ARGS).unwrap();
+        assert!(
+            info.skipped,
+            "rank {rank}: a NaN on rank 1 must skip the step on every rank"
+        );
+        assert_eq!(info.step, 1, "a skipped step is not counted");
+        assert!(!info.grad_norm.is_finite());
+        opt.synchronize().unwrap();
+        let after = opt.running().unwrap().owned_state().unwrap();
+        assert_eq!(
+            format!("{before:?}"),
+            format!("{after:?}"),
+            "rank {rank}: state changed on a skipped step"
+        );
+        for (p, values) in params_before.iter().enumerate() {
+            let now = opt.running().unwrap().param_values(p).unwrap();
+            assert_eq!(
+                values.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                now.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
         }
+        opt.zero_grad().unwrap();
+        write_grads(&mut opt, |_, _| 1e-3);
+        assert!(
+            !opt.step(&ARGS).unwrap().skipped,
+            "training continues after a skipped step"
+        );
     });
 }
 
@@ -95,30 +92,21 @@ fn a_rank_that_stops_calling_times_out_the_others_without_hanging() {
         ..Config::default()
     };
     let opts = optimizers(&cfg, 3, timeout);
-    let results: Vec<(usize, Option<(ErrorKind, Duration)>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = opts
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut opt)| {
-                scope.spawn(move || {
-                    register(&mut opt);
-                    opt.finalize().unwrap();
-                    if rank == 2 {
-                        return (rank, None);
-                    }
-                    write_grads(&mut opt, |_, _| 1e-3);
-                    let start = Instant::now();
-                    let err = opt.step(&ARGS).unwrap_err();
-                    let elapsed = start.elapsed();
-                    assert!(err.message.contains("rank"), "{}", err.message);
-                    let again = opt.step(&ARGS).unwrap_err();
-                    assert_ne!(again.kind, ErrorKind::Internal, "{}", again.message);
-                    drop(opt);
-                    (rank, Some((err.kind, elapsed)))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results: Vec<(usize, Option<(ErrorKind, Duration)>)> = on_ranks(opts, |rank, mut opt| {
+        register(&mut opt);
+        opt.finalize().unwrap();
+        if rank == 2 {
+            return (rank, None);
+        }
+        write_grads(&mut opt, |_, _| 1e-3);
+        let start = Instant::now();
+        let err = opt.step(&ARGS).unwrap_err();
+        let elapsed = start.elapsed();
+        assert!(err.message.contains("rank"), "{}", err.message);
+        let again = opt.step(&ARGS).unwrap_err();
+        assert_ne!(again.kind, ErrorKind::Internal, "{}", again.message);
+        drop(opt);
+        (rank, Some((err.kind, elapsed)))
     });
     for (rank, outcome) in results {
         if let Some((kind, elapsed)) = outcome {
@@ -166,20 +154,11 @@ fn wrong_call_order_is_a_state_error_with_a_message() {
 #[test]
 fn ranks_that_registered_different_models_fail_finalize_with_plan_mismatch() {
     let opts = optimizers(&Config::default(), 2, Duration::from_secs(5));
-    let errors: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> = opts
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut opt)| {
-                scope.spawn(move || {
-                    let rows = if rank == 0 { 64 } else { 65 };
-                    let spec = muon_opt::model::ParamSpec::new("w", &[rows, 32], muon_opt::config::Dtype::Bf16);
-                    opt.add_param(spec, None).unwrap();
-                    opt.finalize().unwrap_err()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let errors: Vec<_> = on_ranks(opts, |rank, mut opt| {
+        let rows = if rank == 0 { 64 } else { 65 };
+        let spec = muon_opt::model::ParamSpec::new("w", &[rows, 32], muon_opt::config::Dtype::Bf16);
+        opt.add_param(spec, None).unwrap();
+        opt.finalize().unwrap_err()
     });
     for err in errors {
         assert_eq!(err.kind, ErrorKind::PlanMismatch);

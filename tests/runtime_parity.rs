@@ -5,12 +5,12 @@
 //! Clipping is off here: the global norm's f64 partial sums are added in a different order at
 //! different dp, which may change the clip coefficient's last bit.
 
-mod common;
+mod support;
 
-use common::{Data, Snapshot, bits, train, train_model};
 use muon_opt::config::{CommMode, Config, MuonLayout, NsPrecision};
 use muon_opt::model::Route;
 use muon_opt::plan::build_plan;
+use support::training::{Data, Snapshot, bits, layered_model, train, train_model};
 
 const STEPS: u64 = 10;
 
@@ -78,7 +78,7 @@ fn every_dp_layout_overlap_and_comm_mode_matches_dp1_bitwise() {
 
 #[test]
 fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
-    let specs = common::layered_model(4);
+    let specs = layered_model(4);
     for dp in [2usize, 4] {
         let reference = train_model(
             &specs,

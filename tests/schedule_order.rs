@@ -8,14 +8,11 @@
 //!   param collective right after its own updates: param collectives are issued in forward
 //!   order, interleaved with the updates of later buckets.
 
-mod common;
-mod cuda_common;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{ARGS, bits, rank_grad};
-use cuda_common::{cuda_model, runtime};
 use muon_opt::backend::cuda::action::{Action, NcclCall};
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::host::comm::HostGroup;
@@ -28,6 +25,9 @@ use muon_opt::model::{ParamSpec, Registry, Route};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
 use muon_opt::schedule::Runtime;
+use support::cuda::{cuda_model, runtime};
+use support::ranks::on_ranks;
+use support::training::{ARGS, bits, layered_model, rank_grad};
 
 const DP: usize = 2;
 const STEPS: u64 = 3;
@@ -89,28 +89,19 @@ fn run(cfg: &Config, orders: [Order; DP]) -> Vec<(Vec<Vec<u32>>, Vec<String>)> {
 fn run_model(cfg: &Config, specs: &[ParamSpec], orders: [Order; DP]) -> Vec<(Vec<Vec<u32>>, Vec<String>)> {
     let muon = MuonOptions::from_config(cfg);
     let comms = HostGroup::new(DP, Duration::from_secs(20));
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let order = orders[rank];
-                scope.spawn(move || {
-                    let dry = Arc::new(Mutex::new(DryRun::new(rank, DP, muon)));
-                    let comm = Communicator::new(Transport::Host(comm));
-                    let host = HostBackend::new(comm, cfg.host_comm_mode, muon).unwrap();
-                    let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, dry.clone())));
-                    for step in 0..STEPS {
-                        iterate(&mut rt, rank, step, order);
-                    }
-                    rt.synchronize().unwrap();
-                    let params = (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect();
-                    let calls = nccl_calls(&dry.lock().unwrap());
-                    (params, calls)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    on_ranks(comms, |rank, comm| {
+        let order = orders[rank];
+        let dry = Arc::new(Mutex::new(DryRun::new(rank, DP, muon)));
+        let comm = Communicator::new(Transport::Host(comm));
+        let host = HostBackend::new(comm, cfg.host_comm_mode, muon).unwrap();
+        let mut rt = runtime(cfg, specs, rank, DP, Box::new(Recording::new(host, dry.clone())));
+        for step in 0..STEPS {
+            iterate(&mut rt, rank, step, order);
+        }
+        rt.synchronize().unwrap();
+        let params = (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect();
+        let calls = nccl_calls(&dry.lock().unwrap());
+        (params, calls)
     })
 }
 
@@ -164,7 +155,7 @@ fn ranks_with_different_grad_ready_orders_issue_one_collective_order_and_agree_b
 
 #[test]
 fn compact_groups_translate_to_nccl_reduce_scatter_and_all_gather_of_their_shards() {
-    let specs = common::layered_model(4);
+    let specs = layered_model(4);
     let cfg = config(CommMode::Eager);
     let mut registry = Registry::default();
     specs

@@ -5,32 +5,26 @@
 //! the norm of the whole model — each optimizer's mean over its own dp — and skips together;
 //! the pair's checkpoints resume bitwise.
 
-mod checkpoint_harness;
-mod common;
+mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use checkpoint_harness::TempDir;
 use muon_opt::backend::cuda::CallerStream;
-use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::comm::{Communicator, Transport};
+use muon_opt::comm::Communicator;
 use muon_opt::config::{Config, Dtype, NsPrecision};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
 use muon_opt::schedule::{StepArgs, StepInfo};
+use support::ranks::{host_comms, on_ranks};
+use support::rng::{milli, name_hash};
+use support::tempdir::TempDir;
+use support::training::ARGS;
 
 const WORLD: usize = 4;
 const EP: usize = 2;
 const EDP: usize = WORLD / EP;
-const ARGS: StepArgs = StepArgs {
-    lr: 0.02,
-    weight_decay: 0.1,
-    adam_lr: 0.003,
-    adam_weight_decay: 0.01,
-};
 
 fn dense_model() -> Vec<ParamSpec> {
     vec![
@@ -69,18 +63,7 @@ fn expert_coordinates(w: usize) -> (usize, usize) {
 
 /// Gradient element `i` of param `name` on world rank `w` at `step`.
 fn grad(step: usize, w: usize, name: &str, i: usize) -> f32 {
-    let key = name
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(131).wrapping_add(u64::from(b)));
-    let h = (key ^ ((step * 15_485_863 + w * 7919 + i * 31) as u64)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ((h >> 40) % 2001) as f32 / 1000.0 - 1.0
-}
-
-fn host_comms(n: usize) -> Vec<Arc<Communicator>> {
-    HostGroup::new(n, Duration::from_secs(20))
-        .into_iter()
-        .map(|c| Communicator::new(Transport::Host(c)))
-        .collect()
+    milli(name_hash(name) ^ (step * 15_485_863 + w * 7919 + i * 31) as u64)
 }
 
 /// The communicators of the job: the world as the dense data-parallel group, one
@@ -179,45 +162,38 @@ struct Run<'a> {
 fn run(setup: Run) -> Vec<Result<RankResult>> {
     let comms = comms();
     let cfg = config(setup.clip_grad);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..WORLD)
-            .map(|w| {
-                let (e, edp_rank) = expert_coordinates(w);
-                let (world, expert) = (&comms.world[w], &comms.expert_data[e][edp_rank]);
-                let (dense_norm, expert_norm) = (&comms.dense_norm[w], &comms.expert_norm[w]);
-                let cfg = &cfg;
-                scope.spawn(move || -> Result<RankResult> {
-                    let (dense_specs, expert_specs) = (dense_model(), expert_model(e));
-                    let mut dense = optimizer(cfg, world, dense_norm, &dense_specs)?;
-                    let mut experts = optimizer(cfg, expert, expert_norm, &expert_specs)?;
-                    let mut first = 0;
-                    if let Some((at, dir)) = setup.load_from {
-                        dense.load(&dir.join("dense"))?;
-                        experts.load(&dir.join(format!("experts.{e}")))?;
-                        first = at;
-                    }
-                    for step in first..setup.steps {
-                        backward(&mut dense, &dense_specs, step, w, setup.nan)?;
-                        backward(&mut experts, &expert_specs, step, w, setup.nan)?;
-                        Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS, ARGS]))?;
-                        if let Some((at, dir)) = setup.save_after
-                            && at == step + 1
-                        {
-                            dense.save(&dir.join("dense"))?;
-                            experts.save(&dir.join(format!("experts.{e}")))?;
-                        }
-                    }
-                    let mut params = values(&mut dense, &dense_specs)?;
-                    params.extend(values(&mut experts, &expert_specs)?);
-                    Ok(RankResult {
-                        dense: dense.step_info()?,
-                        expert: experts.step_info()?,
-                        params,
-                    })
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    on_ranks(0..WORLD, |_, w| -> Result<RankResult> {
+        let (e, edp_rank) = expert_coordinates(w);
+        let (world, expert) = (&comms.world[w], &comms.expert_data[e][edp_rank]);
+        let (dense_norm, expert_norm) = (&comms.dense_norm[w], &comms.expert_norm[w]);
+        let cfg = &cfg;
+        let (dense_specs, expert_specs) = (dense_model(), expert_model(e));
+        let mut dense = optimizer(cfg, world, dense_norm, &dense_specs)?;
+        let mut experts = optimizer(cfg, expert, expert_norm, &expert_specs)?;
+        let mut first = 0;
+        if let Some((at, dir)) = setup.load_from {
+            dense.load(&dir.join("dense"))?;
+            experts.load(&dir.join(format!("experts.{e}")))?;
+            first = at;
+        }
+        for step in first..setup.steps {
+            backward(&mut dense, &dense_specs, step, w, setup.nan)?;
+            backward(&mut experts, &expert_specs, step, w, setup.nan)?;
+            Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS, ARGS]))?;
+            if let Some((at, dir)) = setup.save_after
+                && at == step + 1
+            {
+                dense.save(&dir.join("dense"))?;
+                experts.save(&dir.join(format!("experts.{e}")))?;
+            }
+        }
+        let mut params = values(&mut dense, &dense_specs)?;
+        params.extend(values(&mut experts, &expert_specs)?);
+        Ok(RankResult {
+            dense: dense.step_info()?,
+            expert: experts.step_info()?,
+            params,
+        })
     })
 }
 
@@ -308,13 +284,13 @@ fn the_pair_resumes_from_its_checkpoints_bitwise() {
     let straight = all_ok(run(Run {
         steps: 4,
         clip_grad: 0.5,
-        save_after: Some((2, &tmp.0)),
+        save_after: Some((2, tmp.path())),
         ..Run::default()
     }));
     let resumed = all_ok(run(Run {
         steps: 4,
         clip_grad: 0.5,
-        load_from: Some((2, &tmp.0)),
+        load_from: Some((2, tmp.path())),
         ..Run::default()
     }));
     assert_eq!(straight, resumed);
@@ -325,45 +301,38 @@ fn the_pair_resumes_from_its_checkpoints_bitwise() {
 #[test]
 fn a_shared_step_refuses_mismatched_optimizers_and_changes_nothing() {
     let comms = comms();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..WORLD)
-            .map(|w| {
-                let (e, edp_rank) = expert_coordinates(w);
-                let (world, expert) = (&comms.world[w], &comms.expert_data[e][edp_rank]);
-                let (dense_norm, expert_norm) = (&comms.dense_norm[w], &comms.expert_norm[w]);
-                scope.spawn(move || -> Result<()> {
-                    let (dense_specs, expert_specs) = (dense_model(), expert_model(e));
-                    let mut dense = optimizer(&config(1.0), world, dense_norm, &dense_specs)?;
-                    let mut experts = optimizer(&config(2.0), expert, expert_norm, &expert_specs)?;
-                    let before = values(&mut dense, &dense_specs)?;
-                    backward(&mut dense, &dense_specs, 0, w, None)?;
-                    backward(&mut experts, &expert_specs, 0, w, None)?;
-                    let err = Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS, ARGS])).unwrap_err();
-                    assert_eq!(err.kind, ErrorKind::InvalidArgument);
-                    assert!(err.message.contains("opts[1] has clip_grad 2"), "{err}");
-                    let err = Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS])).unwrap_err();
-                    assert!(err.message.contains("1 step args for 2 optimizers"), "{err}");
-                    let err = Optimizer::step_shared(&mut [&mut dense], None).unwrap_err();
-                    assert_eq!(err.kind, ErrorKind::InvalidState, "{err}");
-                    let bad = StepArgs { lr: f32::NAN, ..ARGS };
-                    let err = Optimizer::step_shared(&mut [&mut dense], Some(&[bad])).unwrap_err();
-                    assert!(err.message.contains("args->lr"), "{err}");
-                    let err = Optimizer::step_shared(&mut [], None).unwrap_err();
-                    assert!(err.message.contains("count 0"), "{err}");
-                    assert_eq!(values(&mut dense, &dense_specs)?, before);
-                    assert_eq!(dense.step_info()?.step, 0);
-                    // Nothing was enqueued: the dense optimizer's collectives still line up
-                    // with the other ranks'.
-                    Optimizer::step_shared(&mut [&mut dense], Some(&[ARGS]))?;
-                    assert_eq!(dense.step_info()?.step, 1);
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap().unwrap();
-        }
-    });
+    on_ranks(0..WORLD, |_, w| -> Result<()> {
+        let (e, edp_rank) = expert_coordinates(w);
+        let (world, expert) = (&comms.world[w], &comms.expert_data[e][edp_rank]);
+        let (dense_norm, expert_norm) = (&comms.dense_norm[w], &comms.expert_norm[w]);
+        let (dense_specs, expert_specs) = (dense_model(), expert_model(e));
+        let mut dense = optimizer(&config(1.0), world, dense_norm, &dense_specs)?;
+        let mut experts = optimizer(&config(2.0), expert, expert_norm, &expert_specs)?;
+        let before = values(&mut dense, &dense_specs)?;
+        backward(&mut dense, &dense_specs, 0, w, None)?;
+        backward(&mut experts, &expert_specs, 0, w, None)?;
+        let err = Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS, ARGS])).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(err.message.contains("opts[1] has clip_grad 2"), "{err}");
+        let err = Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS])).unwrap_err();
+        assert!(err.message.contains("1 step args for 2 optimizers"), "{err}");
+        let err = Optimizer::step_shared(&mut [&mut dense], None).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidState, "{err}");
+        let bad = StepArgs { lr: f32::NAN, ..ARGS };
+        let err = Optimizer::step_shared(&mut [&mut dense], Some(&[bad])).unwrap_err();
+        assert!(err.message.contains("args->lr"), "{err}");
+        let err = Optimizer::step_shared(&mut [], None).unwrap_err();
+        assert!(err.message.contains("count 0"), "{err}");
+        assert_eq!(values(&mut dense, &dense_specs)?, before);
+        assert_eq!(dense.step_info()?.step, 0);
+        // Nothing was enqueued: the dense optimizer's collectives still line up
+        // with the other ranks'.
+        Optimizer::step_shared(&mut [&mut dense], Some(&[ARGS]))?;
+        assert_eq!(dense.step_info()?.step, 1);
+        Ok(())
+    })
+    .into_iter()
+    .for_each(|r| r.unwrap());
 }
 
 /// What a rank of a resumed run saw: the loaded expert values by name, then the dense and the
@@ -396,31 +365,23 @@ fn expert_checkpoints_reload_at_another_expert_parallel_split() {
     let saved = all_ok(run(Run {
         steps: 2,
         clip_grad: 0.5,
-        save_after: Some((2, &tmp.0)),
+        save_after: Some((2, tmp.path())),
         ..Run::default()
     }));
-    let expert_dirs = [tmp.0.join("experts.0"), tmp.0.join("experts.1")];
+    let expert_dirs = [tmp.join("experts.0"), tmp.join("experts.1")];
     // The saved values of every expert param, from the rank that holds it.
     let mut want = std::collections::BTreeMap::new();
     let comms = comms();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..WORLD)
-            .map(|w| {
-                let (e, edp_rank) = expert_coordinates(w);
-                let (expert, norm) = (&comms.expert_data[e][edp_rank], &comms.expert_norm[w]);
-                let dirs = &expert_dirs;
-                scope.spawn(move || -> Result<Vec<(String, Vec<u32>)>> {
-                    let specs = expert_model(e);
-                    let mut opt = optimizer(&config(0.5), expert, norm, &specs)?;
-                    opt.load(&dirs[e])?;
-                    named_values(&mut opt, &specs)
-                })
-            })
-            .collect();
-        for h in handles {
-            want.extend(h.join().unwrap().unwrap());
-        }
-    });
+    for values in on_ranks(0..WORLD, |_, w| -> Result<Vec<(String, Vec<u32>)>> {
+        let (e, edp_rank) = expert_coordinates(w);
+        let (expert, norm) = (&comms.expert_data[e][edp_rank], &comms.expert_norm[w]);
+        let specs = expert_model(e);
+        let mut opt = optimizer(&config(0.5), expert, norm, &specs)?;
+        opt.load(&expert_dirs[e])?;
+        named_values(&mut opt, &specs)
+    }) {
+        want.extend(values.unwrap());
+    }
     assert_eq!(want.len(), 8, "four experts, a matrix and a bias each");
     assert_eq!(saved[0].expert.step, 2);
 
@@ -428,29 +389,22 @@ fn expert_checkpoints_reload_at_another_expert_parallel_split() {
         let edp = WORLD / ep;
         let expert_data: Vec<Vec<Arc<Communicator>>> = (0..ep).map(|_| host_comms(edp)).collect();
         let (world, dense_norm, expert_norm) = (host_comms(WORLD), host_comms(WORLD), host_comms(WORLD));
-        let results: Vec<Result<Resumed>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..WORLD)
-                .map(|w| {
-                    let (e, edp_rank) = (w % ep, w / ep);
-                    let comm = &expert_data[e][edp_rank];
-                    let (world, dense_norm, expert_norm) = (&world[w], &dense_norm[w], &expert_norm[w]);
-                    let (dirs, root) = (&expert_dirs, &tmp.0);
-                    scope.spawn(move || -> Result<Resumed> {
-                        let (dense_specs, expert_specs) = (dense_model(), experts(e * 4 / ep..(e + 1) * 4 / ep));
-                        let mut dense = optimizer(&config(0.5), world, dense_norm, &dense_specs)?;
-                        let mut moe = optimizer(&config(0.5), comm, expert_norm, &expert_specs)?;
-                        dense.load(&root.join("dense"))?;
-                        moe.load_union(&[dirs[0].as_path(), dirs[1].as_path()])?;
-                        let loaded = named_values(&mut moe, &expert_specs)?;
-                        assert_eq!(moe.step_info()?.step, 2);
-                        backward(&mut dense, &dense_specs, 2, w, None)?;
-                        backward(&mut moe, &expert_specs, 2, w, None)?;
-                        Optimizer::step_shared(&mut [&mut dense, &mut moe], Some(&[ARGS, ARGS]))?;
-                        Ok((loaded, dense.step_info()?, moe.step_info()?))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let results: Vec<Result<Resumed>> = on_ranks(0..WORLD, |_, w| -> Result<Resumed> {
+            let (e, edp_rank) = (w % ep, w / ep);
+            let comm = &expert_data[e][edp_rank];
+            let (world, dense_norm, expert_norm) = (&world[w], &dense_norm[w], &expert_norm[w]);
+            let (dirs, root) = (&expert_dirs, tmp.path());
+            let (dense_specs, expert_specs) = (dense_model(), experts(e * 4 / ep..(e + 1) * 4 / ep));
+            let mut dense = optimizer(&config(0.5), world, dense_norm, &dense_specs)?;
+            let mut moe = optimizer(&config(0.5), comm, expert_norm, &expert_specs)?;
+            dense.load(&root.join("dense"))?;
+            moe.load_union(&[dirs[0].as_path(), dirs[1].as_path()])?;
+            let loaded = named_values(&mut moe, &expert_specs)?;
+            assert_eq!(moe.step_info()?.step, 2);
+            backward(&mut dense, &dense_specs, 2, w, None)?;
+            backward(&mut moe, &expert_specs, 2, w, None)?;
+            Optimizer::step_shared(&mut [&mut dense, &mut moe], Some(&[ARGS, ARGS]))?;
+            Ok((loaded, dense.step_info()?, moe.step_info()?))
         });
         let results: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
         for (loaded, dense, moe) in &results {
@@ -472,38 +426,31 @@ fn a_union_load_needs_each_param_in_exactly_one_checkpoint() {
     all_ok(run(Run {
         steps: 1,
         clip_grad: 0.5,
-        save_after: Some((1, &tmp.0)),
+        save_after: Some((1, tmp.path())),
         ..Run::default()
     }));
-    let (experts0, experts1) = (tmp.0.join("experts.0"), tmp.0.join("experts.1"));
+    let (experts0, experts1) = (tmp.join("experts.0"), tmp.join("experts.1"));
     let (comms, norms) = (host_comms(WORLD), host_comms(WORLD));
-    let errors: Vec<Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..WORLD)
-            .map(|w| {
-                let (comm, norm) = (&comms[w], &norms[w]);
-                let (experts0, experts1) = (&experts0, &experts1);
-                scope.spawn(move || -> Result<()> {
-                    let specs = experts(0..4);
-                    let mut opt = optimizer(&config(0.5), comm, norm, &specs)?;
-                    let before = named_values(&mut opt, &specs)?;
-                    let err = opt.load_union(&[experts0.as_path()]).unwrap_err();
-                    assert_eq!(err.kind, ErrorKind::CheckpointMismatch);
-                    assert!(
-                        err.message
-                            .contains("layers.0.experts.2.fc.weight' is in none of the 1 checkpoints"),
-                        "{err}"
-                    );
-                    let err = opt
-                        .load_union(&[experts0.as_path(), experts1.as_path(), experts0.as_path()])
-                        .unwrap_err();
-                    assert!(err.message.contains("is in both"), "{err}");
-                    assert_eq!(named_values(&mut opt, &specs)?, before, "a failed load changes nothing");
-                    assert_eq!(opt.step_info()?.step, 0);
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let errors: Vec<Result<()>> = on_ranks(0..WORLD, |_, w| -> Result<()> {
+        let (comm, norm) = (&comms[w], &norms[w]);
+        let (experts0, experts1) = (&experts0, &experts1);
+        let specs = experts(0..4);
+        let mut opt = optimizer(&config(0.5), comm, norm, &specs)?;
+        let before = named_values(&mut opt, &specs)?;
+        let err = opt.load_union(&[experts0.as_path()]).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::CheckpointMismatch);
+        assert!(
+            err.message
+                .contains("layers.0.experts.2.fc.weight' is in none of the 1 checkpoints"),
+            "{err}"
+        );
+        let err = opt
+            .load_union(&[experts0.as_path(), experts1.as_path(), experts0.as_path()])
+            .unwrap_err();
+        assert!(err.message.contains("is in both"), "{err}");
+        assert_eq!(named_values(&mut opt, &specs)?, before, "a failed load changes nothing");
+        assert_eq!(opt.step_info()?.step, 0);
+        Ok(())
     });
     for e in errors {
         e.unwrap();

@@ -3,13 +3,11 @@
 //! of the same schedule run on the host backend, and a schedule change that removes overlap
 //! made visible in the figures.
 
-mod common;
-mod cuda_common;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cuda_common::cuda_model;
 use muon_opt::backend::cuda::action::{Action, Gemm, GemmInputs, Kernel, NcclCall, NcclType};
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::translate::Translator;
@@ -29,6 +27,8 @@ use muon_opt::sim::drive::{Trainer, record_rank, train};
 use muon_opt::sim::engine::{self, Call, Class, Item, Label};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{Scenario, simulate};
+use support::cuda::cuda_model;
+use support::ranks::on_ranks;
 
 const US: f64 = 1e-6;
 
@@ -344,26 +344,22 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
             .map(|r| Arc::new(Mutex::new(DryRun::new(r, DP, muon))))
             .collect();
         let comms = HostGroup::new(DP, Duration::from_secs(20));
-        std::thread::scope(|scope| {
-            for (rank, comm) in comms.into_iter().enumerate() {
-                let (plan, params, cfg, dry) = (&plan, &params, &cfg, dry[rank].clone());
-                scope.spawn(move || {
-                    let comm = Communicator::new(Transport::Host(comm));
-                    let host = HostBackend::new(comm, cfg.host_comm_mode, muon).unwrap();
-                    let backend = Box::new(Recording::new(host, dry));
-                    let mut rt = Runtime::new(
-                        Box::new(plan.clone()),
-                        params.clone(),
-                        cfg.clone(),
-                        rank,
-                        backend,
-                        |_| None,
-                    )
-                    .unwrap();
-                    train(&mut rt, plan, ITERATIONS, &mut |_| {}).unwrap();
-                    rt.synchronize().unwrap();
-                });
-            }
+        on_ranks(comms, |rank, comm| {
+            let dry = dry[rank].clone();
+            let comm = Communicator::new(Transport::Host(comm));
+            let host = HostBackend::new(comm, cfg.host_comm_mode, muon).unwrap();
+            let backend = Box::new(Recording::new(host, dry));
+            let mut rt = Runtime::new(
+                Box::new(plan.clone()),
+                params.clone(),
+                cfg.clone(),
+                rank,
+                backend,
+                |_| None,
+            )
+            .unwrap();
+            train(&mut rt, &plan, ITERATIONS, &mut |_| {}).unwrap();
+            rt.synchronize().unwrap();
         });
         let setup = Translator::new(0, DP, muon).setup().len();
         for (rank, dry) in dry.iter().enumerate() {

@@ -8,28 +8,24 @@
 //! (columns) shards, a fused gate|up split per shard and Megatron's QKV split per query group
 //! (TP shards whole groups) are covered.
 
+mod support;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use muon_opt::backend::cuda::CallerStream;
-use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::comm::{Communicator, Transport};
+use muon_opt::comm::Communicator;
 use muon_opt::config::{Config, Dtype, NsPrecision, TpMode};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::TpDim;
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::StepArgs;
+use support::ranks::{host_comms, on_ranks};
+use support::rng::{milli, mix, name_hash};
+use support::training::{ARGS, bits};
 
 const DP: usize = 2;
 const TP: usize = 2;
 const STEPS: usize = 3;
-const ARGS: StepArgs = StepArgs {
-    lr: 0.02,
-    weight_decay: 0.1,
-    adam_lr: 0.003,
-    adam_weight_decay: 0.01,
-};
 
 /// A weight of the logical (unsharded) model and how TP shards it.
 struct Logical {
@@ -163,20 +159,9 @@ impl Logical {
 /// Logical element `i` of weight `name`: its initial value (`step` None) or the gradient of
 /// data-parallel rank `d` at `step`.
 fn value(name: &str, step: Option<usize>, d: usize, i: usize) -> f32 {
-    let key = name
-        .bytes()
-        .fold(7u64, |h, b| h.wrapping_mul(131).wrapping_add(u64::from(b)));
     let salt = step.map_or(0, |s| 1 + s * 7919 + d * 104_729) as u64;
-    let h = (key ^ salt.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (i as u64 * 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let v = ((h >> 40) % 2001) as f32 / 1000.0 - 1.0;
+    let v = milli(name_hash(name) ^ mix(salt) ^ i as u64);
     if step.is_none() { v * 0.1 } else { v }
-}
-
-fn host_comms(n: usize) -> Vec<Arc<Communicator>> {
-    HostGroup::new(n, Duration::from_secs(20))
-        .into_iter()
-        .map(|c| Communicator::new(Transport::Host(c)))
-        .collect()
 }
 
 fn config(mode: TpMode) -> Config {
@@ -244,20 +229,15 @@ fn sharded_params(t: usize) -> Params {
 fn tp_run(mode: TpMode) -> Vec<Vec<f32>> {
     let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
     let tensor: Vec<Vec<Arc<Communicator>>> = (0..DP).map(|_| host_comms(TP)).collect();
-    let results: Vec<Result<Vec<Vec<f32>>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..TP)
-            .flat_map(|t| (0..DP).map(move |d| (d, t)))
-            .map(|(d, t)| {
-                let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
-                scope.spawn(move || -> Result<Vec<Vec<f32>>> {
-                    let mut opt = Optimizer::new(config(mode), dp_comm.claim()?, CallerStream::NULL)?;
-                    opt.set_tp_group(tp_comm)?;
-                    train(&mut opt, &sharded_params(t), d)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let results: Vec<Result<Vec<Vec<f32>>>> = on_ranks(
+        (0..TP).flat_map(|t| (0..DP).map(move |d| (d, t))),
+        |_, (d, t)| -> Result<Vec<Vec<f32>>> {
+            let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
+            let mut opt = Optimizer::new(config(mode), dp_comm.claim()?, CallerStream::NULL)?;
+            opt.set_tp_group(tp_comm)?;
+            train(&mut opt, &sharded_params(t), d)
+        },
+    );
     let shards: Vec<Vec<Vec<f32>>> = results.into_iter().map(|r| r.unwrap()).collect();
     // shards[t * DP + d][param]
     MODEL
@@ -310,17 +290,10 @@ fn reference_run(split_shards: bool) -> Vec<Vec<f32>> {
         })
         .collect();
     let comms = host_comms(DP);
-    let results: Vec<Result<Vec<Vec<f32>>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..DP)
-            .map(|d| {
-                let (comm, params) = (comms[d].clone(), &params);
-                scope.spawn(move || -> Result<Vec<Vec<f32>>> {
-                    let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
-                    train(&mut opt, params, d)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results: Vec<Result<Vec<Vec<f32>>>> = on_ranks(0..DP, |_, d| -> Result<Vec<Vec<f32>>> {
+        let (comm, params) = (comms[d].clone(), &params);
+        let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
+        train(&mut opt, params, d)
     });
     let values = results.into_iter().next().unwrap().unwrap();
     MODEL
@@ -337,10 +310,6 @@ fn reference_run(split_shards: bool) -> Vec<Vec<f32>> {
             full
         })
         .collect()
-}
-
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
 }
 
 fn assert_same_model(got: &[Vec<f32>], want: &[Vec<f32>]) {
@@ -432,36 +401,30 @@ fn duplicated_expert_stacks_train_like_the_unsharded_stack() {
     };
     let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
     let tensor: Vec<Vec<Arc<Communicator>>> = (0..DP).map(|_| host_comms(TP)).collect();
-    let shards: Vec<Vec<f32>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..TP)
-            .flat_map(|t| (0..DP).map(move |d| (d, t)))
-            .map(|(d, t)| {
-                let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
-                scope.spawn(move || -> Result<Vec<f32>> {
-                    let mut opt = Optimizer::new(config(TpMode::Duplicated), dp_comm.claim()?, CallerStream::NULL)?;
-                    opt.set_tp_group(tp_comm)?;
-                    let params: Params =
-                        vec![(stack(rows / TP, ParamFlags::TP_SHARD_ROWS), shard_map(t), "experts.fc1")];
-                    Ok(train(&mut opt, &params, d)?.remove(0))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
-    });
+    let shards: Vec<Vec<f32>> = on_ranks(
+        (0..TP).flat_map(|t| (0..DP).map(move |d| (d, t))),
+        |_, (d, t)| -> Result<Vec<f32>> {
+            let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
+            let mut opt = Optimizer::new(config(TpMode::Duplicated), dp_comm.claim()?, CallerStream::NULL)?;
+            opt.set_tp_group(tp_comm)?;
+            let params: Params = vec![(stack(rows / TP, ParamFlags::TP_SHARD_ROWS), shard_map(t), "experts.fc1")];
+            Ok(train(&mut opt, &params, d)?.remove(0))
+        },
+    )
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
     let comms = host_comms(DP);
-    let whole: Vec<f32> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..DP)
-            .map(|d| {
-                let comm = comms[d].clone();
-                scope.spawn(move || -> Result<Vec<f32>> {
-                    let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
-                    let params: Params = vec![(stack(rows, 0), (0..EXPERTS * rows * cols).collect(), "experts.fc1")];
-                    Ok(train(&mut opt, &params, d)?.remove(0))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap().unwrap()).next().unwrap()
-    });
+    let whole: Vec<f32> = on_ranks(0..DP, |_, d| -> Result<Vec<f32>> {
+        let comm = comms[d].clone();
+        let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
+        let params: Params = vec![(stack(rows, 0), (0..EXPERTS * rows * cols).collect(), "experts.fc1")];
+        Ok(train(&mut opt, &params, d)?.remove(0))
+    })
+    .into_iter()
+    .map(Result::unwrap)
+    .next()
+    .unwrap();
     let mut assembled = vec![f32::NAN; whole.len()];
     for t in 0..TP {
         for (&v, i) in shards[t * DP].iter().zip(shard_map(t)) {
@@ -471,7 +434,7 @@ fn duplicated_expert_stacks_train_like_the_unsharded_stack() {
     assert_eq!(bits(&assembled), bits(&whole));
 }
 
-/// Finalize refuses a duplicated shard without a TP group/// Finalize refuses a duplicated shard without a TP group/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
+/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
 #[test]
 fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     let comm = host_comms(1).remove(0);
@@ -488,28 +451,21 @@ fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     assert!(err.message.contains("muon_tp_mode distributed orthogonalizes"), "{err}");
 
     let tensor = host_comms(TP);
-    let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..TP)
-            .map(|t| {
-                let tp_comm = tensor[t].clone();
-                scope.spawn(move || -> Result<()> {
-                    let comm = host_comms(1).remove(0);
-                    let mut opt = Optimizer::new(config(TpMode::Duplicated), comm.claim()?, CallerStream::NULL)?;
-                    opt.set_tp_group(tp_comm)?;
-                    let rows = if t == 0 { 32 } else { 16 };
-                    let flags = ParamFlags(ParamFlags::TP_SHARD_ROWS);
-                    opt.add_param(
-                        ParamSpec {
-                            flags,
-                            ..ParamSpec::new("fc1.weight", &[rows, 32], Dtype::F32)
-                        },
-                        None,
-                    )?;
-                    opt.finalize()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let results: Vec<Result<()>> = on_ranks(0..TP, |_, t| -> Result<()> {
+        let tp_comm = tensor[t].clone();
+        let comm = host_comms(1).remove(0);
+        let mut opt = Optimizer::new(config(TpMode::Duplicated), comm.claim()?, CallerStream::NULL)?;
+        opt.set_tp_group(tp_comm)?;
+        let rows = if t == 0 { 32 } else { 16 };
+        let flags = ParamFlags(ParamFlags::TP_SHARD_ROWS);
+        opt.add_param(
+            ParamSpec {
+                flags,
+                ..ParamSpec::new("fc1.weight", &[rows, 32], Dtype::F32)
+            },
+            None,
+        )?;
+        opt.finalize()
     });
     for r in results {
         let err = r.unwrap_err();

@@ -114,56 +114,13 @@ pub unsafe extern "C" fn muon_optimizer_load_union(
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::{CStr, CString};
+    use std::ffi::CString;
     use std::ptr::{null, null_mut};
 
     use super::*;
-    use crate::capi::comm::{muon_comm_destroy, muon_comm_t, muon_host_group_create};
-    use crate::capi::config::{muon_config_init, muon_config_t};
-    use crate::capi::optimizer::{
-        muon_optimizer_add_param, muon_optimizer_create, muon_optimizer_destroy, muon_optimizer_finalize,
-    };
-    use crate::capi::param::{muon_param_desc_init, muon_param_desc_t};
-    use crate::capi::status::muon_last_error_message;
+    use crate::capi::fixtures::{last_error, one_param_optimizer, teardown};
     use crate::capi::status::muon_status_t::*;
-
-    fn last_error() -> String {
-        unsafe { CStr::from_ptr(muon_last_error_message()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-
-    /// A one-rank optimizer with one registered 8×4 matrix, finalized when `finalize`.
-    fn optimizer(finalize: bool) -> (*mut muon_comm_t, *mut muon_optimizer_t) {
-        let mut comm = null_mut();
-        assert_eq!(unsafe { muon_host_group_create(1, &mut comm) }, MUON_STATUS_SUCCESS);
-        let mut cfg = unsafe { std::mem::zeroed::<muon_config_t>() };
-        unsafe { muon_config_init(&mut cfg) };
-        let mut opt = null_mut();
-        assert_eq!(
-            unsafe { muon_optimizer_create(&cfg, comm, null_mut(), &mut opt) },
-            MUON_STATUS_SUCCESS
-        );
-        let name = CString::new("w").unwrap();
-        let mut desc = unsafe { std::mem::zeroed::<muon_param_desc_t>() };
-        unsafe { muon_param_desc_init(&mut desc) };
-        desc.name = name.as_ptr();
-        desc.ndim = 2;
-        desc.shape[..2].copy_from_slice(&[8, 4]);
-        assert_eq!(
-            unsafe { muon_optimizer_add_param(opt, &desc, null_mut()) },
-            MUON_STATUS_SUCCESS
-        );
-        if finalize {
-            assert_eq!(unsafe { muon_optimizer_finalize(opt) }, MUON_STATUS_SUCCESS);
-        }
-        (comm, opt)
-    }
-
-    fn teardown(comm: *mut muon_comm_t, opt: *mut muon_optimizer_t) {
-        assert_eq!(unsafe { muon_optimizer_destroy(opt) }, MUON_STATUS_SUCCESS);
-        assert_eq!(unsafe { muon_comm_destroy(comm) }, MUON_STATUS_SUCCESS);
-    }
+    use crate::tempdir::TempDir;
 
     #[test]
     fn arguments_and_call_order_are_checked() {
@@ -172,7 +129,7 @@ mod tests {
             unsafe { muon_optimizer_save(null_mut(), dir.as_ptr()) },
             MUON_STATUS_NULL_ARGUMENT
         );
-        let (comm, opt) = optimizer(false);
+        let (comm, opt) = one_param_optimizer(false);
         assert_eq!(
             unsafe { muon_optimizer_save(opt, dir.as_ptr()) },
             MUON_STATUS_INVALID_STATE
@@ -180,7 +137,7 @@ mod tests {
         assert!(last_error().starts_with("muon_optimizer_save: save: the optimizer is not finalized"));
         teardown(comm, opt);
 
-        let (comm, opt) = optimizer(true);
+        let (comm, opt) = one_param_optimizer(true);
         assert_eq!(unsafe { muon_optimizer_load(opt, null()) }, MUON_STATUS_NULL_ARGUMENT);
         assert!(last_error().contains("dir is NULL"), "{}", last_error());
         let empty = CString::new("").unwrap();
@@ -200,9 +157,9 @@ mod tests {
 
     #[test]
     fn save_then_load_through_the_exports() {
-        let root = std::env::temp_dir().join(format!("muon-capi-ckpt-{}", std::process::id()));
+        let root = TempDir::new("capi-ckpt");
         let dir = CString::new(root.join("ckpt").into_os_string().into_encoded_bytes()).unwrap();
-        let (comm, opt) = optimizer(true);
+        let (comm, opt) = one_param_optimizer(true);
         assert_eq!(
             unsafe { muon_optimizer_save(opt, dir.as_ptr()) },
             MUON_STATUS_SUCCESS,
@@ -216,6 +173,5 @@ mod tests {
             last_error()
         );
         teardown(comm, opt);
-        std::fs::remove_dir_all(root).unwrap();
     }
 }

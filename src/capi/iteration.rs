@@ -282,6 +282,7 @@ fn write_step_info(info: *mut muon_step_info_t, result: crate::schedule::StepInf
 ///      anyway.
 ///   4. Replay the graph once per iteration; muon_optimizer_step_info reads the step's outcome
 ///      after a replay (it waits), never inside the captured region.
+///
 /// The communicator must support capture (NCCL 2.9.6+).
 #[must_use]
 #[unsafe(no_mangle)]

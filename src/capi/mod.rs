@@ -23,6 +23,8 @@ pub mod status;
 pub mod version;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod status_table;
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@ use std::ptr::{null, null_mut};
 use crate::capi::checkpoint::*;
 use crate::capi::comm::*;
 use crate::capi::config::*;
+use crate::capi::fixtures::{default_config, desc, host_group, last_error, one_param_optimizer, teardown};
 use crate::capi::iteration::*;
 use crate::capi::mxfp8::*;
 use crate::capi::optimizer::*;
@@ -134,21 +135,21 @@ fn table() -> Vec<Row> {
             "NULL comm",
             None,
             MUON_STATUS_NULL_ARGUMENT,
-            |o| muon_optimizer_create(&config(), null_mut(), null_mut(), &mut null_mut())
+            |o| muon_optimizer_create(&default_config(), null_mut(), null_mut(), &mut null_mut())
         ),
         row!(
             "muon_optimizer_add_param",
             "NULL opt",
             None,
             MUON_STATUS_NULL_ARGUMENT,
-            |o| muon_optimizer_add_param(o, &desc(c"w"), null_mut())
+            |o| muon_optimizer_add_param(o, &desc(c"w", &[16, 8]), null_mut())
         ),
         row!(
             "muon_optimizer_add_param",
             "after finalize",
             Finalized,
             MUON_STATUS_INVALID_STATE,
-            |o| muon_optimizer_add_param(o, &desc(c"late"), null_mut())
+            |o| muon_optimizer_add_param(o, &desc(c"late", &[16, 8]), null_mut())
         ),
         row!(
             "muon_optimizer_set_norm_group",
@@ -162,7 +163,7 @@ fn table() -> Vec<Row> {
             "after finalize",
             Finalized,
             MUON_STATUS_INVALID_STATE,
-            |o| muon_optimizer_set_norm_group(o, comm_handle())
+            |o| muon_optimizer_set_norm_group(o, host_group(1)[0])
         ),
         row!(
             "muon_optimizer_set_tp_group",
@@ -176,14 +177,14 @@ fn table() -> Vec<Row> {
             "after finalize",
             Finalized,
             MUON_STATUS_INVALID_STATE,
-            |o| muon_optimizer_set_tp_group(o, comm_handle())
+            |o| muon_optimizer_set_tp_group(o, host_group(1)[0])
         ),
         row!(
             "muon_optimizer_set_tp_group",
             "NULL opt",
             None,
             MUON_STATUS_NULL_ARGUMENT,
-            |o| muon_optimizer_set_tp_group(o, comm_handle())
+            |o| muon_optimizer_set_tp_group(o, host_group(1)[0])
         ),
         row!(
             "muon_optimizer_param_route",
@@ -491,7 +492,7 @@ fn table() -> Vec<Row> {
             "a comm handle",
             None,
             MUON_STATUS_INVALID_HANDLE,
-            |o| muon_optimizer_destroy(comm_handle().cast())
+            |o| muon_optimizer_destroy(host_group(1)[0].cast())
         ),
         row!(
             "muon_newton_schulz_host",
@@ -555,46 +556,13 @@ fn statusless() -> Vec<(&'static str, fn())> {
     ]
 }
 
-fn config() -> muon_config_t {
-    let mut cfg = unsafe { std::mem::zeroed::<muon_config_t>() };
-    unsafe { muon_config_init(&mut cfg) };
-    cfg
-}
-
-fn desc(name: &'static CStr) -> muon_param_desc_t {
-    let mut d = unsafe { std::mem::zeroed::<muon_param_desc_t>() };
-    unsafe { muon_param_desc_init(&mut d) };
-    d.name = name.as_ptr();
-    d.ndim = 2;
-    d.shape[..2].copy_from_slice(&[16, 8]);
-    d
-}
-
-fn comm_handle() -> *mut muon_comm_t {
-    let mut comm = null_mut();
-    assert_eq!(unsafe { muon_host_group_create(1, &mut comm) }, MUON_STATUS_SUCCESS);
-    comm
-}
-
 /// A fresh optimizer in `state` (and its comm), or NULLs.
 fn fixture(state: State) -> (*mut muon_comm_t, *mut muon_optimizer_t) {
-    if matches!(state, State::None) {
-        return (null_mut(), null_mut());
+    match state {
+        State::None => (null_mut(), null_mut()),
+        State::Registering => one_param_optimizer(false),
+        State::Finalized => one_param_optimizer(true),
     }
-    let comm = comm_handle();
-    let mut opt = null_mut();
-    assert_eq!(
-        unsafe { muon_optimizer_create(&config(), comm, null_mut(), &mut opt) },
-        MUON_STATUS_SUCCESS
-    );
-    assert_eq!(
-        unsafe { muon_optimizer_add_param(opt, &desc(c"w"), null_mut()) },
-        MUON_STATUS_SUCCESS
-    );
-    if matches!(state, State::Finalized) {
-        assert_eq!(unsafe { muon_optimizer_finalize(opt) }, MUON_STATUS_SUCCESS);
-    }
-    (comm, opt)
 }
 
 /// The functions `include/muon_opt.h` declares.
@@ -618,9 +586,7 @@ fn every_entry_point_returns_the_documented_status() {
         let (comm, opt) = fixture(row.state);
         let status = (row.call)(opt);
         assert_eq!(status, row.expected, "{} ({}): {:?}", row.function, row.what, row.state);
-        let message = unsafe { CStr::from_ptr(muon_last_error_message()) }
-            .to_string_lossy()
-            .into_owned();
+        let message = last_error();
         assert!(
             message.starts_with(row.function),
             "{} ({}): the message names another function: {message}",
@@ -628,8 +594,7 @@ fn every_entry_point_returns_the_documented_status() {
             row.what
         );
         if !opt.is_null() {
-            assert_eq!(unsafe { muon_optimizer_destroy(opt) }, MUON_STATUS_SUCCESS);
-            assert_eq!(unsafe { muon_comm_destroy(comm) }, MUON_STATUS_SUCCESS);
+            teardown(comm, opt);
         }
     }
     for (function, call) in statusless() {

@@ -1,68 +1,20 @@
 //! Unit tests of the exports called directly, as C would call them.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::ptr::{null, null_mut};
 
 use crate::capi::comm::*;
 use crate::capi::config::*;
 use crate::capi::constants::*;
+use crate::capi::fixtures::{default_config, desc, host_group, last_error, single_rank_optimizer, teardown};
 use crate::capi::iteration::*;
 use crate::capi::optimizer::*;
 use crate::capi::param::*;
-use crate::capi::status::muon_last_error_message;
 use crate::capi::status::muon_status_t::{self, *};
-
-fn last_error() -> String {
-    unsafe { CStr::from_ptr(muon_last_error_message()) }
-        .to_str()
-        .unwrap()
-        .to_string()
-}
-
-fn default_config() -> muon_config_t {
-    let mut cfg = unsafe { std::mem::zeroed::<muon_config_t>() };
-    unsafe { muon_config_init(&mut cfg) };
-    cfg
-}
 
 fn validate(cfg: &muon_config_t) -> (muon_status_t, String) {
     let status = unsafe { muon_config_validate(cfg) };
     (status, last_error())
-}
-
-fn host_group(n: u32) -> Vec<*mut muon_comm_t> {
-    let mut comms = vec![null_mut(); n as usize];
-    assert_eq!(
-        unsafe { muon_host_group_create(n, comms.as_mut_ptr()) },
-        MUON_STATUS_SUCCESS
-    );
-    comms
-}
-
-fn single_rank_optimizer(cfg: &muon_config_t) -> (*mut muon_comm_t, *mut muon_optimizer_t) {
-    let comm = host_group(1)[0];
-    let mut opt = null_mut();
-    assert_eq!(
-        unsafe { muon_optimizer_create(cfg, comm, null_mut(), &mut opt) },
-        MUON_STATUS_SUCCESS,
-        "{}",
-        last_error()
-    );
-    (comm, opt)
-}
-
-fn desc(name: &CString, shape: &[i64]) -> muon_param_desc_t {
-    let mut d = unsafe { std::mem::zeroed::<muon_param_desc_t>() };
-    unsafe { muon_param_desc_init(&mut d) };
-    d.name = name.as_ptr();
-    d.ndim = shape.len() as u32;
-    d.shape[..shape.len()].copy_from_slice(shape);
-    d
-}
-
-fn teardown(comm: *mut muon_comm_t, opt: *mut muon_optimizer_t) {
-    assert_eq!(unsafe { muon_optimizer_destroy(opt) }, MUON_STATUS_SUCCESS);
-    assert_eq!(unsafe { muon_comm_destroy(comm) }, MUON_STATUS_SUCCESS);
 }
 
 /// A param description of the first ABI (ending at wd_scale) is accepted with one split

@@ -194,17 +194,11 @@ pub fn abandon(paths: &Paths) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(label: &str) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("muon-publish-{}-{label}", std::process::id()));
-        let _ = fs::remove_dir_all(&path);
-        fs::create_dir_all(&path).unwrap();
-        path
-    }
+    use crate::tempdir::TempDir;
 
     #[test]
     fn exchange_swaps_two_directories() {
-        let root = scratch("exchange");
+        let root = TempDir::new("exchange");
         let (a, b) = (root.join("a"), root.join("b"));
         fs::create_dir(&a).unwrap();
         fs::create_dir(&b).unwrap();
@@ -215,7 +209,6 @@ mod tests {
             }
             Err(err) => eprintln!("RENAME_EXCHANGE unsupported here ({err}); saves use the two-rename fallback"),
         }
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
@@ -231,7 +224,7 @@ mod tests {
 
     #[test]
     fn prepare_refuses_to_replace_or_delete_foreign_directories() {
-        let root = scratch("foreign");
+        let root = TempDir::new("foreign");
         let paths = Paths::new(&root.join("ckpt")).unwrap();
         fs::create_dir(&paths.target).unwrap();
         fs::write(paths.target.join("notes.txt"), "mine").unwrap();
@@ -243,12 +236,11 @@ mod tests {
         let err = prepare(&paths).unwrap_err();
         assert!(err.message.contains("refusing to delete"), "{}", err.message);
         assert!(paths.staging.join("notes.txt").exists());
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn prepare_moves_a_backup_back_and_clears_leftovers() {
-        let root = scratch("recover");
+        let root = TempDir::new("recover");
         let paths = Paths::new(&root.join("ckpt")).unwrap();
         fs::create_dir(&paths.replaced).unwrap();
         fs::write(paths.replaced.join(INDEX_FILE), "old").unwrap();
@@ -260,6 +252,5 @@ mod tests {
         assert!(!paths.replaced.exists());
         assert_eq!(fs::read_dir(&paths.staging).unwrap().count(), 0);
         assert_eq!(paths.for_load(), paths.target);
-        fs::remove_dir_all(&root).unwrap();
     }
 }

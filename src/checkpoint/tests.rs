@@ -9,7 +9,6 @@
 //! agreement. Each scenario then loads with a fresh group, as a restarted job would.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::publish::{Paths, publish_by_renames};
@@ -18,32 +17,14 @@ use crate::backend::cuda::CallerStream;
 use crate::backend::host::comm::HostGroup;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Config, Dtype};
+use crate::demo::model::Rng;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec};
 use crate::optimizer::Optimizer;
 use crate::schedule::{OwnedState, StepArgs};
+use crate::tempdir::TempDir;
 
 const DP: usize = 2;
-
-/// A directory under the system temp dir, deleted on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("muon-ckpt-unit-{}-{label}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn model() -> Vec<ParamSpec> {
     let mut emb = ParamSpec::new("emb", &[20, 16], Dtype::Bf16);
@@ -58,9 +39,9 @@ fn model() -> Vec<ParamSpec> {
     ]
 }
 
+/// A value in [-0.5, 0.5) drawn from `seed`.
 fn value(seed: u64) -> f32 {
-    let x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (seed >> 17);
-    ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    Rng::new(seed).uniform() / 2.0
 }
 
 /// A finalized group of `DP` ranks.
@@ -189,7 +170,7 @@ fn scenario(
     interrupted: impl FnOnce(&mut [Optimizer], &Path),
 ) -> (TempDir, PathBuf, Vec<RankState>, Vec<RankState>) {
     let tmp = TempDir::new(label);
-    let dir = tmp.0.join("ckpt");
+    let dir = tmp.join("ckpt");
     let mut opts = group();
     on_ranks(&mut opts, |rank, opt| train_step(opt, rank));
     on_ranks(&mut opts, |_, opt| opt.save(&dir))
@@ -353,6 +334,6 @@ fn ranks_saving_to_different_directories_fail_and_keep_the_previous_checkpoint()
         assert!(cause.contains("rank 0 does not see rank 1's file"), "{cause}");
     });
     assert_same(&load_fresh(&dir), &previous, "previous checkpoint");
-    std::fs::remove_dir_all(tmp.0.join("elsewhere.muon-saving")).unwrap();
+    std::fs::remove_dir_all(tmp.join("elsewhere.muon-saving")).unwrap();
     next_save_succeeds(&dir);
 }

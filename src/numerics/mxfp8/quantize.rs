@@ -695,6 +695,7 @@ fn quantize_impl<E: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::demo::model::Rng;
 
     /// The loop nest compiled for each instruction set the CPU has.
     #[derive(Debug, Clone, Copy)]
@@ -753,13 +754,10 @@ mod tests {
     /// bf16 test data: mostly normal values spread over 2^±10, with NaN, ±∞, ±0, subnormals and
     /// runs of tiny values (scales below the fast-path threshold) mixed in.
     fn data(n: usize, seed: u64) -> Vec<u16> {
-        let mut state = seed;
+        let mut rng = Rng::new(seed);
         (0..n)
             .map(|i| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let r = state;
+                let r = rng.next_u64();
                 let sign = (r >> 63) as u16 * 0x8000;
                 let mant = (r >> 20) as u16 & 0x7F;
                 if (i / 4096) % 5 == 4 {

@@ -1,19 +1,22 @@
 //! Shared by the cuda backend tests: builds a rank's `Runtime` on any backend and drives
 //! iterations through the backend ops only (gradients are written with `Backend::upload`,
-//! so the same driver works on host memory, on virtual device addresses and on a GPU).
-//! The including test file also declares `mod common;`.
-
-#![allow(dead_code)]
+//! so the same driver works on host memory, on virtual device addresses and on a GPU), and
+//! the one-rank host backend the cuda backend is compared with.
 
 use muon_opt::backend::Backend;
+use muon_opt::backend::host::comm::HostGroup;
+use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::{BufferSizes, InitValues, Mem, Span};
-use muon_opt::config::Config;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{CommMode, Config};
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
+use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
 use muon_opt::schedule::{Runtime, StepInfo};
 
-pub use crate::common::bits;
-use crate::common::{ARGS, init_values, model, rank_grad};
+use super::ranks::TIMEOUT;
+use super::rng::noise;
+use super::training::{ARGS, bits, init_values, model, rank_grad};
 
 /// The common test model plus fused matrices with non-square components (wide, and tall so
 /// they are orthogonalized transposed; both run as strided batches) and MXFP8 params (a fused
@@ -45,7 +48,7 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     params
 }
 
-/// Rank `rank` of `dp`'s runtime on `backend`, initialised with `common::init_values`.
+/// Rank `rank` of `dp`'s runtime on `backend`, initialised with `training::init_values`.
 pub fn runtime(cfg: &Config, specs: &[ParamSpec], rank: usize, dp: usize, backend: Box<dyn Backend>) -> Runtime {
     let mut registry = Registry::default();
     for spec in specs {
@@ -108,7 +111,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         mxfp8: Vec::new(),
         mxfp8_scale_layout: ScaleLayout::Compact,
     };
-    let mut values: Vec<f32> = (0..n).map(|i| crate::common::noise(i) * 3.0).collect();
+    let mut values: Vec<f32> = (0..n).map(|i| noise(i) * 3.0).collect();
     values[..specials.len()].copy_from_slice(specials);
     backend.allocate(&layout).unwrap();
     let span = |mem| Span::new(mem, 0, n);
@@ -131,4 +134,15 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         .map(|m| bits(&backend.download(span(m)).unwrap()))
         .collect();
     (out, norm)
+}
+
+/// A one-rank host backend, the reference the cuda backend is compared with.
+pub fn host_backend(cfg: &Config) -> HostBackend {
+    let comm = HostGroup::new(1, TIMEOUT).remove(0);
+    HostBackend::new(
+        Communicator::new(Transport::Host(comm)),
+        CommMode::Eager,
+        MuonOptions::from_config(cfg),
+    )
+    .unwrap()
 }

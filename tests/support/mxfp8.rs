@@ -2,8 +2,6 @@
 //! straight from docs/mxfp8.md §10, an independent f64 E4M3 encoder, and runners that call the
 //! library for every direction, layout and input type.
 
-#![allow(dead_code)] // Each test crate uses a different subset of these helpers.
-
 use muon_opt::numerics::mxfp8::{
     Direction, Input, MAX_NORM_RCP, QuantizedMut, ScaleLayout, f32_to_e4m3, float_to_e8m0, quantize_both,
     quantize_colwise, quantize_rowwise, scale_index, scale_inv, scale_shape,

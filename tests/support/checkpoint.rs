@@ -7,32 +7,18 @@
 //! is exact at every dp: with pre-scaling by 1/dp, `dp·(g·(1/dp))` summed in rank order gives
 //! back `g` exactly for dp ∈ {1, 2, 3, 4} (for dp = 3, `3·f32(1/3)·2^e` rounds to `2^e`). A run
 //! resumed at another dp must therefore match an uninterrupted run bit for bit.
-//!
-//! The including test file also declares `mod common;` (shared `assemble` and `bits`).
 
-#![allow(dead_code)]
-
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::Duration;
 
-use muon_opt::backend::cuda::CallerStream;
-use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::Result;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::StepArgs;
 
-pub use crate::common::{assemble, bits};
-
-pub const ARGS: StepArgs = StepArgs {
-    lr: 0.02,
-    weight_decay: 0.1,
-    adam_lr: 0.003,
-    adam_weight_decay: 0.01,
-};
+use super::ranks::{on_ranks, optimizers};
+use super::rng::mix;
+use super::training::{ARGS, assemble, bits};
 
 fn flagged(name: String, shape: &[u64], flags: u32) -> ParamSpec {
     let mut p = ParamSpec::new(name, shape, Dtype::Bf16);
@@ -94,13 +80,6 @@ pub fn config(layout: MuonLayout) -> Config {
     }
 }
 
-fn mix(seed: u64) -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^ (x >> 29)
-}
-
 pub fn init_values(p: usize, numel: u64) -> Vec<f32> {
     (0..numel)
         .map(|i| 0.1 * ((mix(((p as u64) << 32) | i) >> 40) as f32 / (1u64 << 24) as f32 - 0.5))
@@ -118,30 +97,6 @@ pub fn grad(step: u64, p: usize, seen: &[f32]) -> Vec<f32> {
             if (h >> 20) & 1 == 1 { -magnitude } else { magnitude }
         })
         .collect()
-}
-
-/// A directory under the system temp dir, deleted on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(label: &str) -> TempDir {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("muon-ckpt-{}-{label}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-
-    pub fn join(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Everything observable: per rank the step count and the params it holds; per param the
@@ -191,13 +146,7 @@ impl Group {
     }
 
     pub fn with_model(cfg: &Config, dp: usize, specs: &[ParamSpec]) -> Group {
-        let mut opts: Vec<Optimizer> = HostGroup::new(dp, Duration::from_secs(20))
-            .into_iter()
-            .map(|c| {
-                let comm = Communicator::new(Transport::Host(c));
-                Optimizer::new(cfg.clone(), comm.claim().unwrap(), CallerStream::NULL).unwrap()
-            })
-            .collect();
+        let mut opts = optimizers(cfg, dp, Duration::from_secs(20));
         for opt in &mut opts {
             for (p, spec) in specs.iter().enumerate() {
                 opt.add_param(
@@ -221,18 +170,7 @@ impl Group {
 
     /// Runs `f` on every rank at once.
     pub fn run<T: Send>(&mut self, f: impl Fn(usize, &mut Optimizer) -> T + Sync) -> Vec<T> {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .opts
-                .iter_mut()
-                .enumerate()
-                .map(|(rank, opt)| {
-                    let f = &f;
-                    scope.spawn(move || f(rank, opt))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        })
+        on_ranks(&mut self.opts, f)
     }
 
     /// `steps` more steps; the data of a step depends on the step count the rank has reached.

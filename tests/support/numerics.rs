@@ -1,47 +1,8 @@
-//! Helpers shared by the `numerics_*` integration tests: a seeded generator, an f64
-//! Newton–Schulz reference, singular values and the golden-vector directory.
-// Each test crate includes this module and uses a subset of it.
-#![allow(dead_code)]
+//! Helpers of the `numerics_*` integration tests: an f64 Newton–Schulz reference, matrix
+//! products and singular values.
 
 use muon_opt::config::CoefficientSet;
 use muon_opt::numerics::newton_schulz::ns_coefficients;
-
-/// The golden vectors (`tests/data/golden`, computed outside this project; see its README).
-pub const GOLDEN_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/golden");
-
-/// SplitMix64: a small seeded generator, enough for test data.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform();
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-
-    /// `n` normal values times `scale`, as f32.
-    pub fn normal_vec(&mut self, n: usize, scale: f64) -> Vec<f32> {
-        (0..n).map(|_| (self.normal() * scale) as f32).collect()
-    }
-}
 
 /// Row-major `a (m×k) · b (k×n)` in f64.
 pub fn matmul(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
@@ -162,23 +123,5 @@ pub fn singular_values(x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
     symmetric_eigenvalues(gram, m)
         .into_iter()
         .map(|e| e.max(0.0).sqrt())
-        .collect()
-}
-
-/// Reads a little-endian f32 file.
-pub fn read_f32(path: &str) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// Reads a little-endian f64 file.
-pub fn read_f64(path: &str) -> Vec<f64> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    bytes
-        .chunks_exact(8)
-        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
         .collect()
 }

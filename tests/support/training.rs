@@ -1,19 +1,17 @@
-//! Multi-rank harness for the runtime tests: ranks on threads over a host group, a small model
-//! with every kind of param, deterministic per-rank gradients that depend on the params each
-//! rank sees (so a missing param sync changes the result).
-
-#![allow(dead_code)]
+//! Multi-rank training for the runtime tests: ranks on threads over a host group, a small
+//! model with every kind of param, deterministic per-rank gradients that depend on the params
+//! each rank sees (so a missing param sync changes the result).
 
 use std::time::Duration;
 
-use muon_opt::backend::cuda::CallerStream;
-use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{Config, Dtype};
 use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
 use muon_opt::schedule::{OwnedState, StepArgs};
+
+use super::ranks::{on_ranks, optimizers};
+use super::rng::noise;
 
 /// The test model: embedding, fused QKV, an expert stack, plain matrices, biases, a norm.
 pub fn model() -> Vec<ParamSpec> {
@@ -59,15 +57,6 @@ pub fn layered_model(layers: usize) -> Vec<ParamSpec> {
 /// Bits of every value (equality is then bitwise, NaN included).
 pub fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
-}
-
-/// Deterministic pseudo-random value in [-1, 1).
-pub fn noise(seed: u64) -> f32 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 29;
-    ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
 pub fn init_values(p: usize, numel: u64) -> Vec<f32> {
@@ -128,16 +117,6 @@ pub struct Data {
 /// Per step: every param as this rank sees it, and this rank's owned state.
 type RankHistory = Vec<(Vec<Vec<f32>>, Vec<OwnedState>)>;
 
-pub fn optimizers(cfg: &Config, dp: usize, timeout: Duration) -> Vec<Optimizer> {
-    HostGroup::new(dp, timeout)
-        .into_iter()
-        .map(|c| {
-            let comm = Communicator::new(Transport::Host(c));
-            Optimizer::new(cfg.clone(), comm.claim().unwrap(), CallerStream::NULL).unwrap()
-        })
-        .collect()
-}
-
 /// Trains `steps` steps at `dp` ranks and returns a snapshot after every step.
 pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
     train_model(&model(), cfg, dp, data, steps)
@@ -146,14 +125,7 @@ pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
 /// [`train`] on the params `specs`.
 pub fn train_model(specs: &[ParamSpec], cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
     let opts = optimizers(cfg, dp, Duration::from_secs(20));
-    let per_rank: Vec<RankHistory> = std::thread::scope(|scope| {
-        let handles: Vec<_> = opts
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut opt)| scope.spawn(move || run_rank(&mut opt, specs, rank, dp, data, steps)))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let per_rank: Vec<RankHistory> = on_ranks(opts, |rank, mut opt| run_rank(&mut opt, specs, rank, dp, data, steps));
     (0..steps as usize)
         .map(|s| Snapshot {
             params: per_rank.iter().map(|r| r[s].0.clone()).collect(),
