@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
+use cudarc::driver::sys as cu;
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
@@ -31,6 +32,7 @@ use muon_opt::numerics::muon::{MuonOptions, muon_scale};
 use muon_opt::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use muon_opt::numerics::newton_schulz::NsOptions;
 use muon_opt::optimizer::Optimizer;
+use muon_opt::schedule::Runtime;
 use serde_json::Value;
 use support::cuda::{cuda_model, elementwise_script, host_backend, iterate, runtime};
 use support::golden;
@@ -414,4 +416,129 @@ fn newton_schulz_matches_the_golden_vectors() {
             );
         }
     }
+}
+
+/// Device gradients of every param of `specs` (f32), uploaded once: the "backward" of the
+/// capture test copies them into the grad buffer on the caller's stream, as a framework's
+/// backward kernels would write it.
+struct DeviceGrads(Vec<(u64, usize)>);
+
+impl DeviceGrads {
+    fn new(specs: &[ParamSpec]) -> Self {
+        let grads = specs
+            .iter()
+            .enumerate()
+            .map(|(p, spec)| {
+                let values = rank_grad(1, 0, p, &vec![0.5; spec.numel() as usize]);
+                let bytes = values.len() * 4;
+                let mut ptr = 0;
+                // SAFETY: a fresh allocation of `bytes`, filled from `values` (same length).
+                unsafe {
+                    assert_eq!(cu::cuMemAlloc_v2(&mut ptr, bytes), cu::CUresult::CUDA_SUCCESS);
+                    assert_eq!(
+                        cu::cuMemcpyHtoD_v2(ptr, values.as_ptr().cast(), bytes),
+                        cu::CUresult::CUDA_SUCCESS
+                    );
+                }
+                (ptr, bytes)
+            })
+            .collect();
+        DeviceGrads(grads)
+    }
+
+    /// Copies every gradient into its grad view on `stream`, then marks it ready.
+    fn backward(&self, rt: &mut Runtime, stream: cu::CUstream) {
+        for p in (0..self.0.len()).rev() {
+            let (src, bytes) = self.0[p];
+            let dst = rt.address(p, true) as u64;
+            // SAFETY: device ranges of `bytes` each (the grad view of param p is f32 here).
+            let status = unsafe { cu::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream) };
+            assert_eq!(status, cu::CUresult::CUDA_SUCCESS);
+            rt.grad_ready(p as u32).unwrap();
+        }
+    }
+}
+
+impl Drop for DeviceGrads {
+    fn drop(&mut self) {
+        for &(ptr, _) in &self.0 {
+            // SAFETY: our allocations, freed once.
+            unsafe { cu::cuMemFree_v2(ptr) };
+        }
+    }
+}
+
+/// One iteration captured in a CUDA graph by the protocol of `muon_optimizer_join` (step
+/// with preset arguments, zero_grad, forward waits, backward, join) and replayed three times
+/// leaves every param bit for bit as three eager iterations do.
+#[test]
+fn a_captured_iteration_replays_bitwise_like_eager_ones() {
+    let Some(gpu) = gpu("a_captured_iteration_replays_bitwise_like_eager_ones") else {
+        return;
+    };
+    let cfg = Config {
+        bucket_size: 4096,
+        grad_dtype: Dtype::F32,
+        ..Config::default()
+    };
+    let specs = cuda_model();
+    let grads = DeviceGrads::new(&specs);
+    let run = |capture: bool| -> Vec<Vec<u32>> {
+        let stream = gpu.ctx.new_stream().unwrap();
+        let raw: cu::CUstream = stream.cu_stream();
+        let mut rt = runtime(
+            &cfg,
+            &specs,
+            0,
+            1,
+            Box::new(gpu.backend(&cfg, CallerStream(raw.cast()))),
+        );
+        rt.set_step_args(&ARGS).unwrap();
+        rt.zero_grad().unwrap();
+        grads.backward(&mut rt, raw);
+        rt.join().unwrap();
+        let region = |rt: &mut Runtime| {
+            rt.step(None).unwrap();
+            rt.zero_grad().unwrap();
+            for b in 0..rt.plan().buckets.len() as u32 {
+                rt.wait_params(b).unwrap();
+            }
+            grads.backward(rt, raw);
+            rt.join().unwrap();
+        };
+        if capture {
+            let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: capture on our stream; the graph and its instance are destroyed below.
+            unsafe {
+                let mode = cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                assert_eq!(cu::cuStreamBeginCapture_v2(raw, mode), cu::CUresult::CUDA_SUCCESS);
+                region(&mut rt);
+                assert_eq!(cu::cuStreamEndCapture(raw, &mut graph), cu::CUresult::CUDA_SUCCESS);
+                assert_eq!(
+                    cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                    cu::CUresult::CUDA_SUCCESS
+                );
+                for _ in 0..3 {
+                    assert_eq!(cu::cuGraphLaunch(exec, raw), cu::CUresult::CUDA_SUCCESS);
+                }
+            }
+            rt.synchronize().unwrap();
+            // SAFETY: created above, destroyed once after the replays finished.
+            unsafe {
+                cu::cuGraphExecDestroy(exec);
+                cu::cuGraphDestroy(graph);
+            }
+        } else {
+            for _ in 0..3 {
+                region(&mut rt);
+            }
+            rt.synchronize().unwrap();
+        }
+        assert_eq!(rt.step_info().unwrap().step, 3, "capture {capture}: steps taken");
+        (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect()
+    };
+    assert!(
+        run(false) == run(true),
+        "the replayed graph differs from eager iterations"
+    );
 }

@@ -1,0 +1,177 @@
+//! CUDA graph capture of an iteration, checked on the translation (no GPU): the region
+//! `step(NULL); zero_grad; forward waits; backward grad_ready; join` translates to actions
+//! stream capture accepts — nothing host-blocking, no wait on work recorded outside the
+//! region, the comm stream joined back at the end — and to the same operations at every
+//! iteration, so one captured graph is valid for every replay. Without the join the checker
+//! reports the unjoined comm stream, and the region after it the dependency on uncaptured
+//! work. The order changes no numerics: params equal an eager run without joins bit for bit.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use muon_opt::backend::cuda::capture::check_capture;
+use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
+use muon_opt::backend::recording::{Op, Recording};
+use muon_opt::config::{Config, Dtype, MuonLayout};
+use muon_opt::error::Result;
+use muon_opt::numerics::muon::MuonOptions;
+use muon_opt::schedule::Runtime;
+use support::cuda::{cuda_model, host_backend, runtime};
+use support::training::{ARGS, bits, rank_grad};
+
+type Dry = Arc<Mutex<DryRun>>;
+
+fn configs() -> Vec<(&'static str, Config)> {
+    let base = Config {
+        bucket_size: 4096,
+        grad_dtype: Dtype::F32,
+        ..Config::default()
+    };
+    vec![
+        ("overlapped", base.clone()),
+        (
+            "no overlap",
+            Config {
+                overlap_grad_reduce: false,
+                overlap_param_gather: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "MXFP8 gather",
+            Config {
+                mxfp8_param_gather: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "padded",
+            Config {
+                muon_layout: MuonLayout::Padded,
+                ..base
+            },
+        ),
+    ]
+}
+
+/// Backward: every param's gradient written in place (the framework's kernels, no op of
+/// ours), then `grad_ready`, in reverse registration order.
+fn backward(rt: &mut Runtime, step: u64) {
+    for p in (0..rt.plan().params.len()).rev() {
+        let n = rt.plan().params[p].numel as usize;
+        let grad = rank_grad(step, 0, p, &vec![0.5; n]);
+        let ptr = rt.address(p, true).cast::<f32>();
+        // SAFETY: the host backend's f32 grad view of param p holds n values.
+        unsafe { std::slice::from_raw_parts_mut(ptr, n) }.copy_from_slice(&grad);
+        rt.grad_ready(p as u32).unwrap();
+    }
+}
+
+/// The iteration as captured: the step first, then the next forward and backward.
+fn region(rt: &mut Runtime, step: u64, join: bool) {
+    rt.step(None).unwrap();
+    rt.zero_grad().unwrap();
+    for b in 0..rt.plan().buckets.len() as u32 {
+        rt.wait_params(b).unwrap();
+    }
+    backward(rt, step);
+    if join {
+        rt.join().unwrap();
+    }
+}
+
+/// The ops and device actions `dry` received since `mark`.
+fn since(dry: &Dry, mark: usize) -> (Vec<Op>, Vec<muon_opt::backend::cuda::action::Action>) {
+    let dry = dry.lock().unwrap();
+    let mut ops = Vec::new();
+    let mut actions = Vec::new();
+    for (op, translated) in &dry.log[mark..] {
+        ops.push(op.clone());
+        if let Ok(Translated::Actions(a)) = translated {
+            actions.extend(a.iter().cloned());
+        }
+    }
+    (ops, actions)
+}
+
+fn setup(cfg: &Config) -> (Runtime, Dry) {
+    let dry = Arc::new(Mutex::new(DryRun::new(0, 1, MuonOptions::from_config(cfg))));
+    let backend = Recording::new(host_backend(cfg), dry.clone());
+    let mut rt = runtime(cfg, &cuda_model(), 0, 1, Box::new(backend));
+    rt.set_step_args(&ARGS).unwrap();
+    rt.zero_grad().unwrap();
+    backward(&mut rt, 0);
+    rt.join().unwrap();
+    (rt, dry)
+}
+
+fn log_len(dry: &Dry) -> usize {
+    dry.lock().unwrap().log.len()
+}
+
+#[test]
+fn a_joined_iteration_is_capturable_and_replays_the_same_operations() {
+    for (label, cfg) in configs() {
+        let (mut rt, dry) = setup(&cfg);
+        let mut regions = Vec::new();
+        for step in 1..=3 {
+            let mark = log_len(&dry);
+            region(&mut rt, step, true);
+            let (ops, actions) = since(&dry, mark);
+            let checked: Result<()> = check_capture(&actions);
+            assert!(checked.is_ok(), "{label}, step {step}: {}", checked.unwrap_err());
+            assert!(
+                actions
+                    .iter()
+                    .any(|a| matches!(a, muon_opt::backend::cuda::action::Action::Nccl(..)))
+            );
+            regions.push(ops);
+        }
+        assert!(
+            regions[0] == regions[1] && regions[1] == regions[2],
+            "{label}: the region's operations change between iterations"
+        );
+    }
+}
+
+/// With gradient collectives overlapping the backward, the region ends with comm work that
+/// only the join brings back; without overlap the step issues them itself and waits for the
+/// param collectives, so the region is joined anyway (and the join issues nothing).
+#[test]
+fn without_the_join_the_region_is_unjoined_and_the_next_depends_on_uncaptured_work() {
+    for (label, cfg) in configs() {
+        let (mut rt, dry) = setup(&cfg);
+        let mark = log_len(&dry);
+        region(&mut rt, 1, false);
+        let unjoined = check_capture(&since(&dry, mark).1);
+        let mark = log_len(&dry);
+        region(&mut rt, 2, true);
+        let next = check_capture(&since(&dry, mark).1);
+        if cfg.overlap_grad_reduce {
+            let err = unjoined.unwrap_err().to_string();
+            assert!(err.contains("not joined"), "{label}: {err}");
+            let err = next.unwrap_err().to_string();
+            assert!(err.contains("not recorded in the captured region"), "{label}: {err}");
+        } else {
+            assert!(unjoined.is_ok() && next.is_ok(), "{label}: {unjoined:?} {next:?}");
+        }
+    }
+}
+
+#[test]
+fn the_captured_order_changes_no_bits() {
+    for (label, cfg) in configs() {
+        let run = |join: bool| -> Vec<Vec<u32>> {
+            let (mut rt, _dry) = setup(&cfg);
+            for step in 1..=3 {
+                region(&mut rt, step, join);
+            }
+            rt.synchronize().unwrap();
+            (0..rt.plan().params.len())
+                .map(|p| bits(&rt.param_values(p).unwrap()))
+                .collect()
+        };
+        assert!(run(true) == run(false), "{label}: joins changed the params");
+    }
+}
