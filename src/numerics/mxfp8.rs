@@ -21,8 +21,11 @@
 //! with integer arithmetic equivalent to the f32 path for ordinary blocks (see the
 //! `quantize` and `fast` submodules); `benches/mxfp8.rs` measures it against memcpy.
 
+mod amax;
 mod dequantize;
+mod encode;
 mod fast;
+mod pass;
 mod quantize;
 mod scalar;
 
