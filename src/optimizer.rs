@@ -1,6 +1,8 @@
 //! The optimizer's safe core: configuration, the parameter registry and the lifecycle
 //! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
 
+mod param_view;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,8 @@ use crate::numerics::muon::MuonOptions;
 use crate::plan::hash::Fnv1a;
 use crate::plan::{Plan, build_plan};
 use crate::schedule::{Runtime, StepArgs, StepInfo};
+
+pub use param_view::{Mxfp8View, ParamView};
 
 /// Lifecycle phase; calls check it so a wrong call order is a status, never UB.
 pub enum Phase {

@@ -7,7 +7,7 @@ use crate::bail;
 use crate::capi::boundary::{checked_size, non_null, run};
 use crate::capi::comm::muon_comm_t;
 use crate::capi::config::{muon_config_t, read_config};
-use crate::capi::constants::{MUON_MXFP8_SCALES_COMPACT, MUON_MXFP8_SCALES_SWIZZLED, route_code};
+use crate::capi::constants::route_code;
 use crate::capi::handle::{Exposed, destroy, into_raw, with_mut, with_ref};
 use crate::capi::param::{muon_param_desc_t, muon_param_view_t, read_desc};
 use crate::capi::status::muon_status_t;
@@ -253,34 +253,7 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
 ) -> muon_status_t {
     with_ref::<Optimizer>("muon_optimizer_param_view", opt, "opt", |o| {
         checked_size(view as *const muon_param_view_t, "view")?;
-        let plan = o.plan_for(param_id)?;
-        let placement = plan.param(param_id as usize);
-        let runtime = o.runtime()?;
-        let mx = runtime
-            .mxfp8_addresses(param_id as usize)
-            .unwrap_or([std::ptr::null_mut(); 4]);
-        let (rows, cols) = o.registry().params()[param_id as usize].flat_2d();
-        let out = muon_param_view_t {
-            struct_size: std::mem::size_of::<muon_param_view_t>() as u32,
-            route: route_code(o.registry().routes()[param_id as usize]),
-            bucket: placement.bucket,
-            owner: placement.single_owner().map_or(-1, |r| r as i32),
-            offset: placement.offset,
-            numel: placement.numel,
-            data: runtime.address(param_id as usize, false),
-            grad: runtime.address(param_id as usize, true),
-            mxfp8_rowwise_data: mx[0],
-            mxfp8_rowwise_scales: mx[1],
-            mxfp8_colwise_data: mx[2],
-            mxfp8_colwise_scales: mx[3],
-            mxfp8_scale_layout: if o.config().mxfp8_swizzled_scales {
-                MUON_MXFP8_SCALES_SWIZZLED
-            } else {
-                MUON_MXFP8_SCALES_COMPACT
-            },
-            mxfp8_rows: if mx[0].is_null() { 0 } else { rows },
-            mxfp8_cols: if mx[0].is_null() { 0 } else { cols },
-        };
+        let out = muon_param_view_t::new(o.param_view(param_id)?, o.config().mxfp8_swizzled_scales);
         // SAFETY: non-NULL, struct_size checked.
         unsafe { view.write_unaligned(out) };
         Ok(())

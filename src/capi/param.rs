@@ -7,10 +7,12 @@ use crate::backend::cuda::CallerStream;
 use crate::backend::cuda::init_copy::DeviceInit;
 use crate::bail;
 use crate::capi::boundary::{non_null, run_or};
+use crate::capi::constants::{MUON_MXFP8_SCALES_COMPACT, MUON_MXFP8_SCALES_SWIZZLED, route_code};
 use crate::config::Dtype;
 use crate::error::Result;
 use crate::init_data::InitData;
 use crate::model::{ParamFlags, ParamSpec};
+use crate::optimizer::ParamView;
 
 /// Largest number of dimensions of a registered tensor.
 pub const MUON_MAX_DIMS: usize = 4;
@@ -101,6 +103,35 @@ pub struct muon_param_view_t {
 /// Size of the first ABI version of the struct (up to `wd_scale`); smaller struct_size values
 /// are rejected, the fields after it take their defaults.
 pub(crate) const MIN_DESC_SIZE: usize = std::mem::offset_of!(muon_param_desc_t, num_split_groups);
+
+impl muon_param_view_t {
+    /// The C form of `view`; `swizzled` is the config's `mxfp8_swizzled_scales`.
+    pub fn new(view: ParamView, swizzled: bool) -> Self {
+        let null = std::ptr::null_mut();
+        let (parts, rows, cols) = view.mxfp8.map_or(([null; 4], 0, 0), |m| (m.parts, m.rows, m.cols));
+        muon_param_view_t {
+            struct_size: std::mem::size_of::<muon_param_view_t>() as u32,
+            route: route_code(view.route),
+            bucket: view.bucket,
+            owner: view.owner.map_or(-1, |r| r as i32),
+            offset: view.offset,
+            numel: view.numel,
+            data: view.data,
+            grad: view.grad,
+            mxfp8_rowwise_data: parts[0],
+            mxfp8_rowwise_scales: parts[1],
+            mxfp8_colwise_data: parts[2],
+            mxfp8_colwise_scales: parts[3],
+            mxfp8_scale_layout: if swizzled {
+                MUON_MXFP8_SCALES_SWIZZLED
+            } else {
+                MUON_MXFP8_SCALES_COMPACT
+            },
+            mxfp8_rows: rows,
+            mxfp8_cols: cols,
+        }
+    }
+}
 
 impl muon_param_desc_t {
     fn defaults() -> Self {

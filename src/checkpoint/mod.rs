@@ -399,7 +399,7 @@ fn open_sources(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Result
 }
 
 /// Part of a saved tensor that lands in a piece of this rank's state.
-struct Copy {
+struct Transfer {
     piece: usize,
     /// 0 = master, k = moment k − 1.
     slot: usize,
@@ -407,6 +407,10 @@ struct Copy {
     dst: usize,
     len: usize,
 }
+
+/// Per saved tensor (source, file, key): its length and the transfers out of it, in file
+/// order so that each file is opened once.
+type Reads<'a> = BTreeMap<(usize, &'a str, &'a str), (u64, Vec<Transfer>)>;
 
 /// Reads everything this rank owns from the checkpoints in `dirs`, changing nothing. Returns
 /// their identity (the CRC-32 of their indexes, which hold every file's CRC-32), their step
@@ -419,7 +423,16 @@ fn read_owned_state(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Re
         );
     }
     let (sources, identity) = open_sources(runtime, dirs, coverage)?;
-    // Per param name, the first source that holds it (`open_sources` checked the coverage).
+    let (mut pieces, reads) = plan_reads(runtime, &sources);
+    execute_reads(&sources, reads, &mut pieces)?;
+    Ok((identity, sources[0].index.step, pieces))
+}
+
+/// The zeroed pieces of state this rank owns and the reads that fill them: each owned range
+/// is cut by component, then by the saved pieces it overlaps (`open_sources` checked that the
+/// sources cover every range).
+fn plan_reads<'a>(runtime: &Runtime, sources: &'a [Source]) -> (Vec<OwnedState>, Reads<'a>) {
+    // Per param name, the first source that holds it.
     let mut entries: HashMap<&str, (usize, &ParamEntry)> = HashMap::new();
     for (s, source) in sources.iter().enumerate() {
         for entry in &source.index.params {
@@ -427,7 +440,7 @@ fn read_owned_state(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Re
         }
     }
     let mut pieces = Vec::new();
-    let mut reads: BTreeMap<(usize, &str, &str), (u64, Vec<Copy>)> = BTreeMap::new();
+    let mut reads = Reads::new();
     for (i, (param, range)) in runtime.owned_ranges().into_iter().enumerate() {
         let spec = &runtime.params()[param as usize];
         let (source, entry) = entries[spec.name.as_str()];
@@ -449,10 +462,10 @@ fn read_owned_state(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Re
                 };
                 for (slot, kind) in kinds.iter().enumerate() {
                     let key = saved.keys[kind].as_str();
-                    let (_, copies) = reads
+                    let (_, transfers) = reads
                         .entry((source, saved.file.as_str(), key))
                         .or_insert_with(|| (saved.range().len(), Vec::new()));
-                    copies.push(Copy {
+                    transfers.push(Transfer {
                         piece: i,
                         slot,
                         src: (overlap.start - saved.start) as usize,
@@ -463,25 +476,31 @@ fn read_owned_state(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Re
             }
         }
     }
+    (pieces, reads)
+}
+
+/// Reads every saved tensor of `reads` once (each file opened once) and copies its transfers
+/// into `pieces`.
+fn execute_reads(sources: &[Source], reads: Reads<'_>, pieces: &mut [OwnedState]) -> Result<()> {
     let files: Vec<HashMap<&str, &FileEntry>> = sources
         .iter()
         .map(|s| s.index.files.iter().map(|f| (f.name.as_str(), f)).collect())
         .collect();
     let mut reader: Option<((usize, &str), Reader)> = None;
-    for ((source, file, key), (len, copies)) in reads {
+    for ((source, file, key), (len, transfers)) in reads {
         if reader.as_ref().is_none_or(|(open, _)| *open != (source, file)) {
             reader = Some(((source, file), Reader::open(&sources[source].dir, files[source][file])?));
         }
         let values = reader.as_mut().expect("opened above").1.read(key, len)?;
-        for copy in copies {
-            let piece = &mut pieces[copy.piece];
-            let dst = if copy.slot == 0 {
+        for t in transfers {
+            let piece = &mut pieces[t.piece];
+            let dst = if t.slot == 0 {
                 &mut piece.master
             } else {
-                &mut piece.moments[copy.slot - 1]
+                &mut piece.moments[t.slot - 1]
             };
-            dst[copy.dst..copy.dst + copy.len].copy_from_slice(&values[copy.src..copy.src + copy.len]);
+            dst[t.dst..t.dst + t.len].copy_from_slice(&values[t.src..t.src + t.len]);
         }
     }
-    Ok((identity, sources[0].index.step, pieces))
+    Ok(())
 }

@@ -782,18 +782,25 @@ impl HostComm {
             let now = Instant::now();
             if now >= deadline {
                 let missing: Vec<usize> = (0..group.size).filter(|&r| gathering.posts[r].is_none()).collect();
-                let error = Error::new(
-                    ErrorKind::CommTimeout,
-                    format!(
-                        "host group: collective #{seq} {description} timed out after {} ms on rank {rank}: ranks {missing:?} did not arrive",
-                        timeout.as_millis()
-                    ),
-                );
-                self.fail(&mut st, seq, Cause::Timeout, error.clone());
-                return Err(error);
+                return Err(self.time_out(&mut st, seq, description, &missing));
             }
             st = group.wait(st, deadline - now);
         }
+    }
+
+    /// Breaks the group at collective #`seq` because ranks `missing` did not arrive within
+    /// this rank's timeout.
+    fn time_out(&self, st: &mut GroupState, seq: u64, description: &str, missing: &[usize]) -> Error {
+        let error = Error::new(
+            ErrorKind::CommTimeout,
+            format!(
+                "host group: collective #{seq} {description} timed out after {} ms on rank {}: ranks {missing:?} did not arrive",
+                self.timeout().as_millis(),
+                self.rank
+            ),
+        );
+        self.fail(st, seq, Cause::Timeout, error.clone());
+        error
     }
 
     /// Breaks the group at collective #`seq` and wakes every waiting rank.
