@@ -78,6 +78,17 @@ pub struct Error {
     pub message: String,
 }
 
+impl ErrorKind {
+    /// Whether a failure of this kind leaves the communicator unusable: peers may be inside a
+    /// collective this rank will never match.
+    pub fn breaks_communicator(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::CommTimeout | ErrorKind::NcclError | ErrorKind::CommBroken
+        )
+    }
+}
+
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {

@@ -16,7 +16,7 @@ use crate::bail;
 use crate::checkpoint;
 use crate::comm::{Claim, Communicator, Transport};
 use crate::config::{Config, TpMode};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::init_data::InitData;
 use crate::model::{ParamSpec, Registry, Route};
 use crate::numerics::muon::MuonOptions;
@@ -50,6 +50,8 @@ pub struct Optimizer {
     norm_group: Option<Claim>,
     /// The tensor-parallel group TP shards are orthogonalized over (claimed likewise).
     tp_group: Option<Claim>,
+    /// The failure that made the communicator unusable, once one happened.
+    broken: Option<Error>,
 }
 
 impl Optimizer {
@@ -81,6 +83,7 @@ impl Optimizer {
             phase: Phase::Registering,
             stream,
             norm_group: None,
+            broken: None,
             tp_group: None,
         };
         crate::log!(
@@ -379,6 +382,14 @@ impl Optimizer {
 
     /// The runtime for an iteration call named `call`.
     pub fn runtime_mut(&mut self, call: &str) -> Result<&mut Runtime> {
+        if let Some(failure) = &self.broken {
+            bail!(
+                CommBroken,
+                "{call}: the communicator is unusable since an earlier call failed ({:?}: {}); destroy the optimizer, then abort the communicator (ncclCommAbort; muon never aborts the caller's communicator)",
+                failure.kind,
+                failure.message
+            );
+        }
         match &mut self.phase {
             Phase::Running(runtime) => Ok(runtime),
             Phase::Registering => {
@@ -390,6 +401,19 @@ impl Optimizer {
         }
     }
 
+    /// Runs `f` on the runtime for the call `call`. A failure that leaves the communicator
+    /// unusable (a timeout, an NCCL error) makes every later call fail at once with
+    /// `CommBroken` naming it — on both backends, including calls that need no peer.
+    fn with_runtime<T>(&mut self, call: &str, f: impl FnOnce(&mut Runtime) -> Result<T>) -> Result<T> {
+        let result = f(self.runtime_mut(call)?);
+        if let Err(err) = &result
+            && err.kind.breaks_communicator()
+        {
+            self.broken = Some(err.clone());
+        }
+        result
+    }
+
     /// The plan, once finalized.
     pub fn plan(&self) -> Result<&Plan> {
         Ok(self.runtime()?.plan())
@@ -397,17 +421,17 @@ impl Optimizer {
 
     /// Zeroes the grad buffer (ordered after everything that still reads it).
     pub fn zero_grad(&mut self) -> Result<()> {
-        self.runtime_mut("zero_grad")?.zero_grad()
+        self.with_runtime("zero_grad", Runtime::zero_grad)
     }
 
     /// Forward pre-hook for bucket `bucket`.
     pub fn wait_params(&mut self, bucket: u32) -> Result<()> {
-        self.runtime_mut("wait_params")?.wait_params(bucket)
+        self.with_runtime("wait_params", |rt| rt.wait_params(bucket))
     }
 
     /// Backward hook for param `id`.
     pub fn grad_ready(&mut self, id: u32) -> Result<()> {
-        self.runtime_mut("grad_ready")?.grad_ready(id)
+        self.with_runtime("grad_ready", |rt| rt.grad_ready(id))
     }
 
     /// One optimizer step and what it did: [`Optimizer::step_async`], then
@@ -421,13 +445,13 @@ impl Optimizer {
     /// norm, clip and skip decision stay on the device).
     pub fn step_async(&mut self, args: &StepArgs) -> Result<()> {
         Self::check_args(args)?;
-        self.runtime_mut("step")?.step(Some(args))
+        self.with_runtime("step", |rt| rt.step(Some(args)))
     }
 
     /// One optimizer step with the arguments last set by [`Optimizer::set_step_args`]: no
     /// host-to-device copy, so it can be captured in a CUDA graph and replayed with new values.
     pub fn step_with_set_args(&mut self) -> Result<()> {
-        self.runtime_mut("step")?.step(None)
+        self.with_runtime("step", |rt| rt.step(None))
     }
 
     /// One step of several optimizers of this rank with one gradient norm — e.g. dense params on
@@ -441,16 +465,16 @@ impl Optimizer {
     pub fn step_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
         Self::check_shared(members, args)?;
         for (k, member) in members.iter_mut().enumerate() {
-            member.runtime_mut("step")?.begin_step(args.map(|a| &a[k]))?;
+            member.with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))?;
         }
         let terms = members
             .iter_mut()
-            .map(|m| m.runtime_mut("step")?.norm_term())
+            .map(|m| m.with_runtime("step", |rt| rt.norm_term()))
             .collect::<Result<Vec<_>>>()?;
         for (k, member) in members.iter_mut().enumerate() {
             let mut own = terms.clone();
             own[k].sums = NormSums::Own;
-            member.runtime_mut("step")?.finish_step(&own)?;
+            member.with_runtime("step", |rt| rt.finish_step(&own))?;
         }
         Ok(())
     }
@@ -515,7 +539,7 @@ impl Optimizer {
     /// (no host wait).
     pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
         Self::check_args(args)?;
-        self.runtime_mut("set_step_args")?.set_step_args(args)
+        self.with_runtime("set_step_args", |rt| rt.set_step_args(args))
     }
 
     fn check_args(args: &StepArgs) -> Result<()> {
@@ -534,7 +558,7 @@ impl Optimizer {
 
     /// What the last step did (all zeros before the first); waits for the compute stream.
     pub fn step_info(&mut self) -> Result<StepInfo> {
-        let info = self.runtime_mut("step_info")?.step_info()?;
+        let info = self.with_runtime("step_info", Runtime::step_info)?;
         crate::log!(
             Debug,
             "rank {}: step {}: grad norm {}, clip {}{}",
@@ -558,19 +582,19 @@ impl Optimizer {
 
     /// Waits for everything enqueued.
     pub fn synchronize(&mut self) -> Result<()> {
-        self.runtime_mut("synchronize")?.synchronize()
+        self.with_runtime("synchronize", Runtime::synchronize)
     }
 
     /// Orders the caller's stream after the queued communication (see [`Runtime::join`]).
     pub fn join(&mut self) -> Result<()> {
-        self.runtime_mut("join")?.join()
+        self.with_runtime("join", Runtime::join)
     }
 
     /// Saves every rank's optimizer state into the checkpoint directory `dir` (collective;
     /// see [`crate::checkpoint`]). Finishes the queued collectives first; changes no state.
     pub fn save(&mut self, dir: &Path) -> Result<()> {
         let rank = self.rank();
-        checkpoint::save(self.runtime_mut("save")?, rank, dir)?;
+        self.with_runtime("save", |rt| checkpoint::save(rt, rank, dir))?;
         crate::log!(Info, "rank {rank}: saved checkpoint '{}'", dir.display());
         Ok(())
     }
@@ -579,7 +603,7 @@ impl Optimizer {
     /// param buffer (collective; see [`crate::checkpoint`]). On failure nothing changed on any
     /// rank.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
-        checkpoint::load(self.runtime_mut("load")?, dir)?;
+        self.with_runtime("load", |rt| checkpoint::load(rt, dir))?;
         crate::log!(Info, "rank {}: loaded checkpoint '{}'", self.rank(), dir.display());
         Ok(())
     }
@@ -587,7 +611,7 @@ impl Optimizer {
     /// Loads from the checkpoints in `dirs` together, each registered param from the one that
     /// holds it (collective; see [`checkpoint::load_union`]). On failure nothing changed.
     pub fn load_union(&mut self, dirs: &[&Path]) -> Result<()> {
-        checkpoint::load_union(self.runtime_mut("load")?, dirs)?;
+        self.with_runtime("load", |rt| checkpoint::load_union(rt, dirs))?;
         crate::log!(Info, "rank {}: loaded {} checkpoints", self.rank(), dirs.len());
         Ok(())
     }

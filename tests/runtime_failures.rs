@@ -3,7 +3,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use muon_opt::config::Config;
 use muon_opt::error::ErrorKind;
@@ -84,6 +84,9 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere_and_changes_nothi
     });
 }
 
+/// The ranks still calling get `CommTimeout` (the test returning at all shows nobody hangs),
+/// and from then on every call — also those that need no peer — returns `CommBroken` naming
+/// the timeout.
 #[test]
 fn a_rank_that_stops_calling_times_out_the_others_without_hanging() {
     let timeout = Duration::from_millis(300);
@@ -92,29 +95,31 @@ fn a_rank_that_stops_calling_times_out_the_others_without_hanging() {
         ..Config::default()
     };
     let opts = optimizers(&cfg, 3, timeout);
-    let results: Vec<(usize, Option<(ErrorKind, Duration)>)> = on_ranks(opts, |rank, mut opt| {
+    let results: Vec<(usize, Option<ErrorKind>)> = on_ranks(opts, |rank, mut opt| {
         register(&mut opt);
         opt.finalize().unwrap();
         if rank == 2 {
             return (rank, None);
         }
         write_grads(&mut opt, |_, _| 1e-3);
-        let start = Instant::now();
         let err = opt.step(&ARGS).unwrap_err();
-        let elapsed = start.elapsed();
         assert!(err.message.contains("rank"), "{}", err.message);
-        let again = opt.step(&ARGS).unwrap_err();
-        assert_ne!(again.kind, ErrorKind::Internal, "{}", again.message);
+        let later = [
+            opt.zero_grad().unwrap_err(),
+            opt.step(&ARGS).unwrap_err(),
+            opt.step_info().unwrap_err(),
+            opt.synchronize().unwrap_err(),
+        ];
+        for again in later {
+            assert_eq!(again.kind, ErrorKind::CommBroken, "{}", again.message);
+            assert!(again.message.contains("CommTimeout"), "{}", again.message);
+        }
         drop(opt);
-        (rank, Some((err.kind, elapsed)))
+        (rank, Some(err.kind))
     });
     for (rank, outcome) in results {
-        if let Some((kind, elapsed)) = outcome {
+        if let Some(kind) = outcome {
             assert_eq!(kind, ErrorKind::CommTimeout, "rank {rank}");
-            assert!(
-                elapsed < 2 * timeout,
-                "rank {rank} took {elapsed:?}, more than 2x the timeout"
-            );
         }
     }
 }

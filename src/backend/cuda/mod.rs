@@ -40,7 +40,7 @@ use crate::backend::recording::Op;
 use crate::bail;
 use crate::comm::Communicator;
 use crate::config::Dtype;
-use crate::error::{Error, ErrorKind, Result, panic_text};
+use crate::error::{Error, Result, panic_text};
 use crate::numerics::bf16::bf16_to_f32;
 use crate::numerics::muon::MuonOptions;
 use action::{Action, Buf, DevPtr};
@@ -202,10 +202,7 @@ impl<E: Executor> CudaBackend<E> {
             .executor
             .run(actions, &mut |buf, ptr, bytes| translator.bind(buf, ptr, bytes));
         if let Err(err) = &result
-            && matches!(
-                err.kind,
-                ErrorKind::CommTimeout | ErrorKind::NcclError | ErrorKind::CommBroken
-            )
+            && err.kind.breaks_communicator()
         {
             self.broken = Some(err.clone());
         }
