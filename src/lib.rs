@@ -42,7 +42,6 @@ pub mod capi;
 pub mod checkpoint;
 pub mod comm;
 pub mod config;
-pub mod demo;
 pub mod error;
 pub mod init_data;
 pub mod log;
@@ -50,6 +49,7 @@ pub mod model;
 pub mod numerics;
 pub mod optimizer;
 pub mod plan;
+pub mod rng;
 pub mod schedule;
 pub mod sim;
 /// The integration tests' scratch directories, shared with the unit tests.

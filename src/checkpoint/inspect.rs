@@ -1,12 +1,11 @@
 //! A checkpoint's summary for `muon-opt inspect`: what it holds, and every file's checksum
 //! verified.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::components::StateKind;
 use super::files::scan;
-use super::index::{FORMAT, FORMAT_VERSION, Index, NumericsConfig, ParamEntry};
+use super::index::{FORMAT_VERSION, Index, NumericsConfig, ParamEntry};
 use super::publish::Paths;
 use super::{INDEX_FILE, io_error};
 use crate::config::MuonLayout;
@@ -124,82 +123,5 @@ impl Summary {
     /// True when every file matched its size and checksum.
     pub fn verified(&self) -> bool {
         self.files.iter().all(|f| f.problem.is_none())
-    }
-
-    /// The summary as an aligned text block.
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(out, "checkpoint {}", self.dir.display());
-        let _ = writeln!(
-            out,
-            "  format    {FORMAT} v{}, written by libmuon_opt {}",
-            self.format_version, self.library_version
-        );
-        let _ = writeln!(out, "  model     {} params, sha256 {}", self.params, self.model_hash);
-        let _ = writeln!(
-            out,
-            "  saved at  step {}, dp {}, {} layout",
-            self.step,
-            self.dp,
-            self.layout.name()
-        );
-        for (i, r) in self.routes.iter().enumerate() {
-            let kinds: Vec<&str> = StateKind::of(r.route).iter().map(|k| k.name()).collect();
-            let _ = writeln!(
-                out,
-                "  {:<9} {:<5} {:>5} params {:>14} items {:>16} bytes ({})",
-                if i == 0 { "state" } else { "" },
-                r.route.name(),
-                r.params,
-                r.items,
-                r.bytes,
-                kinds.join(", ")
-            );
-        }
-        let pairs: Vec<String> = self.config.fields().iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(out, "  numerics  {}", pairs.join(" ").replace('"', ""));
-        let good = self.files.iter().filter(|f| f.problem.is_none()).count();
-        for (i, f) in self.files.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "  {:<9} {} {:>16} bytes  crc32 {}  {}",
-                if i == 0 { "files" } else { "" },
-                f.name,
-                f.bytes,
-                f.crc32,
-                f.problem
-                    .as_deref()
-                    .map_or("ok".to_string(), |p| format!("FAILED: {p}"))
-            );
-        }
-        let _ = write!(out, "  verified  {good} of {} files", self.files.len());
-        out
-    }
-
-    /// Every param, then each of its components with the rank files and component item
-    /// ranges that hold it.
-    pub fn params_text(&self) -> String {
-        let dims = |shape: &[u64]| shape.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
-        let mut out = String::new();
-        for p in &self.param_entries {
-            let _ = writeln!(
-                out,
-                "{} {} {} {}{}",
-                p.name,
-                dims(&p.shape),
-                p.dtype.name(),
-                p.route.name(),
-                if p.expert_stack { " expert stack" } else { "" }
-            );
-            for c in &p.components {
-                let pieces: Vec<String> = c
-                    .pieces
-                    .iter()
-                    .map(|s| format!("{}[{}..{}]", s.file, s.start, s.end))
-                    .collect();
-                let _ = writeln!(out, "  {} {}  {}", c.name, dims(&c.shape), pieces.join(" "));
-            }
-        }
-        out
     }
 }

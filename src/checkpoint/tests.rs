@@ -17,10 +17,10 @@ use crate::backend::cuda::CallerStream;
 use crate::backend::host::comm::HostGroup;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Config, Dtype};
-use crate::demo::model::Rng;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec};
 use crate::optimizer::Optimizer;
+use crate::rng::SplitMix64;
 use crate::schedule::{OwnedState, StepArgs};
 use crate::tempdir::TempDir;
 
@@ -41,7 +41,7 @@ fn model() -> Vec<ParamSpec> {
 
 /// A value in [-0.5, 0.5) drawn from `seed`.
 fn value(seed: u64) -> f32 {
-    Rng::new(seed).uniform() / 2.0
+    SplitMix64::new(seed).uniform() / 2.0
 }
 
 /// A finalized group of `DP` ranks.

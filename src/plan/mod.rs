@@ -14,8 +14,8 @@
 //!   shard-aligned layer-wise layout.
 //! - **Report** ([`Report`], with the communication cost model) and **hash** (FNV-1a over a
 //!   canonical encoding, `hash.rs`).
-//! - Inputs for tools: [`presets`] and the JSON parameter list of [`model_json`]; [`render`]
-//!   draws reports as a table, JSON or SVG.
+//! - Models to plan without a framework: the [`presets`] (the `muon-opt` tools, the simulator,
+//!   the tests and benches).
 
 mod adamw;
 mod buckets;
@@ -23,12 +23,10 @@ mod compact;
 mod cost;
 mod groups;
 pub(crate) mod hash;
-pub mod model_json;
 mod ownership;
 mod padded;
 pub mod presets;
 mod queries;
-pub mod render;
 mod report;
 mod types;
 
@@ -244,7 +242,7 @@ fn place_param_storage(buckets: &mut [Bucket], params: &[ParamSpec], cfg: &Confi
     next
 }
 
-/// Plans `model` once per Muon layout in `layouts` (the CLI's side-by-side comparison); every
+/// Plans `model` once per Muon layout in `layouts` (to compare them side by side); every
 /// param is registered through [`crate::model::Registry::add`] first.
 pub fn build_plans(model: &ModelDesc, cfg: &Config, dp: usize, layouts: &[MuonLayout]) -> Result<Vec<Plan>> {
     let registry = model.registry(cfg)?;

@@ -1,7 +1,7 @@
-//! The tests' one generator, SplitMix64 (the library's own, of the demo), as a seeded stream
+//! The tests' one generator, SplitMix64 (the library's own, `muon_opt::rng`), as a seeded stream
 //! and as a hash of coordinates.
 
-use muon_opt::demo::model::Rng as SplitMix64;
+use muon_opt::rng::SplitMix64;
 
 /// A seeded stream of test data.
 pub struct Rng(SplitMix64);

@@ -224,7 +224,7 @@ fn quantize_impl<E: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::demo::model::Rng;
+    use crate::rng::SplitMix64;
 
     /// The loop nest compiled for each instruction set the CPU has.
     #[derive(Debug, Clone, Copy)]
@@ -283,7 +283,7 @@ mod tests {
     /// bf16 test data: mostly normal values spread over 2^±10, with NaN, ±∞, ±0, subnormals and
     /// runs of tiny values (scales below the fast-path threshold) mixed in.
     fn data(n: usize, seed: u64) -> Vec<u16> {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         (0..n)
             .map(|i| {
                 let r = rng.next_u64();

@@ -3,8 +3,10 @@
 
 use std::fmt::Write;
 
-use super::report::Collective;
-use super::types::{BucketSplit, Plan};
+use muon_opt::plan::{BucketSplit, Collective, Plan};
+
+#[cfg(test)]
+mod tests;
 
 /// `1234567` → `"1.23 M"`.
 fn si(value: f64) -> String {
@@ -196,7 +198,7 @@ pub fn json_summary(model: &str, plans: &[Plan], timing: bool) -> String {
         .collect();
     let dp = plans.first().map_or(0, |p| p.dp);
     let summary = serde_json::json!({
-        "schema_version": crate::SCHEMA_VERSION,
+        "schema_version": muon_opt::SCHEMA_VERSION,
         "model": model,
         "dp": dp,
         "plans": entries,

@@ -3,9 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::backend::ops::StreamKind;
-
-use super::engine::{Call, Class, Slice, Timeline};
+use muon_opt::backend::ops::StreamKind;
+use muon_opt::sim::engine::{Call, Class, Slice, Timeline};
 
 fn stream_id(s: StreamKind) -> u32 {
     match s {

@@ -6,18 +6,20 @@
 use std::panic::resume_unwind;
 use std::time::{Duration, Instant};
 
-use super::model::{Batch, Dims, Rng, Weights, backward, forward, loss};
+use muon_opt::backend::cuda::CallerStream;
+use muon_opt::backend::host::comm::{HostComm, HostGroup};
+use muon_opt::bail;
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::Dtype;
+use muon_opt::error::{ErrorKind, Result};
+use muon_opt::init_data::InitData;
+use muon_opt::model::ParamSpec;
+use muon_opt::optimizer::Optimizer;
+use muon_opt::plan::Plan;
+use muon_opt::rng::SplitMix64;
+
+use super::model::{Batch, Dims, Weights, backward, forward, loss};
 use super::{DemoConfig, DemoResult, ParamRoute, Progress, RunResult, Timings, Variant};
-use crate::backend::cuda::CallerStream;
-use crate::backend::host::comm::{HostComm, HostGroup};
-use crate::bail;
-use crate::comm::{Communicator, Transport};
-use crate::config::Dtype;
-use crate::error::{ErrorKind, Result};
-use crate::init_data::InitData;
-use crate::model::ParamSpec;
-use crate::optimizer::Optimizer;
-use crate::plan::Plan;
 
 /// Examples in the held-out set.
 const EVAL_EXAMPLES: usize = 1024;
@@ -83,10 +85,11 @@ pub fn train(cfg: &DemoConfig, variant: Variant, progress: &(dyn Fn(&Progress) +
             .collect()
     });
     let ranks = first_cause(ranks)?;
+    let final_params: Vec<&Weights> = ranks.iter().map(|r| &r.final_params).collect();
+    check_ranks_agree(&final_params, &task.specs)?;
     let losses = (0..cfg.steps)
         .map(|s| ranks.iter().map(|r| r.losses[s]).sum::<f64>() / ranks.len() as f64)
         .collect();
-    let final_params = ranks.iter().map(|r| r.final_params.clone()).collect();
     let rank0 = ranks.into_iter().next().expect("dp >= 1");
     Ok(RunResult {
         variant,
@@ -97,8 +100,25 @@ pub fn train(cfg: &DemoConfig, variant: Variant, progress: &(dyn Fn(&Progress) +
         routes: rank0.routes,
         timings: rank0.timings,
         plan: rank0.plan,
-        final_params,
     })
+}
+
+/// Every rank must end with rank 0's params, bit for bit (the optimizer's guarantee, checked
+/// as a framework would); else an `Internal` error naming the first rank and param that differ.
+fn check_ranks_agree(final_params: &[&Weights], specs: &[ParamSpec]) -> Result<()> {
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    for (rank, params) in final_params.iter().enumerate().skip(1) {
+        for (p, spec) in specs.iter().enumerate() {
+            if bits(&params[p]) != bits(&final_params[0][p]) {
+                bail!(
+                    Internal,
+                    "demo: rank {rank} ends with other values of '{}' than rank 0",
+                    spec.name
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What every rank starts from: the teacher, the student's initial weights, the param list.
@@ -132,7 +152,7 @@ fn first_cause(ranks: Vec<Result<RankOutput>>) -> Result<Vec<RankOutput>> {
 
 /// The seed of rank `rank`'s batch at step `step`.
 fn batch_seed(seed: u64, step: usize, rank: usize) -> u64 {
-    Rng::new(seed ^ ((step as u64) << 32) ^ rank as u64).next_u64()
+    SplitMix64::new(seed ^ ((step as u64) << 32) ^ rank as u64).next_u64()
 }
 
 /// Adds the time `f` takes to `total`.
@@ -253,4 +273,24 @@ fn train_rank(
         plan: opt.plan()?.clone(),
         final_params,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_agree_only_bit_for_bit() {
+        let specs = DemoConfig::default().dims.specs(false);
+        let rank0: Weights = specs.iter().map(|s| vec![0.5; s.numel() as usize]).collect();
+        let mut rank1 = rank0.clone();
+        assert!(check_ranks_agree(&[&rank0, &rank1], &specs).is_ok());
+        rank1[3][7] = f32::from_bits(0.5f32.to_bits() + 1);
+        let err = check_ranks_agree(&[&rank0, &rank1], &specs).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Internal);
+        assert!(
+            err.message.contains("rank 1") && err.message.contains(&specs[3].name),
+            "{err}"
+        );
+    }
 }

@@ -4,16 +4,20 @@
 //! backward, [`run`] drives the ranks through registration, `wait_params`, `grad_ready` and
 //! `step`, [`report`] prints the loss curves, the plan and the step-time breakdown.
 
-pub mod model;
-pub mod report;
-pub mod run;
+pub mod command;
+mod model;
+mod report;
+mod run;
+#[cfg(test)]
+mod tests;
 
-pub use run::{run_demo, train};
+use run::run_demo;
 
-use crate::config::{Config, NsPrecision, ScaleMode};
-use crate::model::Route;
-use crate::plan::Plan;
-use crate::schedule::StepArgs;
+use muon_opt::config::{Config, NsPrecision, ScaleMode};
+use muon_opt::model::Route;
+use muon_opt::plan::Plan;
+use muon_opt::schedule::StepArgs;
+
 use model::Dims;
 
 /// Everything a demo run depends on.
@@ -118,7 +122,7 @@ pub struct Timings {
     /// The whole training loop.
     pub total: f64,
     /// Inside `step`, by part (from the runtime's own profile).
-    pub step_parts: crate::schedule::StepProfile,
+    pub step_parts: muon_opt::schedule::StepProfile,
 }
 
 /// A param as registered, with the route the optimizer gave it (`Optimizer::route`).
@@ -145,9 +149,6 @@ pub struct RunResult {
     pub timings: Timings,
     /// Rank 0's plan.
     pub plan: Plan,
-    /// Per rank, per param: the final params that rank holds (as `param_values` reads them).
-    #[serde(skip)]
-    pub final_params: Vec<Vec<Vec<f32>>>,
 }
 
 /// Both runs, same model, same data.

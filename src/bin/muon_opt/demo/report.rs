@@ -3,8 +3,10 @@
 
 use std::fmt::Write;
 
+use muon_opt::plan::Plan;
+
 use super::{DemoResult, Progress, RunResult, Timings};
-use crate::plan::{Plan, render};
+use crate::render;
 
 const BAR_WIDTH: usize = 20;
 const CHART_WIDTH: usize = 24;
@@ -28,7 +30,7 @@ pub fn progress_line(p: &Progress) -> String {
 /// The result as pretty-printed JSON.
 pub fn json(result: &DemoResult) -> String {
     let mut document = serde_json::to_value(result).expect("a demo result always serializes");
-    document["schema_version"] = crate::SCHEMA_VERSION.into();
+    document["schema_version"] = muon_opt::SCHEMA_VERSION.into();
     serde_json::to_string_pretty(&document).expect("a JSON value always serializes")
 }
 

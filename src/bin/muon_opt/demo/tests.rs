@@ -1,9 +1,13 @@
-//! The demo through its library function: a short run on 2 ranks trains both variants, keeps
-//! every rank's params bit-identical and routes the hidden matrices as registered.
+//! A short demo on 2 ranks trains both variants (and so passed its check that every rank ends
+//! with bit-identical params) and routes the hidden matrices as registered.
 
-use muon_opt::demo::model::{HIDDEN_MATRICES, NUM_PARAMS};
-use muon_opt::demo::{self, DemoConfig, DemoResult, RunResult, report};
 use muon_opt::model::Route;
+
+use super::model::{FC1, FC2};
+use super::{DemoConfig, DemoResult, RunResult, report, run_demo};
+
+/// The hidden matrices: Muon's in the Muon run, AdamW's (flagged `NO_MUON`) in the other.
+const HIDDEN_MATRICES: [usize; 2] = [FC1, FC2];
 
 fn short_demo() -> DemoResult {
     let cfg = DemoConfig {
@@ -11,7 +15,7 @@ fn short_demo() -> DemoResult {
         steps: 12,
         ..DemoConfig::default()
     };
-    demo::run_demo(&cfg, &|_| {}).unwrap()
+    run_demo(&cfg, &|_| {}).unwrap()
 }
 
 fn mean(values: &[f64]) -> f64 {
@@ -35,28 +39,14 @@ fn assert_trained(run: &RunResult) {
     );
 }
 
-fn assert_ranks_agree(run: &RunResult) {
-    let name = run.variant.name();
-    assert_eq!(run.final_params.len(), 2, "{name}: one param set per rank");
-    let bits = |rank: usize| -> Vec<Vec<u32>> {
-        run.final_params[rank]
-            .iter()
-            .map(|p| p.iter().map(|v| v.to_bits()).collect())
-            .collect()
-    };
-    assert_eq!(bits(0).len(), NUM_PARAMS, "{name}");
-    assert_eq!(bits(0), bits(1), "{name}: ranks hold different params");
-}
-
 #[test]
 fn short_demo_trains_both_variants_identically_on_every_rank() {
     let result = short_demo();
     for run in [&result.muon, &result.adamw] {
         assert_trained(run);
-        assert_ranks_agree(run);
     }
     assert_ne!(
-        result.muon.final_params[0], result.adamw.final_params[0],
+        result.muon.losses, result.adamw.losses,
         "the runs used different optimizers"
     );
 }

@@ -6,9 +6,10 @@
 //! loss is the mean squared error against a fixed, randomly initialised teacher of the same
 //! shape.
 
-use crate::config::Dtype;
-use crate::model::{ParamFlags, ParamSpec};
-use crate::numerics::gemm::{Output, Strides, gemm};
+use muon_opt::config::Dtype;
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::numerics::gemm::{Output, Strides, gemm};
+use muon_opt::rng::SplitMix64;
 
 /// Sizes of the model and the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -29,10 +30,6 @@ pub const FC2: usize = 3;
 pub const FC2_BIAS: usize = 4;
 pub const HEAD: usize = 5;
 pub const HEAD_BIAS: usize = 6;
-pub const NUM_PARAMS: usize = 7;
-
-/// The hidden matrices: Muon's in the Muon run, AdamW's (flagged `NO_MUON`) in the other.
-pub const HIDDEN_MATRICES: [usize; 2] = [FC1, FC2];
 
 /// One value per element of every param, indexed by param id.
 pub type Weights = Vec<Vec<f32>>;
@@ -67,7 +64,7 @@ impl Dims {
     /// Random weights: uniform with variance `gain² / fan_in` for the matrices, unit-range
     /// embeddings, zero biases; `head_gain` scales the output head.
     pub fn init(&self, seed: u64, gain: f32, head_gain: f32) -> Weights {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         let mut uniform = |n: usize, scale: f32| (0..n).map(|_| scale * rng.uniform()).collect::<Vec<f32>>();
         let fan = |n: usize| gain * (3.0 / n as f32).sqrt();
         let (v, e, h, o) = (self.vocab, self.embed, self.hidden, self.out);
@@ -83,33 +80,6 @@ impl Dims {
     }
 }
 
-/// SplitMix64: a small deterministic generator, so every rank and both runs see the same data.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
-
 /// A batch of examples: `context` token ids per example and the teacher's outputs.
 pub struct Batch {
     pub tokens: Vec<usize>,
@@ -119,7 +89,7 @@ pub struct Batch {
 impl Batch {
     /// `size` random examples drawn from `seed`, labelled by `teacher`.
     pub fn sample(dims: &Dims, teacher: &Weights, seed: u64, size: usize) -> Batch {
-        let mut rng = Rng::new(seed);
+        let mut rng = SplitMix64::new(seed);
         let tokens: Vec<usize> = (0..size * dims.context).map(|_| rng.below(dims.vocab)).collect();
         let targets = forward(dims, teacher, &tokens).y;
         Batch { tokens, targets }
@@ -325,16 +295,16 @@ mod tests {
             }
         }
         let acts = forward(&DIMS, &w, &batch.tokens);
-        let mut grads: Weights = vec![Vec::new(); NUM_PARAMS];
+        let mut grads: Weights = vec![Vec::new(); w.len()];
         let mut order = Vec::new();
         let Ok(()) = backward::<Infallible>(&DIMS, &w, &batch.tokens, &acts, &batch.targets, |p, g| {
             order.push(p);
             grads[p] = g.to_vec();
             Ok(())
         });
-        assert_eq!(order, (0..NUM_PARAMS).rev().collect::<Vec<_>>());
+        assert_eq!(order, (0..w.len()).rev().collect::<Vec<_>>());
         let eps = 1e-2f32;
-        for p in 0..NUM_PARAMS {
+        for p in 0..w.len() {
             for i in 0..w[p].len() {
                 let original = w[p][i];
                 w[p][i] = original + eps;

@@ -26,17 +26,16 @@
 //! - `lr_scale`, `wd_scale`: per-param multipliers (default 1).
 //!
 //! The optional top-level `vocab_size` enables the untagged-embedding check. Unknown fields
-//! are errors. Every param goes through [`crate::model::Registry::add`], so the routing rules
+//! are errors. Every param goes through [`muon_opt::model::Registry::add`], so the routing rules
 //! apply exactly as for a registering framework.
 
 use serde::Deserialize;
 
-use crate::bail;
-use crate::config::Dtype;
-use crate::error::Result;
-use crate::model::{ParamFlags, ParamSpec};
-
-use super::presets::ModelDesc;
+use muon_opt::bail;
+use muon_opt::config::Dtype;
+use muon_opt::error::Result;
+use muon_opt::model::{ParamFlags, ParamSpec};
+use muon_opt::plan::presets::ModelDesc;
 
 /// JSON flag names and their bits.
 pub const FLAG_NAMES: &[(&str, u32)] = &[
@@ -134,9 +133,9 @@ pub fn parse_model_json(name: &str, text: &str) -> Result<ModelDesc> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::error::ErrorKind;
-    use crate::model::Route;
+    use muon_opt::config::Config;
+    use muon_opt::error::ErrorKind;
+    use muon_opt::model::Route;
 
     #[test]
     fn parses_the_documented_example_and_routes_it() {

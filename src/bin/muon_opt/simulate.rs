@@ -1,0 +1,143 @@
+//! `muon-opt simulate`: training iterations of the real schedule on a modelled GPU cluster,
+//! in one or every layout.
+
+mod table;
+mod trace;
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use muon_opt::config::{NsPrecision, TpMode};
+use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
+use muon_opt::sim::{Scenario, simulate};
+
+use crate::shared_args::{LayoutChoice, load_model};
+
+#[derive(Args)]
+pub struct SimulateArgs {
+    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
+    #[arg(long)]
+    model: String,
+    /// Data-parallel size.
+    #[arg(long)]
+    dp: usize,
+    /// Muon layout; `all` simulates every layout side by side.
+    #[arg(long, value_enum, default_value_t = LayoutChoice::Compact)]
+    layout: LayoutChoice,
+    /// Store the Muon matrices as MXFP8 and gather them as bf16.
+    #[arg(long)]
+    mxfp8: bool,
+    /// Newton–Schulz precision.
+    #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
+    ns_precision: PrecisionChoice,
+    /// A built-in profile (h100-nvlink, h100-ib, b200-nvlink) or a hardware JSON file.
+    #[arg(long, default_value = "h100-nvlink")]
+    hardware: String,
+    /// Tokens per GPU per iteration (forward and backward cost).
+    #[arg(long, default_value_t = 8192)]
+    tokens_per_gpu: u64,
+    /// Iterations to simulate (>= 2; the figures are the last one's).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Gather the gradient norm over a norm group of N ranks (tensor × pipeline × data
+    /// parallel, muon_optimizer_set_norm_group) instead of the data-parallel group.
+    #[arg(long, value_name = "N")]
+    norm_group: Option<usize>,
+    /// Tensor parallelism of size N: each rank holds TP rank 0's shards of the column-parallel
+    /// (qkv, fc1) and row-parallel (proj, fc2) matrices; their collectives run over NVLink.
+    #[arg(long, value_name = "N")]
+    tp: Option<usize>,
+    /// How TP-sharded Muon matrices are orthogonalized (muon_tp_mode).
+    #[arg(long, value_enum, default_value_t = TpModeChoice::Blockwise)]
+    tp_mode: TpModeChoice,
+    /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
+    /// MoE layer.
+    #[arg(long)]
+    experts_as_params: bool,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Write a Chrome/Perfetto trace of the first layout to FILE.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Write an SVG timeline of the first layout to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TpModeChoice {
+    Blockwise,
+    Duplicated,
+    Distributed,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PrecisionChoice {
+    Bf16,
+    F32,
+    #[value(name = "bf16_iterate")]
+    Bf16Iterate,
+}
+
+/// A built-in hardware profile by name, else a profile JSON file.
+fn load_hardware(arg: &str) -> Result<Hardware, String> {
+    if let Some(hw) = builtin(arg) {
+        return Ok(hw);
+    }
+    let text = std::fs::read_to_string(arg).map_err(|e| {
+        format!(
+            "--hardware '{arg}': not a built-in profile ({}) and not a readable file: {e}",
+            HARDWARE_NAMES.join(", ")
+        )
+    })?;
+    Hardware::from_json(&text).map_err(|e| format!("--hardware '{arg}': {e}"))
+}
+
+pub fn run(args: &SimulateArgs) -> Result<(), String> {
+    let model = load_model(&args.model, args.experts_as_params)?;
+    let hardware = load_hardware(&args.hardware)?;
+    let mut sims = Vec::new();
+    for layout in args.layout.layouts() {
+        let scenario = Scenario {
+            layout,
+            mxfp8: args.mxfp8,
+            ns_precision: match args.ns_precision {
+                PrecisionChoice::Bf16 => NsPrecision::Bf16,
+                PrecisionChoice::F32 => NsPrecision::F32,
+                PrecisionChoice::Bf16Iterate => NsPrecision::Bf16Iterate,
+            },
+            tokens_per_gpu: args.tokens_per_gpu,
+            iterations: args.steps,
+            norm_group: args.norm_group,
+            tp: args.tp.map(|ranks| {
+                let mode = match args.tp_mode {
+                    TpModeChoice::Blockwise => TpMode::Blockwise,
+                    TpModeChoice::Duplicated => TpMode::Duplicated,
+                    TpModeChoice::Distributed => TpMode::Distributed,
+                };
+                (ranks, mode)
+            }),
+            ..Scenario::new(model.clone(), args.dp, hardware.clone())
+        };
+        sims.push(simulate(&scenario).map_err(|e| e.to_string())?);
+    }
+    let first = &sims[0];
+    let ranks = trace::ranks_to_show(&first.timelines);
+    if let Some(path) = &args.trace {
+        std::fs::write(path, trace::chrome(&first.timelines, &ranks))
+            .map_err(|e| format!("--trace '{}': cannot write: {e}", path.display()))?;
+    }
+    if let Some(path) = &args.svg {
+        let title = format!("{} dp={} {} on {}", first.model, first.dp, first.layout, first.hardware);
+        std::fs::write(path, trace::svg(&first.timelines, &ranks, &title))
+            .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&sims).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", table::table(&sims));
+    }
+    Ok(())
+}
