@@ -17,10 +17,9 @@ use crate::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType, Work,
 };
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Scalar, Span,
-    StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Op, Scalar,
+    Span, StepConstants, StreamKind,
 };
-use crate::backend::recording::Op;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision, TpMode};
 use crate::error::Result;
