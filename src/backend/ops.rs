@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{Dtype, TpMode};
 use crate::numerics::muon::{TpDim, TpJob};
+use crate::numerics::step_args::ParamScales;
 
 /// One backend operation with its arguments. Floating-point arguments of the plain ops are kept
 /// as bits so that NaN compares equal to itself; the float fields of the jobs compare by value
@@ -320,22 +321,11 @@ impl PartialEq for NormSums {
     }
 }
 
-/// Per-parameter multipliers of a Muon update; the learning rate, weight decay and gradient
-/// scale come from the step's scalars.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MuonParamArgs {
-    pub lr_scale: f32,
-    /// 0 for a no-weight-decay parameter.
-    pub wd_scale: f32,
-}
-
 /// Per-parameter constants of an AdamW update; the learning rate, weight decay, gradient
 /// scale and bias corrections come from the step's scalars.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamwParamArgs {
-    pub lr_scale: f32,
-    /// 0 for a no-weight-decay parameter.
-    pub wd_scale: f32,
+    pub scales: ParamScales,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
@@ -357,7 +347,9 @@ pub struct MuonJob {
     /// A tensor-parallel shard (`muon_tp_mode` duplicated or distributed), with the dimension
     /// it is split along.
     pub tp: Option<TpJob>,
-    pub args: MuonParamArgs,
+    /// The multipliers of the step's learning rate and weight decay (the gradient scale comes
+    /// from the step's scalars too).
+    pub scales: ParamScales,
 }
 
 /// One AdamW update of a contiguous piece.

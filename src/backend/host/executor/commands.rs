@@ -264,8 +264,7 @@ impl HostBackend {
             let args = MuonStepArgs {
                 lr: s.f32(Scalar::Lr),
                 weight_decay: s.f32(Scalar::WeightDecay),
-                lr_scale: job.args.lr_scale,
-                wd_scale: job.args.wd_scale,
+                scales: job.scales,
                 clip_coef: s.f32(Scalar::GradScale),
             };
             (args, s.get(Scalar::Skip) != 0.0)
@@ -327,8 +326,9 @@ impl HostBackend {
                 return Ok(());
             }
             AdamWArgs {
-                lr: s.f32(Scalar::AdamLr) * job.args.lr_scale,
-                weight_decay: s.f32(Scalar::AdamWeightDecay) * job.args.wd_scale,
+                lr: s.f32(Scalar::AdamLr),
+                weight_decay: s.f32(Scalar::AdamWeightDecay),
+                scales: job.args.scales,
                 beta1: job.args.beta1,
                 beta2: job.args.beta2,
                 eps: job.args.eps,
