@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use muon_opt::backend::cuda::capture::check_capture;
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
-use muon_opt::backend::recording::{Op, Recording};
+use muon_opt::backend::ops::Op;
+use muon_opt::backend::recording::Recording;
 use muon_opt::config::{Config, Dtype, MuonLayout};
 use muon_opt::error::Result;
 use muon_opt::numerics::muon::MuonOptions;

@@ -21,8 +21,7 @@ use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::ops::{
-    BufferSizes, EventId, Mem, MemoryLayout, MuonJob, MuonParamArgs, MuonWork, NormSums, NormTerm, Span, StepConstants,
-    StreamKind,
+    BufferSizes, EventId, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Span, StepConstants, StreamKind,
 };
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
@@ -31,6 +30,7 @@ use muon_opt::model::{ParamSpec, Route};
 use muon_opt::numerics::muon::{MuonOptions, muon_scale};
 use muon_opt::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use muon_opt::numerics::newton_schulz::NsOptions;
+use muon_opt::numerics::step_args::ParamScales;
 use muon_opt::optimizer::Optimizer;
 use muon_opt::schedule::Runtime;
 use serde_json::Value;
@@ -379,7 +379,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                 split_rows: Vec::new(),
                 split_groups: 1,
                 tp: None,
-                args: MuonParamArgs {
+                scales: ParamScales {
                     lr_scale: 1.0,
                     wd_scale: 1.0,
                 },

@@ -5,12 +5,17 @@ mod support;
 
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::adamw::{AdamWArgs, adamw_bias_corrections, adamw_update, powi_f32};
+use muon_opt::numerics::step_args::ParamScales;
 use support::rng::Rng;
 
 fn args(step: u64) -> AdamWArgs {
     AdamWArgs {
         lr: 1e-3,
         weight_decay: 0.1,
+        scales: ParamScales {
+            lr_scale: 1.0,
+            wd_scale: 1.0,
+        },
         beta1: 0.9,
         beta2: 0.999,
         eps: 1e-8,
@@ -123,6 +128,31 @@ fn decoupled_weight_decay_without_gradient() {
         assert_eq!(w[i], w0[i] * decay);
     }
     assert!(m.iter().chain(&v).all(|&x| x == 0.0));
+}
+
+#[test]
+fn param_scales_multiply_the_group_rates_in_f32() {
+    let mut rng = Rng::new(46);
+    let n = 100;
+    let w0 = rng.normal_vec(n, 1.0);
+    let g = rng.normal_vec(n, 0.01);
+    let run = |a: &AdamWArgs| {
+        let (mut w, mut m, mut v) = (w0.clone(), vec![0.0; n], vec![0.0; n]);
+        adamw_update(&mut w, &mut m, &mut v, &g, a).unwrap();
+        w
+    };
+    let scales = ParamScales {
+        lr_scale: 0.3,
+        wd_scale: 0.7,
+    };
+    let scaled = AdamWArgs { scales, ..args(3) };
+    let premultiplied = AdamWArgs {
+        lr: scaled.lr * scales.lr_scale,
+        weight_decay: scaled.weight_decay * scales.wd_scale,
+        ..args(3)
+    };
+    assert_eq!(run(&scaled), run(&premultiplied));
+    assert_ne!(run(&scaled), run(&args(3)));
 }
 
 #[test]

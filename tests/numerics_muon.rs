@@ -5,6 +5,7 @@ mod support;
 use muon_opt::config::{CoefficientSet, Config, NsPrecision, ScaleMode};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_scale, muon_update};
+use muon_opt::numerics::step_args::ParamScales;
 use support::numerics::{max_abs_diff, ns_reference_f64, to_f64};
 use support::rng::Rng;
 
@@ -26,8 +27,10 @@ fn args() -> MuonStepArgs {
     MuonStepArgs {
         lr: 0.02,
         weight_decay: 0.1,
-        lr_scale: 1.5,
-        wd_scale: 0.5,
+        scales: ParamScales {
+            lr_scale: 1.5,
+            wd_scale: 0.5,
+        },
         clip_coef: 0.8,
     }
 }
@@ -64,8 +67,8 @@ fn muon_step_f64(
     } else {
         m_new.clone()
     };
-    let lr = f64::from(a.lr) * f64::from(a.lr_scale);
-    let wd = f64::from(a.weight_decay) * f64::from(a.wd_scale);
+    let lr = f64::from(a.lr) * f64::from(a.scales.lr_scale);
+    let wd = f64::from(a.weight_decay) * f64::from(a.scales.wd_scale);
     let whole = [rows];
     let comps = if splits.is_empty() { &whole[..] } else { splits };
     let mut w_new = Vec::with_capacity(w.len());
@@ -381,14 +384,21 @@ fn weight_decay_alone_scales_the_master() {
         &mut MuonWorkspace::default(),
     )
     .unwrap();
-    let factor = 1.0 - f64::from(a.lr) * f64::from(a.lr_scale) * f64::from(a.weight_decay) * f64::from(a.wd_scale);
+    let factor =
+        1.0 - f64::from(a.lr) * f64::from(a.scales.lr_scale) * f64::from(a.weight_decay) * f64::from(a.scales.wd_scale);
     let expected: Vec<f64> = w0.iter().map(|&v| f64::from(v) * factor).collect();
     assert!(max_abs_diff(&w, &expected) <= 1e-6);
     assert!(w.iter().zip(&w0).all(|(a, b)| a.abs() < b.abs() || *b == 0.0));
     assert!(m.iter().all(|&v| v == 0.0));
     // wd_scale = 0 (a no-weight-decay parameter) leaves the master untouched.
     let mut w = w0.clone();
-    let a0 = MuonStepArgs { wd_scale: 0.0, ..a };
+    let a0 = MuonStepArgs {
+        scales: ParamScales {
+            wd_scale: 0.0,
+            ..a.scales
+        },
+        ..a
+    };
     muon_update(
         &mut w,
         &mut m,

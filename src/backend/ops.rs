@@ -1,11 +1,131 @@
-//! The operations the schedule asks a backend to run. Everything is named by memory kind and
-//! element range; the schedule decides every offset, event and collective, the backend only
-//! executes (docs/design.md §5).
+//! The operations the schedule asks a backend to run: [`Op`], one value per operation, and
+//! the types its arguments are made of. Everything is named by memory kind and element range;
+//! the schedule decides every offset, event and collective, the backend only executes
+//! (docs/design.md §5).
+//!
+//! A command (an op that returns nothing) reaches a backend as an [`Op`] through
+//! [`crate::backend::Backend::execute`]; the queries (ops that return values) have a
+//! `Backend` method each. The cuda backend translates every op
+//! ([`crate::backend::cuda::translate::Translator::translate`]), the host backend runs each in
+//! its `execute`, and [`crate::backend::recording::Recording`] logs them.
 
 use std::sync::{Arc, Mutex};
 
 use crate::config::{Dtype, TpMode};
 use crate::numerics::muon::{TpDim, TpJob};
+use crate::numerics::step_args::ParamScales;
+
+/// One backend operation with its arguments. Floating-point arguments of the plain ops are kept
+/// as bits so that NaN compares equal to itself; the float fields of the jobs compare by value
+/// (the schedule issues jobs only for finite steps).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Allocates every buffer and state array (zeroed).
+    Allocate(MemoryLayout),
+    /// Writes host values (f32 bits) into `dst`, converting to its dtype (round to nearest
+    /// even).
+    Upload { dst: Span, bits: Vec<u32> },
+    /// Query: reads the span as f32 (exact for bf16).
+    Download(Span),
+    /// Compute stream: zero the span.
+    MemsetZero(Span),
+    /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
+    Cast { src: Span, dst: Span },
+    /// Makes the values readable as `Mem::Init(param)` (host values are copied in; device
+    /// values are read in place, so they must stay valid until `DetachInit`).
+    AttachInit {
+        param: u32,
+        dtype: Dtype,
+        numel: u64,
+        source: InitSource,
+    },
+    /// Ends `Mem::Init(param)` once the compute stream has finished reading it (blocks until
+    /// then): what `AttachInit` copied is freed, and device values may be freed by their owner.
+    DetachInit(u32),
+    /// Compute stream: Σ x² over `counted` in f64, spans in order
+    /// ([`crate::numerics::squared_norm`] per span), plus 0 · Σ x² over `checked` (a finite
+    /// sum is unchanged to the bit; a NaN or infinity in `checked` makes it NaN), into
+    /// [`Scalar::NormSq`].
+    SquaredNorm { counted: Vec<Span>, checked: Vec<Span> },
+    /// Comm stream: every rank's [`Scalar::NormSq`], kept in rank order for `FinishStep`.
+    GatherNormSums,
+    /// Compute stream, after the `GatherNormSums` of every term's backend: the step's scalars
+    /// from the terms' sums, in order, and the steps taken so far
+    /// ([`crate::numerics::step_scalars`]).
+    FinishStep {
+        constants: StepConstants,
+        terms: Vec<NormTerm>,
+    },
+    /// Compute stream, without blocking the host: the step's arguments (f32 bits) into
+    /// [`Scalar::Lr`], [`Scalar::WeightDecay`], [`Scalar::AdamLr`] and
+    /// [`Scalar::AdamWeightDecay`].
+    SetStepArgs([u32; 4]),
+    /// Compute stream: [`Scalar::Step`] = the count (a loaded checkpoint's).
+    SetStepCount(u64),
+    /// Query, compute stream, host-synchronizing: every scalar, indexed by [`Scalar::slot`].
+    ReadScalars,
+    /// Compute stream: one Muon update with the step's scalars (none when skipped).
+    MuonUpdate(MuonJob),
+    /// Compute stream: one AdamW update with the step's scalars (none when skipped).
+    AdamwUpdate(AdamwJob),
+    /// Records `event` on `stream`.
+    Record { stream: StreamKind, event: EventId },
+    /// `stream` waits for `event` (the compute stream blocks the caller on the host).
+    Wait { stream: StreamKind, event: EventId },
+    /// Comm stream: the collectives as one group.
+    Collectives(Vec<CollOp>),
+    /// Query, comm stream, host-synchronizing: every rank's `value`, indexed by rank
+    /// (checkpoint agreement and per-file checksums).
+    AllGatherU64 { value: u64 },
+    /// On `stream`: quantizes the bf16 values of `src` (param `param`'s `[rows, cols]`) into
+    /// the param's persistent MXFP8 storage, rowwise and columnwise (docs/mxfp8.md, TE-exact).
+    Mxfp8Quantize { stream: StreamKind, src: Span, param: u32 },
+    /// Query: rowwise data, rowwise scales, columnwise data, columnwise scales of the param's
+    /// MXFP8 storage, or None when the param has none.
+    Mxfp8Addresses(u32),
+    /// Query, compute stream, host-synchronizing: the bytes of part `part` (in the order of
+    /// `Mxfp8Addresses`) of `param`'s MXFP8 storage.
+    DownloadMxfp8 { param: u32, part: u8 },
+    /// Blocks until both streams finished everything enqueued.
+    Synchronize,
+    /// Query: address of the first element of the span (host or device), for views.
+    Address(Span),
+}
+
+/// The values of an [`Op::AttachInit`]: host values as their bytes, device values by address.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InitSource {
+    Host(Vec<u8>),
+    Device(u64),
+}
+
+impl Op {
+    /// `Op::AttachInit` of `init`.
+    pub fn attach_init(param: u32, init: InitValues<'_>) -> Op {
+        Op::AttachInit {
+            param,
+            dtype: init.dtype,
+            numel: init.numel,
+            source: match init.at {
+                InitAt::Host(bytes) => InitSource::Host(bytes.to_vec()),
+                InitAt::Device(address) => InitSource::Device(address),
+            },
+        }
+    }
+
+    /// `Op::Upload` of `values`.
+    pub fn upload(dst: Span, values: &[f32]) -> Op {
+        Op::Upload {
+            dst,
+            bits: values.iter().map(|v| v.to_bits()).collect(),
+        }
+    }
+
+    /// `Op::SetStepArgs` of `args`.
+    pub fn set_step_args(args: [f32; 4]) -> Op {
+        Op::SetStepArgs(args.map(f32::to_bits))
+    }
+}
 
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -201,22 +321,11 @@ impl PartialEq for NormSums {
     }
 }
 
-/// Per-parameter multipliers of a Muon update; the learning rate, weight decay and gradient
-/// scale come from the step's scalars.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MuonParamArgs {
-    pub lr_scale: f32,
-    /// 0 for a no-weight-decay parameter.
-    pub wd_scale: f32,
-}
-
 /// Per-parameter constants of an AdamW update; the learning rate, weight decay, gradient
 /// scale and bias corrections come from the step's scalars.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamwParamArgs {
-    pub lr_scale: f32,
-    /// 0 for a no-weight-decay parameter.
-    pub wd_scale: f32,
+    pub scales: ParamScales,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
@@ -238,7 +347,9 @@ pub struct MuonJob {
     /// A tensor-parallel shard (`muon_tp_mode` duplicated or distributed), with the dimension
     /// it is split along.
     pub tp: Option<TpJob>,
-    pub args: MuonParamArgs,
+    /// The multipliers of the step's learning rate and weight decay (the gradient scale comes
+    /// from the step's scalars too).
+    pub scales: ParamScales,
 }
 
 /// One AdamW update of a contiguous piece.

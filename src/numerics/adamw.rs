@@ -1,9 +1,10 @@
 //! Element-wise AdamW on fp32 masters: bias-corrected moments and decoupled weight decay
 //! (docs/design.md §6), the operation every rank applies to its shard of the AdamW buckets.
 //!
-//! Per step, three scalars are computed once, in f32, on the host (the CUDA backend passes
-//! the same host-computed values to its kernel): `bc1 = 1 − β1^t`, `bc2 = 1 − β2^t`
-//! ([`adamw_bias_corrections`], 1-based step `t`) and `decay = 1 − lr·wd`. The powers are
+//! Per step, the scalars are computed once, in f32 (the CUDA kernel computes the same from the
+//! step's scalars): `bc1 = 1 − β1^t`, `bc2 = 1 − β2^t` ([`adamw_bias_corrections`], 1-based
+//! step `t`), and the parameter's `lr`, `wd` and `decay = 1 − lr·wd` ([`param_rates`]: the
+//! group's values times the parameter's scales). The powers are
 //! [`powi_f32`], an explicit f32 binary exponentiation, not `f32::powi`: `powi` is documented
 //! as unspecified in precision, and the optimizer does fold it differently (a constant step
 //! gave a different last bit in release than in debug builds).
@@ -23,14 +24,17 @@
 
 use crate::bail;
 use crate::error::Result;
+use crate::numerics::step_args::{ParamScales, param_rates};
 
 /// The scalars of one AdamW step for one parameter group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWArgs {
-    /// Learning rate (already multiplied by any per-parameter scale).
+    /// Learning rate of the AdamW group at this step.
     pub lr: f32,
-    /// Decoupled weight decay (already multiplied by any per-parameter scale).
+    /// Decoupled weight decay of the AdamW group.
     pub weight_decay: f32,
+    /// The parameter's multipliers of both.
+    pub scales: ParamScales,
     /// First-moment decay β1.
     pub beta1: f32,
     /// Second-moment decay β2.
@@ -93,8 +97,8 @@ pub fn adamw_update(
     let (bc1, bc2) = adamw_bias_corrections(args.beta1, args.beta2, args.step);
     let (b1, b2) = (args.beta1, args.beta2);
     let (one_minus_b1, one_minus_b2) = (1.0 - b1, 1.0 - b2);
-    let decay = 1.0 - args.lr * args.weight_decay;
-    let (lr, eps, clip) = (args.lr, args.eps, args.clip_coef);
+    let rates = param_rates(args.lr, args.weight_decay, args.scales);
+    let (lr, decay, eps, clip) = (rates.lr, rates.decay, args.eps, args.clip_coef);
     let elements = master
         .iter_mut()
         .zip(exp_avg.iter_mut())

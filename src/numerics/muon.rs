@@ -3,7 +3,7 @@
 //!
 //! For one owned matrix `W` (`rows × cols`) with momentum `M` and reduced gradient `G`, every
 //! scalar operation in f32, in this order (`lr_eff = lr·lr_scale`, `wd_eff = wd·wd_scale`,
-//! `decay = 1 − lr_eff·wd_eff`):
+//! `decay = 1 − lr_eff·wd_eff` from [`param_rates`]):
 //! 1. `g = G·clip_coef`, `M = μ·M + (1−μ)·g`;
 //! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
 //! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
@@ -27,6 +27,7 @@ use crate::error::Result;
 use crate::numerics::newton_schulz::{
     NsOptions, NsWorkspace, ShardSums, newton_schulz_in_place, newton_schulz_sharded_in_place,
 };
+use crate::numerics::step_args::{ParamScales, param_rates};
 
 /// The Muon fields of a configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,10 +65,8 @@ pub struct MuonStepArgs {
     pub lr: f32,
     /// Weight decay of the Muon group.
     pub weight_decay: f32,
-    /// The parameter's learning-rate multiplier.
-    pub lr_scale: f32,
-    /// The parameter's weight-decay multiplier (0 for no-weight-decay parameters).
-    pub wd_scale: f32,
+    /// The parameter's multipliers of both.
+    pub scales: ParamScales,
     /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient));
     /// 1 when clipping is off.
     pub clip_coef: f32,
@@ -87,6 +86,45 @@ pub struct MuonShape<'a> {
     /// component c is its part of every group stacked in group order (Megatron's
     /// per-query-group QKV split). 1 = consecutive components.
     pub split_groups: usize,
+}
+
+impl MuonShape<'_> {
+    /// `InvalidArgument` unless both dimensions are >= 1 and every component (the whole matrix
+    /// when there is no split) has >= 1 row, a multiple of the split groups, the components
+    /// summing to `rows`. Both backends check a job with it.
+    pub fn check(&self) -> Result<()> {
+        let (rows, cols, splits) = (self.rows, self.cols, self.split_rows);
+        if rows == 0 || cols == 0 || rows.checked_mul(cols).is_none() {
+            bail!(
+                InvalidArgument,
+                "muon_update: shape {rows}×{cols} is invalid; both dimensions must be >= 1"
+            );
+        }
+        let whole = [rows];
+        let components = if splits.is_empty() { &whole[..] } else { splits };
+        if components.contains(&0) {
+            bail!(
+                InvalidArgument,
+                "muon_update: split_rows {splits:?} has a 0; every component needs >= 1 row"
+            );
+        }
+        let sum = components.iter().try_fold(0usize, |acc, &r| acc.checked_add(r));
+        if sum != Some(rows) {
+            bail!(
+                InvalidArgument,
+                "muon_update: split_rows {splits:?} do not sum to rows {rows}"
+            );
+        }
+        let groups = self.split_groups.max(1);
+        if let Some(c) = components.iter().position(|&r| r % groups != 0) {
+            bail!(
+                InvalidArgument,
+                "muon_update: split_rows[{c}] = {} is not a multiple of the {groups} split groups",
+                components[c]
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The update scale of an orthogonalized `rows × cols` matrix (`m = rows`, `n = cols`):
@@ -220,7 +258,7 @@ pub fn muon_update_sharded(
     mut tp: Option<&mut TpShard<'_>>,
 ) -> Result<()> {
     let (rows, cols) = (shape.rows, shape.cols);
-    check_shape(shape)?;
+    shape.check()?;
     let len = rows * cols;
     for (name, actual) in [
         ("master", master.len()),
@@ -249,9 +287,7 @@ pub fn muon_update_sharded(
         *u = if opts.nesterov { g + mu * (*m - g) } else { *m };
     }
 
-    let lr_eff = args.lr * args.lr_scale;
-    let wd_eff = args.weight_decay * args.wd_scale;
-    let decay = 1.0 - lr_eff * wd_eff;
+    let rates = param_rates(args.lr, args.weight_decay, args.scales);
     let whole = [rows];
     let components = if shape.split_rows.is_empty() {
         &whole[..]
@@ -286,10 +322,10 @@ pub fn muon_update_sharded(
                 (comp_rows, cols)
             }
         };
-        let step = lr_eff * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
+        let step = rates.lr * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
         let apply = |w: &mut [f32], x: &[f32]| {
             for (w, &x) in w.iter_mut().zip(x) {
-                *w = *w * decay - step * x;
+                *w = *w * rates.decay - step * x;
             }
         };
         match &order {
@@ -439,39 +475,4 @@ fn orthogonalize_gathered(
             Ok((rows, wide))
         }
     }
-}
-
-fn check_shape(shape: &MuonShape<'_>) -> Result<()> {
-    let (rows, cols, splits) = (shape.rows, shape.cols, shape.split_rows);
-    if rows == 0 || cols == 0 || rows.checked_mul(cols).is_none() {
-        bail!(
-            InvalidArgument,
-            "muon_update: shape {rows}×{cols} is invalid; both dimensions must be >= 1"
-        );
-    }
-    if splits.is_empty() {
-        return Ok(());
-    }
-    if splits.contains(&0) {
-        bail!(
-            InvalidArgument,
-            "muon_update: split_rows {splits:?} has a 0; every component needs >= 1 row"
-        );
-    }
-    let sum = splits.iter().try_fold(0usize, |acc, &r| acc.checked_add(r));
-    if sum != Some(rows) {
-        bail!(
-            InvalidArgument,
-            "muon_update: split_rows {splits:?} do not sum to rows {rows}"
-        );
-    }
-    let groups = shape.split_groups.max(1);
-    if let Some(c) = splits.iter().position(|&r| r % groups != 0) {
-        bail!(
-            InvalidArgument,
-            "muon_update: split_rows[{c}] = {} is not a multiple of the {groups} split groups",
-            splits[c]
-        );
-    }
-    Ok(())
 }

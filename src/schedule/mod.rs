@@ -16,14 +16,15 @@ pub mod state;
 
 use crate::backend::Backend;
 use crate::backend::ops::{
-    AdamwJob, AdamwParamArgs, EventId, InitValues, Mem, MuonJob, MuonParamArgs, NormSums, NormTerm, Scalar, Span,
-    StepConstants, StreamKind,
+    AdamwJob, AdamwParamArgs, EventId, InitValues, Mem, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants,
+    StreamKind,
 };
 use crate::bail;
 use crate::config::{Config, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::muon::TpJob;
+use crate::numerics::step_args::ParamScales;
 use crate::plan::ElemRange;
 use crate::plan::Plan;
 use state::StateLayout;
@@ -447,14 +448,6 @@ impl Runtime {
         }
     }
 
-    fn wd_scale(spec: &ParamSpec) -> f32 {
-        if spec.flags.has(ParamFlags::NO_WEIGHT_DECAY) {
-            0.0
-        } else {
-            spec.wd_scale
-        }
-    }
-
     /// The Muon updates of bucket `bucket`'s owned matrices.
     fn update_muon(&mut self, bucket: usize, profile: &mut StepProfile) -> Result<()> {
         for k in 0..self.bucket_batches[bucket].len() {
@@ -486,10 +479,7 @@ impl Runtime {
                         dim,
                         mode: self.cfg.muon_tp_mode,
                     }),
-                args: MuonParamArgs {
-                    lr_scale: spec.lr_scale,
-                    wd_scale: Self::wd_scale(spec),
-                },
+                scales: ParamScales::of(spec),
             };
             timed(&mut profile.muon, || self.backend.muon_update(&job))?;
             let destination = self.param_destination(first.unit.param, first.unit.bucket, range)?;
@@ -509,8 +499,7 @@ impl Runtime {
                 exp_avg_sq: slot.exp_avg_sq(),
                 grad: slot.grad(),
                 args: AdamwParamArgs {
-                    lr_scale: spec.lr_scale,
-                    wd_scale: Self::wd_scale(spec),
+                    scales: ParamScales::of(spec),
                     beta1: self.cfg.adam_beta1,
                     beta2: self.cfg.adam_beta2,
                     eps: self.cfg.adam_eps,

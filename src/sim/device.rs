@@ -3,7 +3,7 @@
 
 use crate::backend::cuda::action::Action;
 use crate::backend::cuda::translate::Translator;
-use crate::backend::recording::Op;
+use crate::backend::ops::Op;
 use crate::config::Config;
 use crate::error::Result;
 use crate::model::ParamSpec;

@@ -7,7 +7,8 @@
 
 use crate::backend::cuda::action::{Action, DevPtr};
 use crate::backend::cuda::translate::Translator;
-use crate::backend::recording::{Observer, Op};
+use crate::backend::ops::Op;
+use crate::backend::recording::Observer;
 use crate::error::Result;
 use crate::numerics::muon::MuonOptions;
 

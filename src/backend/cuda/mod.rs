@@ -33,10 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, InitValues, MemoryLayout, MuonJob, NormTerm, Scalar, Span, StepConstants, StreamKind,
-};
-use crate::backend::recording::Op;
+use crate::backend::ops::{NormTerm, Op, Scalar, Span};
 use crate::bail;
 use crate::comm::Communicator;
 use crate::config::Dtype;
@@ -224,12 +221,8 @@ impl<E: Executor> CudaBackend<E> {
 }
 
 impl<E: Executor> Backend for CudaBackend<E> {
-    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
-        self.op(&Op::Allocate(layout.clone())).map(drop)
-    }
-
-    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()> {
-        self.op(&Op::upload(dst, values)).map(drop)
+    fn execute(&mut self, op: &Op) -> Result<()> {
+        self.op(op).map(drop)
     }
 
     fn download(&mut self, src: Span) -> Result<Vec<f32>> {
@@ -247,56 +240,8 @@ impl<E: Executor> Backend for CudaBackend<E> {
         })
     }
 
-    fn memset_zero(&mut self, span: Span) -> Result<()> {
-        self.op(&Op::MemsetZero(span)).map(drop)
-    }
-
     fn download_mxfp8(&mut self, param: u32, part: u8) -> Result<Vec<u8>> {
         single(self.op(&Op::DownloadMxfp8 { param, part })?)
-    }
-
-    fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
-        self.op(&Op::Cast { src, dst }).map(drop)
-    }
-
-    fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()> {
-        self.op(&Op::attach_init(param, init)).map(drop)
-    }
-
-    fn detach_init(&mut self, param: u32) -> Result<()> {
-        self.op(&Op::DetachInit(param)).map(drop)
-    }
-
-    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
-        self.op(&Op::SquaredNorm {
-            counted: counted.to_vec(),
-            checked: checked.to_vec(),
-        })
-        .map(drop)
-    }
-
-    fn gather_norm_sums(&mut self) -> Result<()> {
-        self.op(&Op::GatherNormSums).map(drop)
-    }
-
-    fn norm_term(&self) -> Result<NormTerm> {
-        self.translator.norm_term()
-    }
-
-    fn finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()> {
-        self.op(&Op::FinishStep {
-            constants: *constants,
-            terms: terms.to_vec(),
-        })
-        .map(drop)
-    }
-
-    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {
-        self.op(&Op::set_step_args(args)).map(drop)
-    }
-
-    fn set_step_count(&mut self, step: u64) -> Result<()> {
-        self.op(&Op::SetStepCount(step)).map(drop)
     }
 
     fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]> {
@@ -313,26 +258,6 @@ impl<E: Executor> Backend for CudaBackend<E> {
         }
     }
 
-    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
-        self.op(&Op::MuonUpdate(job.clone())).map(drop)
-    }
-
-    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
-        self.op(&Op::AdamwUpdate(job.clone())).map(drop)
-    }
-
-    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
-        self.op(&Op::Record { stream, event }).map(drop)
-    }
-
-    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
-        self.op(&Op::Wait { stream, event }).map(drop)
-    }
-
-    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
-        self.op(&Op::Collectives(ops.to_vec())).map(drop)
-    }
-
     /// The ranks' values are all-gathered and summed on the host in rank order, so the sum
     /// is bit-identical to the host backend's at any dp (an NCCL all-reduce would add in the
     /// order of its ring or tree).
@@ -342,23 +267,19 @@ impl<E: Executor> Backend for CudaBackend<E> {
         Ok(words(&bytes).map(u64::from_le_bytes).collect())
     }
 
-    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
-        self.op(&Op::Mxfp8Quantize { stream, src, param }).map(drop)
-    }
-
     fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
         self.translator
             .mxfp8_addresses(param)
             .map(|parts| parts.map(|p| p as *mut u8))
     }
 
-    fn synchronize(&mut self) -> Result<()> {
-        self.op(&Op::Synchronize).map(drop)
-    }
-
     fn address(&self, span: Span) -> *mut c_void {
         self.translator
             .address(span)
             .map_or(std::ptr::null_mut(), |p| p as *mut c_void)
+    }
+
+    fn norm_term(&self) -> Result<NormTerm> {
+        self.translator.norm_term()
     }
 }

@@ -17,15 +17,14 @@ use crate::backend::cuda::action::{
     Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType, Work,
 };
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Scalar, Span,
-    StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, MAX_NORM_TERMS, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Op, Scalar,
+    Span, StepConstants, StreamKind,
 };
-use crate::backend::recording::Op;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::numerics::bf16::f32_to_bf16_rne;
-use crate::numerics::muon::{MuonOptions, TpDim, TpJob, muon_scale};
+use crate::numerics::muon::{MuonOptions, MuonShape, TpDim, TpJob, muon_scale};
 use crate::numerics::mxfp8::{Direction, ScaleLayout, scale_shape};
 use crate::numerics::newton_schulz::ns_coefficients;
 
@@ -947,26 +946,20 @@ impl Translator {
 
     fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
         self.muon.ns.validate()?;
-        let (rows, cols) = (job.rows as u64, job.cols as u64);
-        if rows == 0 || cols == 0 {
-            bail!(
-                InvalidArgument,
-                "muon_update: shape {rows}×{cols} is invalid; both dimensions must be >= 1"
-            );
+        MuonShape {
+            rows: job.rows,
+            cols: job.cols,
+            split_rows: &job.split_rows,
+            split_groups: job.split_groups,
         }
+        .check()?;
+        let (rows, cols) = (job.rows as u64, job.cols as u64);
         let split: Vec<u64> = if job.split_rows.is_empty() {
             vec![rows]
         } else {
             job.split_rows.iter().map(|&r| r as u64).collect()
         };
         let groups = job.split_groups.max(1) as u64;
-        if split.contains(&0) || split.iter().sum::<u64>() != rows || split.iter().any(|r| r % groups != 0) {
-            bail!(
-                InvalidArgument,
-                "muon_update: split_rows {:?} must be >= 1 each, multiples of the {groups} split groups, and sum to rows {rows}",
-                job.split_rows
-            );
-        }
         let len = rows * cols;
         let master = self.resolve_f32(job.master)?;
         let momentum = self.resolve_f32(job.momentum)?;
@@ -1059,8 +1052,8 @@ impl Translator {
                     Arg::I32(i32::from(transposed)),
                     Arg::U32(to_u32("x_ld", ld)?),
                     Arg::Ptr(scalars),
-                    Arg::F32(job.args.lr_scale),
-                    Arg::F32(job.args.wd_scale),
+                    Arg::F32(job.scales.lr_scale),
+                    Arg::F32(job.scales.wd_scale),
                     Arg::F32(scale),
                 ],
             ));
@@ -1252,8 +1245,8 @@ impl Translator {
                 Arg::F32(1.0 - args.beta1),
                 Arg::F32(1.0 - args.beta2),
                 Arg::F32(args.eps),
-                Arg::F32(args.lr_scale),
-                Arg::F32(args.wd_scale),
+                Arg::F32(args.scales.lr_scale),
+                Arg::F32(args.scales.wd_scale),
                 Arg::Ptr(self.slot(0)?),
             ],
         )])

@@ -1,6 +1,8 @@
 //! The host backend: the schedule's operations on host memory. Compute-stream operations run
 //! on the calling thread; collectives run on the rank's [`HostStream`] worker over a
-//! [`HostComm`].
+//! [`HostComm`]. The commands are in [`commands`].
+
+mod commands;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::HashMap;
@@ -10,21 +12,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::backend::Backend;
 use crate::backend::host::comm::{Collective, HostComm, Region};
 use crate::backend::host::stream::{HostEvent, HostStream};
-use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, InitAt, InitValues, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Scalar, Span,
-    StepConstants, StreamKind,
-};
+use crate::backend::ops::{CollOp, EventId, Mem, NormSums, NormTerm, Op, Scalar, Span};
 use crate::bail;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Dtype};
 use crate::error::{Error, ErrorKind, Result};
-use crate::numerics::adamw::{AdamWArgs, adamw_update};
-use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
-use crate::numerics::muon::{
-    MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded,
-};
-use crate::numerics::mxfp8::{Direction, Input, QuantizedMut, ScaleLayout, quantize_both, scale_shape};
-use crate::numerics::{GatheredSums, squared_norm, step_scalars};
+use crate::numerics::bf16::bf16_to_f32;
+use crate::numerics::muon::{MuonOptions, MuonWorkspace};
+use crate::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both};
 
 const ALIGN: usize = 64;
 
@@ -346,54 +341,8 @@ impl HostBackend {
 }
 
 impl Backend for HostBackend {
-    fn allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
-        let mut mems = HashMap::new();
-        for (i, b) in layout.buffers.iter().enumerate() {
-            mems.insert(Mem::Param(i as u32), Storage::new(b.param_numel, b.dtype)?);
-            mems.insert(Mem::Grad(i as u32), Storage::new(b.numel, layout.grad_dtype)?);
-        }
-        mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
-        mems.insert(Mem::Momentum, Storage::new(layout.momentum, Dtype::F32)?);
-        mems.insert(Mem::ExpAvg, Storage::new(layout.adam_moments, Dtype::F32)?);
-        mems.insert(Mem::ExpAvgSq, Storage::new(layout.adam_moments, Dtype::F32)?);
-        self.mems = mems;
-        self.mxfp8 = layout
-            .mxfp8
-            .iter()
-            .map(|t| {
-                let (rows, cols) = (t.rows, t.cols);
-                let bytes = |d| {
-                    let (r, c) = scale_shape(rows, cols, d);
-                    vec![0u8; r * c].into_boxed_slice()
-                };
-                let data = || vec![0u8; rows * cols].into_boxed_slice();
-                let parts = [data(), bytes(Direction::Rowwise), data(), bytes(Direction::Colwise)];
-                (t.param, Mxfp8Storage { rows, cols, parts })
-            })
-            .collect();
-        self.mxfp8_layout = layout.mxfp8_scale_layout;
-        self.workspace = MuonWorkspace::for_need(
-            layout.muon_work.matrix as usize,
-            layout.max_component,
-            self.muon_opts.ns.precision,
-            self.threads,
-        )?;
-        Ok(())
-    }
-
-    fn upload(&mut self, dst: Span, values: &[f32]) -> Result<()> {
-        if values.len() as u64 != dst.len {
-            bail!(Internal, "upload of {} values into {dst:?}", values.len());
-        }
-        match self.resolve(dst)?.1 {
-            Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
-            Dtype::Bf16 => {
-                for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
-                    *d = f32_to_bf16_rne(v);
-                }
-            }
-        }
-        Ok(())
+    fn execute(&mut self, op: &Op) -> Result<()> {
+        self.run_command(op)
     }
 
     fn download(&mut self, src: Span) -> Result<Vec<f32>> {
@@ -401,283 +350,8 @@ impl Backend for HostBackend {
         Ok(self.read_as_f32(src, &mut scratch)?.to_vec())
     }
 
-    fn memset_zero(&mut self, span: Span) -> Result<()> {
-        let (ptr, dtype) = self.resolve(span)?;
-        // SAFETY: bounds checked by `resolve`.
-        unsafe { std::ptr::write_bytes(ptr, 0, span.len as usize * dtype.size()) };
-        Ok(())
-    }
-
-    fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
-        if src.len != dst.len || src.mem == dst.mem {
-            bail!(
-                Internal,
-                "cast {src:?} -> {dst:?}: lengths differ or spans share memory"
-            );
-        }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let values = self.read_as_f32(src, &mut scratch)?;
-        match self.resolve(dst)?.1 {
-            Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
-            Dtype::Bf16 => {
-                for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
-                    *d = f32_to_bf16_rne(v);
-                }
-            }
-        }
-        self.scratch = scratch;
-        Ok(())
-    }
-
-    fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()> {
-        let InitAt::Host(bytes) = init.at else {
-            bail!(Internal, "the host backend reads initial values from host memory")
-        };
-        if init.numel == 0 || bytes.len() as u64 != init.numel * init.dtype.size() as u64 {
-            bail!(
-                Internal,
-                "init of param {param}: {} bytes for {} values",
-                bytes.len(),
-                init.numel
-            );
-        }
-        let storage = Storage::new(init.numel, init.dtype)?;
-        // SAFETY: `storage` is a fresh allocation of exactly `bytes.len()` > 0 bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), storage.ptr, bytes.len()) };
-        self.mems.insert(Mem::Init(param), storage);
-        Ok(())
-    }
-
-    fn detach_init(&mut self, param: u32) -> Result<()> {
-        match self.mems.remove(&Mem::Init(param)) {
-            Some(_) => Ok(()),
-            None => bail!(Internal, "init of param {param} is not attached"),
-        }
-    }
-
-    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut total = 0.0f64;
-        for span in counted {
-            total += squared_norm(self.read_as_f32(*span, &mut scratch)?);
-        }
-        for span in checked {
-            total += 0.0 * squared_norm(self.read_as_f32(*span, &mut scratch)?);
-        }
-        self.scratch = scratch;
-        self.scalars().values[Scalar::NormSq.slot()] = total;
-        Ok(())
-    }
-
-    fn gather_norm_sums(&mut self) -> Result<()> {
-        let comm = self.norm_group.clone().unwrap_or_else(|| self.comm.clone());
-        let scalars = self.scalars.clone();
-        let rank_sums = self.rank_sums.clone();
-        self.stream.enqueue(move || {
-            let local = scalars
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(Scalar::NormSq);
-            let bits = Self::host_comm(&comm).all_gather_u64(local.to_bits())?;
-            *rank_sums.lock().unwrap_or_else(PoisonError::into_inner) = bits.into_iter().map(f64::from_bits).collect();
-            Ok(())
-        })
-    }
-
-    fn norm_term(&self) -> Result<NormTerm> {
-        Ok(NormTerm {
-            ranks: self.norm_group.as_ref().unwrap_or(&self.comm).size(),
-            dp: self.comm.size(),
-            sums: NormSums::Host(self.rank_sums.clone()),
-        })
-    }
-
-    fn finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()> {
-        let gathered = terms
-            .iter()
-            .map(|term| {
-                let sums = match &term.sums {
-                    NormSums::Own => &self.rank_sums,
-                    NormSums::Host(sums) => sums,
-                    NormSums::Device(_) => bail!(
-                        CommMismatch,
-                        "step: a host optimizer cannot share a clip with a cuda optimizer's device norm"
-                    ),
-                };
-                Ok(sums.lock().unwrap_or_else(PoisonError::into_inner).clone())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let terms: Vec<GatheredSums> = gathered
-            .iter()
-            .zip(terms)
-            .map(|(rank_sums, term)| GatheredSums { rank_sums, dp: term.dp })
-            .collect();
-        let mut scalars = self.scalars();
-        let previous = scalars.get(Scalar::Step) as u64;
-        let s = step_scalars(
-            &terms,
-            self.comm.size(),
-            previous,
-            constants.clip_grad,
-            constants.beta1,
-            constants.beta2,
-        );
-        for (slot, value) in [
-            (Scalar::GradNorm, s.grad_norm),
-            (Scalar::ClipCoef, f64::from(s.clip_coef)),
-            (Scalar::GradScale, f64::from(s.grad_scale)),
-            (Scalar::Skip, f64::from(u8::from(s.skipped))),
-            (Scalar::Step, s.step as f64),
-            (Scalar::Bc1, f64::from(s.bc1)),
-            (Scalar::Bc2, f64::from(s.bc2)),
-        ] {
-            scalars.values[slot.slot()] = value;
-        }
-        Ok(())
-    }
-
-    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {
-        let mut scalars = self.scalars();
-        for (slot, value) in [Scalar::Lr, Scalar::WeightDecay, Scalar::AdamLr, Scalar::AdamWeightDecay]
-            .into_iter()
-            .zip(args)
-        {
-            scalars.values[slot.slot()] = f64::from(value);
-        }
-        Ok(())
-    }
-
-    fn set_step_count(&mut self, step: u64) -> Result<()> {
-        self.scalars().values[Scalar::Step.slot()] = step as f64;
-        Ok(())
-    }
-
     fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]> {
         Ok(self.scalars().values)
-    }
-
-    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
-        let tp_group = match (job.tp, &self.tp_group) {
-            (None, _) => None,
-            (Some(tp), Some(group)) => Some((tp, group.clone())),
-            (Some(_), None) => bail!(
-                InvalidState,
-                "muon_update: a tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
-            ),
-        };
-        let (args, skipped) = {
-            let s = self.scalars();
-            let args = MuonStepArgs {
-                lr: s.f32(Scalar::Lr),
-                weight_decay: s.f32(Scalar::WeightDecay),
-                lr_scale: job.args.lr_scale,
-                wd_scale: job.args.wd_scale,
-                clip_coef: s.f32(Scalar::GradScale),
-            };
-            (args, s.get(Scalar::Skip) != 0.0)
-        };
-        if skipped && tp_group.is_none() {
-            return Ok(());
-        }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut workspace = std::mem::take(&mut self.workspace);
-        let result = (|| {
-            let grad = self.read_as_f32(job.grad, &mut scratch)?;
-            let master = unsafe { self.f32s(job.master) }?;
-            let momentum = unsafe { self.f32s(job.momentum) }?;
-            let shape = MuonShape {
-                rows: job.rows,
-                cols: job.cols,
-                split_rows: &job.split_rows,
-                split_groups: job.split_groups,
-            };
-            let Some((tp, group)) = &tp_group else {
-                return muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace);
-            };
-            let mut gather = |shard: &[f32]| Self::gather_tp(group, shard);
-            let mut shard = TpShard {
-                job: *tp,
-                ranks: group.size(),
-                rank: group.rank(),
-                gather: &mut gather,
-            };
-            // A skipped step changes no state, yet the TP peers gather whatever this rank
-            // does: the update runs on copies, so every collective of it is joined.
-            let (mut master_copy, mut momentum_copy);
-            let (master, momentum) = if skipped {
-                (master_copy, momentum_copy) = (master.to_vec(), momentum.to_vec());
-                (&mut master_copy[..], &mut momentum_copy[..])
-            } else {
-                (master, momentum)
-            };
-            muon_update_sharded(
-                master,
-                momentum,
-                grad,
-                &shape,
-                &args,
-                &self.muon_opts,
-                &mut workspace,
-                Some(&mut shard),
-            )
-        })();
-        self.scratch = scratch;
-        self.workspace = workspace;
-        result
-    }
-
-    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
-        let args = {
-            let s = self.scalars();
-            if s.get(Scalar::Skip) != 0.0 {
-                return Ok(());
-            }
-            AdamWArgs {
-                lr: s.f32(Scalar::AdamLr) * job.args.lr_scale,
-                weight_decay: s.f32(Scalar::AdamWeightDecay) * job.args.wd_scale,
-                beta1: job.args.beta1,
-                beta2: job.args.beta2,
-                eps: job.args.eps,
-                step: s.get(Scalar::Step) as u64,
-                clip_coef: s.f32(Scalar::GradScale),
-            }
-        };
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let result = (|| {
-            let grad = self.read_as_f32(job.grad, &mut scratch)?;
-            let master = unsafe { self.f32s(job.master) }?;
-            let m = unsafe { self.f32s(job.exp_avg) }?;
-            let v = unsafe { self.f32s(job.exp_avg_sq) }?;
-            adamw_update(master, m, v, grad, &args)
-        })();
-        self.scratch = scratch;
-        result
-    }
-
-    fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
-        self.event(event);
-        match stream {
-            StreamKind::Compute => self.events[event.0].record_on_compute(),
-            StreamKind::Comm => self.stream.record_on_comm(&self.events[event.0]),
-        }
-        Ok(())
-    }
-
-    fn wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
-        self.event(event);
-        match stream {
-            StreamKind::Compute => self.events[event.0].synchronize(),
-            StreamKind::Comm => self.stream.comm_wait_event(&self.events[event.0]),
-        }
-    }
-
-    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
-        let group = ops
-            .iter()
-            .map(|op| self.to_collective(op))
-            .collect::<Result<Vec<_>>>()?;
-        let comm = self.comm.clone();
-        self.stream.enqueue(move || Self::host_comm(&comm).group(&group))
     }
 
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
@@ -693,32 +367,6 @@ impl Backend for HostBackend {
         values.ok_or_else(|| Error::new(ErrorKind::Internal, "all_gather_u64: no result after synchronize"))
     }
 
-    fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
-        let Some(storage) = self.mxfp8.get_mut(&param) else {
-            bail!(Internal, "param {param} has no MXFP8 storage")
-        };
-        let (rows, cols, layout) = (storage.rows, storage.cols, self.mxfp8_layout);
-        let target = Mxfp8Target {
-            parts: storage.parts.each_mut().map(|p| (p.as_mut_ptr(), p.len())),
-        };
-        if src.len as usize != rows * cols {
-            bail!(Internal, "mxfp8_quantize: {src:?} does not hold {rows}x{cols} values");
-        }
-        let region = self.region(src)?;
-        if region.dtype() != Dtype::Bf16 {
-            bail!(Internal, "mxfp8_quantize: {src:?} is not bf16");
-        }
-        let run = move || {
-            // SAFETY: the region and the target are live (field order) and ordered by events.
-            let values = unsafe { std::slice::from_raw_parts(region.as_ptr().cast::<u16>(), region.len()) };
-            unsafe { target.quantize(values, rows, cols, layout) }
-        };
-        match stream {
-            StreamKind::Compute => run(),
-            StreamKind::Comm => self.stream.enqueue(run),
-        }
-    }
-
     fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]> {
         let storage = self.mxfp8.get(&param)?;
         Some(storage.parts.each_ref().map(|p| p.as_ptr().cast_mut()))
@@ -731,11 +379,15 @@ impl Backend for HostBackend {
         }
     }
 
-    fn synchronize(&mut self) -> Result<()> {
-        self.stream.synchronize()
-    }
-
     fn address(&self, span: Span) -> *mut c_void {
         self.region(span).map_or(std::ptr::null_mut(), |r| r.as_ptr().cast())
+    }
+
+    fn norm_term(&self) -> Result<NormTerm> {
+        Ok(NormTerm {
+            ranks: self.norm_group.as_ref().unwrap_or(&self.comm).size(),
+            dp: self.comm.size(),
+            sums: NormSums::Host(self.rank_sums.clone()),
+        })
     }
 }

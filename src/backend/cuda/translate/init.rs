@@ -4,8 +4,7 @@
 
 use super::Translator;
 use crate::backend::cuda::action::{Action, Buf};
-use crate::backend::ops::{Mem, Span, StreamKind};
-use crate::backend::recording::InitSource;
+use crate::backend::ops::{InitSource, Mem, Span, StreamKind};
 use crate::bail;
 use crate::config::Dtype;
 use crate::error::{Error, ErrorKind, Result};

@@ -1,0 +1,402 @@
+//! The host backend's commands: [`Op`]s run on host memory (compute stream) or queued on the
+//! rank's stream worker (comm stream).
+
+use std::collections::HashMap;
+use std::sync::PoisonError;
+
+use super::{HostBackend, Mxfp8Storage, Mxfp8Target, Storage};
+use crate::backend::ops::{
+    AdamwJob, CollOp, EventId, InitSource, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Op, Scalar, Span,
+    StepConstants, StreamKind,
+};
+use crate::bail;
+use crate::config::Dtype;
+use crate::error::Result;
+use crate::numerics::adamw::{AdamWArgs, adamw_update};
+use crate::numerics::bf16::f32_to_bf16_rne;
+use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded};
+use crate::numerics::mxfp8::{Direction, scale_shape};
+use crate::numerics::{GatheredSums, squared_norm, step_scalars};
+
+impl HostBackend {
+    /// Runs the command `op` ([`crate::backend::Backend::execute`]).
+    pub(super) fn run_command(&mut self, op: &Op) -> Result<()> {
+        match op {
+            Op::Allocate(layout) => self.run_allocate(layout),
+            Op::Upload { dst, bits } => self.run_upload(*dst, bits),
+            &Op::MemsetZero(span) => self.run_memset_zero(span),
+            &Op::Cast { src, dst } => self.run_cast(src, dst),
+            Op::AttachInit {
+                param,
+                dtype,
+                numel,
+                source,
+            } => self.run_attach_init(*param, *dtype, *numel, source),
+            &Op::DetachInit(param) => self.run_detach_init(param),
+            Op::SquaredNorm { counted, checked } => self.run_squared_norm(counted, checked),
+            Op::GatherNormSums => self.run_gather_norm_sums(),
+            Op::FinishStep { constants, terms } => self.run_finish_step(constants, terms),
+            &Op::SetStepArgs(bits) => self.run_set_step_args(bits),
+            &Op::SetStepCount(step) => self.run_set_step_count(step),
+            Op::MuonUpdate(job) => self.run_muon_update(job),
+            Op::AdamwUpdate(job) => self.run_adamw_update(job),
+            &Op::Record { stream, event } => self.run_record(stream, event),
+            &Op::Wait { stream, event } => self.run_wait(stream, event),
+            Op::Collectives(ops) => self.run_collectives(ops),
+            &Op::Mxfp8Quantize { stream, src, param } => self.run_mxfp8_quantize(stream, src, param),
+            Op::Synchronize => self.stream.synchronize(),
+            Op::Download(_)
+            | Op::DownloadMxfp8 { .. }
+            | Op::ReadScalars
+            | Op::AllGatherU64 { .. }
+            | Op::Mxfp8Addresses(_)
+            | Op::Address(_) => bail!(Internal, "{op:?} is a query, not a command"),
+        }
+    }
+
+    fn run_allocate(&mut self, layout: &MemoryLayout) -> Result<()> {
+        let mut mems = HashMap::new();
+        for (i, b) in layout.buffers.iter().enumerate() {
+            mems.insert(Mem::Param(i as u32), Storage::new(b.param_numel, b.dtype)?);
+            mems.insert(Mem::Grad(i as u32), Storage::new(b.numel, layout.grad_dtype)?);
+        }
+        mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
+        mems.insert(Mem::Momentum, Storage::new(layout.momentum, Dtype::F32)?);
+        mems.insert(Mem::ExpAvg, Storage::new(layout.adam_moments, Dtype::F32)?);
+        mems.insert(Mem::ExpAvgSq, Storage::new(layout.adam_moments, Dtype::F32)?);
+        self.mems = mems;
+        self.mxfp8 = layout
+            .mxfp8
+            .iter()
+            .map(|t| {
+                let (rows, cols) = (t.rows, t.cols);
+                let bytes = |d| {
+                    let (r, c) = scale_shape(rows, cols, d);
+                    vec![0u8; r * c].into_boxed_slice()
+                };
+                let data = || vec![0u8; rows * cols].into_boxed_slice();
+                let parts = [data(), bytes(Direction::Rowwise), data(), bytes(Direction::Colwise)];
+                (t.param, Mxfp8Storage { rows, cols, parts })
+            })
+            .collect();
+        self.mxfp8_layout = layout.mxfp8_scale_layout;
+        self.workspace = MuonWorkspace::for_need(
+            layout.muon_work.matrix as usize,
+            layout.max_component,
+            self.muon_opts.ns.precision,
+            self.threads,
+        )?;
+        Ok(())
+    }
+
+    fn run_upload(&mut self, dst: Span, bits: &[u32]) -> Result<()> {
+        if bits.len() as u64 != dst.len {
+            bail!(Internal, "upload of {} values into {dst:?}", bits.len());
+        }
+        match self.resolve(dst)?.1 {
+            Dtype::F32 => {
+                for (d, &b) in unsafe { self.f32s(dst) }?.iter_mut().zip(bits) {
+                    *d = f32::from_bits(b);
+                }
+            }
+            Dtype::Bf16 => {
+                for (d, &b) in unsafe { self.u16s(dst) }?.iter_mut().zip(bits) {
+                    *d = f32_to_bf16_rne(f32::from_bits(b));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run_memset_zero(&mut self, span: Span) -> Result<()> {
+        let (ptr, dtype) = self.resolve(span)?;
+        // SAFETY: bounds checked by `resolve`.
+        unsafe { std::ptr::write_bytes(ptr, 0, span.len as usize * dtype.size()) };
+        Ok(())
+    }
+
+    fn run_cast(&mut self, src: Span, dst: Span) -> Result<()> {
+        if src.len != dst.len || src.mem == dst.mem {
+            bail!(
+                Internal,
+                "cast {src:?} -> {dst:?}: lengths differ or spans share memory"
+            );
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let values = self.read_as_f32(src, &mut scratch)?;
+        match self.resolve(dst)?.1 {
+            Dtype::F32 => unsafe { self.f32s(dst) }?.copy_from_slice(values),
+            Dtype::Bf16 => {
+                for (d, &v) in unsafe { self.u16s(dst) }?.iter_mut().zip(values) {
+                    *d = f32_to_bf16_rne(v);
+                }
+            }
+        }
+        self.scratch = scratch;
+        Ok(())
+    }
+
+    fn run_attach_init(&mut self, param: u32, dtype: Dtype, numel: u64, source: &InitSource) -> Result<()> {
+        let InitSource::Host(bytes) = source else {
+            bail!(Internal, "the host backend reads initial values from host memory")
+        };
+        if numel == 0 || bytes.len() as u64 != numel * dtype.size() as u64 {
+            bail!(
+                Internal,
+                "init of param {param}: {} bytes for {numel} values",
+                bytes.len()
+            );
+        }
+        let storage = Storage::new(numel, dtype)?;
+        // SAFETY: `storage` is a fresh allocation of exactly `bytes.len()` > 0 bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), storage.ptr, bytes.len()) };
+        self.mems.insert(Mem::Init(param), storage);
+        Ok(())
+    }
+
+    fn run_detach_init(&mut self, param: u32) -> Result<()> {
+        match self.mems.remove(&Mem::Init(param)) {
+            Some(_) => Ok(()),
+            None => bail!(Internal, "init of param {param} is not attached"),
+        }
+    }
+
+    fn run_squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut total = 0.0f64;
+        for span in counted {
+            total += squared_norm(self.read_as_f32(*span, &mut scratch)?);
+        }
+        for span in checked {
+            total += 0.0 * squared_norm(self.read_as_f32(*span, &mut scratch)?);
+        }
+        self.scratch = scratch;
+        self.scalars().values[Scalar::NormSq.slot()] = total;
+        Ok(())
+    }
+
+    fn run_gather_norm_sums(&mut self) -> Result<()> {
+        let comm = self.norm_group.clone().unwrap_or_else(|| self.comm.clone());
+        let scalars = self.scalars.clone();
+        let rank_sums = self.rank_sums.clone();
+        self.stream.enqueue(move || {
+            let local = scalars
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(Scalar::NormSq);
+            let bits = Self::host_comm(&comm).all_gather_u64(local.to_bits())?;
+            *rank_sums.lock().unwrap_or_else(PoisonError::into_inner) = bits.into_iter().map(f64::from_bits).collect();
+            Ok(())
+        })
+    }
+
+    fn run_finish_step(&mut self, constants: &StepConstants, terms: &[NormTerm]) -> Result<()> {
+        let gathered = terms
+            .iter()
+            .map(|term| {
+                let sums = match &term.sums {
+                    NormSums::Own => &self.rank_sums,
+                    NormSums::Host(sums) => sums,
+                    NormSums::Device(_) => bail!(
+                        CommMismatch,
+                        "step: a host optimizer cannot share a clip with a cuda optimizer's device norm"
+                    ),
+                };
+                Ok(sums.lock().unwrap_or_else(PoisonError::into_inner).clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let terms: Vec<GatheredSums> = gathered
+            .iter()
+            .zip(terms)
+            .map(|(rank_sums, term)| GatheredSums { rank_sums, dp: term.dp })
+            .collect();
+        let mut scalars = self.scalars();
+        let previous = scalars.get(Scalar::Step) as u64;
+        let s = step_scalars(
+            &terms,
+            self.comm.size(),
+            previous,
+            constants.clip_grad,
+            constants.beta1,
+            constants.beta2,
+        );
+        for (slot, value) in [
+            (Scalar::GradNorm, s.grad_norm),
+            (Scalar::ClipCoef, f64::from(s.clip_coef)),
+            (Scalar::GradScale, f64::from(s.grad_scale)),
+            (Scalar::Skip, f64::from(u8::from(s.skipped))),
+            (Scalar::Step, s.step as f64),
+            (Scalar::Bc1, f64::from(s.bc1)),
+            (Scalar::Bc2, f64::from(s.bc2)),
+        ] {
+            scalars.values[slot.slot()] = value;
+        }
+        Ok(())
+    }
+
+    fn run_set_step_args(&mut self, bits: [u32; 4]) -> Result<()> {
+        let mut scalars = self.scalars();
+        for (slot, value) in [Scalar::Lr, Scalar::WeightDecay, Scalar::AdamLr, Scalar::AdamWeightDecay]
+            .into_iter()
+            .zip(bits)
+        {
+            scalars.values[slot.slot()] = f64::from(f32::from_bits(value));
+        }
+        Ok(())
+    }
+
+    fn run_set_step_count(&mut self, step: u64) -> Result<()> {
+        self.scalars().values[Scalar::Step.slot()] = step as f64;
+        Ok(())
+    }
+
+    fn run_muon_update(&mut self, job: &MuonJob) -> Result<()> {
+        let tp_group = match (job.tp, &self.tp_group) {
+            (None, _) => None,
+            (Some(tp), Some(group)) => Some((tp, group.clone())),
+            (Some(_), None) => bail!(
+                InvalidState,
+                "muon_update: a tensor-parallel shard needs the TP group (muon_optimizer_set_tp_group)"
+            ),
+        };
+        let (args, skipped) = {
+            let s = self.scalars();
+            let args = MuonStepArgs {
+                lr: s.f32(Scalar::Lr),
+                weight_decay: s.f32(Scalar::WeightDecay),
+                scales: job.scales,
+                clip_coef: s.f32(Scalar::GradScale),
+            };
+            (args, s.get(Scalar::Skip) != 0.0)
+        };
+        if skipped && tp_group.is_none() {
+            return Ok(());
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut workspace = std::mem::take(&mut self.workspace);
+        let result = (|| {
+            let grad = self.read_as_f32(job.grad, &mut scratch)?;
+            let master = unsafe { self.f32s(job.master) }?;
+            let momentum = unsafe { self.f32s(job.momentum) }?;
+            let shape = MuonShape {
+                rows: job.rows,
+                cols: job.cols,
+                split_rows: &job.split_rows,
+                split_groups: job.split_groups,
+            };
+            let Some((tp, group)) = &tp_group else {
+                return muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace);
+            };
+            let mut gather = |shard: &[f32]| Self::gather_tp(group, shard);
+            let mut shard = TpShard {
+                job: *tp,
+                ranks: group.size(),
+                rank: group.rank(),
+                gather: &mut gather,
+            };
+            // A skipped step changes no state, yet the TP peers gather whatever this rank
+            // does: the update runs on copies, so every collective of it is joined.
+            let (mut master_copy, mut momentum_copy);
+            let (master, momentum) = if skipped {
+                (master_copy, momentum_copy) = (master.to_vec(), momentum.to_vec());
+                (&mut master_copy[..], &mut momentum_copy[..])
+            } else {
+                (master, momentum)
+            };
+            muon_update_sharded(
+                master,
+                momentum,
+                grad,
+                &shape,
+                &args,
+                &self.muon_opts,
+                &mut workspace,
+                Some(&mut shard),
+            )
+        })();
+        self.scratch = scratch;
+        self.workspace = workspace;
+        result
+    }
+
+    fn run_adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
+        let args = {
+            let s = self.scalars();
+            if s.get(Scalar::Skip) != 0.0 {
+                return Ok(());
+            }
+            AdamWArgs {
+                lr: s.f32(Scalar::AdamLr),
+                weight_decay: s.f32(Scalar::AdamWeightDecay),
+                scales: job.args.scales,
+                beta1: job.args.beta1,
+                beta2: job.args.beta2,
+                eps: job.args.eps,
+                step: s.get(Scalar::Step) as u64,
+                clip_coef: s.f32(Scalar::GradScale),
+            }
+        };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = (|| {
+            let grad = self.read_as_f32(job.grad, &mut scratch)?;
+            let master = unsafe { self.f32s(job.master) }?;
+            let m = unsafe { self.f32s(job.exp_avg) }?;
+            let v = unsafe { self.f32s(job.exp_avg_sq) }?;
+            adamw_update(master, m, v, grad, &args)
+        })();
+        self.scratch = scratch;
+        result
+    }
+
+    fn run_record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.event(event);
+        match stream {
+            StreamKind::Compute => self.events[event.0].record_on_compute(),
+            StreamKind::Comm => self.stream.record_on_comm(&self.events[event.0]),
+        }
+        Ok(())
+    }
+
+    fn run_wait(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
+        self.event(event);
+        match stream {
+            StreamKind::Compute => self.events[event.0].synchronize(),
+            StreamKind::Comm => self.stream.comm_wait_event(&self.events[event.0]),
+        }
+    }
+
+    fn run_collectives(&mut self, ops: &[CollOp]) -> Result<()> {
+        let group = ops
+            .iter()
+            .map(|op| self.to_collective(op))
+            .collect::<Result<Vec<_>>>()?;
+        let comm = self.comm.clone();
+        self.stream.enqueue(move || Self::host_comm(&comm).group(&group))
+    }
+
+    fn run_mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {
+        let Some(storage) = self.mxfp8.get_mut(&param) else {
+            bail!(Internal, "param {param} has no MXFP8 storage")
+        };
+        let (rows, cols, layout) = (storage.rows, storage.cols, self.mxfp8_layout);
+        let target = Mxfp8Target {
+            parts: storage.parts.each_mut().map(|p| (p.as_mut_ptr(), p.len())),
+        };
+        if src.len as usize != rows * cols {
+            bail!(Internal, "mxfp8_quantize: {src:?} does not hold {rows}x{cols} values");
+        }
+        let region = self.region(src)?;
+        if region.dtype() != Dtype::Bf16 {
+            bail!(Internal, "mxfp8_quantize: {src:?} is not bf16");
+        }
+        let run = move || {
+            // SAFETY: the region and the target are live (field order) and ordered by events.
+            let values = unsafe { std::slice::from_raw_parts(region.as_ptr().cast::<u16>(), region.len()) };
+            unsafe { target.quantize(values, rows, cols, layout) }
+        };
+        match stream {
+            StreamKind::Compute => run(),
+            StreamKind::Comm => self.stream.enqueue(run),
+        }
+    }
+}
