@@ -28,6 +28,7 @@ mod fast;
 mod pass;
 mod quantize;
 mod scalar;
+mod stream;
 
 pub use dequantize::{dequantize_colwise, dequantize_rowwise};
 pub use quantize::{quantize, quantize_both, quantize_colwise, quantize_rowwise};

@@ -6,7 +6,7 @@
 //! when its scale is needed.
 
 use super::fast::{Element, FAST_MIN_SCALE};
-use super::scalar::{BLOCK_SIZE, e8m0_from_amax};
+use super::scalar::BLOCK_SIZE;
 
 /// The amax key of `x`, ignoring NaN (docs/mxfp8.md §7).
 #[inline(always)]
@@ -42,14 +42,14 @@ pub(super) fn scale_bytes<E: Element>(
     let (b, drop) = (&mut b[..n], &mut drop[..n]);
     let mut all_fast = true;
     for i in 0..n {
-        b[i] = e8m0_from_amax(E::key_to_f32(raw[i]));
+        b[i] = E::scale_byte(raw[i]);
         drop[i] = E::fast_drop(b[i]);
         all_fast &= is_fast::<E>(raw[i], b[i]);
     }
     if !all_fast {
         for i in 0..n {
             if raw[i] >= E::NON_FINITE {
-                b[i] = e8m0_from_amax(E::key_to_f32(nan_free(i)));
+                b[i] = E::scale_byte(nan_free(i));
             }
         }
     }

@@ -27,7 +27,7 @@
 //! encodes as ±0 in both computations. This module's tests compare it with the exact path
 //! for every bf16 input and every scale byte it can be used with.
 
-use super::scalar::bf16_bits_to_f32;
+use super::scalar::{bf16_bits_to_f32, e8m0_from_amax};
 
 /// The smallest scale byte whose blocks may take the fast path (with no NaN or ±∞ present):
 /// `b >= 11` means `k = 127 - b <= 116`.
@@ -70,8 +70,9 @@ pub(super) trait Element: Copy {
     /// the bytes per segment and is served well by the hardware prefetchers.
     const PREFETCH: bool;
     fn raw_key(self) -> Self::Key;
-    /// The f32 magnitude a key stands for.
-    fn key_to_f32(key: Self::Key) -> f32;
+    /// The scale byte of a block with amax key `key`: `e8m0_from_amax` of the value it stands
+    /// for.
+    fn scale_byte(key: Self::Key) -> u8;
     /// Exact conversion to f32.
     fn to_f32(self) -> f32;
     /// The fast-path constant `drop = 960 - 8k` of scale byte `b` (meaningful for
@@ -110,9 +111,20 @@ impl Element for u16 {
         self & 0x7FFF
     }
 
+    /// `e8m0_from_amax` is `max(0, be - 8 + (mf > 0x600000))` for a normal amax with biased
+    /// exponent `be` and f32 mantissa field `mf`, and 0 for a subnormal or zero one (its
+    /// exception has nonzero low 16 bits, so it is not a bf16 value). For bf16,
+    /// `mf > 0x600000` is `key & 0x7F > 0x60`, so `(key + 0x1F) >> 7` is `be` plus that bump,
+    /// and a subnormal or zero key (`be = 0`) gives at most 1, below the 8 subtracted. ±∞ gives
+    /// 0xFE and NaN 0xFF, as in `float_to_e8m0`.
     #[inline(always)]
-    fn key_to_f32(key: u16) -> f32 {
-        bf16_bits_to_f32(key)
+    fn scale_byte(key: u16) -> u8 {
+        let finite = (((key + 0x1F) >> 7).max(8) - 8) as u8;
+        match key {
+            0x7F80 => 0xFE,
+            0x7F81.. => 0xFF,
+            _ => finite,
+        }
     }
 
     #[inline(always)]
@@ -171,8 +183,8 @@ impl Element for f32 {
     }
 
     #[inline(always)]
-    fn key_to_f32(key: u32) -> f32 {
-        f32::from_bits(key)
+    fn scale_byte(key: u32) -> u8 {
+        e8m0_from_amax(f32::from_bits(key))
     }
 
     #[inline(always)]
@@ -236,6 +248,14 @@ mod tests {
             assert_eq!(common, full, "common formula, b={b}");
         }
         full
+    }
+
+    #[test]
+    fn bf16_scale_byte_equals_e8m0_from_amax_for_every_key() {
+        for key in 0..=0x7FFF {
+            let want = e8m0_from_amax(bf16_bits_to_f32(key));
+            assert_eq!(<u16 as Element>::scale_byte(key), want, "key={key:#06x}");
+        }
     }
 
     #[test]

@@ -10,10 +10,11 @@ use super::encode::{
 use super::fast::Element;
 use super::quantize::Target;
 use super::scalar::{BLOCK_SIZE, scale_inv};
+use super::stream::{Staged, Streaming};
 
 /// Columns per segment of a row: the unit of interleaving, and 32 rowwise blocks, whose amaxes
 /// `amax_row` reduces together.
-const SEGMENT: usize = BLOCK_SIZE * BLOCK_SIZE;
+pub(super) const SEGMENT: usize = BLOCK_SIZE * BLOCK_SIZE;
 
 /// How many rows past the row whose amaxes are being taken the input is prefetched (see
 /// [`Element::PREFETCH`]).
@@ -174,18 +175,21 @@ pub(super) struct Pass<'a, 'r, 'c, E: Element> {
     colwise: Option<&'a mut Target<'c>>,
     s: Scratch<E>,
     checks: Checks,
+    /// With streaming stores, the buffer each segment is encoded into first.
+    stream: Option<(Streaming, Box<Staged>)>,
 }
 
 impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
     /// The loop nest for the requested copies, whose buffers have been checked; `None` when
-    /// there is nothing to do.
+    /// there is nothing to do. With `stream` given, a call producing only the columnwise copy
+    /// writes its data with streaming stores.
     #[inline(always)]
     pub(super) fn new(
         x: &'a [E],
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         rowwise: Option<&'a mut Target<'r>>,
         colwise: Option<&'a mut Target<'c>>,
+        stream: Option<Streaming>,
     ) -> Option<Self> {
         let wanted = Wanted::of(rowwise.is_some(), colwise.is_some())?;
         (rows > 0 && cols > 0).then(|| Pass {
@@ -196,6 +200,10 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
             colwise,
             s: Scratch::new(cols),
             checks: Checks::default(),
+            // Measured with `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096, bf16): streaming
+            // stores speed up the columnwise copy alone by about 20 %, but slow down the
+            // rowwise copy alone slightly and both copies together by about 40 %.
+            stream: stream.filter(|_| wanted == Wanted::Colwise).map(|s| (s, Staged::new())),
         })
     }
 
@@ -207,6 +215,9 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
             let fast = self.scale_strip(strip);
             self.encode_strip(strip, fast);
             std::mem::swap(&mut self.s.amax, &mut self.s.next_amax);
+        }
+        if let Some((stream, _)) = self.stream {
+            stream.fence();
         }
     }
 
@@ -321,40 +332,68 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
         }
     }
 
-    /// Encodes segment `seg` of row `r`, row `i` of its strip, into the requested copies.
+    /// Encodes segment `seg` of row `r`, row `i` of its strip, into the requested copies:
+    /// directly, or through the staging buffer with streaming stores.
     #[inline(always)]
     fn encode_segment(&mut self, r: usize, i: usize, seg: usize, fast: FastStrip) {
         let (span, blocks) = self.grid.segment(seg);
         let src = &self.row(r)[span.clone()];
         let at = self.grid.at(r, &span);
-        let s = &self.s;
-        let row_block = i * self.grid.blocks_per_row + blocks.start..i * self.grid.blocks_per_row + blocks.end;
-        let row_drop = &s.row_drop[row_block.clone()];
-        let col_drop = &s.col_drop[span.clone()];
-        if let (Some(rt), Some(ct), true, true) = (
-            self.rowwise.as_deref_mut(),
-            self.colwise.as_deref_mut(),
-            fast.rows,
-            fast.cols,
-        ) {
-            let (row, col) = ((row_drop, &mut rt.data[at.clone()]), (col_drop, &mut ct.data[at]));
-            return encode_both_fast(src, row, col, &mut self.checks);
+        let nbc = self.grid.blocks_per_row;
+        let row_block = i * nbc + blocks.start..i * nbc + blocks.end;
+        let rowwise = self.rowwise.as_deref_mut().map(|t| &mut t.data[at.clone()]);
+        let colwise = self.colwise.as_deref_mut().map(|t| &mut t.data[at]);
+        let Some((stream, staged)) = &mut self.stream else {
+            return self
+                .s
+                .encode(src, (row_block, span), fast, &mut self.checks, (rowwise, colwise));
+        };
+        let n = src.len();
+        let row_buf = rowwise.is_some().then_some(&mut staged.row[..n]);
+        let col_buf = colwise.is_some().then_some(&mut staged.col[..n]);
+        self.s
+            .encode(src, (row_block, span), fast, &mut self.checks, (row_buf, col_buf));
+        for (dst, buf) in [(rowwise, &staged.row), (colwise, &staged.col)] {
+            if let Some(dst) = dst {
+                stream.copy(dst, &buf[..n]);
+            }
         }
-        if let Some(t) = self.rowwise.as_deref_mut() {
-            let dst = &mut t.data[at.clone()];
+    }
+}
+
+impl<E: Element> Scratch<E> {
+    /// Encodes the row segment `src`, columns `span` of row `i` of the strip (rowwise blocks
+    /// `row_block` of the strip's list), into `row` and `col`, those of the requested copies.
+    #[inline(always)]
+    fn encode(
+        &self,
+        src: &[E],
+        (row_block, span): (Range<usize>, Range<usize>),
+        fast: FastStrip,
+        checks: &mut Checks,
+        (row, col): (Option<&mut [u8]>, Option<&mut [u8]>),
+    ) {
+        let row_drop = &self.row_drop[row_block.clone()];
+        let col_drop = &self.col_drop[span.clone()];
+        let (row, col) = match (row, col, fast.rows, fast.cols) {
+            (Some(rd), Some(cd), true, true) => {
+                return encode_both_fast(src, (row_drop, rd), (col_drop, cd), checks);
+            }
+            copies => (copies.0, copies.1),
+        };
+        if let Some(dst) = row {
             if fast.rows {
-                encode_rows_fast(src, row_drop, dst, &mut self.checks.rows);
+                encode_rows_fast(src, row_drop, dst, &mut checks.rows);
             } else {
-                let (raw, b) = (&s.amax.row[row_block.clone()], &s.row_b[row_block]);
+                let (raw, b) = (&self.amax.row[row_block.clone()], &self.row_b[row_block]);
                 encode_rows_mixed(src, raw, b, row_drop, dst);
             }
         }
-        if let Some(t) = self.colwise.as_deref_mut() {
-            let dst = &mut t.data[at];
+        if let Some(dst) = col {
             if fast.cols {
-                encode_cols_fast(src, col_drop, dst, &mut self.checks.cols);
+                encode_cols_fast(src, col_drop, dst, &mut checks.cols);
             } else {
-                encode_cols_exact(src, &s.col_scale_inv[span], dst);
+                encode_cols_exact(src, &self.col_scale_inv[span], dst);
             }
         }
     }

@@ -14,6 +14,7 @@
 
 use super::fast::Element;
 use super::pass::Pass;
+use super::stream::Streaming;
 use super::{Direction, Input, QuantizedMut, ScaleLayout, ScaleMap, check_len, element_count, scale_shape};
 use crate::error::Result;
 
@@ -177,10 +178,10 @@ fn quantize_dispatch<E: Element>(
             return unsafe { quantize_avx2(x, rows, cols, rowwise, colwise) };
         }
     }
-    quantize_impl(x, rows, cols, rowwise, colwise)
+    quantize_impl(x, rows, cols, rowwise, colwise, None)
 }
 
-/// [`quantize_impl`] compiled with AVX-512 (F, BW, VL).
+/// [`quantize_impl`] compiled with AVX-512 (F, BW, VL), with streaming stores (`stream.rs`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
 fn quantize_avx512<E: Element>(
@@ -190,7 +191,7 @@ fn quantize_avx512<E: Element>(
     rowwise: Option<&mut Target<'_>>,
     colwise: Option<&mut Target<'_>>,
 ) {
-    quantize_impl(x, rows, cols, rowwise, colwise)
+    quantize_impl(x, rows, cols, rowwise, colwise, Streaming::detect())
 }
 
 /// [`quantize_impl`] compiled with AVX2.
@@ -203,11 +204,11 @@ fn quantize_avx2<E: Element>(
     rowwise: Option<&mut Target<'_>>,
     colwise: Option<&mut Target<'_>>,
 ) {
-    quantize_impl(x, rows, cols, rowwise, colwise)
+    quantize_impl(x, rows, cols, rowwise, colwise, None)
 }
 
 /// The quantization loop nest (see the module documentation) for the requested copies, whose
-/// buffers have been checked.
+/// buffers have been checked, with streaming stores if `stream` is given.
 #[inline(always)]
 fn quantize_impl<E: Element>(
     x: &[E],
@@ -215,8 +216,9 @@ fn quantize_impl<E: Element>(
     cols: usize,
     rowwise: Option<&mut Target<'_>>,
     colwise: Option<&mut Target<'_>>,
+    stream: Option<Streaming>,
 ) {
-    if let Some(pass) = Pass::new(x, rows, cols, rowwise, colwise) {
+    if let Some(pass) = Pass::new(x, (rows, cols), rowwise, colwise, stream) {
         pass.run();
     }
 }
@@ -269,7 +271,7 @@ mod tests {
         let mut col = Target::new(q(cd, csc), rows, cols, Direction::Colwise, layout);
         let (row, col) = (Some(&mut row), Some(&mut col));
         match variant {
-            Variant::Portable => quantize_impl(x, rows, cols, row, col),
+            Variant::Portable => quantize_impl(x, rows, cols, row, col, None),
             // SAFETY: `variants` lists these only when the CPU supports them.
             #[cfg(target_arch = "x86_64")]
             Variant::Avx2 => unsafe { quantize_avx2(x, rows, cols, row, col) },
