@@ -333,6 +333,9 @@ public:
         return info;
     }
     void synchronize() { check(muon_optimizer_synchronize(handle_)); }
+    /// Orders the caller's stream after the library's queued communication (no host wait);
+    /// the last call of an iteration captured in a CUDA graph (see muon_optimizer_join).
+    void join() { check(muon_optimizer_join(handle_)); }
 
     /// Collective: every rank saves its optimizer state into checkpoint directory @p dir
     /// (same path on every rank; replaced atomically). Host-synchronizing.

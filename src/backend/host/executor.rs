@@ -1,6 +1,6 @@
 //! The host backend: the schedule's operations on host memory. Compute-stream operations run
 //! on the calling thread; collectives run on the rank's [`HostStream`] worker over a
-//! [`HostComm`]. The commands are in [`commands`].
+//! [`HostComm`]. The commands are in `executor/commands.rs`.
 
 mod commands;
 
