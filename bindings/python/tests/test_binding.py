@@ -341,7 +341,7 @@ class Library(unittest.TestCase):
             self.assertIs(ctx.exception.status, mo.Status.INVALID_STATE)
             self.assertIn("muon_optimizer_set_tp_group", str(ctx.exception))
 
-    def test_steps_with_set_arguments_match_steps_with_arguments_bitwise(self):
+    def test_steps_with_set_arguments_and_joins_match_steps_with_arguments_bitwise(self):
         def run(preset):
             with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
                 views = register(opt)
@@ -359,6 +359,7 @@ class Library(unittest.TestCase):
                         opt.grad_ready(p)
                     if preset:
                         self.assertEqual(opt.step().step, step + 1)
+                        opt.join()  # the capture form ends each iteration with a join
                     else:
                         opt.step(lr=0.02, adam_lr=0.01, weight_decay=0.1, adam_weight_decay=0.01)
                 return snapshot(opt, views)
