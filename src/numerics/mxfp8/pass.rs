@@ -175,7 +175,8 @@ pub(super) struct Pass<'a, 'r, 'c, E: Element> {
     colwise: Option<&'a mut Target<'c>>,
     s: Scratch<E>,
     checks: Checks,
-    /// With streaming stores, the buffer each segment is encoded into first.
+    /// With streaming stores, the buffer each segment of the columnwise copy is encoded into
+    /// first (the rowwise copy is always written directly).
     stream: Option<(Streaming, Box<Staged>)>,
 }
 
@@ -202,8 +203,12 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
             checks: Checks::default(),
             // Measured with `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096, bf16): streaming
             // stores speed up the columnwise copy alone by about 20 %, but slow down the
-            // rowwise copy alone slightly and both copies together by about 40 %.
-            stream: stream.filter(|_| wanted == Wanted::Colwise).map(|s| (s, Staged::new())),
+            // rowwise copy alone slightly, and a call producing both copies by about 40 % when
+            // both stream; streaming its columnwise copy only is faster for bf16, slower for
+            // f32 (see `Element::STREAM_BOTH`).
+            stream: stream
+                .filter(|_| wanted == Wanted::Colwise || (wanted == Wanted::Both && E::STREAM_BOTH))
+                .map(|s| (s, Staged::new())),
         })
     }
 
@@ -333,7 +338,7 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
     }
 
     /// Encodes segment `seg` of row `r`, row `i` of its strip, into the requested copies:
-    /// directly, or through the staging buffer with streaming stores.
+    /// directly, or the columnwise one through the staging buffer with streaming stores.
     #[inline(always)]
     fn encode_segment(&mut self, r: usize, i: usize, seg: usize, fast: FastStrip) {
         let (span, blocks) = self.grid.segment(seg);
@@ -349,14 +354,11 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
                 .encode(src, (row_block, span), fast, &mut self.checks, (rowwise, colwise));
         };
         let n = src.len();
-        let row_buf = rowwise.is_some().then_some(&mut staged.row[..n]);
         let col_buf = colwise.is_some().then_some(&mut staged.col[..n]);
         self.s
-            .encode(src, (row_block, span), fast, &mut self.checks, (row_buf, col_buf));
-        for (dst, buf) in [(rowwise, &staged.row), (colwise, &staged.col)] {
-            if let Some(dst) = dst {
-                stream.copy(dst, &buf[..n]);
-            }
+            .encode(src, (row_block, span), fast, &mut self.checks, (rowwise, col_buf));
+        if let Some(dst) = colwise {
+            stream.copy(dst, &staged.col[..n]);
         }
     }
 }

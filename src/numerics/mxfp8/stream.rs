@@ -4,27 +4,37 @@
 //! ownership) and later written back. Streaming stores covering a whole 64-byte line (two
 //! `_mm256_stream_si256`, VMOVNTDQ in the Intel Intrinsics Guide, combined in a write-combining
 //! buffer) write the line without reading it. (The 64-byte `_mm512_stream_si512` is stable
-//! only from Rust 1.89, after this crate's minimum version.) The loop nest encodes a segment into a buffer that stays in L1 ([`Staged`]) and
-//! copies it out with [`Streaming::copy`]; partial lines at either end of the copy use ordinary
+//! only from Rust 1.89, after this crate's minimum version.) The loop nest encodes a segment of
+//! the columnwise copy into a buffer that stays in L1 ([`Staged`]) and copies it out with
+//! [`Streaming::copy`]; partial lines at either end of the copy use ordinary
 //! stores. Streaming stores are weakly ordered: [`Streaming::fence`] (`_mm_sfence`, SFENCE)
 //! orders them before the stores that follow it, and the loop nest runs it before returning.
-//! Which calls stream is decided in `pass.rs`, from measurements.
+//! Which calls stream is decided in `pass.rs` and by `Element::STREAM_BOTH`, from measurements.
 
 use super::pass::SEGMENT;
 
 /// Bytes per cache line, the unit of a streaming store.
 const LINE: usize = 64;
 
-/// A segment of encoded data per copy.
+/// A segment of encoded data of the columnwise copy, the only one written with streaming
+/// stores, at page offset [`SEGMENT`].
+///
+/// The page offset matters: measured with `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096 bf16,
+/// input and outputs at page offset 16), both copies take about 2.4 ms with the buffer at page
+/// offset 64, 560, 1024 or 2048, but about 2.55 ms at offset 0, 2.9 ms at offset 3072 and
+/// 2.9 ms where the allocator happened to place it (presumably cache-set conflicts or
+/// 4K aliasing with the rows of the input and the outputs). 1024 lies between good offsets.
+#[repr(C, align(4096))]
 pub(super) struct Staged {
-    pub(super) row: [u8; SEGMENT],
+    /// Padding that puts `col` at page offset [`SEGMENT`].
+    _lead: [u8; SEGMENT],
     pub(super) col: [u8; SEGMENT],
 }
 
 impl Staged {
     pub(super) fn new() -> Box<Self> {
         Box::new(Staged {
-            row: [0; SEGMENT],
+            _lead: [0; SEGMENT],
             col: [0; SEGMENT],
         })
     }
