@@ -12,13 +12,17 @@ use std::sync::{Arc, Mutex};
 
 use muon_opt::backend::cuda::capture::check_capture;
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
+use muon_opt::backend::host::comm::{HostComm, HostGroup};
+use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::Op;
 use muon_opt::backend::recording::Recording;
-use muon_opt::config::{Config, Dtype, MuonLayout};
+use muon_opt::comm::{Communicator, Transport};
+use muon_opt::config::{CommMode, Config, Dtype, MuonLayout};
 use muon_opt::error::Result;
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::schedule::Runtime;
-use support::cuda::{cuda_model, host_backend, runtime};
+use support::cuda::{cuda_model, runtime};
+use support::ranks::{TIMEOUT, on_ranks};
 use support::training::{ARGS, bits, rank_grad};
 
 type Dry = Arc<Mutex<DryRun>>;
@@ -58,10 +62,10 @@ fn configs() -> Vec<(&'static str, Config)> {
 
 /// Backward: every param's gradient written in place (the framework's kernels, no op of
 /// ours), then `grad_ready`, in reverse registration order.
-fn backward(rt: &mut Runtime, step: u64) {
+fn backward(rt: &mut Runtime, rank: usize, step: u64) {
     for p in (0..rt.plan().params.len()).rev() {
         let n = rt.plan().params[p].numel as usize;
-        let grad = rank_grad(step, 0, p, &vec![0.5; n]);
+        let grad = rank_grad(step, rank, p, &vec![0.5; n]);
         let ptr = rt.address(p, true).cast::<f32>();
         // SAFETY: the host backend's f32 grad view of param p holds n values.
         unsafe { std::slice::from_raw_parts_mut(ptr, n) }.copy_from_slice(&grad);
@@ -70,13 +74,13 @@ fn backward(rt: &mut Runtime, step: u64) {
 }
 
 /// The iteration as captured: the step first, then the next forward and backward.
-fn region(rt: &mut Runtime, step: u64, join: bool) {
+fn region(rt: &mut Runtime, rank: usize, step: u64, join: bool) {
     rt.step(None).unwrap();
     rt.zero_grad().unwrap();
     for b in 0..rt.plan().buckets.len() as u32 {
         rt.wait_params(b).unwrap();
     }
-    backward(rt, step);
+    backward(rt, rank, step);
     if join {
         rt.join().unwrap();
     }
@@ -96,15 +100,24 @@ fn since(dry: &Dry, mark: usize) -> (Vec<Op>, Vec<muon_opt::backend::cuda::actio
     (ops, actions)
 }
 
-fn setup(cfg: &Config) -> (Runtime, Dry) {
-    let dry = Arc::new(Mutex::new(DryRun::new(0, 1, MuonOptions::from_config(cfg))));
-    let backend = Recording::new(host_backend(cfg), dry.clone());
-    let mut rt = runtime(cfg, &cuda_model(), 0, 1, Box::new(backend));
+/// Rank `rank` of `comm`'s group after one eager backward and a join, recording into a dry
+/// run. Lazy comm: a wait the schedule leaves out reads stale data deterministically.
+fn setup_rank(cfg: &Config, rank: usize, comm: HostComm) -> (Runtime, Dry) {
+    let dp = comm.size();
+    let dry = Arc::new(Mutex::new(DryRun::new(rank, dp, MuonOptions::from_config(cfg))));
+    let comm = Communicator::new(Transport::Host(comm));
+    let host = HostBackend::new(comm, CommMode::Lazy, MuonOptions::from_config(cfg)).unwrap();
+    let backend = Recording::new(host, dry.clone());
+    let mut rt = runtime(cfg, &cuda_model(), rank, dp, Box::new(backend));
     rt.set_step_args(&ARGS).unwrap();
     rt.zero_grad().unwrap();
-    backward(&mut rt, 0);
+    backward(&mut rt, rank, 0);
     rt.join().unwrap();
     (rt, dry)
+}
+
+fn setup(cfg: &Config) -> (Runtime, Dry) {
+    setup_rank(cfg, 0, HostGroup::new(1, TIMEOUT).remove(0))
 }
 
 fn log_len(dry: &Dry) -> usize {
@@ -118,7 +131,7 @@ fn a_joined_iteration_is_capturable_and_replays_the_same_operations() {
         let mut regions = Vec::new();
         for step in 1..=3 {
             let mark = log_len(&dry);
-            region(&mut rt, step, true);
+            region(&mut rt, 0, step, true);
             let (ops, actions) = since(&dry, mark);
             let checked: Result<()> = check_capture(&actions);
             assert!(checked.is_ok(), "{label}, step {step}: {}", checked.unwrap_err());
@@ -138,16 +151,16 @@ fn a_joined_iteration_is_capturable_and_replays_the_same_operations() {
 
 /// With gradient collectives overlapping the backward, the region ends with comm work that
 /// only the join brings back; without overlap the step issues them itself and waits for the
-/// param collectives, so the region is joined anyway (and the join issues nothing).
+/// param collectives, so the region is joined anyway.
 #[test]
 fn without_the_join_the_region_is_unjoined_and_the_next_depends_on_uncaptured_work() {
     for (label, cfg) in configs() {
         let (mut rt, dry) = setup(&cfg);
         let mark = log_len(&dry);
-        region(&mut rt, 1, false);
+        region(&mut rt, 0, 1, false);
         let unjoined = check_capture(&since(&dry, mark).1);
         let mark = log_len(&dry);
-        region(&mut rt, 2, true);
+        region(&mut rt, 0, 2, true);
         let next = check_capture(&since(&dry, mark).1);
         if cfg.overlap_grad_reduce {
             let err = unjoined.unwrap_err().to_string();
@@ -160,18 +173,23 @@ fn without_the_join_the_region_is_unjoined_and_the_next_depends_on_uncaptured_wo
     }
 }
 
+/// On two ranks (so a collective changes data and a left-out wait would read stale sums or
+/// params), with joins and without, rank 0's params agree bit for bit.
 #[test]
 fn the_captured_order_changes_no_bits() {
     for (label, cfg) in configs() {
         let run = |join: bool| -> Vec<Vec<u32>> {
-            let (mut rt, _dry) = setup(&cfg);
-            for step in 1..=3 {
-                region(&mut rt, step, join);
-            }
-            rt.synchronize().unwrap();
-            (0..rt.plan().params.len())
-                .map(|p| bits(&rt.param_values(p).unwrap()))
-                .collect()
+            let params = on_ranks(HostGroup::new(2, TIMEOUT), |rank, comm| {
+                let (mut rt, _dry) = setup_rank(&cfg, rank, comm);
+                for step in 1..=3 {
+                    region(&mut rt, rank, step, join);
+                }
+                rt.synchronize().unwrap();
+                (0..rt.plan().params.len())
+                    .map(|p| bits(&rt.param_values(p).unwrap()))
+                    .collect::<Vec<_>>()
+            });
+            params.into_iter().next().unwrap()
         };
         assert!(run(true) == run(false), "{label}: joins changed the params");
     }

@@ -12,7 +12,7 @@ use muon_opt::backend::cuda::action::{Action, Arg, Buf, DevPtr, Kernel};
 use muon_opt::backend::cuda::dry_run::VirtualMemory;
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
-use muon_opt::backend::ops::{InitAt, InitValues};
+use muon_opt::backend::ops::{InitAt, InitValues, StreamKind};
 use muon_opt::config::{Config, Dtype};
 use muon_opt::error::Result;
 use muon_opt::model::Registry;
@@ -81,8 +81,9 @@ fn finalize_casts_device_copies_in_place_and_uploads_no_model_bytes() {
             })
         })
         .unwrap();
+        // What finalize issued, without the synchronize of the runtime's drop.
+        let actions = actions.lock().unwrap().clone();
         drop(rt);
-        let actions = actions.lock().unwrap();
         let uploaded: usize = actions
             .iter()
             .map(|a| match a {
@@ -104,6 +105,7 @@ fn finalize_casts_device_copies_in_place_and_uploads_no_model_bytes() {
                 reads.entry(p).or_default().push((i, src - at(p), bytes));
             }
         }
+        let first_reads: Vec<usize> = (0..specs.len()).map(|p| reads[&p][0].0).collect();
         for (p, spec) in specs.iter().enumerate() {
             let whole = spec.numel() * 2;
             let label = format!("gather {gather}, param {p} ({})", spec.name);
@@ -122,9 +124,14 @@ fn finalize_casts_device_copies_in_place_and_uploads_no_model_bytes() {
                 next += bytes;
             }
             assert_eq!(next, whole, "{label}: master reads cover the copy");
+            // Detached (and so freeable) only after the host waited for the compute stream,
+            // before the next param's values are read.
             let last = got.iter().map(|&(i, _, _)| i).max().unwrap();
+            let next_param = first_reads.get(p + 1).copied().unwrap_or(actions.len());
             assert!(
-                actions[last + 1..].iter().any(|a| matches!(a, Action::Synchronize(_))),
+                actions[last + 1..next_param]
+                    .iter()
+                    .any(|a| matches!(a, Action::Synchronize(StreamKind::Compute))),
                 "{label}: the host waits for the reads before the copy is freed"
             );
         }

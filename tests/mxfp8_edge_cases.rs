@@ -9,11 +9,12 @@
 
 mod support;
 
+use muon_opt::numerics::bf16::bf16_to_f32;
 use muon_opt::numerics::mxfp8::{
     Direction, Output, ScaleLayout, dequantize_colwise, dequantize_rowwise, scale_index, scale_shape,
     swizzled_scale_index,
 };
-use support::mxfp8::{DIRECTIONS, LAYOUTS, bf16_to_f32, run_all};
+use support::mxfp8::{DIRECTIONS, LAYOUTS, run_all};
 
 /// Where a test block sits: block 1 of row/column 2 of a 3-wide matrix.
 const LINE: usize = 2;

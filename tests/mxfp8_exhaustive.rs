@@ -4,11 +4,12 @@
 
 mod support;
 
+use muon_opt::numerics::bf16::bf16_to_f32;
 use muon_opt::numerics::mxfp8::{
     Direction, E4M3_MAX, E4M3_NAN, Input, MAX_NORM_RCP, ScaleLayout, e4m3_to_f32, e8m0_from_amax, f32_to_e4m3,
     float_to_e8m0, scale, scale_index, scale_inv, scale_shape, swizzled_scale_index,
 };
-use support::mxfp8::{DIRECTIONS, E4m3Reference, bf16_to_f32, run_single};
+use support::mxfp8::{DIRECTIONS, E4m3Reference, run_single};
 
 /// Scale bytes used with every bf16 input: both ends, the fast-path threshold and its
 /// neighbour, common values, the largest finite-amax scale (0xF7) and the specials.

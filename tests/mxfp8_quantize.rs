@@ -5,11 +5,12 @@
 mod support;
 
 use muon_opt::error::ErrorKind;
+use muon_opt::numerics::bf16::bf16_to_f32;
 use muon_opt::numerics::mxfp8::{
     Direction, Input, Output, QuantizedMut, ScaleLayout, dequantize_colwise, dequantize_rowwise, e4m3_to_f32, quantize,
     quantize_rowwise, scale, scale_index, scale_shape,
 };
-use support::mxfp8::{DIRECTIONS, LAYOUTS, Quantized, bf16_to_f32, reference_quantize, run_both, run_single};
+use support::mxfp8::{DIRECTIONS, LAYOUTS, Quantized, reference_quantize, run_both, run_single};
 use support::rng::Rng;
 
 /// Value mixes. Each returns bf16 bits; the f32 input is their exact upcast.

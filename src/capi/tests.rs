@@ -647,47 +647,57 @@ fn optimizers_step_shares_one_norm() {
     teardown(comm_b, b);
 }
 
-/// The state an optimizer starts from: every param's model-dtype values and every owned
-/// master, as bits.
-fn initial_state(opt: *mut muon_optimizer_t) -> Vec<Vec<u32>> {
-    let mut state = Vec::new();
+/// The state an optimizer starts from, as bits: every param's model-dtype values, then every
+/// owned master as (param, its values' range in the param, values).
+type InitialState = (Vec<Vec<u32>>, Vec<(u32, std::ops::Range<usize>, Vec<u32>)>);
+
+fn initial_state(opt: *mut muon_optimizer_t) -> InitialState {
+    let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let (mut params, mut masters) = (Vec::new(), Vec::new());
     let status = crate::capi::handle::with_mut::<crate::optimizer::Optimizer>("test", opt, "opt", |o| {
         let rt = o.runtime_mut("test")?;
         for p in 0..rt.plan().params.len() {
-            state.push(rt.param_values(p)?.iter().map(|v| v.to_bits()).collect());
+            params.push(bits(rt.param_values(p)?));
         }
         for owned in rt.owned_state()? {
-            state.push(owned.master.iter().map(|v| v.to_bits()).collect());
+            let range = owned.range.start as usize..owned.range.end as usize;
+            masters.push((owned.param, range, bits(owned.master)));
         }
         Ok(())
     });
     assert_eq!(status, MUON_STATUS_SUCCESS, "{}", last_error());
-    state
+    (params, masters)
 }
 
-/// `init_data` is read during `add_param` only (the caller may overwrite it right after), in
-/// either dtype: bf16 values start the same params and masters, bit for bit, as the same
-/// values given as f32.
+/// `init_data` is read during `add_param` only (the caller overwrites it right after with
+/// other values), in either dtype: bf16 values and the same values given as f32 start every
+/// param and every master at exactly those values.
 #[test]
 fn init_data_is_copied_at_registration_in_either_dtype() {
+    use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
     let cfg = default_config();
     let names = [c"layers.0.fc1.weight", c"layers.0.fc1.bias"];
     let shapes: [&[i64]; 2] = [&[64, 32], &[32]];
     let values = |p: usize, n: usize| -> Vec<u16> {
         (0..n)
-            .map(|i| crate::numerics::bf16::f32_to_bf16_rne(((p * 131 + i * 7) % 97) as f32 / 97.0 - 0.5))
+            .map(|i| f32_to_bf16_rne(((p * 131 + i * 7) % 97) as f32 / 97.0 - 0.5))
             .collect()
     };
-    let mut states = Vec::new();
+    let expected: Vec<Vec<u32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(p, shape)| {
+            let n = shape.iter().product::<i64>() as usize;
+            values(p, n).iter().map(|&b| bf16_to_f32(b).to_bits()).collect()
+        })
+        .collect();
     for dtype in [MUON_DTYPE_BF16, MUON_DTYPE_F32] {
         let (comm, opt) = single_rank_optimizer(&cfg);
         for (p, (name, shape)) in names.iter().zip(shapes).enumerate() {
-            let n = shape.iter().product::<i64>() as usize;
-            let bf16 = values(p, n);
-            let mut f32s: Vec<f32> = bf16.iter().map(|&b| crate::numerics::bf16::bf16_to_f32(b)).collect();
+            let bf16 = values(p, shape.iter().product::<i64>() as usize);
+            let mut f32s: Vec<f32> = bf16.iter().map(|&b| bf16_to_f32(b)).collect();
             let mut halves = bf16.clone();
-            let name = CString::from(*name);
-            let mut d = desc(&name, shape);
+            let mut d = desc(name, shape);
             d.init_dtype = dtype;
             d.init_data = if dtype == MUON_DTYPE_BF16 {
                 halves.as_ptr().cast()
@@ -700,8 +710,8 @@ fn init_data_is_copied_at_registration_in_either_dtype() {
                 "{}",
                 last_error()
             );
-            halves.fill(0x7fc0);
-            f32s.fill(f32::NAN);
+            halves.fill(0x3F80);
+            f32s.fill(2.0);
         }
         assert_eq!(
             unsafe { muon_optimizer_finalize(opt) },
@@ -709,16 +719,15 @@ fn init_data_is_copied_at_registration_in_either_dtype() {
             "{}",
             last_error()
         );
-        states.push(initial_state(opt));
+        let (params, masters) = initial_state(opt);
         teardown(comm, opt);
+        assert_eq!(params, expected, "dtype {dtype}: params hold the values given");
+        assert!(!masters.is_empty());
+        for (p, range, master) in masters {
+            assert_eq!(
+                master, expected[p as usize][range],
+                "dtype {dtype}: master of param {p}"
+            );
+        }
     }
-    let expected: Vec<u32> = values(0, 64 * 32)
-        .iter()
-        .map(|&b| crate::numerics::bf16::bf16_to_f32(b).to_bits())
-        .collect();
-    assert_eq!(
-        states[0][0], expected,
-        "param 0 holds the values given, not the overwritten ones"
-    );
-    assert_eq!(states[0], states[1], "bf16 and f32 init_data start the same state");
 }

@@ -26,11 +26,6 @@ pub fn bf16_exact(v: f32) -> Option<u16> {
     (bits & 0xFFFF == 0).then_some((bits >> 16) as u16)
 }
 
-/// The f32 value of bf16 bits.
-pub fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits(u32::from(bits) << 16)
-}
-
 /// Independent E4M3 reference: the nearest of the 127 non-negative finite E4M3 values,
 /// computed in f64 from the format definition (docs/mxfp8.md §6), ties to the even code,
 /// saturating above 448, NaN → 0x7F.

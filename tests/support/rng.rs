@@ -20,15 +20,15 @@ impl Rng {
         self.next_u64() % n
     }
 
-    /// Uniform in [0, 1).
-    pub fn uniform(&mut self) -> f64 {
+    /// Uniform in [0, 1), f64 (unlike `SplitMix64::uniform`, f32 in [-1, 1)).
+    pub fn unit_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Standard normal (Box–Muller).
     pub fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform();
-        let u2 = self.uniform();
+        let u1 = 1.0 - self.unit_f64();
+        let u2 = self.unit_f64();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
 
@@ -50,7 +50,7 @@ pub fn name_hash(name: &str) -> u64 {
 
 /// A value in [-1, 1) drawn from `seed`.
 pub fn noise(seed: u64) -> f32 {
-    ((mix(seed) >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    SplitMix64::new(seed).uniform()
 }
 
 /// One of the 2001 values -1, -0.999, …, 1 drawn from `seed`.

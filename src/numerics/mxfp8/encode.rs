@@ -323,6 +323,7 @@ mod tests {
             let mut out = vec![0; x.len()];
             encode_rows_fast(&x, &row_drop, &mut out, &mut rows_only);
             assert_eq!(out, want, "rows, tiny groups {tiny:?}");
+            out.fill(0xEE);
             encode_cols_fast(&x, &col_drop, &mut out, &mut cols_only);
             assert_eq!(out, want, "cols, tiny groups {tiny:?}");
             assert_eq!((rows_only, cols_only), (!tiny.is_empty(), !tiny.is_empty()));

@@ -65,12 +65,12 @@ pub(super) trait Element: Copy {
     /// block).
     const TREE_REDUCTION: bool;
     /// Whether the loop nest prefetches the input of the amax pass in software. Measured with
-    /// `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096): about 10–20 % faster for bf16, whose
+    /// `benches/mxfp8.rs` (AMD EPYC with AVX-512, 4096 × 4096): about 10–20 % faster for bf16, whose
     /// amax pass otherwise waits on memory, but about 30 % slower for f32, which reads twice
     /// the bytes per segment and is served well by the hardware prefetchers.
     const PREFETCH: bool;
     /// Whether a call producing both copies writes the columnwise one with streaming stores
-    /// (`stream.rs`). Measured with `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096): about 20 %
+    /// (`stream.rs`). Measured with `benches/mxfp8.rs` (AMD EPYC with AVX-512, 4096 × 4096): about 20 %
     /// faster for bf16 (saving the read for ownership of half the output), but about 20 %
     /// slower for f32. Streaming the rowwise copy instead, or both, is slower for bf16.
     const STREAM_BOTH: bool;

@@ -182,8 +182,9 @@ pub(super) struct Pass<'a, 'r, 'c, E: Element> {
 
 impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
     /// The loop nest for the requested copies, whose buffers have been checked; `None` when
-    /// there is nothing to do. With `stream` given, a call producing only the columnwise copy
-    /// writes its data with streaming stores.
+    /// there is nothing to do. With `stream` given, the columnwise data is written with
+    /// streaming stores when it is the only copy, or, for an element type with
+    /// `Element::STREAM_BOTH`, when both copies are produced.
     #[inline(always)]
     pub(super) fn new(
         x: &'a [E],
@@ -201,7 +202,7 @@ impl<'a, 'r, 'c, E: Element> Pass<'a, 'r, 'c, E> {
             colwise,
             s: Scratch::new(cols),
             checks: Checks::default(),
-            // Measured with `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096, bf16): streaming
+            // Measured with `benches/mxfp8.rs` (AMD EPYC with AVX-512, 4096 × 4096, bf16): streaming
             // stores speed up the columnwise copy alone by about 20 %, but slow down the
             // rowwise copy alone slightly, and a call producing both copies by about 40 % when
             // both stream; streaming its columnwise copy only is faster for bf16, slower for

@@ -181,7 +181,8 @@ fn quantize_dispatch<E: Element>(
     quantize_impl(x, rows, cols, rowwise, colwise, None)
 }
 
-/// [`quantize_impl`] compiled with AVX-512 (F, BW, VL), with streaming stores (`stream.rs`).
+/// [`quantize_impl`] compiled with AVX-512 (F, BW, VL), with streaming stores of the
+/// columnwise copy where they pay (`stream.rs`, `pass.rs`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
 fn quantize_avx512<E: Element>(

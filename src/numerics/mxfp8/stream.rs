@@ -16,25 +16,28 @@ use super::pass::SEGMENT;
 /// Bytes per cache line, the unit of a streaming store.
 const LINE: usize = 64;
 
+/// Where in its page [`Staged::col`] starts (see below).
+const STAGING_OFFSET: usize = 1024;
+
 /// A segment of encoded data of the columnwise copy, the only one written with streaming
-/// stores, at page offset [`SEGMENT`].
+/// stores, at page offset [`STAGING_OFFSET`].
 ///
-/// The page offset matters: measured with `benches/mxfp8.rs` (AMD Zen 5, 4096 × 4096 bf16,
+/// The page offset matters: measured with `benches/mxfp8.rs` (AMD EPYC with AVX-512, 4096 × 4096 bf16,
 /// input and outputs at page offset 16), both copies take about 2.4 ms with the buffer at page
 /// offset 64, 560, 1024 or 2048, but about 2.55 ms at offset 0, 2.9 ms at offset 3072 and
 /// 2.9 ms where the allocator happened to place it (presumably cache-set conflicts or
 /// 4K aliasing with the rows of the input and the outputs). 1024 lies between good offsets.
 #[repr(C, align(4096))]
 pub(super) struct Staged {
-    /// Padding that puts `col` at page offset [`SEGMENT`].
-    _lead: [u8; SEGMENT],
+    /// Padding that puts `col` at page offset [`STAGING_OFFSET`].
+    _lead: [u8; STAGING_OFFSET],
     pub(super) col: [u8; SEGMENT],
 }
 
 impl Staged {
     pub(super) fn new() -> Box<Self> {
         Box::new(Staged {
-            _lead: [0; SEGMENT],
+            _lead: [0; STAGING_OFFSET],
             col: [0; SEGMENT],
         })
     }
