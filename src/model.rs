@@ -7,6 +7,7 @@ use crate::bail;
 use crate::config::{Config, Dtype};
 use crate::error::Result;
 use crate::numerics::muon::TpDim;
+use crate::numerics::step_args::ParamScales;
 
 /// Bit flags of a parameter description (`MUON_PARAM_FLAG_*` in C).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
@@ -123,6 +124,19 @@ impl ParamSpec {
     /// buffer (MXFP8 with `mxfp8_param_gather`), never in param storage.
     pub fn is_staged(&self, cfg: &Config) -> bool {
         cfg.mxfp8_param_gather && self.flags.has(ParamFlags::MXFP8)
+    }
+
+    /// Its multipliers of its optimizer group's learning rate and weight decay: `lr_scale`, and
+    /// `wd_scale` or 0 when it is flagged `no_weight_decay`.
+    pub fn scales(&self) -> ParamScales {
+        ParamScales {
+            lr_scale: self.lr_scale,
+            wd_scale: if self.flags.has(ParamFlags::NO_WEIGHT_DECAY) {
+                0.0
+            } else {
+                self.wd_scale
+            },
+        }
     }
 
     /// Number of Muon ownership units: E for an expert stack, else 1.

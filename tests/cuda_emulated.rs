@@ -803,15 +803,15 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
             .unwrap();
         let grads = Span::new(Mem::Grad(0), 0, 256);
         let reduce = [CollOp::Reduce { root: 0, span: grads }];
-        backend.collectives(&reduce).unwrap();
+        backend.collectives(reduce.to_vec()).unwrap();
         let bad = backend
             .upload(Span::new(Mem::Grad(0), 250, 100), &[0.0; 100])
             .unwrap_err();
         assert_eq!(bad.kind, ErrorKind::Internal, "{bad:?}");
-        assert_eq!(backend.collectives(&reduce).unwrap_err().kind, kind);
+        assert_eq!(backend.collectives(reduce.to_vec()).unwrap_err().kind, kind);
         for err in [
             backend.memset_zero(grads).unwrap_err(),
-            backend.collectives(&reduce).unwrap_err(),
+            backend.collectives(reduce.to_vec()).unwrap_err(),
             backend.synchronize().unwrap_err(),
         ] {
             assert_eq!(err.kind, ErrorKind::CommBroken, "{err:?}");

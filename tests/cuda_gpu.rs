@@ -386,7 +386,7 @@ fn newton_schulz_matches_the_golden_vectors() {
             };
             // The step's scalars as a step derives them: lr 1, no decay, no clip (scale 1).
             backend.set_step_args([1.0, 0.0, 0.0, 0.0]).unwrap();
-            backend.squared_norm(&[job.grad], &[]).unwrap();
+            backend.squared_norm(vec![job.grad], Vec::new()).unwrap();
             backend.record(StreamKind::Compute, EventId(0)).unwrap();
             backend.wait(StreamKind::Comm, EventId(0)).unwrap();
             backend.gather_norm_sums().unwrap();
@@ -402,7 +402,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                 ..backend.norm_term().unwrap()
             };
             backend.finish_step(&constants, &[own]).unwrap();
-            backend.muon_update(&job).unwrap();
+            backend.muon_update(job.clone()).unwrap();
             let scale = muon_scale(ScaleMode::Spectral, rows, cols, 1.0);
             let out = backend.download(Span::new(Mem::Master, 0, n)).unwrap();
             let worst = out

@@ -67,11 +67,8 @@ pub trait Backend: Send {
         self.execute(&Op::DetachInit(param))
     }
     /// [`Op::SquaredNorm`].
-    fn squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
-        self.execute(&Op::SquaredNorm {
-            counted: counted.to_vec(),
-            checked: checked.to_vec(),
-        })
+    fn squared_norm(&mut self, counted: Vec<Span>, checked: Vec<Span>) -> Result<()> {
+        self.execute(&Op::SquaredNorm { counted, checked })
     }
     /// [`Op::GatherNormSums`].
     fn gather_norm_sums(&mut self) -> Result<()> {
@@ -93,12 +90,12 @@ pub trait Backend: Send {
         self.execute(&Op::SetStepCount(step))
     }
     /// [`Op::MuonUpdate`].
-    fn muon_update(&mut self, job: &MuonJob) -> Result<()> {
-        self.execute(&Op::MuonUpdate(job.clone()))
+    fn muon_update(&mut self, job: MuonJob) -> Result<()> {
+        self.execute(&Op::MuonUpdate(job))
     }
     /// [`Op::AdamwUpdate`].
-    fn adamw_update(&mut self, job: &AdamwJob) -> Result<()> {
-        self.execute(&Op::AdamwUpdate(job.clone()))
+    fn adamw_update(&mut self, job: AdamwJob) -> Result<()> {
+        self.execute(&Op::AdamwUpdate(job))
     }
     /// [`Op::Record`].
     fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
@@ -109,8 +106,8 @@ pub trait Backend: Send {
         self.execute(&Op::Wait { stream, event })
     }
     /// [`Op::Collectives`].
-    fn collectives(&mut self, ops: &[CollOp]) -> Result<()> {
-        self.execute(&Op::Collectives(ops.to_vec()))
+    fn collectives(&mut self, ops: Vec<CollOp>) -> Result<()> {
+        self.execute(&Op::Collectives(ops))
     }
     /// [`Op::Mxfp8Quantize`].
     fn mxfp8_quantize(&mut self, stream: StreamKind, src: Span, param: u32) -> Result<()> {

@@ -5,9 +5,10 @@
 //!
 //! A command (an op that returns nothing) reaches a backend as an [`Op`] through
 //! [`crate::backend::Backend::execute`]; the queries (ops that return values) have a
-//! `Backend` method each. The cuda backend translates every op
-//! ([`crate::backend::cuda::translate::Translator::translate`]), the host backend runs each in
-//! its `execute`, and [`crate::backend::recording::Recording`] logs them.
+//! `Backend` method each. The cuda backend translates every command
+//! ([`crate::backend::cuda::translate::Translator::translate`]) and answers the queries from
+//! its translator and device, the host backend runs each in its `execute`, and
+//! [`crate::backend::recording::Recording`] logs them.
 
 mod layout;
 
@@ -36,15 +37,16 @@ pub enum Op {
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     Cast { src: Span, dst: Span },
     /// Makes the values readable as `Mem::Init(param)` (host values are copied in; device
-    /// values are read in place, so they must stay valid until `DetachInit`).
+    /// values are read in place, so they must stay valid until the compute stream has read
+    /// them: the runtime synchronizes before it returns from writing the initial values).
     AttachInit {
         param: u32,
         dtype: Dtype,
         numel: u64,
         source: InitSource,
     },
-    /// Ends `Mem::Init(param)` once the compute stream has finished reading it (blocks until
-    /// then): what `AttachInit` copied is freed, and device values may be freed by their owner.
+    /// Ends `Mem::Init(param)`; what `AttachInit` copied is freed once the ops queued before
+    /// have read it (at once on the host, whose compute stream is the calling thread).
     DetachInit(u32),
     /// Compute stream: Σ x² over `counted` in f64, spans in order
     /// ([`crate::numerics::squared_norm`] per span), plus 0 · Σ x² over `checked` (a finite
@@ -185,20 +187,6 @@ pub enum InitAt<'a> {
     /// `numel` values at this device address, in the backend's context (the cuda backend's
     /// copy made at registration).
     Device(u64),
-}
-
-impl<'a> InitValues<'a> {
-    /// f32 values in host memory.
-    pub fn f32(values: &'a [f32]) -> Self {
-        // SAFETY: an f32 slice is readable as its bytes (u8 has no alignment requirement and
-        // every f32 bit pattern is valid bytes); the borrow keeps `values` alive.
-        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
-        InitValues {
-            dtype: Dtype::F32,
-            numel: values.len() as u64,
-            at: InitAt::Host(bytes),
-        }
-    }
 }
 
 /// The two streams of a rank.

@@ -1,12 +1,11 @@
 //! What one parameter's update multiplies by at one step, derived in one place for both
-//! optimizers and both backends: the parameter's multipliers ([`ParamScales`], from its spec)
+//! optimizers and both backends: the parameter's multipliers ([`ParamScales`], from its spec:
+//! `ParamSpec::scales`)
 //! and what they make of its optimizer group's learning rate and weight decay
 //! ([`param_rates`]). The host updates ([`super::muon`], [`super::adamw`]) call
 //! [`param_rates`]; the cuda backend passes the same [`ParamScales`] to its update kernels,
 //! which compute [`param_rates`]'s operations, in its order, from the step's device-resident
 //! learning rate and weight decay (`kernels/muon.cu`, `kernels/adamw.cu`).
-
-use crate::model::{ParamFlags, ParamSpec};
 
 /// A parameter's multipliers of its optimizer group's learning rate and weight decay.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -16,26 +15,10 @@ pub struct ParamScales {
     pub wd_scale: f32,
 }
 
-impl ParamScales {
-    /// `spec`'s `lr_scale`, and its `wd_scale` or 0 when it is flagged `no_weight_decay`.
-    pub fn of(spec: &ParamSpec) -> Self {
-        ParamScales {
-            lr_scale: spec.lr_scale,
-            wd_scale: if spec.flags.has(ParamFlags::NO_WEIGHT_DECAY) {
-                0.0
-            } else {
-                spec.wd_scale
-            },
-        }
-    }
-}
-
-/// One parameter's learning rate and weight decay at one step, and the factor its master is
-/// decayed by.
+/// One parameter's learning rate at one step, and the factor its master is decayed by.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ParamRates {
     pub lr: f32,
-    pub weight_decay: f32,
     pub decay: f32,
 }
 
@@ -47,7 +30,6 @@ pub fn param_rates(lr: f32, weight_decay: f32, scales: ParamScales) -> ParamRate
     let weight_decay = weight_decay * scales.wd_scale;
     ParamRates {
         lr,
-        weight_decay,
         decay: 1.0 - lr * weight_decay,
     }
 }

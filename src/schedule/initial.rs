@@ -14,16 +14,19 @@ impl Runtime {
     /// units and pieces this rank owns. Each param's values are attached to the backend only
     /// while they are cast into place, so no converted copy of the model exists at any time.
     /// The staging bytes are zeroed again afterwards, so the grad buffer starts at zero as
-    /// allocated.
+    /// allocated. Ends with one synchronize, after which the caller may free every device copy
+    /// of the values.
     pub(super) fn write_initial_values<'a>(&mut self, init: impl Fn(usize) -> Option<InitValues<'a>>) -> Result<()> {
         // `allocate` zeroes every buffer, so a param without initial values needs no write.
         let mut staged_buckets = Vec::new();
+        let mut attached = false;
         for p in 0..self.plan.params.len() {
             let placement = &self.plan.params[p];
             let (bucket, range) = (placement.bucket, placement.range());
             let storage = self.param_destination(p as u32, bucket, range)?;
             if let Some(values) = init(p) {
                 self.write_param_initial_values(p as u32, values, storage)?;
+                attached = true;
                 if self.is_staged(p as u32) {
                     staged_buckets.push(bucket);
                 }
@@ -38,6 +41,9 @@ impl Runtime {
             let bucket = &self.plan.buckets[b as usize];
             let whole = self.staging_span(bucket, ElemRange::new(bucket.start, bucket.end));
             self.backend.memset_zero(whole)?;
+        }
+        if attached {
+            self.backend.synchronize()?;
         }
         Ok(())
     }

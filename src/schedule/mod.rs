@@ -24,7 +24,6 @@ use crate::config::{Config, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::muon::TpJob;
-use crate::numerics::step_args::ParamScales;
 use crate::plan::ElemRange;
 use crate::plan::Plan;
 use state::StateLayout;
@@ -257,7 +256,7 @@ impl Runtime {
         let ops = self.grad_ops(bucket);
         self.record(StreamKind::Compute, event(b, Ev::GradReady))?;
         self.wait(StreamKind::Comm, event(b, Ev::GradReady))?;
-        self.backend.collectives(&ops)?;
+        self.backend.collectives(ops)?;
         self.record(StreamKind::Comm, event(b, Ev::GradSynced))?;
         self.launched[b] = true;
         Ok(())
@@ -333,7 +332,7 @@ impl Runtime {
         }
         timed(&mut profile.grad_norm, || {
             let (counted, checked) = self.owned_grad_spans();
-            self.backend.squared_norm(&counted, &checked)?;
+            self.backend.squared_norm(counted, checked)?;
             self.record(StreamKind::Compute, norm_event(buckets, false))?;
             self.wait(StreamKind::Comm, norm_event(buckets, false))?;
             self.backend.gather_norm_sums()?;
@@ -432,7 +431,7 @@ impl Runtime {
             .collect::<Result<_>>()?;
         self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
         self.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
-        self.backend.collectives(&ops)?;
+        self.backend.collectives(ops)?;
         for (src, p) in quantize {
             self.backend.mxfp8_quantize(StreamKind::Comm, src, p)?;
         }
@@ -479,11 +478,12 @@ impl Runtime {
                         dim,
                         mode: self.cfg.muon_tp_mode,
                     }),
-                scales: ParamScales::of(spec),
+                scales: spec.scales(),
             };
-            timed(&mut profile.muon, || self.backend.muon_update(&job))?;
+            let master = job.master;
+            timed(&mut profile.muon, || self.backend.muon_update(job))?;
             let destination = self.param_destination(first.unit.param, first.unit.bucket, range)?;
-            timed(&mut profile.casts, || self.backend.cast(job.master, destination))?;
+            timed(&mut profile.casts, || self.backend.cast(master, destination))?;
         }
         Ok(())
     }
@@ -499,13 +499,13 @@ impl Runtime {
                 exp_avg_sq: slot.exp_avg_sq(),
                 grad: slot.grad(),
                 args: AdamwParamArgs {
-                    scales: ParamScales::of(spec),
+                    scales: spec.scales(),
                     beta1: self.cfg.adam_beta1,
                     beta2: self.cfg.adam_beta2,
                     eps: self.cfg.adam_eps,
                 },
             };
-            timed(&mut profile.adamw, || self.backend.adamw_update(&job))?;
+            timed(&mut profile.adamw, || self.backend.adamw_update(job))?;
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;
             timed(&mut profile.casts, || self.backend.cast(slot.master(), destination))?;
         }

@@ -6,9 +6,10 @@
 use muon_opt::backend::Backend;
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::host::executor::HostBackend;
-use muon_opt::backend::ops::{BufferSizes, InitValues, Mem, Span};
+use muon_opt::backend::ops::{BufferSizes, Mem, Span};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config};
+use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
@@ -55,13 +56,13 @@ pub fn runtime(cfg: &Config, specs: &[ParamSpec], rank: usize, dp: usize, backen
         registry.add(spec.clone(), cfg).unwrap();
     }
     let plan = build_plan(registry.params(), registry.routes(), cfg, dp).unwrap();
-    let init: Vec<Vec<f32>> = specs
+    let init: Vec<InitData> = specs
         .iter()
         .enumerate()
-        .map(|(p, s)| init_values(p, s.numel()))
+        .map(|(p, s)| InitData::from_f32(&init_values(p, s.numel())))
         .collect();
     Runtime::new(Box::new(plan), specs.to_vec(), cfg.clone(), rank, backend, |p| {
-        Some(InitValues::f32(&init[p]))
+        Some(init[p].values())
     })
     .unwrap()
 }
@@ -126,7 +127,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         .unwrap();
     backend.memset_zero(Span::new(Mem::Param(0), 100, 7)).unwrap();
     backend
-        .squared_norm(&[Span::new(Mem::Grad(1), 8, n - 96)], &[])
+        .squared_norm(vec![Span::new(Mem::Grad(1), 8, n - 96)], Vec::new())
         .unwrap();
     let norm = backend.read_scalars().unwrap()[muon_opt::backend::ops::Scalar::NormSq.slot()];
     let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]

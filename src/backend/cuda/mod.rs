@@ -12,8 +12,8 @@
 //! storage) is a device pointer of the context current at finalize. `Backend::upload` and
 //! `Backend::download` take and return host values (copied through the caller's stream).
 //! `muon_param_desc_t::init_data` is a device pointer on this backend: registration copies it
-//! device to device on the caller's stream ([`init_copy::DeviceInit`]), finalize casts the copy
-//! into the param storage and the masters, then frees it.
+//! device to device on the caller's stream ([`init_copy::DeviceInit`]); finalize casts the copy
+//! into the param storage and the masters and synchronizes, then the optimizer frees it.
 
 pub mod action;
 pub mod capture;

@@ -1,6 +1,6 @@
 //! Backend operation → device actions, without a device. Every decision of the cuda backend
-//! is made here (pointers, grids, kernel arguments, cuBLAS parameters, NCCL calls, the
-//! host-computed scalars of the step); [`super::device::Device`] only executes. Because the
+//! is made here (pointers, grids, kernel arguments, cuBLAS parameters, NCCL calls);
+//! [`super::device::Device`] only executes. Because the
 //! translation needs no driver, the no-GPU tests run every schedule op through it.
 //!
 //! Numerics follow the host backend operation for operation (`src/numerics`): element-wise

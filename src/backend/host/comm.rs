@@ -782,20 +782,26 @@ impl HostComm {
             let now = Instant::now();
             if now >= deadline {
                 let missing: Vec<usize> = (0..group.size).filter(|&r| gathering.posts[r].is_none()).collect();
-                return Err(self.time_out(&mut st, seq, description, &missing));
+                return Err(self.time_out(&mut st, (seq, description), timeout, &missing));
             }
             st = group.wait(st, deadline - now);
         }
     }
 
-    /// Breaks the group at collective #`seq` because ranks `missing` did not arrive within
-    /// this rank's timeout.
-    fn time_out(&self, st: &mut GroupState, seq: u64, description: &str, missing: &[usize]) -> Error {
+    /// Breaks the group at collective #`seq` (`description`) because ranks `missing` did not
+    /// arrive within `timeout`.
+    fn time_out(
+        &self,
+        st: &mut GroupState,
+        (seq, description): (u64, &str),
+        timeout: Duration,
+        missing: &[usize],
+    ) -> Error {
         let error = Error::new(
             ErrorKind::CommTimeout,
             format!(
                 "host group: collective #{seq} {description} timed out after {} ms on rank {}: ranks {missing:?} did not arrive",
-                self.timeout().as_millis(),
+                timeout.as_millis(),
                 self.rank
             ),
         );

@@ -1,10 +1,11 @@
 //! Initial values attached for the writes at finalize: a device copy is read in place as
-//! `Mem::Init(p)`; host values (the emulated device's tests) are copied in, converted, by the
-//! casts that read them.
+//! `Mem::Init(p)`; host values (the emulated device and the dry runs beside the host backend:
+//! a registered optimizer always hands the cuda backend a device copy) are copied in,
+//! converted, by the casts that read them.
 
 use super::Translator;
 use crate::backend::cuda::action::{Action, Buf};
-use crate::backend::ops::{InitSource, Mem, Span, StreamKind};
+use crate::backend::ops::{InitSource, Mem, Span};
 use crate::bail;
 use crate::config::Dtype;
 use crate::error::{Error, ErrorKind, Result};
@@ -50,14 +51,13 @@ impl Translator {
         Ok(Vec::new())
     }
 
-    /// Forgets param `param`'s initial values; a device copy is the caller's to free once the
-    /// compute stream has read it, so the host waits for that stream.
+    /// Forgets param `param`'s initial values (bookkeeping only: a device copy stays the
+    /// caller's, freed after the runtime's synchronize at the end of finalize).
     pub(super) fn detach_init(&mut self, param: u32) -> Result<Vec<Action>> {
         match self.init.remove(&param) {
-            Some(Attached::Host { .. }) => Ok(Vec::new()),
-            Some(Attached::Device { .. }) => {
+            Some(_) => {
                 self.map.remove(&Buf::Mem(Mem::Init(param)));
-                Ok(vec![Action::Synchronize(StreamKind::Compute)])
+                Ok(Vec::new())
             }
             None => bail!(Internal, "init of param {param} is not attached"),
         }
