@@ -45,6 +45,7 @@ pub mod config;
 pub mod error;
 pub mod init_data;
 pub mod log;
+pub mod measure;
 pub mod model;
 pub mod numerics;
 pub mod optimizer;

@@ -86,7 +86,7 @@ fn elem(args: &[Arg], i: usize) -> u64 {
     if arg_flag(args, i) { 2 } else { 4 }
 }
 
-fn nccl_size(dtype: NcclType) -> u64 {
+pub(crate) fn nccl_size(dtype: NcclType) -> u64 {
     match dtype {
         NcclType::U8 => 1,
         NcclType::F64 => 8,
@@ -141,7 +141,8 @@ impl CostModel {
         bytes as f64 / (self.hw.hbm_gbps * GB * self.hw.hbm_efficiency)
     }
 
-    fn kernel(&self, bytes: u64) -> f64 {
+    /// Device seconds of a kernel, memset or copy moving `bytes` of device memory.
+    pub fn kernel_seconds(&self, bytes: u64) -> f64 {
         self.hbm(bytes).max(self.hw.kernel_min_us * US)
     }
 
@@ -161,24 +162,24 @@ impl CostModel {
             Action::Zero { bytes, stream, .. } => Cost::Work {
                 stream: *stream,
                 host: launch,
-                device: self.kernel(*bytes),
+                device: self.kernel_seconds(*bytes),
             },
             Action::CopyDevice { bytes, stream, .. } => Cost::Work {
                 stream: *stream,
                 host: launch,
-                device: self.kernel(2 * bytes),
+                device: self.kernel_seconds(2 * bytes),
             },
             Action::CopyDevice2D {
                 width, height, stream, ..
             } => Cost::Work {
                 stream: *stream,
                 host: launch,
-                device: self.kernel(2 * width * height),
+                device: self.kernel_seconds(2 * width * height),
             },
             Action::Launch(l) => Cost::Work {
                 stream: l.stream,
                 host: launch,
-                device: self.kernel(kernel_bytes(l)),
+                device: self.kernel_seconds(kernel_bytes(l)),
             },
             Action::Gemm(g) => Cost::Work {
                 stream: StreamKind::Compute,
@@ -317,7 +318,7 @@ impl CostModel {
 
 /// Device-memory bytes a kernel launch reads and writes (its arguments as the translator
 /// writes them, `src/backend/cuda/translate.rs`).
-fn kernel_bytes(l: &Launch) -> u64 {
+pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
     let a = &l.args;
     match l.kernel {
         // src f32 → dst bf16

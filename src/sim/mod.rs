@@ -13,6 +13,7 @@ pub mod drive;
 pub mod engine;
 pub mod metrics;
 pub mod profile;
+pub mod work;
 
 use serde::Serialize;
 

@@ -58,7 +58,29 @@ pub struct Hardware {
     pub copy_latency_us: f64,
     /// Fraction of the BF16 peak the framework's forward and backward reach (MFU).
     pub model_efficiency: f64,
+    /// The figures measured on a GPU (`muon-opt calibrate`, the run named in
+    /// `sources.measured`); every other figure is a sourced estimate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<String>,
 }
+
+/// The figures that are achievable fractions, latencies and shares rather than datasheet
+/// peaks: each is either measured on a GPU (listed in `measured`) or a sourced estimate.
+pub const ACHIEVABLE_FIGURES: &[&str] = &[
+    "gemm_efficiency",
+    "hbm_efficiency",
+    "kernel_min_us",
+    "launch_host_us",
+    "event_host_us",
+    "copy_latency_us",
+    "nvlink_efficiency",
+    "network_efficiency",
+    "nccl_base_latency_us",
+    "nccl_hop_latency_nvlink_us",
+    "nccl_hop_latency_network_us",
+    "comm_sm_share",
+    "model_efficiency",
+];
 
 /// Names of the built-in profiles.
 pub const HARDWARE_NAMES: &[&str] = &["h100-nvlink", "h100-ib", "b200-nvlink"];
@@ -75,6 +97,14 @@ pub fn builtin(name: &str) -> Option<Hardware> {
 }
 
 impl Hardware {
+    /// The achievable figures measured on a GPU and those that are estimates, in
+    /// [`ACHIEVABLE_FIGURES`] order.
+    pub fn provenance(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        ACHIEVABLE_FIGURES
+            .iter()
+            .partition(|f| self.measured.iter().any(|m| m == **f))
+    }
+
     /// A profile from JSON text (the built-ins' format); every figure must be finite and > 0,
     /// fractions in (0, 1].
     pub fn from_json(text: &str) -> Result<Hardware> {
@@ -86,7 +116,8 @@ impl Hardware {
         Ok(hw)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Every figure finite and in its range (see `from_json`).
+    pub fn validate(&self) -> Result<()> {
         let positive = [
             ("bf16_tflops", self.bf16_tflops),
             ("f32_tflops", self.f32_tflops),
@@ -134,6 +165,13 @@ impl Hardware {
                 OutOfRange,
                 "hardware profile: comm_sm_share = {} must be in [0, 1)",
                 self.comm_sm_share
+            );
+        }
+        if let Some(unknown) = self.measured.iter().find(|m| !ACHIEVABLE_FIGURES.contains(&m.as_str())) {
+            bail!(
+                OutOfRange,
+                "hardware profile: measured lists '{unknown}', which is not one of {}",
+                ACHIEVABLE_FIGURES.join(", ")
             );
         }
         if self.sms == 0 || self.gemm_tile == 0 || self.dp_ranks_per_node == 0 {

@@ -20,6 +20,7 @@ use crate::backend::cuda::nccl::{
     NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT8, NcclComm,
 };
 use crate::backend::cuda::pinned::PinnedRing;
+use crate::backend::cuda::timing::TimingEvents;
 use crate::backend::cuda::{nvrtc, probe};
 use crate::backend::ops::StreamKind;
 use crate::bail;
@@ -115,6 +116,8 @@ pub struct Device {
     tp_group: Option<Arc<Communicator>>,
     timeout: Duration,
     staging: PinnedRing,
+    /// Events of `muon-opt measure`'s per-action timing ([`super::timing`]).
+    pub(crate) timing: TimingEvents,
 }
 
 // SAFETY: the handles are used by one thread at a time (one thread per optimizer handle);
@@ -209,6 +212,7 @@ impl Device {
             tp_group: None,
             timeout,
             staging: PinnedRing::default(),
+            timing: TimingEvents::default(),
         };
         // SAFETY (this block): plain out-parameters in the current context; everything created
         // is owned by `device` and released by its Drop if a later step fails.
@@ -299,7 +303,7 @@ impl Device {
         group.map_or_else(|| self.nccl(), |g| Self::nccl_of(g))
     }
 
-    fn stream(&self, kind: StreamKind) -> cu::CUstream {
+    pub(crate) fn stream(&self, kind: StreamKind) -> cu::CUstream {
         match kind {
             StreamKind::Compute => self.compute,
             StreamKind::Comm => self.comm_stream,
@@ -696,6 +700,7 @@ impl Drop for Device {
             }
         }
         self.staging.destroy();
+        self.timing.destroy();
         // SAFETY (this block): each handle was created by this backend and is released once.
         unsafe {
             for (_, (ptr, _)) in self.buffers.drain() {

@@ -25,6 +25,7 @@ pub mod nccl;
 pub mod nvrtc;
 pub mod pinned;
 pub mod probe;
+pub mod timing;
 pub mod translate;
 
 use std::ffi::c_void;

@@ -218,3 +218,51 @@ impl NcclComm {
         )
     }
 }
+
+/// `ncclUniqueId`.
+#[repr(C)]
+struct UniqueId {
+    internal: [c_char; 128],
+}
+
+/// A one-rank communicator on the current device, created and destroyed by the library: for
+/// `muon-opt measure` and the GPU tests, which have no framework to borrow one from.
+pub struct SingleRankComm {
+    raw: Comm,
+    destroy: unsafe extern "C" fn(Comm) -> NcclResult,
+}
+
+// SAFETY: as for `NcclComm`: one thread uses it at a time.
+unsafe impl Send for SingleRankComm {}
+unsafe impl Sync for SingleRankComm {}
+
+impl SingleRankComm {
+    /// `ncclGetUniqueId` + `ncclCommInitRank(1 rank)` on the device of the current context.
+    pub fn new() -> Result<SingleRankComm> {
+        let nccl = api()?;
+        let lib = open_library()?;
+        let get_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult = symbol(lib, c"ncclGetUniqueId")?;
+        let init: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> NcclResult =
+            symbol(lib, c"ncclCommInitRank")?;
+        let destroy = symbol(lib, c"ncclCommDestroy")?;
+        let mut id = UniqueId { internal: [0; 128] };
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: out-parameters; one rank on the current device.
+        nccl.check("ncclGetUniqueId", unsafe { get_id(&mut id) })?;
+        nccl.check("ncclCommInitRank(1 rank)", unsafe { init(&mut raw, 1, id, 0) })?;
+        Ok(SingleRankComm { raw, destroy })
+    }
+
+    /// The communicator, borrowed for as long as `self` lives.
+    pub fn borrow(&self) -> Result<NcclComm> {
+        // SAFETY: live until `self` drops, which the borrow cannot outlive in safe use.
+        unsafe { NcclComm::borrow(self.raw) }
+    }
+}
+
+impl Drop for SingleRankComm {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once.
+        unsafe { (self.destroy)(self.raw) };
+    }
+}

@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod demo;
+mod device;
 mod model_json;
 mod plan;
 mod render;
@@ -36,6 +37,10 @@ enum Command {
     Export(checkpoint::ExportArgs),
     /// Simulate training iterations of the real schedule on a modelled GPU cluster.
     Simulate(simulate::SimulateArgs),
+    /// Time the optimizer's step on a GPU, op class by op class, beside the simulator's cost model.
+    Measure(device::MeasureArgs),
+    /// Calibrate a hardware profile from a device run (`measure --out`).
+    Calibrate(device::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +54,8 @@ fn main() -> ExitCode {
         Command::Inspect(args) => checkpoint::run_inspect(&args),
         Command::Export(args) => checkpoint::run_export(&args),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Measure(args) => device::run_measure(&args),
+        Command::Calibrate(args) => device::run_calibrate(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -17,11 +17,15 @@ use crate::shared_args::{LayoutChoice, load_model};
 #[derive(Args)]
 pub struct SimulateArgs {
     /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
-    #[arg(long)]
-    model: String,
+    #[arg(long, required_unless_present = "device_run")]
+    model: Option<String>,
     /// Data-parallel size.
-    #[arg(long)]
-    dp: usize,
+    #[arg(long, required_unless_present = "device_run")]
+    dp: Option<usize>,
+    /// Instead of a scenario: price a device run's measured op classes (`muon-opt measure
+    /// --out`, `bench/device/*.json`) with `--hardware` and print measured / predicted.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "dp"])]
+    device_run: Option<PathBuf>,
     /// Muon layout; `all` simulates every layout side by side.
     #[arg(long, value_enum, default_value_t = LayoutChoice::Compact)]
     layout: LayoutChoice,
@@ -74,15 +78,25 @@ enum TpModeChoice {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum PrecisionChoice {
+pub enum PrecisionChoice {
     Bf16,
     F32,
     #[value(name = "bf16_iterate")]
     Bf16Iterate,
 }
 
+impl PrecisionChoice {
+    pub fn precision(self) -> NsPrecision {
+        match self {
+            PrecisionChoice::Bf16 => NsPrecision::Bf16,
+            PrecisionChoice::F32 => NsPrecision::F32,
+            PrecisionChoice::Bf16Iterate => NsPrecision::Bf16Iterate,
+        }
+    }
+}
+
 /// A built-in hardware profile by name, else a profile JSON file.
-fn load_hardware(arg: &str) -> Result<Hardware, String> {
+pub fn load_hardware(arg: &str) -> Result<Hardware, String> {
     if let Some(hw) = builtin(arg) {
         return Ok(hw);
     }
@@ -96,18 +110,20 @@ fn load_hardware(arg: &str) -> Result<Hardware, String> {
 }
 
 pub fn run(args: &SimulateArgs) -> Result<(), String> {
-    let model = load_model(&args.model, args.experts_as_params)?;
+    if let Some(path) = &args.device_run {
+        return crate::device::run_comparison(path, &args.hardware, args.json);
+    }
+    let (Some(model), Some(dp)) = (&args.model, args.dp) else {
+        return Err("--model and --dp are required without --device-run".to_string());
+    };
+    let model = load_model(model, args.experts_as_params)?;
     let hardware = load_hardware(&args.hardware)?;
     let mut sims = Vec::new();
     for layout in args.layout.layouts() {
         let scenario = Scenario {
             layout,
             mxfp8: args.mxfp8,
-            ns_precision: match args.ns_precision {
-                PrecisionChoice::Bf16 => NsPrecision::Bf16,
-                PrecisionChoice::F32 => NsPrecision::F32,
-                PrecisionChoice::Bf16Iterate => NsPrecision::Bf16Iterate,
-            },
+            ns_precision: args.ns_precision.precision(),
             tokens_per_gpu: args.tokens_per_gpu,
             iterations: args.steps,
             norm_group: args.norm_group,
@@ -119,7 +135,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
                 };
                 (ranks, mode)
             }),
-            ..Scenario::new(model.clone(), args.dp, hardware.clone())
+            ..Scenario::new(model.clone(), dp, hardware.clone())
         };
         sims.push(simulate(&scenario).map_err(|e| e.to_string())?);
     }
@@ -138,6 +154,14 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&sims).map_err(|e| e.to_string())?);
     } else {
         print!("{}", table::table(&sims));
+        let (measured, estimated) = hardware.provenance();
+        let list = |v: &[&str]| if v.is_empty() { "none".to_string() } else { v.join(", ") };
+        println!(
+            "profile {}: measured on a GPU: {}; estimated: {}",
+            hardware.name,
+            list(&measured),
+            list(&estimated)
+        );
     }
     Ok(())
 }

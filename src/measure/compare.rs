@@ -1,0 +1,219 @@
+//! A device run against a cost model (`muon-opt simulate --device-run`), and a profile
+//! calibrated from a run (`muon-opt calibrate`).
+//!
+//! Calibration replaces the achievable fractions a single GPU can measure and nothing else:
+//! `gemm_efficiency` (the step's GEMMs), `hbm_efficiency` (its bandwidth-bound kernels,
+//! memsets and copies, and the copy references), `kernel_min_us` (its tiny kernels) and
+//! `launch_host_us` (host time per issued action). NVLink, the network, NCCL latencies and
+//! `comm_sm_share` need several GPUs and stay the profile's sourced estimates.
+
+use serde::Serialize;
+
+use crate::bail;
+use crate::error::Result;
+use crate::sim::cost::CostModel;
+use crate::sim::profile::Hardware;
+use crate::sim::work::Work;
+
+use super::{DeviceRun, median};
+
+/// One op class measured and priced again.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassRow {
+    pub class: String,
+    pub count: u64,
+    pub measured_ms: f64,
+    pub predicted_ms: Option<f64>,
+    pub ratio: Option<f64>,
+}
+
+/// A device run priced by one profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub profile: String,
+    pub device: String,
+    pub date: String,
+    pub classes: Vec<ClassRow>,
+    /// The step's measured median, and the profile's price of its actions back to back.
+    pub step_measured_ms: f64,
+    pub step_predicted_ms: f64,
+    pub references: Vec<ClassRow>,
+}
+
+fn priced(cost: &CostModel, work: &Work, count: u64) -> Option<f64> {
+    cost.work_seconds(work).map(|s| s * count as f64 * 1e3)
+}
+
+fn row(class: &str, count: u64, measured_ms: f64, predicted_ms: Option<f64>) -> ClassRow {
+    ClassRow {
+        class: class.to_string(),
+        count,
+        measured_ms,
+        predicted_ms,
+        ratio: predicted_ms.filter(|p| *p > 0.0).map(|p| measured_ms / p),
+    }
+}
+
+fn measured(run: &DeviceRun) -> Result<f64> {
+    match (&run.status[..], &run.step) {
+        ("measured", Some(step)) => Ok(step.measured_ms),
+        _ => bail!(
+            InvalidArgument,
+            "device run of {}: status '{}' ({}), nothing was measured",
+            run.date,
+            run.status,
+            run.skipped.as_deref().unwrap_or("no step")
+        ),
+    }
+}
+
+/// `run` priced again by `cost`.
+pub fn compare(run: &DeviceRun, cost: &CostModel) -> Result<Comparison> {
+    let step_measured_ms = measured(run)?;
+    let mut step_predicted_ms = 0.0;
+    let mut classes = Vec::new();
+    for class in &run.op_classes {
+        let mut predicted = Some(0.0);
+        for w in &class.works {
+            let one = priced(cost, &w.work, w.count);
+            step_predicted_ms += one.unwrap_or(0.0);
+            predicted = predicted.zip(one).map(|(a, b)| a + b);
+        }
+        classes.push(row(&class.class, class.count, class.measured_ms, predicted));
+    }
+    let references = run
+        .references
+        .iter()
+        .map(|r| {
+            row(
+                &r.name,
+                u64::from(r.repetitions),
+                r.measured_ms,
+                priced(cost, &r.work, 1),
+            )
+        })
+        .collect();
+    Ok(Comparison {
+        profile: cost.hardware().name.clone(),
+        device: run.device.as_ref().map_or_else(String::new, |d| d.name.clone()),
+        date: run.date.clone(),
+        classes,
+        step_measured_ms,
+        step_predicted_ms,
+        references,
+    })
+}
+
+/// Every measured work of the run: (work, count, measured ms), references included.
+fn works(run: &DeviceRun) -> impl Iterator<Item = (&Work, u64, f64)> {
+    let step = run
+        .op_classes
+        .iter()
+        .flat_map(|c| c.works.iter().map(|w| (&w.work, w.count, w.measured_ms)));
+    let references = run.references.iter().map(|r| (&r.work, 1, r.measured_ms));
+    step.chain(references)
+}
+
+/// The value in `[lo, 1]` of a fraction at which `predicted(fraction)` (non-increasing in it)
+/// equals `target`, by bisection; 1 when even 1 predicts more than `target`.
+fn solve(target: f64, lo: f64, predicted: impl Fn(f64) -> f64) -> f64 {
+    if predicted(1.0) >= target {
+        return 1.0;
+    }
+    let (mut lo, mut hi) = (lo, 1.0);
+    for _ in 0..60 {
+        let mid = 0.5 * (lo + hi);
+        if predicted(mid) > target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+fn total(hw: &Hardware, works: &[(&Work, u64, f64)]) -> f64 {
+    let cost = CostModel::new(hw.clone(), 1);
+    works
+        .iter()
+        .filter_map(|(w, count, _)| cost.work_seconds(w).map(|s| s * *count as f64 * 1e3))
+        .sum()
+}
+
+/// `base` with the figures one GPU measures taken from `run` (see the module docs), the run
+/// named in its sources and those figures listed in `measured`. `run_name` is how the sources
+/// cite the run (its file under `bench/device/`).
+pub fn calibrate(run: &DeviceRun, base: &Hardware, run_name: &str) -> Result<Hardware> {
+    measured(run)?;
+    let step = run.step.as_ref().expect("checked by measured()");
+    let mut hw = base.clone();
+    let all: Vec<(&Work, u64, f64)> = works(run).collect();
+    let gemms: Vec<_> = all
+        .iter()
+        .copied()
+        .filter(|(w, ..)| matches!(w, Work::Gemm { .. }))
+        .collect();
+    // Bandwidth-bound: above 4× the shortest kernel at the base profile's rate, so the fit is
+    // not a fit of launch floors.
+    let base_cost = CostModel::new(base.clone(), 1);
+    let floor = base.kernel_min_us * 1e-6;
+    let streaming: Vec<_> = all
+        .iter()
+        .copied()
+        .filter(|(w, count, _)| w.bytes() > 0 && *count > 0 && base_cost.kernel_seconds(w.bytes()) > 4.0 * floor)
+        .collect();
+    let tiny: Vec<f64> = all
+        .iter()
+        .filter(|(w, count, _)| w.bytes() > 0 && *count > 0 && base_cost.kernel_seconds(w.bytes()) <= floor)
+        .map(|(_, count, ms)| ms * 1e3 / *count as f64)
+        .collect();
+    let mut measured = Vec::new();
+    if !gemms.is_empty() {
+        let target: f64 = gemms.iter().map(|(.., ms)| ms).sum();
+        hw.gemm_efficiency = solve(target, 1e-3, |e| {
+            total(
+                &Hardware {
+                    gemm_efficiency: e,
+                    ..hw.clone()
+                },
+                &gemms,
+            )
+        });
+        measured.push("gemm_efficiency");
+    }
+    if !streaming.is_empty() {
+        let target: f64 = streaming.iter().map(|(.., ms)| ms).sum();
+        hw.hbm_efficiency = solve(target, 1e-3, |e| {
+            total(
+                &Hardware {
+                    hbm_efficiency: e,
+                    ..hw.clone()
+                },
+                &streaming,
+            )
+        });
+        measured.push("hbm_efficiency");
+    }
+    if let Some(us) = median(tiny) {
+        hw.kernel_min_us = us;
+        measured.push("kernel_min_us");
+    }
+    let events = step.event_actions as f64 * hw.event_host_us;
+    if step.work_actions > 0 && step.host_issue_ms * 1e3 > events {
+        hw.launch_host_us = (step.host_issue_ms * 1e3 - events) / step.work_actions as f64;
+        measured.push("launch_host_us");
+    }
+    let device = run.device.as_ref().map_or("an unnamed device", |d| d.name.as_str());
+    hw.sources.insert(
+        "measured".to_string(),
+        format!(
+            "{} ({device}, {}): {} fitted to its timed step and references by `muon-opt calibrate`",
+            run_name,
+            run.date,
+            measured.join(", ")
+        ),
+    );
+    hw.measured = measured.iter().map(|s| s.to_string()).collect();
+    hw.validate()?;
+    Ok(hw)
+}

@@ -1,0 +1,338 @@
+//! The device-run pipeline without a GPU: a real schedule on the cuda translation runs on a
+//! stand-in executor whose clock advances by a known time per work action, through the same
+//! `Timed` executor `muon-opt measure` uses on a GPU. Then: every work action is timed once and
+//! read at the schedule's synchronize, the op classes price and sum exactly, `calibrate` recovers
+//! a planted GEMM efficiency, and the CLI (`measure` without a GPU, `simulate --device-run`,
+//! `calibrate`) reads and writes the documented JSON.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use muon_opt::backend::cuda::action::{Action, Buf, DevPtr};
+use muon_opt::backend::cuda::dry_run::VirtualMemory;
+use muon_opt::backend::cuda::timing::{Marker, SharedLog, Timed, TimingLog};
+use muon_opt::backend::cuda::translate::Translator;
+use muon_opt::backend::cuda::{CudaBackend, Executor};
+use muon_opt::backend::ops::StreamKind;
+use muon_opt::config::{Config, Dtype};
+use muon_opt::error::Result;
+use muon_opt::measure::compare::{calibrate, compare};
+use muon_opt::measure::{DeviceInfo, DeviceRun, StepTime, op_classes};
+use muon_opt::model::{ParamFlags, ParamSpec, Registry};
+use muon_opt::numerics::muon::MuonOptions;
+use muon_opt::plan::build_plan;
+use muon_opt::schedule::{Runtime, StepArgs};
+use muon_opt::sim::cost::CostModel;
+use muon_opt::sim::profile::{Hardware, builtin};
+use muon_opt::sim::work::Work;
+use support::tempdir::TempDir;
+
+/// A stand-in device: virtual addresses, and one clock per stream that each work action
+/// advances by the cost model's price times `gemm_factor` (GEMMs) or 1 (the rest).
+struct Clocked {
+    memory: VirtualMemory,
+    cost: CostModel,
+    gemm_factor: f64,
+    clocks: [f64; 2],
+    marks: Vec<f64>,
+}
+
+impl Executor for Clocked {
+    fn run(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        for action in actions {
+            match action {
+                Action::Alloc { buf, bytes } => bind(*buf, self.memory.alloc(*bytes), *bytes),
+                Action::CopyOut { bytes, .. } => out.push(vec![0u8; *bytes as usize]),
+                _ => {}
+            }
+            let stream = match action {
+                Action::Launch(l) => l.stream,
+                Action::Nccl(..) => StreamKind::Comm,
+                _ => StreamKind::Compute,
+            };
+            if let Some(work) = Work::of(action) {
+                let factor = if matches!(work, Work::Gemm { .. }) {
+                    self.gemm_factor
+                } else {
+                    1.0
+                };
+                self.clocks[stream as usize] += self.cost.work_seconds(&work).unwrap_or(0.0) * factor;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Marker for Clocked {
+    fn mark(&mut self, stream: StreamKind) -> Result<usize> {
+        self.marks.push(self.clocks[stream as usize]);
+        Ok(self.marks.len() - 1)
+    }
+
+    fn take_seconds(&mut self, from: usize, to: usize) -> Result<f64> {
+        Ok(self.marks[to] - self.marks[from])
+    }
+}
+
+fn model() -> Vec<ParamSpec> {
+    let mut specs = vec![
+        ParamSpec::new("emb.weight", &[512, 256], Dtype::Bf16),
+        ParamSpec::new("l0.fc1.weight", &[1024, 1024], Dtype::Bf16),
+        ParamSpec::new("l0.fc2.weight", &[1024, 1024], Dtype::Bf16),
+        ParamSpec::new("l0.norm.weight", &[1024], Dtype::Bf16),
+    ];
+    specs[0].flags = ParamFlags(ParamFlags::EMBEDDING_OR_OUTPUT);
+    specs
+}
+
+const ARGS: StepArgs = StepArgs {
+    lr: 0.02,
+    weight_decay: 0.1,
+    adam_lr: 3e-4,
+    adam_weight_decay: 0.1,
+};
+
+/// One timed step on the stand-in; returns the timed (work, seconds) pairs, the issued counts
+/// and the number of work actions the translation produced while recording.
+fn timed_step(gemm_factor: f64) -> (Vec<(Work, f64)>, (u64, u64)) {
+    let cfg = Config::default();
+    let specs = model();
+    let mut registry = Registry::default();
+    for s in &specs {
+        registry.add(s.clone(), &cfg).unwrap();
+    }
+    let plan = build_plan(registry.params(), registry.routes(), &cfg, 1).unwrap();
+    let log: SharedLog = Arc::new(Mutex::new(TimingLog::default()));
+    let device = Clocked {
+        memory: VirtualMemory::default(),
+        cost: CostModel::new(builtin("h100-nvlink").unwrap(), 1),
+        gemm_factor,
+        clocks: [0.0; 2],
+        marks: Vec::new(),
+    };
+    let backend = CudaBackend::with_executor(
+        Translator::new(0, 1, MuonOptions::from_config(&cfg)),
+        Timed::new(device, log.clone()),
+    )
+    .unwrap();
+    let mut rt = Runtime::new(Box::new(plan), specs.clone(), cfg, 0, Box::new(backend), |_| None).unwrap();
+    rt.zero_grad().unwrap();
+    log.lock().unwrap().start();
+    for p in (0..specs.len() as u32).rev() {
+        rt.grad_ready(p).unwrap();
+    }
+    rt.step(Some(&ARGS)).unwrap();
+    for b in 0..rt.plan().buckets.len() as u32 {
+        rt.wait_params(b).unwrap();
+    }
+    assert!(
+        log.lock().unwrap().pending() > 0,
+        "nothing is read before the streams synchronize"
+    );
+    rt.synchronize().unwrap();
+    let mut log = log.lock().unwrap();
+    log.stop();
+    assert_eq!(log.pending(), 0, "the synchronize reads every mark");
+    let timings: Vec<(Work, f64)> = log
+        .take()
+        .iter()
+        .map(|t| (Work::of(&t.action).expect("only work actions are timed"), t.seconds))
+        .collect();
+    (timings, log.counts())
+}
+
+fn run_of(timings: &[(Work, f64)], counts: (u64, u64), hw: &Hardware) -> DeviceRun {
+    let cost = CostModel::new(hw.clone(), 1);
+    let price = |w: &Work| cost.work_seconds(w);
+    let predicted_ms = timings.iter().filter_map(|(w, _)| price(w)).sum::<f64>() * 1e3;
+    let measured_ms = timings.iter().map(|(_, s)| s).sum::<f64>() * 1e3;
+    let mut run = DeviceRun::skipped("2026-11-26T00:00:00Z".into(), String::new(), &hw.name);
+    run.status = "measured".into();
+    run.skipped = None;
+    run.device = Some(DeviceInfo {
+        name: "stand-in".into(),
+        compute_capability: "9.0".into(),
+        sms: 132,
+        memory_gib: 80.0,
+        driver_cuda: "13.0".into(),
+    });
+    run.step = Some(StepTime {
+        measured_ms,
+        runs_ms: vec![measured_ms],
+        host_issue_ms: 1.0,
+        work_actions: counts.0,
+        event_actions: counts.1,
+        predicted_ms,
+    });
+    run.op_classes = op_classes(timings, &price);
+    run
+}
+
+/// Every work action of the step is timed exactly once, with the stand-in's clock; the op
+/// classes sum to the step and each priced class's ratio is 1 when the device runs at the
+/// model's speed.
+#[test]
+fn every_work_action_is_timed_and_the_classes_price_it() {
+    let (timings, counts) = timed_step(1.0);
+    assert_eq!(timings.len() as u64, counts.0, "one timing per issued work action");
+    assert!(counts.1 > 0, "the step records and waits on events");
+    let hw = builtin("h100-nvlink").unwrap();
+    let run = run_of(&timings, counts, &hw);
+    let names: Vec<&str> = run.op_classes.iter().map(|c| c.class.as_str()).collect();
+    for expected in [
+        "gemm bf16 1024x1024x1024",
+        "kernel muon_adamw",
+        "kernel muon_momentum",
+        "kernel muon_apply",
+    ] {
+        assert!(names.contains(&expected), "{expected} missing from {names:?}");
+    }
+    let total: f64 = run.op_classes.iter().map(|c| c.measured_ms).sum();
+    assert!((total - run.step.as_ref().unwrap().measured_ms).abs() < 1e-9);
+    for class in &run.op_classes {
+        let count: u64 = class.works.iter().map(|w| w.count).sum();
+        assert_eq!(count, class.count, "{}", class.class);
+        if let Some(ratio) = class.ratio {
+            assert!((ratio - 1.0).abs() < 1e-9, "{}: ratio {ratio}", class.class);
+        }
+    }
+    let cmp = compare(&run, &CostModel::new(hw, 1)).unwrap();
+    assert!((cmp.step_predicted_ms - cmp.step_measured_ms).abs() < 1e-9);
+}
+
+/// GEMMs twice as slow as the model says: calibration halves `gemm_efficiency`, keeps the
+/// bandwidth fit, names the run in the sources, and the calibrated profile then predicts the
+/// step it was fitted to.
+#[test]
+fn calibration_recovers_a_planted_gemm_efficiency() {
+    let hw = builtin("h100-nvlink").unwrap();
+    let (timings, counts) = timed_step(2.0);
+    let run = run_of(&timings, counts, &hw);
+    let calibrated = calibrate(&run, &hw, "bench/device/stand-in.json").unwrap();
+    let rel = (calibrated.gemm_efficiency - hw.gemm_efficiency / 2.0).abs() / hw.gemm_efficiency;
+    assert!(
+        rel < 1e-6,
+        "gemm_efficiency {} vs {}",
+        calibrated.gemm_efficiency,
+        hw.gemm_efficiency / 2.0
+    );
+    assert!((calibrated.hbm_efficiency - hw.hbm_efficiency).abs() < 1e-6);
+    assert!(calibrated.measured.contains(&"gemm_efficiency".to_string()));
+    assert!(calibrated.sources["measured"].contains("bench/device/stand-in.json"));
+    let text = serde_json::to_string(&calibrated).unwrap();
+    let reread = Hardware::from_json(&text).unwrap();
+    let (measured, estimated) = reread.provenance();
+    assert!(measured.contains(&"gemm_efficiency") && estimated.contains(&"comm_sm_share"));
+    let cmp = compare(&run, &CostModel::new(reread, 1)).unwrap();
+    let error = (cmp.step_predicted_ms - cmp.step_measured_ms).abs() / cmp.step_measured_ms;
+    assert!(error < 1e-6, "calibrated prediction off by {error}");
+}
+
+/// A profile may only claim achievable figures as measured.
+#[test]
+fn a_profile_naming_an_unknown_measured_figure_is_refused() {
+    let mut hw = builtin("h100-ib").unwrap();
+    hw.measured = vec!["bf16_tflops".into()];
+    let err = Hardware::from_json(&serde_json::to_string(&hw).unwrap()).unwrap_err();
+    assert!(err.message.contains("measured lists 'bf16_tflops'"), "{}", err.message);
+}
+
+/// The JSON round-trips; another schema version and a skipped run are refused by name.
+#[test]
+fn device_run_json_round_trips_and_refuses_what_it_cannot_use() {
+    let hw = builtin("h100-nvlink").unwrap();
+    let (timings, counts) = timed_step(1.0);
+    let mut run = run_of(&timings, counts, &hw);
+    run.environment = BTreeMap::from([("gpu".to_string(), "stand-in".to_string())]);
+    let text = serde_json::to_string_pretty(&run).unwrap();
+    assert_eq!(DeviceRun::from_json(&text).unwrap(), run, "exact float round trip");
+    let other = text.replacen("\"schema_version\": 1", "\"schema_version\": 7", 1);
+    let err = DeviceRun::from_json(&other).unwrap_err();
+    assert!(err.message.contains("schema_version 7"), "{}", err.message);
+    let skipped = DeviceRun::skipped("d".into(), "no GPU here".into(), "h100-nvlink");
+    let err = compare(&skipped, &CostModel::new(hw.clone(), 1)).unwrap_err();
+    assert!(err.message.contains("no GPU here"), "{}", err.message);
+    assert!(calibrate(&skipped, &hw, "x").is_err());
+}
+
+fn muon_opt(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .output()
+        .unwrap()
+}
+
+/// The command line: `measure` without a GPU says so, exits 0 and writes a skipped run;
+/// `simulate --device-run` prints measured / predicted per op class; `calibrate` writes a
+/// profile `simulate` accepts and reports as measured.
+#[test]
+fn cli_measures_compares_and_calibrates() {
+    let dir = TempDir::new("device_run_cli");
+    let skipped = dir.join("skipped.json");
+    let out = muon_opt(&["measure", "--out", skipped.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no GPU: skipped ("));
+    let run = DeviceRun::from_json(&std::fs::read_to_string(&skipped).unwrap()).unwrap();
+    assert_eq!(run.status, "skipped");
+
+    let hw = builtin("h100-nvlink").unwrap();
+    let (timings, counts) = timed_step(2.0);
+    let measured = dir.join("run.json");
+    std::fs::write(
+        &measured,
+        serde_json::to_string(&run_of(&timings, counts, &hw)).unwrap(),
+    )
+    .unwrap();
+    let table = muon_opt(&["simulate", "--device-run", measured.to_str().unwrap()]);
+    assert!(table.status.success(), "{}", String::from_utf8_lossy(&table.stderr));
+    let text = String::from_utf8_lossy(&table.stdout);
+    let gemm = text
+        .lines()
+        .find(|l| l.starts_with("gemm bf16 1024x1024x1024"))
+        .expect(&text);
+    assert!(
+        gemm.trim_end().ends_with("2.00"),
+        "GEMMs measured at twice the model: {gemm}"
+    );
+    let refused = muon_opt(&["simulate", "--device-run", skipped.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2));
+
+    let profile = dir.join("calibrated.json");
+    let cal = muon_opt(&[
+        "calibrate",
+        measured.to_str().unwrap(),
+        "--out",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(cal.status.success(), "{}", String::from_utf8_lossy(&cal.stderr));
+    let sim = muon_opt(&[
+        "simulate",
+        "--model",
+        "gpt2-124m",
+        "--dp",
+        "2",
+        "--hardware",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(sim.status.success(), "{}", String::from_utf8_lossy(&sim.stderr));
+    let text = String::from_utf8_lossy(&sim.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("profile h100-nvlink: measured on a GPU:"))
+        .expect(&text);
+    assert!(line.contains("measured on a GPU: gemm_efficiency"), "{line}");
+    let recompared = muon_opt(&[
+        "simulate",
+        "--device-run",
+        measured.to_str().unwrap(),
+        "--hardware",
+        profile.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&recompared.stdout);
+    assert!(text.contains("(ratio 1.000)"), "{text}");
+}
