@@ -48,6 +48,32 @@ cargo clippy --release --locked --all-targets --features gpu-tests -- -D warning
 cargo fmt --check
 RUSTDOCFLAGS="-D warnings" cargo doc --release --locked --no-deps
 
+step "device bundle (scripts/device/bundle.sh): builds within 48 MiB; its runner skips without a GPU"
+bash scripts/device/bundle.sh
+device_out=$(mktemp -d)
+OUT="$device_out" bash target/device-bundle/check.sh | tee "$device_out/stdout"
+grep -q '^no GPU: skipped (' "$device_out/stdout" || { echo "check.sh did not report the skip"; exit 1; }
+{ target/release/muon-opt simulate --device-run "$device_out/device-run.json" 2>&1 || true; } | grep -q "status 'skipped'" \
+    || { echo "check.sh wrote no skipped device run"; exit 1; }
+# Its GPU path on a stand-in nvidia-smi (the test executables then skip): the JSON it assembles
+# from the environment and the tests' output follows the schema muon-opt reads.
+mkdir -p "$device_out/bin" "$device_out/gpu"
+printf '#!/bin/sh\ncase "$*" in -L) echo "GPU 0: stand-in";; *query*) echo "stand-in, 1 MiB, 0";; esac\n' >"$device_out/bin/nvidia-smi"
+chmod +x "$device_out/bin/nvidia-smi"
+PATH="$device_out/bin:$PATH" OUT="$device_out/gpu" bash target/device-bundle/check.sh >/dev/null
+python3 - "$device_out/gpu/device-run.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))
+suites = {t["suite"] for t in run["tests"]}
+assert suites == {"cuda_gpu", "kernels_nvrtc", "cuda_no_gpu"}, suites
+assert all(t["status"] == "skip" for t in run["tests"] if t["suite"] == "cuda_gpu"), run["tests"]
+assert run["environment"]["gpu"] == "stand-in, 1 MiB, 0", run["environment"]
+print(f"stand-in GPU path: {len(run['tests'])} tests recorded, status {run['status']}")
+PY
+{ target/release/muon-opt simulate --device-run "$device_out/gpu/device-run.json" 2>&1 || true; } | grep -q "nothing was measured" \
+    || { echo "the stand-in run's JSON does not parse as a device run"; exit 1; }
+rm -rf "$device_out"
+
 step "install under a prefix (scripts/install.sh): versioned library, headers, pkg-config, CMake package"
 prefix="$PWD/target/install"
 rm -rf "$prefix"

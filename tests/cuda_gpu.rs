@@ -1,7 +1,7 @@
 //! The cuda backend on a real GPU against the host backend (`cargo test --features gpu-tests`).
 //! Needs a CUDA driver and device, libnccl.so.2, NVRTC 13 and cuBLAS 13 on LD_LIBRARY_PATH;
 //! without them every test prints a SKIPPED notice and passes. One rank: a 1-rank NCCL
-//! communicator made with `ncclCommInitRank` (resolved with dlsym from libnccl.so.2).
+//! communicator made with `ncclCommInitRank` (`nccl::SingleRankComm`, as `muon-opt measure` uses).
 //!
 //! Expected: element-wise kernels, the gradient-norm skip decision and MXFP8 bytes bit for
 //! bit; Newton–Schulz (cuBLAS) within tolerance; the golden Newton–Schulz vectors of
@@ -11,20 +11,20 @@
 
 mod support;
 
-use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys as cu;
 use muon_opt::backend::Backend;
-use muon_opt::backend::cuda::nccl::{NcclComm, NcclCommRaw};
+use muon_opt::backend::cuda::nccl::SingleRankComm;
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::ops::{
     BufferSizes, EventId, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Span, StepConstants, StreamKind,
 };
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
+use muon_opt::error::ErrorKind;
 use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamSpec, Route};
 use muon_opt::numerics::muon::{MuonOptions, muon_scale};
@@ -42,34 +42,11 @@ use support::training::{ARGS, bits, init_values, model, rank_grad};
 /// One GPU test at a time (one device, one NCCL communicator each).
 static SERIAL: Mutex<()> = Mutex::new(());
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct UniqueId {
-    internal: [c_char; 128],
-}
-
-type Comm = *mut NcclCommRaw;
-
 /// The device context (bound to this thread) and a 1-rank NCCL communicator on it.
 struct Gpu {
     ctx: Arc<CudaContext>,
-    comm: Comm,
-    destroy: unsafe extern "C" fn(Comm) -> c_int,
+    nccl: SingleRankComm,
     _serial: MutexGuard<'static, ()>,
-}
-
-impl Drop for Gpu {
-    fn drop(&mut self) {
-        // SAFETY: the communicator this test created, destroyed once.
-        unsafe { (self.destroy)(self.comm) };
-    }
-}
-
-fn symbol<T: Copy>(lib: *mut c_void, name: &std::ffi::CStr) -> T {
-    // SAFETY: dlsym on a live handle; the caller names the C type of the symbol.
-    let ptr = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    assert!(!ptr.is_null(), "libnccl.so.2 lacks {name:?}");
-    unsafe { std::mem::transmute_copy::<*mut c_void, T>(&ptr) }
 }
 
 fn gpu(test: &str) -> Option<Gpu> {
@@ -78,36 +55,29 @@ fn gpu(test: &str) -> Option<Gpu> {
         eprintln!("SKIPPED {test}: {}", e.message);
         return None;
     }
-    // SAFETY: plain dlopen of a library name.
-    let lib = unsafe { libc::dlopen(c"libnccl.so.2".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
-    if lib.is_null() {
-        eprintln!("SKIPPED {test}: libnccl.so.2 is not loadable (put NCCL's lib directory on LD_LIBRARY_PATH)");
-        return None;
-    }
     let ctx = CudaContext::new(0).expect("device 0");
     ctx.bind_to_thread().expect("bind the context");
-    let get_id: unsafe extern "C" fn(*mut UniqueId) -> c_int = symbol(lib, c"ncclGetUniqueId");
-    let init: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> c_int = symbol(lib, c"ncclCommInitRank");
-    let destroy = symbol(lib, c"ncclCommDestroy");
-    let mut id = UniqueId { internal: [0; 128] };
-    let mut comm = std::ptr::null_mut();
-    // SAFETY: out-parameters; a 1-rank communicator on the current device.
-    unsafe {
-        assert_eq!(get_id(&mut id), 0, "ncclGetUniqueId");
-        assert_eq!(init(&mut comm, 1, id, 0), 0, "ncclCommInitRank");
-    }
+    let nccl = match SingleRankComm::new() {
+        Ok(nccl) => nccl,
+        Err(e) if e.kind == ErrorKind::NcclUnavailable => {
+            eprintln!(
+                "SKIPPED {test}: {} (put NCCL's lib directory on LD_LIBRARY_PATH)",
+                e.message
+            );
+            return None;
+        }
+        Err(e) => panic!("a one-rank NCCL communicator: {e}"),
+    };
     Some(Gpu {
         ctx,
-        comm,
-        destroy,
+        nccl,
         _serial: serial,
     })
 }
 
 impl Gpu {
     fn communicator(&self) -> Arc<Communicator> {
-        // SAFETY: the live communicator of this test, destroyed after every user.
-        Communicator::new(Transport::Nccl(unsafe { NcclComm::borrow(self.comm) }.unwrap()))
+        Communicator::new(Transport::Nccl(self.nccl.borrow().unwrap()))
     }
 
     fn backend(&self, cfg: &Config, stream: CallerStream) -> CudaBackend {
@@ -541,4 +511,39 @@ fn a_captured_iteration_replays_bitwise_like_eager_ones() {
         run(false) == run(true),
         "the replayed graph differs from eager iterations"
     );
+}
+
+/// `muon-opt measure`'s pipeline on the GPU (small layers): every work action of the timed step
+/// has a positive device time, the classes cover the Newton–Schulz GEMMs and the optimizer's
+/// kernels, and every reference ran.
+#[test]
+fn the_measured_step_times_every_work_action() {
+    let Some(gpu) = gpu("the_measured_step_times_every_work_action") else {
+        return;
+    };
+    drop(gpu.nccl);
+    let opts = muon_opt::measure::step::Options {
+        layers: 2,
+        small: true,
+        ns_precision: NsPrecision::Bf16,
+        warmup_steps: 1,
+        whole_steps: 2,
+        hardware: muon_opt::sim::profile::builtin("h100-nvlink").unwrap(),
+    };
+    let run = muon_opt::measure::step::measure(&opts, "test".into()).unwrap();
+    let step = run.step.as_ref().unwrap();
+    assert!(step.measured_ms > 0.0 && step.runs_ms.len() == 2, "{step:?}");
+    assert!(step.work_actions > 0 && step.event_actions > 0, "{step:?}");
+    let timed: u64 = run.op_classes.iter().map(|c| c.count).sum();
+    assert_eq!(timed, step.work_actions, "every work action timed once");
+    for class in &run.op_classes {
+        if !class.class.starts_with("nccl") {
+            assert!(class.measured_ms > 0.0, "{}: {} ms", class.class, class.measured_ms);
+        }
+    }
+    for expected in ["kernel muon_adamw", "kernel muon_momentum", "kernel muon_mxfp8_quantize_bf16"] {
+        assert!(run.op_classes.iter().any(|c| c.class == expected), "{expected} not timed");
+    }
+    assert!(run.op_classes.iter().any(|c| c.class.starts_with("gemm bf16")));
+    assert!(run.references.iter().all(|r| r.measured_ms > 0.0 && r.achieved > 0.0));
 }

@@ -27,7 +27,8 @@ pub struct DeviceRun {
     pub schema_version: u32,
     /// UTC date and time of the run (`YYYY-MM-DDTHH:MM:SSZ`).
     pub date: String,
-    /// `measured`, or `skipped` (no GPU: `skipped` says why and nothing else is filled).
+    /// `measured`; `skipped` (no GPU) or `failed` (the measurement failed on a GPU): then
+    /// `skipped` says why and only the runner's fields are filled.
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
