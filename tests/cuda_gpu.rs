@@ -541,8 +541,15 @@ fn the_measured_step_times_every_work_action() {
             assert!(class.measured_ms > 0.0, "{}: {} ms", class.class, class.measured_ms);
         }
     }
-    for expected in ["kernel muon_adamw", "kernel muon_momentum", "kernel muon_mxfp8_quantize_bf16"] {
-        assert!(run.op_classes.iter().any(|c| c.class == expected), "{expected} not timed");
+    for expected in [
+        "kernel muon_adamw",
+        "kernel muon_momentum",
+        "kernel muon_mxfp8_quantize_bf16",
+    ] {
+        assert!(
+            run.op_classes.iter().any(|c| c.class == expected),
+            "{expected} not timed"
+        );
     }
     assert!(run.op_classes.iter().any(|c| c.class.starts_with("gemm bf16")));
     assert!(run.references.iter().all(|r| r.measured_ms > 0.0 && r.achieved > 0.0));

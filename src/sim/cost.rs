@@ -293,12 +293,29 @@ impl CostModel {
         (self.hw.nccl_base_latency_us + steps as f64 * hop) * US + traffic / bandwidth
     }
 
+    /// Nodes the data-parallel group spans.
+    fn nodes(&self) -> u32 {
+        self.dp.div_ceil(self.hw.dp_ranks_per_node)
+    }
+
+    /// The fraction of the SMs a collective of the data-parallel group occupies: its ring's
+    /// transport's share (`comm_sm_share` inside a node, `comm_sm_share_network` across nodes).
+    pub fn comm_sm_share(&self) -> f64 {
+        if self.nodes() <= 1 {
+            self.hw.comm_sm_share
+        } else {
+            self.hw.comm_sm_share_network
+        }
+    }
+
     /// The average hop latency (µs) of a ring over `ranks` ranks spread over the nodes of the
     /// data-parallel group, and its bandwidth (bytes/s): a ring over `nodes` nodes crosses the
-    /// network `nodes` times per turn.
+    /// network `nodes` times per turn. With several of the group's ranks per node, NCCL runs one
+    /// ring per NIC at once (multi-rail): the network bandwidth of `min(nics_per_node, ranks
+    /// per node)` NICs, capped by NVLink's, which every ring also crosses inside the nodes.
     fn ring(&self, ranks: u32) -> (f64, f64) {
         let n = f64::from(ranks);
-        let nodes = self.dp.div_ceil(self.hw.dp_ranks_per_node);
+        let nodes = self.nodes();
         if nodes <= 1 {
             return self.nvlink_ring();
         }
@@ -306,7 +323,9 @@ impl CostModel {
         let hop = (network_hops * self.hw.nccl_hop_latency_network_us
             + (n - network_hops) * self.hw.nccl_hop_latency_nvlink_us)
             / n;
-        (hop, self.hw.network_gbps * GB * self.hw.network_efficiency)
+        let rails = f64::from(self.hw.nics_per_node.min(self.hw.dp_ranks_per_node));
+        let network = self.hw.network_gbps * GB * self.hw.network_efficiency * rails;
+        (hop, network.min(self.nvlink_ring().1))
     }
 
     /// Seconds of the framework's forward (`share` = 1/3) or backward (2/3) over `params`

@@ -15,7 +15,7 @@ use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::Config;
 use crate::error::Result;
-use crate::model::ParamSpec;
+use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::Plan;
 use crate::schedule::{Runtime, StepArgs};
@@ -251,6 +251,21 @@ pub fn train(runtime: &mut Runtime, plan: &Plan, iterations: usize, hooks: &mut 
     Ok(())
 }
 
+/// Params whose forward is a table lookup rather than a GEMM (no `6·numel·tokens` flops): the
+/// input embeddings (`…embeddings…`, flagged as embedding) of a model that has an output layer
+/// of its own. A word embedding tied to the output (GPT-2) is also the output GEMM and is
+/// charged as one; position embeddings are lookups either way.
+pub fn lookups(params: &[ParamSpec]) -> Vec<bool> {
+    let embedding = |s: &ParamSpec| s.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && s.name.contains("embeddings");
+    let own_output = params
+        .iter()
+        .any(|s| s.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && !s.name.contains("embeddings"));
+    params
+        .iter()
+        .map(|s| embedding(s) && (own_output || s.name.contains("position")))
+        .collect()
+}
+
 /// Runs rank `rank`'s schedule for `plan` and records its host program.
 pub fn record_rank(
     plan: &Plan,
@@ -289,6 +304,7 @@ pub fn record_rank(
         |_| None,
     )?;
     let model_cost = lock(&recorder).cost.clone();
+    let lookup = lookups(params);
     let mut hooks = |event: TrainerEvent| {
         let mut r = lock(&recorder);
         match event {
@@ -304,7 +320,11 @@ pub fn record_rank(
                 r.out.items.push(Item::Work {
                     stream: StreamKind::Compute,
                     host,
-                    device: model_cost.model_compute(params[param].numel(), trainer.tokens, share),
+                    device: if lookup[param] {
+                        0.0
+                    } else {
+                        model_cost.model_compute(params[param].numel(), trainer.tokens, share)
+                    },
                     class,
                     label: Label { call, what: "model" },
                 });

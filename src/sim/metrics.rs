@@ -67,14 +67,15 @@ pub struct Figures {
     /// `iteration_ms − model_compute_ms`: what the optimizer adds to an iteration.
     pub exposed_ms: f64,
     /// Lower bound of `exposed_ms` without SM contention: `max(0, grad comm − backward) +
-    /// max(optimizer compute, param comm − forward)` (see `docs/simulate.md`).
+    /// max(optimizer compute, param comm − forward)`, every term from the run without
+    /// contention (see `docs/simulate.md`).
     pub lower_bound_ms: f64,
     /// `exposed_ms / lower_bound_ms`.
     pub ratio: f64,
-    /// Of `exposed_ms`, what SM contention costs: how much longer rank 0's compute-stream work
-    /// of the iteration runs with contention than without. The lower bound leaves it out (a schedule hides communication
-    /// only by paying it), so `(exposed_ms − contention_ms) / lower_bound_ms` measures the
-    /// schedule alone.
+    /// Of `exposed_ms`, what SM contention costs: the iteration time with contention minus the
+    /// iteration time of the same run without it. The lower bound leaves it out (a schedule
+    /// hides communication only by paying it), so `(exposed_ms − contention_ms) /
+    /// lower_bound_ms` measures the schedule alone.
     pub contention_ms: f64,
     /// The slowest rank's optimizer work on the compute stream (Newton–Schulz, AdamW, casts,
     /// norm, memsets): it cannot overlap the model's compute, which shares the stream.
@@ -84,7 +85,8 @@ pub struct Figures {
     /// Collective time no schedule can hide: gradient collectives beyond the backward, plus
     /// param collectives beyond the forward (busiest rank).
     pub unhidden_comm_ms: f64,
-    /// Fraction of gradient-collective time during which the compute stream is busy.
+    /// Fraction of gradient-collective time during which the compute stream is busy (the
+    /// model's compute or the optimizer's kernels: either way the collective is hidden).
     pub grad_overlap: f64,
     /// Fraction of param-collective time during which the compute stream is busy (the
     /// param collectives of the iteration before the last, which run into the last one).
@@ -145,21 +147,26 @@ pub(crate) fn covered(start: f64, end: f64, intervals: &[(f64, f64)]) -> f64 {
     total
 }
 
+/// Compute-stream work: the model's forward and backward and the optimizer's kernels.
+fn is_compute_work(s: &Slice) -> bool {
+    s.stream == StreamKind::Compute && matches!(s.class, Class::Forward | Class::Backward | Class::Optimizer)
+}
+
 fn overlap(t: &Timeline, i: usize, keep: impl Fn(&Slice) -> bool) -> f64 {
-    let mut model: Vec<(f64, f64)> = t
+    let mut busy: Vec<(f64, f64)> = t
         .slices
         .iter()
-        .filter(|s| is_model(s))
+        .filter(|s| is_compute_work(s))
         .map(|s| (s.start, s.end))
         .collect();
-    model.sort_by(|a, b| a.0.total_cmp(&b.0));
+    busy.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (mut hidden, mut total) = (0.0, 0.0);
     for s in t
         .slices
         .iter()
         .filter(|s| in_iter(s, i) && s.class == Class::Collective && keep(s))
     {
-        hidden += covered(s.start, s.end, &model);
+        hidden += covered(s.start, s.end, &busy);
         total += s.end - s.start;
     }
     if total > 0.0 { hidden / total } else { 1.0 }
@@ -199,21 +206,15 @@ pub fn model_compute(t: &Timeline, i: usize) -> f64 {
 /// iteration before, whose param collectives run under the last iteration's forward).
 /// `model` is the iteration's forward and backward compute without SM contention: what the
 /// collectives take from it counts as exposed optimizer time.
-/// `uncontended` are the timelines of the same run without SM contention: how much longer
-/// rank 0's compute-stream work takes with it is what contention costs, and the lower bound
-/// (which leaves contention out) is read from them.
+/// `uncontended` are the timelines of the same run without SM contention: the iteration time it
+/// adds is what contention costs, and the lower bound (which leaves contention out) is read
+/// from them.
 pub fn figures(timelines: &[Timeline], iterations: usize, model: f64, uncontended: &[Timeline]) -> Figures {
     let last = iterations - 1;
     let t0 = &timelines[0];
+    let u0 = &uncontended[0];
     let iteration = iteration_time(t0, last);
-    // The same items in the same order: slice i of both runs is the same work.
-    let contention: f64 = t0
-        .slices
-        .iter()
-        .zip(&uncontended[0].slices)
-        .filter(|(s, _)| in_iter(s, last) && s.stream == StreamKind::Compute)
-        .map(|(s, u)| (s.end - s.start) - (u.end - u.start))
-        .sum();
+    let contention = iteration - iteration_time(u0, last);
     let exposed = iteration - model;
     let optimizer = |t: &Timeline| {
         sum(t, last, |s| {
@@ -228,13 +229,12 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64, uncontende
             )
         })
     };
-    let max_over = |f: &dyn Fn(&Timeline) -> f64| timelines.iter().map(f).fold(0.0, f64::max);
     let max_uncontended = |f: &dyn Fn(&Timeline) -> f64| uncontended.iter().map(f).fold(0.0, f64::max);
     let optimizer_compute = max_uncontended(&optimizer);
-    let forward = sum(t0, last, |s| s.class == Class::Forward);
-    let backward = sum(t0, last, |s| s.class == Class::Backward);
-    let grad_comm = max_over(&|t| sum(t, last, |s| s.class == Class::Collective && is_grad_collective(s)));
-    let param_comm = max_over(&|t| sum(t, last, |s| s.class == Class::Collective && is_param_collective(s)));
+    let forward = sum(u0, last, |s| s.class == Class::Forward);
+    let backward = sum(u0, last, |s| s.class == Class::Backward);
+    let grad_comm = max_uncontended(&|t| sum(t, last, |s| s.class == Class::Collective && is_grad_collective(s)));
+    let param_comm = max_uncontended(&|t| sum(t, last, |s| s.class == Class::Collective && is_param_collective(s)));
     let unhidden_grad = (grad_comm - backward).max(0.0);
     let unhidden_param = (param_comm - forward).max(0.0);
     let lower_bound = unhidden_grad + optimizer_compute.max(unhidden_param);

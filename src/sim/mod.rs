@@ -164,7 +164,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     }
     let first = engine::run(programs.clone())?;
     let model = metrics::model_compute(&first[0], scenario.iterations - 1);
-    let programs = contend(programs, &first, scenario.hardware.comm_sm_share);
+    let programs = contend(programs, &first, cost.comm_sm_share());
     let timelines = engine::run(programs)?;
     Ok(Simulation {
         schema_version: crate::SCHEMA_VERSION,
@@ -182,10 +182,12 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     })
 }
 
-/// SM contention, one fixed-point step: every compute-stream item's duration grows by the part
-/// of it that overlapped a collective of its rank in `timelines` (the run without contention),
-/// which runs at `1 − share` of full speed: `d · (1 + f·share / (1 − share))` for an overlapped
-/// fraction `f`.
+/// SM contention, one fixed-point step: every optimizer item on the compute stream grows by the
+/// part of it that overlapped a collective of its rank in `timelines` (the run without
+/// contention), which runs at `1 − share` of full speed: `d · (1 + f·share / (1 − share))` for
+/// an overlapped fraction `f`. The modelled forward and backward are not stretched: their
+/// `model_efficiency` is an end-to-end MFU measured with the training's collectives running,
+/// so it already contains what those take from them.
 fn contend(mut programs: Vec<Vec<Item>>, timelines: &[Timeline], share: f64) -> Vec<Vec<Item>> {
     for (program, timeline) in programs.iter_mut().zip(timelines) {
         let mut collectives: Vec<(f64, f64)> = timeline
@@ -205,6 +207,7 @@ fn contend(mut programs: Vec<Vec<Item>>, timelines: &[Timeline], share: f64) -> 
             if let (
                 Item::Work {
                     stream: StreamKind::Compute,
+                    class: Class::Optimizer,
                     device,
                     ..
                 },

@@ -44,9 +44,17 @@ pub struct Hardware {
     pub nccl_base_latency_us: f64,
     pub nccl_hop_latency_nvlink_us: f64,
     pub nccl_hop_latency_network_us: f64,
-    /// Fraction of the SMs a running collective occupies: compute kernels that overlap it run
-    /// at `1 − comm_sm_share` of their speed for the overlapped part.
+    /// Fraction of the SMs a running collective occupies when its ring stays inside a node
+    /// (NVLink): compute kernels that overlap it run at `1 − comm_sm_share` of their speed for
+    /// the overlapped part.
     pub comm_sm_share: f64,
+    /// The same when its ring crosses the network (fewer channels: a NIC is the bottleneck).
+    pub comm_sm_share_network: f64,
+    /// Network interfaces per node: a data-parallel group with several GPUs per node runs
+    /// that many rings at once over them (multi-rail), up to one per GPU of the group.
+    pub nics_per_node: u32,
+    /// Device memory per GPU, GB (1e9 bytes): what the library's allocations must fit in.
+    pub memory_gb: f64,
     /// Host time to issue one kernel, GEMM, memset, copy or NCCL group.
     pub launch_host_us: f64,
     /// Shortest device time of any kernel.
@@ -79,6 +87,7 @@ pub const ACHIEVABLE_FIGURES: &[&str] = &[
     "nccl_hop_latency_nvlink_us",
     "nccl_hop_latency_network_us",
     "comm_sm_share",
+    "comm_sm_share_network",
     "model_efficiency",
 ];
 
@@ -125,6 +134,7 @@ impl Hardware {
             ("nvlink_gbps", self.nvlink_gbps),
             ("network_gbps", self.network_gbps),
             ("pcie_gbps", self.pcie_gbps),
+            ("memory_gb", self.memory_gb),
         ];
         for (field, value) in positive {
             if !(value.is_finite() && value > 0.0) {
@@ -160,12 +170,13 @@ impl Hardware {
                 );
             }
         }
-        if !(0.0..1.0).contains(&self.comm_sm_share) {
-            bail!(
-                OutOfRange,
-                "hardware profile: comm_sm_share = {} must be in [0, 1)",
-                self.comm_sm_share
-            );
+        for (field, value) in [
+            ("comm_sm_share", self.comm_sm_share),
+            ("comm_sm_share_network", self.comm_sm_share_network),
+        ] {
+            if !(0.0..1.0).contains(&value) {
+                bail!(OutOfRange, "hardware profile: {field} = {value} must be in [0, 1)");
+            }
         }
         if let Some(unknown) = self.measured.iter().find(|m| !ACHIEVABLE_FIGURES.contains(&m.as_str())) {
             bail!(
@@ -174,10 +185,10 @@ impl Hardware {
                 ACHIEVABLE_FIGURES.join(", ")
             );
         }
-        if self.sms == 0 || self.gemm_tile == 0 || self.dp_ranks_per_node == 0 {
+        if self.sms == 0 || self.gemm_tile == 0 || self.dp_ranks_per_node == 0 || self.nics_per_node == 0 {
             bail!(
                 OutOfRange,
-                "hardware profile: sms, gemm_tile and dp_ranks_per_node must be >= 1"
+                "hardware profile: sms, gemm_tile, dp_ranks_per_node and nics_per_node must be >= 1"
             );
         }
         Ok(())

@@ -1,0 +1,147 @@
+//! The simulator's model choices, one test each: contention reported as the iteration time it
+//! adds and left out of the lower bound; the SM share of a collective by its transport;
+//! multi-rail network rings; overlap counted against every compute-stream kernel; the
+//! embedding's forward as a lookup.
+
+use muon_opt::backend::cuda::action::{NcclCall, NcclType};
+use muon_opt::model::ParamFlags;
+use muon_opt::plan::presets::preset;
+use muon_opt::sim::cost::CostModel;
+use muon_opt::sim::drive::lookups;
+use muon_opt::sim::profile::{Hardware, builtin};
+use muon_opt::sim::{Scenario, simulate};
+
+fn h100(name: &str) -> Hardware {
+    builtin(name).unwrap()
+}
+
+/// Share 0 against share s on one scenario: the reported contention is exactly the iteration
+/// time the share adds, and the lower bound (which leaves contention out) does not move.
+#[test]
+fn contention_is_the_iteration_time_it_adds_and_not_part_of_the_bound() {
+    for (model, dp, profile) in [("gpt2-124m", 4, "h100-nvlink"), ("llama3-8b", 2, "h100-ib")] {
+        let run = |share: f64| {
+            let hardware = Hardware {
+                comm_sm_share: share,
+                comm_sm_share_network: share,
+                ..h100(profile)
+            };
+            simulate(&Scenario::new(preset(model).unwrap(), dp, hardware))
+                .unwrap()
+                .figures
+        };
+        let (free, contended) = (run(0.0), run(0.3));
+        assert_eq!(free.contention_ms, 0.0);
+        let added = contended.iteration_ms - free.iteration_ms;
+        assert!(added > 0.0, "{model}: a share of 0.3 adds nothing");
+        assert!(
+            (contended.contention_ms - added).abs() < 1e-9,
+            "{model}: contention {} ms vs iteration difference {added} ms",
+            contended.contention_ms
+        );
+        assert!((contended.lower_bound_ms - free.lower_bound_ms).abs() < 1e-9);
+        assert_eq!(contended.model_compute_ms, free.model_compute_ms);
+    }
+}
+
+/// A ring inside one node takes NVLink's share of the SMs, a ring across nodes the network's.
+#[test]
+fn the_sm_share_of_a_collective_follows_its_transport() {
+    let nvlink = h100("h100-nvlink");
+    assert_eq!(CostModel::new(nvlink.clone(), 8).comm_sm_share(), nvlink.comm_sm_share);
+    assert_eq!(
+        CostModel::new(nvlink.clone(), 16).comm_sm_share(),
+        nvlink.comm_sm_share_network
+    );
+    let ib = h100("h100-ib");
+    assert_eq!(CostModel::new(ib.clone(), 2).comm_sm_share(), ib.comm_sm_share_network);
+    assert!(ib.comm_sm_share_network < ib.comm_sm_share / 3.0);
+}
+
+/// Across nodes, a group holding every GPU of its nodes runs one ring per NIC: the bandwidth of
+/// all the node's NICs, capped by NVLink's; one rank per node (TP fills the node) has one NIC.
+#[test]
+fn multi_rail_rings_use_every_nic_of_the_node() {
+    let bytes: u64 = 1 << 30;
+    let call = NcclCall::AllGather {
+        send: 0,
+        recv: 0,
+        send_count: bytes / 2 / 16,
+        dtype: NcclType::Bf16,
+    };
+    let time = |hw: Hardware| CostModel::new(hw, 16).nccl(&call);
+    let nvlink = h100("h100-nvlink");
+    let traffic = bytes as f64 * 15.0 / 16.0;
+    let latency = |hw: &Hardware| {
+        let nodes = 2.0;
+        let hop = (nodes * hw.nccl_hop_latency_network_us + (16.0 - nodes) * hw.nccl_hop_latency_nvlink_us) / 16.0;
+        (hw.nccl_base_latency_us + 15.0 * hop) * 1e-6
+    };
+    let rails = (nvlink.network_gbps * 1e9 * nvlink.network_efficiency * 8.0)
+        .min(nvlink.nvlink_gbps * 1e9 * nvlink.nvlink_efficiency);
+    let expected = latency(&nvlink) + traffic / rails;
+    assert!(
+        (time(nvlink.clone()) - expected).abs() < 1e-12,
+        "{} vs {expected}",
+        time(nvlink.clone())
+    );
+    let one_nic = Hardware {
+        dp_ranks_per_node: 1,
+        ..nvlink.clone()
+    };
+    let single = time(one_nic.clone());
+    let hop = one_nic.nccl_hop_latency_network_us;
+    let expected = (one_nic.nccl_base_latency_us + 15.0 * hop) * 1e-6 + traffic / (50e9 * 0.9);
+    assert!((single - expected).abs() < 1e-12, "{single} vs {expected}");
+    assert!(single > 6.0 * time(nvlink));
+}
+
+/// Param all-gathers that run under Newton–Schulz kernels are hidden: the overlap counts
+/// every compute-stream kernel, not only the model's.
+#[test]
+fn param_overlap_counts_the_optimizer_kernels_as_cover() {
+    let f = simulate(&Scenario::new(preset("llama3-8b").unwrap(), 8, h100("h100-nvlink")))
+        .unwrap()
+        .figures;
+    assert!(f.param_overlap > 0.5, "param overlap {}", f.param_overlap);
+}
+
+/// The model compute charges `6·numel·tokens` to every param but the lookups: llama3's input
+/// embedding (it has an output layer of its own) and GPT-2's position embedding (its word
+/// embedding is tied to the output, so it stays a GEMM).
+#[test]
+fn an_embedding_forward_is_a_lookup_unless_it_is_the_tied_output() {
+    for (model, lookup_names) in [
+        ("llama3-8b", vec!["embedding.word_embeddings.weight"]),
+        ("gpt2-124m", vec!["embedding.position_embeddings.weight"]),
+    ] {
+        let desc = preset(model).unwrap();
+        let flags = lookups(&desc.params);
+        let names: Vec<&str> = desc
+            .params
+            .iter()
+            .zip(&flags)
+            .filter(|(_, l)| **l)
+            .map(|(p, _)| p.name.as_str())
+            .collect();
+        assert_eq!(names, lookup_names, "{model}");
+        assert!(
+            desc.params
+                .iter()
+                .zip(&flags)
+                .all(|(p, l)| !l || p.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT))
+        );
+        let hw = h100("h100-nvlink");
+        let scenario = Scenario::new(desc.clone(), 2, hw.clone());
+        let counted: u64 = desc
+            .params
+            .iter()
+            .zip(&flags)
+            .filter(|(_, l)| !**l)
+            .map(|(p, _)| p.numel())
+            .sum();
+        let expected = CostModel::new(hw, 2).model_compute(counted, scenario.tokens_per_gpu, 1.0) * 1e3;
+        let got = simulate(&scenario).unwrap().figures.model_compute_ms;
+        assert!((got - expected).abs() < 1e-6 * expected, "{model}: {got} vs {expected}");
+    }
+}
