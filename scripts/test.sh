@@ -24,6 +24,10 @@ cargo build --release --locked
 git diff --exit-code -- include/muon_opt.h \
     || { echo "include/muon_opt.h changed when regenerated: commit the regenerated header"; exit 1; }
 
+step "docs/performance.md is what 'muon-opt simulate --scenario all --markdown' prints"
+target/release/muon-opt simulate --scenario all --markdown | diff -u docs/performance.md - \
+    || { echo "docs/performance.md is stale: regenerate it with the command above"; exit 1; }
+
 step "exported symbols are muon_* only"
 bad=$(nm -D --defined-only target/release/libmuon_opt.so | awk '$2 ~ /^[TtWwDdBbRr]$/ {print $3}' | grep -v '^muon_' || true)
 [ -z "$bad" ] || { echo "unexpected exports:"; echo "$bad"; exit 1; }

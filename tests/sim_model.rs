@@ -1,15 +1,17 @@
 //! The simulator's model choices, one test each: contention reported as the iteration time it
 //! adds and left out of the lower bound; the SM share of a collective by its transport;
 //! multi-rail network rings; overlap counted against every compute-stream kernel; the
-//! embedding's forward as a lookup.
+//! embedding's forward as a lookup; the AdamW baseline, bf16 gradients and the memory check.
 
 use muon_opt::backend::cuda::action::{NcclCall, NcclType};
+use muon_opt::config::Dtype;
 use muon_opt::model::ParamFlags;
 use muon_opt::plan::presets::preset;
 use muon_opt::sim::cost::CostModel;
 use muon_opt::sim::drive::lookups;
 use muon_opt::sim::profile::{Hardware, builtin};
-use muon_opt::sim::{Scenario, simulate};
+use muon_opt::sim::scenarios::JOBS;
+use muon_opt::sim::{Scenario, simulate, simulate_against_adamw};
 
 fn h100(name: &str) -> Hardware {
     builtin(name).unwrap()
@@ -143,5 +145,55 @@ fn an_embedding_forward_is_a_lookup_unless_it_is_the_tied_output() {
         let expected = CostModel::new(hw, 2).model_compute(counted, scenario.tokens_per_gpu, 1.0) * 1e3;
         let got = simulate(&scenario).unwrap().figures.model_compute_ms;
         assert!((got - expected).abs() < 1e-6 * expected, "{model}: {got} vs {expected}");
+    }
+}
+
+/// The AdamW baseline runs the same scenario with every param on distributed AdamW: no
+/// Newton–Schulz at all, and the overhead figures follow from the two iterations.
+#[test]
+fn the_adamw_baseline_has_no_newton_schulz_and_the_overhead_follows_from_both_runs() {
+    let scenario = Scenario::new(preset("gpt2-124m").unwrap(), 4, h100("h100-nvlink"));
+    let muon = simulate_against_adamw(&scenario).unwrap();
+    let adamw = simulate(&Scenario {
+        adamw_only: true,
+        ..scenario.clone()
+    })
+    .unwrap();
+    assert_eq!(adamw.figures.newton_schulz_ms, 0.0);
+    assert!(adamw.adamw_only && !muon.adamw_only);
+    let b = muon.adamw_baseline.as_ref().unwrap();
+    assert_eq!(b.adamw_iteration_ms, adamw.figures.iteration_ms);
+    assert!((b.difference_ms - (muon.figures.iteration_ms - adamw.figures.iteration_ms)).abs() < 1e-9);
+    assert!((b.muon_overhead - (muon.figures.iteration_ms / adamw.figures.iteration_ms - 1.0)).abs() < 1e-12);
+    assert_eq!(b.newton_schulz_ms, muon.figures.newton_schulz_ms);
+    assert!(muon.figures.newton_schulz_ms > 0.0);
+}
+
+/// bf16 gradients halve the grad buffers and the gradient collectives' bytes.
+#[test]
+fn bf16_gradients_halve_the_gradient_bytes() {
+    let run = |grad_dtype| {
+        simulate(&Scenario {
+            grad_dtype,
+            ..Scenario::new(preset("gpt2-124m").unwrap(), 4, h100("h100-ib"))
+        })
+        .unwrap()
+    };
+    let (f32, bf16) = (run(Dtype::F32), run(Dtype::Bf16));
+    assert_eq!(f32.grad_dtype, "f32");
+    assert_eq!(bf16.device_bytes.grads * 2, f32.device_bytes.grads);
+    assert!(bf16.figures.unhidden_comm_ms <= f32.figures.unhidden_comm_ms);
+}
+
+/// The library's bytes per rank are checked against the GPU's memory.
+#[test]
+fn a_job_that_needs_more_than_the_gpu_does_not_fit() {
+    let small = simulate(&Scenario::new(preset("llama3-8b").unwrap(), 8, h100("h100-nvlink"))).unwrap();
+    assert!(small.fits && small.memory_gb == 80.0);
+    let big = simulate(&Scenario::new(preset("llama3-70b").unwrap(), 8, h100("h100-ib"))).unwrap();
+    assert!(!big.fits, "{} GB per rank", big.device_bytes.total as f64 / 1e9);
+    for job in JOBS {
+        let sim = simulate(&job.scenario(false).unwrap()).unwrap();
+        assert!(sim.fits, "{}: {} GB", job.name, sim.device_bytes.total as f64 / 1e9);
     }
 }

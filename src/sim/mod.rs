@@ -13,14 +13,15 @@ pub mod drive;
 pub mod engine;
 pub mod metrics;
 pub mod profile;
+pub mod scenarios;
 pub mod work;
 
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, MuonLayout, NsPrecision, TpMode};
+use crate::config::{Config, Dtype, MuonLayout, NsPrecision, TpMode};
 use crate::error::Result;
-use crate::model::{ParamFlags, Route};
+use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::build_plan;
 use crate::plan::presets::ModelDesc;
 
@@ -54,6 +55,12 @@ pub struct Scenario {
     /// Tensor parallelism: the TP size (each simulated rank holds TP rank 0's shards,
     /// [`ModelDesc::with_tensor_parallel`]) and how its Muon matrices are orthogonalized.
     pub tp: Option<(usize, TpMode)>,
+    /// Element type gradients are reduced in (`grad_dtype`; Megatron reduces in the param
+    /// dtype unless `--accumulate-allreduce-grads-in-fp32`).
+    pub grad_dtype: Dtype,
+    /// Every param on distributed AdamW (flagged `NO_MUON`), the same buckets, collectives and
+    /// MXFP8 params otherwise: Megatron's DistributedOptimizer, the baseline Muon is compared to.
+    pub adamw_only: bool,
 }
 
 impl Scenario {
@@ -74,6 +81,8 @@ impl Scenario {
             bucket_size: 0,
             norm_group: None,
             tp: None,
+            grad_dtype: Config::default().grad_dtype,
+            adamw_only: false,
         }
     }
 
@@ -87,6 +96,7 @@ impl Scenario {
             bucket_size: self.bucket_size,
             vocab_size: self.model.vocab_size,
             muon_tp_mode: self.tp.map_or(TpMode::Blockwise, |(_, mode)| mode),
+            grad_dtype: self.grad_dtype,
             ..Config::default()
         }
     }
@@ -104,10 +114,20 @@ pub struct Simulation {
     pub ns_precision: String,
     pub tokens_per_gpu: u64,
     pub iterations: usize,
+    pub grad_dtype: String,
+    /// Every param on distributed AdamW (the baseline run itself).
+    pub adamw_only: bool,
     #[serde(flatten)]
     pub figures: Figures,
     /// The largest per-rank device footprint, by kind.
     pub device_bytes: DeviceBytes,
+    /// The profile's device memory, GB, and whether the library's bytes fit in it (the
+    /// framework's activations and workspace come on top).
+    pub memory_gb: f64,
+    pub fits: bool,
+    /// The same scenario with every param on distributed AdamW, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adamw_baseline: Option<Overhead>,
     #[serde(skip)]
     pub timelines: Vec<Timeline>,
 }
@@ -130,12 +150,19 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         None => scenario.model.clone(),
     };
     let mut registry = model.registry(&cfg)?;
-    if scenario.mxfp8 {
+    if scenario.mxfp8 || scenario.adamw_only {
         let mut model = model.clone();
         for (spec, route) in model.params.iter_mut().zip(registry.routes()) {
             let (rows, cols) = spec.flat_2d();
-            if *route == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
+            if scenario.mxfp8 && *route == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
                 spec.flags = ParamFlags(spec.flags.0 | ParamFlags::MXFP8);
+            }
+            if scenario.adamw_only {
+                // AdamW is element-wise: a fused matrix's split means nothing to it.
+                let whole = ParamSpec::new(spec.name.clone(), &spec.shape, spec.dtype);
+                spec.split_sizes = whole.split_sizes;
+                spec.split_groups = whole.split_groups;
+                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::NO_MUON);
             }
         }
         registry = model.registry(&cfg)?;
@@ -176,10 +203,58 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         ns_precision: scenario.ns_precision.name().to_string(),
         tokens_per_gpu: scenario.tokens_per_gpu,
         iterations: scenario.iterations,
+        grad_dtype: scenario.grad_dtype.name().to_string(),
+        adamw_only: scenario.adamw_only,
         figures: metrics::figures(&timelines, scenario.iterations, model, &first),
+        memory_gb: scenario.hardware.memory_gb,
+        fits: device_bytes.total as f64 <= scenario.hardware.memory_gb * 1e9,
         device_bytes,
+        adamw_baseline: None,
         timelines,
     })
+}
+
+/// What Muon adds to an iteration over distributed AdamW on the same scenario.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Overhead {
+    pub adamw_iteration_ms: f64,
+    /// `iteration_muon − iteration_adamw`.
+    pub difference_ms: f64,
+    /// `iteration_muon / iteration_adamw − 1`.
+    pub muon_overhead: f64,
+    /// The busiest rank's Newton–Schulz ms (the Muon run's).
+    pub newton_schulz_ms: f64,
+    /// `difference_ms / newton_schulz_ms`: 1 when Muon costs exactly its Newton–Schulz.
+    pub difference_over_newton_schulz: f64,
+    /// The baseline's exposed optimizer ms and device bytes per rank.
+    pub adamw_exposed_ms: f64,
+    pub adamw_device_bytes: u64,
+}
+
+/// `scenario` and its AdamW baseline (the same scenario with `adamw_only`): the Muon run with
+/// `adamw_baseline` filled.
+pub fn simulate_against_adamw(scenario: &Scenario) -> Result<Simulation> {
+    let mut muon = simulate(scenario)?;
+    let adamw = simulate(&Scenario {
+        adamw_only: true,
+        ..scenario.clone()
+    })?;
+    let (m, a) = (&muon.figures, &adamw.figures);
+    let difference = m.iteration_ms - a.iteration_ms;
+    muon.adamw_baseline = Some(Overhead {
+        adamw_iteration_ms: a.iteration_ms,
+        difference_ms: difference,
+        muon_overhead: m.iteration_ms / a.iteration_ms - 1.0,
+        newton_schulz_ms: m.newton_schulz_ms,
+        difference_over_newton_schulz: if m.newton_schulz_ms > 0.0 {
+            difference / m.newton_schulz_ms
+        } else {
+            f64::NAN
+        },
+        adamw_exposed_ms: a.exposed_ms,
+        adamw_device_bytes: adamw.device_bytes.total,
+    });
+    Ok(muon)
 }
 
 /// SM contention, one fixed-point step: every optimizer item on the compute stream grows by the

@@ -1,6 +1,7 @@
 //! `muon-opt simulate`: training iterations of the real schedule on a modelled GPU cluster,
 //! in one or every layout.
 
+mod performance;
 mod table;
 mod trace;
 
@@ -8,20 +9,35 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use muon_opt::config::{NsPrecision, TpMode};
+use muon_opt::config::{Dtype, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
-use muon_opt::sim::{Scenario, simulate};
+use muon_opt::sim::{Scenario, simulate, simulate_against_adamw};
 
 use crate::shared_args::{LayoutChoice, load_model};
 
 #[derive(Args)]
 pub struct SimulateArgs {
     /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
-    #[arg(long, required_unless_present = "device_run")]
+    #[arg(long, required_unless_present_any = ["device_run", "scenario"])]
     model: Option<String>,
     /// Data-parallel size.
-    #[arg(long, required_unless_present = "device_run")]
+    #[arg(long, required_unless_present_any = ["device_run", "scenario"])]
     dp: Option<usize>,
+    /// Instead of --model/--dp: a named job people run (`all`: every one, MXFP8 off and on,
+    /// each against its AdamW baseline), as a table (`--markdown`: docs/performance.md).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["model", "dp", "device_run"])]
+    scenario: Option<String>,
+    /// With --scenario: print docs/performance.md.
+    #[arg(long, requires = "scenario")]
+    markdown: bool,
+    /// Also run the scenario with every param on distributed AdamW (Megatron's
+    /// DistributedOptimizer: same buckets, reduce-scatter grads, all-gather params) and report
+    /// Muon's overhead over it.
+    #[arg(long, value_enum)]
+    baseline: Option<BaselineChoice>,
+    /// Element type gradients are reduced in (the library's grad_dtype).
+    #[arg(long, value_enum, default_value_t = GradDtypeChoice::F32)]
+    grad_dtype: GradDtypeChoice,
     /// Instead of a scenario: price a device run's measured op classes (`muon-opt measure
     /// --out`, `bench/device/*.json`) with `--hardware` and print measured / predicted.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["model", "dp"])]
@@ -71,6 +87,17 @@ pub struct SimulateArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum BaselineChoice {
+    Adamw,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GradDtypeChoice {
+    Bf16,
+    F32,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum TpModeChoice {
     Blockwise,
     Duplicated,
@@ -113,6 +140,9 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     if let Some(path) = &args.device_run {
         return crate::device::run_comparison(path, &args.hardware, args.json);
     }
+    if let Some(name) = &args.scenario {
+        return performance::run(name, args.markdown, args.json);
+    }
     let (Some(model), Some(dp)) = (&args.model, args.dp) else {
         return Err("--model and --dp are required without --device-run".to_string());
     };
@@ -135,9 +165,27 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
                 };
                 (ranks, mode)
             }),
+            grad_dtype: match args.grad_dtype {
+                GradDtypeChoice::Bf16 => Dtype::Bf16,
+                GradDtypeChoice::F32 => Dtype::F32,
+            },
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
-        sims.push(simulate(&scenario).map_err(|e| e.to_string())?);
+        let sim = match args.baseline {
+            Some(BaselineChoice::Adamw) => simulate_against_adamw(&scenario),
+            None => simulate(&scenario),
+        };
+        sims.push(sim.map_err(|e| e.to_string())?);
+    }
+    for sim in sims.iter().filter(|s| !s.fits) {
+        eprintln!(
+            "warning: {} at dp={} ({}): the library alone needs {:.1} GB per rank, more than the profile's {} GB",
+            sim.model,
+            sim.dp,
+            sim.layout,
+            sim.device_bytes.total as f64 / 1e9,
+            sim.memory_gb
+        );
     }
     let first = &sims[0];
     let ranks = trace::ranks_to_show(&first.timelines);

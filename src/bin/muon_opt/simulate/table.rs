@@ -48,16 +48,41 @@ pub fn table(sims: &[Simulation]) -> String {
         ("host syncs / step", Box::new(|s| s.figures.host_syncs.to_string())),
         ("host stall ms", Box::new(|s| ms(s.figures.host_stall_ms))),
         ("device GB / rank", Box::new(|s| gb(s.device_bytes.total))),
+        (
+            "fits the GPU",
+            Box::new(|s| format!("{} ({} GB)", if s.fits { "yes" } else { "NO" }, s.memory_gb)),
+        ),
     ];
+    let baseline = |f: fn(&muon_opt::sim::Overhead) -> String| -> Box<dyn Fn(&Simulation) -> String> {
+        Box::new(move |s| s.adamw_baseline.as_ref().map_or_else(|| "-".to_string(), f))
+    };
+    let baseline_rows: Vec<Row> = if sims.iter().any(|s| s.adamw_baseline.is_some()) {
+        vec![
+            ("AdamW iteration ms", baseline(|o| ms(o.adamw_iteration_ms))),
+            ("Muon − AdamW ms", baseline(|o| ms(o.difference_ms))),
+            (
+                "Muon overhead",
+                baseline(|o| format!("{:.2} %", 100.0 * o.muon_overhead)),
+            ),
+            (
+                "  (Muon − AdamW) / NS",
+                baseline(|o| format!("{:.3}", o.difference_over_newton_schulz)),
+            ),
+        ]
+    } else {
+        Vec::new()
+    };
+    let rows: Vec<Row> = rows.into_iter().chain(baseline_rows).collect();
     let mut out = String::new();
     if let Some(first) = sims.first() {
         out.push_str(&format!(
-            "{} on {} at dp={}, {} tokens/GPU, NS {}{}\n",
+            "{} on {} at dp={}, {} tokens/GPU, NS {}, {} grads{}\n",
             first.model,
             first.hardware,
             first.dp,
             first.tokens_per_gpu,
             first.ns_precision,
+            first.grad_dtype,
             if first.mxfp8 { ", MXFP8 params" } else { "" }
         ));
     }
