@@ -25,7 +25,12 @@ What the constructor does, once every rank has built the same model:
 Routing: ``nn.Embedding`` weights and the names in ``embedding_or_output`` are flagged
 ``EMBEDDING_OR_OUTPUT`` (AdamW); parameters of fewer than 2 dimensions (biases, norms) get no
 weight decay unless ``no_weight_decay`` says otherwise; the library routes every other 2-D
-matrix to Muon. Hyperparameters live in ``param_groups[0]`` (``lr``, ``weight_decay``,
+matrix to Muon.
+
+Fused matrices: ``splits`` maps a parameter name to the row sizes of its components, each
+orthogonalized on its own — ``{"attn.qkv.weight": (q, k, v)}`` — or to ``(sizes, groups)`` when
+the sizes repeat ``groups`` times along the rows (Megatron's QKV per query group:
+``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``). Hyperparameters live in ``param_groups[0]`` (``lr``, ``weight_decay``,
 ``adam_lr``, ``adam_weight_decay``) so ``torch.optim.lr_scheduler`` drives ``lr``.
 
 Gradient accumulation: inside ``with opt.no_sync():`` backward passes accumulate without
@@ -50,6 +55,18 @@ _DTYPES = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16}
 _ELEMENT_BYTES = {Dtype.F32: 4, Dtype.BF16: 2}
 
 
+def _split_of(name, spec):
+    """``splits[name]`` as (sizes, groups): a sequence of sizes, or (sizes, groups)."""
+    if len(spec) == 2 and not isinstance(spec[0], int):
+        sizes, groups = spec
+    else:
+        sizes, groups = spec, None
+    sizes = list(sizes)
+    if not sizes or not all(isinstance(v, int) for v in sizes):
+        raise TypeError(f"splits['{name}']: expected row sizes (ints) or (sizes, groups), got {spec!r}")
+    return sizes, groups
+
+
 class Muon(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` over one rank's :class:`muon_opt.Optimizer`.
 
@@ -70,6 +87,7 @@ class Muon(torch.optim.Optimizer):
         adam_weight_decay=0.1,
         embedding_or_output=(),
         no_weight_decay=None,
+        splits=None,
         stream=None,
     ):
         from . import Config
@@ -98,6 +116,11 @@ class Muon(torch.optim.Optimizer):
         if unknown:
             raise ValueError(f"embedding_or_output names no parameter of the module: {sorted(unknown)}")
         no_decay = no_weight_decay if no_weight_decay is not None else (lambda name, p: p.dim() < 2)
+        splits = dict(splits or {})
+        unknown = set(splits) - {name for name, _ in named}
+        if unknown:
+            raise ValueError(f"splits names no parameter of the module: {sorted(unknown)}")
+        self._splits = {name: _split_of(name, spec) for name, spec in splits.items()}
 
         super().__init__(
             [p for _, p in named],
@@ -134,7 +157,17 @@ class Muon(torch.optim.Optimizer):
             init = memoryview((ctypes.c_char * (values.numel() * _ELEMENT_BYTES[dtype])).from_address(values.data_ptr()))
         else:
             init = values.data_ptr()
-        pid = self._opt.add_param(name, tuple(p.shape), dtype=dtype, flags=flags, init=init, init_dtype=dtype)
+        sizes, groups = self._splits.get(name, (None, None))
+        pid = self._opt.add_param(
+            name,
+            tuple(p.shape),
+            dtype=dtype,
+            flags=flags,
+            split_sizes=sizes,
+            split_groups=groups,
+            init=init,
+            init_dtype=dtype,
+        )
         del values  # the library copied it
         return pid
 
