@@ -22,7 +22,7 @@ use muon_opt::backend::cuda::action::{
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::{HostComm, HostGroup, Region};
-use muon_opt::backend::ops::{Mem, Scalar};
+use muon_opt::backend::ops::{Mem, Scalar, StreamKind};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::{ErrorKind, Result};
@@ -810,7 +810,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
         assert_eq!(bad.kind, ErrorKind::Internal, "{bad:?}");
         assert_eq!(backend.collectives(reduce.to_vec()).unwrap_err().kind, kind);
         for err in [
-            backend.memset_zero(grads).unwrap_err(),
+            backend.memset_zero(StreamKind::Compute, grads).unwrap_err(),
             backend.collectives(reduce.to_vec()).unwrap_err(),
             backend.synchronize().unwrap_err(),
         ] {

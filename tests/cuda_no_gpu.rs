@@ -11,7 +11,7 @@ use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::nvrtc::{self, Target};
 use muon_opt::backend::cuda::{CallerStream, CudaBackend, Groups, probe};
 use muon_opt::backend::host::comm::HostGroup;
-use muon_opt::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Op, Span};
+use muon_opt::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Op, Span, StreamKind};
 use muon_opt::backend::recording::Observer;
 use muon_opt::capi::comm::{muon_comm_create_nccl, muon_comm_t, muon_cuda_available, ncclComm};
 use muon_opt::capi::status::{muon_last_error_message, muon_status_t};
@@ -160,7 +160,10 @@ fn the_translator_rejects_what_the_host_backend_rejects() {
     };
     let mut dry = DryRun::new(0, 2, MuonOptions::from_config(&Config::default()));
     dry.observe(&Op::Allocate(layout));
-    dry.observe(&Op::MemsetZero(Span::new(Mem::Param(0), 90, 11)));
+    dry.observe(&Op::MemsetZero {
+        stream: StreamKind::Compute,
+        span: Span::new(Mem::Param(0), 90, 11),
+    });
     dry.observe(&Op::Cast {
         src: Span::new(Mem::Master, 0, 10),
         dst: Span::new(Mem::Param(0), 0, 9),

@@ -51,8 +51,8 @@ pub trait Backend: Send {
         self.execute(&Op::upload(dst, values))
     }
     /// [`Op::MemsetZero`].
-    fn memset_zero(&mut self, span: Span) -> Result<()> {
-        self.execute(&Op::MemsetZero(span))
+    fn memset_zero(&mut self, stream: StreamKind, span: Span) -> Result<()> {
+        self.execute(&Op::MemsetZero { stream, span })
     }
     /// [`Op::Cast`].
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {

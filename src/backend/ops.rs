@@ -32,8 +32,8 @@ pub enum Op {
     Upload { dst: Span, bits: Vec<u32> },
     /// Query: reads the span as f32 (exact for bf16).
     Download(Span),
-    /// Compute stream: zero the span.
-    MemsetZero(Span),
+    /// `stream`: zero the span.
+    MemsetZero { stream: StreamKind, span: Span },
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     Cast { src: Span, dst: Span },
     /// Makes the values readable as `Mem::Init(param)` (host values are copied in; device

@@ -40,7 +40,7 @@ impl Runtime {
         for b in staged_buckets {
             let bucket = &self.plan.buckets[b as usize];
             let whole = self.staging_span(bucket, ElemRange::new(bucket.start, bucket.end));
-            self.backend.memset_zero(whole)?;
+            self.backend.memset_zero(StreamKind::Compute, whole)?;
         }
         if attached {
             self.backend.synchronize()?;

@@ -85,6 +85,10 @@ pub struct Runtime {
     pending: Vec<usize>,
     /// Per bucket: gradient collective launched since the last step.
     launched: Vec<bool>,
+    /// Buckets of staged MXFP8 params whose grad bytes the last step's param sync zeroed on the
+    /// comm stream (after the quantize that read them), so `zero_grad` has nothing left to do
+    /// for them; cleared by `zero_grad`.
+    zeroed_by_param_sync: Vec<bool>,
     /// Buckets in the order the forward first uses them; the backward completes them in the
     /// reverse order, which is the order their gradient collectives are issued in.
     forward_order: Vec<usize>,
@@ -130,6 +134,7 @@ impl Runtime {
         let mut runtime = Runtime {
             ready: vec![false; params.len()],
             launched: vec![false; plan.buckets.len()],
+            zeroed_by_param_sync: vec![false; plan.buckets.len()],
             forward_order: forward_order(&plan),
             next_grad_sync: 0,
             bucket_batches,
@@ -177,18 +182,29 @@ impl Runtime {
 
     /// Marks the grad buffer for zeroing: each bucket's memset is ordered after everything
     /// that still reads its grad bytes — its gradient collective and, when MXFP8 params are
-    /// staged on it, their param gather and quantize.
+    /// staged on it, their param gather and quantize. A bucket of staged params that the last
+    /// step's param sync already zeroed (on the comm stream, before `ParamSynced`, which the
+    /// forward waits for in `wait_params` before the backward can write the bucket) is left
+    /// alone: the compute stream never waits here for a param gather.
     pub fn zero_grad(&mut self) -> Result<()> {
         for b in 0..self.plan.buckets.len() {
+            if std::mem::take(&mut self.zeroed_by_param_sync[b]) {
+                continue;
+            }
             self.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
-            if self.plan.buckets[b].params.iter().any(|&p| self.is_staged(p)) {
+            if self.has_staged(b) {
                 self.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
             let bucket = &self.plan.buckets[b];
             self.backend
-                .memset_zero(Self::bucket_span(bucket, Mem::Grad(bucket.buffer)))?;
+                .memset_zero(StreamKind::Compute, Self::bucket_span(bucket, Mem::Grad(bucket.buffer)))?;
         }
         Ok(())
+    }
+
+    /// Whether bucket `b` holds params staged on its grad bytes (MXFP8 with gather on).
+    fn has_staged(&self, b: usize) -> bool {
+        self.plan.buckets[b].params.iter().any(|&p| self.is_staged(p))
     }
 
     /// Forward pre-hook: the compute stream waits for bucket `b`'s params.
@@ -409,7 +425,9 @@ impl Runtime {
     }
 
     /// Comm stream, after the owners wrote bucket `b`'s new values: the param collective(s),
-    /// then every rank quantizes the bucket's MXFP8 params from the gathered bf16.
+    /// then every rank quantizes the bucket's MXFP8 params from the gathered bf16; when params
+    /// are staged on the bucket's grad bytes, those bytes are zeroed right after the quantize
+    /// read them, on the same stream (the next `zero_grad` then skips the bucket).
     fn launch_param_sync(&mut self, b: usize) -> Result<()> {
         let bucket = &self.plan.buckets[b];
         let (staged, direct): (Vec<u32>, Vec<u32>) = bucket.params.iter().partition(|&&p| self.is_staged(p));
@@ -429,11 +447,16 @@ impl Runtime {
                 Ok((self.param_destination(p, b as u32, placement.range())?, p))
             })
             .collect::<Result<_>>()?;
+        let staged_grads = (!staged.is_empty()).then(|| Self::bucket_span(bucket, Mem::Grad(bucket.buffer)));
         self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
         self.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
         self.backend.collectives(ops)?;
         for (src, p) in quantize {
             self.backend.mxfp8_quantize(StreamKind::Comm, src, p)?;
+        }
+        if let Some(grads) = staged_grads {
+            self.backend.memset_zero(StreamKind::Comm, grads)?;
+            self.zeroed_by_param_sync[b] = true;
         }
         self.record(StreamKind::Comm, event(b, Ev::ParamSynced))
     }

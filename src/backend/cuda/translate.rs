@@ -513,12 +513,12 @@ impl Translator {
                     stream: StreamKind::Compute,
                 }])
             }
-            Op::MemsetZero(span) => {
+            Op::MemsetZero { stream, span } => {
                 let r = self.resolve(*span)?;
                 Ok(vec![Action::Zero {
                     dst: r.ptr,
                     bytes: r.bytes(),
-                    stream: StreamKind::Compute,
+                    stream: *stream,
                 }])
             }
             Op::Cast { src, dst } => self.cast(*src, *dst),

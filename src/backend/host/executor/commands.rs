@@ -24,7 +24,7 @@ impl HostBackend {
         match op {
             Op::Allocate(layout) => self.run_allocate(layout),
             Op::Upload { dst, bits } => self.run_upload(*dst, bits),
-            &Op::MemsetZero(span) => self.run_memset_zero(span),
+            &Op::MemsetZero { stream, span } => self.run_memset_zero(stream, span),
             &Op::Cast { src, dst } => self.run_cast(src, dst),
             Op::AttachInit {
                 param,
@@ -108,11 +108,18 @@ impl HostBackend {
         Ok(())
     }
 
-    fn run_memset_zero(&mut self, span: Span) -> Result<()> {
-        let (ptr, dtype) = self.resolve(span)?;
-        // SAFETY: bounds checked by `resolve`.
-        unsafe { std::ptr::write_bytes(ptr, 0, span.len as usize * dtype.size()) };
-        Ok(())
+    fn run_memset_zero(&mut self, stream: StreamKind, span: Span) -> Result<()> {
+        let region = self.region(span)?;
+        let bytes = region.len() * region.dtype().size();
+        let run = move || {
+            // SAFETY: bounds checked by `region`; live and ordered by events (field order).
+            unsafe { std::ptr::write_bytes(region.as_ptr(), 0, bytes) };
+            Ok(())
+        };
+        match stream {
+            StreamKind::Compute => run(),
+            StreamKind::Comm => self.stream.enqueue(run),
+        }
     }
 
     fn run_cast(&mut self, src: Span, dst: Span) -> Result<()> {
