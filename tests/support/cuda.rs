@@ -126,7 +126,10 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         .cast(Span::new(Mem::Grad(1), 0, half), Span::new(Mem::Staging(0), half, half))
         .unwrap();
     backend
-        .memset_zero(muon_opt::backend::ops::StreamKind::Compute, Span::new(Mem::Param(0), 100, 7))
+        .memset_zero(
+            muon_opt::backend::ops::StreamKind::Compute,
+            Span::new(Mem::Param(0), 100, 7),
+        )
         .unwrap();
     backend
         .squared_norm(vec![Span::new(Mem::Grad(1), 8, n - 96)], Vec::new())
