@@ -521,7 +521,8 @@ typedef struct muon_config_t {
   uint32_t muon_tp_mode;
   /**
    * Newton–Schulz normalization X = U / max(‖U‖_F, muon_ns_eps); finite, > 0; default
-   * 1e-7 (Megatron-LM's, through Emerging-Optimizers).
+   * 1e-7 (Megatron-LM's: Emerging-Optimizers v0.3.0, which it pins; 1e-15 matches
+   * Emerging-Optimizers ≥ 0.4.0).
    */
   float muon_ns_eps;
 } muon_config_t;

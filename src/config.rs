@@ -151,8 +151,14 @@ coded_enum! {
     }
 }
 
-/// The default `muon_ns_eps`: Emerging-Optimizers' `newton_schulz(eps=1e-7)`, which Megatron-LM
-/// calls (`F.normalize` clamps the norm at eps).
+/// The default `muon_ns_eps`, Megatron-LM's effective floor: Megatron-LM's Muon
+/// (`megatron/core/optimizer/emerging_optimizers.py`, commit d98e8a64, 2026-08-22) calls
+/// Emerging-Optimizers' `newton_schulz_tp` without an eps, and its `pyproject.toml`
+/// (`[tool.uv.sources]`, and `uv.lock`) pins Emerging-Optimizers v0.3.0 (b309e2f0), whose
+/// `newton_schulz` defaults `eps=1e-7` (`muon_utils.py`; `F.normalize` clamps the norm at eps).
+/// Emerging-Optimizers v0.4.0 (925e1bfe; commit 7ebd3cf "Reduce eps for newton_schulz") lowered
+/// its default to 1e-15: a setup on that version (which Megatron's `--muon-use-syrk` needs)
+/// sets `muon_ns_eps = 1e-15`.
 pub const DEFAULT_NS_EPS: f32 = 1e-7;
 
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.

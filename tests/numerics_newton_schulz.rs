@@ -10,7 +10,7 @@ use muon_opt::numerics::newton_schulz::{
     ns_coefficients,
 };
 use support::golden::{read, read_f32, read_f64};
-use support::numerics::{max_abs_diff, ns_reference_f64, singular_values, to_f64, transpose};
+use support::numerics::{max_abs_diff, ns_reference_f64, ns_reference_f64_eps, singular_values, to_f64, transpose};
 use support::rng::Rng;
 
 struct GoldenCase {
@@ -549,4 +549,61 @@ fn the_normalization_floor_is_an_option() {
         "{}",
         frobenius(&floor_default)
     );
+}
+
+/// Megatron-LM's floor on tiny gradients (norms 1e-6, 1e-9, 1e-12). Megatron-LM calls
+/// Emerging-Optimizers' `newton_schulz_tp` without an eps, and pins Emerging-Optimizers v0.3.0,
+/// whose `newton_schulz` defaults `eps=1e-7`: our default. Above the floor (1e-6) the input is
+/// normalized: the result is bit for bit the one of the floor 1e-15 (Emerging-Optimizers ≥
+/// 0.4.0's default). Below it, `X = U / 1e-7` has norm 1e-2 or 1e-5: at 1e-2 five quintic
+/// steps still reach the orthogonal norm √rows, on another path (the results differ by more
+/// than 1 %), at 1e-5 they leave the update near zero. The floor 1e-15 orthogonalizes all
+/// three to the same result up to rounding. Every result is also checked against the f64
+/// reference with the same floor.
+#[test]
+fn tiny_norm_gradients_follow_megatrons_floor() {
+    assert_eq!(DEFAULT_NS_EPS.to_bits(), 1e-7f32.to_bits());
+    let (rows, cols) = (8usize, 16usize);
+    let mut rng = Rng::new(2027);
+    let raw = rng.normal_vec(rows * cols, 1.0);
+    let raw_norm = raw.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>().sqrt();
+    let orthogonal = (rows as f64).sqrt();
+    let relative_norm = |x: &[f32]| x.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt() / orthogonal;
+    let run = |norm: f64, eps: f32| {
+        let input: Vec<f32> = raw.iter().map(|&v| (f64::from(v) * norm / raw_norm) as f32).collect();
+        let o = NsOptions {
+            eps,
+            ..opts(CoefficientSet::Quintic, 5, NsPrecision::F32)
+        };
+        let mut out = vec![0.0f32; rows * cols];
+        newton_schulz(&input, &mut out, rows, cols, &o, &mut NsWorkspace::default()).unwrap();
+        let reference = ns_reference_f64_eps(&to_f64(&input), rows, cols, CoefficientSet::Quintic, 5, f64::from(eps));
+        let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(&out, &reference);
+        assert!(
+            diff <= 1e-4 * scale,
+            "norm {norm:e}, eps {eps:e}: {diff:e} of {scale:e}"
+        );
+        out
+    };
+    let largest_difference = |a: &[f32], b: &[f32]| {
+        let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        diff / b.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+    };
+    let low = [1e-6, 1e-9, 1e-12].map(|norm| run(norm, 1e-15));
+    for out in &low {
+        assert!((0.95..1.05).contains(&relative_norm(out)), "{}", relative_norm(out));
+        assert!(largest_difference(out, &low[0]) < 1e-4);
+    }
+    let above = run(1e-6, DEFAULT_NS_EPS);
+    assert!(above.iter().zip(&low[0]).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let partly = run(1e-9, DEFAULT_NS_EPS);
+    assert!(
+        (0.95..1.1).contains(&relative_norm(&partly)),
+        "{}",
+        relative_norm(&partly)
+    );
+    assert!(largest_difference(&partly, &low[1]) > 1e-2);
+    let held = run(1e-12, DEFAULT_NS_EPS);
+    assert!(relative_norm(&held) < 1e-2, "{}", relative_norm(&held));
 }

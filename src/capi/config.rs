@@ -73,7 +73,8 @@ pub struct muon_config_t {
     /// _DISTRIBUTED.
     pub muon_tp_mode: u32,
     /// Newton–Schulz normalization X = U / max(‖U‖_F, muon_ns_eps); finite, > 0; default
-    /// 1e-7 (Megatron-LM's, through Emerging-Optimizers).
+    /// 1e-7 (Megatron-LM's: Emerging-Optimizers v0.3.0, which it pins; 1e-15 matches
+    /// Emerging-Optimizers ≥ 0.4.0).
     pub muon_ns_eps: f32,
 }
 

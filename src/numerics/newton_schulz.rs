@@ -3,7 +3,8 @@
 //! For an input `U` of `rows × cols`:
 //! 1. if `rows > cols`, work on `Uᵀ` so the Gram matrix is the smaller one; below, `X` is
 //!    `m × n` with `m = min(rows, cols)`, `n = max(rows, cols)`;
-//! 2. `X = U / max(‖U‖_F, eps)` (`eps` = `muon_ns_eps`, 1e-7 by default; the squared norm is
+//! 2. `X = U / max(‖U‖_F, eps)` (`eps` = `muon_ns_eps`, 1e-7 by default as in Megatron-LM,
+//!    see [`crate::config::DEFAULT_NS_EPS`]; the squared norm is
 //!    summed in f64, see [`squared_norm`]; the quotient is an f32 division by the f32 norm);
 //! 3. for `t` in `0..steps`, with `(a, b, c)` = [`ns_coefficients`]`(set, t)`:
 //!    `A = X·Xᵀ`, `B = b·A + c·A·A`, `X = a·X + B·X`;

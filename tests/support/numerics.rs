@@ -33,6 +33,18 @@ pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
 /// library (only the coefficient table is shared): transpose when rows > cols, normalize by
 /// max(‖U‖_F, 1e-7), `steps` quintic steps, transpose back.
 pub fn ns_reference_f64(u: &[f64], rows: usize, cols: usize, set: CoefficientSet, steps: usize) -> Vec<f64> {
+    ns_reference_f64_eps(u, rows, cols, set, steps, 1e-7)
+}
+
+/// [`ns_reference_f64`] with the normalization floor `eps`: `X = U / max(‖U‖_F, eps)`.
+pub fn ns_reference_f64_eps(
+    u: &[f64],
+    rows: usize,
+    cols: usize,
+    set: CoefficientSet,
+    steps: usize,
+    eps: f64,
+) -> Vec<f64> {
     let transposed = rows > cols;
     let (m, n) = if transposed { (cols, rows) } else { (rows, cols) };
     let mut x = if transposed {
@@ -40,7 +52,7 @@ pub fn ns_reference_f64(u: &[f64], rows: usize, cols: usize, set: CoefficientSet
     } else {
         u.to_vec()
     };
-    let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-7);
+    let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt().max(eps);
     x.iter_mut().for_each(|v| *v /= norm);
     for step in 0..steps {
         let [a, b, c] = ns_coefficients(set, step).map(f64::from);
