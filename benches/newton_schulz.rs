@@ -116,6 +116,7 @@ fn main() {
                 steps: STEPS,
                 precision,
                 eps: muon_opt::config::DEFAULT_NS_EPS,
+                symmetric_leaf: muon_opt::config::DEFAULT_SYMMETRIC_LEAF,
             };
             newton_schulz(&input, &mut output, rows, cols, &opts, &mut ws).expect("valid arguments");
         };

@@ -38,6 +38,28 @@ extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const dou
     }
 }
 
+// `batch` consecutive symmetric m x m matrices of src made whole from their lower triangles
+// (a symmetric product computes its blocks on and below the diagonal, src/numerics/gemm.rs):
+// element (i, j) is src[max(i, j)][min(i, j)], stored into dst as bf16 (dst_bf16: the host's
+// rounding of the mirrored matrix) or, in place (dst = src), as f32 into the upper triangle.
+extern "C" __global__ void muon_ns_symmetrize(const float *src, void *dst, int dst_bf16, muon_u32 batch,
+                                              muon_u32 m) {
+    const muon_u64 size = (muon_u64)m * m;
+    const muon_u64 n = size * batch;
+    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
+        const muon_u64 k = e / size;
+        const muon_u64 within = e - k * size;
+        const muon_u64 i = within / m;
+        const muon_u64 j = within - i * m;
+        const muon_u64 lower = i >= j ? e : k * size + j * m + i;
+        if (dst_bf16) {
+            ((muon_u16 *)dst)[e] = muon_f32_to_bf16_rne(src[lower]);
+        } else if (i < j) {
+            ((float *)dst)[e] = src[lower];
+        }
+    }
+}
+
 // W = W * decay - step * X for `batch` consecutive rows x cols matrices of w, X read transposed
 // (cols x rows) when `transposed` is set (the host's transpose back, then the update), each of
 // its stored rows `x_ld` elements apart (cols, or rows when transposed, unless X is a block of

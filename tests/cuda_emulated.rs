@@ -38,6 +38,9 @@ use support::training::bits;
 /// First emulated device address (allocations follow, 512-byte aligned).
 const BASE: DevPtr = 1 << 40;
 const THREADS: usize = 256;
+/// Smallest block of the symmetric products in the runs compared with the host: the test
+/// matrices (order up to 64) are split into blocks one and two levels deep.
+const SMALL_LEAF: u32 = 16;
 
 /// A CPU stand-in for one GPU with a one-rank communicator and, when given, a tensor-parallel
 /// group whose all-gathers run over a host group (one emulator per TP rank, on threads).
@@ -331,20 +334,15 @@ impl Emulator {
             };
             let (b_shape, c_shape) = (Strides::column_major(k, n, ldb), Strides::column_major(m, n, ldc));
             // The column-major `C = op(A)·B` is the row-major `Cᵀ = Bᵀ·op(A)ᵀ` the host asked
-            // for; computed in that form, with the host's symmetric output for a product of a
-            // matrix with itself (`X·Xᵀ`, `A·A`).
-            let output = if g.a == g.b {
-                Output::SymmetricLower
-            } else {
-                Output::Full
-            };
+            // for; computed in that form. A symmetric product arrives as its blocks (each one
+            // such GEMM) and a mirror launch, as the host computes it.
             gemm(
                 g.alpha,
                 (&b, b_shape.transposed()),
                 (&a, a_shape.transposed()),
                 g.beta,
                 (&mut c, c_shape.transposed()),
-                output,
+                Output::Full,
                 1,
             );
             for (i, v) in c.into_iter().enumerate() {
@@ -412,6 +410,18 @@ impl Emulator {
                     let at = if transpose { k * size + c * rows + r } else { e };
                     let v = self.ld_f32(u + 4 * e) / norm;
                     self.st_f32(x + 4 * at, v);
+                }
+            }
+            Kernel::NsSymmetrize => {
+                let (src, dst, to_bf16, batch, m) = (n(0), n(1), n(2) != 0, n(3), n(4));
+                for e in 0..batch * m * m {
+                    let (k, i, j) = (e / (m * m), e % (m * m) / m, e % m);
+                    let v = self.ld_f32(src + 4 * (k * m * m + i.max(j) * m + i.min(j)));
+                    if to_bf16 {
+                        self.store(dst, true, e, v);
+                    } else if i < j {
+                        self.st_f32(dst + 4 * e, v);
+                    }
                 }
             }
             Kernel::MuonApply => {
@@ -675,6 +685,7 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
 fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
     let cfg = Config {
         bucket_size: 4096,
+        muon_ns_symmetric_leaf: SMALL_LEAF,
         muon_ns_precision: NsPrecision::F32,
         host_comm_mode: CommMode::Eager,
         ..Config::default()
@@ -694,6 +705,7 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
 fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
     let cfg = Config {
         bucket_size: 4096,
+        muon_ns_symmetric_leaf: SMALL_LEAF,
         host_comm_mode: CommMode::Eager,
         mxfp8_param_gather: true,
         mxfp8_swizzled_scales: true,
@@ -712,6 +724,7 @@ fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
 fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
     let cfg = Config {
         bucket_size: 4096,
+        muon_ns_symmetric_leaf: SMALL_LEAF,
         host_comm_mode: CommMode::Eager,
         muon_ns_precision: NsPrecision::Bf16Iterate,
         muon_coefficient_set: muon_opt::config::CoefficientSet::QuinticCyclic,
@@ -851,6 +864,8 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
         shard("mlp.fc2.weight", &[24, 16], ParamFlags::TP_SHARD_COLS),
         shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),
         shard("mlp.down.weight", &[40, 8], ParamFlags::TP_SHARD_COLS),
+        // Iterate and Gram matrix of order 64: the symmetric products by blocks two levels deep.
+        shard("attn.out.weight", &[64, 40], ParamFlags::TP_SHARD_COLS),
         shard(
             "experts.fc2",
             &[3, 16, 12],
@@ -865,6 +880,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
     ] {
         let cfg = Config {
             bucket_size: 4096,
+            muon_ns_symmetric_leaf: SMALL_LEAF,
             muon_ns_precision: precision,
             muon_tp_mode: mode,
             host_comm_mode: CommMode::Eager,

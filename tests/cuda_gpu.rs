@@ -312,6 +312,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     steps: case["steps"].as_u64().unwrap() as u32,
                     precision,
                     eps: muon_opt::config::DEFAULT_NS_EPS,
+                    symmetric_leaf: muon_opt::config::DEFAULT_SYMMETRIC_LEAF,
                 },
                 scale_mode: ScaleMode::Spectral,
                 extra_scale_factor: 1.0,

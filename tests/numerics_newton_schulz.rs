@@ -3,7 +3,7 @@
 
 mod support;
 
-use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, NsPrecision};
+use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::newton_schulz::{
     NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_in_place, newton_schulz_split,
@@ -54,6 +54,7 @@ fn opts(set: CoefficientSet, steps: u32, precision: NsPrecision) -> NsOptions {
         steps,
         precision,
         eps: DEFAULT_NS_EPS,
+        symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
     }
 }
 

@@ -153,6 +153,7 @@ impl muon_config_t {
             host_threads: self.host_threads,
             muon_tp_mode: TpMode::from_code("muon_tp_mode", self.muon_tp_mode)?,
             muon_ns_eps: self.muon_ns_eps,
+            ..Config::default()
         };
         cfg.validate()?;
         Ok(cfg)

@@ -3,19 +3,74 @@
 //!
 //! One call is `C ← α·A·B + β·C` on strided f32 matrices, computed as two passes: `C ← β·C`
 //! element by element (skipped when `β = 0`, which overwrites `C` instead), then faer's
-//! `C ← C + α·A·B`. With [`Output::SymmetricLower`] only the lower triangle of `C` is
-//! computed and then mirrored into the upper one: for a product that is symmetric by
-//! construction (`X·Xᵀ`, or `A·A` with `A` symmetric) this halves the flops. The result is
-//! exactly symmetric and equals the full product up to the order of summation (faer picks
-//! other kernels for small blocks; `tests/numerics_gemm.rs`).
+//! `C ← C + α·A·B`. With [`Output::SymmetricLower`] (an `m × m` product that is symmetric by
+//! construction: `X·Xᵀ`, or `A·A` with `A` symmetric) only the blocks on and below the
+//! diagonal are computed, each as such a product of its own (`A`'s rows and `B`'s columns
+//! restricted to the block's), and the strict lower triangle is then mirrored into the upper
+//! one, so the result is exactly symmetric. The blocks are [`symmetric_blocks`]: the matrix is
+//! halved while the halves stay at least a given order (1024 by default,
+//! [`DEFAULT_SYMMETRIC_LEAF`]); each halving computes the lower-left quarter of every diagonal
+//! block, and the diagonal blocks left are computed whole. At depth `d` that is
+//! `1/2 + 1/2^(d+1)` of the full product's flops (5/8 for order 4096). The CUDA backend issues
+//! the same block products (a strided-batched GEMM per batch of blocks) and reads only the
+//! lower triangle afterwards, so the emulated device reproduces these bits.
 //!
 //! faer splits the output, never the sum over `k`, between threads: the result does not
 //! depend on the number of threads (checked by the same tests). That is what lets dp ranks on
 //! one thread each agree bitwise with one rank on every core.
 
 use faer::linalg::matmul::matmul;
-use faer::linalg::matmul::triangular::{BlockStructure, matmul as triangular_matmul};
 use faer::{Accum, MatMut, MatRef, Par};
+
+/// The default smallest diagonal block of a symmetric product ([`symmetric_blocks`]): every
+/// batch of blocks of a product of order ≥ 2048 then covers a GPU's SMs with 128 × 128 output
+/// tiles at least once (order 4096: 256, 2 × 64, 4 × 64 tiles on 132 SMs), so no level runs a
+/// mostly idle device; below order 2048 the full product is as fast and nothing is split.
+pub const DEFAULT_SYMMETRIC_LEAF: usize = 1024;
+
+/// `count` equal square blocks of a symmetric product's lower part: block `i` is rows
+/// `row + i·step .. + size` and columns `col + i·step .. + size` of `C`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockBatch {
+    pub count: usize,
+    pub size: usize,
+    pub row: usize,
+    pub col: usize,
+    pub step: usize,
+}
+
+/// The blocks an [`Output::SymmetricLower`] product of order `m` computes, one batch per
+/// level: `m` is halved while it divides evenly and the halves are at least `leaf`; level `l`
+/// computes the lower-left `m/2^(l+1)` square of each of
+/// the `2^l` diagonal blocks of order `m/2^l`, and the last batch is the diagonal blocks left,
+/// whole. Every element on or below the diagonal is in exactly one block.
+pub fn symmetric_blocks(m: usize, leaf: usize) -> Vec<BlockBatch> {
+    let mut depth = 0;
+    while m.is_multiple_of(2 << depth) && m >> (depth + 1) >= leaf.max(1) {
+        depth += 1;
+    }
+    let mut blocks: Vec<BlockBatch> = (0..depth)
+        .map(|level| {
+            let order = m >> level;
+            BlockBatch {
+                count: 1 << level,
+                size: order / 2,
+                row: order / 2,
+                col: 0,
+                step: order,
+            }
+        })
+        .collect();
+    let leaf = m >> depth;
+    blocks.push(BlockBatch {
+        count: 1 << depth,
+        size: leaf,
+        row: 0,
+        col: 0,
+        step: leaf,
+    });
+    blocks
+}
 
 /// Threads one product may use: 1 runs on the calling thread, more split the product over
 /// faer's rayon pool (shared by every rank of the process, so ranks never oversubscribe it).
@@ -28,8 +83,10 @@ pub fn parallelism(threads: usize) -> Par {
 pub enum Output {
     /// Every element.
     Full,
-    /// The lower triangle, mirrored into the upper one; the product must be symmetric.
-    SymmetricLower,
+    /// The blocks on and below the diagonal ([`symmetric_blocks`] with this smallest
+    /// block), then the lower triangle mirrored into the upper one; the product must be
+    /// symmetric.
+    SymmetricLower { leaf: usize },
 }
 
 /// A strided matrix view: `rows × cols` elements, element `(i, j)` at
@@ -150,39 +207,44 @@ pub fn gemm(
         c_shape.cols
     );
     let mut dst = c_shape.view_mut(c_data);
-    let accum = if beta == 0.0 {
-        Accum::Replace
-    } else {
-        if beta != 1.0 {
-            scale(dst.as_mut(), beta, output);
-        }
-        Accum::Add
-    };
     let par = parallelism(threads);
     match output {
-        Output::Full => matmul(dst, accum, a, b, alpha, par),
-        Output::SymmetricLower => {
+        Output::Full => product(dst, alpha, a, b, beta, par),
+        Output::SymmetricLower { leaf } => {
             assert_eq!(c_shape.rows, c_shape.cols, "gemm: a symmetric output must be square");
-            triangular_matmul(
-                dst.as_mut(),
-                BlockStructure::TriangularLower,
-                accum,
-                a,
-                BlockStructure::Rectangular,
-                b,
-                BlockStructure::Rectangular,
-                alpha,
-                par,
-            );
+            for blocks in symmetric_blocks(c_shape.rows, leaf) {
+                for i in 0..blocks.count {
+                    let (row, col, size) = (blocks.row + i * blocks.step, blocks.col + i * blocks.step, blocks.size);
+                    product(
+                        dst.as_mut().submatrix_mut(row, col, size, size),
+                        alpha,
+                        a.subrows(row, size),
+                        b.subcols(col, size),
+                        beta,
+                        par,
+                    );
+                }
+            }
             mirror_lower(dst);
         }
     }
 }
 
-/// `C ← β·C` on the elements the product will write (the lower triangle only for a
-/// symmetric output), walking the unit-stride dimension innermost.
-fn scale(mut dst: MatMut<'_, f32>, beta: f32, output: Output) {
-    let lower = output == Output::SymmetricLower;
+/// `dst ← α·a·b + β·dst`: the β pass (none when `β` is 0 or 1), then faer's product.
+fn product(mut dst: MatMut<'_, f32>, alpha: f32, a: MatRef<'_, f32>, b: MatRef<'_, f32>, beta: f32, par: Par) {
+    let accum = if beta == 0.0 {
+        Accum::Replace
+    } else {
+        if beta != 1.0 {
+            scale(dst.as_mut(), beta);
+        }
+        Accum::Add
+    };
+    matmul(dst, accum, a, b, alpha, par);
+}
+
+/// `C ← β·C`, walking the unit-stride dimension innermost.
+fn scale(mut dst: MatMut<'_, f32>, beta: f32) {
     let (rows, cols) = (dst.nrows(), dst.ncols());
     let (rs, cs) = (dst.row_stride(), dst.col_stride());
     let ptr = dst.as_mut().as_ptr_mut();
@@ -190,14 +252,7 @@ fn scale(mut dst: MatMut<'_, f32>, beta: f32, output: Output) {
     let (outer, inner) = if rows_inner { (cols, rows) } else { (rows, cols) };
     let (outer_stride, inner_stride) = if rows_inner { (cs, rs) } else { (rs, cs) };
     for o in 0..outer {
-        // Lower triangle: i >= j. With rows innermost (o = j) that is i in o..; with columns
-        // innermost (o = i) it is j in ..=o.
-        let span = match (lower, rows_inner) {
-            (false, _) => 0..inner,
-            (true, true) => o.min(inner)..inner,
-            (true, false) => 0..(o + 1).min(inner),
-        };
-        for i in span {
+        for i in 0..inner {
             // SAFETY: (o, i) maps to an element of `dst` (in bounds by its shape and strides),
             // which this function borrows mutably.
             unsafe {

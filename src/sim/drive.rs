@@ -62,6 +62,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::SumsqPartials | Kernel::SumsqFinish => "sum of squares",
             Kernel::MuonMomentum => "muon momentum",
             Kernel::NsNormalize => "ns normalize",
+            Kernel::NsSymmetrize => "ns symmetrize",
             Kernel::MuonApply => "muon apply",
             Kernel::Adamw => "adamw",
             Kernel::StepScalars => "step scalars",

@@ -225,7 +225,7 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64, uncontende
         sum(t, last, |s| {
             matches!(
                 s.label.what,
-                "ns gemm" | "ns normalize" | "muon momentum" | "muon apply"
+                "ns gemm" | "ns normalize" | "ns symmetrize" | "muon momentum" | "muon apply"
             )
         })
     };

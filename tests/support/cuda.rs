@@ -35,6 +35,9 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     qkv.split_sizes = vec![8, 4, 4];
     qkv.split_groups = 3;
     params.push(qkv);
+    // Order 64 (64 rows, 80 columns): the symmetric products by blocks two levels deep
+    // (`numerics::gemm::symmetric_blocks`); the model's order-32 matrices go one level deep.
+    params.push(ParamSpec::new("deep.weight", &[64, 80], muon_opt::config::Dtype::Bf16));
     let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
     fc.flags = ParamFlags(ParamFlags::MXFP8);
     fc.split_sizes = vec![32, 32];

@@ -64,6 +64,7 @@ pub enum Kernel {
     SumsqFinish,
     MuonMomentum,
     NsNormalize,
+    NsSymmetrize,
     MuonApply,
     StepScalars,
     Adamw,
@@ -72,13 +73,14 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
         Kernel::SumsqFinish,
         Kernel::MuonMomentum,
         Kernel::NsNormalize,
+        Kernel::NsSymmetrize,
         Kernel::MuonApply,
         Kernel::Adamw,
         Kernel::StepScalars,
@@ -90,7 +92,7 @@ impl Kernel {
         match self {
             Kernel::CastF32ToBf16 | Kernel::Cast => "cast.cu",
             Kernel::SumsqPartials | Kernel::SumsqFinish => "reduce.cu",
-            Kernel::MuonMomentum | Kernel::NsNormalize | Kernel::MuonApply => "muon.cu",
+            Kernel::MuonMomentum | Kernel::NsNormalize | Kernel::NsSymmetrize | Kernel::MuonApply => "muon.cu",
             Kernel::Adamw => "adamw.cu",
             Kernel::StepScalars => "step.cu",
             Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
@@ -106,6 +108,7 @@ impl Kernel {
             Kernel::SumsqFinish => "muon_sumsq_finish",
             Kernel::MuonMomentum => "muon_momentum",
             Kernel::NsNormalize => "muon_ns_normalize",
+            Kernel::NsSymmetrize => "muon_ns_symmetrize",
             Kernel::MuonApply => "muon_apply",
             Kernel::Adamw => "muon_adamw",
             Kernel::StepScalars => "muon_step_scalars",

@@ -10,50 +10,143 @@ use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision};
 use crate::error::Result;
+use crate::numerics::gemm::symmetric_blocks;
 use crate::numerics::newton_schulz::ns_coefficients;
 
-/// One row-major product `C (m×n) = alpha·A (m×k)·op(B) + beta·C` per matrix of a batch of
-/// contiguous matrices; `B` is `k×n`, or `n×k` read transposed when `b_transposed`. The same
-/// call as the host's `gemm` in `numerics::newton_schulz`.
-pub(super) struct Product {
-    pub(super) inputs: GemmInputs,
-    pub(super) m: u64,
-    pub(super) k: u64,
-    pub(super) n: u64,
-    pub(super) alpha: f32,
-    pub(super) a: DevPtr,
-    pub(super) b: DevPtr,
-    pub(super) b_transposed: bool,
-    pub(super) beta: f32,
-    pub(super) c: DevPtr,
-    pub(super) batch: u64,
+/// One row-major product `C (m×n) = alpha·A (m×k)·op(B) + beta·C` per matrix of a strided
+/// batch; `B` is `k×n`, or `n×k` read transposed when `b_transposed`. `ld` holds the row
+/// strides of A, B (as stored) and C, `stride` the distances between the batch's matrices, in
+/// elements. The same call as the host's `gemm` in `numerics::gemm`.
+#[derive(Clone, Copy)]
+struct Product {
+    inputs: GemmInputs,
+    m: u64,
+    k: u64,
+    n: u64,
+    alpha: f32,
+    a: DevPtr,
+    b: DevPtr,
+    b_transposed: bool,
+    beta: f32,
+    c: DevPtr,
+    batch: u64,
+    ld: [u64; 3],
+    stride: [u64; 3],
 }
 
 impl Product {
+    /// The product of `batch` contiguous matrices.
+    #[allow(clippy::too_many_arguments)]
+    fn contiguous(
+        inputs: GemmInputs,
+        (m, k, n): (u64, u64, u64),
+        alpha: f32,
+        a: DevPtr,
+        b: DevPtr,
+        b_transposed: bool,
+        beta: f32,
+        c: DevPtr,
+        batch: u64,
+    ) -> Self {
+        Product {
+            inputs,
+            m,
+            k,
+            n,
+            alpha,
+            a,
+            b,
+            b_transposed,
+            beta,
+            c,
+            batch,
+            ld: [k, if b_transposed { k } else { n }, n],
+            stride: [m * k, k * n, m * n],
+        }
+    }
+
     /// The product as cuBLAS's column-major `Cᵀ = op(B)ᵀ·Aᵀ`: a row-major matrix is its
     /// column-major transpose, so A and B swap places and the dimensions read `n, m, k`.
-    pub(super) fn gemm(self) -> Result<Action> {
-        let (m, k, n) = (self.m, self.k, self.n);
+    fn gemm(&self) -> Result<Action> {
+        let dimension = |v| to_i32("Newton–Schulz dimension", v);
+        let leading = |v| to_i32("leading dimension", v);
         Ok(Action::Gemm(Gemm {
             inputs: self.inputs,
             transpose_a: self.b_transposed,
-            m: to_i32("Newton–Schulz dimension", n)?,
-            n: to_i32("Newton–Schulz dimension", m)?,
-            k: to_i32("Newton–Schulz dimension", k)?,
+            m: dimension(self.n)?,
+            n: dimension(self.m)?,
+            k: dimension(self.k)?,
             alpha: self.alpha,
             a: self.b,
-            lda: to_i32("leading dimension", if self.b_transposed { k } else { n })?,
-            stride_a: (k * n) as i64,
+            lda: leading(self.ld[1])?,
+            stride_a: self.stride[1] as i64,
             b: self.a,
-            ldb: to_i32("leading dimension", k)?,
-            stride_b: (m * k) as i64,
+            ldb: leading(self.ld[0])?,
+            stride_b: self.stride[0] as i64,
             beta: self.beta,
             c: self.c,
-            ldc: to_i32("leading dimension", n)?,
-            stride_c: (m * n) as i64,
+            ldc: leading(self.ld[2])?,
+            stride_c: self.stride[2] as i64,
             batch: to_i32("batch", self.batch)?,
         }))
     }
+
+    /// A product that is symmetric by construction (`X·Xᵀ`, `A·A`; `m = n`, contiguous
+    /// matrices) by the blocks of `numerics::gemm::symmetric_blocks` with the smallest block
+    /// `leaf`, as the host's `Output::SymmetricLower`: the lower triangle is exact, the upper
+    /// one is left to [`symmetrize`] (the host mirrors it at once). A single matrix takes one
+    /// strided batch of equal blocks per level; a batch of matrices one batch of the matrices
+    /// per block.
+    fn symmetric(&self, leaf: usize) -> Result<Vec<Action>> {
+        let elem = match self.inputs {
+            GemmInputs::Bf16 => 2,
+            GemmInputs::F32 => 4,
+        };
+        // Elements from one column of the stored B to the next.
+        let b_column = if self.b_transposed { self.ld[1] } else { 1 };
+        let block = |row: u64, col: u64, size: u64, batch: u64, stride: [u64; 3]| Product {
+            m: size,
+            n: size,
+            a: self.a + row * self.ld[0] * elem,
+            b: self.b + col * b_column * elem,
+            c: self.c + (row * self.ld[2] + col) * 4,
+            batch,
+            stride,
+            ..*self
+        };
+        let mut actions = Vec::new();
+        for blocks in symmetric_blocks(self.m as usize, leaf) {
+            let [count, size, row, col, step] =
+                [blocks.count, blocks.size, blocks.row, blocks.col, blocks.step].map(|v| v as u64);
+            if self.batch == 1 {
+                let stride = [step * self.ld[0], step * b_column, step * (self.ld[2] + 1)];
+                actions.push(block(row, col, size, count, stride).gemm()?);
+            } else {
+                for i in 0..count {
+                    let at = i * step;
+                    actions.push(block(row + at, col + at, size, self.batch, self.stride).gemm()?);
+                }
+            }
+        }
+        Ok(actions)
+    }
+}
+
+/// `batch` symmetric `m × m` matrices at `src` whole from their lower triangles: into `dst` as
+/// bf16 (`to_bf16`: the host's rounding of the mirrored matrix), or in place (`dst = src`).
+fn symmetrize(src: DevPtr, dst: DevPtr, to_bf16: bool, batch: u64, m: u64) -> Result<Action> {
+    Ok(launch(
+        Kernel::NsSymmetrize,
+        batch * m * m,
+        StreamKind::Compute,
+        vec![
+            Arg::Ptr(src),
+            Arg::Ptr(dst),
+            Arg::I32(i32::from(to_bf16)),
+            Arg::U32(to_u32("batch", batch)?),
+            Arg::U32(to_u32("rows", m)?),
+        ],
+    ))
 }
 
 /// How a Newton–Schulz input is split over the tensor-parallel group.
@@ -124,18 +217,8 @@ impl Translator {
             ],
         ));
         let gram = self.work(Work::Gram)?;
-        let product = |inputs, (m, k, n), alpha, a, b, b_transposed, beta, c| Product {
-            inputs,
-            m,
-            k,
-            n,
-            alpha,
-            a,
-            b,
-            b_transposed,
-            beta,
-            c,
-            batch,
+        let product = |inputs, shape, alpha, a, b, b_transposed, beta, c| {
+            Product::contiguous(inputs, shape, alpha, a, b, b_transposed, beta, c, batch)
         };
         let round = |src: DevPtr, dst: DevPtr, count: u64| {
             launch(
@@ -145,18 +228,23 @@ impl Translator {
                 vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count)],
             )
         };
-        // f32 → bf16 → f32 in place: the value a bf16 store keeps, through `scratch`.
-        let store_bf16 = |actions: &mut Vec<Action>, values: DevPtr, scratch: DevPtr, count: u64| {
-            actions.push(round(values, scratch, count));
-            let widen = vec![
+        // bf16 → f32: `values` takes the values `scratch` holds.
+        let widen = |scratch: DevPtr, values: DevPtr, count: u64| {
+            let args = vec![
                 Arg::Ptr(scratch),
                 Arg::I32(1),
                 Arg::Ptr(values),
                 Arg::I32(0),
                 Arg::U64(count),
             ];
-            actions.push(launch(Kernel::Cast, count, StreamKind::Compute, widen));
+            launch(Kernel::Cast, count, StreamKind::Compute, args)
         };
+        // f32 → bf16 → f32 in place: the value a bf16 store keeps, through `scratch`.
+        let store_bf16 = |actions: &mut Vec<Action>, values: DevPtr, scratch: DevPtr, count: u64| {
+            actions.push(round(values, scratch, count));
+            actions.push(widen(scratch, values, count));
+        };
+        let leaf = self.muon.ns.symmetric_leaf;
         let copy = |src: DevPtr, dst: DevPtr, count: u64| Action::CopyDevice {
             dst,
             src,
@@ -173,23 +261,25 @@ impl Translator {
                 NsPrecision::Bf16 | NsPrecision::Bf16Iterate => {
                     // Bf16Iterate keeps `x` at bf16 values, with `xb` holding the same values
                     // as bf16 (`store_bf16`); `A` is stored at bf16 values before `b·A` reads it.
+                    // The f32 `A` and `B` are exact in their lower triangles only: each is read
+                    // whole as its bf16 copy (`symmetrize`), and `b·A` only where the blocks of
+                    // `A·A` write (upper values there are replaced by the mirror).
                     use GemmInputs::Bf16;
                     let iterate = self.muon.ns.precision == NsPrecision::Bf16Iterate;
                     let (xb, gb) = (self.work(Work::XBf16)?, self.work(Work::GramBf16)?);
                     if !iterate {
                         actions.push(round(x, xb, batch * mn));
                     }
-                    actions.push(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).gemm()?);
+                    actions.extend(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).symmetric(leaf)?);
                     if reduce {
                         on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
                     }
+                    actions.push(symmetrize(gram, gb, true, batch, m)?);
                     if iterate {
-                        store_bf16(actions, gram, gb, batch * mm);
-                    } else {
-                        actions.push(round(gram, gb, batch * mm));
+                        actions.push(widen(gb, gram, batch * mm));
                     }
-                    actions.push(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).gemm()?);
-                    actions.push(round(gram, gb, batch * mm));
+                    actions.extend(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).symmetric(leaf)?);
+                    actions.push(symmetrize(gram, gb, true, batch, m)?);
                     actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
                     if iterate {
                         store_bf16(actions, x, xb, batch * mn);
@@ -199,12 +289,14 @@ impl Translator {
                     use GemmInputs::F32;
                     let poly = self.work(Work::Poly)?;
                     let next = if current == x { self.work(Work::XNext)? } else { x };
-                    actions.push(product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).gemm()?);
+                    actions.extend(product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).symmetric(leaf)?);
                     if reduce {
                         on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
                     }
+                    actions.push(symmetrize(gram, gram, false, batch, m)?);
                     actions.push(copy(gram, poly, batch * mm));
-                    actions.push(product(F32, (m, m, m), c, gram, gram, false, b, poly).gemm()?);
+                    actions.extend(product(F32, (m, m, m), c, gram, gram, false, b, poly).symmetric(leaf)?);
+                    actions.push(symmetrize(poly, poly, false, batch, m)?);
                     actions.push(copy(current, next, batch * mn));
                     actions.push(product(F32, (m, m, n), 1.0, poly, current, false, a, next).gemm()?);
                     current = next;
@@ -212,5 +304,67 @@ impl Translator {
             }
         }
         Ok((current, transposed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C elements (matrix, row, column) each GEMM of `actions` writes, in order, for
+    /// `matrices` contiguous `m × m` row-major outputs at `base`.
+    fn written(actions: &[Action], base: DevPtr, matrices: u64, m: u64) -> Vec<(u64, u64, u64)> {
+        let mut out = Vec::new();
+        for action in actions {
+            let Action::Gemm(g) = action else { continue };
+            for batch in 0..g.batch as u64 {
+                // Column-major C: element (i, j) of the cuBLAS product is row j, column i of
+                // the row-major product.
+                for j in 0..g.n as u64 {
+                    for i in 0..g.m as u64 {
+                        let at = (g.c - base) / 4 + batch * g.stride_c as u64 + j * g.ldc as u64 + i;
+                        assert!(at < matrices * m * m, "write outside the outputs");
+                        out.push((at / (m * m), at % (m * m) / m, at % m));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// `X·Xᵀ` and `A·A` of order 64 with blocks down to order 16 (two levels of halving), for
+    /// one matrix and a batch of 3: the GEMMs write every element on and below the diagonal
+    /// once, the upper triangle only inside the diagonal blocks, at 5/8 of the full product's
+    /// flops.
+    #[test]
+    fn symmetric_products_compute_the_lower_blocks_once_then_mirror() {
+        let (m, k) = (64u64, 80u64);
+        let (x, c) = (1u64 << 40, 1u64 << 41);
+        for matrices in [1u64, 3] {
+            for (inputs, k, b_transposed) in [(GemmInputs::Bf16, k, true), (GemmInputs::F32, m, false)] {
+                let full = Product::contiguous(inputs, (m, k, m), 1.0, x, x, b_transposed, 0.0, c, matrices);
+                let actions = full.symmetric(16).unwrap();
+                let cells = written(&actions, c, matrices, m);
+                let unique: std::collections::BTreeSet<_> = cells.iter().copied().collect();
+                assert_eq!(unique.len(), cells.len(), "an element is written twice");
+                let leaf = m / 4;
+                for b in 0..matrices {
+                    for i in 0..m {
+                        for j in 0..m {
+                            let expected = i >= j || i / leaf == j / leaf;
+                            assert_eq!(unique.contains(&(b, i, j)), expected, "({b}, {i}, {j})");
+                        }
+                    }
+                }
+                let flops: u64 = actions
+                    .iter()
+                    .filter_map(|a| match a {
+                        Action::Gemm(g) => Some(2 * (g.m * g.n * g.k * g.batch) as u64),
+                        _ => None,
+                    })
+                    .sum();
+                assert_eq!(flops * 8, 5 * 2 * m * m * k * matrices);
+            }
+        }
     }
 }
