@@ -7,7 +7,7 @@ use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, N
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::newton_schulz::{
     GRAM_MIN_ASPECT, NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_gram,
-    newton_schulz_in_place, newton_schulz_split, ns_coefficients,
+    newton_schulz_gram_always, newton_schulz_in_place, newton_schulz_split, ns_coefficients,
 };
 use support::golden::{read, read_f32, read_f64};
 use support::numerics::{max_abs_diff, ns_reference_f64, ns_reference_f64_eps, singular_values, to_f64, transpose};
@@ -609,7 +609,8 @@ fn tiny_norm_gradients_follow_megatrons_floor() {
     assert!(relative_norm(&held) < 1e-2, "{}", relative_norm(&held));
 }
 
-/// The Gram iteration is the standard one in exact arithmetic: on wide and tall inputs
+/// The Gram iteration (forced, whatever `gram_applies` says) is the standard one in exact
+/// arithmetic: on wide and tall inputs
 /// (aspect 3 and 4, blocks two levels deep at order 64), 5 and 8 steps, three coefficient
 /// sets, it stays within rounding of the f64 standard iteration: f32 within 5e-6 (the host's
 /// standard f32 run: within 1.1e-6), bf16 within 4e-2 and bf16_iterate within 2e-2 (standard:
@@ -639,7 +640,7 @@ fn gram_newton_schulz_matches_the_standard_iteration() {
                         ..opts(set, steps, precision)
                     };
                     let mut gram = vec![0.0f32; rows * cols];
-                    newton_schulz_gram(&input, &mut gram, rows, cols, &o, &mut NsWorkspace::default()).unwrap();
+                    newton_schulz_gram_always(&input, &mut gram, rows, cols, &o, &mut NsWorkspace::default()).unwrap();
                     let standard = run(&input, rows, cols, &o);
                     let (d_gram, d_standard) = (max_abs_diff(&gram, &reference), max_abs_diff(&standard, &reference));
                     assert!(

@@ -384,11 +384,27 @@ impl NsWorkspace {
     /// [`Self::orthogonalize`] by the Gram iteration ([`newton_schulz_gram`]) when the
     /// iterate is wide enough ([`GRAM_MIN_ASPECT`]); the result is left in `self.x` the same way.
     fn orthogonalize_gram(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
+        self.orthogonalize_gram_if(input, rows, cols, opts, gram_applies);
+    }
+
+    /// [`Self::orthogonalize_gram`] with the Gram iteration whatever the shape and options.
+    fn orthogonalize_gram_always(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
+        self.orthogonalize_gram_if(input, rows, cols, opts, |_, _, _| true);
+    }
+
+    fn orthogonalize_gram_if(
+        &mut self,
+        input: &[f32],
+        rows: usize,
+        cols: usize,
+        opts: &NsOptions,
+        applies: fn(usize, usize, &NsOptions) -> bool,
+    ) {
         let transpose = rows > cols;
         let (m, n) = self
             .normalize(input, rows, cols, transpose, opts, None)
             .expect("without shard sums nothing fails");
-        if (n as f64) < GRAM_MIN_ASPECT * m as f64 {
+        if !applies(m, n, opts) {
             self.iterate(m, n, opts, None)
                 .expect("without shard sums nothing fails");
             return;
@@ -447,7 +463,7 @@ impl NsWorkspace {
         gram(x, &mut xs, &mut r);
         let mut accumulated = false;
         for step in 0..opts.steps as usize {
-            if step == GRAM_RESTART_STEP {
+            if gram_restarts_at(step) {
                 apply(&q, &mut q_op, x, &mut xs, next);
                 gram(x, &mut xs, &mut r);
                 accumulated = false;
@@ -486,7 +502,7 @@ impl NsWorkspace {
                 accumulated = true;
             }
             store(&mut q);
-            if step + 1 < opts.steps as usize && step + 1 != GRAM_RESTART_STEP {
+            if step + 1 < opts.steps as usize && !gram_restarts_at(step + 1) {
                 // R = (a·I + Z)·R·(a·I + Z) as RZ = a·R + Z·R, R = a·RZ + Z·RZ.
                 rz.copy_from_slice(&r);
                 gemm(
@@ -584,10 +600,24 @@ pub fn newton_schulz(
     opts: &NsOptions,
     ws: &mut NsWorkspace,
 ) -> Result<()> {
+    checked_into(input, output, rows, cols, opts, ws, NsWorkspace::orthogonalize)
+}
+
+/// Checks the arguments of [`newton_schulz`] or [`newton_schulz_gram`], runs `iteration` and
+/// stores its result into `output`.
+fn checked_into(
+    input: &[f32],
+    output: &mut [f32],
+    rows: usize,
+    cols: usize,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+    iteration: fn(&mut NsWorkspace, &[f32], usize, usize, &NsOptions),
+) -> Result<()> {
     opts.validate()?;
     check_matrix("input", input.len(), rows, cols)?;
     check_matrix("output", output.len(), rows, cols)?;
-    ws.orthogonalize(input, rows, cols, opts);
+    iteration(ws, input, rows, cols, opts);
     ws.store(output, rows, cols);
     Ok(())
 }
@@ -596,6 +626,18 @@ pub fn newton_schulz(
 /// and DeepSpeed's `restart_at = 2` (DeepSpeed `deepspeed/runtime/zero/muon/original_muon.py`,
 /// commit 8a77f381, "Add Gram Newton-Schulz orthogonalization"; tridao.me/blog/2026/gram-newton-schulz).
 pub const GRAM_RESTART_STEP: usize = 2;
+
+/// Steps at which [`newton_schulz_gram`] restarts: [`GRAM_RESTART_STEP`], then every
+/// [`GRAM_RESTART_EVERY`] steps.
+pub fn gram_restarts_at(step: usize) -> bool {
+    step >= GRAM_RESTART_STEP && (step - GRAM_RESTART_STEP).is_multiple_of(GRAM_RESTART_EVERY)
+}
+
+/// Steps between the restarts after the first: up to 5 steps the schedule is the published one
+/// (one restart, at step 2); without more, 8 and 10 steps in f32 reach 5× to 100× the standard
+/// iteration's distance to the polar factor on ill-conditioned inputs, with a restart every 3
+/// steps at most 1.0× (the accuracy study).
+pub const GRAM_RESTART_EVERY: usize = 3;
 
 /// The narrowest iterate (`n / m`, long side over short side) [`newton_schulz_gram`] iterates
 /// on the Gram matrix; narrower ones take the standard iteration. Five steps cost
@@ -614,7 +656,8 @@ pub const GRAM_MIN_ASPECT: f64 = 1.5;
 ///    `Q = a·Q + Z·Q`; unless it is the last step or the one before the restart,
 ///    `RZ = a·R + Z·R` and `R = a·RZ + Z·RZ` (so `R` stays `X_t·X_tᵀ` of the iterate the
 ///    standard method would hold);
-/// 3. at step [`GRAM_RESTART_STEP`] (restart): `X = Q·X`, `R = X·Xᵀ`, `Q` restarts — the
+/// 3. at step [`GRAM_RESTART_STEP`] and every [`GRAM_RESTART_EVERY`] steps after it
+///    (restart; [`gram_restarts_at`]): `X = Q·X`, `R = X·Xᵀ`, `Q` restarts — the
 ///    products of the first steps' polynomials are folded into the iterate before their
 ///    rounding errors grow;
 /// 4. the result is `Q·X`, transposed back for a tall input.
@@ -623,7 +666,7 @@ pub const GRAM_MIN_ASPECT: f64 = 1.5;
 /// computed as [`Output::SymmetricLower`]; the two products with `X` are full. Precision of
 /// each product: `F32` all f32; `Bf16` operands rounded to bf16, accumulation, `β·C` addends
 /// and results f32; `Bf16Iterate` additionally stores `R`, `Z`, `Q`, `RZ` and `X` at bf16
-/// values. Iterates narrower than [`GRAM_MIN_ASPECT`] take [`newton_schulz`]'s steps.
+/// values. Where [`gram_applies`] does not hold, [`newton_schulz`]'s steps run instead.
 ///
 /// # Errors
 /// As [`newton_schulz`].
@@ -635,12 +678,45 @@ pub fn newton_schulz_gram(
     opts: &NsOptions,
     ws: &mut NsWorkspace,
 ) -> Result<()> {
-    opts.validate()?;
-    check_matrix("input", input.len(), rows, cols)?;
-    check_matrix("output", output.len(), rows, cols)?;
-    ws.orthogonalize_gram(input, rows, cols, opts);
-    ws.store(output, rows, cols);
-    Ok(())
+    checked_into(input, output, rows, cols, opts, ws, NsWorkspace::orthogonalize_gram)
+}
+
+/// Whether [`newton_schulz_gram`] runs the Gram iteration on an `m × n` iterate (`m ≤ n`):
+/// `n/m ≥ GRAM_MIN_ASPECT` (flops), and in the bf16 precisions at most 5 steps and not
+/// `polar_express` (accuracy). The accuracy study (`tests/numerics_ns_accuracy.rs`,
+/// docs/newton-schulz.md) finds the Gram iteration within 1.5× the standard iteration's
+/// distance to the polar factor in every f32 case and in bf16 with up to 5 steps, except
+/// `polar_express` (1.54×); in bf16 with 8 or 10 steps it loses the small singular values of
+/// ill-conditioned and low-rank inputs (their squares in `R` fall below bf16's resolution):
+/// up to 16× and worse.
+pub fn gram_applies(m: usize, n: usize, opts: &NsOptions) -> bool {
+    let accurate =
+        opts.precision == NsPrecision::F32 || (opts.steps <= 5 && opts.coefficients != CoefficientSet::PolarExpress);
+    (n as f64) >= GRAM_MIN_ASPECT * m as f64 && accurate
+}
+
+/// The Gram iteration of [`newton_schulz_gram`] whatever the shape and options, for studies
+/// of where [`gram_applies`] should hold.
+///
+/// # Errors
+/// As [`newton_schulz`].
+pub fn newton_schulz_gram_always(
+    input: &[f32],
+    output: &mut [f32],
+    rows: usize,
+    cols: usize,
+    opts: &NsOptions,
+    ws: &mut NsWorkspace,
+) -> Result<()> {
+    checked_into(
+        input,
+        output,
+        rows,
+        cols,
+        opts,
+        ws,
+        NsWorkspace::orthogonalize_gram_always,
+    )
 }
 
 /// Orthogonalizes `data` (`rows × cols`, row-major) in place; same result as
