@@ -412,7 +412,8 @@ typedef struct muon_optimizer_t muon_optimizer_t;
  */
 typedef struct muon_config_t {
   /**
-   * sizeof(muon_config_t) as compiled by the caller.
+   * sizeof(muon_config_t) as compiled by the caller: the size of a released layout (or
+   * more, from a newer header); any other size is refused with MUON_STATUS_ABI_MISMATCH.
    */
   uint32_t struct_size;
   /**

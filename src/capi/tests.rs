@@ -76,6 +76,31 @@ fn a_config_of_the_first_abi_defaults_the_appended_fields() {
     assert!(message.contains("oldest supported muon_config_t"), "{message}");
 }
 
+/// Only the sizes of released layouts are accepted: a struct_size cutting a field in half
+/// (sizeof − 2 cuts muon_ns_eps) is ABI_MISMATCH naming the size; every released size and a
+/// larger one (a newer header) pass.
+#[test]
+fn a_torn_config_struct_size_is_refused() {
+    let size = std::mem::size_of::<muon_config_t>() as u32;
+    for torn in [size - 2, size - 4, MIN_CONFIG_SIZE as u32 + 2] {
+        let mut cfg = default_config();
+        cfg.struct_size = torn;
+        let (status, message) = validate(&cfg);
+        assert_eq!(status, MUON_STATUS_ABI_MISMATCH, "struct_size {torn}");
+        assert!(
+            message.contains(&format!("cfg->struct_size: {torn} is not the size of a released muon_config_t")),
+            "{message}"
+        );
+    }
+    let released = released_config_sizes();
+    assert_eq!(released.len(), 3, "{released:?}");
+    for ok in released {
+        let mut cfg = default_config();
+        cfg.struct_size = ok as u32;
+        assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS, "struct_size {ok}");
+    }
+}
+
 #[test]
 fn each_invalid_field_gets_its_status_and_names_the_field() {
     type Edit = fn(&mut muon_config_t);
