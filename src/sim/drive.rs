@@ -66,6 +66,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::Adamw => "adamw",
             Kernel::StepScalars => "step scalars",
             Kernel::Mxfp8Quantize => "mxfp8 quantize",
+            Kernel::QkClip => "qk clip",
         },
         Action::Gemm(_) => "ns gemm",
         Action::Nccl(NcclComm::Tensor, calls) => match calls.first() {
