@@ -75,7 +75,11 @@ fn the_clipped_logit_equals_the_threshold() {
     let w = values(7, 12 * cols);
     let x: Vec<f32> = values(8, cols);
     let logit = |w: &[f32]| {
-        let proj = |r: usize| (0..cols).map(|c| f64::from(w[r * cols + c]) * f64::from(x[c])).sum::<f64>();
+        let proj = |r: usize| {
+            (0..cols)
+                .map(|c| f64::from(w[r * cols + c]) * f64::from(x[c]))
+                .sum::<f64>()
+        };
         (0..4).map(|d| proj(d) * proj(4 + d)).sum::<f64>()
     };
     let s = logit(&w).abs() as f32;
@@ -97,11 +101,24 @@ fn non_finite_maxima_leave_their_group_and_pow_unit_is_accurate() {
     let map = case.heads.row_map(rows(&case.heads) as u64).unwrap();
     let w = values(0, map.rows() * case.cols);
     let mut clipped = w.clone();
-    qk_clip(&mut clipped, case.cols, &map, &[f32::NAN, 50.0, f32::INFINITY, 4.0], 8.0, 0.5);
+    qk_clip(
+        &mut clipped,
+        case.cols,
+        &map,
+        &[f32::NAN, 50.0, f32::INFINITY, 4.0],
+        8.0,
+        0.5,
+    );
     let group = map.group_rows() * case.cols;
-    assert!(bits(&clipped[..group]) == bits(&w[..group]), "a NaN maximum clipped its group");
+    assert!(
+        bits(&clipped[..group]) == bits(&w[..group]),
+        "a NaN maximum clipped its group"
+    );
     assert!(clipped[group..2 * group] != w[group..2 * group], "50 > τ did not clip");
-    assert!(bits(&clipped[2 * group..]) == bits(&w[2 * group..]), "inf or under-τ clipped");
+    assert!(
+        bits(&clipped[2 * group..]) == bits(&w[2 * group..]),
+        "inf or under-τ clipped"
+    );
     for i in 1..2000u32 {
         let x = f64::from(i) / 2000.0 * 0.999_999 + 1e-9 * f64::from(i % 7);
         for e in [0.1, 0.5, 0.7, 0.999] {
@@ -110,7 +127,10 @@ fn non_finite_maxima_leave_their_group_and_pow_unit_is_accurate() {
         }
     }
     let tiny = f64::from(f32::from_bits(1));
-    assert!((pow_unit(tiny, 0.5) / tiny.sqrt() - 1.0).abs() < 1e-14, "the smallest η");
+    assert!(
+        (pow_unit(tiny, 0.5) / tiny.sqrt() - 1.0).abs() < 1e-14,
+        "the smallest η"
+    );
     assert_eq!(pow_unit(0.0, 0.5), 0.0);
 }
 
@@ -283,7 +303,9 @@ fn the_step_clips_the_master_and_every_copy_and_leaves_the_momentum() {
         };
         let specs = attention_model(mxfp8);
         let quarter = QkMaxima::Host(vec![40.0, 3.0, 9.0, 9.5]);
-        let mut runs = host_runtimes(&cfg, &specs, 1).into_iter().chain(host_runtimes(&cfg, &specs, 1));
+        let mut runs = host_runtimes(&cfg, &specs, 1)
+            .into_iter()
+            .chain(host_runtimes(&cfg, &specs, 1));
         let (mut plain, mut clipped) = (runs.next().unwrap(), runs.next().unwrap());
         iterate(&mut plain, 0, 0, 1, None);
         clipped.zero_grad().unwrap();
@@ -305,7 +327,11 @@ fn the_step_clips_the_master_and_every_copy_and_leaves_the_momentum() {
         assert_eq!(clipped.pending_qk_clips(), 0, "the step consumes its clips");
         let (a, b) = (plain.owned_state().unwrap(), clipped.owned_state().unwrap());
         for (x, y) in a.iter().zip(&b) {
-            assert!(bits(&x.moments[0]) == bits(&y.moments[0]), "momentum of param {}", x.param);
+            assert!(
+                bits(&x.moments[0]) == bits(&y.moments[0]),
+                "momentum of param {}",
+                x.param
+            );
             let mut expected = x.master.clone();
             if x.param == 1 {
                 let map = heads(QkKind::FusedQkv, 4, 2, 8, 0).row_map(64).unwrap();
@@ -319,7 +345,11 @@ fn the_step_clips_the_master_and_every_copy_and_leaves_the_momentum() {
         // (max 9.5 < τ) unchanged.
         for (i, (x, y)) in u.iter().zip(&v).enumerate() {
             let want = if i < 24 * 32 { x * 0.5 } else { *x };
-            assert_eq!(want.to_bits(), y.to_bits(), "MXFP8 {mxfp8}: element {i} of the QKV copy");
+            assert_eq!(
+                want.to_bits(),
+                y.to_bits(),
+                "MXFP8 {mxfp8}: element {i} of the QKV copy"
+            );
         }
     }
 }
@@ -339,13 +369,38 @@ fn bad_requests_are_refused_and_change_nothing() {
         r
     };
     let cases: Vec<(Vec<QkClipRequest>, f32, f32, &str)> = vec![
-        (with(&|r| r.param = 99), 10.0, 0.5, "param_id 99 is not a registered param"),
-        (with(&|r| r.param = 0), 10.0, 0.5, "'embedding.weight' is not an attention matrix"),
-        (with(&|r| r.param = 5), 10.0, 0.5, "'norm.weight' is not an attention matrix"),
+        (
+            with(&|r| r.param = 99),
+            10.0,
+            0.5,
+            "param_id 99 is not a registered param",
+        ),
+        (
+            with(&|r| r.param = 0),
+            10.0,
+            0.5,
+            "'embedding.weight' is not an attention matrix",
+        ),
+        (
+            with(&|r| r.param = 5),
+            10.0,
+            0.5,
+            "'norm.weight' is not an attention matrix",
+        ),
         (with(&|r| r.heads.head_dim = 4), 10.0, 0.5, "the layout has 24 rows"),
         (with(&|r| r.heads.v_head_dim = 0), 10.0, 0.5, "v_head_dim is 0"),
-        (with(&|r| r.maxima = QkMaxima::Host(vec![1.0])), 10.0, 0.5, "1 maxima for 2 heads"),
-        (with(&|r| r.maxima = QkMaxima::Host(vec![1.0, f32::NAN])), 10.0, 0.5, "max_logits[1] is NaN"),
+        (
+            with(&|r| r.maxima = QkMaxima::Host(vec![1.0])),
+            10.0,
+            0.5,
+            "1 maxima for 2 heads",
+        ),
+        (
+            with(&|r| r.maxima = QkMaxima::Host(vec![1.0, f32::NAN])),
+            10.0,
+            0.5,
+            "max_logits[1] is NaN",
+        ),
         (with(&|r| *r = requests(0)[0].clone()), 10.0, 0.5, "already has a clip"),
         (good.clone(), 0.0, 0.5, "threshold 0 is not a finite number above 0"),
         (good.clone(), -1.0, 0.5, "threshold -1"),
@@ -355,17 +410,33 @@ fn bad_requests_are_refused_and_change_nothing() {
     for (requests, tau, alpha, message) in cases {
         let err = rt.request_qk_clip(&requests, tau, alpha).unwrap_err();
         assert_eq!(err.kind, ErrorKind::InvalidArgument, "{message}: {err:?}");
-        assert!(err.message.contains(message), "expected '{message}' in: {}", err.message);
-        assert_eq!(rt.pending_qk_clips(), 0, "{message}: a refused call requested something");
+        assert!(
+            err.message.contains(message),
+            "expected '{message}' in: {}",
+            err.message
+        );
+        assert_eq!(
+            rt.pending_qk_clips(),
+            0,
+            "{message}: a refused call requested something"
+        );
     }
     let mut gqa = good.clone();
     gqa[0].heads.query_groups = 3;
     let err = rt.request_qk_clip(&gqa, 10.0, 0.5).unwrap_err();
-    assert!(err.message.contains("num_query_groups 3 does not divide num_heads 4"), "{}", err.message);
+    assert!(
+        err.message.contains("num_query_groups 3 does not divide num_heads 4"),
+        "{}",
+        err.message
+    );
     let before: Vec<Vec<u32>> = (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect();
     rt.request_qk_clip(&good, 10.0, 0.5).unwrap();
     let err = rt.request_qk_clip(&good[..1], 10.0, 0.5).unwrap_err();
-    assert!(err.message.contains("already has a clip for this step"), "{}", err.message);
+    assert!(
+        err.message.contains("already has a clip for this step"),
+        "{}",
+        err.message
+    );
     assert_eq!(rt.pending_qk_clips(), 3);
     let after: Vec<Vec<u32>> = (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect();
     assert!(before == after, "a request changed values before the step");

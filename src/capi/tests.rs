@@ -88,7 +88,9 @@ fn a_torn_config_struct_size_is_refused() {
         let (status, message) = validate(&cfg);
         assert_eq!(status, MUON_STATUS_ABI_MISMATCH, "struct_size {torn}");
         assert!(
-            message.contains(&format!("cfg->struct_size: {torn} is not the size of a released muon_config_t")),
+            message.contains(&format!(
+                "cfg->struct_size: {torn} is not the size of a released muon_config_t"
+            )),
             "{message}"
         );
     }

@@ -31,8 +31,8 @@ use state::StateLayout;
 
 pub use inspect::OwnedState;
 pub use profile::StepProfile;
-pub use qk_clip::QkClipRequest;
 use profile::timed;
+pub use qk_clip::QkClipRequest;
 
 /// Learning rates and weight decays of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]

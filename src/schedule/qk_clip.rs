@@ -76,7 +76,10 @@ impl Runtime {
                     );
                 }
                 if let Some(h) = values.iter().position(|v| v.is_nan()) {
-                    bail!(InvalidArgument, "qk_clip: clips[{i}] param '{name}': max_logits[{h}] is NaN");
+                    bail!(
+                        InvalidArgument,
+                        "qk_clip: clips[{i}] param '{name}': max_logits[{h}] is NaN"
+                    );
                 }
             }
             if self.qk_clips.0.contains_key(&req.param) || requests[..i].iter().any(|r| r.param == req.param) {

@@ -8,6 +8,7 @@ use muon_opt::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, QkClipJob
 use muon_opt::config::Dtype;
 use muon_opt::numerics::mxfp8::ScaleLayout;
 use muon_opt::numerics::qk_clip::{MAX_SEGMENTS, QkHeads, QkKind, QkRowMap, pow_unit};
+use muon_opt::schedule::QkClipRequest;
 
 use super::rng::noise;
 use super::training::bits;
@@ -68,7 +69,11 @@ pub fn cases() -> Vec<Case> {
 
 /// Rows of the matrix of `heads`.
 pub fn rows(heads: &QkHeads) -> usize {
-    let (h, g, d) = (heads.heads as usize, heads.query_groups as usize, heads.head_dim as usize);
+    let (h, g, d) = (
+        heads.heads as usize,
+        heads.query_groups as usize,
+        heads.head_dim as usize,
+    );
     match heads.kind {
         QkKind::FusedQkv => h * d + 2 * g * d,
         QkKind::Query => h * d,
@@ -81,7 +86,11 @@ pub fn rows(heads: &QkHeads) -> usize {
 /// What the reference does to row `r`: the heads whose maxima decide it and the exponent of
 /// η (None: a value row), written from the layouts' definitions (Megatron-LM's `clip_qk`).
 fn row_rule(heads: &QkHeads, r: usize, alpha: f64) -> (std::ops::Range<usize>, Option<f64>) {
-    let (h, g, d) = (heads.heads as usize, heads.query_groups as usize, heads.head_dim as usize);
+    let (h, g, d) = (
+        heads.heads as usize,
+        heads.query_groups as usize,
+        heads.head_dim as usize,
+    );
     match heads.kind {
         QkKind::FusedQkv => {
             let per = h / g * d + 2 * d;
@@ -126,6 +135,27 @@ pub fn reference(w: &[f32], heads: &QkHeads, cols: usize, maxima: &[f32], tau: f
         row.iter_mut().for_each(|v| *v *= f);
     }
     out
+}
+
+/// The maxima of [`grouped_qkv_request`]: one address for every run, so recorded ops compare.
+static GROUPED_QKV_MAXIMA: [f32; 6] = [3.0, 40.0, 9.0, 9.5, 1e3, 2.0];
+
+/// A clip of `cuda_model()`'s grouped QKV (3 query groups of 2 heads, head dim 4) with its
+/// maxima at an address of the backend's memory: host memory on the host backend, standing
+/// for device memory in a dry run.
+pub fn grouped_qkv_request(specs: &[muon_opt::model::ParamSpec]) -> QkClipRequest {
+    QkClipRequest {
+        param: specs.iter().position(|s| s.name == "grouped.qkv.weight").unwrap() as u32,
+        heads: QkHeads {
+            kind: QkKind::FusedQkv,
+            heads: 6,
+            query_groups: 3,
+            head_dim: 4,
+            rope_dim: 0,
+            v_head_dim: 0,
+        },
+        maxima: QkMaxima::Device(GROUPED_QKV_MAXIMA.as_ptr() as u64),
+    }
 }
 
 /// Matrix values for case `k`.
@@ -177,7 +207,11 @@ pub fn emulate(args: &[Arg], ld: impl Fn(u64) -> f32) -> Vec<(u64, f32)> {
                 _ => 0.0,
             };
             if e != 0.0 {
-                let factor = if e == 1.0 { eta } else { pow_unit(f64::from(eta), e) as f32 };
+                let factor = if e == 1.0 {
+                    eta
+                } else {
+                    pow_unit(f64::from(eta), e) as f32
+                };
                 for i in (g * group_rows + row) * cols..(g * group_rows + row + rows) * cols {
                     writes.push((w + 4 * i, ld(w + 4 * i) * factor));
                 }
@@ -194,7 +228,9 @@ pub fn maxima_sets(n: usize) -> Vec<Vec<f32>> {
     let mixed = (0..n).map(|h| [3.0, 40.0, 8.0, 9.5, 1e30, 200.0][h % 6]).collect();
     let above = (0..n).map(|h| 9.0 + 17.0 * h as f32).collect();
     let below = (0..n).map(|h| 8.0 - 0.5 * h as f32).collect();
-    let specials = (0..n).map(|h| [f32::NAN, 50.0, f32::INFINITY, 8.0, -90.0, 12.0][h % 6]).collect();
+    let specials = (0..n)
+        .map(|h| [f32::NAN, 50.0, f32::INFINITY, 8.0, -90.0, 12.0][h % 6])
+        .collect();
     vec![mixed, above, below, specials]
 }
 

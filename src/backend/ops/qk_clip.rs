@@ -23,7 +23,8 @@ pub struct QkClipJob {
 pub enum QkMaxima {
     /// Values read by the host when the clip was requested (host backend).
     Host(Vec<f32>),
-    /// `map.heads()` f32 values at this device address, read on the compute stream when the
-    /// job runs (cuda backend): the caller keeps them valid and unchanged until then.
+    /// `map.heads()` f32 values at this address of the backend's memory (device memory on
+    /// the cuda backend, host memory on the host backend), read on the compute stream when
+    /// the job runs: the caller keeps them valid and unchanged until then.
     Device(u64),
 }
