@@ -441,3 +441,27 @@ fn bad_requests_are_refused_and_change_nothing() {
     let after: Vec<Vec<u32>> = (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect();
     assert!(before == after, "a request changed values before the step");
 }
+
+/// The simulator prices the clip of every fused QKV (the owners' passes inside the step, no
+/// collective of its own): llama3-70b at tp = 8, dp = 8 on H100 NVLink, more launches, more
+/// time, under 1 % of the iteration.
+#[test]
+fn the_simulated_clip_costs_under_one_percent_of_a_llama3_70b_iteration() {
+    use muon_opt::config::TpMode;
+    use muon_opt::plan::presets::preset;
+    use muon_opt::sim::profile::builtin;
+    use muon_opt::sim::{Scenario, simulate};
+    let base = Scenario {
+        tp: Some((8, TpMode::Blockwise)),
+        ..Scenario::new(preset("llama3-70b").unwrap(), 8, builtin("h100-nvlink").unwrap())
+    };
+    let plain = simulate(&base).unwrap().figures;
+    let clipped = simulate(&Scenario { qk_clip: true, ..base }).unwrap().figures;
+    let cost = clipped.iteration_ms - plain.iteration_ms;
+    assert!(clipped.launches > plain.launches, "{} vs {} launches", clipped.launches, plain.launches);
+    assert!(
+        cost > 0.0 && cost < 0.01 * plain.iteration_ms,
+        "the clip costs {cost} ms of a {} ms iteration",
+        plain.iteration_ms
+    );
+}

@@ -218,9 +218,14 @@ pub enum TrainerEvent {
 
 /// The calls a trainer makes, `iterations` times: `zero_grad`; the forward, calling
 /// `wait_params(b)` before the first param of bucket b; the backward in reverse order, calling
-/// `grad_ready(p)` after param p's gradient; the QK-clip requests `clips`, if any; `step`.
-/// `hooks` sees each call before it is made and the modelled compute in between.
-pub fn train(
+/// `grad_ready(p)` after param p's gradient; `step`. `hooks` sees each call before it is made
+/// and the modelled compute in between.
+pub fn train(runtime: &mut Runtime, plan: &Plan, iterations: usize, hooks: &mut dyn FnMut(TrainerEvent)) -> Result<()> {
+    train_clipped(runtime, plan, iterations, &[], hooks)
+}
+
+/// [`train`] with the QK-clip requests `clips` made before every step.
+pub fn train_clipped(
     runtime: &mut Runtime,
     plan: &Plan,
     iterations: usize,
@@ -367,7 +372,7 @@ fn record(
             }
         }
     };
-    train(&mut runtime, plan, trainer.iterations, clips, &mut hooks)?;
+    train_clipped(&mut runtime, plan, trainer.iterations, clips, &mut hooks)?;
     lock(&recorder).out.items.push(Item::Teardown);
     lock(&recorder).call = Call::Setup;
     runtime.synchronize()?;
