@@ -458,7 +458,12 @@ fn the_simulated_clip_costs_under_one_percent_of_a_llama3_70b_iteration() {
     let plain = simulate(&base).unwrap().figures;
     let clipped = simulate(&Scenario { qk_clip: true, ..base }).unwrap().figures;
     let cost = clipped.iteration_ms - plain.iteration_ms;
-    assert!(clipped.launches > plain.launches, "{} vs {} launches", clipped.launches, plain.launches);
+    assert!(
+        clipped.launches > plain.launches,
+        "{} vs {} launches",
+        clipped.launches,
+        plain.launches
+    );
     assert!(
         cost > 0.0 && cost < 0.01 * plain.iteration_ms,
         "the clip costs {cost} ms of a {} ms iteration",

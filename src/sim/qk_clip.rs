@@ -23,7 +23,9 @@ pub fn requests(params: &[ParamSpec]) -> Vec<QkClipRequest> {
         .iter()
         .enumerate()
         .filter_map(|(p, spec)| {
-            let &[q, k, v] = spec.split_sizes.as_slice() else { return None };
+            let &[q, k, v] = spec.split_sizes.as_slice() else {
+                return None;
+            };
             let fits = spec.name.ends_with("qkv.weight") && spec.shape.len() == 2 && k == v && k > 0 && q % k == 0;
             fits.then(|| QkClipRequest {
                 param: p as u32,

@@ -193,7 +193,7 @@ pub fn emulate(args: &[Arg], ld: impl Fn(u64) -> f32) -> Vec<(u64, f32)> {
                 max = s;
             }
         }
-        if !finite || !(max > tau) {
+        if !finite || max <= tau {
             continue;
         }
         let eta = tau / max;
