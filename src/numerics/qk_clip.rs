@@ -162,42 +162,37 @@ impl QkHeads {
                 "num_query_groups {g} does not divide num_heads {h} (GQA: every query group has the same number of heads)"
             ));
         }
+        let grouped = |segments| QkRowMap {
+            groups: g,
+            heads_per_group: h / g,
+            segments,
+        };
+        let per_head = |extra: u32, field: &str, why: &str, roles: (QkRole, QkRole)| {
+            if extra == 0 {
+                return Err(format!("{field} is 0 ({why})"));
+            }
+            Ok(QkRowMap {
+                groups: h,
+                heads_per_group: 1,
+                segments: vec![(roles.0, d), (roles.1, extra as usize)],
+            })
+        };
         let map = match self.kind {
-            QkKind::FusedQkv => QkRowMap {
-                groups: g,
-                heads_per_group: h / g,
-                segments: vec![(QkRole::Query, h / g * d), (QkRole::Key, d), (QkRole::Value, d)],
-            },
-            QkKind::Query => QkRowMap {
-                groups: g,
-                heads_per_group: h / g,
-                segments: vec![(QkRole::Query, h / g * d)],
-            },
-            QkKind::Key => QkRowMap {
-                groups: g,
-                heads_per_group: h / g,
-                segments: vec![(QkRole::Key, d)],
-            },
-            QkKind::MlaQuery => {
-                if self.rope_dim == 0 {
-                    return Err("rope_dim is 0 (MLA's query has a rotary part per head)".into());
-                }
-                QkRowMap {
-                    groups: h,
-                    heads_per_group: 1,
-                    segments: vec![(QkRole::Query, d), (QkRole::Rope, self.rope_dim as usize)],
-                }
-            }
-            QkKind::MlaKeyValue => {
-                if self.v_head_dim == 0 {
-                    return Err("v_head_dim is 0 (MLA's kv_up_proj has value rows per head)".into());
-                }
-                QkRowMap {
-                    groups: h,
-                    heads_per_group: 1,
-                    segments: vec![(QkRole::Key, d), (QkRole::Value, self.v_head_dim as usize)],
-                }
-            }
+            QkKind::FusedQkv => grouped(vec![(QkRole::Query, h / g * d), (QkRole::Key, d), (QkRole::Value, d)]),
+            QkKind::Query => grouped(vec![(QkRole::Query, h / g * d)]),
+            QkKind::Key => grouped(vec![(QkRole::Key, d)]),
+            QkKind::MlaQuery => per_head(
+                self.rope_dim,
+                "rope_dim",
+                "MLA's query has a rotary part per head",
+                (QkRole::Query, QkRole::Rope),
+            )?,
+            QkKind::MlaKeyValue => per_head(
+                self.v_head_dim,
+                "v_head_dim",
+                "MLA's kv_up_proj has value rows per head",
+                (QkRole::Key, QkRole::Value),
+            )?,
         };
         let expected = (map.groups as u128) * (map.group_rows() as u128);
         if expected != u128::from(rows) {
