@@ -244,6 +244,33 @@ struct ncclComm;
 #define MUON_MAX_DIMS 4
 
 /**
+ * Megatron's fused `linear_qkv` `[G·(H/G·d + 2·d), hidden]`: per query group its heads' query
+ * rows, its key rows, its value rows (register it with `split_sizes = {H/G·d, d, d}` and
+ * `num_split_groups = G`).
+ */
+#define MUON_QK_KIND_FUSED_QKV 1
+
+/**
+ * A separate query projection `[H·d, hidden]`.
+ */
+#define MUON_QK_KIND_QUERY 2
+
+/**
+ * A separate key projection `[G·d, hidden]`.
+ */
+#define MUON_QK_KIND_KEY 3
+
+/**
+ * MLA's query projection (`linear_q_proj` / `linear_q_up_proj`) `[H·(d + rope_dim), in]`.
+ */
+#define MUON_QK_KIND_MLA_QUERY 4
+
+/**
+ * MLA's `linear_kv_up_proj` `[H·(d + v_head_dim), kv_lora_rank]`.
+ */
+#define MUON_QK_KIND_MLA_KEY_VALUE 5
+
+/**
  * Result of every fallible `muon_*` call. 0 = success; 1xx usage, 2xx CUDA, 3xx NCCL,
  * 4xx memory, 5xx communication, 6xx I/O and checkpoints, 7xx unsupported, 9xx internal.
  * Details: muon_last_error_message().
@@ -721,6 +748,52 @@ typedef struct muon_param_view_t {
    */
   uint64_t mxfp8_cols;
 } muon_param_view_t;
+
+/**
+ * One attention matrix to clip and the per-head maxima of its logits.
+ */
+typedef struct muon_qk_clip_t {
+  /**
+   * sizeof(muon_qk_clip_t) as compiled by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * The registered param (a 2-D Muon-routed matrix).
+   */
+  uint32_t param_id;
+  /**
+   * MUON_QK_KIND_*.
+   */
+  uint32_t kind;
+  /**
+   * Attention heads of this param on this tensor-parallel rank (Megatron's
+   * num_attention_heads_per_partition); the number of @p max_logits.
+   */
+  uint32_t num_heads;
+  /**
+   * Query groups (key/value heads) on this rank; = num_heads without GQA; unused by MLA.
+   */
+  uint32_t num_query_groups;
+  /**
+   * Rows per head of the query and key (MLA: qk_head_dim, the non-rotary part).
+   */
+  uint32_t head_dim;
+  /**
+   * MLA query: rotary rows per head (qk_pos_emb_head_dim); else 0.
+   */
+  uint32_t rope_dim;
+  /**
+   * MLA key/value: value rows per head (v_head_dim); else 0.
+   */
+  uint32_t v_head_dim;
+  /**
+   * num_heads f32 maxima of the pre-softmax logits, one per head in head order, already
+   * reduced with MAX over the data-parallel (and context-parallel) ranks. cuda backend: a
+   * device pointer, read on the optimizer's stream when the next step runs (keep it valid
+   * and unchanged until then); host backend: a host pointer, read during this call.
+   */
+  const float *max_logits;
+} muon_qk_clip_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1230,6 +1303,48 @@ muon_status_t muon_optimizer_destroy(struct muon_optimizer_t *opt);
  */
 MUON_API
 void muon_param_desc_init(struct muon_param_desc_t *desc);
+
+/**
+ * @brief Fill @p clip with defaults: struct_size set, kind MUON_QK_KIND_FUSED_QKV, every
+ *        count 0, max_logits NULL. NULL is ignored.
+ */
+MUON_API
+void muon_qk_clip_init(struct muon_qk_clip_t *clip);
+
+/**
+ * @brief QK-clip (Kimi K2's MuonClip) by the next step: on the owner of each param, right
+ *        after its Muon update and before its cast, each head group whose largest logit S
+ *        exceeds @p threshold gets eta = threshold / S, its query rows × eta^alpha, its key
+ *        rows × eta^(1 − alpha) (MLA: the rotary query rows × eta), value rows untouched. GQA:
+ *        one eta per query group from the max over its heads (Megatron-LM's clip_qk). The
+ *        step's own param collective then carries the clipped values to every rank's model
+ *        copy and MXFP8 copy (requantized): no pass or collective of its own. The momentum is
+ *        not touched; the masters are the checkpointed state, so checkpoints need nothing
+ *        more. A step skipped for a non-finite gradient still clips (as Megatron does).
+ *        A group whose maximum is not finite is left as it is (the device cannot report it
+ *        without a host read; the host backend refuses a NaN maximum here).
+ *        Every rank calls it with the same params, in the same step, before muon_optimizer_step
+ *        (or muon_optimizers_step); several calls before one step add up, one clip per param.
+ * @param[in,out] opt       Finalized optimizer handle.
+ * @param[in]     clips     @p count descriptions, each with struct_size set (muon_qk_clip_init).
+ * @param[in]     count     Number of params; all layers in one call is one validation pass
+ *                          and, per owned param, one kernel inside the step.
+ * @param[in]     threshold tau, finite and > 0 (Megatron's --qk-clip-threshold, default 100).
+ * @param[in]     alpha     In [0, 1] (Megatron's --qk-clip-alpha, default 0.5).
+ * @return MUON_STATUS_SUCCESS once requested; INVALID_ARGUMENT naming the field (unknown
+ *         param, not a 2-D Muon matrix, rows not matching the layout, wrong head count, NaN
+ *         maximum on the host, threshold or alpha out of range, the same param twice in a
+ *         step) and nothing requested; INVALID_STATE before finalize.
+ * @note Stream: enqueues nothing; the next step reads the maxima in stream order. No host
+ *       sync, graph-capture safe (the step that applies it is).
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_qk_clip(struct muon_optimizer_t *opt,
+                                     const struct muon_qk_clip_t *clips,
+                                     size_t count,
+                                     float threshold,
+                                     float alpha);
 
 /**
  * @brief Static description of a status code.

@@ -2,6 +2,7 @@
 //! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
 
 mod param_view;
+mod qk_clip;
 
 use std::path::Path;
 use std::sync::Arc;

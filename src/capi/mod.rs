@@ -19,6 +19,7 @@ pub mod iteration;
 pub mod mxfp8;
 pub mod optimizer;
 pub mod param;
+pub mod qk_clip;
 pub mod status;
 pub mod version;
 

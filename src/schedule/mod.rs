@@ -11,6 +11,7 @@ mod events;
 mod initial;
 mod inspect;
 mod profile;
+mod qk_clip;
 pub mod restore;
 pub mod state;
 
@@ -31,6 +32,7 @@ use state::StateLayout;
 pub use inspect::OwnedState;
 pub use profile::StepProfile;
 use profile::timed;
+pub use qk_clip::QkClipRequest;
 
 /// Learning rates and weight decays of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +108,8 @@ pub struct Runtime {
     live: Vec<bool>,
     /// The comm stream has work the compute stream has not joined.
     comm_unjoined: bool,
+    /// QK-clips the next step applies ([`Runtime::request_qk_clip`]).
+    qk_clips: qk_clip::QkClips,
 }
 
 impl Runtime {
@@ -150,6 +154,7 @@ impl Runtime {
             norm_gathered: false,
             live,
             comm_unjoined: false,
+            qk_clips: qk_clip::QkClips::default(),
         };
         runtime.write_initial_values(init)?;
         Ok(runtime)
@@ -396,6 +401,7 @@ impl Runtime {
             self.update_adamw(b, &mut profile)?;
             timed(&mut profile.param_collectives, || self.launch_param_sync(b))?;
         }
+        self.clear_qk_clips();
         if !self.cfg.overlap_param_gather {
             for b in 0..buckets {
                 self.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
@@ -505,6 +511,9 @@ impl Runtime {
             };
             let master = job.master;
             timed(&mut profile.muon, || self.backend.muon_update(job))?;
+            if let Some(clip) = self.qk_clip_job(first.unit.param, master) {
+                timed(&mut profile.muon, || self.backend.qk_clip(clip))?;
+            }
             let destination = self.param_destination(first.unit.param, first.unit.bucket, range)?;
             timed(&mut profile.casts, || self.backend.cast(master, destination))?;
         }

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod golden;
 pub mod mxfp8;
 pub mod numerics;
+pub mod qk_clip;
 pub mod ranks;
 pub mod rng;
 pub mod tempdir;

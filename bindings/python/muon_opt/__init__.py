@@ -55,6 +55,7 @@ TpMode = _enum("TpMode", "MUON_TP_MODE_")
 Route = _enum("Route", "MUON_ROUTE_")
 ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
+QkKind = _enum("QkKind", "MUON_QK_KIND_")
 
 
 def _status(code):
@@ -243,6 +244,22 @@ class StepInfo(NamedTuple):
     grad_norm: float
     clip_coef: float
     step: int
+
+
+class QkClip(NamedTuple):
+    """One attention matrix for :meth:`Optimizer.qk_clip` (``muon_qk_clip_t``). ``max_logits``:
+    ``num_heads`` floats on the host backend (read during the call), a device address (int) of
+    ``num_heads`` float32 on the cuda backend (read by the next step on the optimizer's stream).
+    ``num_query_groups`` 0 means ``num_heads`` (no GQA)."""
+
+    param_id: int
+    kind: int
+    num_heads: int
+    head_dim: int
+    max_logits: object
+    num_query_groups: int = 0
+    rope_dim: int = 0
+    v_head_dim: int = 0
 
 
 class ParamView:
@@ -514,6 +531,28 @@ class Optimizer(_Owner):
         info.struct_size = ctypes.sizeof(info)
         lib().muon_optimizer_step(self._handle, args, byref(info))
         return StepInfo(bool(info.skipped), info.grad_norm, info.clip_coef, info.step)
+
+    def qk_clip(self, clips, *, threshold, alpha=0.5):
+        """QK-clip (Kimi K2's MuonClip) of :class:`QkClip` attention matrices by the next step:
+        per head group whose max logit S exceeds ``threshold``, eta = threshold / S, query rows
+        × eta**alpha, key rows × eta**(1 - alpha) (MLA rotary query rows × eta), applied to the
+        owner's master and carried to every copy by the step. Every rank calls it with the same
+        params before :meth:`step`. Enqueues nothing, never waits."""
+        clips = list(clips)
+        structs = (_capi.muon_qk_clip_t * max(len(clips), 1))()
+        keep = []
+        for s, c in zip(structs, clips):
+            lib().muon_qk_clip_init(byref(s))
+            s.param_id, s.kind, s.num_heads, s.head_dim = c.param_id, c.kind, c.num_heads, c.head_dim
+            s.num_query_groups = c.num_query_groups or c.num_heads
+            s.rope_dim, s.v_head_dim = c.rope_dim, c.v_head_dim
+            if isinstance(c.max_logits, int):
+                s.max_logits = ctypes.cast(ctypes.c_void_p(c.max_logits), POINTER(c_float))
+            else:
+                values = (c_float * len(c.max_logits))(*c.max_logits)
+                keep.append(values)
+                s.max_logits = ctypes.cast(values, POINTER(c_float))
+        lib().muon_optimizer_qk_clip(self._handle, structs, len(clips), threshold, alpha)
 
     def step_info(self):
         """What the last step did (waits for the device on the cuda backend)."""

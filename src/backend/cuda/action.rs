@@ -68,11 +68,12 @@ pub enum Kernel {
     StepScalars,
     Adamw,
     Mxfp8Quantize,
+    QkClip,
 }
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 11] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
@@ -83,6 +84,7 @@ impl Kernel {
         Kernel::Adamw,
         Kernel::StepScalars,
         Kernel::Mxfp8Quantize,
+        Kernel::QkClip,
     ];
 
     /// The `kernels/` file that defines it.
@@ -94,6 +96,7 @@ impl Kernel {
             Kernel::Adamw => "adamw.cu",
             Kernel::StepScalars => "step.cu",
             Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
+            Kernel::QkClip => "qk_clip.cu",
         }
     }
 
@@ -110,6 +113,7 @@ impl Kernel {
             Kernel::Adamw => "muon_adamw",
             Kernel::StepScalars => "muon_step_scalars",
             Kernel::Mxfp8Quantize => "muon_mxfp8_quantize_bf16",
+            Kernel::QkClip => "muon_qk_clip",
         }
     }
 }

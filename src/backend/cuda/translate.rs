@@ -10,6 +10,7 @@
 //! accumulation order.
 
 mod init;
+mod qk_clip;
 
 use std::collections::HashMap;
 
@@ -564,6 +565,7 @@ impl Translator {
             }]),
             Op::MuonUpdate(job) => self.muon_update(job),
             Op::AdamwUpdate(job) => self.adamw_update(job),
+            Op::QkClip(job) => self.qk_clip(job),
             Op::Record { stream, event } => Ok(vec![Action::Record {
                 stream: *stream,
                 event: *event,
