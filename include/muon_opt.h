@@ -501,7 +501,11 @@ typedef struct muon_config_t {
    */
   uint64_t vocab_size;
   /**
-   * A collective not joined by every rank within this time fails; default 300,000.
+   * A collective not joined by every rank within this time fails with
+   * MUON_STATUS_COMM_TIMEOUT; default 300,000. It bounds every communicator the optimizer
+   * issues on: its own, and the norm and tensor-parallel groups it is given, which inherit
+   * it (a host group's rank handle takes this timeout; with NCCL every host wait polls each
+   * communicator's asynchronous error against it). Includes finalize's agreement.
    */
   uint32_t collective_timeout_ms;
   /**
@@ -803,6 +807,9 @@ muon_status_t muon_optimizer_load_union(struct muon_optimizer_t *opt,
  * @param[out] comms      Array of @p world_size handles; comms[r] is rank r. Written only on
  *                        success. The caller owns each handle; release with muon_comm_destroy.
  * @note Each rank's handle is used by one thread at a time; ranks run on different threads.
+ *       A rank's collectives wait MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS for the others until an
+ *       optimizer uses the handle (as its communicator, norm group or TP group): from then on
+ *       they wait that optimizer's collective_timeout_ms.
  */
 MUON_API
 MUON_NODISCARD
@@ -1115,7 +1122,8 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  *                      the optimizer claims it as it claims its data-parallel communicator:
  *                      no other optimizer may use it while this one lives. Every rank of the
  *                      data-parallel group must set a group of the same size (else finalize
- *                      returns MUON_STATUS_PLAN_MISMATCH).
+ *                      returns MUON_STATUS_PLAN_MISMATCH). The group inherits the
+ *                      optimizer's collective_timeout_ms.
  * @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size;
  *         MUON_STATUS_INVALID_STATE for a group another optimizer uses (or this one's own
  *         data-parallel communicator).
@@ -1146,7 +1154,8 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
  *                      optimizer's device); borrowed, and claimed like the data-parallel one
- *                      (no other optimizer may use it while this one lives).
+ *                      (no other optimizer may use it while this one lives). The group
+ *                      inherits the optimizer's collective_timeout_ms.
  * @return MUON_STATUS_COMM_MISMATCH for a group of another kind;
  *         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
  */
