@@ -17,7 +17,7 @@ use crate::bail;
 use crate::checkpoint;
 use crate::comm::{Claim, Communicator, Transport};
 use crate::config::{Config, TpMode};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::init_data::InitData;
 use crate::model::{ParamSpec, Registry, Route};
 use crate::numerics::muon::{MuonOptions, TpDim};
@@ -519,7 +519,7 @@ impl Optimizer {
     /// One optimizer step, enqueued on the streams without waiting for the device (the
     /// norm, clip and skip decision stay on the device).
     pub fn step_async(&mut self, args: &StepArgs) -> Result<()> {
-        Self::check_args(args)?;
+        Self::check_args(args, "args->")?;
         self.with_runtime("step", |rt| rt.step(Some(args)))
     }
 
@@ -537,19 +537,45 @@ impl Optimizer {
     /// with the same coefficient and skips the same steps. `args` holds one entry per member,
     /// or None to use the arguments each last set. Every rank passes its optimizers in the same
     /// order. Checks everything before enqueueing anything.
+    ///
+    /// A failure once the checks passed leaves the step begun on some members, with
+    /// collectives on their groups that the other ranks may wait for, and no norm to finish
+    /// it with: every member then fails each later call with `CommBroken` naming the failure
+    /// and the member it happened on.
     pub fn step_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
         Self::check_shared(members, args)?;
+        let result = Self::run_shared(members, args);
+        if let Err(err) = &result {
+            let why = format!(
+                "a shared step (muon_optimizers_step) failed after it began, so it cannot finish on any of its optimizers: {}",
+                err.message
+            );
+            for member in members.iter_mut() {
+                member.broken = Some(Error::new(ErrorKind::CommBroken, why.clone()));
+            }
+        }
+        result
+    }
+
+    /// The work of [`Optimizer::step_shared`]; an error names the member (`opts[k]`).
+    fn run_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
+        let in_member = |k: usize| move |err: Error| Error::new(err.kind, format!("opts[{k}]: {}", err.message));
         for (k, member) in members.iter_mut().enumerate() {
-            member.with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))?;
+            member
+                .with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))
+                .map_err(in_member(k))?;
         }
         let terms = members
             .iter_mut()
-            .map(|m| m.with_runtime("step", |rt| rt.norm_term()))
+            .enumerate()
+            .map(|(k, m)| m.with_runtime("step", |rt| rt.norm_term()).map_err(in_member(k)))
             .collect::<Result<Vec<_>>>()?;
         for (k, member) in members.iter_mut().enumerate() {
             let mut own = terms.clone();
             own[k].sums = NormSums::Own;
-            member.with_runtime("step", |rt| rt.finish_step(&own))?;
+            member
+                .with_runtime("step", |rt| rt.finish_step(&own))
+                .map_err(in_member(k))?;
         }
         Ok(())
     }
@@ -572,7 +598,9 @@ impl Optimizer {
                     members.len()
                 );
             }
-            args.iter().try_for_each(Self::check_args)?;
+            for (k, a) in args.iter().enumerate() {
+                Self::check_args(a, &format!("args[{k}]."))?;
+            }
         }
         let first = &members[0];
         let (device, stream, clip_grad) = (first.init_on_device(), first.stream.0, first.cfg.clip_grad);
@@ -599,7 +627,7 @@ impl Optimizer {
                     member.cfg.clip_grad
                 );
             }
-            let runtime = member.runtime_mut("step")?;
+            let runtime = member.runtime_mut(&format!("step: opts[{k}]"))?;
             if args.is_none() && !runtime.has_step_args() {
                 bail!(
                     InvalidState,
@@ -613,11 +641,12 @@ impl Optimizer {
     /// Copies the arguments of the next steps to the device, ordered on the caller's stream
     /// (no host wait).
     pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
-        Self::check_args(args)?;
+        Self::check_args(args, "args->")?;
         self.with_runtime("set_step_args", |rt| rt.set_step_args(args))
     }
 
-    fn check_args(args: &StepArgs) -> Result<()> {
+    /// Checks the values of `args`, named `{arg}{field}` in messages (`args->`, `args[1].`).
+    fn check_args(args: &StepArgs, arg: &str) -> Result<()> {
         for (field, value) in [
             ("lr", args.lr),
             ("weight_decay", args.weight_decay),
@@ -625,7 +654,7 @@ impl Optimizer {
             ("adam_weight_decay", args.adam_weight_decay),
         ] {
             if !(value.is_finite() && value >= 0.0) {
-                bail!(OutOfRange, "step: args->{field} {value} must be finite and >= 0");
+                bail!(OutOfRange, "step: {arg}{field} {value} must be finite and >= 0");
             }
         }
         Ok(())

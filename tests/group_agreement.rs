@@ -12,7 +12,9 @@ use muon_opt::capi::comm::muon_comm_t;
 use muon_opt::capi::constants::{
     MUON_PARAM_FLAG_TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_ROWS, MUON_TP_MODE_DISTRIBUTED, MUON_TP_MODE_DUPLICATED,
 };
-use muon_opt::capi::iteration::{muon_optimizer_grad_ready, muon_optimizer_step, muon_optimizer_zero_grad};
+use muon_opt::capi::iteration::{
+    muon_optimizer_grad_ready, muon_optimizer_step, muon_optimizer_zero_grad, muon_optimizers_step,
+};
 use muon_opt::capi::optimizer::{
     muon_optimizer_finalize, muon_optimizer_set_norm_group, muon_optimizer_set_tp_group, muon_optimizer_t,
 };
@@ -228,4 +230,62 @@ fn norm_group_ranks_with_different_clip_grad_fail_finalize_on_both() {
         );
     }
     teardown(ranks, &norm);
+}
+
+/// A shared step (dense and expert optimizers, muon_optimizers_step) whose expert member times
+/// out: the step began on the dense member, whose group may hold collectives its peers wait
+/// for, and cannot finish without the shared norm. Every member then answers COMM_BROKEN
+/// naming the failure and the member, at once (never "begun and not finished" forever).
+#[test]
+fn a_shared_step_whose_member_times_out_breaks_every_member() {
+    let (dense, expert) = (host_group(2), host_group(2));
+    let ranks: Vec<[Handle<muon_optimizer_t>; 2]> = (0..2)
+        .map(|r| {
+            let opts = [
+                create(&config(SHORT_MS), dense[r]),
+                create(&config(SHORT_MS), expert[r]),
+            ];
+            for opt in opts {
+                add_param(opt, "w", &[16, 8], 0);
+            }
+            opts
+        })
+        .collect();
+    let args = [step_args(0.01), step_args(0.01)];
+    let results = on_ranks(&ranks, |r, opts| {
+        for opt in opts {
+            finalize(*opt)?;
+            outcome(unsafe { muon_optimizer_zero_grad(opt.0) })?;
+            outcome(unsafe { muon_optimizer_grad_ready(opt.0, 0) })?;
+        }
+        if r == 1 {
+            // Rank 1 steps its dense optimizer alone; its expert never steps.
+            return outcome(unsafe { muon_optimizer_step(opts[0].0, &args[0], std::ptr::null_mut()) });
+        }
+        let raw = [opts[0].0, opts[1].0];
+        let failed = timed(|| outcome(unsafe { muon_optimizers_step(raw.as_ptr(), 2, args.as_ptr()) }));
+        assert_fails(
+            &failed,
+            MUON_STATUS_COMM_TIMEOUT,
+            &["opts[1]", "timed out after 2000 ms"],
+        );
+        for opt in opts {
+            let again = timed(|| outcome(unsafe { muon_optimizer_step(opt.0, &args[0], std::ptr::null_mut()) }));
+            assert_fails(
+                &again,
+                MUON_STATUS_COMM_BROKEN,
+                &["muon_optimizers_step", "opts[1]", "timed out"],
+            );
+            assert!(again.1 < Duration::from_millis(u64::from(SHORT_MS)), "{:?}", again.1);
+        }
+        Ok(())
+    });
+    results[0].clone().expect("rank 0");
+    for opts in ranks {
+        for opt in opts {
+            destroy(opt);
+        }
+    }
+    destroy_group(&dense);
+    destroy_group(&expert);
 }

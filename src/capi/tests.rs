@@ -6,7 +6,9 @@ use std::ptr::{null, null_mut};
 use crate::capi::comm::*;
 use crate::capi::config::*;
 use crate::capi::constants::*;
-use crate::capi::fixtures::{default_config, desc, host_group, last_error, single_rank_optimizer, teardown};
+use crate::capi::fixtures::{
+    default_config, desc, host_group, last_error, one_param_optimizer, single_rank_optimizer, teardown,
+};
 use crate::capi::iteration::*;
 use crate::capi::optimizer::*;
 use crate::capi::param::*;
@@ -670,6 +672,48 @@ fn optimizers_step_shares_one_norm() {
         assert_eq!((info.step, info.skipped, info.grad_norm), (1, 0, expected));
         assert_eq!(info.clip_coef, (1.0 / (expected + 1e-6)) as f32);
     }
+    teardown(comm_a, a);
+    teardown(comm_b, b);
+}
+
+/// The element-wise arguments of muon_optimizers_step and muon_optimizer_load_union are
+/// named with their index: an unfinalized opts[1], a NaN args[1].lr, a NULL dirs[1].
+#[test]
+fn array_arguments_name_the_element() {
+    let (comm_a, a) = one_param_optimizer(true);
+    let (comm_b, b) = one_param_optimizer(false);
+    let opts = [a, b];
+    let args = |lr: f32| muon_step_args_t {
+        struct_size: std::mem::size_of::<muon_step_args_t>() as u32,
+        lr,
+        weight_decay: 0.0,
+        adam_lr: 1e-3,
+        adam_weight_decay: 0.0,
+    };
+    let array = [args(0.02), args(0.02)];
+    assert_eq!(
+        unsafe { muon_optimizers_step(opts.as_ptr(), 2, array.as_ptr()) },
+        MUON_STATUS_INVALID_STATE
+    );
+    assert!(
+        last_error().contains("opts[1]: the optimizer is not finalized"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(unsafe { muon_optimizer_finalize(b) }, MUON_STATUS_SUCCESS);
+    let array = [args(0.02), args(f32::NAN)];
+    assert_eq!(
+        unsafe { muon_optimizers_step(opts.as_ptr(), 2, array.as_ptr()) },
+        MUON_STATUS_OUT_OF_RANGE
+    );
+    assert!(last_error().contains("args[1].lr NaN"), "{}", last_error());
+    let dir = CString::new("/nonexistent/ckpt").unwrap();
+    let dirs = [dir.as_ptr(), null()];
+    assert_eq!(
+        unsafe { crate::capi::checkpoint::muon_optimizer_load_union(a, dirs.as_ptr(), 2) },
+        MUON_STATUS_NULL_ARGUMENT
+    );
+    assert!(last_error().contains("dirs[1] is NULL"), "{}", last_error());
     teardown(comm_a, a);
     teardown(comm_b, b);
 }

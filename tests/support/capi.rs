@@ -101,6 +101,7 @@ pub fn add_param(opt: Handle<muon_optimizer_t>, name: &str, shape: &[i64], flags
     desc.ndim = shape.len() as u32;
     desc.shape[..shape.len()].copy_from_slice(shape);
     desc.flags = flags;
+    desc.dtype = muon_opt::capi::constants::MUON_DTYPE_F32;
     let mut id = 0;
     outcome(unsafe { muon_optimizer_add_param(opt.0, &desc, &mut id) }).expect("muon_optimizer_add_param");
     id
