@@ -120,8 +120,8 @@ mod tests {
     use std::ptr::{null, null_mut};
 
     use super::*;
-    use crate::capi::fixtures::{last_error, one_param_optimizer, teardown};
     use crate::capi::status::muon_status_t::*;
+    use crate::capi::tests::{last_error, one_param_optimizer, teardown};
     use crate::tempdir::TempDir;
 
     #[test]
