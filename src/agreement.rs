@@ -74,6 +74,25 @@ pub fn verify_config(cfg: &Config, dp: usize, rank: usize, exchange: &mut Exchan
     )
 }
 
+/// The smallest `k` in `1..=n` for which `differs(k)` holds, given that it holds for `n`, by
+/// bisection: every rank sees every rank's values, so all take the same path.
+fn first_differing(
+    n: usize,
+    exchange: &mut Exchange,
+    differs: impl Fn(usize, &mut Exchange) -> Result<bool>,
+) -> Result<usize> {
+    let (mut lo, mut hi) = (0, n);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if differs(mid, exchange)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi)
+}
+
 /// Hash of the first `k` params.
 fn prefix_hash(params: &[ParamSpec], routes: &[Route], k: usize) -> u64 {
     let mut h = Fnv1a::new();
@@ -93,22 +112,13 @@ pub fn explain_param_mismatch(
 ) -> Result<()> {
     let counts = exchange(params.len() as u64)?;
     let common = counts.iter().copied().min().unwrap_or(0) as usize;
-    // Smallest k whose prefix of k params differs on some rank, by bisection over [1, common]:
-    // every rank sees every rank's prefix hash, so all take the same path.
+    // Smallest k whose prefix of k params differs on some rank.
     let differs = |k: usize, exchange: &mut Exchange| -> Result<bool> {
         let mine = prefix_hash(params, routes, k);
         Ok(first_other(&exchange(mine)?, mine).is_some())
     };
     if common > 0 && differs(common, exchange)? {
-        let (mut lo, mut hi) = (0, common);
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if differs(mid, exchange)? {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
+        let hi = first_differing(common, exchange, differs)?;
         let spec = &params[hi - 1];
         bail!(
             PlanMismatch,
@@ -178,18 +188,8 @@ pub fn verify_settings(
         let mine = settings_hash(settings, k);
         Ok(first_other(&exchange(mine)?, mine).is_some())
     };
-    // The first differing setting, by bisection over [1, common] as in explain_param_mismatch.
     let first = if common > 0 && differs(common, exchange)? {
-        let (mut lo, mut hi) = (0, common);
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if differs(mid, exchange)? {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
-        hi - 1
+        first_differing(common, exchange, differs)? - 1
     } else {
         // Every rank lists `common` equal settings and some list more: compare the next.
         common
