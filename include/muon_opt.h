@@ -528,7 +528,11 @@ typedef struct muon_config_t {
    */
   uint64_t vocab_size;
   /**
-   * A collective not joined by every rank within this time fails; default 300,000.
+   * A collective not joined by every rank within this time fails with
+   * MUON_STATUS_COMM_TIMEOUT; default 300,000. It bounds every communicator the optimizer
+   * issues on: its own, and the norm and tensor-parallel groups it is given, which inherit
+   * it (a host group's rank handle takes this timeout; with NCCL every host wait polls each
+   * communicator's asynchronous error against it). Includes finalize's agreement.
    */
   uint32_t collective_timeout_ms;
   /**
@@ -876,6 +880,9 @@ muon_status_t muon_optimizer_load_union(struct muon_optimizer_t *opt,
  * @param[out] comms      Array of @p world_size handles; comms[r] is rank r. Written only on
  *                        success. The caller owns each handle; release with muon_comm_destroy.
  * @note Each rank's handle is used by one thread at a time; ranks run on different threads.
+ *       A rank's collectives wait MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS for the others until an
+ *       optimizer uses the handle (as its communicator, norm group or TP group): from then on
+ *       they wait that optimizer's collective_timeout_ms.
  */
 MUON_API
 MUON_NODISCARD
@@ -994,10 +1001,14 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
  *        With @p info NULL the call only enqueues work on the streams and never waits for the
  *        device (the arguments reach the device by an asynchronous copy from pinned memory);
  *        read what the step did later with muon_optimizer_step_info.
- * @param[in]  args Learning rates and weight decays, or NULL to use the ones last set with
- *             muon_optimizer_set_step_args (then the step copies nothing from the host: a
- *             step captured in a CUDA graph reads them from device memory at every replay;
- *             MUON_STATUS_INVALID_STATE if none were set).
+ * @param[in]  args Learning rates and weight decays for this step only, or NULL to use the
+ *             ones last set with muon_optimizer_set_step_args (then the step copies nothing
+ *             from the host: a step captured in a CUDA graph reads them from device memory at
+ *             every replay; MUON_STATUS_INVALID_STATE if none were set — a step's own args
+ *             never count as set). A step given its args leaves the set ones in place, so
+ *             `set_step_args(A); step(B); step(NULL)` steps with B, then with A: the copy of
+ *             B is followed, after the step's updates, by a copy of A back (two asynchronous
+ *             host-to-device copies; capture the NULL form).
  * @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
  *             read it back (the same as muon_optimizer_step_info right after the step).
  */
@@ -1026,11 +1037,19 @@ muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
  * @param[in] opts  @p count distinct finalized optimizer handles.
  * @param[in] count 1 to 8.
  * @param[in] args  NULL to use the arguments each optimizer last set with
- *                  muon_optimizer_set_step_args, or an array of @p count step args (one per
- *                  optimizer, each with struct_size set to the caller's sizeof).
+ *                  muon_optimizer_set_step_args (MUON_STATUS_INVALID_STATE naming opts[k] if
+ *                  one has none), or an array of @p count step args (one per optimizer, each
+ *                  with struct_size set to the caller's sizeof) for this step only: as with
+ *                  muon_optimizer_step, the set ones stay in place for later NULL steps.
  * @return MUON_STATUS_INVALID_ARGUMENT for a handle passed twice, a count out of range,
  *         different streams or clip_grad values (the message names the optimizer);
- *         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one.
+ *         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one. A failure of
+ *         these checks changes nothing. A failure after them (a member's collective timed
+ *         out, an NCCL error; the message names opts[k]) leaves the step begun on some
+ *         members, with collectives their peers may wait for, and no shared norm to finish
+ *         it: every member becomes unusable, and each later call on any of them returns
+ *         MUON_STATUS_COMM_BROKEN naming the failure. Destroy them all (and abort their NCCL
+ *         communicators).
  */
 MUON_API
 MUON_NODISCARD
@@ -1040,9 +1059,10 @@ muon_status_t muon_optimizers_step(struct muon_optimizer_t *const *opts,
 
 /**
  * @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
- *        ordered on the caller's stream before any later step; never waits. With
- *        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
- *        replay to change the learning rate.
+ *        ordered on the caller's stream before any later step; never waits. Every later step
+ *        without args of its own uses them until the next call (steps given their own args
+ *        do not replace them). With muon_optimizer_step(opt, NULL, NULL) captured in a CUDA
+ *        graph, call this before each replay to change the learning rate.
  */
 MUON_API
 MUON_NODISCARD
@@ -1188,7 +1208,8 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  *                      the optimizer claims it as it claims its data-parallel communicator:
  *                      no other optimizer may use it while this one lives. Every rank of the
  *                      data-parallel group must set a group of the same size (else finalize
- *                      returns MUON_STATUS_PLAN_MISMATCH).
+ *                      returns MUON_STATUS_PLAN_MISMATCH). The group inherits the
+ *                      optimizer's collective_timeout_ms.
  * @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size;
  *         MUON_STATUS_INVALID_STATE for a group another optimizer uses (or this one's own
  *         data-parallel communicator).
@@ -1219,7 +1240,8 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
  *                      optimizer's device); borrowed, and claimed like the data-parallel one
- *                      (no other optimizer may use it while this one lives).
+ *                      (no other optimizer may use it while this one lives). The group
+ *                      inherits the optimizer's collective_timeout_ms.
  * @return MUON_STATUS_COMM_MISMATCH for a group of another kind;
  *         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
  */

@@ -61,7 +61,11 @@ pub struct muon_config_t {
     pub mxfp8_swizzled_scales: u32,
     /// Vocabulary size for the untagged-embedding check; 0 = unknown.
     pub vocab_size: u64,
-    /// A collective not joined by every rank within this time fails; default 300,000.
+    /// A collective not joined by every rank within this time fails with
+    /// MUON_STATUS_COMM_TIMEOUT; default 300,000. It bounds every communicator the optimizer
+    /// issues on: its own, and the norm and tensor-parallel groups it is given, which inherit
+    /// it (a host group's rank handle takes this timeout; with NCCL every host wait polls each
+    /// communicator's asynchronous error against it). Includes finalize's agreement.
     pub collective_timeout_ms: u32,
     /// Host backend comm stream: MUON_COMM_MODE_FROM_ENV (default), _EAGER or _LAZY.
     pub host_comm_mode: u32,

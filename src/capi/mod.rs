@@ -24,8 +24,4 @@ pub mod status;
 pub mod version;
 
 #[cfg(test)]
-mod fixtures;
-#[cfg(test)]
-mod status_table;
-#[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 // Each test file is its own crate and uses only a subset of these helpers.
 #![allow(dead_code)]
 
+pub mod capi;
 pub mod checkpoint;
 pub mod cuda;
 pub mod golden;

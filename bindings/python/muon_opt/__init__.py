@@ -29,6 +29,7 @@ import ctypes
 import enum
 import json
 import os
+import weakref
 from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int64, c_size_t, c_uint16, c_uint32, c_uint64
 from typing import NamedTuple
 
@@ -174,6 +175,25 @@ class Comm(_Owner):
     def __init__(self, handle, host=True):
         self._handle = handle  # POINTER(muon_comm_t)
         self.host = host  # host-group rank (host memory) or NCCL (device memory)
+        self._users = weakref.WeakSet()  # the _Storage of each optimizer that claimed it
+
+    def _claim(self, storage, call):
+        """Runs ``call()``, which claims this communicator for the optimizer of ``storage``.
+        While a closed Optimizer's param view is alive, its library optimizer and so its
+        claim live on: a refusal then says so."""
+        try:
+            call()
+        except MuonError as err:
+            if err.status != Status.INVALID_STATE or not any(u.closed for u in self._users):
+                raise
+            raise MuonError(
+                err.status,
+                err.message + " — here an Optimizer on this Comm was closed, but a param view of it"
+                " (a memoryview, or a numpy/torch array made from one) is still alive: it keeps that"
+                " optimizer, and its claim on the communicator, until the last view is dropped",
+                err.function,
+            ) from None
+        self._users.add(storage)
 
     @classmethod
     def from_nccl(cls, nccl_comm_address):
@@ -329,6 +349,7 @@ class _Storage:
 
     def __init__(self, handle):
         self.handle = handle
+        self.closed = False  # Optimizer.close() ran; views may keep this alive
 
     def __del__(self):
         try:
@@ -348,9 +369,11 @@ class Optimizer(_Owner):
         self._handle = None
         config = Config() if config is None else config
         out = POINTER(_capi.muon_optimizer_t)()
-        lib().muon_optimizer_create(byref(config.struct), comm.handle, stream, byref(out))
+        storage = _Storage(out)
+        create = lib().muon_optimizer_create
+        comm._claim(storage, lambda: create(byref(config.struct), comm.handle, stream, byref(out)))
         self._handle = out
-        self._storage = _Storage(out)
+        self._storage = storage
         self._comm = comm  # the communicator must outlive the optimizer
         self._grad_dtype = config.grad_dtype
         self._params = []  # (shape, dtype) per id
@@ -448,13 +471,13 @@ class Optimizer(_Owner):
         spanning the data-parallel group, e.g. every rank of a tensor/pipeline-parallel job);
         before :meth:`finalize`. Flag copies another rank counts with
         ``ParamFlag.NORM_REPLICA``."""
-        lib().muon_optimizer_set_norm_group(self._handle, group.handle)
+        group._claim(self._storage, lambda: lib().muon_optimizer_set_norm_group(self._handle, group.handle))
 
     def set_tp_group(self, group):
         """The tensor-parallel group (a :class:`Comm`) over which ``TpMode.DUPLICATED`` gathers
         the matrices flagged ``ParamFlag.TP_SHARD_ROWS`` / ``TP_SHARD_COLS``; before
         :meth:`finalize`."""
-        lib().muon_optimizer_set_tp_group(self._handle, group.handle)
+        group._claim(self._storage, lambda: lib().muon_optimizer_set_tp_group(self._handle, group.handle))
 
     def param_route(self, param_id):
         route = c_uint32()
@@ -591,7 +614,11 @@ class Optimizer(_Owner):
         """Closes the optimizer (idempotent): every later call on it raises. The library's
         memory is freed now, or, while a param view's buffer (a memoryview, a slice of one, a
         numpy or torch array made from one) is still alive, when the last of them is dropped —
-        such a buffer never reads freed memory."""
+        such a buffer never reads freed memory. Until then that optimizer also keeps its
+        communicators claimed: creating another optimizer on them is refused, and the message
+        says that a live view holds them."""
+        if self._storage is not None:
+            self._storage.closed = True
         self._handle = None
         self._storage = None
 

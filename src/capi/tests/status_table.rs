@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char};
 use std::ptr::{null, null_mut};
 
+use super::{default_config, desc, host_group, last_error, one_param_optimizer, teardown};
 use crate::capi::checkpoint::*;
 use crate::capi::comm::*;
 use crate::capi::config::*;
-use crate::capi::fixtures::{default_config, desc, host_group, last_error, one_param_optimizer, teardown};
 use crate::capi::iteration::*;
 use crate::capi::mxfp8::*;
 use crate::capi::optimizer::*;
@@ -621,7 +621,7 @@ fn fixture(state: State) -> (*mut muon_comm_t, *mut muon_optimizer_t) {
 
 /// The functions `include/muon_opt.h` declares.
 fn declared() -> BTreeSet<String> {
-    let header = include_str!("../../include/muon_opt.h");
+    let header = include_str!("../../../include/muon_opt.h");
     header
         .lines()
         .filter(|l| !l.trim_start().starts_with('*') && !l.trim_start().starts_with('/'))
