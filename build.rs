@@ -2,7 +2,7 @@
 //! the shared library's soname.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn after_includes() -> String {
     let part = |name: &str| {
@@ -45,6 +45,24 @@ struct ncclComm;
     )
 }
 
+/// A program linked in the build tree (`-L target/release -lmuon_opt`) records the soname and
+/// loads `libmuon_opt.so.<abi>` at run time: the link to the library cargo writes beside it
+/// (`OUT_DIR` is `<target>/<profile>/build/<package>/out`). Made before the library exists.
+fn link_soname(abi: &str) {
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let Some(profile) = out.ancestors().nth(3) else {
+        return;
+    };
+    let link = profile.join(format!("libmuon_opt.so.{abi}"));
+    if std::fs::read_link(&link).is_ok_and(|target| target == Path::new("libmuon_opt.so")) {
+        return;
+    }
+    let _ = std::fs::remove_file(&link);
+    if let Err(err) = std::os::unix::fs::symlink("libmuon_opt.so", &link) {
+        println!("cargo:warning=could not link {}: {err}", link.display());
+    }
+}
+
 fn main() {
     let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     println!("cargo:rerun-if-changed=src");
@@ -56,6 +74,7 @@ fn main() {
     let minor = env::var("CARGO_PKG_VERSION_MINOR").expect("cargo sets CARGO_PKG_VERSION_MINOR");
     let abi = if major == "0" { format!("0.{minor}") } else { major };
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmuon_opt.so.{abi}");
+    link_soname(&abi);
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml parses");
     config.after_includes = Some(after_includes());
     let include = crate_dir.join("include");

@@ -244,6 +244,33 @@ struct ncclComm;
 #define MUON_MAX_DIMS 4
 
 /**
+ * Megatron's fused `linear_qkv` `[G·(H/G·d + 2·d), hidden]`: per query group its heads' query
+ * rows, its key rows, its value rows (register it with `split_sizes = {H/G·d, d, d}` and
+ * `num_split_groups = G`).
+ */
+#define MUON_QK_KIND_FUSED_QKV 1
+
+/**
+ * A separate query projection `[H·d, hidden]`.
+ */
+#define MUON_QK_KIND_QUERY 2
+
+/**
+ * A separate key projection `[G·d, hidden]`.
+ */
+#define MUON_QK_KIND_KEY 3
+
+/**
+ * MLA's query projection (`linear_q_proj` / `linear_q_up_proj`) `[H·(d + rope_dim), in]`.
+ */
+#define MUON_QK_KIND_MLA_QUERY 4
+
+/**
+ * MLA's `linear_kv_up_proj` `[H·(d + v_head_dim), kv_lora_rank]`.
+ */
+#define MUON_QK_KIND_MLA_KEY_VALUE 5
+
+/**
  * Result of every fallible `muon_*` call. 0 = success; 1xx usage, 2xx CUDA, 3xx NCCL,
  * 4xx memory, 5xx communication, 6xx I/O and checkpoints, 7xx unsupported, 9xx internal.
  * Details: muon_last_error_message().
@@ -412,7 +439,8 @@ typedef struct muon_optimizer_t muon_optimizer_t;
  */
 typedef struct muon_config_t {
   /**
-   * sizeof(muon_config_t) as compiled by the caller.
+   * sizeof(muon_config_t) as compiled by the caller: the size of a released layout (or
+   * more, from a newer header); any other size is refused with MUON_STATUS_ABI_MISMATCH.
    */
   uint32_t struct_size;
   /**
@@ -500,7 +528,11 @@ typedef struct muon_config_t {
    */
   uint64_t vocab_size;
   /**
-   * A collective not joined by every rank within this time fails; default 300,000.
+   * A collective not joined by every rank within this time fails with
+   * MUON_STATUS_COMM_TIMEOUT; default 300,000. It bounds every communicator the optimizer
+   * issues on: its own, and the norm and tensor-parallel groups it is given, which inherit
+   * it (a host group's rank handle takes this timeout; with NCCL every host wait polls each
+   * communicator's asynchronous error against it). Includes finalize's agreement.
    */
   uint32_t collective_timeout_ms;
   /**
@@ -722,6 +754,52 @@ typedef struct muon_param_view_t {
   uint64_t mxfp8_cols;
 } muon_param_view_t;
 
+/**
+ * One attention matrix to clip and the per-head maxima of its logits.
+ */
+typedef struct muon_qk_clip_t {
+  /**
+   * sizeof(muon_qk_clip_t) as compiled by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * The registered param (a 2-D Muon-routed matrix).
+   */
+  uint32_t param_id;
+  /**
+   * MUON_QK_KIND_*.
+   */
+  uint32_t kind;
+  /**
+   * Attention heads of this param on this tensor-parallel rank (Megatron's
+   * num_attention_heads_per_partition); the number of @p max_logits.
+   */
+  uint32_t num_heads;
+  /**
+   * Query groups (key/value heads) on this rank; = num_heads without GQA; unused by MLA.
+   */
+  uint32_t num_query_groups;
+  /**
+   * Rows per head of the query and key (MLA: qk_head_dim, the non-rotary part).
+   */
+  uint32_t head_dim;
+  /**
+   * MLA query: rotary rows per head (qk_pos_emb_head_dim); else 0.
+   */
+  uint32_t rope_dim;
+  /**
+   * MLA key/value: value rows per head (v_head_dim); else 0.
+   */
+  uint32_t v_head_dim;
+  /**
+   * num_heads f32 maxima of the pre-softmax logits, one per head in head order, already
+   * reduced with MAX over the data-parallel (and context-parallel) ranks. cuda backend: a
+   * device pointer, read on the optimizer's stream when the next step runs (keep it valid
+   * and unchanged until then); host backend: a host pointer, read during this call.
+   */
+  const float *max_logits;
+} muon_qk_clip_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -803,6 +881,9 @@ muon_status_t muon_optimizer_load_union(struct muon_optimizer_t *opt,
  * @param[out] comms      Array of @p world_size handles; comms[r] is rank r. Written only on
  *                        success. The caller owns each handle; release with muon_comm_destroy.
  * @note Each rank's handle is used by one thread at a time; ranks run on different threads.
+ *       A rank's collectives wait MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS for the others until an
+ *       optimizer uses the handle (as its communicator, norm group or TP group): from then on
+ *       they wait that optimizer's collective_timeout_ms.
  */
 MUON_API
 MUON_NODISCARD
@@ -921,10 +1002,14 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
  *        With @p info NULL the call only enqueues work on the streams and never waits for the
  *        device (the arguments reach the device by an asynchronous copy from pinned memory);
  *        read what the step did later with muon_optimizer_step_info.
- * @param[in]  args Learning rates and weight decays, or NULL to use the ones last set with
- *             muon_optimizer_set_step_args (then the step copies nothing from the host: a
- *             step captured in a CUDA graph reads them from device memory at every replay;
- *             MUON_STATUS_INVALID_STATE if none were set).
+ * @param[in]  args Learning rates and weight decays for this step only, or NULL to use the
+ *             ones last set with muon_optimizer_set_step_args (then the step copies nothing
+ *             from the host: a step captured in a CUDA graph reads them from device memory at
+ *             every replay; MUON_STATUS_INVALID_STATE if none were set — a step's own args
+ *             never count as set). A step given its args leaves the set ones in place, so
+ *             `set_step_args(A); step(B); step(NULL)` steps with B, then with A: the copy of
+ *             B is followed, after the step's updates, by a copy of A back (two asynchronous
+ *             host-to-device copies; capture the NULL form).
  * @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
  *             read it back (the same as muon_optimizer_step_info right after the step).
  */
@@ -953,11 +1038,19 @@ muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
  * @param[in] opts  @p count distinct finalized optimizer handles.
  * @param[in] count 1 to 8.
  * @param[in] args  NULL to use the arguments each optimizer last set with
- *                  muon_optimizer_set_step_args, or an array of @p count step args (one per
- *                  optimizer, each with struct_size set to the caller's sizeof).
+ *                  muon_optimizer_set_step_args (MUON_STATUS_INVALID_STATE naming opts[k] if
+ *                  one has none), or an array of @p count step args (one per optimizer, each
+ *                  with struct_size set to the caller's sizeof) for this step only: as with
+ *                  muon_optimizer_step, the set ones stay in place for later NULL steps.
  * @return MUON_STATUS_INVALID_ARGUMENT for a handle passed twice, a count out of range,
  *         different streams or clip_grad values (the message names the optimizer);
- *         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one.
+ *         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one. A failure of
+ *         these checks changes nothing. A failure after them (a member's collective timed
+ *         out, an NCCL error; the message names opts[k]) leaves the step begun on some
+ *         members, with collectives their peers may wait for, and no shared norm to finish
+ *         it: every member becomes unusable, and each later call on any of them returns
+ *         MUON_STATUS_COMM_BROKEN naming the failure. Destroy them all (and abort their NCCL
+ *         communicators).
  */
 MUON_API
 MUON_NODISCARD
@@ -967,9 +1060,10 @@ muon_status_t muon_optimizers_step(struct muon_optimizer_t *const *opts,
 
 /**
  * @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
- *        ordered on the caller's stream before any later step; never waits. With
- *        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
- *        replay to change the learning rate.
+ *        ordered on the caller's stream before any later step; never waits. Every later step
+ *        without args of its own uses them until the next call (steps given their own args
+ *        do not replace them). With muon_optimizer_step(opt, NULL, NULL) captured in a CUDA
+ *        graph, call this before each replay to change the learning rate.
  */
 MUON_API
 MUON_NODISCARD
@@ -1115,7 +1209,8 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  *                      the optimizer claims it as it claims its data-parallel communicator:
  *                      no other optimizer may use it while this one lives. Every rank of the
  *                      data-parallel group must set a group of the same size (else finalize
- *                      returns MUON_STATUS_PLAN_MISMATCH).
+ *                      returns MUON_STATUS_PLAN_MISMATCH). The group inherits the
+ *                      optimizer's collective_timeout_ms.
  * @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size;
  *         MUON_STATUS_INVALID_STATE for a group another optimizer uses (or this one's own
  *         data-parallel communicator).
@@ -1146,7 +1241,8 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
  *                      optimizer's device); borrowed, and claimed like the data-parallel one
- *                      (no other optimizer may use it while this one lives).
+ *                      (no other optimizer may use it while this one lives). The group
+ *                      inherits the optimizer's collective_timeout_ms.
  * @return MUON_STATUS_COMM_MISMATCH for a group of another kind;
  *         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
  */
@@ -1230,6 +1326,48 @@ muon_status_t muon_optimizer_destroy(struct muon_optimizer_t *opt);
  */
 MUON_API
 void muon_param_desc_init(struct muon_param_desc_t *desc);
+
+/**
+ * @brief Fill @p clip with defaults: struct_size set, kind MUON_QK_KIND_FUSED_QKV, every
+ *        count 0, max_logits NULL. NULL is ignored.
+ */
+MUON_API
+void muon_qk_clip_init(struct muon_qk_clip_t *clip);
+
+/**
+ * @brief QK-clip (Kimi K2's MuonClip) by the next step: on the owner of each param, right
+ *        after its Muon update and before its cast, each head group whose largest logit S
+ *        exceeds @p threshold gets eta = threshold / S, its query rows × eta^alpha, its key
+ *        rows × eta^(1 − alpha) (MLA: the rotary query rows × eta), value rows untouched. GQA:
+ *        one eta per query group from the max over its heads (Megatron-LM's clip_qk). The
+ *        step's own param collective then carries the clipped values to every rank's model
+ *        copy and MXFP8 copy (requantized): no pass or collective of its own. The momentum is
+ *        not touched; the masters are the checkpointed state, so checkpoints need nothing
+ *        more. A step skipped for a non-finite gradient still clips (as Megatron does).
+ *        A group whose maximum is not finite is left as it is (the device cannot report it
+ *        without a host read; the host backend refuses a NaN maximum here).
+ *        Every rank calls it with the same params, in the same step, before muon_optimizer_step
+ *        (or muon_optimizers_step); several calls before one step add up, one clip per param.
+ * @param[in,out] opt       Finalized optimizer handle.
+ * @param[in]     clips     @p count descriptions, each with struct_size set (muon_qk_clip_init).
+ * @param[in]     count     Number of params; all layers in one call is one validation pass
+ *                          and, per owned param, one kernel inside the step.
+ * @param[in]     threshold tau, finite and > 0 (Megatron's --qk-clip-threshold, default 100).
+ * @param[in]     alpha     In [0, 1] (Megatron's --qk-clip-alpha, default 0.5).
+ * @return MUON_STATUS_SUCCESS once requested; INVALID_ARGUMENT naming the field (unknown
+ *         param, not a 2-D Muon matrix, rows not matching the layout, wrong head count, NaN
+ *         maximum on the host, threshold or alpha out of range, the same param twice in a
+ *         step) and nothing requested; INVALID_STATE before finalize.
+ * @note Stream: enqueues nothing; the next step reads the maxima in stream order. No host
+ *       sync, graph-capture safe (the step that applies it is).
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_qk_clip(struct muon_optimizer_t *opt,
+                                     const struct muon_qk_clip_t *clips,
+                                     size_t count,
+                                     float threshold,
+                                     float alpha);
 
 /**
  * @brief Static description of a status code.

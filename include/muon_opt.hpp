@@ -121,6 +121,22 @@ inline muon_step_args_t step_args(float lr, float weight_decay, float adam_lr, f
 
 /// Shapes of the E8M0 scale arrays of a [rows, cols] MXFP8 tensor:
 /// {rowwise rows, rowwise cols, columnwise rows, columnwise cols}.
+/// One attention matrix to QK-clip (muon_qk_clip_t): @p kind is MUON_QK_KIND_*, @p max_logits
+/// @p num_heads floats (a device pointer on the cuda backend, host on the host backend); set
+/// rope_dim / v_head_dim on the result for the MLA kinds.
+inline muon_qk_clip_t qk_clip_desc(uint32_t param_id, uint32_t kind, uint32_t num_heads, uint32_t num_query_groups,
+                                   uint32_t head_dim, const float *max_logits) noexcept {
+    muon_qk_clip_t c{};
+    muon_qk_clip_init(&c);
+    c.param_id = param_id;
+    c.kind = kind;
+    c.num_heads = num_heads;
+    c.num_query_groups = num_query_groups;
+    c.head_dim = head_dim;
+    c.max_logits = max_logits;
+    return c;
+}
+
 inline std::array<uint64_t, 4> mxfp8_scale_shape(uint64_t rows, uint64_t cols) {
     std::array<uint64_t, 4> shapes{};
     check(muon_mxfp8_scale_shape(rows, cols, shapes.data()));
@@ -325,6 +341,11 @@ public:
     /// One step with the arguments last set by set_step_args: copies nothing from the host
     /// (the form to capture in a CUDA graph); never waits.
     void step_with_set_args() { check(muon_optimizer_step(handle_, nullptr, nullptr)); }
+    /// QK-clip (Kimi K2's MuonClip) of @p clips by the next step: every rank, same params,
+    /// before step; enqueues nothing (muon_optimizer_qk_clip).
+    void qk_clip(const std::vector<muon_qk_clip_t> &clips, float threshold, float alpha = 0.5f) {
+        check(muon_optimizer_qk_clip(handle_, clips.data(), clips.size(), threshold, alpha));
+    }
     /// What the last step did; waits for the caller's stream.
     muon_step_info_t step_info() {
         muon_step_info_t info{};

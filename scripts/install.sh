@@ -27,8 +27,9 @@ ln -sfn "libmuon_opt.so.$version" "$prefix/lib/libmuon_opt.so.$abi"
 ln -sfn "libmuon_opt.so.$abi" "$prefix/lib/libmuon_opt.so"
 install -m 0644 include/muon_opt.h include/muon_opt.hpp "$prefix/include/"
 
+# Relative to the .pc file, so the prefix can be moved (as the CMake package below).
 cat >"$prefix/lib/pkgconfig/muon_opt.pc" <<PC
-prefix=$prefix
+prefix=\${pcfiledir}/../..
 libdir=\${prefix}/lib
 includedir=\${prefix}/include
 

@@ -95,9 +95,20 @@ int main(void) {
     return 0;
 }
 C
-# shellcheck disable=SC2046
-cc -std=c99 -Wall -Werror "$consumer/version.c" -o "$consumer/version" $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs muon_opt)
-LD_LIBRARY_PATH="$prefix/lib" "$consumer/version"
+# From a copy of the prefix elsewhere: the .pc names the copy's paths, not the original's.
+cp -a "$prefix" "$consumer/moved"
+moved_flags=$(PKG_CONFIG_PATH="$consumer/moved/lib/pkgconfig" pkg-config --cflags --libs muon_opt)
+case "$moved_flags" in
+    *"$prefix"*) echo "the moved muon_opt.pc still names $prefix: $moved_flags" >&2; exit 1 ;;
+    *"$consumer/moved/"*) ;;
+    *) echo "the moved muon_opt.pc does not name the copy: $moved_flags" >&2; exit 1 ;;
+esac
+# shellcheck disable=SC2086
+cc -std=c99 -Wall -Werror "$consumer/version.c" -o "$consumer/version" $moved_flags
+LD_LIBRARY_PATH="$consumer/moved/lib" "$consumer/version"
+# In the build tree: linked with -L target/release -lmuon_opt, loaded through the soname link.
+cc -std=c99 -Wall -Werror -Iinclude "$consumer/version.c" -o "$consumer/in_tree" -Ltarget/release -lmuon_opt
+LD_LIBRARY_PATH=target/release "$consumer/in_tree"
 
 step "C/C++ harness (googletest via ctest, the installed library through find_package)"
 cmake -S cpp_tests -B cpp_tests/build -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

@@ -74,6 +74,25 @@ pub fn verify_config(cfg: &Config, dp: usize, rank: usize, exchange: &mut Exchan
     )
 }
 
+/// The smallest `k` in `1..=n` for which `differs(k)` holds, given that it holds for `n`, by
+/// bisection: every rank sees every rank's values, so all take the same path.
+fn first_differing(
+    n: usize,
+    exchange: &mut Exchange,
+    differs: impl Fn(usize, &mut Exchange) -> Result<bool>,
+) -> Result<usize> {
+    let (mut lo, mut hi) = (0, n);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if differs(mid, exchange)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi)
+}
+
 /// Hash of the first `k` params.
 fn prefix_hash(params: &[ParamSpec], routes: &[Route], k: usize) -> u64 {
     let mut h = Fnv1a::new();
@@ -93,22 +112,13 @@ pub fn explain_param_mismatch(
 ) -> Result<()> {
     let counts = exchange(params.len() as u64)?;
     let common = counts.iter().copied().min().unwrap_or(0) as usize;
-    // Smallest k whose prefix of k params differs on some rank, by bisection over [1, common]:
-    // every rank sees every rank's prefix hash, so all take the same path.
+    // Smallest k whose prefix of k params differs on some rank.
     let differs = |k: usize, exchange: &mut Exchange| -> Result<bool> {
         let mine = prefix_hash(params, routes, k);
         Ok(first_other(&exchange(mine)?, mine).is_some())
     };
     if common > 0 && differs(common, exchange)? {
-        let (mut lo, mut hi) = (0, common);
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if differs(mid, exchange)? {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
+        let hi = first_differing(common, exchange, differs)?;
         let spec = &params[hi - 1];
         bail!(
             PlanMismatch,
@@ -131,4 +141,93 @@ pub fn explain_param_mismatch(
         );
     }
     Ok(())
+}
+
+/// One setting the ranks of a group must agree on: what it is, for messages, and its value.
+pub struct Setting {
+    pub what: String,
+    pub value: String,
+}
+
+impl Setting {
+    pub fn new(what: impl Into<String>, value: impl ToString) -> Setting {
+        Setting {
+            what: what.into(),
+            value: value.to_string(),
+        }
+    }
+}
+
+/// Hash of the values of the first `k` settings.
+fn settings_hash(settings: &[Setting], k: usize) -> u64 {
+    let mut h = Fnv1a::new();
+    for setting in &settings[..k] {
+        h.str(&setting.value);
+    }
+    h.finish()
+}
+
+/// Collective over one group (`group` names it and its ranks in messages, e.g. "TP"): fails
+/// with `PlanMismatch` naming the first setting whose value differs between this rank and
+/// another, with both values, and `rule`; a rank whose list is shorter shows `(none)` for the
+/// settings it lacks. Every rank takes the same path, so the group stays usable after a
+/// mismatch.
+pub fn verify_settings(
+    settings: &[Setting],
+    (group, rank): (&str, usize),
+    rule: &str,
+    exchange: &mut Exchange,
+) -> Result<()> {
+    let mine = settings_hash(settings, settings.len());
+    if first_other(&exchange(mine)?, mine).is_none() {
+        return Ok(());
+    }
+    let counts = exchange(settings.len() as u64)?;
+    let common = counts.iter().copied().min().unwrap_or(0) as usize;
+    let differs = |k: usize, exchange: &mut Exchange| -> Result<bool> {
+        let mine = settings_hash(settings, k);
+        Ok(first_other(&exchange(mine)?, mine).is_some())
+    };
+    let first = if common > 0 && differs(common, exchange)? {
+        first_differing(common, exchange, differs)? - 1
+    } else {
+        // Every rank lists `common` equal settings and some list more: compare the next.
+        common
+    };
+    // A rank whose list ends before `first` reads the setting's name from one that has it.
+    let setting = settings.get(first);
+    let text = setting.map_or("(none)", |s| s.value.as_str());
+    let values = exchange_text(text, exchange)?;
+    let names = exchange_text(setting.map_or("", |s| s.what.as_str()), exchange)?;
+    let (other, theirs) = values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.as_str() != text)
+        .map_or((rank, text), |(r, v)| (r, v.as_str()));
+    let what = names.iter().find(|n| !n.is_empty()).map_or("a setting", String::as_str);
+    bail!(
+        PlanMismatch,
+        "finalize: the {group} group disagrees on {what}: {text} on {group} rank {rank}, {theirs} on {group} rank {other}; {rule}"
+    )
+}
+
+/// Every rank's `text` (collective; one exchange per 8 bytes of the longest).
+fn exchange_text(text: &str, exchange: &mut Exchange) -> Result<Vec<String>> {
+    let bytes = text.as_bytes();
+    let lengths = exchange(bytes.len() as u64)?;
+    let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
+    let mut texts = vec![Vec::new(); lengths.len()];
+    for start in (0..longest).step_by(8) {
+        let mut word = [0u8; 8];
+        let mine = bytes.get(start..bytes.len().min(start + 8)).unwrap_or(&[]);
+        word[..mine.len()].copy_from_slice(mine);
+        for (text, value) in texts.iter_mut().zip(exchange(u64::from_le_bytes(word))?) {
+            text.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+    Ok(texts
+        .into_iter()
+        .zip(lengths)
+        .map(|(text, length)| String::from_utf8_lossy(&text[..length as usize]).into_owned())
+        .collect())
 }

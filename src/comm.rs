@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crate::backend::cuda::nccl::NcclComm;
 use crate::backend::host::comm::HostComm;
@@ -42,6 +43,15 @@ impl Communicator {
         match &self.transport {
             Transport::Host(c) => c.size(),
             Transport::Nccl(c) => c.size,
+        }
+    }
+
+    /// Makes the collectives the optimizer issues on this communicator wait at most `timeout`
+    /// for the other ranks: a host group's rank handle takes it; on NCCL the cuda backend
+    /// polls every communicator it issues on against the same timeout.
+    pub fn inherit_timeout(&self, timeout: Duration) {
+        if let Transport::Host(host) = &self.transport {
+            host.set_timeout(timeout);
         }
     }
 

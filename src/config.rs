@@ -257,6 +257,11 @@ fn check_positive_finite(field: &str, value: f32) -> Result<()> {
 }
 
 impl Config {
+    /// How long a collective on any communicator of the optimizer waits for the other ranks.
+    pub fn collective_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(u64::from(self.collective_timeout_ms))
+    }
+
     /// Checks every field and combination; the error names the field and the rule.
     pub fn validate(&self) -> Result<()> {
         check_unit_interval("muon_momentum", self.muon_momentum)?;

@@ -260,15 +260,9 @@ impl ParamSpec {
                 self.name
             );
         }
-        let matrix = self.shape.len() == 2 || (self.shape.len() == 3 && self.is_expert_stack());
-        if self.tp_shard().is_some() && !matrix {
-            bail!(
-                InvalidParam,
-                "param '{}': TP_SHARD_* describes a shard of a matrix (2-D, or each expert of an expert stack), got ndim {}",
-                self.name,
-                self.shape.len()
-            );
-        }
+        // On a param AdamW updates (a column-parallel bias, a norm) the flags are accepted and
+        // ignored, as the header documents: a Megatron adapter maps `partition_dim` onto every
+        // sharded tensor.
         Ok(())
     }
 
@@ -544,13 +538,24 @@ mod tests {
                 flagged("t", &[4, 4], ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_SHARD_COLS),
                 "both set",
             ),
-            (flagged("t1", &[4], ParamFlags::TP_SHARD_COLS), "a shard of a matrix"),
         ];
         for (spec, needle) in cases {
             let err = Registry::default().add(spec, &cfg).unwrap_err();
             assert_eq!(err.kind, ErrorKind::InvalidParam);
             assert!(err.message.contains(needle), "{} lacks {needle}", err.message);
         }
+    }
+
+    /// TP flags on params AdamW updates are accepted and change nothing: a column-parallel
+    /// bias (1-D) routes to AdamW as without them.
+    #[test]
+    fn tp_flags_on_adamw_params_are_accepted_and_ignored() {
+        let cfg = Config::default();
+        let mut reg = Registry::default();
+        for (name, shape) in [("bias", &[4][..]), ("stack", &[2, 4, 4][..])] {
+            reg.add(flagged(name, shape, ParamFlags::TP_SHARD_ROWS), &cfg).unwrap();
+        }
+        assert!(reg.routes().iter().all(|r| *r == Route::Adamw), "{:?}", reg.routes());
     }
 
     #[test]

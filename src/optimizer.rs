@@ -2,24 +2,26 @@
 //! (register → finalize → iterate). The C layer in `capi::optimizer` only converts types.
 
 mod param_view;
+mod qk_clip;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::agreement;
+use crate::agreement::{self, Setting};
 use crate::backend::Backend;
 use crate::backend::cuda::{CallerStream, CudaBackend, Groups};
+use crate::backend::host::comm::HostComm;
 use crate::backend::host::executor::HostBackend;
 use crate::backend::ops::{MAX_NORM_TERMS, NormSums};
 use crate::bail;
 use crate::checkpoint;
 use crate::comm::{Claim, Communicator, Transport};
 use crate::config::{Config, TpMode};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::init_data::InitData;
 use crate::model::{ParamSpec, Registry, Route};
-use crate::numerics::muon::MuonOptions;
+use crate::numerics::muon::{MuonOptions, TpDim};
 use crate::plan::hash::Fnv1a;
 use crate::plan::{Plan, build_plan};
 use crate::schedule::{Runtime, StepArgs, StepInfo};
@@ -62,19 +64,19 @@ impl Optimizer {
     pub fn new(cfg: Config, claim: Claim, stream: CallerStream) -> Result<Self> {
         cfg.validate()?;
         match &claim.comm().transport {
-            Transport::Host(host) => {
+            Transport::Host(_) => {
                 if !stream.is_null() {
                     bail!(
                         InvalidArgument,
                         "stream: must be NULL with a host communicator (the host backend runs on the calling thread)"
                     );
                 }
-                host.set_timeout(Duration::from_millis(cfg.collective_timeout_ms as u64));
             }
             Transport::Nccl(_) => {
                 crate::backend::cuda::probe::device_count()?;
             }
         }
+        claim.comm().inherit_timeout(cfg.collective_timeout());
         let optimizer = Optimizer {
             cfg,
             claim,
@@ -204,32 +206,36 @@ impl Optimizer {
         let muon = MuonOptions::from_config(&self.cfg);
         let backend: Box<dyn Backend> = match &self.claim.comm().transport {
             Transport::Host(host) => {
-                self.verify_agreement(plan.hash, &mut |v| host.all_gather_u64(v))?;
+                let (tensor, norm) = (
+                    self.tp_group.as_ref().map(host_of),
+                    self.norm_group.as_ref().map(host_of),
+                );
+                self.verify_groups(&plan, &mut |group, v| match (group, tensor, norm) {
+                    (Group::Tensor, Some(comm), _) | (Group::Norm, _, Some(comm)) => comm.all_gather_u64(v),
+                    _ => host.all_gather_u64(v),
+                })?;
                 let mut backend = HostBackend::new(self.claim.shared(), self.cfg.host_comm_mode, muon)?
                     .with_threads(self.cfg.host_threads_for(host.size()));
                 if let Some(group) = &self.norm_group {
                     backend = backend.with_norm_group(group.shared())?;
                 }
                 if let (Some(group), Some(_)) = (&self.tp_group, &tp_shard_name) {
-                    let Transport::Host(tp) = &group.comm().transport else {
-                        unreachable!("set_tp_group takes a group of the optimizer's kind")
-                    };
-                    self.verify_tp_owners(&plan, group.comm().rank(), &mut |v| tp.all_gather_u64(v))?;
                     backend = backend.with_tp_group(group.shared())?;
                 }
                 Box::new(backend)
             }
             Transport::Nccl(_) => {
-                let timeout = Duration::from_millis(self.cfg.collective_timeout_ms as u64);
                 let groups = Groups {
                     norm: self.norm_group.as_ref().map(Claim::shared),
                     tensor: self.tp_group.as_ref().map(Claim::shared),
                 };
+                let timeout = self.cfg.collective_timeout();
                 let mut backend = CudaBackend::new(self.claim.shared(), groups, self.stream, muon, timeout)?;
-                self.verify_agreement(plan.hash, &mut |v| backend.all_gather_u64(v))?;
-                if let (Some(group), Some(_)) = (&self.tp_group, &tp_shard_name) {
-                    self.verify_tp_owners(&plan, group.comm().rank(), &mut |v| backend.tp_all_gather_u64(v))?;
-                }
+                self.verify_groups(&plan, &mut |group, v| match group {
+                    Group::Data => backend.all_gather_u64(v),
+                    Group::Tensor => backend.tp_all_gather_u64(v),
+                    Group::Norm => backend.norm_all_gather_u64(v),
+                })?;
                 Box::new(backend)
             }
         };
@@ -299,7 +305,12 @@ impl Optimizer {
                 self.dp()
             );
         }
-        claim_group(&mut self.norm_group, group, "set_norm_group")
+        claim_group(
+            &mut self.norm_group,
+            group,
+            "set_norm_group",
+            self.cfg.collective_timeout(),
+        )
     }
 
     /// Orthogonalizes the tensor-parallel shards over `group` (`muon_tp_mode` duplicated or
@@ -309,7 +320,7 @@ impl Optimizer {
     /// Before finalize.
     pub fn set_tp_group(&mut self, group: Arc<Communicator>) -> Result<()> {
         self.check_group(&group, "set_tp_group", "TP group")?;
-        claim_group(&mut self.tp_group, group, "set_tp_group")
+        claim_group(&mut self.tp_group, group, "set_tp_group", self.cfg.collective_timeout())
     }
 
     /// The checks every extra group passes: set before finalize, and of the optimizer's kind.
@@ -339,11 +350,78 @@ impl Optimizer {
         if self.cfg.muon_tp_mode == TpMode::Blockwise {
             return None;
         }
-        let params = self.registry.params().iter().zip(self.registry.routes());
+        self.tp_shards().map(|(_, spec)| spec.name.clone()).next()
+    }
+
+    /// Finalize's agreement, before anything changes (collective over every group the
+    /// optimizer uses, in one order: data-parallel, TP, norm). A group's ranks all find its
+    /// first disagreement and fail; the ranks of a later group then wait for this rank at
+    /// most `collective_timeout_ms`.
+    fn verify_groups(&self, plan: &Plan, exchange: &mut dyn FnMut(Group, u64) -> Result<Vec<u64>>) -> Result<()> {
+        self.verify_agreement(plan.hash, &mut |v| exchange(Group::Data, v))?;
+        if let Some(group) = &self.tp_group {
+            self.verify_tp(plan, group.comm().rank(), &mut |v| exchange(Group::Tensor, v))?;
+        }
+        if let Some(group) = &self.norm_group {
+            agreement::verify_settings(
+                &[
+                    Setting::new("clip_grad", self.cfg.clip_grad),
+                    Setting::new("the data-parallel size", self.dp()),
+                ],
+                ("norm", group.comm().rank()),
+                "every rank of a norm group clips with one clip_grad over data-parallel groups of one size",
+                &mut |v| exchange(Group::Norm, v),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Collective over the TP group: the ranks agree on `muon_tp_mode` and, unless it is
+    /// blockwise, on every TP-sharded Muon param (each one's name, shape, shard dimension and
+    /// flags, in registration order: a param sharded on one rank only is named against
+    /// `(none)`) and its owners.
+    fn verify_tp(&self, plan: &Plan, tp_rank: usize, exchange: &mut agreement::Exchange) -> Result<()> {
+        let mode = self.cfg.muon_tp_mode;
+        let mut settings = vec![Setting::new("muon_tp_mode", mode.name())];
+        if mode != TpMode::Blockwise {
+            for (k, (p, spec)) in self.tp_shards().enumerate() {
+                let name = &spec.name;
+                let dim = match spec.tp_shard() {
+                    Some(TpDim::Rows) => "rows (MUON_PARAM_FLAG_TP_SHARD_ROWS)",
+                    _ => "columns (MUON_PARAM_FLAG_TP_SHARD_COLS)",
+                };
+                settings.extend([
+                    Setting::new(format!("the name of TP-sharded param #{k}"), format!("'{name}'")),
+                    Setting::new(
+                        format!("the shard shape of '{name}' (param {p})"),
+                        format!("{:?}", spec.shape),
+                    ),
+                    Setting::new(format!("the shard dimension of '{name}' (param {p})"), dim),
+                    Setting::new(
+                        format!("the flags of '{name}' (param {p})"),
+                        format!("0x{:x}", spec.flags.0),
+                    ),
+                ]);
+            }
+        }
+        agreement::verify_settings(
+            &settings,
+            ("TP", tp_rank),
+            "every TP rank must use the same muon_tp_mode and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
+            exchange,
+        )?;
+        if mode != TpMode::Blockwise {
+            self.verify_tp_owners(plan, tp_rank, exchange)?;
+        }
+        Ok(())
+    }
+
+    /// The TP-sharded Muon params with their ids, in registration order.
+    fn tp_shards(&self) -> impl Iterator<Item = (usize, &ParamSpec)> {
+        let params = self.registry.params().iter().zip(self.registry.routes()).enumerate();
         params
-            .filter(|(spec, route)| **route == Route::Muon && spec.tp_shard().is_some())
-            .map(|(spec, _)| spec.name.clone())
-            .next()
+            .filter(|(_, (spec, route))| **route == Route::Muon && spec.tp_shard().is_some())
+            .map(|(p, (spec, _))| (p, spec))
     }
 
     /// Collective over the TP group: every TP rank must own the same gathered shards (so each
@@ -351,13 +429,11 @@ impl Optimizer {
     /// names, shapes and flags in the same order.
     fn verify_tp_owners(&self, plan: &Plan, tp_rank: usize, exchange: &mut agreement::Exchange) -> Result<()> {
         let mut hash = Fnv1a::new();
-        for (p, spec) in self.registry.params().iter().enumerate() {
-            if spec.tp_shard().is_some() && self.registry.routes()[p] == Route::Muon {
-                hash.str(&spec.name);
-                hash.u64(spec.unit_matrix().rows);
-                hash.u64(spec.unit_matrix().cols);
-                hash.list(plan.params[p].unit_owners.iter().map(|&o| u64::from(o)));
-            }
+        for (p, spec) in self.tp_shards() {
+            hash.str(&spec.name);
+            hash.u64(spec.unit_matrix().rows);
+            hash.u64(spec.unit_matrix().cols);
+            hash.list(plan.params[p].unit_owners.iter().map(|&o| u64::from(o)));
         }
         let mine = hash.finish();
         if let Some(other) = exchange(mine)?.iter().position(|&h| h != mine) {
@@ -444,7 +520,7 @@ impl Optimizer {
     /// One optimizer step, enqueued on the streams without waiting for the device (the
     /// norm, clip and skip decision stay on the device).
     pub fn step_async(&mut self, args: &StepArgs) -> Result<()> {
-        Self::check_args(args)?;
+        Self::check_args(args, "args->")?;
         self.with_runtime("step", |rt| rt.step(Some(args)))
     }
 
@@ -462,19 +538,45 @@ impl Optimizer {
     /// with the same coefficient and skips the same steps. `args` holds one entry per member,
     /// or None to use the arguments each last set. Every rank passes its optimizers in the same
     /// order. Checks everything before enqueueing anything.
+    ///
+    /// A failure once the checks passed leaves the step begun on some members, with
+    /// collectives on their groups that the other ranks may wait for, and no norm to finish
+    /// it with: every member then fails each later call with `CommBroken` naming the failure
+    /// and the member it happened on.
     pub fn step_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
         Self::check_shared(members, args)?;
+        let result = Self::run_shared(members, args);
+        if let Err(err) = &result {
+            let why = format!(
+                "a shared step (muon_optimizers_step) failed after it began, so it cannot finish on any of its optimizers: {}",
+                err.message
+            );
+            for member in members.iter_mut() {
+                member.broken = Some(Error::new(ErrorKind::CommBroken, why.clone()));
+            }
+        }
+        result
+    }
+
+    /// The work of [`Optimizer::step_shared`]; an error names the member (`opts[k]`).
+    fn run_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
+        let in_member = |k: usize| move |err: Error| Error::new(err.kind, format!("opts[{k}]: {}", err.message));
         for (k, member) in members.iter_mut().enumerate() {
-            member.with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))?;
+            member
+                .with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))
+                .map_err(in_member(k))?;
         }
         let terms = members
             .iter_mut()
-            .map(|m| m.with_runtime("step", |rt| rt.norm_term()))
+            .enumerate()
+            .map(|(k, m)| m.with_runtime("step", |rt| rt.norm_term()).map_err(in_member(k)))
             .collect::<Result<Vec<_>>>()?;
         for (k, member) in members.iter_mut().enumerate() {
             let mut own = terms.clone();
             own[k].sums = NormSums::Own;
-            member.with_runtime("step", |rt| rt.finish_step(&own))?;
+            member
+                .with_runtime("step", |rt| rt.finish_step(&own))
+                .map_err(in_member(k))?;
         }
         Ok(())
     }
@@ -497,7 +599,9 @@ impl Optimizer {
                     members.len()
                 );
             }
-            args.iter().try_for_each(Self::check_args)?;
+            for (k, a) in args.iter().enumerate() {
+                Self::check_args(a, &format!("args[{k}]."))?;
+            }
         }
         let first = &members[0];
         let (device, stream, clip_grad) = (first.init_on_device(), first.stream.0, first.cfg.clip_grad);
@@ -524,7 +628,7 @@ impl Optimizer {
                     member.cfg.clip_grad
                 );
             }
-            let runtime = member.runtime_mut("step")?;
+            let runtime = member.runtime_mut(&format!("step: opts[{k}]"))?;
             if args.is_none() && !runtime.has_step_args() {
                 bail!(
                     InvalidState,
@@ -538,11 +642,12 @@ impl Optimizer {
     /// Copies the arguments of the next steps to the device, ordered on the caller's stream
     /// (no host wait).
     pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
-        Self::check_args(args)?;
+        Self::check_args(args, "args->")?;
         self.with_runtime("set_step_args", |rt| rt.set_step_args(args))
     }
 
-    fn check_args(args: &StepArgs) -> Result<()> {
+    /// Checks the values of `args`, named `{arg}{field}` in messages (`args->`, `args[1].`).
+    fn check_args(args: &StepArgs, arg: &str) -> Result<()> {
         for (field, value) in [
             ("lr", args.lr),
             ("weight_decay", args.weight_decay),
@@ -550,7 +655,7 @@ impl Optimizer {
             ("adam_weight_decay", args.adam_weight_decay),
         ] {
             if !(value.is_finite() && value >= 0.0) {
-                bail!(OutOfRange, "step: args->{field} {value} must be finite and >= 0");
+                bail!(OutOfRange, "step: {arg}{field} {value} must be finite and >= 0");
             }
         }
         Ok(())
@@ -624,9 +729,10 @@ impl Optimizer {
 }
 
 /// Claims `group` into `slot` for the call `call` (setting the group it already holds again is a
-/// no-op). A group's collectives run on its optimizer's comm stream, so no other optimizer may
-/// use it; on failure `slot` keeps what it held.
-fn claim_group(slot: &mut Option<Claim>, group: Arc<Communicator>, call: &str) -> Result<()> {
+/// no-op); the group's collectives then wait at most `timeout`, as the optimizer's own. A
+/// group's collectives run on its optimizer's comm stream, so no other optimizer may use it;
+/// on failure `slot` keeps what it held.
+fn claim_group(slot: &mut Option<Claim>, group: Arc<Communicator>, call: &str, timeout: Duration) -> Result<()> {
     if slot
         .as_ref()
         .is_some_and(|current| std::ptr::eq(current.comm(), &*group))
@@ -634,13 +740,31 @@ fn claim_group(slot: &mut Option<Claim>, group: Arc<Communicator>, call: &str) -
         return Ok(());
     }
     match group.claim() {
-        Ok(claim) => *slot = Some(claim),
+        Ok(claim) => {
+            claim.comm().inherit_timeout(timeout);
+            *slot = Some(claim);
+        }
         Err(_) => bail!(
             InvalidState,
             "{call}: the group is already used by another optimizer (or is this optimizer's own communicator); each optimizer needs a group of its own, since its collectives run on that optimizer's comm stream"
         ),
     }
     Ok(())
+}
+
+/// The groups finalize's agreement exchanges over.
+enum Group {
+    Data,
+    Tensor,
+    Norm,
+}
+
+/// The host rank handle of a claimed group (set_*_group takes a group of the optimizer's kind).
+fn host_of(claim: &Claim) -> &HostComm {
+    match &claim.comm().transport {
+        Transport::Host(host) => host,
+        Transport::Nccl(_) => unreachable!("set_*_group takes a group of the optimizer's kind"),
+    }
 }
 
 /// The backend an optimizer runs on.

@@ -468,6 +468,11 @@ impl Emulator {
                     self.st_f32(w + 4 * i, wi);
                 }
             }
+            Kernel::QkClip => {
+                for (ptr, v) in support::qk_clip::emulate(a, |p| self.ld_f32(p)) {
+                    self.st_f32(ptr, v);
+                }
+            }
             Kernel::StepScalars => {
                 let Arg::Words(terms) = &a[1] else {
                     panic!("muon_step_scalars: argument 1 is {:?}", a[1])
@@ -752,6 +757,16 @@ fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
     let (host, _) = elementwise_script(&mut host_backend(&cfg), 512, &specials);
     let (emu, _) = elementwise_script(&mut emulated_backend(MuonOptions::from_config(&cfg)), 512, &specials);
     assert_eq!(host, emu);
+}
+
+/// `Op::QkClip` (kernels/qk_clip.cu) with the maxima in device memory, bit for bit like the
+/// host backend: every head layout, α = 0, ½, 1, 0.3, maxima above, under, at τ and not finite.
+#[test]
+fn emulated_qk_clip_matches_the_host_backend_bit_for_bit() {
+    let cfg = Config::default();
+    let host = support::qk_clip::clip_script(&mut host_backend(&cfg), false);
+    let emu = support::qk_clip::clip_script(&mut emulated_backend(MuonOptions::from_config(&cfg)), true);
+    assert!(host == emu);
 }
 
 /// The emulated device with a fault: its `fail_at`-th NCCL group fails with `kind`, as a

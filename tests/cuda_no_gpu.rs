@@ -220,3 +220,22 @@ fn driver_and_nvrtc_versions_are_checked_before_any_kernel_is_built() {
         "{mixed}"
     );
 }
+
+/// The README and docs/toolchain.md state the oldest driver the code accepts
+/// (`probe::MIN_DRIVER_VERSION`), and neither asks for a newer one.
+#[test]
+fn the_docs_state_the_minimum_driver_of_the_code() {
+    let min = probe::MIN_DRIVER_VERSION;
+    let stated = format!("CUDA {}.{}+", min / 1000, (min % 1000) / 10);
+    for (name, text) in [
+        ("README.md", include_str!("../README.md")),
+        ("docs/toolchain.md", include_str!("../docs/toolchain.md")),
+    ] {
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(text.contains(&stated), "{name} does not say '{stated}'");
+        assert!(
+            !text.contains("needs a CUDA 13 driver"),
+            "{name} asks for a CUDA 13 driver"
+        );
+    }
+}

@@ -5,7 +5,7 @@
 //! run A records the ops the host backend receives; run B tees every op into the host backend
 //! and into the CUDA translator's dry run (virtual device addresses, no driver). The
 //! translator must receive exactly run A's sequence and translate every command into at
-//! least one device action. With NVRTC present, every kernel launch of the translation is
+//! least one device action (a QK-clip of the grouped QKV is requested every step). With NVRTC present, every kernel launch of the translation is
 //! also checked against the kernel's compiled PTX signature.
 
 mod support;
@@ -90,6 +90,8 @@ fn run<O: Observer + 'static>(cfg: &Config, specs: &[ParamSpec], observer: impl 
         let hash = rt.plan().hash;
         rt.backend_mut().all_gather_u64(hash).unwrap();
         for step in 0..STEPS {
+            let clip = support::qk_clip::grouped_qkv_request(specs);
+            rt.request_qk_clip(&[clip], 10.0, 0.5).unwrap();
             let info = iterate(&mut rt, rank, step, step == NAN_STEP);
             assert_eq!(info.skipped, step == NAN_STEP);
         }

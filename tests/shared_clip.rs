@@ -320,7 +320,7 @@ fn a_shared_step_refuses_mismatched_optimizers_and_changes_nothing() {
         assert_eq!(err.kind, ErrorKind::InvalidState, "{err}");
         let bad = StepArgs { lr: f32::NAN, ..ARGS };
         let err = Optimizer::step_shared(&mut [&mut dense], Some(&[bad])).unwrap_err();
-        assert!(err.message.contains("args->lr"), "{err}");
+        assert!(err.message.contains("args[0].lr"), "{err}");
         let err = Optimizer::step_shared(&mut [], None).unwrap_err();
         assert!(err.message.contains("count 0"), "{err}");
         assert_eq!(values(&mut dense, &dense_specs)?, before);

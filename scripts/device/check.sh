@@ -169,3 +169,8 @@ open(os.path.join(out, "summary.txt"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
 say "check.sh done in ${SECONDS}s of ${budget}s"
+# What comes back is limited to 16 MiB a file: keep the log's first and last 7 MiB.
+if [ "$(stat -c %s "$log")" -gt $((15 << 20)) ]; then
+    { head -c $((7 << 20)) "$log"; printf '\n[... check.log cut to its first and last 7 MiB ...]\n'; tail -c $((7 << 20)) "$log"; } >"$work/log"
+    mv "$work/log" "$log"
+fi

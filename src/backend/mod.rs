@@ -97,6 +97,10 @@ pub trait Backend: Send {
     fn adamw_update(&mut self, job: AdamwJob) -> Result<()> {
         self.execute(&Op::AdamwUpdate(job))
     }
+    /// [`Op::QkClip`].
+    fn qk_clip(&mut self, job: ops::QkClipJob) -> Result<()> {
+        self.execute(&Op::QkClip(job))
+    }
     /// [`Op::Record`].
     fn record(&mut self, stream: StreamKind, event: EventId) -> Result<()> {
         self.execute(&Op::Record { stream, event })

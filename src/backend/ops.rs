@@ -11,6 +11,7 @@
 //! [`crate::backend::recording::Recording`] logs them.
 
 mod layout;
+mod qk_clip;
 
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +20,7 @@ use crate::numerics::muon::TpJob;
 use crate::numerics::step_args::ParamScales;
 
 pub use layout::{BufferSizes, MemoryLayout, MuonWork, Mxfp8Tensor, TpComponent};
+pub use qk_clip::{QkClipJob, QkMaxima};
 
 /// One backend operation with its arguments. Floating-point arguments of the plain ops are kept
 /// as bits so that NaN compares equal to itself; the float fields of the jobs compare by value
@@ -74,6 +76,8 @@ pub enum Op {
     MuonUpdate(MuonJob),
     /// Compute stream: one AdamW update with the step's scalars (none when skipped).
     AdamwUpdate(AdamwJob),
+    /// Compute stream: QK-clip of an owner's master after its update ([`QkClipJob`]).
+    QkClip(QkClipJob),
     /// Records `event` on `stream`.
     Record { stream: StreamKind, event: EventId },
     /// `stream` waits for `event` (the compute stream blocks the caller on the host).

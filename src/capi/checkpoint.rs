@@ -12,13 +12,14 @@ use crate::capi::status::muon_status_t;
 use crate::error::Result;
 use crate::optimizer::Optimizer;
 
-/// The directory path behind a C string (any bytes but NUL; not necessarily UTF-8).
-unsafe fn read_dir_arg<'a>(dir: *const c_char) -> Result<&'a Path> {
-    non_null(dir, "dir")?;
+/// The directory path behind the C string argument `name` (any bytes but NUL; not
+/// necessarily UTF-8).
+unsafe fn read_dir_arg<'a>(dir: *const c_char, name: &str) -> Result<&'a Path> {
+    non_null(dir, name)?;
     // SAFETY: non-NULL, and the caller passes a NUL-terminated string.
     let bytes = unsafe { CStr::from_ptr(dir) }.to_bytes();
     if bytes.is_empty() {
-        bail!(InvalidArgument, "dir: the path is empty");
+        bail!(InvalidArgument, "{name}: the path is empty");
     }
     Ok(Path::new(OsStr::from_bytes(bytes)))
 }
@@ -43,7 +44,7 @@ unsafe fn read_dir_arg<'a>(dir: *const c_char) -> Result<&'a Path> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_save(opt: *mut muon_optimizer_t, dir: *const c_char) -> muon_status_t {
     with_mut::<Optimizer>("muon_optimizer_save", opt, "opt", |o| {
-        let dir = unsafe { read_dir_arg(dir) }?;
+        let dir = unsafe { read_dir_arg(dir, "dir") }?;
         o.save(dir)
     })
 }
@@ -69,7 +70,7 @@ pub unsafe extern "C" fn muon_optimizer_save(opt: *mut muon_optimizer_t, dir: *c
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_load(opt: *mut muon_optimizer_t, dir: *const c_char) -> muon_status_t {
     with_mut::<Optimizer>("muon_optimizer_load", opt, "opt", |o| {
-        let dir = unsafe { read_dir_arg(dir) }?;
+        let dir = unsafe { read_dir_arg(dir, "dir") }?;
         o.load(dir)
     })
 }
@@ -106,7 +107,8 @@ pub unsafe extern "C" fn muon_optimizer_load_union(
         let raw = unsafe { std::slice::from_raw_parts(dirs, count) };
         let paths = raw
             .iter()
-            .map(|&d| unsafe { read_dir_arg(d) })
+            .enumerate()
+            .map(|(k, &d)| unsafe { read_dir_arg(d, &format!("dirs[{k}]")) })
             .collect::<Result<Vec<&Path>>>()?;
         o.load_union(&paths)
     })
@@ -118,8 +120,8 @@ mod tests {
     use std::ptr::{null, null_mut};
 
     use super::*;
-    use crate::capi::fixtures::{last_error, one_param_optimizer, teardown};
     use crate::capi::status::muon_status_t::*;
+    use crate::capi::tests::{last_error, one_param_optimizer, teardown};
     use crate::tempdir::TempDir;
 
     #[test]

@@ -36,6 +36,9 @@ pub const MUON_MAX_HOST_GROUP_SIZE: u32 = 4096;
 /// @param[out] comms      Array of @p world_size handles; comms[r] is rank r. Written only on
 ///                        success. The caller owns each handle; release with muon_comm_destroy.
 /// @note Each rank's handle is used by one thread at a time; ranks run on different threads.
+///       A rank's collectives wait MUON_DEFAULT_COLLECTIVE_TIMEOUT_MS for the others until an
+///       optimizer uses the handle (as its communicator, norm group or TP group): from then on
+///       they wait that optimizer's collective_timeout_ms.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_host_group_create(world_size: u32, comms: *mut *mut muon_comm_t) -> muon_status_t {

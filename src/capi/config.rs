@@ -14,7 +14,8 @@ use crate::error::{Error, ErrorKind, Result};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct muon_config_t {
-    /// sizeof(muon_config_t) as compiled by the caller.
+    /// sizeof(muon_config_t) as compiled by the caller: the size of a released layout (or
+    /// more, from a newer header); any other size is refused with MUON_STATUS_ABI_MISMATCH.
     pub struct_size: u32,
     /// MUON_VERSION_CODE the caller compiled against (major must match).
     pub abi_version: u32,
@@ -60,7 +61,11 @@ pub struct muon_config_t {
     pub mxfp8_swizzled_scales: u32,
     /// Vocabulary size for the untagged-embedding check; 0 = unknown.
     pub vocab_size: u64,
-    /// A collective not joined by every rank within this time fails; default 300,000.
+    /// A collective not joined by every rank within this time fails with
+    /// MUON_STATUS_COMM_TIMEOUT; default 300,000. It bounds every communicator the optimizer
+    /// issues on: its own, and the norm and tensor-parallel groups it is given, which inherit
+    /// it (a host group's rank handle takes this timeout; with NCCL every host wait polls each
+    /// communicator's asynchronous error against it). Includes finalize's agreement.
     pub collective_timeout_ms: u32,
     /// Host backend comm stream: MUON_COMM_MODE_FROM_ENV (default), _EAGER or _LAZY.
     pub host_comm_mode: u32,
@@ -81,6 +86,23 @@ pub struct muon_config_t {
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
 /// rejected, the fields after it take their defaults.
 pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, host_threads);
+
+/// `sizeof(muon_config_t)` of every released layout — the first ABI, then one per appended
+/// field (`host_threads`, `muon_tp_mode`, `muon_ns_eps`) — as a C compiler reports it: the last
+/// field's end rounded up to the struct's alignment. Any other size below the current one is a
+/// torn or hand-computed struct_size, whose last field would be read in part.
+pub(crate) fn released_config_sizes() -> Vec<usize> {
+    let align = std::mem::align_of::<muon_config_t>();
+    let ends = [
+        MIN_CONFIG_SIZE,
+        std::mem::offset_of!(muon_config_t, muon_tp_mode),
+        std::mem::offset_of!(muon_config_t, muon_ns_eps),
+        std::mem::size_of::<muon_config_t>(),
+    ];
+    let mut sizes: Vec<usize> = ends.iter().map(|e| e.next_multiple_of(align)).collect();
+    sizes.dedup();
+    sizes
+}
 
 fn flag(field: &str, value: u32) -> Result<bool> {
     match value {
@@ -172,6 +194,15 @@ pub unsafe fn read_config(ptr: *const muon_config_t) -> Result<Config> {
         crate::bail!(
             AbiMismatch,
             "cfg->struct_size: {size} is smaller than the {MIN_CONFIG_SIZE} bytes of the oldest supported muon_config_t; initialise it with muon_config_init()"
+        );
+    }
+    let released = released_config_sizes();
+    if size < std::mem::size_of::<muon_config_t>() && !released.contains(&size) {
+        let list: Vec<String> = released.iter().map(usize::to_string).collect();
+        crate::bail!(
+            AbiMismatch,
+            "cfg->struct_size: {size} is not the size of a released muon_config_t ({} bytes, or more from a newer header); set it to sizeof(muon_config_t) or with muon_config_init()",
+            list.join(", ")
         );
     }
     let mut raw = muon_config_t::from_config(&Config::default());

@@ -87,10 +87,14 @@ pub unsafe extern "C" fn muon_optimizer_grad_ready(opt: *mut muon_optimizer_t, p
 ///        With @p info NULL the call only enqueues work on the streams and never waits for the
 ///        device (the arguments reach the device by an asynchronous copy from pinned memory);
 ///        read what the step did later with muon_optimizer_step_info.
-/// @param[in]  args Learning rates and weight decays, or NULL to use the ones last set with
-///             muon_optimizer_set_step_args (then the step copies nothing from the host: a
-///             step captured in a CUDA graph reads them from device memory at every replay;
-///             MUON_STATUS_INVALID_STATE if none were set).
+/// @param[in]  args Learning rates and weight decays for this step only, or NULL to use the
+///             ones last set with muon_optimizer_set_step_args (then the step copies nothing
+///             from the host: a step captured in a CUDA graph reads them from device memory at
+///             every replay; MUON_STATUS_INVALID_STATE if none were set — a step's own args
+///             never count as set). A step given its args leaves the set ones in place, so
+///             `set_step_args(A); step(B); step(NULL)` steps with B, then with A: the copy of
+///             B is followed, after the step's updates, by a copy of A back (two asynchronous
+///             host-to-device copies; capture the NULL form).
 /// @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
 ///             read it back (the same as muon_optimizer_step_info right after the step).
 #[must_use]
@@ -134,11 +138,19 @@ pub unsafe extern "C" fn muon_optimizer_step(
 /// @param[in] opts  @p count distinct finalized optimizer handles.
 /// @param[in] count 1 to 8.
 /// @param[in] args  NULL to use the arguments each optimizer last set with
-///                  muon_optimizer_set_step_args, or an array of @p count step args (one per
-///                  optimizer, each with struct_size set to the caller's sizeof).
+///                  muon_optimizer_set_step_args (MUON_STATUS_INVALID_STATE naming opts[k] if
+///                  one has none), or an array of @p count step args (one per optimizer, each
+///                  with struct_size set to the caller's sizeof) for this step only: as with
+///                  muon_optimizer_step, the set ones stay in place for later NULL steps.
 /// @return MUON_STATUS_INVALID_ARGUMENT for a handle passed twice, a count out of range,
 ///         different streams or clip_grad values (the message names the optimizer);
-///         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one.
+///         MUON_STATUS_COMM_MISMATCH for a host optimizer beside an NCCL one. A failure of
+///         these checks changes nothing. A failure after them (a member's collective timed
+///         out, an NCCL error; the message names opts[k]) leaves the step begun on some
+///         members, with collectives their peers may wait for, and no shared norm to finish
+///         it: every member becomes unusable, and each later call on any of them returns
+///         MUON_STATUS_COMM_BROKEN naming the failure. Destroy them all (and abort their NCCL
+///         communicators).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizers_step(
@@ -199,9 +211,10 @@ unsafe fn read_step_args_array(args: *const muon_step_args_t, count: usize) -> c
 }
 
 /// @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
-///        ordered on the caller's stream before any later step; never waits. With
-///        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
-///        replay to change the learning rate.
+///        ordered on the caller's stream before any later step; never waits. Every later step
+///        without args of its own uses them until the next call (steps given their own args
+///        do not replace them). With muon_optimizer_step(opt, NULL, NULL) captured in a CUDA
+///        graph, call this before each replay to change the learning rate.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_set_step_args(

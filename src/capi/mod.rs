@@ -19,12 +19,9 @@ pub mod iteration;
 pub mod mxfp8;
 pub mod optimizer;
 pub mod param;
+pub mod qk_clip;
 pub mod status;
 pub mod version;
 
-#[cfg(test)]
-mod fixtures;
-#[cfg(test)]
-mod status_table;
 #[cfg(test)]
 mod tests;

@@ -94,7 +94,8 @@ fn borrow_comm(function: &str, comm: *mut muon_comm_t, name: &str) -> Result<Arc
 ///                      the optimizer claims it as it claims its data-parallel communicator:
 ///                      no other optimizer may use it while this one lives. Every rank of the
 ///                      data-parallel group must set a group of the same size (else finalize
-///                      returns MUON_STATUS_PLAN_MISMATCH).
+///                      returns MUON_STATUS_PLAN_MISMATCH). The group inherits the
+///                      optimizer's collective_timeout_ms.
 /// @return MUON_STATUS_COMM_MISMATCH for a group of another kind or size;
 ///         MUON_STATUS_INVALID_STATE for a group another optimizer uses (or this one's own
 ///         data-parallel communicator).
@@ -133,7 +134,8 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
 /// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
 /// @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
 ///                      optimizer's device); borrowed, and claimed like the data-parallel one
-///                      (no other optimizer may use it while this one lives).
+///                      (no other optimizer may use it while this one lives). The group
+///                      inherits the optimizer's collective_timeout_ms.
 /// @return MUON_STATUS_COMM_MISMATCH for a group of another kind;
 ///         MUON_STATUS_INVALID_STATE for a group another optimizer uses.
 #[must_use]

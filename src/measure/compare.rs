@@ -168,30 +168,21 @@ pub fn calibrate(run: &DeviceRun, base: &Hardware, run_name: &str) -> Result<Har
         .map(|(_, count, ms)| ms * 1e3 / *count as f64)
         .collect();
     let mut measured = Vec::new();
+    // The fraction `field` of `hw` at which the model prices `works` at their measured total.
+    let fit = |hw: &Hardware, works: &[(&Work, u64, f64)], field: fn(&mut Hardware) -> &mut f64| {
+        let target: f64 = works.iter().map(|(.., ms)| ms).sum();
+        solve(target, 1e-3, |e| {
+            let mut trial = hw.clone();
+            *field(&mut trial) = e;
+            total(&trial, works)
+        })
+    };
     if !gemms.is_empty() {
-        let target: f64 = gemms.iter().map(|(.., ms)| ms).sum();
-        hw.gemm_efficiency = solve(target, 1e-3, |e| {
-            total(
-                &Hardware {
-                    gemm_efficiency: e,
-                    ..hw.clone()
-                },
-                &gemms,
-            )
-        });
+        hw.gemm_efficiency = fit(&hw, &gemms, |h| &mut h.gemm_efficiency);
         measured.push("gemm_efficiency");
     }
     if !streaming.is_empty() {
-        let target: f64 = streaming.iter().map(|(.., ms)| ms).sum();
-        hw.hbm_efficiency = solve(target, 1e-3, |e| {
-            total(
-                &Hardware {
-                    hbm_efficiency: e,
-                    ..hw.clone()
-                },
-                &streaming,
-            )
-        });
+        hw.hbm_efficiency = fit(&hw, &streaming, |h| &mut h.hbm_efficiency);
         measured.push("hbm_efficiency");
     }
     if let Some(us) = median(tiny) {

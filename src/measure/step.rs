@@ -28,6 +28,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec, Registry};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::build_plan;
+use crate::rng::SplitMix64;
 use crate::schedule::{Runtime, StepArgs};
 use crate::sim::cost::CostModel;
 use crate::sim::profile::Hardware;
@@ -119,17 +120,10 @@ fn specs(opts: &Options) -> (Vec<ParamSpec>, Workload) {
     (specs, workload)
 }
 
-/// Deterministic values in [-1, 1) (a 64-bit LCG's high bits), the gradients of every step.
+/// Deterministic values in [-1, 1), the gradients of every step.
 fn noise(n: u64) -> Vec<f32> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            ((state >> 40) as f32) / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = SplitMix64::new(0x6d75_6f6e);
+    (0..n).map(|_| rng.uniform()).collect()
 }
 
 /// zero_grad, every bucket waited for, every gradient written (before the timed steps).

@@ -15,6 +15,7 @@ pub mod gemm;
 pub mod muon;
 pub mod mxfp8;
 pub mod newton_schulz;
+pub mod qk_clip;
 pub mod step_args;
 
 /// `Σ x²` accumulated in f64.

@@ -11,6 +11,7 @@ mod events;
 mod initial;
 mod inspect;
 mod profile;
+mod qk_clip;
 pub mod restore;
 pub mod state;
 
@@ -31,6 +32,7 @@ use state::StateLayout;
 pub use inspect::OwnedState;
 pub use profile::StepProfile;
 use profile::timed;
+pub use qk_clip::QkClipRequest;
 
 /// Learning rates and weight decays of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -98,14 +100,20 @@ pub struct Runtime {
     bucket_batches: Vec<Vec<usize>>,
     bucket_adamw: Vec<Vec<usize>>,
     profile: StepProfile,
-    /// The device holds step arguments (from a step or `set_step_args`).
-    args_set: bool,
+    /// The arguments last set by [`Runtime::set_step_args`], which a step without arguments
+    /// uses. A step given its own leaves them in place: its arguments take the device's slots
+    /// for its updates, and the set ones are copied back after them.
+    set_args: Option<StepArgs>,
+    /// The running step was given its own arguments.
+    own_args: bool,
     /// `begin_step` gathered the norm sums and `finish_step` has not used them yet.
     norm_gathered: bool,
     /// Per event slot: recorded since the last join ([`Runtime::join`]).
     live: Vec<bool>,
     /// The comm stream has work the compute stream has not joined.
     comm_unjoined: bool,
+    /// QK-clips the next step applies ([`Runtime::request_qk_clip`]).
+    qk_clips: qk_clip::QkClips,
 }
 
 impl Runtime {
@@ -146,10 +154,12 @@ impl Runtime {
             layout,
             backend,
             profile: StepProfile::default(),
-            args_set: false,
+            set_args: None,
+            own_args: false,
             norm_gathered: false,
             live,
             comm_unjoined: false,
+            qk_clips: qk_clip::QkClips::default(),
         };
         runtime.write_initial_values(init)?;
         Ok(runtime)
@@ -303,7 +313,8 @@ impl Runtime {
     /// reads what the step did.
     /// With `args` None the step uses the arguments last copied by [`Runtime::set_step_args`]
     /// and issues no host-to-device copy at all (a step captured in a CUDA graph reads them
-    /// from device memory at every replay).
+    /// from device memory at every replay). With `args` the step uses them and leaves the set
+    /// arguments in place for the later steps without.
     pub fn step(&mut self, args: Option<&StepArgs>) -> Result<()> {
         self.begin_step(args)?;
         let own = self.backend.norm_term()?;
@@ -323,7 +334,7 @@ impl Runtime {
                 "step: the previous step of this optimizer was begun and not finished"
             );
         }
-        if args.is_none() && !self.args_set {
+        if args.is_none() && self.set_args.is_none() {
             bail!(
                 InvalidState,
                 "step: no step arguments: pass them, or set them first with muon_optimizer_set_step_args"
@@ -344,8 +355,9 @@ impl Runtime {
             Ok(())
         })?;
         if let Some(args) = args {
-            self.set_step_args(args)?;
+            self.copy_args(args)?;
         }
+        self.own_args = args.is_some();
         timed(&mut profile.grad_norm, || {
             let (counted, checked) = self.owned_grad_spans();
             self.backend.squared_norm(counted, checked)?;
@@ -396,27 +408,36 @@ impl Runtime {
             self.update_adamw(b, &mut profile)?;
             timed(&mut profile.param_collectives, || self.launch_param_sync(b))?;
         }
+        self.clear_qk_clips();
         if !self.cfg.overlap_param_gather {
             for b in 0..buckets {
                 self.wait(StreamKind::Compute, event(b, Ev::ParamSynced))?;
             }
         }
         self.profile = profile;
-        Ok(())
+        match self.set_args {
+            Some(set) if std::mem::take(&mut self.own_args) => self.copy_args(&set),
+            _ => Ok(()),
+        }
     }
 
-    /// Copies the step's arguments to the device, ordered on the compute stream before any
-    /// later step (no host wait).
+    /// Sets the arguments of the later steps that are not given their own: copies them to the
+    /// device, ordered on the compute stream before any later step (no host wait).
     pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
-        self.backend
-            .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])?;
-        self.args_set = true;
+        self.copy_args(args)?;
+        self.set_args = Some(*args);
         Ok(())
     }
 
-    /// The device holds step arguments, so a step may omit them.
+    /// Copies `args` into the device's argument slots, on the compute stream.
+    fn copy_args(&mut self, args: &StepArgs) -> Result<()> {
+        self.backend
+            .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])
+    }
+
+    /// Arguments were set with [`Runtime::set_step_args`], so a step may omit them.
     pub fn has_step_args(&self) -> bool {
-        self.args_set
+        self.set_args.is_some()
     }
 
     /// Where `step` spent its time so far.
@@ -505,6 +526,9 @@ impl Runtime {
             };
             let master = job.master;
             timed(&mut profile.muon, || self.backend.muon_update(job))?;
+            if let Some(clip) = self.qk_clip_job(first.unit.param, master) {
+                timed(&mut profile.muon, || self.backend.qk_clip(clip))?;
+            }
             let destination = self.param_destination(first.unit.param, first.unit.bucket, range)?;
             timed(&mut profile.casts, || self.backend.cast(master, destination))?;
         }

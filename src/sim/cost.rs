@@ -373,5 +373,18 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
             let n = arg_u64(a, 1) * arg_u64(a, 2);
             n * 4 + n / 16
         }
+        // (master, maxima, cols, groups, heads per group, segments, rows | role << 32 …):
+        // the query, key and rope rows read and written in f32 (value rows are not touched)
+        Kernel::QkClip => match a.get(6) {
+            Some(Arg::Words(segs)) => {
+                let touched: u64 = segs
+                    .iter()
+                    .filter(|&&w| (w >> 32) != u64::from(crate::numerics::qk_clip::QkRole::Value.code()))
+                    .map(|&w| w & 0xffff_ffff)
+                    .sum();
+                touched * arg_u64(a, 3) * arg_u64(a, 2) * 8
+            }
+            _ => 0,
+        },
     }
 }

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::Plan;
-use crate::schedule::{Runtime, StepArgs};
+use crate::schedule::{QkClipRequest, Runtime, StepArgs};
 
 use super::cost::{Cost, CostModel};
 use super::engine::{Call, Class, Item, Label};
@@ -67,6 +67,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::Adamw => "adamw",
             Kernel::StepScalars => "step scalars",
             Kernel::Mxfp8Quantize => "mxfp8 quantize",
+            Kernel::QkClip => "qk clip",
         },
         Action::Gemm(_) => "ns gemm",
         Action::Nccl(NcclComm::Tensor, calls) => match calls.first() {
@@ -221,6 +222,17 @@ pub enum TrainerEvent {
 /// `grad_ready(p)` after param p's gradient; `step`. `hooks` sees each call before it is made
 /// and the modelled compute in between.
 pub fn train(runtime: &mut Runtime, plan: &Plan, iterations: usize, hooks: &mut dyn FnMut(TrainerEvent)) -> Result<()> {
+    train_clipped(runtime, plan, iterations, &[], hooks)
+}
+
+/// [`train`] with the QK-clip requests `clips` made before every step.
+pub fn train_clipped(
+    runtime: &mut Runtime,
+    plan: &Plan,
+    iterations: usize,
+    clips: &[QkClipRequest],
+    hooks: &mut dyn FnMut(TrainerEvent),
+) -> Result<()> {
     for _ in 0..iterations {
         hooks(TrainerEvent::Iteration);
         hooks(TrainerEvent::Call(Call::ZeroGrad));
@@ -245,6 +257,9 @@ pub fn train(runtime: &mut Runtime, plan: &Plan, iterations: usize, hooks: &mut 
             });
             hooks(TrainerEvent::Call(Call::GradReady(placement.bucket)));
             runtime.grad_ready(p as u32)?;
+        }
+        if !clips.is_empty() {
+            runtime.request_qk_clip(clips, super::qk_clip::THRESHOLD, super::qk_clip::ALPHA)?;
         }
         hooks(TrainerEvent::Call(Call::Step));
         runtime.step(Some(&STEP_ARGS))?;
@@ -276,6 +291,32 @@ pub fn record_rank(
     cost: CostModel,
     trainer: Trainer,
     keep_actions: bool,
+) -> Result<Recorded> {
+    record(plan, params, cfg, rank, cost, trainer, (keep_actions, &[]))
+}
+
+/// [`record_rank`] of a trainer that requests the QK-clips `clips` before every step.
+pub fn record_rank_clipped(
+    plan: &Plan,
+    params: &[ParamSpec],
+    cfg: &Config,
+    rank: usize,
+    cost: CostModel,
+    trainer: Trainer,
+    clips: &[QkClipRequest],
+) -> Result<Recorded> {
+    record(plan, params, cfg, rank, cost, trainer, (false, clips))
+}
+
+/// [`record_rank`] with `(keep_actions, clips)`.
+fn record(
+    plan: &Plan,
+    params: &[ParamSpec],
+    cfg: &Config,
+    rank: usize,
+    cost: CostModel,
+    trainer: Trainer,
+    (keep_actions, clips): (bool, &[QkClipRequest]),
 ) -> Result<Recorded> {
     let (norm_group, tp_group) = (cost.norm_group(), cost.tp_group());
     let recorder = Arc::new(Mutex::new(Recorder {
@@ -332,7 +373,7 @@ pub fn record_rank(
             }
         }
     };
-    train(&mut runtime, plan, trainer.iterations, &mut hooks)?;
+    train_clipped(&mut runtime, plan, trainer.iterations, clips, &mut hooks)?;
     lock(&recorder).out.items.push(Item::Teardown);
     lock(&recorder).call = Call::Setup;
     runtime.synchronize()?;

@@ -13,6 +13,7 @@ pub mod drive;
 pub mod engine;
 pub mod metrics;
 pub mod profile;
+pub mod qk_clip;
 pub mod scenarios;
 pub mod work;
 
@@ -27,7 +28,7 @@ use crate::plan::presets::ModelDesc;
 
 use crate::backend::ops::StreamKind;
 use cost::CostModel;
-use drive::{Trainer, record_rank};
+use drive::{Trainer, record_rank_clipped};
 use engine::{Class, Item, Timeline};
 use metrics::{DeviceBytes, Figures};
 use profile::Hardware;
@@ -61,6 +62,8 @@ pub struct Scenario {
     /// Every param on distributed AdamW (flagged `NO_MUON`), the same buckets, collectives and
     /// MXFP8 params otherwise: Megatron's DistributedOptimizer, the baseline Muon is compared to.
     pub adamw_only: bool,
+    /// QK-clip (MuonClip) of every fused QKV before every step ([`qk_clip::requests`]).
+    pub qk_clip: bool,
 }
 
 impl Scenario {
@@ -83,6 +86,7 @@ impl Scenario {
             tp: None,
             grad_dtype: Config::default().grad_dtype,
             adamw_only: false,
+            qk_clip: false,
         }
     }
 
@@ -182,7 +186,12 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     let mut programs = Vec::with_capacity(scenario.dp);
     let mut device_bytes = DeviceBytes::default();
     for rank in 0..scenario.dp {
-        let recorded = record_rank(&plan, registry.params(), &cfg, rank, cost.clone(), trainer, false)?;
+        let clips = if scenario.qk_clip {
+            qk_clip::requests(registry.params())
+        } else {
+            Vec::new()
+        };
+        let recorded = record_rank_clipped(&plan, registry.params(), &cfg, rank, cost.clone(), trainer, &clips)?;
         let bytes = DeviceBytes::of(&recorded.allocations);
         if bytes.total > device_bytes.total {
             device_bytes = bytes;

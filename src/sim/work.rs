@@ -75,13 +75,7 @@ impl Work {
                 calls: calls.len() as u64,
                 bytes: calls.iter().map(call_bytes).sum(),
             },
-            Action::Alloc { .. }
-            | Action::CopyIn { .. }
-            | Action::CopyInAsync { .. }
-            | Action::CopyOut { .. }
-            | Action::Record { .. }
-            | Action::Wait { .. }
-            | Action::Synchronize(_) => return None,
+            _ => return None,
         })
     }
 

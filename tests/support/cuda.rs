@@ -20,8 +20,8 @@ use super::rng::noise;
 use super::training::{ARGS, bits, init_values, model, rank_grad};
 
 /// The common test model plus fused matrices with non-square components (wide, and tall so
-/// they are orthogonalized transposed; both run as strided batches) and MXFP8 params (a fused
-/// Muon matrix and an AdamW matrix).
+/// they are orthogonalized transposed; both run as strided batches), a GDN-shaped split with
+/// tiny β/α blocks, and MXFP8 params (a fused Muon matrix and an AdamW matrix).
 pub fn cuda_model() -> Vec<ParamSpec> {
     let mut params = model();
     let mut wide = ParamSpec::new("fused.wide.weight", &[64, 48], muon_opt::config::Dtype::Bf16);
@@ -38,6 +38,11 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     // Order 64 (64 rows, 80 columns): the symmetric products by blocks two levels deep
     // (`numerics::gemm::symmetric_blocks`); the model's order-32 matrices go one level deep.
     params.push(ParamSpec::new("deep.weight", &[64, 80], muon_opt::config::Dtype::Bf16));
+    // A gated-delta-net input projection [q|k|v|z|β|α] with β and α one row per value head:
+    // six components, two of them tiny, each orthogonalized alone.
+    let mut gdn = ParamSpec::new("gdn.in_proj.weight", &[104, 32], muon_opt::config::Dtype::Bf16);
+    gdn.split_sizes = vec![16, 16, 32, 32, 4, 4];
+    params.push(gdn);
     let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
     fc.flags = ParamFlags(ParamFlags::MXFP8);
     fc.split_sizes = vec![32, 32];

@@ -4,11 +4,13 @@
 // Each test file is its own crate and uses only a subset of these helpers.
 #![allow(dead_code)]
 
+pub mod capi;
 pub mod checkpoint;
 pub mod cuda;
 pub mod golden;
 pub mod mxfp8;
 pub mod numerics;
+pub mod qk_clip;
 pub mod ranks;
 pub mod rng;
 pub mod tempdir;

@@ -29,6 +29,7 @@ import ctypes
 import enum
 import json
 import os
+import weakref
 from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int64, c_size_t, c_uint16, c_uint32, c_uint64
 from typing import NamedTuple
 
@@ -55,6 +56,7 @@ TpMode = _enum("TpMode", "MUON_TP_MODE_")
 Route = _enum("Route", "MUON_ROUTE_")
 ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
+QkKind = _enum("QkKind", "MUON_QK_KIND_")
 
 
 def _status(code):
@@ -173,6 +175,25 @@ class Comm(_Owner):
     def __init__(self, handle, host=True):
         self._handle = handle  # POINTER(muon_comm_t)
         self.host = host  # host-group rank (host memory) or NCCL (device memory)
+        self._users = weakref.WeakSet()  # the _Storage of each optimizer that claimed it
+
+    def _claim(self, storage, call):
+        """Runs ``call()``, which claims this communicator for the optimizer of ``storage``.
+        While a closed Optimizer's param view is alive, its library optimizer and so its
+        claim live on: a refusal then says so."""
+        try:
+            call()
+        except MuonError as err:
+            if err.status != Status.INVALID_STATE or not any(u.closed for u in self._users):
+                raise
+            raise MuonError(
+                err.status,
+                err.message + " — here an Optimizer on this Comm was closed, but a param view of it"
+                " (a memoryview, or a numpy/torch array made from one) is still alive: it keeps that"
+                " optimizer, and its claim on the communicator, until the last view is dropped",
+                err.function,
+            ) from None
+        self._users.add(storage)
 
     @classmethod
     def from_nccl(cls, nccl_comm_address):
@@ -245,6 +266,22 @@ class StepInfo(NamedTuple):
     step: int
 
 
+class QkClip(NamedTuple):
+    """One attention matrix for :meth:`Optimizer.qk_clip` (``muon_qk_clip_t``). ``max_logits``:
+    ``num_heads`` floats on the host backend (read during the call), a device address (int) of
+    ``num_heads`` float32 on the cuda backend (read by the next step on the optimizer's stream).
+    ``num_query_groups`` 0 means ``num_heads`` (no GQA)."""
+
+    param_id: int
+    kind: int
+    num_heads: int
+    head_dim: int
+    max_logits: object
+    num_query_groups: int = 0
+    rope_dim: int = 0
+    v_head_dim: int = 0
+
+
 class ParamView:
     """Where a registered param lives (``muon_param_view_t``).
 
@@ -312,6 +349,7 @@ class _Storage:
 
     def __init__(self, handle):
         self.handle = handle
+        self.closed = False  # Optimizer.close() ran; views may keep this alive
 
     def __del__(self):
         try:
@@ -331,9 +369,11 @@ class Optimizer(_Owner):
         self._handle = None
         config = Config() if config is None else config
         out = POINTER(_capi.muon_optimizer_t)()
-        lib().muon_optimizer_create(byref(config.struct), comm.handle, stream, byref(out))
+        storage = _Storage(out)
+        create = lib().muon_optimizer_create
+        comm._claim(storage, lambda: create(byref(config.struct), comm.handle, stream, byref(out)))
         self._handle = out
-        self._storage = _Storage(out)
+        self._storage = storage
         self._comm = comm  # the communicator must outlive the optimizer
         self._grad_dtype = config.grad_dtype
         self._params = []  # (shape, dtype) per id
@@ -431,13 +471,13 @@ class Optimizer(_Owner):
         spanning the data-parallel group, e.g. every rank of a tensor/pipeline-parallel job);
         before :meth:`finalize`. Flag copies another rank counts with
         ``ParamFlag.NORM_REPLICA``."""
-        lib().muon_optimizer_set_norm_group(self._handle, group.handle)
+        group._claim(self._storage, lambda: lib().muon_optimizer_set_norm_group(self._handle, group.handle))
 
     def set_tp_group(self, group):
         """The tensor-parallel group (a :class:`Comm`) over which ``TpMode.DUPLICATED`` gathers
         the matrices flagged ``ParamFlag.TP_SHARD_ROWS`` / ``TP_SHARD_COLS``; before
         :meth:`finalize`."""
-        lib().muon_optimizer_set_tp_group(self._handle, group.handle)
+        group._claim(self._storage, lambda: lib().muon_optimizer_set_tp_group(self._handle, group.handle))
 
     def param_route(self, param_id):
         route = c_uint32()
@@ -515,6 +555,28 @@ class Optimizer(_Owner):
         lib().muon_optimizer_step(self._handle, args, byref(info))
         return StepInfo(bool(info.skipped), info.grad_norm, info.clip_coef, info.step)
 
+    def qk_clip(self, clips, *, threshold, alpha=0.5):
+        """QK-clip (Kimi K2's MuonClip) of :class:`QkClip` attention matrices by the next step:
+        per head group whose max logit S exceeds ``threshold``, eta = threshold / S, query rows
+        × eta**alpha, key rows × eta**(1 - alpha) (MLA rotary query rows × eta), applied to the
+        owner's master and carried to every copy by the step. Every rank calls it with the same
+        params before :meth:`step`. Enqueues nothing, never waits."""
+        clips = list(clips)
+        structs = (_capi.muon_qk_clip_t * max(len(clips), 1))()
+        keep = []
+        for s, c in zip(structs, clips):
+            lib().muon_qk_clip_init(byref(s))
+            s.param_id, s.kind, s.num_heads, s.head_dim = c.param_id, c.kind, c.num_heads, c.head_dim
+            s.num_query_groups = c.num_query_groups or c.num_heads
+            s.rope_dim, s.v_head_dim = c.rope_dim, c.v_head_dim
+            if isinstance(c.max_logits, int):
+                s.max_logits = ctypes.cast(ctypes.c_void_p(c.max_logits), POINTER(c_float))
+            else:
+                values = (c_float * len(c.max_logits))(*c.max_logits)
+                keep.append(values)
+                s.max_logits = ctypes.cast(values, POINTER(c_float))
+        lib().muon_optimizer_qk_clip(self._handle, structs, len(clips), threshold, alpha)
+
     def step_info(self):
         """What the last step did (waits for the device on the cuda backend)."""
         info = _capi.muon_step_info_t()
@@ -552,7 +614,11 @@ class Optimizer(_Owner):
         """Closes the optimizer (idempotent): every later call on it raises. The library's
         memory is freed now, or, while a param view's buffer (a memoryview, a slice of one, a
         numpy or torch array made from one) is still alive, when the last of them is dropped —
-        such a buffer never reads freed memory."""
+        such a buffer never reads freed memory. Until then that optimizer also keeps its
+        communicators claimed: creating another optimizer on them is refused, and the message
+        says that a live view holds them."""
+        if self._storage is not None:
+            self._storage.closed = True
         self._handle = None
         self._storage = None
 

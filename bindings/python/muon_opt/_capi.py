@@ -83,6 +83,12 @@ MUON_PARAM_FLAG_NORM_REPLICA = 1 << 6
 MUON_PARAM_FLAG_TP_SHARD_ROWS = 1 << 7
 MUON_PARAM_FLAG_TP_SHARD_COLS = 1 << 8
 
+MUON_QK_KIND_FUSED_QKV = 1
+MUON_QK_KIND_QUERY = 2
+MUON_QK_KIND_KEY = 3
+MUON_QK_KIND_MLA_QUERY = 4
+MUON_QK_KIND_MLA_KEY_VALUE = 5
+
 MUON_MXFP8_SCALES_COMPACT = 0
 MUON_MXFP8_SCALES_SWIZZLED = 1
 
@@ -244,9 +250,30 @@ class muon_param_view_t(Structure):
     ]
 
 
+class muon_qk_clip_t(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("param_id", c_uint32),
+        ("kind", c_uint32),
+        ("num_heads", c_uint32),
+        ("num_query_groups", c_uint32),
+        ("head_dim", c_uint32),
+        ("rope_dim", c_uint32),
+        ("v_head_dim", c_uint32),
+        ("max_logits", POINTER(c_float)),
+    ]
+
+
 STRUCTS = {
     cls.__name__: cls
-    for cls in (muon_config_t, muon_step_args_t, muon_step_info_t, muon_param_desc_t, muon_param_view_t)
+    for cls in (
+        muon_config_t,
+        muon_step_args_t,
+        muon_step_info_t,
+        muon_param_desc_t,
+        muon_param_view_t,
+        muon_qk_clip_t,
+    )
 }
 
 # --- functions: name -> (restype, argtypes) ---------------------------------------------------
@@ -270,6 +297,8 @@ PROTOTYPES = {
     "muon_optimizer_step_info": (muon_status_t, [_opt, POINTER(muon_step_info_t)]),
     "muon_optimizer_set_step_args": (muon_status_t, [_opt, POINTER(muon_step_args_t)]),
     "muon_optimizer_set_tp_group": (muon_status_t, [_opt, _comm]),
+    "muon_qk_clip_init": (None, [POINTER(muon_qk_clip_t)]),
+    "muon_optimizer_qk_clip": (muon_status_t, [_opt, POINTER(muon_qk_clip_t), c_size_t, c_float, c_float]),
     "muon_optimizers_step": (muon_status_t, [POINTER(_opt), c_size_t, POINTER(muon_step_args_t)]),
     "muon_optimizer_synchronize": (muon_status_t, [_opt]),
     "muon_optimizer_join": (muon_status_t, [_opt]),

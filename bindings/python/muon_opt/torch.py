@@ -33,6 +33,14 @@ the sizes repeat ``groups`` times along the rows (Megatron's QKV per query group
 ``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``). Hyperparameters live in ``param_groups[0]`` (``lr``, ``weight_decay``,
 ``adam_lr``, ``adam_weight_decay``) so ``torch.optim.lr_scheduler`` drives ``lr``.
 
+QK-clip (Kimi K2's MuonClip, Megatron-LM's ``--qk-clip``): ``qk_clip`` maps a parameter name
+to its head layout — ``dict(kind="fused_qkv"|"query"|"key"|"mla_query"|"mla_key_value",
+num_heads=…, head_dim=…, num_query_groups=…, rope_dim=…, v_head_dim=…)`` — and
+``qk_clip_threshold`` / ``qk_clip_alpha`` set τ and α. Each iteration, hand the forward's
+per-head max logits (a float32 tensor of ``num_heads`` values, already MAX-all-reduced over the
+data-parallel ranks) to :meth:`Muon.set_max_logits`; the next ``step()`` clips those params on
+their owners after the update, and every rank's copy follows.
+
 Gradient accumulation: inside ``with opt.no_sync():`` backward passes accumulate without
 reporting grads ready (as DDP's ``no_sync``); the last micro-batch's backward, outside it,
 reports them. ``zero_grad()`` zeroes the library's grad buffer in place (grads are never set to
@@ -49,7 +57,7 @@ import ctypes
 
 import torch
 
-from . import Dtype, Optimizer, ParamFlag, Route
+from . import Dtype, Optimizer, ParamFlag, QkClip, QkKind, Route
 
 _DTYPES = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16}
 _ELEMENT_BYTES = {Dtype.F32: 4, Dtype.BF16: 2}
@@ -65,6 +73,28 @@ def _split_of(name, spec):
     if not sizes or not all(isinstance(v, int) for v in sizes):
         raise TypeError(f"splits['{name}']: expected row sizes (ints) or (sizes, groups), got {spec!r}")
     return sizes, groups
+
+
+_QK_KINDS = {
+    "fused_qkv": QkKind.FUSED_QKV,
+    "query": QkKind.QUERY,
+    "key": QkKind.KEY,
+    "mla_query": QkKind.MLA_QUERY,
+    "mla_key_value": QkKind.MLA_KEY_VALUE,
+}
+_QK_FIELDS = {"kind", "num_heads", "head_dim", "num_query_groups", "rope_dim", "v_head_dim"}
+
+
+def _qk_layout(name, layout):
+    """``qk_clip[name]`` as QkClip fields (kind by name)."""
+    layout = dict(layout)
+    unknown = set(layout) - _QK_FIELDS
+    if unknown or "kind" not in layout or layout["kind"] not in _QK_KINDS:
+        raise ValueError(
+            f"qk_clip['{name}']: expected kind in {sorted(_QK_KINDS)} and fields of {sorted(_QK_FIELDS)}, got {layout!r}"
+        )
+    layout["kind"] = _QK_KINDS[layout["kind"]]
+    return layout
 
 
 class Muon(torch.optim.Optimizer):
@@ -89,6 +119,9 @@ class Muon(torch.optim.Optimizer):
         no_weight_decay=None,
         splits=None,
         stream=None,
+        qk_clip=None,
+        qk_clip_threshold=100.0,
+        qk_clip_alpha=0.5,
     ):
         from . import Config
 
@@ -121,6 +154,14 @@ class Muon(torch.optim.Optimizer):
         if unknown:
             raise ValueError(f"splits names no parameter of the module: {sorted(unknown)}")
         self._splits = {name: _split_of(name, spec) for name, spec in splits.items()}
+        qk_clip = dict(qk_clip or {})
+        unknown = set(qk_clip) - {name for name, _ in named}
+        if unknown:
+            raise ValueError(f"qk_clip names no parameter of the module: {sorted(unknown)}")
+        self._qk_layouts = {name: _qk_layout(name, layout) for name, layout in qk_clip.items()}
+        self.qk_clip_threshold = qk_clip_threshold
+        self.qk_clip_alpha = qk_clip_alpha
+        self._max_logits = {}
 
         super().__init__(
             [p for _, p in named],
@@ -139,6 +180,7 @@ class Muon(torch.optim.Optimizer):
             if no_decay(name, p):
                 flags |= ParamFlag.NO_WEIGHT_DECAY
             ids[id(p)] = self._register(name, p, flags)
+        self._ids = {name: ids[id(p)] for name, p in named}
         self._opt.finalize()
         self.views = [self._opt.param_view(i) for i in range(len(named))]
         for (name, p), view in zip(named, self.views):
@@ -211,6 +253,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._request_qk_clips()
         group = self.param_groups[0]
         info = self._opt.step(
             lr=group["lr"],
@@ -220,6 +263,28 @@ class Muon(torch.optim.Optimizer):
         )
         self.last_info = info
         return loss if closure is not None else info
+
+    def set_max_logits(self, name, max_logits):
+        """The per-head max pre-softmax logits of parameter ``name`` (listed in ``qk_clip``) for
+        the next :meth:`step`: a float32 tensor of ``num_heads`` values on the model's device
+        (kept alive until the step has read it)."""
+        if name not in self._qk_layouts:
+            raise ValueError(f"set_max_logits: '{name}' has no qk_clip layout")
+        values = max_logits.detach().to(torch.float32).contiguous().reshape(-1)
+        self._max_logits[name] = values
+
+    def _request_qk_clips(self):
+        if not self._max_logits:
+            return
+        clips = []
+        for name, values in self._max_logits.items():
+            maxima = values.cpu().tolist() if self._host else values.data_ptr()
+            clips.append(QkClip(param_id=self._ids[name], max_logits=maxima, **self._qk_layouts[name]))
+        try:
+            self._opt.qk_clip(clips, threshold=self.qk_clip_threshold, alpha=self.qk_clip_alpha)
+        finally:
+            # The device reads the tensors in stream order during the step: keep them until then.
+            self._pending_max_logits, self._max_logits = self._max_logits, {}
 
     def synchronize(self):
         """Waits for every bucket's params (before reading params outside a forward)."""

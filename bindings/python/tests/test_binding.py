@@ -250,6 +250,22 @@ class Library(unittest.TestCase):
         diag = sum(sum(out[r * cols + c] ** 2 for c in range(cols)) for r in range(rows)) / rows
         self.assertAlmostEqual(diag, 0.85, delta=0.2)  # rows of an orthogonalized matrix: near unit norm
 
+    def test_a_live_view_of_a_closed_optimizer_keeps_the_comm_and_says_so(self):
+        with mo.HostGroup(1) as group:
+            opt = mo.Optimizer(config(), group[0])
+            opt.add_param("w", (16, 8))
+            opt.finalize()
+            data = opt.param_view(0).data
+            opt.close()
+            with self.assertRaises(mo.MuonError) as ctx:
+                mo.Optimizer(config(), group[0])
+            self.assertIs(ctx.exception.status, mo.Status.INVALID_STATE)
+            self.assertIn("already used by another optimizer", ctx.exception.message)
+            self.assertIn("param view of it", ctx.exception.message)
+            self.assertEqual(len(data), 128)  # the memory is still readable
+            del data
+            mo.Optimizer(config(), group[0]).close()  # the last view gone, the comm is free
+
     def test_mxfp8_views(self):
         with mo.HostGroup(1) as group, mo.Optimizer(config(), group[0]) as opt:
             pid = opt.add_param("w", (64, 32), flags=mo.ParamFlag.MXFP8)

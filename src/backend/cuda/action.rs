@@ -69,11 +69,12 @@ pub enum Kernel {
     StepScalars,
     Adamw,
     Mxfp8Quantize,
+    QkClip,
 }
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 11] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
@@ -85,6 +86,7 @@ impl Kernel {
         Kernel::Adamw,
         Kernel::StepScalars,
         Kernel::Mxfp8Quantize,
+        Kernel::QkClip,
     ];
 
     /// The `kernels/` file that defines it.
@@ -96,6 +98,7 @@ impl Kernel {
             Kernel::Adamw => "adamw.cu",
             Kernel::StepScalars => "step.cu",
             Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
+            Kernel::QkClip => "qk_clip.cu",
         }
     }
 
@@ -113,6 +116,7 @@ impl Kernel {
             Kernel::Adamw => "muon_adamw",
             Kernel::StepScalars => "muon_step_scalars",
             Kernel::Mxfp8Quantize => "muon_mxfp8_quantize_bf16",
+            Kernel::QkClip => "muon_qk_clip",
         }
     }
 }

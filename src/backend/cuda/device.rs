@@ -282,6 +282,15 @@ impl Device {
         Ok(self)
     }
 
+    /// Every communicator the optimizer issues on: the data-parallel one, then the norm and
+    /// tensor-parallel groups it has. A host wait polls each one's asynchronous error, all
+    /// bounded by the one `collective_timeout_ms`.
+    fn comms(&self) -> impl Iterator<Item = &Arc<Communicator>> {
+        std::iter::once(&self.comm)
+            .chain(&self.norm_group)
+            .chain(&self.tp_group)
+    }
+
     fn nccl(&self) -> &NcclComm {
         Self::nccl_of(&self.comm)
     }
@@ -483,7 +492,8 @@ impl Device {
     }
 
     /// Blocks the host until `stream` finished its work: records a private event and polls
-    /// it, checking NCCL's asynchronous error and `collective_timeout_ms` while it waits.
+    /// it, checking the asynchronous error of every communicator and `collective_timeout_ms`
+    /// while it waits.
     fn wait_for(&self, stream: StreamKind, what: &str) -> Result<()> {
         let event = self.host_waits[stream as usize];
         // SAFETY: our event on a live stream.
@@ -504,9 +514,8 @@ impl Device {
                     ));
                 }
             }
-            self.nccl().async_error()?;
-            if let Some(group) = &self.norm_group {
-                Self::nccl_of(group).async_error()?;
+            for comm in self.comms() {
+                Self::nccl_of(comm).async_error()?;
             }
             if start.elapsed() > self.timeout {
                 bail!(

@@ -216,7 +216,19 @@ impl<E: Executor> CudaBackend<E> {
     /// (host-synchronizing; the agreement at finalize).
     pub fn tp_all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
         let actions = self.translator.tp_exchange(value)?;
-        let bytes = single(self.run(&actions)?)?;
+        self.gathered_u64(&actions)
+    }
+
+    /// Every rank of the norm group's `value`, indexed by norm-group rank (host-synchronizing;
+    /// the agreement at finalize).
+    pub fn norm_all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>> {
+        let actions = self.translator.norm_exchange(value)?;
+        self.gathered_u64(&actions)
+    }
+
+    /// Runs an exchange's actions and reads the gathered values.
+    fn gathered_u64(&mut self, actions: &[Action]) -> Result<Vec<u64>> {
+        let bytes = single(self.run(actions)?)?;
         Ok(words(&bytes).map(u64::from_le_bytes).collect())
     }
 }

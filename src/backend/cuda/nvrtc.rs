@@ -39,6 +39,10 @@ pub const SOURCES: &[Source] = &[
         text: include_str!("../../../kernels/mxfp8_quantize.cu"),
     },
     Source {
+        name: "qk_clip.cu",
+        text: include_str!("../../../kernels/qk_clip.cu"),
+    },
+    Source {
         name: "reduce.cu",
         text: include_str!("../../../kernels/reduce.cu"),
     },

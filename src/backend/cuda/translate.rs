@@ -17,6 +17,7 @@ mod muon;
 mod mxfp8;
 mod newton_schulz;
 mod norm;
+mod qk_clip;
 
 use std::collections::HashMap;
 
@@ -210,6 +211,7 @@ impl Translator {
             }]),
             Op::MuonUpdate(job) => self.muon_update(job),
             Op::AdamwUpdate(job) => self.adamw_update(job),
+            Op::QkClip(job) => self.qk_clip(job),
             Op::Record { stream, event } => Ok(vec![Action::Record {
                 stream: *stream,
                 event: *event,

@@ -3,6 +3,7 @@
 //! [`HostComm`]. The commands are in `executor/commands.rs`.
 
 mod commands;
+mod qk_clip;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::HashMap;

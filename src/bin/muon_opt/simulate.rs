@@ -71,6 +71,9 @@ pub struct SimulateArgs {
     /// How TP-sharded Muon matrices are orthogonalized (muon_tp_mode).
     #[arg(long, value_enum, default_value_t = TpModeChoice::Blockwise)]
     tp_mode: TpModeChoice,
+    /// QK-clip (MuonClip, muon_optimizer_qk_clip) of every fused QKV before every step.
+    #[arg(long)]
+    qk_clip: bool,
     /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
     /// MoE layer.
     #[arg(long)]
@@ -169,6 +172,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
                 GradDtypeChoice::Bf16 => Dtype::Bf16,
                 GradDtypeChoice::F32 => Dtype::F32,
             },
+            qk_clip: args.qk_clip,
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
         let sim = match args.baseline {

@@ -55,6 +55,11 @@ impl Translator {
         self.exchange_on(NcclComm::Tensor, self.tp_ranks(), value.to_le_bytes())
     }
 
+    /// The all-gather of `value` over the norm group (finalize's agreement).
+    pub fn norm_exchange(&self, value: u64) -> Result<Vec<Action>> {
+        self.exchange_on(NcclComm::Norm, self.norm_ranks(), value.to_le_bytes())
+    }
+
     pub(super) fn exchange(&self, value: [u8; 8]) -> Result<Vec<Action>> {
         self.exchange_on(NcclComm::Data, self.dp, value)
     }

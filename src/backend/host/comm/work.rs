@@ -16,7 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Item, Kind, Region};
+use super::collective::{Item, Kind, Region};
 use crate::config::Dtype;
 use crate::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
 
@@ -177,7 +177,7 @@ impl Work {
 /// # Safety
 /// The region contract holds and the elements are in bounds.
 unsafe fn load(src: Region, at: usize, out: &mut [f32]) {
-    match src.dtype {
+    match src.dtype() {
         Dtype::F32 => out.copy_from_slice(unsafe { src.sub_f32s(at, out.len()) }),
         Dtype::Bf16 => {
             let len = out.len();
@@ -194,7 +194,7 @@ unsafe fn load(src: Region, at: usize, out: &mut [f32]) {
 /// As for [`load`].
 unsafe fn add(src: Region, at: usize, acc: &mut [f32]) {
     let len = acc.len();
-    match src.dtype {
+    match src.dtype() {
         Dtype::F32 => {
             for (a, &x) in acc.iter_mut().zip(unsafe { src.sub_f32s(at, len) }) {
                 *a += x;
@@ -213,10 +213,10 @@ unsafe fn add(src: Region, at: usize, acc: &mut [f32]) {
 /// # Safety
 /// As for [`load`], and no other view of these elements is alive.
 unsafe fn store(dst: Region, at: usize, values: &[f32]) {
-    let size = dst.dtype.size();
+    let size = dst.dtype().size();
     // SAFETY: in bounds and exclusive per the caller.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(dst.ptr.add(at * size), values.len() * size) };
-    match dst.dtype {
+    let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr().add(at * size), values.len() * size) };
+    match dst.dtype() {
         Dtype::F32 => {
             for (out, v) in bytes.chunks_exact_mut(4).zip(values) {
                 out.copy_from_slice(&v.to_ne_bytes());
@@ -236,8 +236,8 @@ unsafe fn store(dst: Region, at: usize, values: &[f32]) {
 /// # Safety
 /// As for [`store`], for both regions.
 unsafe fn copy(src: Region, src_at: usize, dst: Region, dst_at: usize, len: usize) {
-    let size = src.dtype.size();
-    let (from, to) = unsafe { (src.ptr.add(src_at * size), dst.ptr.add(dst_at * size)) };
+    let size = src.dtype().size();
+    let (from, to) = unsafe { (src.as_ptr().add(src_at * size), dst.as_ptr().add(dst_at * size)) };
     if from != to && len > 0 {
         // SAFETY: both ranges are in bounds; distinct ranges of one op never overlap.
         unsafe { std::ptr::copy_nonoverlapping(from, to, len * size) };

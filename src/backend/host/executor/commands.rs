@@ -40,6 +40,7 @@ impl HostBackend {
             &Op::SetStepCount(step) => self.run_set_step_count(step),
             Op::MuonUpdate(job) => self.run_muon_update(job),
             Op::AdamwUpdate(job) => self.run_adamw_update(job),
+            Op::QkClip(job) => self.run_qk_clip(job),
             &Op::Record { stream, event } => self.run_record(stream, event),
             &Op::Wait { stream, event } => self.run_wait(stream, event),
             Op::Collectives(ops) => self.run_collectives(ops),

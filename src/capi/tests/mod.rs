@@ -1,5 +1,11 @@
-//! Fixtures of the C API unit tests: handles made and destroyed through the exports, as C
-//! would.
+//! Unit tests of the exports called directly, as C would call them, and their fixtures:
+//! handles made and destroyed through the exports.
+
+mod abi;
+mod handles;
+mod registration;
+mod status_table;
+mod stepping;
 
 use std::ffi::CStr;
 use std::ptr::null_mut;

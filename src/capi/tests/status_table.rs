@@ -8,14 +8,15 @@ use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char};
 use std::ptr::{null, null_mut};
 
+use super::{default_config, desc, host_group, last_error, one_param_optimizer, teardown};
 use crate::capi::checkpoint::*;
 use crate::capi::comm::*;
 use crate::capi::config::*;
-use crate::capi::fixtures::{default_config, desc, host_group, last_error, one_param_optimizer, teardown};
 use crate::capi::iteration::*;
 use crate::capi::mxfp8::*;
 use crate::capi::optimizer::*;
 use crate::capi::param::*;
+use crate::capi::qk_clip::*;
 use crate::capi::status::muon_status_t::{self, *};
 use crate::capi::status::{muon_last_error_message, muon_status_string};
 use crate::capi::version::muon_get_version;
@@ -61,6 +62,23 @@ fn view(struct_size: u32) -> muon_param_view_t {
     view
 }
 
+/// A query-projection clip of the fixture's 16 × 8 param: 2 heads of `head_dim` rows.
+fn qk(struct_size: u32, head_dim: u32) -> muon_qk_clip_t {
+    static MAXIMA: [f32; 2] = [1.0, 300.0];
+    muon_qk_clip_t {
+        struct_size,
+        param_id: 0,
+        kind: MUON_QK_KIND_QUERY,
+        num_heads: 2,
+        num_query_groups: 2,
+        head_dim,
+        rope_dim: 0,
+        v_head_dim: 0,
+        max_logits: MAXIMA.as_ptr(),
+    }
+}
+
+const QK_SIZE: u32 = std::mem::size_of::<muon_qk_clip_t>() as u32;
 const INFO_SIZE: u32 = std::mem::size_of::<muon_step_info_t>() as u32;
 const VIEW_SIZE: u32 = std::mem::size_of::<muon_param_view_t>() as u32;
 const DIR: &CStr = c"/nonexistent/muon-status-table";
@@ -297,6 +315,41 @@ fn table() -> Vec<Row> {
             Finalized,
             MUON_STATUS_INVALID_ARGUMENT,
             |o| muon_optimizer_grad_ready(o, 7)
+        ),
+        row!(
+            "muon_optimizer_qk_clip",
+            "NULL opt",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_qk_clip(o, &qk(QK_SIZE, 8), 1, 100.0, 0.5)
+        ),
+        row!(
+            "muon_optimizer_qk_clip",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_qk_clip(o, &qk(QK_SIZE, 8), 1, 100.0, 0.5)
+        ),
+        row!(
+            "muon_optimizer_qk_clip",
+            "NULL clips",
+            Finalized,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_qk_clip(o, null(), 1, 100.0, 0.5)
+        ),
+        row!(
+            "muon_optimizer_qk_clip",
+            "clip struct_size 0",
+            Finalized,
+            MUON_STATUS_ABI_MISMATCH,
+            |o| muon_optimizer_qk_clip(o, &qk(0, 8), 1, 100.0, 0.5)
+        ),
+        row!(
+            "muon_optimizer_qk_clip",
+            "rows not matching the head layout",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizer_qk_clip(o, &qk(QK_SIZE, 4), 1, 100.0, 0.5)
         ),
         row!(
             "muon_optimizer_step",
@@ -543,6 +596,7 @@ fn statusless() -> Vec<(&'static str, fn())> {
     vec![
         ("muon_config_init", || unsafe { muon_config_init(null_mut()) }),
         ("muon_param_desc_init", || unsafe { muon_param_desc_init(null_mut()) }),
+        ("muon_qk_clip_init", || unsafe { muon_qk_clip_init(null_mut()) }),
         ("muon_cuda_available", || {
             let _ = muon_cuda_available();
         }),
@@ -567,7 +621,7 @@ fn fixture(state: State) -> (*mut muon_comm_t, *mut muon_optimizer_t) {
 
 /// The functions `include/muon_opt.h` declares.
 fn declared() -> BTreeSet<String> {
-    let header = include_str!("../../include/muon_opt.h");
+    let header = include_str!("../../../include/muon_opt.h");
     header
         .lines()
         .filter(|l| !l.trim_start().starts_with('*') && !l.trim_start().starts_with('/'))

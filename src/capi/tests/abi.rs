@@ -1,0 +1,194 @@
+//! The versioned structs: configs and param descriptions of every released layout, torn
+//! sizes, and each invalid field named with its rule.
+
+use std::ffi::CString;
+
+use super::{default_config, desc, last_error};
+use crate::capi::config::*;
+use crate::capi::constants::*;
+use crate::capi::param::*;
+use crate::capi::status::muon_status_t::{self, *};
+
+fn validate(cfg: &muon_config_t) -> (muon_status_t, String) {
+    let status = unsafe { muon_config_validate(cfg) };
+    (status, last_error())
+}
+
+/// A param description of the first ABI (ending at wd_scale) is accepted with one split
+/// group whatever lies beyond its struct_size; the current one carries num_split_groups
+/// (Megatron's QKV split per query group), checked against the rows.
+#[test]
+fn a_param_desc_of_the_first_abi_defaults_the_split_groups() {
+    let sizes = [8i64, 4, 4];
+    let name = CString::new("attn.qkv.weight").unwrap();
+    let mut d = desc(&name, &[48, 32]);
+    d.num_splits = 3;
+    d.split_sizes = sizes.as_ptr();
+    d.num_split_groups = 3;
+    let read = unsafe { crate::capi::param::read_desc(&d, None) }.unwrap();
+    assert_eq!(
+        (read.spec.split_sizes.clone(), read.spec.split_groups),
+        (vec![8, 4, 4], 3)
+    );
+    d.struct_size = std::mem::offset_of!(muon_param_desc_t, num_split_groups) as u32;
+    let err = unsafe { crate::capi::param::read_desc(&d, None) }.err().unwrap();
+    assert!(err.message.contains("sum to 16, but dim 0 is 48"), "{err}");
+    d.num_split_groups = 2;
+    d.struct_size = std::mem::size_of::<muon_param_desc_t>() as u32;
+    let err = unsafe { crate::capi::param::read_desc(&d, None) }.err().unwrap();
+    assert!(err.message.contains("× 2 groups sum to 32"), "{err}");
+    d.struct_size = std::mem::offset_of!(muon_param_desc_t, num_split_groups) as u32 - 4;
+    let err = unsafe { crate::capi::param::read_desc(&d, None) }.err().unwrap();
+    assert_eq!(err.kind, crate::error::ErrorKind::AbiMismatch);
+}
+
+#[test]
+fn defaults_validate_and_match_the_design() {
+    let cfg = default_config();
+    assert_eq!(cfg.struct_size as usize, std::mem::size_of::<muon_config_t>());
+    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
+    assert_eq!(cfg.muon_layout, MUON_LAYOUT_COMPACT);
+    assert_eq!(cfg.muon_momentum, 0.95);
+    assert_eq!(cfg.muon_num_ns_steps, 5);
+    assert_eq!((cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps), (0.9, 0.999, 1e-8));
+    assert_eq!(cfg.muon_scale_mode, MUON_SCALE_SPECTRAL);
+    assert_eq!(cfg.muon_coefficient_set, MUON_COEFFICIENTS_QUINTIC);
+    assert_eq!(cfg.host_threads, 0);
+}
+
+/// A caller compiled against the first ABI passes a struct that ends at host_comm_mode: it is
+/// accepted, and the fields appended since (host_threads) take their defaults whatever lies
+/// beyond its struct_size.
+#[test]
+fn a_config_of_the_first_abi_defaults_the_appended_fields() {
+    let mut cfg = default_config();
+    cfg.host_threads = 4;
+    cfg.struct_size = std::mem::offset_of!(muon_config_t, host_threads) as u32;
+    cfg.muon_momentum = 0.5;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!((read.host_threads, read.muon_momentum), (0, 0.5));
+    cfg.struct_size -= 4;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_ABI_MISMATCH);
+    assert!(message.contains("oldest supported muon_config_t"), "{message}");
+}
+
+/// Only the sizes of released layouts are accepted: a struct_size cutting a field in half
+/// (sizeof − 2 cuts muon_ns_eps) is ABI_MISMATCH naming the size; every released size and a
+/// larger one (a newer header) pass.
+#[test]
+fn a_torn_config_struct_size_is_refused() {
+    let size = std::mem::size_of::<muon_config_t>() as u32;
+    for torn in [size - 2, size - 4, MIN_CONFIG_SIZE as u32 + 2] {
+        let mut cfg = default_config();
+        cfg.struct_size = torn;
+        let (status, message) = validate(&cfg);
+        assert_eq!(status, MUON_STATUS_ABI_MISMATCH, "struct_size {torn}");
+        assert!(
+            message.contains(&format!(
+                "cfg->struct_size: {torn} is not the size of a released muon_config_t"
+            )),
+            "{message}"
+        );
+    }
+    let released = released_config_sizes();
+    assert_eq!(released.len(), 3, "{released:?}");
+    for ok in released {
+        let mut cfg = default_config();
+        cfg.struct_size = ok as u32;
+        assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS, "struct_size {ok}");
+    }
+}
+
+#[test]
+fn each_invalid_field_gets_its_status_and_names_the_field() {
+    type Edit = fn(&mut muon_config_t);
+    let cases: Vec<(Edit, muon_status_t, &str)> = vec![
+        (
+            |c| c.muon_layout = 7,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_layout: unknown value 7",
+        ),
+        (|c| c.grad_dtype = 9, MUON_STATUS_INVALID_ENUM_VALUE, "grad_dtype"),
+        (
+            |c| c.muon_coefficient_set = 4,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_coefficient_set",
+        ),
+        (
+            |c| c.muon_ns_precision = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_ns_precision",
+        ),
+        (
+            |c| c.muon_scale_mode = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_scale_mode",
+        ),
+        (
+            |c| c.muon_tp_mode = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_tp_mode: unknown value 3",
+        ),
+        (
+            |c| c.muon_ns_eps = f32::NAN,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_ns_eps: NaN must be finite and > 0",
+        ),
+        (
+            |c| c.host_comm_mode = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "host_comm_mode",
+        ),
+        (
+            |c| c.host_threads = 1025,
+            MUON_STATUS_OUT_OF_RANGE,
+            "host_threads: 1025 is outside 0..=1024",
+        ),
+        (
+            |c| c.muon_momentum = 1.0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_momentum: 1 is outside [0, 1)",
+        ),
+        (|c| c.muon_momentum = -0.1, MUON_STATUS_OUT_OF_RANGE, "muon_momentum"),
+        (
+            |c| c.muon_momentum = f32::NAN,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_momentum",
+        ),
+        (|c| c.adam_beta1 = 1.5, MUON_STATUS_OUT_OF_RANGE, "adam_beta1"),
+        (|c| c.adam_beta2 = 1.0, MUON_STATUS_OUT_OF_RANGE, "adam_beta2"),
+        (|c| c.adam_eps = 0.0, MUON_STATUS_OUT_OF_RANGE, "adam_eps"),
+        (
+            |c| c.muon_num_ns_steps = 0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_num_ns_steps: 0",
+        ),
+        (
+            |c| c.muon_extra_scale_factor = 0.0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "muon_extra_scale_factor",
+        ),
+        (|c| c.clip_grad = -1.0, MUON_STATUS_OUT_OF_RANGE, "clip_grad"),
+        (
+            |c| c.collective_timeout_ms = 0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "collective_timeout_ms",
+        ),
+        (
+            |c| c.overlap_grad_reduce = 2,
+            MUON_STATUS_OUT_OF_RANGE,
+            "overlap_grad_reduce: 2 is not a boolean",
+        ),
+        (|c| c.struct_size = 8, MUON_STATUS_ABI_MISMATCH, "struct_size: 8"),
+        (|c| c.abi_version = 10_000 * 7, MUON_STATUS_ABI_MISMATCH, "abi_version"),
+    ];
+    for (edit, status, needle) in cases {
+        let mut cfg = default_config();
+        edit(&mut cfg);
+        let (got, message) = validate(&cfg);
+        assert_eq!(got, status, "{needle}: {message}");
+        assert!(message.contains(needle), "'{message}' does not contain '{needle}'");
+        assert!(message.starts_with("muon_config_validate: "), "{message}");
+    }
+}
