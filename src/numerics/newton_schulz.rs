@@ -427,6 +427,19 @@ impl NsWorkspace {
         let symmetric = Output::SymmetricLower {
             leaf: opts.symmetric_leaf,
         };
+        // out ← α·lhs·rhs + β·out, a symmetric product of square matrices, stored.
+        let square_product = |alpha: f32, lhs: &[f32], rhs: &[f32], beta: f32, out: &mut [f32]| {
+            gemm(
+                alpha,
+                (lhs, square),
+                (rhs, square),
+                beta,
+                (&mut *out, square),
+                symmetric,
+                threads,
+            );
+            store(out);
+        };
         let (mut xs, mut r_op, mut z_op, mut q_op) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut r, mut z, mut q, mut rz) = (vec![0.0f32; mm], vec![0.0f32; mm], vec![0.0f32; mm], vec![0.0f32; mm]);
         // R = X·Xᵀ.
@@ -472,61 +485,26 @@ impl NsWorkspace {
             // Z = b·R + c·R·R.
             read(&r, &mut r_op);
             z.copy_from_slice(&r);
-            gemm(
-                c,
-                (&r_op, square),
-                (&r_op, square),
-                b,
-                (&mut z, square),
-                symmetric,
-                threads,
-            );
-            store(&mut z);
+            square_product(c, &r_op, &r_op, b, &mut z);
             read(&z, &mut z_op);
             if accumulated {
                 // Q = a·Q + Z·Q.
                 read(&q, &mut q_op);
-                gemm(
-                    1.0,
-                    (&z_op, square),
-                    (&q_op, square),
-                    a,
-                    (&mut q, square),
-                    symmetric,
-                    threads,
-                );
+                square_product(1.0, &z_op, &q_op, a, &mut q);
             } else {
                 // Q = Z + a·I.
                 q.copy_from_slice(&z);
                 (0..m).for_each(|i| q[i * m + i] += a);
+                store(&mut q);
                 accumulated = true;
             }
-            store(&mut q);
             if step + 1 < opts.steps as usize && !gram_restarts_at(step + 1) {
                 // R = (a·I + Z)·R·(a·I + Z) as RZ = a·R + Z·R, R = a·RZ + Z·RZ.
                 rz.copy_from_slice(&r);
-                gemm(
-                    1.0,
-                    (&z_op, square),
-                    (&r_op, square),
-                    a,
-                    (&mut rz, square),
-                    symmetric,
-                    threads,
-                );
-                store(&mut rz);
+                square_product(1.0, &z_op, &r_op, a, &mut rz);
                 read(&rz, &mut r_op);
                 r.copy_from_slice(&rz);
-                gemm(
-                    1.0,
-                    (&z_op, square),
-                    (&r_op, square),
-                    a,
-                    (&mut r, square),
-                    symmetric,
-                    threads,
-                );
-                store(&mut r);
+                square_product(1.0, &z_op, &r_op, a, &mut r);
             }
         }
         apply(&q, &mut q_op, x, &mut xs, next);
