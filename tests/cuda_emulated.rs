@@ -335,7 +335,7 @@ impl Emulator {
             let (b_shape, c_shape) = (Strides::column_major(k, n, ldb), Strides::column_major(m, n, ldc));
             // The column-major `C = op(A)·B` is the row-major `Cᵀ = Bᵀ·op(A)ᵀ` the host asked
             // for; computed in that form. A symmetric product arrives as its blocks (each one
-            // such GEMM) and a mirror launch, as the host computes it.
+            // such GEMM), then `muon_ns_symmetrize` fills the upper triangle, as the host does.
             gemm(
                 g.alpha,
                 (&b, b_shape.transposed()),
