@@ -27,19 +27,19 @@
 //!
 //! # Failures
 //! The group fails as a whole and stays failed: after the first failure every later call on
-//! any rank returns [`ErrorKind::CommBroken`] at once, naming the original failure.
+//! any rank returns [`ErrorKind::CommBroken`](crate::error::ErrorKind::CommBroken) at once, naming the original failure.
 //! - **Mismatch.** The k-th calls of all ranks must agree in op kinds, dtypes, element counts
 //!   and roots. Every rank whose k-th call is the mismatched collective gets
-//!   [`ErrorKind::CommMismatch`] naming the ranks and both descriptors.
+//!   [`ErrorKind::CommMismatch`](crate::error::ErrorKind::CommMismatch) naming the ranks and both descriptors.
 //! - **Timeout.** A rank waits at most its timeout ([`HostComm::set_timeout`]) for the others
 //!   to arrive. When the first waiting rank's deadline passes, every rank that joined gets
-//!   [`ErrorKind::CommTimeout`] naming the ranks that did not arrive, the op, the sequence
+//!   [`ErrorKind::CommTimeout`](crate::error::ErrorKind::CommTimeout) naming the ranks that did not arrive, the op, the sequence
 //!   number and the timeout. Once every rank has arrived the operation runs to completion; the
 //!   timeout bounds the rendezvous, not the computation.
 //! - **Invalid arguments** (region lengths, dtypes, root, alignment) are checked before
-//!   posting: the calling rank gets [`ErrorKind::InvalidArgument`] and the group breaks, so the
-//!   other ranks get [`ErrorKind::CommBroken`] instead of waiting for their timeout.
-//! - **Panic** while computing: every participant gets [`ErrorKind::Panic`].
+//!   posting: the calling rank gets [`ErrorKind::InvalidArgument`](crate::error::ErrorKind::InvalidArgument) and the group breaks, so the
+//!   other ranks get [`ErrorKind::CommBroken`](crate::error::ErrorKind::CommBroken) instead of waiting for their timeout.
+//! - **Panic** while computing: every participant gets [`ErrorKind::Panic`](crate::error::ErrorKind::Panic).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
