@@ -1200,7 +1200,10 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  * stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
  * rank order, so every rank computes the same bits. Several optimizers of a rank (dense and
  * expert params) share one clip through muon_optimizers_step, each with a norm group of its
- * own over the same ranks.
+ * own over the same ranks. Finalize also checks, over the group, that every tie group
+ * (muon_param_desc_t.tie_group) declared on several ranks routes alike on all of them: an
+ * untagged copy of an embedding on another pipeline stage (an MTP layer's) fails finalize on
+ * every rank with MUON_STATUS_PLAN_MISMATCH naming both params.
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the same kind as the optimizer's (host group or
  *                      NCCL) whose size is a multiple of the data-parallel size; borrowed

@@ -231,3 +231,53 @@ fn exchange_text(text: &str, exchange: &mut Exchange) -> Result<Vec<String>> {
         .map(|(text, length)| String::from_utf8_lossy(&text[..length as usize]).into_owned())
         .collect())
 }
+
+/// Collective over the norm group, which spans the pipeline stages: every tie group declared
+/// on more than one rank routes alike on all of them. The copy of an embedding on a later
+/// stage (the multi-token-prediction layer's, the output layer's) lives in that stage's
+/// optimizer, where the registry's own tie check cannot see the original. `ties` lists this
+/// rank's params with a tie group: (tie group, route, name). Every rank finds the same first
+/// tie group routed both ways and fails with `PlanMismatch` naming a param on each side.
+pub fn verify_tie_routes(ties: &[(u32, Route, &str)], rank: usize, exchange: &mut Exchange) -> Result<()> {
+    // One entry per tie group of this rank (the registry keeps a group's copies on one route).
+    let mut mine: Vec<(u32, Route, &str)> = Vec::new();
+    for &(group, route, name) in ties {
+        if !mine.iter().any(|(g, ..)| *g == group) {
+            mine.push((group, route, name));
+        }
+    }
+    mine.sort_by_key(|(group, ..)| *group);
+    let counts = exchange(mine.len() as u64)?;
+    let longest = counts.iter().copied().max().unwrap_or(0) as usize;
+    let encode = |(group, route, _): &(u32, Route, &str)| u64::from(*group) << 1 | u64::from(*route == Route::Muon);
+    // Every rank's entries: (rank, tie group, routes to Muon).
+    let mut all: Vec<(usize, u32, bool)> = Vec::new();
+    for i in 0..longest {
+        let word = mine.get(i).map_or(u64::MAX, encode);
+        for (r, value) in exchange(word)?.into_iter().enumerate() {
+            if value != u64::MAX {
+                all.push((r, (value >> 1) as u32, value & 1 == 1));
+            }
+        }
+    }
+    all.sort_by_key(|&(r, group, _)| (group, r));
+    let conflict = all.iter().find_map(|&(_, group, muon)| {
+        let other = all.iter().find(|&&(_, g, m)| g == group && m != muon)?;
+        let first = all.iter().find(|&&(_, g, _)| g == group)?;
+        Some((group, *first, *other))
+    });
+    let Some((group, (rank_a, _, muon_a), (rank_b, _, muon_b))) = conflict else {
+        return Ok(());
+    };
+    let my_name = mine.iter().find(|(g, ..)| *g == group).map_or("", |(.., name)| *name);
+    let names = exchange_text(my_name, exchange)?;
+    let route = |muon: bool| if muon { "muon" } else { "adamw" };
+    bail!(
+        PlanMismatch,
+        "finalize: tie_group {group} routes both ways across the norm group: '{}' routes to {} on norm rank {rank_a}, '{}' routes to {} on norm rank {rank_b} (this is rank {rank}); every copy of a tied weight — on any pipeline stage, e.g. an MTP layer's embedding — must be flagged alike (EMBEDDING_OR_OUTPUT on all of them)",
+        names[rank_a],
+        route(muon_a),
+        names[rank_b],
+        route(muon_b)
+    )
+}

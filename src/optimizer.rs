@@ -372,6 +372,15 @@ impl Optimizer {
                 "every rank of a norm group clips with one clip_grad over data-parallel groups of one size",
                 &mut |v| exchange(Group::Norm, v),
             )?;
+            let routes: Vec<(u32, Route, &str)> = self
+                .registry
+                .params()
+                .iter()
+                .zip(self.registry.routes())
+                .filter(|(spec, _)| spec.tie_group != 0)
+                .map(|(spec, route)| (spec.tie_group, *route, spec.name.as_str()))
+                .collect();
+            agreement::verify_tie_routes(&routes, group.comm().rank(), &mut |v| exchange(Group::Norm, v))?;
         }
         Ok(())
     }

@@ -270,3 +270,54 @@ fn a_norm_group_serves_one_optimizer() {
     drop(a);
     b.set_norm_group(group).unwrap();
 }
+
+/// The setup of Megatron's multi-token-prediction PR: stage 0 holds the word embedding, the
+/// MTP stage (another pipeline stage, another optimizer) holds its copy, both declaring one tie
+/// group; the norm group spans both stages. An untagged copy (which would route to Muon) fails
+/// finalize on both stages, naming both params; tagged alike, both finalize.
+#[test]
+fn an_untagged_embedding_copy_on_another_pipeline_stage_fails_finalize_on_both() {
+    const VOCAB: u64 = 96;
+    let finalize = |tag_the_copy: bool| -> Vec<Result<()>> {
+        let norm = host_comms(2);
+        on_ranks(0..2, |_, stage| {
+            let dp_comm = host_comms(1).remove(0);
+            let mut opt = Optimizer::new(Config::default(), dp_comm.claim()?, CallerStream::NULL)?;
+            let mut embedding = if stage == 0 {
+                ParamSpec::new("embedding.word_embeddings.weight", &[VOCAB, 32], Dtype::F32)
+            } else {
+                ParamSpec::new("mtp.embedding.word_embeddings.weight", &[VOCAB, 32], Dtype::F32)
+            };
+            embedding.tie_group = 7;
+            if stage == 0 || tag_the_copy {
+                embedding.flags = ParamFlags(ParamFlags::EMBEDDING_OR_OUTPUT);
+            }
+            opt.add_param(embedding, None)?;
+            opt.add_param(
+                ParamSpec::new(format!("stage{stage}.fc.weight"), &[32, 32], Dtype::F32),
+                None,
+            )?;
+            opt.set_norm_group(norm[stage].clone())?;
+            opt.finalize()
+        })
+    };
+    for (stage, result) in finalize(false).into_iter().enumerate() {
+        let err = result.expect_err("the untagged copy must fail finalize on every stage");
+        assert_eq!(err.kind, ErrorKind::PlanMismatch, "stage {stage}: {}", err.message);
+        for needle in [
+            "tie_group 7",
+            "'embedding.word_embeddings.weight' routes to adamw on norm rank 0",
+            "'mtp.embedding.word_embeddings.weight' routes to muon on norm rank 1",
+        ] {
+            assert!(
+                err.message.contains(needle),
+                "stage {stage}: '{}' lacks '{needle}'",
+                err.message
+            );
+        }
+    }
+    assert!(
+        finalize(true).iter().all(Result::is_ok),
+        "tagged alike, both stages finalize"
+    );
+}
