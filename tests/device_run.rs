@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex};
 
 use muon_opt::backend::cuda::action::{Action, Buf, DevPtr};
 use muon_opt::backend::cuda::dry_run::VirtualMemory;
-use muon_opt::backend::cuda::timing::{Marker, SharedLog, Timed, TimingLog};
+use muon_opt::backend::cuda::timing::{Marker, SharedLog, Timed, TimingLog, work_stream};
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::ops::StreamKind;
 use muon_opt::config::{Config, Dtype};
 use muon_opt::error::Result;
 use muon_opt::measure::compare::{calibrate, compare};
-use muon_opt::measure::{DeviceInfo, DeviceRun, StepTime, op_classes};
+use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, op_classes};
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
@@ -49,12 +49,7 @@ impl Executor for Clocked {
                 Action::CopyOut { bytes, .. } => out.push(vec![0u8; *bytes as usize]),
                 _ => {}
             }
-            let stream = match action {
-                Action::Launch(l) => l.stream,
-                Action::Nccl(..) => StreamKind::Comm,
-                _ => StreamKind::Compute,
-            };
-            if let Some(work) = Work::of(action) {
+            if let (Some(stream), Some(work)) = (work_stream(action), Work::of(action)) {
                 let factor = if matches!(work, Work::Gemm { .. }) {
                     self.gemm_factor
                 } else {
@@ -212,6 +207,26 @@ fn calibration_recovers_a_planted_gemm_efficiency() {
     let hw = builtin("h100-nvlink").unwrap();
     let (timings, counts) = timed_step(2.0);
     let run = run_of(&timings, counts, &hw);
+    // A plain reference GEMM far faster than the model says: the fit is the step's GEMMs'.
+    let mut run = run;
+    let peak = Work::Gemm {
+        inputs: "bf16".into(),
+        m: 8192,
+        n: 8192,
+        k: 8192,
+        batch: 1,
+        accumulate: false,
+    };
+    let fast = CostModel::new(hw.clone(), 1).work_seconds(&peak).unwrap() * 1e3 / 10.0;
+    run.references.push(Reference {
+        name: "cuBLAS bf16 8192x8192x8192".into(),
+        work: peak,
+        repetitions: 5,
+        measured_ms: fast,
+        predicted_ms: None,
+        achieved: 0.0,
+        unit: "TFLOP/s".into(),
+    });
     let calibrated = calibrate(&run, &hw, "bench/device/stand-in.json").unwrap();
     let rel = (calibrated.gemm_efficiency - hw.gemm_efficiency / 2.0).abs() / hw.gemm_efficiency;
     assert!(

@@ -23,7 +23,7 @@ use muon_opt::plan::build_plan;
 use muon_opt::plan::presets::preset;
 use muon_opt::schedule::Runtime;
 use muon_opt::sim::cost::{Cost, CostModel};
-use muon_opt::sim::drive::{Trainer, record_rank, train};
+use muon_opt::sim::drive::{RecordOptions, Trainer, record_rank, train};
 use muon_opt::sim::engine::{self, Call, Class, Item, Label};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{Scenario, simulate};
@@ -358,7 +358,7 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
                 |_| None,
             )
             .unwrap();
-            train(&mut rt, &plan, ITERATIONS, &mut |_| {}).unwrap();
+            train(&mut rt, &plan, ITERATIONS, &[], &mut |_| {}).unwrap();
             rt.synchronize().unwrap();
         });
         let setup = Translator::new(0, DP, muon).setup().len();
@@ -378,7 +378,19 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
                 iterations: ITERATIONS,
             };
             let cost = CostModel::new(h100(), DP);
-            let recorded = record_rank(&plan, &params, &cfg, rank, cost, trainer, true).unwrap();
+            let recorded = record_rank(
+                &plan,
+                &params,
+                &cfg,
+                rank,
+                cost,
+                trainer,
+                RecordOptions {
+                    keep_actions: true,
+                    clips: &[],
+                },
+            )
+            .unwrap();
             let simulated = recorded.actions.unwrap();
             assert!(translated.len() > 100, "rank {rank}: {} actions", translated.len());
             assert_eq!(simulated[setup..], translated[..], "rank {rank}, {:?}", cfg.muon_layout);

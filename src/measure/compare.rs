@@ -104,14 +104,11 @@ pub fn compare(run: &DeviceRun, cost: &CostModel) -> Result<Comparison> {
     })
 }
 
-/// Every measured work of the run: (work, count, measured ms), references included.
-fn works(run: &DeviceRun) -> impl Iterator<Item = (&Work, u64, f64)> {
-    let step = run
-        .op_classes
+/// The timed step's works: (work, count, measured ms).
+fn step_works(run: &DeviceRun) -> impl Iterator<Item = (&Work, u64, f64)> {
+    run.op_classes
         .iter()
-        .flat_map(|c| c.works.iter().map(|w| (&w.work, w.count, w.measured_ms)));
-    let references = run.references.iter().map(|r| (&r.work, 1, r.measured_ms));
-    step.chain(references)
+        .flat_map(|c| c.works.iter().map(|w| (&w.work, w.count, w.measured_ms)))
 }
 
 /// The value in `[lo, 1]` of a fraction at which `predicted(fraction)` (non-increasing in it)
@@ -147,12 +144,14 @@ pub fn calibrate(run: &DeviceRun, base: &Hardware, run_name: &str) -> Result<Har
     measured(run)?;
     let step = run.step.as_ref().expect("checked by measured()");
     let mut hw = base.clone();
-    let all: Vec<(&Work, u64, f64)> = works(run).collect();
-    let gemms: Vec<_> = all
-        .iter()
-        .copied()
+    // GEMMs: the step's own, which its prediction is made of (the plain reference GEMMs at
+    // peak shapes would flatter the fraction); bandwidth: the step's kernels, memsets and
+    // copies and the copy and memset references.
+    let gemms: Vec<(&Work, u64, f64)> = step_works(run)
         .filter(|(w, ..)| matches!(w, Work::Gemm { .. }))
         .collect();
+    let references = run.references.iter().map(|r| (&r.work, 1, r.measured_ms));
+    let all: Vec<(&Work, u64, f64)> = step_works(run).chain(references).collect();
     // Bandwidth-bound: above 4× the shortest kernel at the base profile's rate, so the fit is
     // not a fit of launch floors.
     let base_cost = CostModel::new(base.clone(), 1);

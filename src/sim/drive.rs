@@ -220,13 +220,9 @@ pub enum TrainerEvent {
 /// The calls a trainer makes, `iterations` times: `zero_grad`; the forward, calling
 /// `wait_params(b)` before the first param of bucket b; the backward in reverse order, calling
 /// `grad_ready(p)` after param p's gradient; `step`. `hooks` sees each call before it is made
-/// and the modelled compute in between.
-pub fn train(runtime: &mut Runtime, plan: &Plan, iterations: usize, hooks: &mut dyn FnMut(TrainerEvent)) -> Result<()> {
-    train_clipped(runtime, plan, iterations, &[], hooks)
-}
-
-/// [`train`] with the QK-clip requests `clips` made before every step.
-pub fn train_clipped(
+/// and the modelled compute in between. The QK-clip requests `clips` (if any) are made before
+/// every step.
+pub fn train(
     runtime: &mut Runtime,
     plan: &Plan,
     iterations: usize,
@@ -282,6 +278,15 @@ pub fn lookups(params: &[ParamSpec]) -> Vec<bool> {
         .collect()
 }
 
+/// What [`record_rank`] keeps besides the host program, and what its trainer requests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordOptions<'a> {
+    /// Keep every translated action (the dry-run comparison in the tests).
+    pub keep_actions: bool,
+    /// QK-clips requested before every step.
+    pub clips: &'a [QkClipRequest],
+}
+
 /// Runs rank `rank`'s schedule for `plan` and records its host program.
 pub fn record_rank(
     plan: &Plan,
@@ -290,33 +295,7 @@ pub fn record_rank(
     rank: usize,
     cost: CostModel,
     trainer: Trainer,
-    keep_actions: bool,
-) -> Result<Recorded> {
-    record(plan, params, cfg, rank, cost, trainer, (keep_actions, &[]))
-}
-
-/// [`record_rank`] of a trainer that requests the QK-clips `clips` before every step.
-pub fn record_rank_clipped(
-    plan: &Plan,
-    params: &[ParamSpec],
-    cfg: &Config,
-    rank: usize,
-    cost: CostModel,
-    trainer: Trainer,
-    clips: &[QkClipRequest],
-) -> Result<Recorded> {
-    record(plan, params, cfg, rank, cost, trainer, (false, clips))
-}
-
-/// [`record_rank`] with `(keep_actions, clips)`.
-fn record(
-    plan: &Plan,
-    params: &[ParamSpec],
-    cfg: &Config,
-    rank: usize,
-    cost: CostModel,
-    trainer: Trainer,
-    (keep_actions, clips): (bool, &[QkClipRequest]),
+    RecordOptions { keep_actions, clips }: RecordOptions<'_>,
 ) -> Result<Recorded> {
     let (norm_group, tp_group) = (cost.norm_group(), cost.tp_group());
     let recorder = Arc::new(Mutex::new(Recorder {
@@ -373,7 +352,7 @@ fn record(
             }
         }
     };
-    train_clipped(&mut runtime, plan, trainer.iterations, clips, &mut hooks)?;
+    train(&mut runtime, plan, trainer.iterations, clips, &mut hooks)?;
     lock(&recorder).out.items.push(Item::Teardown);
     lock(&recorder).call = Call::Setup;
     runtime.synchronize()?;

@@ -28,7 +28,7 @@ use crate::plan::presets::ModelDesc;
 
 use crate::backend::ops::StreamKind;
 use cost::CostModel;
-use drive::{Trainer, record_rank_clipped};
+use drive::{RecordOptions, Trainer, record_rank};
 use engine::{Class, Item, Timeline};
 use metrics::{DeviceBytes, Figures};
 use profile::Hardware;
@@ -191,7 +191,18 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         } else {
             Vec::new()
         };
-        let recorded = record_rank_clipped(&plan, registry.params(), &cfg, rank, cost.clone(), trainer, &clips)?;
+        let recorded = record_rank(
+            &plan,
+            registry.params(),
+            &cfg,
+            rank,
+            cost.clone(),
+            trainer,
+            RecordOptions {
+                keep_actions: false,
+                clips: &clips,
+            },
+        )?;
         let bytes = DeviceBytes::of(&recorded.allocations);
         if bytes.total > device_bytes.total {
             device_bytes = bytes;

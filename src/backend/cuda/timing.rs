@@ -72,7 +72,7 @@ impl TimingLog {
 }
 
 /// The stream an action does device work on, if it does any that is worth timing.
-fn work_stream(action: &Action) -> Option<StreamKind> {
+pub fn work_stream(action: &Action) -> Option<StreamKind> {
     match action {
         Action::Launch(l) => Some(l.stream),
         Action::Gemm(_) => Some(StreamKind::Compute),
