@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use muon_opt::config::{CoefficientSet, NsPrecision};
+use muon_opt::config::{CoefficientSet, NsMethod, NsPrecision};
 use muon_opt::numerics::gemm::{Output, Strides, gemm};
 use muon_opt::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz, newton_schulz_gram};
 
@@ -116,6 +116,7 @@ fn main() {
         precision,
         eps: muon_opt::config::DEFAULT_NS_EPS,
         symmetric_leaf: muon_opt::config::DEFAULT_SYMMETRIC_LEAF,
+        method: NsMethod::Standard,
     };
     for (rows, cols) in SHAPES {
         let (m, n) = (rows.min(cols), rows.max(cols));

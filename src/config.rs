@@ -113,6 +113,17 @@ coded_enum! {
 }
 
 coded_enum! {
+    /// How Newton–Schulz iterates (docs/newton-schulz.md).
+    NsMethod {
+        /// On the `m × n` iterate, every step (Megatron-LM's and Emerging-Optimizers').
+        Standard = 0 => "standard",
+        /// On the `m × m` Gram matrix with restarts (Dao AI Lab; DeepSpeed's `ns_method="gram"`),
+        /// where `numerics::newton_schulz::gram_applies` holds; the standard iteration elsewhere.
+        Gram = 1 => "gram",
+    }
+}
+
+coded_enum! {
     /// Scale applied to the orthogonalized update of an m×n matrix.
     ScaleMode {
         /// √max(m, n).
@@ -180,6 +191,7 @@ pub struct Config {
     pub muon_coefficient_set: CoefficientSet,
     pub muon_num_ns_steps: u32,
     pub muon_ns_precision: NsPrecision,
+    pub muon_ns_method: NsMethod,
     pub muon_scale_mode: ScaleMode,
     pub muon_extra_scale_factor: f32,
     pub adam_beta1: f32,
@@ -217,6 +229,7 @@ impl Default for Config {
             muon_coefficient_set: CoefficientSet::Quintic,
             muon_num_ns_steps: 5,
             muon_ns_precision: NsPrecision::Bf16,
+            muon_ns_method: NsMethod::Standard,
             muon_scale_mode: ScaleMode::Spectral,
             muon_extra_scale_factor: 1.0,
             adam_beta1: 0.9,

@@ -313,6 +313,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     precision,
                     eps: muon_opt::config::DEFAULT_NS_EPS,
                     symmetric_leaf: muon_opt::config::DEFAULT_SYMMETRIC_LEAF,
+                    method: NsMethod::Standard,
                 },
                 scale_mode: ScaleMode::Spectral,
                 extra_scale_factor: 1.0,

@@ -3,7 +3,7 @@
 
 mod support;
 
-use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsPrecision};
+use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsMethod, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::newton_schulz::{
     GRAM_MIN_ASPECT, NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_gram,
@@ -55,6 +55,7 @@ fn opts(set: CoefficientSet, steps: u32, precision: NsPrecision) -> NsOptions {
         precision,
         eps: DEFAULT_NS_EPS,
         symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
+        method: NsMethod::Standard,
     }
 }
 

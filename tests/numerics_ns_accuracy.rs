@@ -6,7 +6,7 @@
 
 mod support;
 
-use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, NsPrecision};
+use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, NsMethod, NsPrecision};
 use muon_opt::numerics::newton_schulz::{
     NsOptions, NsWorkspace, gram_applies, newton_schulz, newton_schulz_gram_always,
 };
@@ -101,6 +101,7 @@ fn gram_stays_as_close_to_the_polar_factor_as_the_standard_iteration() {
                         precision,
                         eps: DEFAULT_NS_EPS,
                         symmetric_leaf: 16,
+                        method: NsMethod::Standard,
                     };
                     let (mut standard, mut gram) = (vec![0.0f32; input.len()], vec![0.0f32; input.len()]);
                     let mut ws = NsWorkspace::default();

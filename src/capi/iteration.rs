@@ -7,7 +7,7 @@ use crate::capi::boundary::{checked_size, fail, non_null, run};
 use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
-use crate::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsPrecision};
+use crate::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsMethod, NsPrecision};
 use crate::error::{Error, ErrorKind};
 use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
 use crate::optimizer::Optimizer;
@@ -340,6 +340,7 @@ pub unsafe extern "C" fn muon_newton_schulz_host(
             precision: NsPrecision::from_code("precision", precision)?,
             eps: DEFAULT_NS_EPS,
             symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
+            method: NsMethod::Standard,
         };
         let n = rows as usize * cols as usize;
         // SAFETY: the caller provides rows·cols values in each array.

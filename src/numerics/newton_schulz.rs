@@ -34,7 +34,7 @@
 //!   so every operand and every `β·C` addend is a bf16 value; products accumulate in f32.
 
 use crate::bail;
-use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsPrecision};
+use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsMethod, NsPrecision};
 use crate::error::Result;
 use crate::numerics::bf16::{round_slice_through_bf16, round_slice_through_bf16_in_place, round_through_bf16};
 use crate::numerics::gemm::{Output, Strides, gemm};
@@ -132,6 +132,8 @@ pub struct NsOptions {
     pub eps: f32,
     /// Smallest diagonal block of the symmetric products (`numerics::gemm::symmetric_blocks`).
     pub symmetric_leaf: usize,
+    /// The iteration: standard, or Gram where [`gram_applies`] holds.
+    pub method: NsMethod,
 }
 
 impl NsOptions {
@@ -143,6 +145,7 @@ impl NsOptions {
             precision: cfg.muon_ns_precision,
             eps: cfg.muon_ns_eps,
             symmetric_leaf: cfg.muon_ns_symmetric_leaf as usize,
+            method: cfg.muon_ns_method,
         }
     }
 
@@ -266,7 +269,11 @@ impl NsWorkspace {
         mut sums: Option<&mut dyn ShardSums>,
     ) -> Result<()> {
         let (m, n) = self.normalize(input, rows, cols, transpose, opts, sums.as_deref_mut())?;
-        self.iterate(m, n, opts, sums)
+        if opts.method == NsMethod::Gram && gram_applies(m, n, opts) {
+            self.iterate_gram(m, n, opts, sums)
+        } else {
+            self.iterate(m, n, opts, sums)
+        }
     }
 
     /// Step 2 of the module documentation: `self.x` ← the normalized input (`inputᵀ` with
@@ -381,34 +388,25 @@ impl NsWorkspace {
         Ok(())
     }
 
-    /// [`Self::orthogonalize`] by the Gram iteration ([`newton_schulz_gram`]) when the
-    /// iterate is wide enough ([`GRAM_MIN_ASPECT`]); the result is left in `self.x` the same way.
-    fn orthogonalize_gram(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
-        self.orthogonalize_gram_if(input, rows, cols, opts, gram_applies);
-    }
-
-    /// [`Self::orthogonalize_gram`] with the Gram iteration whatever the shape and options.
+    /// [`Self::orthogonalize`] by the Gram iteration whatever the shape and options.
     fn orthogonalize_gram_always(&mut self, input: &[f32], rows: usize, cols: usize, opts: &NsOptions) {
-        self.orthogonalize_gram_if(input, rows, cols, opts, |_, _, _| true);
+        let (m, n) = self
+            .normalize(input, rows, cols, rows > cols, opts, None)
+            .expect("without shard sums nothing fails");
+        self.iterate_gram(m, n, opts, None)
+            .expect("without shard sums nothing fails");
     }
 
-    fn orthogonalize_gram_if(
+    /// The Gram iteration of [`newton_schulz_gram`] on the normalized `m × n` iterate in
+    /// `self.x`, each `X·Xᵀ` completed over the shards by `sums` (the products with `Q` are
+    /// shard-local: `Q` is the same `m × m` matrix on every shard).
+    fn iterate_gram(
         &mut self,
-        input: &[f32],
-        rows: usize,
-        cols: usize,
+        m: usize,
+        n: usize,
         opts: &NsOptions,
-        applies: fn(usize, usize, &NsOptions) -> bool,
-    ) {
-        let transpose = rows > cols;
-        let (m, n) = self
-            .normalize(input, rows, cols, transpose, opts, None)
-            .expect("without shard sums nothing fails");
-        if !applies(m, n, opts) {
-            self.iterate(m, n, opts, None)
-                .expect("without shard sums nothing fails");
-            return;
-        }
+        mut sums: Option<&mut dyn ShardSums>,
+    ) -> Result<()> {
         let (mn, mm) = (m * n, m * m);
         let (wide, square) = (Strides::row_major(m, n), Strides::row_major(m, m));
         let threads = self.threads;
@@ -442,19 +440,23 @@ impl NsWorkspace {
         };
         let (mut xs, mut r_op, mut z_op, mut q_op) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut r, mut z, mut q, mut rz) = (vec![0.0f32; mm], vec![0.0f32; mm], vec![0.0f32; mm], vec![0.0f32; mm]);
-        // R = X·Xᵀ.
-        let gram = |x: &[f32], xs: &mut Vec<f32>, r: &mut [f32]| {
+        // R = X·Xᵀ, completed over the shards.
+        let gram = |x: &[f32], xs: &mut Vec<f32>, r: &mut [f32], sums: &mut Option<&mut dyn ShardSums>| {
             read(x, xs);
             gemm(
                 1.0,
                 (xs, wide),
                 (xs, wide.transposed()),
                 0.0,
-                (r, square),
+                (&mut *r, square),
                 symmetric,
                 threads,
             );
+            if let Some(sums) = sums.as_deref_mut() {
+                sums.gram(r)?;
+            }
             store(r);
+            Ok::<(), crate::error::Error>(())
         };
         // X ← Q·X.
         let apply = |q: &[f32], q_op: &mut Vec<f32>, x: &mut [f32], xs: &mut Vec<f32>, next: &mut [f32]| {
@@ -473,12 +475,12 @@ impl NsWorkspace {
             x.copy_from_slice(next);
         };
         let (x, next) = (&mut self.x[..mn], &mut self.x_next[..mn]);
-        gram(x, &mut xs, &mut r);
+        gram(x, &mut xs, &mut r, &mut sums)?;
         let mut accumulated = false;
         for step in 0..opts.steps as usize {
             if gram_restarts_at(step) {
                 apply(&q, &mut q_op, x, &mut xs, next);
-                gram(x, &mut xs, &mut r);
+                gram(x, &mut xs, &mut r, &mut sums)?;
                 accumulated = false;
             }
             let [a, b, c] = ns_coefficients(opts.coefficients, step);
@@ -508,6 +510,7 @@ impl NsWorkspace {
             }
         }
         apply(&q, &mut q_op, x, &mut xs, next);
+        Ok(())
     }
 
     /// Writes the result of [`Self::orthogonalize`] into `output` (`rows × cols`).
@@ -644,7 +647,8 @@ pub const GRAM_MIN_ASPECT: f64 = 1.5;
 /// computed as [`Output::SymmetricLower`]; the two products with `X` are full. Precision of
 /// each product: `F32` all f32; `Bf16` operands rounded to bf16, accumulation, `β·C` addends
 /// and results f32; `Bf16Iterate` additionally stores `R`, `Z`, `Q`, `RZ` and `X` at bf16
-/// values. Where [`gram_applies`] does not hold, [`newton_schulz`]'s steps run instead.
+/// values. This is [`newton_schulz`] with `opts.method` = [`NsMethod::Gram`]: where
+/// [`gram_applies`] does not hold, the standard steps run instead.
 ///
 /// # Errors
 /// As [`newton_schulz`].
@@ -656,7 +660,11 @@ pub fn newton_schulz_gram(
     opts: &NsOptions,
     ws: &mut NsWorkspace,
 ) -> Result<()> {
-    checked_into(input, output, rows, cols, opts, ws, NsWorkspace::orthogonalize_gram)
+    let opts = NsOptions {
+        method: NsMethod::Gram,
+        ..*opts
+    };
+    newton_schulz(input, output, rows, cols, &opts, ws)
 }
 
 /// Whether [`newton_schulz_gram`] runs the Gram iteration on an `m × n` iterate (`m ≤ n`):
