@@ -23,7 +23,7 @@ use muon_opt::backend::ops::{
     BufferSizes, EventId, Mem, MemoryLayout, MuonJob, MuonWork, NormSums, NormTerm, Span, StepConstants, StreamKind,
 };
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsPrecision, ScaleMode};
+use muon_opt::config::{CoefficientSet, CommMode, Config, Dtype, NsMethod, NsPrecision, ScaleMode};
 use muon_opt::error::ErrorKind;
 use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamSpec, Route};
