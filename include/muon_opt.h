@@ -524,7 +524,16 @@ typedef struct muon_config_t {
    */
   uint32_t mxfp8_swizzled_scales;
   /**
-   * Vocabulary size for the untagged-embedding check; 0 = unknown.
+   * Vocabulary size for the untagged-embedding check. Non-zero: muon_optimizer_add_param
+   * refuses (MUON_STATUS_ROUTING_CONFLICT) a Muon-routed param with any dimension equal to
+   * it, unless flagged MUON_PARAM_FLAG_ALLOW_VOCAB_DIM. 0 (default): Megatron-style, the
+   * vocabulary the caller declares — the largest dim 0 of the params of two or more dims
+   * flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT on every rank of the norm group (every
+   * pipeline stage; the data-parallel group without muon_optimizer_set_norm_group) — and
+   * muon_optimizer_finalize fails with MUON_STATUS_ROUTING_CONFLICT on every rank of that
+   * group when a Muon-routed param has dim 0 equal to it without ALLOW_VOCAB_DIM (an untagged
+   * copy of the embedding, e.g. on a multi-token-prediction stage); no embedding declared,
+   * no check.
    */
   uint64_t vocab_size;
   /**
@@ -1203,7 +1212,9 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  * own over the same ranks. Finalize also checks, over the group, that every tie group
  * (muon_param_desc_t.tie_group) declared on several ranks routes alike on all of them: an
  * untagged copy of an embedding on another pipeline stage (an MTP layer's) fails finalize on
- * every rank with MUON_STATUS_PLAN_MISMATCH naming both params.
+ * every rank with MUON_STATUS_PLAN_MISMATCH naming both params; with vocab_size 0, an untagged
+ * copy declared without a tie group fails it with MUON_STATUS_ROUTING_CONFLICT when its rows
+ * match the embedding any stage declares (muon_config_t.vocab_size).
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the same kind as the optimizer's (host group or
  *                      NCCL) whose size is a multiple of the data-parallel size; borrowed
@@ -1283,7 +1294,11 @@ muon_status_t muon_optimizer_param_route(const struct muon_optimizer_t *opt,
  *         (the message names the first differing param, or the counts) or use different
  *         settings that change numerics or communication (the message names the first
  *         differing config field; collective_timeout_ms, host_comm_mode, host_threads and
- *         vocab_size are a rank's own and may differ).
+ *         vocab_size are a rank's own and may differ);
+ *         MUON_STATUS_ROUTING_CONFLICT on every rank of the norm group (the data-parallel
+ *         group without one) when, with vocab_size 0, a Muon-routed param has as many rows as
+ *         the embedding declared on any of its ranks (muon_config_t.vocab_size; the message
+ *         names the param and its rank).
  */
 MUON_API
 MUON_NODISCARD

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::bail;
 use crate::config::Config;
 use crate::error::Result;
-use crate::model::{ParamSpec, Route};
+use crate::model::{ParamSpec, Registry, Route};
 use crate::plan::hash::Fnv1a;
 
 /// One all-gather of a value per rank; the result is indexed by rank.
@@ -279,5 +279,34 @@ pub fn verify_tie_routes(ties: &[(u32, Route, &str)], rank: usize, exchange: &mu
         route(muon_a),
         names[rank_b],
         route(muon_b)
+    )
+}
+
+/// Collective over `group` (the norm group, which spans the pipeline stages, or the
+/// data-parallel group without one): `vocab_size`'s default. Every rank contributes the
+/// vocabulary its params flagged `EMBEDDING_OR_OUTPUT` declare ([`Registry::embedding_rows`]);
+/// on a rank whose `vocab_size` is 0, a Muon-routed param whose dim 0 equals the largest of
+/// them is an untagged copy of the embedding — the multi-token-prediction stage's, declared
+/// without a tie group — and every rank of the group fails with `RoutingConflict` naming the
+/// first such param and its rank.
+pub fn verify_vocab_default(
+    registry: &Registry,
+    vocab_size: u64,
+    (group, rank): (&str, usize),
+    exchange: &mut Exchange,
+) -> Result<()> {
+    let vocab = exchange(registry.embedding_rows())?.into_iter().max().unwrap_or(0);
+    let copy = (vocab_size == 0 && vocab > 0)
+        .then(|| registry.first_with_vocab_rows(vocab))
+        .flatten();
+    let found = exchange(u64::from(copy.is_some()))?;
+    let Some(other) = found.iter().position(|&f| f == 1) else {
+        return Ok(());
+    };
+    let names = exchange_text(copy.map_or("", |p| p.name.as_str()), exchange)?;
+    bail!(
+        RoutingConflict,
+        "finalize: param '{}' on {group} rank {other} routes to Muon but its dim 0 is {vocab}, the vocabulary size of the params flagged EMBEDDING_OR_OUTPUT (this is {group} rank {rank}); with vocab_size 0 the vocabulary size is the largest dim 0 of those params on every rank of the {group} group, and a Muon matrix with that many rows is an untagged copy of an embedding or output layer: flag it EMBEDDING_OR_OUTPUT (with the tie_group of the weight it copies), or ALLOW_VOCAB_DIM if it really is a hidden matrix",
+        names[other]
     )
 }

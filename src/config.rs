@@ -201,7 +201,13 @@ pub struct Config {
     pub clip_grad: f32,
     pub mxfp8_param_gather: bool,
     pub mxfp8_swizzled_scales: bool,
-    /// Vocabulary size used to catch untagged embeddings; 0 = unknown.
+    /// Vocabulary size used to catch untagged embeddings (docs/design.md §4). Non-zero: a
+    /// Muon-routed param with any dimension equal to it fails registration unless flagged
+    /// `ALLOW_VOCAB_DIM`. 0 (default): derived at finalize, Megatron-style, from the params
+    /// flagged `EMBEDDING_OR_OUTPUT` — the largest dim 0 of those with two or more dims on
+    /// every rank of the norm group (every pipeline stage; the data-parallel group without a
+    /// norm group) — and a Muon-routed param whose dim 0 equals it fails finalize on every rank
+    /// of that group unless flagged `ALLOW_VOCAB_DIM`; no embedding declared, no check.
     pub vocab_size: u64,
     pub collective_timeout_ms: u32,
     pub host_comm_mode: CommMode,

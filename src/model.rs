@@ -373,6 +373,28 @@ impl Registry {
         self.params.is_empty()
     }
 
+    /// The vocabulary size the params flagged `EMBEDDING_OR_OUTPUT` declare: the largest dim 0
+    /// of those with two or more dims (Megatron's embedding and output weights are
+    /// `[vocab / TP, hidden]`), 0 when there are none.
+    pub fn embedding_rows(&self) -> u64 {
+        self.params
+            .iter()
+            .filter(|p| p.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && p.shape.len() >= 2)
+            .map(|p| p.shape[0])
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The first Muon-routed param not flagged `ALLOW_VOCAB_DIM` whose dim 0 is `vocab`: an
+    /// untagged copy of an embedding or output layer of that vocabulary (`vocab_size` 0 at
+    /// finalize, docs/design.md §4).
+    pub fn first_with_vocab_rows(&self, vocab: u64) -> Option<&ParamSpec> {
+        self.params.iter().zip(&self.routes).find_map(|(p, route)| {
+            let copy = *route == Route::Muon && !p.flags.has(ParamFlags::ALLOW_VOCAB_DIM) && p.shape[0] == vocab;
+            copy.then_some(p)
+        })
+    }
+
     /// Validates `spec` against the config and earlier registrations and appends it.
     /// Returns the new parameter's id (its registration index). On error nothing changes.
     pub fn add(&mut self, spec: ParamSpec, cfg: &Config) -> Result<u32> {

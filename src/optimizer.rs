@@ -354,7 +354,8 @@ impl Optimizer {
     }
 
     /// Finalize's agreement, before anything changes (collective over every group the
-    /// optimizer uses, in one order: data-parallel, TP, norm). A group's ranks all find its
+    /// optimizer uses, in one order: data-parallel, TP, norm; then `vocab_size`'s default over
+    /// the norm group, or the data-parallel group without one). A group's ranks all find its
     /// first disagreement and fail; the ranks of a later group then wait for this rank at
     /// most `collective_timeout_ms`.
     fn verify_groups(&self, plan: &Plan, exchange: &mut dyn FnMut(Group, u64) -> Result<Vec<u64>>) -> Result<()> {
@@ -382,7 +383,11 @@ impl Optimizer {
                 .collect();
             agreement::verify_tie_routes(&routes, group.comm().rank(), &mut |v| exchange(Group::Norm, v))?;
         }
-        Ok(())
+        let (group, named) = match &self.norm_group {
+            Some(norm) => (Group::Norm, ("norm", norm.comm().rank())),
+            None => (Group::Data, ("data-parallel", self.rank())),
+        };
+        agreement::verify_vocab_default(&self.registry, self.cfg.vocab_size, named, &mut |v| exchange(group, v))
     }
 
     /// Collective over the TP group: the ranks agree on `muon_tp_mode` and, unless it is
@@ -762,6 +767,7 @@ fn claim_group(slot: &mut Option<Claim>, group: Arc<Communicator>, call: &str, t
 }
 
 /// The groups finalize's agreement exchanges over.
+#[derive(Clone, Copy)]
 enum Group {
     Data,
     Tensor,

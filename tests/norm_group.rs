@@ -321,3 +321,60 @@ fn an_untagged_embedding_copy_on_another_pipeline_stage_fails_finalize_on_both()
         "tagged alike, both stages finalize"
     );
 }
+
+/// `vocab_size` left at 0 takes the vocabulary the embedding declares, over the norm group: an
+/// untagged `[vocab, hidden]` copy on the MTP stage, declared without a tie group (so the tie
+/// check cannot pair it), fails finalize on both stages naming it and the rule; flagged
+/// `ALLOW_VOCAB_DIM` (a hidden matrix that happens to have as many rows), both finalize.
+#[test]
+fn an_untied_untagged_embedding_copy_on_the_mtp_stage_fails_finalize_by_the_vocab_default() {
+    const VOCAB: u64 = 96;
+    let finalize = |copy_flags: u32| -> Vec<Result<()>> {
+        let norm = host_comms(2);
+        on_ranks(0..2, |_, stage| {
+            let dp_comm = host_comms(1).remove(0);
+            let cfg = Config::default();
+            assert_eq!(cfg.vocab_size, 0, "the default is derived");
+            let mut opt = Optimizer::new(cfg, dp_comm.claim()?, CallerStream::NULL)?;
+            let mut embedding = if stage == 0 {
+                ParamSpec::new("embedding.word_embeddings.weight", &[VOCAB, 32], Dtype::F32)
+            } else {
+                ParamSpec::new("mtp.embedding.word_embeddings.weight", &[VOCAB, 32], Dtype::F32)
+            };
+            embedding.flags = ParamFlags(if stage == 0 {
+                ParamFlags::EMBEDDING_OR_OUTPUT
+            } else {
+                copy_flags
+            });
+            opt.add_param(
+                ParamSpec::new(format!("stage{stage}.fc.weight"), &[32, VOCAB], Dtype::F32),
+                None,
+            )?;
+            opt.add_param(embedding, None)?;
+            opt.set_norm_group(norm[stage].clone())?;
+            opt.finalize()
+        })
+    };
+    for (stage, result) in finalize(0).into_iter().enumerate() {
+        let err = result.expect_err("the untagged copy must fail finalize on every stage");
+        assert_eq!(err.kind, ErrorKind::RoutingConflict, "stage {stage}: {}", err.message);
+        for needle in [
+            "param 'mtp.embedding.word_embeddings.weight' on norm rank 1 routes to Muon",
+            "dim 0 is 96",
+            "with vocab_size 0 the vocabulary size is the largest dim 0",
+            "flag it EMBEDDING_OR_OUTPUT",
+        ] {
+            assert!(
+                err.message.contains(needle),
+                "stage {stage}: '{}' lacks '{needle}'",
+                err.message
+            );
+        }
+    }
+    for flags in [ParamFlags::EMBEDDING_OR_OUTPUT, ParamFlags::ALLOW_VOCAB_DIM] {
+        assert!(
+            finalize(flags).iter().all(Result::is_ok),
+            "flags 0x{flags:x}: both stages finalize"
+        );
+    }
+}

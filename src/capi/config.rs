@@ -59,7 +59,16 @@ pub struct muon_config_t {
     pub mxfp8_param_gather: u32,
     /// 1 = MXFP8 scales in the swizzled (GEMM) layout; 0 (default) = compact.
     pub mxfp8_swizzled_scales: u32,
-    /// Vocabulary size for the untagged-embedding check; 0 = unknown.
+    /// Vocabulary size for the untagged-embedding check. Non-zero: muon_optimizer_add_param
+    /// refuses (MUON_STATUS_ROUTING_CONFLICT) a Muon-routed param with any dimension equal to
+    /// it, unless flagged MUON_PARAM_FLAG_ALLOW_VOCAB_DIM. 0 (default): Megatron-style, the
+    /// vocabulary the caller declares — the largest dim 0 of the params of two or more dims
+    /// flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT on every rank of the norm group (every
+    /// pipeline stage; the data-parallel group without muon_optimizer_set_norm_group) — and
+    /// muon_optimizer_finalize fails with MUON_STATUS_ROUTING_CONFLICT on every rank of that
+    /// group when a Muon-routed param has dim 0 equal to it without ALLOW_VOCAB_DIM (an untagged
+    /// copy of the embedding, e.g. on a multi-token-prediction stage); no embedding declared,
+    /// no check.
     pub vocab_size: u64,
     /// A collective not joined by every rank within this time fails with
     /// MUON_STATUS_COMM_TIMEOUT; default 300,000. It bounds every communicator the optimizer

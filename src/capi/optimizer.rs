@@ -88,7 +88,9 @@ fn borrow_comm(function: &str, comm: *mut muon_comm_t, name: &str) -> Result<Arc
 /// own over the same ranks. Finalize also checks, over the group, that every tie group
 /// (muon_param_desc_t.tie_group) declared on several ranks routes alike on all of them: an
 /// untagged copy of an embedding on another pipeline stage (an MTP layer's) fails finalize on
-/// every rank with MUON_STATUS_PLAN_MISMATCH naming both params.
+/// every rank with MUON_STATUS_PLAN_MISMATCH naming both params; with vocab_size 0, an untagged
+/// copy declared without a tie group fails it with MUON_STATUS_ROUTING_CONFLICT when its rows
+/// match the embedding any stage declares (muon_config_t.vocab_size).
 /// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
 /// @param[in]     group A communicator of the same kind as the optimizer's (host group or
 ///                      NCCL) whose size is a multiple of the data-parallel size; borrowed
@@ -202,7 +204,11 @@ pub unsafe extern "C" fn muon_optimizer_param_route(
 ///         (the message names the first differing param, or the counts) or use different
 ///         settings that change numerics or communication (the message names the first
 ///         differing config field; collective_timeout_ms, host_comm_mode, host_threads and
-///         vocab_size are a rank's own and may differ).
+///         vocab_size are a rank's own and may differ);
+///         MUON_STATUS_ROUTING_CONFLICT on every rank of the norm group (the data-parallel
+///         group without one) when, with vocab_size 0, a Muon-routed param has as many rows as
+///         the embedding declared on any of its ranks (muon_config_t.vocab_size; the message
+///         names the param and its rank).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_finalize(opt: *mut muon_optimizer_t) -> muon_status_t {
