@@ -206,17 +206,30 @@ struct ncclComm;
  * A tensor-parallel shard along dim 0 (rows: a column-parallel weight `[out/tp, in]`,
  * Megatron's `partition_dim` 0); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
  * _DISTRIBUTED (a Muon matrix, or every expert of an expert stack — Megatron's expert tensor
- * parallelism; ignored by AdamW and in blockwise mode).
+ * parallelism; ignored by AdamW's update and in blockwise mode). With a TP group
+ * (muon_optimizer_set_tp_group) of more than one rank, checkpoints hold the shard — of any
+ * route — in the unsharded param's coordinates, each fused component split alike (SwiGLU's
+ * gate|up, GDN's q|k|v|z|β|α) or, for a per-group split, whole groups
+ * (MUON_PARAM_FLAG_TP_WHOLE_GROUPS), so they load at another TP size.
  */
 #define MUON_PARAM_FLAG_TP_SHARD_ROWS (1 << 7)
 
 /**
  * A tensor-parallel shard along dim 1 (columns: a row-parallel weight `[out, in/tp]`,
  * Megatron's `partition_dim` 1); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
- * _DISTRIBUTED (a Muon matrix, or every expert of an expert stack; ignored by AdamW and in
- * blockwise mode).
+ * _DISTRIBUTED (a Muon matrix, or every expert of an expert stack; ignored by AdamW's update
+ * and in blockwise mode). Checkpoints place it like MUON_PARAM_FLAG_TP_SHARD_ROWS.
  */
 #define MUON_PARAM_FLAG_TP_SHARD_COLS (1 << 8)
+
+/**
+ * A MUON_PARAM_FLAG_TP_SHARD_ROWS shard of a per-group split (Megatron's fused QKV) that holds
+ * whole query groups of the unsharded param — implied when num_split_groups > 1, needed when
+ * the shard holds one group (e.g. 8 query groups at TP 8), which would otherwise read as a
+ * slice of every component. Only where checkpoints place the shard; needs TP_SHARD_ROWS and
+ * split_sizes (no expert stack).
+ */
+#define MUON_PARAM_FLAG_TP_WHOLE_GROUPS (1 << 9)
 
 /**
  * MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
@@ -830,6 +843,11 @@ extern "C" {
  *       gather still in flight) before reading the state, and holds no buffer afterwards.
  *       Writes `index.json` and one `rank-NNNNN.safetensors` per rank (fp32 masters, Muon
  *       momenta, AdamW moments, keyed by component and item range in global coordinates).
+ *       With a tensor-parallel group of more than one rank (muon_optimizer_set_tp_group),
+ *       every param flagged MUON_PARAM_FLAG_TP_SHARD_ROWS or _COLS is saved as the block it
+ *       holds of the unsharded param's components: each TP rank's data-parallel group saves
+ *       into its own @p dir, and those directories reload together at any TP size
+ *       (muon_optimizer_load_union).
  */
 MUON_API
 MUON_NODISCARD
@@ -843,7 +861,9 @@ muon_status_t muon_optimizer_save(struct muon_optimizer_t *opt,
  *                    unfinished iteration: MUON_STATUS_INVALID_STATE).
  * @param[in]     dir Checkpoint directory written by muon_optimizer_save() at any data-parallel
  *                    size and any Muon layout; each rank reads only the tensors that overlap
- *                    the state it owns now.
+ *                    the state it owns now. A TP rank's checkpoint holds only that rank's
+ *                    shards: at another TP size, or another TP rank, load the checkpoints of
+ *                    every TP rank together with muon_optimizer_load_union.
  * @return MUON_STATUS_SUCCESS on every rank once the masters, moments and step count are
  *         replaced and every rank's param buffer is re-synchronized from the loaded masters.
  *         On failure nothing changed on any rank, and every rank returns the same status:
@@ -862,9 +882,17 @@ muon_status_t muon_optimizer_load(struct muon_optimizer_t *opt,
 
 /**
  * @brief Load from several checkpoints at once into every rank: each registered param from
- *        the one checkpoint that holds it; params the checkpoints hold that this optimizer
- *        does not register are left for other optimizers. Collective, like
- *        muon_optimizer_load, every rank passing the same directories in the same order.
+ *        the one checkpoint that holds it, or from the checkpoints of several TP ranks; params
+ *        the checkpoints hold that this optimizer does not register are left for other
+ *        optimizers. Collective, like muon_optimizer_load, every rank passing the same
+ *        directories in the same order.
+ *
+ * Tensor parallelism: the checkpoints of every rank of a TP group (each saved by that rank's
+ * data-parallel group, its TP shards in the unsharded params' coordinates) load at any TP
+ * size — this rank's TP shards (MUON_PARAM_FLAG_TP_SHARD_ROWS / _COLS, at its rank of
+ * muon_optimizer_set_tp_group), or the whole params without a TP group — and any data-parallel
+ * size: each piece is read from the checkpoints that hold it, a param every TP rank holds
+ * whole (a layer norm) from the lowest TP rank's.
  *
  * Expert parallelism: each expert-parallel rank's expert optimizer saves its own experts
  * (registered under their global names, e.g. `layers.3.experts.12.fc1.weight`) into its own
@@ -875,8 +903,9 @@ muon_status_t muon_optimizer_load(struct muon_optimizer_t *opt,
  *                  muon_optimizer_save at the same step with the same numerics.
  * @param[in] count >= 1.
  * @return As muon_optimizer_load; MUON_STATUS_CHECKPOINT_MISMATCH also for a param found in
- *         none or in two of the checkpoints, or checkpoints of different steps (named in the
- *         message).
+ *         none of the checkpoints, or in two that are not of different ranks of one TP group,
+ *         for TP shards this rank needs that none of them holds, or checkpoints of different
+ *         steps (named in the message).
  */
 MUON_API
 MUON_NODISCARD
@@ -1251,7 +1280,11 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
  * ranks too, so the shards are clipped and skipped alike. On the cuda backend the gather is
  * an NCCL all-gather on this communicator, on the optimizer's comm stream between event
- * waits, inside the owner's update (no host synchronization).
+ * waits, inside the owner's update (no host synchronization). In any muon_tp_mode, a group of
+ * more than one rank also makes checkpoints hold the TP shards in the unsharded params'
+ * coordinates, so they reload at another TP size (muon_optimizer_save,
+ * muon_optimizer_load_union); the ranks of a data-parallel group must then sit at one TP rank
+ * of groups of one size (finalize: MUON_STATUS_PLAN_MISMATCH).
  * @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
  * @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
  *                      optimizer's device); borrowed, and claimed like the data-parallel one

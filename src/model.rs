@@ -34,8 +34,14 @@ impl ParamFlags {
     pub const TP_SHARD_ROWS: u32 = 1 << 7;
     /// A tensor-parallel shard along dim 1 (a row-parallel weight).
     pub const TP_SHARD_COLS: u32 = 1 << 8;
+    /// A `TP_SHARD_ROWS` shard of a per-group split (Megatron's QKV) holds whole groups of the
+    /// unsharded param, also when it holds one (`split_groups` 1, e.g. 8 query groups at TP 8);
+    /// implied by `split_groups` > 1. Without it a row shard of a fused param holds a slice of
+    /// every component (SwiGLU's gate|up, GDN's q|k|v|z|β|α). Places the shard in checkpoints
+    /// (docs/checkpoint.md, "Tensor parallelism"); the update does not depend on it.
+    pub const TP_WHOLE_GROUPS: u32 = 1 << 9;
     /// Every defined bit.
-    pub const ALL: u32 = (1 << 9) - 1;
+    pub const ALL: u32 = (1 << 10) - 1;
 
     pub fn has(self, bit: u32) -> bool {
         self.0 & bit != 0
@@ -260,9 +266,18 @@ impl ParamSpec {
                 self.name
             );
         }
-        // On a param AdamW updates (a column-parallel bias, a norm) the flags are accepted and
-        // ignored, as the header documents: a Megatron adapter maps `partition_dim` onto every
-        // sharded tensor.
+        if self.flags.has(ParamFlags::TP_WHOLE_GROUPS)
+            && (!self.flags.has(ParamFlags::TP_SHARD_ROWS) || self.split_sizes.is_empty() || self.is_expert_stack())
+        {
+            bail!(
+                InvalidParam,
+                "param '{}': TP_WHOLE_GROUPS describes a TP_SHARD_ROWS shard of a per-group split; it needs TP_SHARD_ROWS and split_sizes, and no EXPERT_STACK",
+                self.name
+            );
+        }
+        // On a param AdamW updates (a column-parallel bias, a norm) the flags are accepted: its
+        // update ignores them, checkpoints place its shard in the unsharded param, as the header
+        // documents (a Megatron adapter maps `partition_dim` onto every sharded tensor).
         Ok(())
     }
 
@@ -559,6 +574,10 @@ mod tests {
             (
                 flagged("t", &[4, 4], ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_SHARD_COLS),
                 "both set",
+            ),
+            (
+                flagged("g", &[4, 4], ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_GROUPS),
+                "TP_WHOLE_GROUPS describes",
             ),
         ];
         for (spec, needle) in cases {

@@ -15,7 +15,7 @@ use crate::backend::host::comm::HostComm;
 use crate::backend::host::executor::HostBackend;
 use crate::backend::ops::{MAX_NORM_TERMS, NormSums};
 use crate::bail;
-use crate::checkpoint;
+use crate::checkpoint::{self, TpRank};
 use crate::comm::{Claim, Communicator, Transport};
 use crate::config::{Config, TpMode};
 use crate::error::{Error, ErrorKind, Result};
@@ -360,6 +360,15 @@ impl Optimizer {
     /// most `collective_timeout_ms`.
     fn verify_groups(&self, plan: &Plan, exchange: &mut dyn FnMut(Group, u64) -> Result<Vec<u64>>) -> Result<()> {
         self.verify_agreement(plan.hash, &mut |v| exchange(Group::Data, v))?;
+        let tp = self
+            .tp_rank()
+            .map_or("none".to_string(), |t| format!("rank {} of {}", t.rank, t.size));
+        agreement::verify_settings(
+            &[Setting::new("the place in the TP group", tp)],
+            ("data-parallel", self.rank()),
+            "the ranks of a data-parallel group hold the same shards, so they sit at one rank of TP groups of one size (muon_optimizer_set_tp_group)",
+            &mut |v| exchange(Group::Data, v),
+        )?;
         if let Some(group) = &self.tp_group {
             self.verify_tp(plan, group.comm().rank(), &mut |v| exchange(Group::Tensor, v))?;
         }
@@ -713,7 +722,8 @@ impl Optimizer {
     /// see [`crate::checkpoint`]). Finishes the queued collectives first; changes no state.
     pub fn save(&mut self, dir: &Path) -> Result<()> {
         let rank = self.rank();
-        self.with_runtime("save", |rt| checkpoint::save(rt, rank, dir))?;
+        let tp = self.tp_rank();
+        self.with_runtime("save", |rt| checkpoint::save(rt, rank, tp, dir))?;
         crate::log!(Info, "rank {rank}: saved checkpoint '{}'", dir.display());
         Ok(())
     }
@@ -722,17 +732,30 @@ impl Optimizer {
     /// param buffer (collective; see [`crate::checkpoint`]). On failure nothing changed on any
     /// rank.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
-        self.with_runtime("load", |rt| checkpoint::load(rt, dir))?;
+        let tp = self.tp_rank();
+        self.with_runtime("load", |rt| checkpoint::load(rt, tp, dir))?;
         crate::log!(Info, "rank {}: loaded checkpoint '{}'", self.rank(), dir.display());
         Ok(())
     }
 
     /// Loads from the checkpoints in `dirs` together, each registered param from the one that
-    /// holds it (collective; see [`checkpoint::load_union`]). On failure nothing changed.
+    /// holds it, or from those of every TP rank that saved its shards (collective; see
+    /// [`checkpoint::load_union`]). On failure nothing changed.
     pub fn load_union(&mut self, dirs: &[&Path]) -> Result<()> {
-        self.with_runtime("load", |rt| checkpoint::load_union(rt, dirs))?;
+        let tp = self.tp_rank();
+        self.with_runtime("load", |rt| checkpoint::load_union(rt, tp, dirs))?;
         crate::log!(Info, "rank {}: loaded {} checkpoints", self.rank(), dirs.len());
         Ok(())
+    }
+
+    /// This rank's place in its tensor-parallel group, when it has one of more than one rank:
+    /// checkpoints hold its TP shards in the unsharded params' coordinates.
+    fn tp_rank(&self) -> Option<TpRank> {
+        let comm = self.tp_group.as_ref()?.comm();
+        (comm.size() > 1).then(|| TpRank {
+            rank: comm.rank() as u32,
+            size: comm.size() as u32,
+        })
     }
 
     /// Checks the id and returns the finalized plan.

@@ -5,6 +5,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
+use muon_opt::checkpoint::FORMAT_VERSION;
 use muon_opt::config::{Config, MuonLayout};
 use muon_opt::error::{Error, ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
@@ -140,14 +141,19 @@ fn a_newer_format_version_is_refused() {
     let path = dir.join("index.json");
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.starts_with(r#"{"format":"muon_opt.checkpoint","format_version":1,"#));
+    let newer = FORMAT_VERSION + 1;
     std::fs::write(
         &path,
-        text.replacen(r#""format_version":1"#, r#""format_version":2"#, 1),
+        text.replacen(r#""format_version":1"#, &format!(r#""format_version":{newer}"#), 1),
     )
     .unwrap();
-    let err = failed_load(&mut group, &before, &dir, "version 2");
+    let err = failed_load(&mut group, &before, &dir, "a newer version");
     assert_eq!(err.kind, ErrorKind::CheckpointVersion);
-    assert!(err.message.contains("format version 2"), "{}", err.message);
+    assert!(
+        err.message.contains(&format!("format version {newer}")),
+        "{}",
+        err.message
+    );
 }
 
 fn renamed(specs: &mut [ParamSpec], name: &str, edit: impl FnOnce(&mut ParamSpec)) {

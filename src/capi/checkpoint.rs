@@ -40,6 +40,11 @@ unsafe fn read_dir_arg<'a>(dir: *const c_char, name: &str) -> Result<&'a Path> {
 ///       gather still in flight) before reading the state, and holds no buffer afterwards.
 ///       Writes `index.json` and one `rank-NNNNN.safetensors` per rank (fp32 masters, Muon
 ///       momenta, AdamW moments, keyed by component and item range in global coordinates).
+///       With a tensor-parallel group of more than one rank (muon_optimizer_set_tp_group),
+///       every param flagged MUON_PARAM_FLAG_TP_SHARD_ROWS or _COLS is saved as the block it
+///       holds of the unsharded param's components: each TP rank's data-parallel group saves
+///       into its own @p dir, and those directories reload together at any TP size
+///       (muon_optimizer_load_union).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_save(opt: *mut muon_optimizer_t, dir: *const c_char) -> muon_status_t {
@@ -55,7 +60,9 @@ pub unsafe extern "C" fn muon_optimizer_save(opt: *mut muon_optimizer_t, dir: *c
 ///                    unfinished iteration: MUON_STATUS_INVALID_STATE).
 /// @param[in]     dir Checkpoint directory written by muon_optimizer_save() at any data-parallel
 ///                    size and any Muon layout; each rank reads only the tensors that overlap
-///                    the state it owns now.
+///                    the state it owns now. A TP rank's checkpoint holds only that rank's
+///                    shards: at another TP size, or another TP rank, load the checkpoints of
+///                    every TP rank together with muon_optimizer_load_union.
 /// @return MUON_STATUS_SUCCESS on every rank once the masters, moments and step count are
 ///         replaced and every rank's param buffer is re-synchronized from the loaded masters.
 ///         On failure nothing changed on any rank, and every rank returns the same status:
@@ -76,9 +83,17 @@ pub unsafe extern "C" fn muon_optimizer_load(opt: *mut muon_optimizer_t, dir: *c
 }
 
 /// @brief Load from several checkpoints at once into every rank: each registered param from
-///        the one checkpoint that holds it; params the checkpoints hold that this optimizer
-///        does not register are left for other optimizers. Collective, like
-///        muon_optimizer_load, every rank passing the same directories in the same order.
+///        the one checkpoint that holds it, or from the checkpoints of several TP ranks; params
+///        the checkpoints hold that this optimizer does not register are left for other
+///        optimizers. Collective, like muon_optimizer_load, every rank passing the same
+///        directories in the same order.
+///
+/// Tensor parallelism: the checkpoints of every rank of a TP group (each saved by that rank's
+/// data-parallel group, its TP shards in the unsharded params' coordinates) load at any TP
+/// size — this rank's TP shards (MUON_PARAM_FLAG_TP_SHARD_ROWS / _COLS, at its rank of
+/// muon_optimizer_set_tp_group), or the whole params without a TP group — and any data-parallel
+/// size: each piece is read from the checkpoints that hold it, a param every TP rank holds
+/// whole (a layer norm) from the lowest TP rank's.
 ///
 /// Expert parallelism: each expert-parallel rank's expert optimizer saves its own experts
 /// (registered under their global names, e.g. `layers.3.experts.12.fc1.weight`) into its own
@@ -89,8 +104,9 @@ pub unsafe extern "C" fn muon_optimizer_load(opt: *mut muon_optimizer_t, dir: *c
 ///                  muon_optimizer_save at the same step with the same numerics.
 /// @param[in] count >= 1.
 /// @return As muon_optimizer_load; MUON_STATUS_CHECKPOINT_MISMATCH also for a param found in
-///         none or in two of the checkpoints, or checkpoints of different steps (named in the
-///         message).
+///         none of the checkpoints, or in two that are not of different ranks of one TP group,
+///         for TP shards this rank needs that none of them holds, or checkpoints of different
+///         steps (named in the message).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_load_union(

@@ -81,13 +81,23 @@ pub const MUON_PARAM_FLAG_NORM_REPLICA: u32 = 1 << 6;
 /// A tensor-parallel shard along dim 0 (rows: a column-parallel weight `[out/tp, in]`,
 /// Megatron's `partition_dim` 0); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
 /// _DISTRIBUTED (a Muon matrix, or every expert of an expert stack — Megatron's expert tensor
-/// parallelism; ignored by AdamW and in blockwise mode).
+/// parallelism; ignored by AdamW's update and in blockwise mode). With a TP group
+/// (muon_optimizer_set_tp_group) of more than one rank, checkpoints hold the shard — of any
+/// route — in the unsharded param's coordinates, each fused component split alike (SwiGLU's
+/// gate|up, GDN's q|k|v|z|β|α) or, for a per-group split, whole groups
+/// (MUON_PARAM_FLAG_TP_WHOLE_GROUPS), so they load at another TP size.
 pub const MUON_PARAM_FLAG_TP_SHARD_ROWS: u32 = 1 << 7;
 /// A tensor-parallel shard along dim 1 (columns: a row-parallel weight `[out, in/tp]`,
 /// Megatron's `partition_dim` 1); orthogonalized whole with MUON_TP_MODE_DUPLICATED or
-/// _DISTRIBUTED (a Muon matrix, or every expert of an expert stack; ignored by AdamW and in
-/// blockwise mode).
+/// _DISTRIBUTED (a Muon matrix, or every expert of an expert stack; ignored by AdamW's update
+/// and in blockwise mode). Checkpoints place it like MUON_PARAM_FLAG_TP_SHARD_ROWS.
 pub const MUON_PARAM_FLAG_TP_SHARD_COLS: u32 = 1 << 8;
+/// A MUON_PARAM_FLAG_TP_SHARD_ROWS shard of a per-group split (Megatron's fused QKV) that holds
+/// whole query groups of the unsharded param — implied when num_split_groups > 1, needed when
+/// the shard holds one group (e.g. 8 query groups at TP 8), which would otherwise read as a
+/// slice of every component. Only where checkpoints place the shard; needs TP_SHARD_ROWS and
+/// split_sizes (no expert stack).
+pub const MUON_PARAM_FLAG_TP_WHOLE_GROUPS: u32 = 1 << 9;
 
 /// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
 pub const MUON_MXFP8_SCALES_COMPACT: u32 = 0;
@@ -143,6 +153,7 @@ mod tests {
         assert_eq!(ParamFlags::NORM_REPLICA, MUON_PARAM_FLAG_NORM_REPLICA);
         assert_eq!(ParamFlags::TP_SHARD_ROWS, MUON_PARAM_FLAG_TP_SHARD_ROWS);
         assert_eq!(ParamFlags::TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_COLS);
+        assert_eq!(ParamFlags::TP_WHOLE_GROUPS, MUON_PARAM_FLAG_TP_WHOLE_GROUPS);
         assert_eq!(TpMode::Blockwise.code(), MUON_TP_MODE_BLOCKWISE);
         assert_eq!(TpMode::Duplicated.code(), MUON_TP_MODE_DUPLICATED);
         assert_eq!(TpMode::Distributed.code(), MUON_TP_MODE_DISTRIBUTED);

@@ -135,7 +135,11 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
 /// MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
 /// ranks too, so the shards are clipped and skipped alike. On the cuda backend the gather is
 /// an NCCL all-gather on this communicator, on the optimizer's comm stream between event
-/// waits, inside the owner's update (no host synchronization).
+/// waits, inside the owner's update (no host synchronization). In any muon_tp_mode, a group of
+/// more than one rank also makes checkpoints hold the TP shards in the unsharded params'
+/// coordinates, so they reload at another TP size (muon_optimizer_save,
+/// muon_optimizer_load_union); the ranks of a data-parallel group must then sit at one TP rank
+/// of groups of one size (finalize: MUON_STATUS_PLAN_MISMATCH).
 /// @param[in,out] opt   Optimizer handle, before muon_optimizer_finalize().
 /// @param[in]     group A communicator of the optimizer's kind (host group or NCCL, on the
 ///                      optimizer's device); borrowed, and claimed like the data-parallel one

@@ -120,10 +120,12 @@ pub fn split_by_component(components: &[Component], range: ElemRange) -> Vec<(us
         .collect()
 }
 
-/// The safetensors key of the `kind` tensor of `component` items `range` (component items):
-/// `{component}/{kind}@{start}:{end}`.
-pub fn tensor_key(component: &str, kind: StateKind, range: ElemRange) -> String {
-    format!("{component}/{}@{}:{}", kind.name(), range.start, range.end)
+/// The safetensors key of the `kind` tensor of `component` items `range` (component items, or
+/// items of `block` of it, a TP shard's box): `{component}/{kind}@{start}:{end}`, or
+/// `{component}/{kind}[{lo}:{hi},…]@{start}:{end}`.
+pub fn tensor_key(component: &str, kind: StateKind, block: Option<&[[u64; 2]]>, range: ElemRange) -> String {
+    let block = super::tp::block_text(block);
+    format!("{component}/{}{block}@{}:{}", kind.name(), range.start, range.end)
 }
 
 /// Fails when two components of the model share a name (a param named like another param's
@@ -250,8 +252,12 @@ mod tests {
     #[test]
     fn keys_carry_component_kind_and_range() {
         assert_eq!(
-            tensor_key("fc1/part1", StateKind::ExpAvgSq, range(0, 20)),
+            tensor_key("fc1/part1", StateKind::ExpAvgSq, None, range(0, 20)),
             "fc1/part1/exp_avg_sq@0:20"
+        );
+        assert_eq!(
+            tensor_key("fc1/part1", StateKind::Master, Some(&[[8, 16], [0, 4]]), range(0, 32)),
+            "fc1/part1/master[8:16,0:4]@0:32"
         );
     }
 

@@ -1,22 +1,23 @@
-//! `muon-opt export`: a sharded checkpoint merged into one safetensors file holding every
-//! param's full fp32 master weight, keyed by the param's name and shaped as registered — the
-//! file a user loads into another framework or an evaluation job. Tied copies are exported
+//! `muon-opt export`: a sharded checkpoint (or the checkpoints of every rank of a
+//! tensor-parallel group) merged into one safetensors file holding every param's full fp32
+//! master weight, keyed by the param's name and shaped as registered unsharded — the file a
+//! user loads into another framework or an evaluation job. Tied copies are exported
 //! under each name. Every tensor read is verified against its checksum; the output appears
 //! only complete (written beside the target, fsynced, renamed into place), so a failed export
 //! leaves an existing file at the target untouched.
 
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::components::StateKind;
-use super::files::Reader;
-use super::index::{FileEntry, Index, ParamEntry};
-use super::publish::Paths;
-use super::{INDEX_FILE, io_error};
+use super::index::{Index, ParamEntry};
+use super::io_error;
+use super::load::{Reads, Source, Want, execute_reads, open_sources, plan_want, saved_entries, sources_of};
 use crate::error::{Error, ErrorKind, Result};
+use crate::plan::ElemRange;
+use crate::schedule::OwnedState;
 
 /// What an export wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,16 +30,36 @@ pub struct Exported {
     pub step: u64,
 }
 
-/// Merges the checkpoint in `dir` into the safetensors file `out`.
-pub fn export(dir: &Path, out: &Path) -> Result<Exported> {
-    let paths = Paths::new(dir)?;
-    let dir = paths.for_load();
-    let index_path = dir.join(INDEX_FILE);
-    let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
-    let index = Index::decode(&bytes)?;
-    let header = header(&index)?;
+/// Merges the checkpoints in `dirs` into the safetensors file `out`: one checkpoint, or those
+/// of every rank of a tensor-parallel group (each holding its TP shards), which export the
+/// unsharded params. Every param is read as a load would ([`super::load::sources_of`]); the
+/// checkpoints must share their step and numerics.
+pub fn export(dirs: &[&Path], out: &Path) -> Result<Exported> {
+    let (sources, _) = open_sources(dirs)?;
+    let Some(first) = sources.first() else {
+        return Err(Error::new(ErrorKind::InvalidArgument, "export: no checkpoint given"));
+    };
+    for source in &sources {
+        if source.index.step != first.index.step || source.index.config != first.index.config {
+            return Err(Error::new(
+                ErrorKind::CheckpointMismatch,
+                format!(
+                    "export: '{}' and '{}' differ in step or numerics; checkpoints exported together are of one job and step",
+                    first.dir.display(),
+                    source.dir.display()
+                ),
+            ));
+        }
+    }
+    let mut params: Vec<&ParamEntry> = Vec::new();
+    for entry in sources.iter().flat_map(|s| &s.index.params) {
+        if params.iter().all(|p| p.name != entry.name) {
+            params.push(entry);
+        }
+    }
+    let header = header(&params, &first.index)?;
     let partial = partial_path(out)?;
-    let written = write_file(dir, &index, &header, &partial);
+    let written = write_file(&sources, &params, &header, &partial);
     if written.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
@@ -46,9 +67,9 @@ pub fn export(dir: &Path, out: &Path) -> Result<Exported> {
     std::fs::rename(&partial, out).map_err(|e| io_error("rename into place", out, &e))?;
     Ok(Exported {
         path: out.to_path_buf(),
-        params: index.params.len(),
+        params: params.len(),
         bytes,
-        step: index.step,
+        step: first.index.step,
     })
 }
 
@@ -70,11 +91,12 @@ fn numel(p: &ParamEntry) -> u64 {
 }
 
 /// The safetensors header: one F32 tensor per param in registration order, then the
-/// checkpoint's identity in `__metadata__`; padded with spaces to a multiple of 8 bytes.
-fn header(index: &Index) -> Result<Vec<u8>> {
+/// checkpoint's identity (from `index`) in `__metadata__`; padded with spaces to a multiple of
+/// 8 bytes.
+fn header(params: &[&ParamEntry], index: &Index) -> Result<Vec<u8>> {
     let mut entries = serde_json::Map::new();
     let mut offset = 0u64;
-    for p in &index.params {
+    for p in params {
         let end = offset + 4 * numel(p);
         entries.insert(
             p.name.clone(),
@@ -98,31 +120,39 @@ fn header(index: &Index) -> Result<Vec<u8>> {
 
 /// Writes the header and every param's master, assembled from the pieces, to `path`; returns
 /// the file's size.
-fn write_file(dir: &Path, index: &Index, header: &[u8], path: &Path) -> Result<u64> {
+fn write_file(sources: &[Source], params: &[&ParamEntry], header: &[u8], path: &Path) -> Result<u64> {
     let file = File::create(path).map_err(|e| io_error("create", path, &e))?;
     let mut out = BufWriter::new(file);
     let write = |out: &mut BufWriter<File>, bytes: &[u8]| out.write_all(bytes).map_err(|e| io_error("write", path, &e));
     write(&mut out, &(header.len() as u64).to_le_bytes())?;
     write(&mut out, header)?;
-    let files: HashMap<&str, &FileEntry> = index.files.iter().map(|f| (f.name.as_str(), f)).collect();
-    let mut readers: HashMap<&str, Reader> = HashMap::new();
     let mut size = 8 + header.len() as u64;
-    for p in &index.params {
-        let mut values = vec![0f32; numel(p) as usize];
-        for component in &p.components {
-            for piece in &component.pieces {
-                // A decoded index names only files it lists (Index::decode checks it).
-                let reader = match readers.entry(piece.file.as_str()) {
-                    Entry::Occupied(e) => e.into_mut(),
-                    Entry::Vacant(e) => e.insert(Reader::open(dir, files[piece.file.as_str()])?),
-                };
-                let master = reader.read(&piece.keys[&StateKind::Master], piece.end - piece.start)?;
-                let start = (component.offset + piece.start) as usize;
-                values[start..start + master.len()].copy_from_slice(&master);
-            }
+    for p in params {
+        let saved = saved_entries(sources, &sources_of(sources, &p.name, None)?, &p.name);
+        let mut reads = Reads::new();
+        for (c, component) in p.components.iter().enumerate() {
+            let want = Want {
+                component: c,
+                block: None,
+                range: ElemRange::new(0, component.shape.iter().product()),
+                piece: 0,
+                dst: component.offset,
+            };
+            plan_want(&saved, &want, &[StateKind::Master], &mut reads).map_err(|missing| {
+                let hint = "export the checkpoints of every TP rank together";
+                missing.error(sources, &saved, &p.name, "to export", hint)
+            })?;
         }
-        let mut bytes = Vec::with_capacity(4 * values.len());
-        for v in &values {
+        let numel = numel(p);
+        let mut values = [OwnedState {
+            param: 0,
+            range: ElemRange::new(0, numel),
+            master: vec![0f32; numel as usize],
+            moments: Vec::new(),
+        }];
+        execute_reads(sources, reads, &mut values)?;
+        let mut bytes = Vec::with_capacity(4 * values[0].master.len());
+        for v in &values[0].master {
             bytes.extend_from_slice(&v.to_le_bytes());
         }
         write(&mut out, &bytes)?;

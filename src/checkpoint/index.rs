@@ -9,16 +9,19 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::components::{Component, StateKind, components, split_by_component, tensor_key};
+use super::tp::{Block, Placement, TpRank, TpSplit, block_text, held_blocks};
 use crate::bail;
 use crate::config::{CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsPrecision, ScaleMode};
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::{ParamSpec, Route};
+use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::{ElemRange, Plan};
 
 /// The `format` of every index.
 pub const FORMAT: &str = "muon_opt.checkpoint";
-/// The format version this library writes; it reads this version and older ones.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version, which this library reads with every older one. It writes
+/// version 2 for a checkpoint saved by a rank of a tensor-parallel group (pieces of blocks of
+/// the unsharded params, [`super::tp`]), and version 1 otherwise, byte for byte as before.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// File name of rank `rank`'s state.
 pub fn rank_file_name(rank: usize) -> String {
@@ -102,7 +105,8 @@ pub struct FileEntry {
     pub header_crc32: u32,
 }
 
-/// Items `start..end` of a component, held by `file` under one key per state kind.
+/// Items `start..end` of a component — of `block` of it, in the block's own row-major order,
+/// when one is given — held by `file` under one key per state kind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PieceEntry {
@@ -110,6 +114,10 @@ pub struct PieceEntry {
     pub start: u64,
     pub end: u64,
     pub keys: BTreeMap<StateKind, String>,
+    /// The box of the component (`[lo, hi)` per dimension) a TP shard holds; absent = all of
+    /// it (format version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<Block>,
 }
 
 impl PieceEntry {
@@ -144,6 +152,10 @@ pub struct ParamEntry {
     /// keep their bytes).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub split_groups: u64,
+    /// How the saving rank's TP shard lies in this (unsharded) param; absent = the rank held
+    /// all of it (format version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_split: Option<TpSplit>,
     pub components: Vec<ComponentEntry>,
 }
 
@@ -169,6 +181,10 @@ pub struct Index {
     pub layout: MuonLayout,
     /// Optimizer steps taken (AdamW bias correction continues from it).
     pub step: u64,
+    /// The saving ranks' place in their tensor-parallel group of more than one rank (format
+    /// version 2); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<TpRank>,
     pub config: NumericsConfig,
     /// One per rank, in rank order.
     pub files: Vec<FileEntry>,
@@ -223,48 +239,63 @@ pub fn rank_ranges(plan: &Plan, rank: usize) -> Vec<(u32, ElemRange)> {
 }
 
 impl Index {
-    /// The index of a checkpoint of `specs` planned as `plan`, with `files` written by every
-    /// rank. Every rank's pieces come from the plan, so the result is the same on every rank.
-    pub fn new(plan: &Plan, specs: &[ParamSpec], cfg: &Config, step: u64, files: Vec<FileEntry>) -> Index {
-        let mut params: Vec<ParamEntry> = specs
+    /// The index of a checkpoint of `specs` planned as `plan`, placed in the unsharded params
+    /// as `placements` by ranks at `tp`, with `files` written by every rank. Every rank's
+    /// pieces come from the plan, so the result is the same on every rank.
+    pub fn new(
+        plan: &Plan,
+        specs: &[ParamSpec],
+        placements: &[Placement],
+        cfg: &Config,
+        step: u64,
+        files: Vec<FileEntry>,
+        tp: Option<TpRank>,
+    ) -> Index {
+        let mut params: Vec<ParamEntry> = placements
             .iter()
             .zip(&plan.params)
-            .map(|(spec, placement)| ParamEntry {
-                name: spec.name.clone(),
-                shape: spec.shape.clone(),
-                dtype: spec.dtype,
-                route: placement.route,
-                expert_stack: spec.is_expert_stack(),
-                split_sizes: spec.split_sizes.clone(),
-                split_groups: spec.split_groups,
-                components: components(spec)
-                    .into_iter()
-                    .map(|c| ComponentEntry {
-                        name: c.name,
-                        offset: c.range.start,
-                        shape: c.shape,
-                        pieces: Vec::new(),
-                    })
-                    .collect(),
+            .map(|(placement, planned)| {
+                let global = &placement.global;
+                ParamEntry {
+                    name: global.name.clone(),
+                    shape: global.shape.clone(),
+                    dtype: global.dtype,
+                    route: planned.route,
+                    expert_stack: global.is_expert_stack(),
+                    split_sizes: global.split_sizes.clone(),
+                    split_groups: global.split_groups,
+                    tp_split: placement.split,
+                    components: components(global)
+                        .into_iter()
+                        .map(|c| ComponentEntry {
+                            name: c.name,
+                            offset: c.range.start,
+                            shape: c.shape,
+                            pieces: Vec::new(),
+                        })
+                        .collect(),
+                }
             })
             .collect();
         let comps: Vec<Vec<Component>> = specs.iter().map(components).collect();
         for rank in 0..plan.dp as usize {
             for (param, range) in rank_ranges(plan, rank) {
-                let entry = &mut params[param as usize];
+                let (p, entry) = (param as usize, &mut params[param as usize]);
                 let kinds = StateKind::of(entry.route);
-                for (c, part) in split_by_component(&comps[param as usize], range) {
-                    let component = &mut entry.components[c];
-                    let local = part.shifted_down(component.offset);
+                for (c, part) in split_by_component(&comps[p], range) {
+                    let (global, block) = &placements[p].parts[c];
+                    let component = &mut entry.components[*global];
+                    let local = part.shifted_down(comps[p][c].range.start);
                     let keys = kinds
                         .iter()
-                        .map(|&k| (k, tensor_key(&component.name, k, local)))
+                        .map(|&k| (k, tensor_key(&component.name, k, block.as_deref(), local)))
                         .collect();
                     component.pieces.push(PieceEntry {
                         file: rank_file_name(rank),
                         start: local.start,
                         end: local.end,
                         keys,
+                        block: block.clone(),
                     });
                 }
             }
@@ -272,16 +303,23 @@ impl Index {
         for component in params.iter_mut().flat_map(|p| p.components.iter_mut()) {
             component.pieces.sort_by_key(|p| p.start);
         }
+        let globals: Vec<ParamSpec> = placements.iter().map(|p| p.global.clone()).collect();
         Index {
             library_version: env!("CARGO_PKG_VERSION").to_string(),
-            model_hash: model_hash(specs),
+            model_hash: model_hash(&globals),
             dp: plan.dp,
             layout: plan.layout,
             step,
+            tp,
             config: NumericsConfig::of(cfg),
             files,
             params,
         }
+    }
+
+    /// The format version of this index: 2 with a TP group, else 1.
+    pub fn format_version(&self) -> u32 {
+        if self.tp.is_some() { 2 } else { 1 }
     }
 
     /// The file `index.json` holds.
@@ -290,7 +328,7 @@ impl Index {
         let raw = RawValue::from_string(body).expect("serde_json output is valid JSON");
         let envelope = Envelope {
             format: FORMAT.to_string(),
-            format_version: FORMAT_VERSION,
+            format_version: self.format_version(),
             crc32: crc32fast::hash(raw.get().as_bytes()),
             index: raw,
         };
@@ -332,12 +370,20 @@ impl Index {
             )));
         }
         let index: Index = serde_json::from_str(envelope.index.get()).map_err(|e| corrupt(e.to_string()))?;
+        if index.format_version() > envelope.format_version {
+            return Err(corrupt(format!(
+                "a version {} index holds the tensor-parallel fields of version {}",
+                envelope.format_version,
+                index.format_version()
+            )));
+        }
         index.check_consistent().map_err(corrupt)?;
         Ok(index)
     }
 
     /// Checks what a well-formed index guarantees: one file per rank, and pieces of every
-    /// component that are in order, disjoint, cover it, name a file of the index and carry a
+    /// component that are in order, disjoint, cover it — or, for a param saved as a TP shard,
+    /// exactly the block of it the saving TP rank holds — name a file of the index and carry a
     /// key for every state kind of the param's route.
     fn check_consistent(&self) -> std::result::Result<(), String> {
         if self.dp == 0 || self.files.len() != self.dp as usize {
@@ -350,35 +396,34 @@ impl Index {
         }
         let names: HashMap<&str, ()> = self.files.iter().map(|f| (f.name.as_str(), ())).collect();
         for param in &self.params {
-            let kinds = StateKind::of(param.route);
+            let held = match (param.tp_split, self.tp) {
+                (None, _) => vec![Some(None); param.components.len()],
+                (Some(split), Some(tp)) => {
+                    let spec = param.spec();
+                    spec.validate().map_err(|e| e.message)?;
+                    if !param.components_follow(&spec) {
+                        return Err(format!(
+                            "the components of param '{}' do not follow from its shape and splits",
+                            param.name
+                        ));
+                    }
+                    held_blocks(&spec, split, tp)?
+                }
+                (Some(_), None) => return Err(format!("param '{}': a TP shard without a TP group", param.name)),
+            };
+            if held.len() != param.components.len() {
+                return Err(format!(
+                    "param '{}': components do not follow from its splits",
+                    param.name
+                ));
+            }
             let mut next_offset = 0;
-            for component in &param.components {
-                let numel: u64 = component.shape.iter().product();
+            for (component, held) in param.components.iter().zip(held) {
                 if component.offset != next_offset {
                     return Err(format!("component '{}' starts at {}", component.name, component.offset));
                 }
-                next_offset += numel;
-                let mut next = 0;
-                for piece in &component.pieces {
-                    let keys_ok = piece.keys.len() == kinds.len() && kinds.iter().all(|k| piece.keys.contains_key(k));
-                    if piece.start != next
-                        || piece.end <= piece.start
-                        || !names.contains_key(piece.file.as_str())
-                        || !keys_ok
-                    {
-                        return Err(format!(
-                            "component '{}': piece {}..{} in '{}' does not continue at {next} with a key per state",
-                            component.name, piece.start, piece.end, piece.file
-                        ));
-                    }
-                    next = piece.end;
-                }
-                if next != numel {
-                    return Err(format!(
-                        "component '{}': pieces cover {next} of {numel} items",
-                        component.name
-                    ));
-                }
+                next_offset += component.shape.iter().product::<u64>();
+                check_pieces(param.route, component, held.as_ref(), &names)?;
             }
             if next_offset != param.shape.iter().product::<u64>() {
                 return Err(format!("param '{}': components cover {next_offset} items", param.name));
@@ -451,6 +496,33 @@ impl Index {
 }
 
 impl ParamEntry {
+    /// Whether the components are those of `spec` (names, offsets, shapes).
+    fn components_follow(&self, spec: &ParamSpec) -> bool {
+        let ours = components(spec);
+        ours.len() == self.components.len()
+            && ours
+                .iter()
+                .zip(&self.components)
+                .all(|(c, saved)| c.name == saved.name && c.range.start == saved.offset && c.shape == saved.shape)
+    }
+
+    /// The param as registered unsharded: what places its components.
+    pub fn spec(&self) -> ParamSpec {
+        let mut flags = 0;
+        if self.expert_stack {
+            flags |= ParamFlags::EXPERT_STACK;
+        }
+        if self.route == Route::Adamw {
+            flags |= ParamFlags::NO_MUON;
+        }
+        ParamSpec {
+            flags: ParamFlags(flags),
+            split_sizes: self.split_sizes.clone(),
+            split_groups: self.split_groups,
+            ..ParamSpec::new(self.name.clone(), &self.shape, self.dtype)
+        }
+    }
+
     /// Checks that this saved param can load into `spec`: the same shape, route, expert flag
     /// and splits, with the components they imply.
     pub fn check_matches(&self, spec: &ParamSpec) -> Result<()> {
@@ -494,16 +566,7 @@ impl ParamEntry {
                 spec.split_groups.to_string(),
             ));
         }
-        let ours: Vec<(String, u64, Vec<u64>)> = components(spec)
-            .into_iter()
-            .map(|c| (c.name, c.range.start, c.shape))
-            .collect();
-        let theirs: Vec<(String, u64, Vec<u64>)> = self
-            .components
-            .iter()
-            .map(|c| (c.name.clone(), c.offset, c.shape.clone()))
-            .collect();
-        if ours != theirs {
+        if !self.components_follow(spec) {
             bail!(
                 CheckpointCorrupt,
                 "index.json: the components of param '{}' do not follow from its shape and splits",
@@ -512,6 +575,56 @@ impl ParamEntry {
         }
         Ok(())
     }
+}
+
+/// The pieces of `component` are in order, disjoint, carry a key per state kind of `route`,
+/// name a file of `files` and cover exactly `held`: None = nothing, Some(None) = the whole
+/// component, Some(Some(block)) = that block of it.
+fn check_pieces(
+    route: Route,
+    component: &ComponentEntry,
+    held: Option<&Option<Block>>,
+    files: &HashMap<&str, ()>,
+) -> std::result::Result<(), String> {
+    let kinds = StateKind::of(route);
+    let (block, items) = match held {
+        None => (None, 0),
+        Some(None) => (None, component.shape.iter().product()),
+        Some(Some(block)) => (Some(block), block.iter().map(|[lo, hi]| hi - lo).product()),
+    };
+    let mut next = 0;
+    for piece in &component.pieces {
+        let keys_ok = piece.keys.len() == kinds.len() && kinds.iter().all(|k| piece.keys.contains_key(k));
+        if piece.start != next
+            || piece.end <= piece.start
+            || piece.block.as_ref() != block
+            || !files.contains_key(piece.file.as_str())
+            || !keys_ok
+        {
+            return Err(format!(
+                "component '{}': piece {}..{} of block {} in '{}' does not continue at {next} of block {} with a key per state",
+                component.name,
+                piece.start,
+                piece.end,
+                described(piece.block.as_deref()),
+                piece.file,
+                described(block.map(Vec::as_slice))
+            ));
+        }
+        next = piece.end;
+    }
+    if next != items {
+        return Err(format!(
+            "component '{}': pieces cover {next} of {items} items",
+            component.name
+        ));
+    }
+    Ok(())
+}
+
+/// A block for messages: `[lo:hi,…]`, or `(whole)`.
+fn described(block: Option<&[[u64; 2]]>) -> String {
+    block.map_or("(whole)".to_string(), |b| block_text(Some(b)))
 }
 
 #[derive(Deserialize)]

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use super::components::StateKind;
 use super::files::scan;
-use super::index::{FORMAT_VERSION, Index, NumericsConfig, ParamEntry};
+use super::index::{Index, NumericsConfig, ParamEntry};
 use super::publish::Paths;
+use super::tp::TpRank;
 use super::{INDEX_FILE, io_error};
 use crate::config::MuonLayout;
 use crate::error::Result;
@@ -17,7 +18,8 @@ use crate::model::Route;
 pub struct RouteState {
     pub route: Route,
     pub params: usize,
-    /// Items of those params (each holds one f32 per state kind).
+    /// Items of those params the checkpoint holds (each one f32 per state kind): all of them,
+    /// or a TP rank's shards.
     pub items: u64,
     pub bytes: u64,
 }
@@ -44,6 +46,9 @@ pub struct Summary {
     pub dp: u32,
     pub layout: MuonLayout,
     pub step: u64,
+    /// The saving ranks' place in their tensor-parallel group, when they had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tp: Option<TpRank>,
     pub params: usize,
     pub config: NumericsConfig,
     pub routes: Vec<RouteState>,
@@ -66,7 +71,12 @@ pub fn inspect(dir: &Path) -> Result<Summary> {
         .into_iter()
         .map(|route| {
             let params: Vec<_> = index.params.iter().filter(|p| p.route == route).collect();
-            let items: u64 = params.iter().map(|p| p.shape.iter().product::<u64>()).sum();
+            let items: u64 = params
+                .iter()
+                .flat_map(|p| &p.components)
+                .flat_map(|c| &c.pieces)
+                .map(|piece| piece.end - piece.start)
+                .sum();
             RouteState {
                 route,
                 params: params.len(),
@@ -105,12 +115,13 @@ pub fn inspect(dir: &Path) -> Result<Summary> {
     Ok(Summary {
         schema_version: crate::SCHEMA_VERSION,
         dir,
-        format_version: FORMAT_VERSION,
+        format_version: index.format_version(),
         library_version: index.library_version,
         model_hash: index.model_hash,
         dp: index.dp,
         layout: index.layout,
         step: index.step,
+        tp: index.tp,
         params: index.params.len(),
         config: index.config,
         routes,

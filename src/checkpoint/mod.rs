@@ -1,7 +1,8 @@
 //! Sharded checkpoints of the optimizer state (docs/design.md §9): a directory that loads at
-//! any data-parallel size and any Muon layout, replaced crash-safely.
+//! any data-parallel size and any Muon layout — and, with the directories of a TP group's
+//! other ranks, at any TP size — replaced crash-safely.
 //!
-//! # Format (version 1)
+//! # Format (version 1, and 2 for TP shards)
 //! - `rank-NNNNN.safetensors`, one per rank of the saving group: that rank's fp32 state as F32
 //!   tensors — `master` and `momentum` of every Muon matrix it owns, `master`, `exp_avg` and
 //!   `exp_avg_sq` of every AdamW piece in its shards. A tensor is keyed
@@ -17,6 +18,10 @@
 //!   fields, every file with its size, CRC-32 and header CRC-32, and every param with its
 //!   shape, dtype, route, expert flag, splits and components, each with the pieces (file,
 //!   range, keys) that hold it.
+//! - Version 2 (ranks of a tensor-parallel group, [`tp`]): a TP shard is described as its
+//!   unsharded param, each piece as a range of a block (a box) of one of its components, keyed
+//!   `{component}/{kind}[{lo}:{hi},…]@{start}:{end}`; the index records the TP rank and each
+//!   shard's split. Loads at any TP size read each block from the checkpoints holding it.
 //!
 //! # Protocol
 //! Both calls are collective and first finish every queued collective of the rank. Ranks
@@ -35,17 +40,19 @@ pub mod export;
 mod files;
 mod index;
 pub mod inspect;
+mod load;
 mod publish;
+mod tp;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::backend::Backend;
 use crate::bail;
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::ParamSpec;
 use crate::schedule::{OwnedState, Runtime};
 
 pub use components::{Component, StateKind, components, split_by_component, tensor_key};
@@ -54,8 +61,12 @@ pub use index::{
     rank_file_name,
 };
 
-use files::{Reader, Tensor};
+pub use tp::{Block, TpRank, TpSplit, block_text};
+
+use files::Tensor;
+use load::{Coverage, execute_reads, holders, open_sources, plan_reads};
 use publish::Paths;
+use tp::{Placement, place};
 
 /// Name of the index file.
 pub const INDEX_FILE: &str = "index.json";
@@ -153,9 +164,10 @@ fn agree<T>(backend: &mut dyn Backend, call: Call, local: Result<T>) -> Result<T
 }
 
 /// Saves the state of every rank into the checkpoint directory `dir` (collective; `rank` is
-/// this rank).
-pub fn save(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<()> {
-    save_with(runtime, rank, dir, &mut |_| Ok(()))
+/// this rank, `tp` its place in its tensor-parallel group: TP shards are saved in the
+/// unsharded params' coordinates).
+pub fn save(runtime: &mut Runtime, rank: usize, tp: Option<TpRank>, dir: &Path) -> Result<()> {
+    save_with(runtime, rank, tp, dir, &mut |_| Ok(()))
 }
 
 /// [`save`] with `hook` called at every [`Stage`]; an error from it stops the save on the spot,
@@ -163,24 +175,27 @@ pub fn save(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<()> {
 pub(crate) fn save_with(
     runtime: &mut Runtime,
     rank: usize,
+    tp: Option<TpRank>,
     dir: &Path,
     hook: &mut dyn FnMut(Stage) -> Result<()>,
 ) -> Result<()> {
     runtime.synchronize()?;
     let prepared = Paths::new(dir).and_then(|paths| {
-        components::check_unique_names(runtime.params())?;
+        let placements = placements(runtime.params(), tp)?;
+        let globals: Vec<ParamSpec> = placements.iter().map(|p| p.global.clone()).collect();
+        components::check_unique_names(&globals)?;
         if rank == 0 {
             publish::prepare(&paths)?;
         }
-        Ok(paths)
+        Ok((paths, placements))
     });
-    let paths = agree(runtime.backend_mut(), Call::Save, prepared).inspect_err(|_| {
+    let (paths, placements) = agree(runtime.backend_mut(), Call::Save, prepared).inspect_err(|_| {
         if rank == 0 {
             let _ = Paths::new(dir).map(|paths| publish::abandon(&paths));
         }
     })?;
     hook(Stage::WriteFile)?;
-    let written = write_rank_file(runtime, rank, &paths.staging);
+    let written = write_rank_file(runtime, rank, &placements, &paths.staging);
     if written.is_ok() {
         hook(Stage::FileWritten)?;
     }
@@ -195,7 +210,8 @@ pub(crate) fn save_with(
     hook(Stage::WriteIndex)?;
     let published = if rank == 0 {
         let steps = runtime.steps()?;
-        let index = Index::new(runtime.plan(), runtime.params(), runtime.config(), steps, files);
+        let (plan, specs, cfg) = (runtime.plan(), runtime.params(), runtime.config());
+        let index = Index::new(plan, specs, &placements, cfg, steps, files, tp);
         check_visible(&paths.staging, &index.files)
             .and_then(|()| write_index(&paths.staging, &index))
             .and_then(|()| publish::publish(&paths, hook))
@@ -205,10 +221,12 @@ pub(crate) fn save_with(
     agree(runtime.backend_mut(), Call::Save, published)
 }
 
-/// Writes this rank's file into `dir`: its owned state cut at component bounds.
-fn write_rank_file(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<files::Written> {
+/// Writes this rank's file into `dir`: its owned state cut at component bounds, keyed by the
+/// unsharded params' components as `placements` place them.
+fn write_rank_file(runtime: &mut Runtime, rank: usize, placements: &[Placement], dir: &Path) -> Result<files::Written> {
     let dp = runtime.plan().dp as usize;
     let comps: Vec<Vec<Component>> = runtime.params().iter().map(components).collect();
+    let globals: Vec<Vec<Component>> = placements.iter().map(|p| components(&p.global)).collect();
     let routes: Vec<_> = runtime.plan().params.iter().map(|p| p.route).collect();
     let mut tensors = Vec::new();
     for piece in runtime.owned_state()? {
@@ -216,6 +234,8 @@ fn write_rank_file(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<fil
         let values: Vec<&Vec<f32>> = std::iter::once(&piece.master).chain(&piece.moments).collect();
         for (c, part) in split_by_component(&comps[p], piece.range) {
             let component = &comps[p][c];
+            let (global, block) = &placements[p].parts[c];
+            let name = &globals[p][*global].name;
             let local = part.shifted_down(component.range.start);
             let shape: Vec<usize> = if local.len() == component.range.len() {
                 component.shape.iter().map(|&d| d as usize).collect()
@@ -225,7 +245,7 @@ fn write_rank_file(runtime: &mut Runtime, rank: usize, dir: &Path) -> Result<fil
             let within = part.shifted_down(piece.range.start);
             let within = within.start as usize..within.end as usize;
             for (&kind, values) in StateKind::of(routes[p]).iter().zip(&values) {
-                let key = tensor_key(&component.name, kind, local);
+                let key = tensor_key(name, kind, block.as_deref(), local);
                 tensors.push(Tensor::new(key, shape.clone(), &values[within.clone()]));
             }
         }
@@ -283,36 +303,28 @@ fn write_index(dir: &Path, index: &Index) -> Result<()> {
     publish::fsync_dir(dir)
 }
 
-/// Loads the checkpoint in `dir` into every rank (collective): it holds exactly the params
-/// this optimizer registered.
-pub fn load(runtime: &mut Runtime, dir: &Path) -> Result<()> {
-    load_from(runtime, &[dir], Coverage::Exact)
+/// Loads the checkpoint in `dir` into every rank (collective), this rank at `tp` in its
+/// tensor-parallel group: it holds exactly the params this optimizer registered.
+pub fn load(runtime: &mut Runtime, tp: Option<TpRank>, dir: &Path) -> Result<()> {
+    load_from(runtime, tp, &[dir], Coverage::Exact)
 }
 
 /// Loads from several checkpoints at once (collective): every registered param from the one
-/// checkpoint that holds it, params this optimizer does not register left out — expert
-/// optimizers of an earlier expert-parallel split, each of which saved its own experts under
-/// their global names, reload at another split. The checkpoints must share their step and
-/// numerics.
-pub fn load_union(runtime: &mut Runtime, dirs: &[&Path]) -> Result<()> {
+/// checkpoint that holds it — or from those of every TP rank that saved its shards — params
+/// this optimizer does not register left out. Expert optimizers of an earlier expert-parallel
+/// split, each of which saved its own experts under their global names, reload at another
+/// split; the optimizers of a TP group reload at another TP size. The checkpoints must share
+/// their step and numerics.
+pub fn load_union(runtime: &mut Runtime, tp: Option<TpRank>, dirs: &[&Path]) -> Result<()> {
     if dirs.is_empty() {
         bail!(InvalidArgument, "load: no checkpoint directories given");
     }
-    load_from(runtime, dirs, Coverage::Union)
+    load_from(runtime, tp, dirs, Coverage::Union)
 }
 
-/// Which params the checkpoints of a load must hold.
-#[derive(Clone, Copy, PartialEq)]
-enum Coverage {
-    /// One checkpoint with exactly the registered params.
-    Exact,
-    /// Every registered param in exactly one of them; others are ignored.
-    Union,
-}
-
-fn load_from(runtime: &mut Runtime, dirs: &[&Path], coverage: Coverage) -> Result<()> {
+fn load_from(runtime: &mut Runtime, tp: Option<TpRank>, dirs: &[&Path], coverage: Coverage) -> Result<()> {
     runtime.synchronize()?;
-    let local = read_owned_state(runtime, dirs, coverage);
+    let local = read_owned_state(runtime, tp, dirs, coverage);
     let (identity, step, pieces) = agree(runtime.backend_mut(), Call::Load, local)?;
     // Every rank read successfully; commit only if they all read the same checkpoint.
     let identities = runtime.backend_mut().all_gather_u64(identity)?;
@@ -328,179 +340,31 @@ fn load_from(runtime: &mut Runtime, dirs: &[&Path], coverage: Coverage) -> Resul
     runtime.load_owned_state(step, &pieces)
 }
 
-/// One checkpoint of a load: its directory and index.
-struct Source {
-    dir: std::path::PathBuf,
-    index: Index,
-}
-
-/// Reads every index, checking `coverage`, the params and the numerics; returns the sources
-/// and the identity of the set (the CRC-32 of their index bytes in order).
-fn open_sources(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Result<(Vec<Source>, u64)> {
-    let mut sources = Vec::new();
-    let mut identity = crc32fast::Hasher::new();
-    for dir in dirs {
-        let paths = Paths::new(dir)?;
-        let dir = paths.for_load();
-        let index_path = dir.join(INDEX_FILE);
-        let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
-        identity.update(&bytes);
-        let index = Index::decode(&bytes)?;
-        sources.push(Source {
-            dir: dir.to_path_buf(),
-            index,
-        });
-    }
-    let (specs, cfg) = (runtime.params(), runtime.config());
-    match coverage {
-        Coverage::Exact => sources[0].index.check_matches(specs, cfg)?,
-        Coverage::Union => {
-            for source in sources.iter() {
-                source.index.check_config(cfg)?;
-                if source.index.step != sources[0].index.step {
-                    bail!(
-                        CheckpointMismatch,
-                        "load: '{}' was saved at step {} but '{}' at step {}; checkpoints loaded together must be of one step",
-                        source.dir.display(),
-                        source.index.step,
-                        sources[0].dir.display(),
-                        sources[0].index.step
-                    );
-                }
-            }
-            for spec in specs {
-                let holders: Vec<usize> = (0..sources.len())
-                    .filter(|&s| sources[s].index.param(&spec.name).is_some())
-                    .collect();
-                match holders[..] {
-                    [s] => sources[s]
-                        .index
-                        .param(&spec.name)
-                        .expect("found above")
-                        .check_matches(spec)?,
-                    [] => bail!(
-                        CheckpointMismatch,
-                        "param '{}' is in none of the {} checkpoints",
-                        spec.name,
-                        sources.len()
-                    ),
-                    [a, b, ..] => bail!(
-                        CheckpointMismatch,
-                        "param '{}' is in both '{}' and '{}'; each param must come from one checkpoint",
-                        spec.name,
-                        sources[a].dir.display(),
-                        sources[b].dir.display()
-                    ),
-                }
-            }
-        }
-    }
-    Ok((sources, u64::from(identity.finalize())))
-}
-
-/// Part of a saved tensor that lands in a piece of this rank's state.
-struct Transfer {
-    piece: usize,
-    /// 0 = master, k = moment k − 1.
-    slot: usize,
-    src: usize,
-    dst: usize,
-    len: usize,
-}
-
-/// Per saved tensor (source, file, key): its length and the transfers out of it, in file
-/// order so that each file is opened once.
-type Reads<'a> = BTreeMap<(usize, &'a str, &'a str), (u64, Vec<Transfer>)>;
-
 /// Reads everything this rank owns from the checkpoints in `dirs`, changing nothing. Returns
 /// their identity (the CRC-32 of their indexes, which hold every file's CRC-32), their step
 /// and the state.
-fn read_owned_state(runtime: &Runtime, dirs: &[&Path], coverage: Coverage) -> Result<(u64, u64, Vec<OwnedState>)> {
+fn read_owned_state(
+    runtime: &Runtime,
+    tp: Option<TpRank>,
+    dirs: &[&Path],
+    coverage: Coverage,
+) -> Result<(u64, u64, Vec<OwnedState>)> {
     if runtime.iteration_in_progress() {
         bail!(
             InvalidState,
             "load: an iteration is in progress (grad_ready was called since the last step); load between steps"
         );
     }
-    let (sources, identity) = open_sources(runtime, dirs, coverage)?;
-    let (mut pieces, reads) = plan_reads(runtime, &sources);
+    let placements = placements(runtime.params(), tp)?;
+    let globals: Vec<ParamSpec> = placements.iter().map(|p| p.global.clone()).collect();
+    let (sources, identity) = open_sources(dirs)?;
+    let holders = holders(&sources, &globals, runtime.config(), coverage)?;
+    let (mut pieces, reads) = plan_reads(runtime, &placements, tp, &sources, &holders)?;
     execute_reads(&sources, reads, &mut pieces)?;
     Ok((identity, sources[0].index.step, pieces))
 }
 
-/// The zeroed pieces of state this rank owns and the reads that fill them: each owned range
-/// is cut by component, then by the saved pieces it overlaps (`open_sources` checked that the
-/// sources cover every range).
-fn plan_reads<'a>(runtime: &Runtime, sources: &'a [Source]) -> (Vec<OwnedState>, Reads<'a>) {
-    // Per param name, the first source that holds it.
-    let mut entries: HashMap<&str, (usize, &ParamEntry)> = HashMap::new();
-    for (s, source) in sources.iter().enumerate() {
-        for entry in &source.index.params {
-            entries.entry(entry.name.as_str()).or_insert((s, entry));
-        }
-    }
-    let mut pieces = Vec::new();
-    let mut reads = Reads::new();
-    for (i, (param, range)) in runtime.owned_ranges().into_iter().enumerate() {
-        let spec = &runtime.params()[param as usize];
-        let (source, entry) = entries[spec.name.as_str()];
-        let kinds = StateKind::of(entry.route);
-        let len = range.len() as usize;
-        pieces.push(OwnedState {
-            param,
-            range,
-            master: vec![0.0; len],
-            moments: vec![vec![0.0; len]; kinds.len() - 1],
-        });
-        for (c, part) in split_by_component(&components(spec), range) {
-            let component = &entry.components[c];
-            let local = part.shifted_down(component.offset);
-            let first = component.pieces.partition_point(|s| s.end <= local.start);
-            for saved in &component.pieces[first..] {
-                let Some(overlap) = saved.range().intersect(local) else {
-                    break;
-                };
-                for (slot, kind) in kinds.iter().enumerate() {
-                    let key = saved.keys[kind].as_str();
-                    let (_, transfers) = reads
-                        .entry((source, saved.file.as_str(), key))
-                        .or_insert_with(|| (saved.range().len(), Vec::new()));
-                    transfers.push(Transfer {
-                        piece: i,
-                        slot,
-                        src: (overlap.start - saved.start) as usize,
-                        dst: (overlap.start + component.offset - range.start) as usize,
-                        len: overlap.len() as usize,
-                    });
-                }
-            }
-        }
-    }
-    (pieces, reads)
-}
-
-/// Reads every saved tensor of `reads` once (each file opened once) and copies its transfers
-/// into `pieces`.
-fn execute_reads(sources: &[Source], reads: Reads<'_>, pieces: &mut [OwnedState]) -> Result<()> {
-    let files: Vec<HashMap<&str, &FileEntry>> = sources
-        .iter()
-        .map(|s| s.index.files.iter().map(|f| (f.name.as_str(), f)).collect())
-        .collect();
-    let mut reader: Option<((usize, &str), Reader)> = None;
-    for ((source, file, key), (len, transfers)) in reads {
-        if reader.as_ref().is_none_or(|(open, _)| *open != (source, file)) {
-            reader = Some(((source, file), Reader::open(&sources[source].dir, files[source][file])?));
-        }
-        let values = reader.as_mut().expect("opened above").1.read(key, len)?;
-        for t in transfers {
-            let piece = &mut pieces[t.piece];
-            let dst = if t.slot == 0 {
-                &mut piece.master
-            } else {
-                &mut piece.moments[t.slot - 1]
-            };
-            dst[t.dst..t.dst + t.len].copy_from_slice(&values[t.src..t.src + t.len]);
-        }
-    }
-    Ok(())
+/// Where each of `specs`, registered at `tp`, lies in its unsharded param.
+fn placements(specs: &[ParamSpec], tp: Option<TpRank>) -> Result<Vec<Placement>> {
+    specs.iter().map(|spec| place(spec, tp)).collect()
 }

@@ -159,7 +159,7 @@ fn crash() -> Error {
 fn save_crashing(opts: &mut [Optimizer], dir: &Path, crashes: impl Fn(usize, Stage) -> bool + Sync) -> Vec<Result<()>> {
     on_ranks(opts, |rank, opt| {
         let mut hook = |stage| if crashes(rank, stage) { Err(crash()) } else { Ok(()) };
-        save_with(opt.running().unwrap(), rank, dir, &mut hook)
+        save_with(opt.running().unwrap(), rank, None, dir, &mut hook)
     })
 }
 
@@ -297,7 +297,7 @@ fn a_failure_on_one_rank_fails_the_save_on_every_rank() {
                 }
                 Ok(())
             };
-            save_with(opt.running().unwrap(), rank, dir, &mut hook)
+            save_with(opt.running().unwrap(), rank, None, dir, &mut hook)
         });
         for result in results {
             assert_eq!(result.unwrap_err().kind, ErrorKind::Io);
@@ -325,7 +325,7 @@ fn ranks_saving_to_different_directories_fail_and_keep_the_previous_checkpoint()
                 }
                 Ok(())
             };
-            save_with(opt.running().unwrap(), rank, &target, &mut hook)
+            save_with(opt.running().unwrap(), rank, None, &target, &mut hook)
         });
         for result in &results {
             assert_eq!(result.as_ref().unwrap_err().kind, ErrorKind::Io, "{results:?}");

@@ -2,13 +2,13 @@
 //! merge into one safetensors file.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
 use muon_opt::checkpoint::export::export;
 use muon_opt::checkpoint::inspect::{Summary, inspect};
-use muon_opt::checkpoint::{FORMAT, StateKind};
+use muon_opt::checkpoint::{FORMAT, StateKind, block_text};
 
 #[derive(Args)]
 pub struct InspectArgs {
@@ -25,8 +25,10 @@ pub struct InspectArgs {
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// The checkpoint directory (as passed to muon_optimizer_save).
-    dir: PathBuf,
+    /// The checkpoint directory (as passed to muon_optimizer_save), or the directories of
+    /// every rank of a tensor-parallel group, whose TP shards export as the unsharded params.
+    #[arg(required = true, num_args = 1..)]
+    dirs: Vec<PathBuf>,
     /// The safetensors file to write (replaced only once complete).
     out: PathBuf,
 }
@@ -57,7 +59,9 @@ pub fn run_inspect(args: &InspectArgs) -> Result<(), String> {
 }
 
 pub fn run_export(args: &ExportArgs) -> Result<(), String> {
-    let done = export(&args.dir, &args.out).map_err(|e| format!("export '{}': {e}", args.dir.display()))?;
+    let dirs: Vec<&Path> = args.dirs.iter().map(PathBuf::as_path).collect();
+    let names: Vec<String> = args.dirs.iter().map(|d| format!("'{}'", d.display())).collect();
+    let done = export(&dirs, &args.out).map_err(|e| format!("export {}: {e}", names.join(", ")))?;
     println!(
         "wrote {} params (fp32 master weights at step {}), {} bytes, to {}",
         done.params,
@@ -84,10 +88,14 @@ fn summary_text(summary: &Summary) -> String {
     );
     let _ = writeln!(
         out,
-        "  saved at  step {}, dp {}, {} layout",
+        "  saved at  step {}, dp {}, {} layout{}",
         summary.step,
         summary.dp,
-        summary.layout.name()
+        summary.layout.name(),
+        summary.tp.map_or(String::new(), |t| format!(
+            ", TP rank {} of {} (TP shards in unsharded coordinates)",
+            t.rank, t.size
+        ))
     );
     for (i, r) in summary.routes.iter().enumerate() {
         let kinds: Vec<&str> = StateKind::of(r.route).iter().map(|k| k.name()).collect();
@@ -135,18 +143,25 @@ fn params_text(summary: &Summary) -> String {
     for p in &summary.param_entries {
         let _ = writeln!(
             out,
-            "{} {} {} {}{}",
+            "{} {} {} {}{}{}",
             p.name,
             dims(&p.shape),
             p.dtype.name(),
             p.route.name(),
-            if p.expert_stack { " expert stack" } else { "" }
+            if p.expert_stack { " expert stack" } else { "" },
+            p.tp_split.map_or(String::new(), |s| format!(" TP shards by {s:?}"))
         );
         for c in &p.components {
             let pieces: Vec<String> = c
                 .pieces
                 .iter()
-                .map(|s| format!("{}[{}..{}]", s.file, s.start, s.end))
+                .map(|s| {
+                    let block = s
+                        .block
+                        .as_deref()
+                        .map_or(String::new(), |b| format!(" of block {}", block_text(Some(b))));
+                    format!("{}[{}..{}{block}]", s.file, s.start, s.end)
+                })
                 .collect();
             let _ = writeln!(out, "  {} {}  {}", c.name, dims(&c.shape), pieces.join(" "));
         }

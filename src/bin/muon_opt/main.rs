@@ -33,7 +33,8 @@ enum Command {
     Demo(demo::command::DemoArgs),
     /// Summarize a checkpoint directory and verify the checksum of every file.
     Inspect(checkpoint::InspectArgs),
-    /// Merge a checkpoint into one safetensors file of every param's full fp32 master weight.
+    /// Merge a checkpoint (or those of every rank of a TP group) into one safetensors file of
+    /// every param's full fp32 master weight.
     Export(checkpoint::ExportArgs),
     /// Simulate training iterations of the real schedule on a modelled GPU cluster.
     Simulate(simulate::SimulateArgs),
