@@ -32,7 +32,7 @@ pub struct Exported {
 
 /// Merges the checkpoints in `dirs` into the safetensors file `out`: one checkpoint, or those
 /// of every rank of a tensor-parallel group (each holding its TP shards), which export the
-/// unsharded params. Every param is read as a load would ([`super::load::sources_of`]); the
+/// unsharded params. Every param is read as a load would (`load.rs`); the
 /// checkpoints must share their step and numerics.
 pub fn export(dirs: &[&Path], out: &Path) -> Result<Exported> {
     let (sources, _) = open_sources(dirs)?;

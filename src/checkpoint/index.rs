@@ -20,7 +20,7 @@ use crate::plan::{ElemRange, Plan};
 pub const FORMAT: &str = "muon_opt.checkpoint";
 /// The newest format version, which this library reads with every older one. It writes
 /// version 2 for a checkpoint saved by a rank of a tensor-parallel group (pieces of blocks of
-/// the unsharded params, [`super::tp`]), and version 1 otherwise, byte for byte as before.
+/// the unsharded params, `tp.rs`), and version 1 otherwise, byte for byte as before.
 pub const FORMAT_VERSION: u32 = 2;
 
 /// File name of rank `rank`'s state.

@@ -18,7 +18,7 @@
 //!   fields, every file with its size, CRC-32 and header CRC-32, and every param with its
 //!   shape, dtype, route, expert flag, splits and components, each with the pieces (file,
 //!   range, keys) that hold it.
-//! - Version 2 (ranks of a tensor-parallel group, [`tp`]): a TP shard is described as its
+//! - Version 2 (ranks of a tensor-parallel group, `tp.rs`): a TP shard is described as its
 //!   unsharded param, each piece as a range of a block (a box) of one of its components, keyed
 //!   `{component}/{kind}[{lo}:{hi},…]@{start}:{end}`; the index records the TP rank and each
 //!   shard's split. Loads at any TP size read each block from the checkpoints holding it.
