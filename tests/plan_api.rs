@@ -5,7 +5,7 @@ use muon_opt::config::{Config, Dtype, MuonLayout};
 use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec, Registry, Route};
 use muon_opt::plan::presets::{PRESET_NAMES, preset};
-use muon_opt::plan::{ElemRange, OwnershipMethod, Plan, ShardPiece, build_plan, build_plans};
+use muon_opt::plan::{BucketSplit, ElemRange, OwnershipMethod, Plan, ShardPiece, build_plan, build_plans};
 
 fn register(specs: Vec<ParamSpec>) -> Registry {
     let mut registry = Registry::default();
@@ -399,5 +399,34 @@ fn padded_mode_given_experts_one_by_one_has_megatrons_padding() {
             (percent - megatron_percent).abs() < 0.05,
             "dp {dp}: padding {percent:.3} % where Megatron pads {megatron_percent} %"
         );
+    }
+}
+
+/// Every (bucket, owner) pair of a rooted bucket is one reduce and one broadcast, each paying
+/// the ring's latency once, which grows with dp: LPT breaks its ties towards the rank owning
+/// the nearest bucket. llama3-70b's TP=8 shards, `compact_rooted`: at dp 64 the pairs fall from
+/// 272 (ties to the lowest rank) to 191 against a floor of buckets + dp − 1 = 144, at dp 8 from
+/// 239 to 168 (floor 167), with the same Newton–Schulz makespan.
+#[test]
+fn rooted_buckets_have_few_owners_at_the_same_balance() {
+    let model = preset("llama3-70b").unwrap().with_tensor_parallel(8).unwrap();
+    let cfg = Config {
+        muon_layout: MuonLayout::CompactRooted,
+        ..Config::default()
+    };
+    let registry = model.registry(&cfg).unwrap();
+    for (dp, most_pairs, makespan) in [(64, 191, 1.0358), (8, 168, 1.0)] {
+        let p = plan(&registry, &cfg, dp);
+        let (mut buckets, mut pairs) = (0, 0);
+        for bucket in &p.buckets {
+            if let BucketSplit::OwnerRanges(ranges) = &bucket.split {
+                buckets += 1;
+                pairs += ranges.iter().filter(|r| !r.is_empty()).count();
+            }
+        }
+        assert!(pairs >= buckets + dp - 1, "dp {dp}: {pairs} pairs under the floor");
+        assert!(pairs <= most_pairs, "dp {dp}: {pairs} (bucket, owner) pairs");
+        let ratio = p.report.ns_makespan_over_lower_bound;
+        assert!((ratio - makespan).abs() < 1e-4, "dp {dp}: makespan / bound {ratio}");
     }
 }
