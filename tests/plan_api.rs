@@ -430,3 +430,46 @@ fn rooted_buckets_have_few_owners_at_the_same_balance() {
         assert!((ratio - makespan).abs() < 1e-4, "dp {dp}: makespan / bound {ratio}");
     }
 }
+
+/// With `mxfp8_param_gather`, the MXFP8 params travel as bf16 on their bucket's staging view
+/// and the others in param storage: they get buffers of their own, so every bucket is gathered
+/// by one collective over its own bytes (a bucket holding both would be gathered twice, each
+/// time over the whole bucket). Without the gather they share one buffer.
+#[test]
+fn staged_params_never_share_a_bucket_with_params_gathered_in_place() {
+    let specs = || -> Vec<ParamSpec> {
+        (0..12)
+            .map(|i| {
+                let mut spec = ParamSpec::new(format!("w{i}"), &[64, 64], Dtype::Bf16);
+                spec.flags = ParamFlags(ParamFlags::NO_MUON);
+                if i % 2 == 0 {
+                    spec.flags = ParamFlags(ParamFlags::NO_MUON | ParamFlags::MXFP8);
+                }
+                spec
+            })
+            .collect()
+    };
+    for gather in [false, true] {
+        let cfg = Config {
+            mxfp8_param_gather: gather,
+            bucket_size: 64 * 64 * 3,
+            ..Config::default()
+        };
+        let mut registry = Registry::default();
+        for spec in specs() {
+            registry.add(spec, &cfg).unwrap();
+        }
+        let p = build_plan(registry.params(), registry.routes(), &cfg, 2).unwrap();
+        let staged = |id: &u32| registry.params()[*id as usize].is_staged(&cfg);
+        for bucket in &p.buckets {
+            let count = bucket.params.iter().filter(|id| staged(id)).count();
+            assert!(
+                count == 0 || count == bucket.params.len(),
+                "gather {gather}: bucket {} mixes staged and in-place params",
+                bucket.id
+            );
+            assert_eq!(bucket.param_start.is_none(), count > 0, "bucket {}", bucket.id);
+        }
+        assert_eq!(p.buffers.len(), if gather { 2 } else { 1 }, "gather {gather}");
+    }
+}
