@@ -256,7 +256,7 @@ fn compact_layout_reaches_the_figures_on_every_preset() {
     }
 }
 
-/// Three layers of a 128×64 matrix and its transpose (one class: equal elements and cost) and
+/// `count` layers of a 128×64 matrix and its transpose (one class: equal elements and cost) and
 /// a 64×64 matrix, in registration order.
 fn layers(count: usize) -> Registry {
     let mut specs = Vec::new();
@@ -270,21 +270,29 @@ fn layers(count: usize) -> Registry {
 
 #[test]
 fn equal_matrices_are_grouped_one_per_rank_into_unpadded_shards() {
-    let registry = layers(3);
+    // A large matrix registered first (last in backward, alone in its class) makes the group
+    // window (a twelfth of the buffer's backward) span more than a layer.
+    let mut specs = vec![ParamSpec::new("head", &[1024, 512], Dtype::Bf16)];
+    for l in 0..3 {
+        specs.push(ParamSpec::new(format!("layers.{l}.up"), &[128, 64], Dtype::Bf16));
+        specs.push(ParamSpec::new(format!("layers.{l}.down"), &[64, 128], Dtype::Bf16));
+        specs.push(ParamSpec::new(format!("layers.{l}.proj"), &[64, 64], Dtype::Bf16));
+    }
+    let registry = register(specs);
     let cfg = Config {
         bucket_size: 1,
         ..Config::default()
     };
     let p = plan(&registry, &cfg, 2);
-    // Backward: proj2 down2 up2 proj1 down1 up1 proj0 down0 up0; up and down are one class,
-    // so every layer's pair is a group, and proj2 waits for proj1.
+    // Backward: proj2 down2 up2 proj1 down1 up1 proj0 down0 up0 head; up and down are one
+    // class, so every layer's pair is a group, and proj2 waits for proj1.
     let shards: Vec<Vec<u32>> = p
         .buckets
         .iter()
         .filter(|b| b.shard_size().is_some())
         .map(|b| b.params.clone())
         .collect();
-    assert_eq!(shards, vec![vec![7, 6], vec![8, 5], vec![4, 3], vec![1, 0]]);
+    assert_eq!(shards, vec![vec![8, 7], vec![9, 6], vec![5, 4], vec![2, 1]]);
     for bucket in p.buckets.iter().filter(|b| b.shard_size().is_some()) {
         let owners: Vec<u32> = bucket
             .params
@@ -300,13 +308,14 @@ fn equal_matrices_are_grouped_one_per_rank_into_unpadded_shards() {
         .filter(|b| b.owner_ranges().is_some())
         .map(|b| b.params.clone())
         .collect();
-    assert_eq!(rooted, vec![vec![2]], "proj0 has no partner");
+    assert_eq!(rooted, vec![vec![3], vec![0]], "proj0 and head have no partner");
     assert_eq!(p.report.padding_elements, 0);
     let mix = &p.report.collective_mix;
+    let alone = 4096.0 + 1024.0 * 512.0;
     assert_eq!(
         (mix.reduce, mix.broadcast),
-        (4096.0 * 4.0, 4096.0 * 2.0),
-        "proj0 alone is rooted"
+        (alone * 4.0, alone * 2.0),
+        "proj0 and head alone are rooted"
     );
     assert_eq!(mix.reduce_scatter, 0.5 * (3.0 * 16384.0 + 8192.0) * 4.0);
     let rooted_layout = plan(
@@ -330,10 +339,10 @@ fn equal_matrices_are_grouped_one_per_rank_into_unpadded_shards() {
 }
 
 #[test]
-fn a_matrix_waits_for_its_group_at_most_a_third_of_backward() {
-    // Eight layers at dp=4: an up/down group spans two layers (a quarter of backward) and
-    // forms; a group of four proj matrices would span three layers (3/8): they are rooted.
-    let p = plan(&layers(8), &Config::default(), 4);
+fn a_matrix_waits_for_its_group_at_most_a_twelfth_of_backward() {
+    // 24 layers at dp=4: an up/down group spans 1.4 layers (under a twelfth of backward, two
+    // layers) and forms; a group of four proj matrices would span three layers: they are rooted.
+    let p = plan(&layers(24), &Config::default(), 4);
     let grouped = |name: &str| {
         p.buckets
             .iter()
