@@ -376,6 +376,7 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
             let trainer = Trainer {
                 tokens: 1024,
                 iterations: ITERATIONS,
+                experts_per_token: None,
             };
             let cost = CostModel::new(h100(), DP);
             let recorded = record_rank(
