@@ -248,29 +248,27 @@ pub fn train(
     hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
     let order: Vec<(usize, usize)> = (0..plan.params.len()).map(|p| (0, p)).collect();
-    train_shared(&mut [runtime], &[plan], &order, iterations, clips, &mut |_, event| {
-        hooks(event)
-    })
+    train_shared(&mut [runtime], &[plan], &order, iterations, clips, hooks)
 }
 
 /// [`train`] for several optimizers of a rank (dense and expert params) stepped together with
 /// one clip, as `muon_optimizers_step` does: `order` lists the model's params in forward order
 /// as (optimizer, param of its plan); every optimizer's `zero_grad`, the hooks of each param on
 /// its own optimizer, then one shared step (each optimizer gathers its Σ g², then each finishes
-/// with every optimizer's term). `hooks` sees the optimizer each event belongs to; a
-/// `Compute` event's `param` is the position in `order`. `clips` go to optimizer 0.
+/// with every optimizer's term). A `Compute` event's `param` is the position in `order`.
+/// `clips` go to optimizer 0.
 pub fn train_shared(
     runtimes: &mut [&mut Runtime],
     plans: &[&Plan],
     order: &[(usize, usize)],
     iterations: usize,
     clips: &[QkClipRequest],
-    hooks: &mut dyn FnMut(usize, TrainerEvent),
+    hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
     for _ in 0..iterations {
-        hooks(0, TrainerEvent::Iteration);
-        for (k, runtime) in runtimes.iter_mut().enumerate() {
-            hooks(k, TrainerEvent::Call(Call::ZeroGrad));
+        hooks(TrainerEvent::Iteration);
+        hooks(TrainerEvent::Call(Call::ZeroGrad));
+        for runtime in runtimes.iter_mut() {
             runtime.zero_grad()?;
         }
         let mut waited: Vec<Vec<bool>> = plans.iter().map(|plan| vec![false; plan.buckets.len()]).collect();
@@ -278,45 +276,37 @@ pub fn train_shared(
             let b = plans[k].params[p].bucket as usize;
             if !waited[k][b] {
                 waited[k][b] = true;
-                hooks(k, TrainerEvent::Call(Call::WaitParams(b as u32)));
+                hooks(TrainerEvent::Call(Call::WaitParams(b as u32)));
                 runtimes[k].wait_params(b as u32)?;
             }
-            hooks(
-                k,
-                TrainerEvent::Compute {
-                    param: i,
-                    backward: false,
-                },
-            );
+            hooks(TrainerEvent::Compute {
+                param: i,
+                backward: false,
+            });
         }
         for (i, &(k, p)) in order.iter().enumerate().rev() {
-            hooks(
-                k,
-                TrainerEvent::Compute {
-                    param: i,
-                    backward: true,
-                },
-            );
-            hooks(k, TrainerEvent::Call(Call::GradReady(plans[k].params[p].bucket)));
+            hooks(TrainerEvent::Compute {
+                param: i,
+                backward: true,
+            });
+            hooks(TrainerEvent::Call(Call::GradReady(plans[k].params[p].bucket)));
             runtimes[k].grad_ready(p as u32)?;
         }
         if !clips.is_empty() {
             runtimes[0].request_qk_clip(clips, super::qk_clip::THRESHOLD, super::qk_clip::ALPHA)?;
         }
+        hooks(TrainerEvent::Call(Call::Step));
         if let [runtime] = runtimes {
-            hooks(0, TrainerEvent::Call(Call::Step));
             runtime.step(Some(&STEP_ARGS))?;
             continue;
         }
-        for (k, runtime) in runtimes.iter_mut().enumerate() {
-            hooks(k, TrainerEvent::Call(Call::Step));
+        for runtime in runtimes.iter_mut() {
             runtime.begin_step(Some(&STEP_ARGS))?;
         }
         let terms = runtimes.iter().map(|rt| rt.norm_term()).collect::<Result<Vec<_>>>()?;
         for (k, runtime) in runtimes.iter_mut().enumerate() {
             let mut own = terms.clone();
             own[k].sums = NormSums::Own;
-            hooks(k, TrainerEvent::Call(Call::Step));
             runtime.finish_step(&own)?;
         }
     }
@@ -434,7 +424,7 @@ pub fn record_shared(
         .collect();
     let model_cost = members[0].cost.clone();
     let host = model_cost.hardware().launch_host_us * 1e-6;
-    let mut hooks = |_: usize, event: TrainerEvent| {
+    let mut hooks = |event: TrainerEvent| {
         let mut r = lock(&recorder);
         match event {
             TrainerEvent::Iteration => r.out.items.push(Item::IterationStart),
