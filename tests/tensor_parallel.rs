@@ -370,6 +370,19 @@ fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
     }
 }
 
+/// The initial values of logical param `l`.
+fn initial(l: &Logical) -> Vec<f32> {
+    (0..l.rows * l.cols).map(|i| value(l.name, None, 0, i)).collect()
+}
+
+/// The largest `|a − b|`, NaN if any difference is NaN.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(
+        0.0f32,
+        |m, d| if d.is_nan() || m.is_nan() { f32::NAN } else { m.max(d) },
+    )
+}
+
 /// `distributed` mode runs Newton–Schulz on the shards with the norm and every `X·Xᵀ` summed
 /// over the TP group: the unsharded model's update up to the order of those sums (and, for a
 /// row split, the orientation of the iterate), so the full model after 3 steps is within
@@ -380,19 +393,14 @@ fn distributed_shards_train_like_the_unsharded_model_up_to_rounding() {
     let unsharded = reference_run(false, NsMethod::Standard);
     let distributed = tp_run(TpMode::Distributed, NsMethod::Standard);
     let blockwise = tp_run(TpMode::Blockwise, NsMethod::Standard);
-    let initial = |l: &Logical| -> Vec<f32> { (0..l.rows * l.cols).map(|i| value(l.name, None, 0, i)).collect() };
     for (l, ((d, u), b)) in MODEL.iter().zip(distributed.iter().zip(&unsharded).zip(&blockwise)) {
         if l.tp.is_none() {
             assert_eq!(bits(d), bits(u), "{}: element-wise params are bitwise", l.name);
             continue;
         }
-        let moved = u
-            .iter()
-            .zip(initial(l))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        let off = d.iter().zip(u).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        let blockwise_off = b.iter().zip(u).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let moved = max_abs_diff(u, &initial(l));
+        let off = max_abs_diff(d, u);
+        let blockwise_off = max_abs_diff(b, u);
         assert!(
             off <= 1e-4 * moved,
             "{}: {off} off the unsharded model, which moved {moved}",
@@ -435,7 +443,6 @@ fn distributed_shards_with_gram_train_like_the_unsharded_gram_model_up_to_roundi
     let unsharded = reference_run(false, NsMethod::Gram);
     let gram = tp_run(TpMode::Distributed, NsMethod::Gram);
     let standard = tp_run(TpMode::Distributed, NsMethod::Standard);
-    let initial = |l: &Logical| -> Vec<f32> { (0..l.rows * l.cols).map(|i| value(l.name, None, 0, i)).collect() };
     for (l, ((g, s), u)) in MODEL.iter().zip(gram.iter().zip(&standard).zip(&unsharded)) {
         let wide_shards = l.name.starts_with("mlp.wide");
         assert_eq!(bits(g) != bits(s), wide_shards, "{}", l.name);
@@ -443,12 +450,8 @@ fn distributed_shards_with_gram_train_like_the_unsharded_gram_model_up_to_roundi
             assert_eq!(bits(g), bits(u), "{}: element-wise params are bitwise", l.name);
             continue;
         }
-        let moved = u
-            .iter()
-            .zip(initial(l))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        let off = g.iter().zip(u).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let moved = max_abs_diff(u, &initial(l));
+        let off = max_abs_diff(g, u);
         assert!(
             off <= 1e-4 * moved,
             "{}: {off} off the unsharded gram model, which moved {moved}",
