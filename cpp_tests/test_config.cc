@@ -35,6 +35,9 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.host_threads, b.host_threads);
     EXPECT_EQ(a.muon_tp_mode, b.muon_tp_mode);
     EXPECT_EQ(a.muon_ns_eps, b.muon_ns_eps);
+    EXPECT_EQ(a.reserved, b.reserved);
+    EXPECT_EQ(a.muon_ns_method, b.muon_ns_method);
+    EXPECT_EQ(a.muon_ns_method, MUON_NS_METHOD_STANDARD);
 }
 
 struct BadField {
@@ -65,4 +68,5 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"host_threads", [](muon_config_t &c) { c.host_threads = 1025; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_tp_mode", [](muon_config_t &c) { c.muon_tp_mode = 3; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ns_eps", [](muon_config_t &c) { c.muon_ns_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_ns_method", [](muon_config_t &c) { c.muon_ns_method = MUON_NS_METHOD_GRAM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

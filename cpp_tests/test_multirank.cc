@@ -1,5 +1,6 @@
 // 4 host ranks on std::thread through the C header, against a 1-rank run fed the rank-order
 // sum of the 4 ranks' gradients: params must be bitwise equal on every rank after every step.
+#include "muon_opt.hpp"
 #include "muon_test_util.h"
 
 #include <gtest/gtest.h>
@@ -130,4 +131,26 @@ TEST(MultiRank, NewtonSchulzReferenceUtility) {
     EXPECT_NEAR(diag / 16.0, 0.85, 0.2);
     EXPECT_EQ(muon_newton_schulz_host(in.data(), out.data(), 16, 48, 9, 5, MUON_NS_PRECISION_F32),
               MUON_STATUS_INVALID_ENUM_VALUE);
+}
+
+// The config variant: with the standard method it is the utility above bit for bit; with the
+// Gram method (16 × 48: n/m = 3, where it applies) another rounding of the same result.
+TEST(MultiRank, NewtonSchulzReferenceUtilityTakesTheConfigsMethod) {
+    std::vector<float> in(16 * 48), plain(16 * 48), standard(16 * 48), gram(16 * 48);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = noise(i);
+    muon_config_t cfg = default_config();
+    cfg.muon_coefficient_set = MUON_COEFFICIENTS_SIMPLE;
+    cfg.muon_ns_precision = MUON_NS_PRECISION_F32;
+    ASSERT_EQ(muon_newton_schulz_host(in.data(), plain.data(), 16, 48, MUON_COEFFICIENTS_SIMPLE, 5, MUON_NS_PRECISION_F32),
+              MUON_STATUS_SUCCESS)
+        << last_error();
+    muon::newton_schulz_host(in, standard, 16, 48, cfg);
+    EXPECT_EQ(std::memcmp(plain.data(), standard.data(), plain.size() * sizeof(float)), 0);
+    cfg.muon_ns_method = MUON_NS_METHOD_GRAM;
+    muon::newton_schulz_host(in, gram, 16, 48, cfg);
+    EXPECT_NE(std::memcmp(standard.data(), gram.data(), gram.size() * sizeof(float)), 0);
+    for (size_t i = 0; i < gram.size(); ++i) EXPECT_NEAR(gram[i], standard[i], 1e-4f) << i;
+    cfg.muon_ns_method = MUON_NS_METHOD_GRAM + 1;
+    EXPECT_EQ(muon_newton_schulz_host_config(in.data(), gram.data(), 16, 48, &cfg), MUON_STATUS_INVALID_ENUM_VALUE);
+    EXPECT_NE(last_error().find("muon_ns_method"), std::string::npos) << last_error();
 }

@@ -108,6 +108,16 @@ struct ncclComm;
 #define MUON_NS_PRECISION_BF16_ITERATE 2
 
 /**
+ * Newton–Schulz on the m×n iterate every step (default; Megatron-LM's).
+ */
+#define MUON_NS_METHOD_STANDARD 0
+
+/**
+ * Gram Newton–Schulz on the m×m X·Xᵀ with a restart where it applies (muon_config_t.muon_ns_method).
+ */
+#define MUON_NS_METHOD_GRAM 1
+
+/**
  * √max(m, n) (default).
  */
 #define MUON_SCALE_SPECTRAL 0
@@ -579,6 +589,26 @@ typedef struct muon_config_t {
    * Emerging-Optimizers ≥ 0.4.0).
    */
   float muon_ns_eps;
+  /**
+   * Padding that ended the 120-byte layout (after muon_ns_eps), named so the next field
+   * makes a layout of another size: ignored, written as 0. A caller compiled against that
+   * layout has unspecified bytes here.
+   */
+  uint32_t reserved;
+  /**
+   * MUON_NS_METHOD_STANDARD (default; Megatron-LM's) or MUON_NS_METHOD_GRAM (Dao AI Lab's
+   * Gram Newton–Schulz, DeepSpeed's `ns_method="gram"`): the same polynomial steps carried on
+   * the m×m Gram matrix X·Xᵀ of an m×n iterate (m ≤ n), with a restart, for fewer flops on
+   * wide matrices; results equal the standard method's up to rounding. Gram applies per
+   * matrix (each fused component, each expert) where n/m ≥ 1.5 and, with
+   * MUON_NS_PRECISION_BF16 or _BF16_ITERATE, muon_num_ns_steps ≤ 5 and a coefficient set
+   * other than MUON_COEFFICIENTS_POLAR_EXPRESS (with MUON_NS_PRECISION_F32: any steps and
+   * coefficients). MUON_TP_MODE_DISTRIBUTED judges each rank's shard, whose products it
+   * computes: m = the unsplit side, n = the shard's part of the split side. Every other
+   * matrix takes the standard iteration (docs/newton-schulz.md). A caller compiled against
+   * an older header gets standard.
+   */
+  uint32_t muon_ns_method;
 } muon_config_t;
 
 /**
@@ -1159,7 +1189,8 @@ muon_status_t muon_optimizer_synchronize(struct muon_optimizer_t *opt);
 
 /**
  * @brief The library's own host Newton–Schulz orthogonalization (for checking numerics), with
- *        the default normalization floor (muon_config_t.muon_ns_eps = 1e-7).
+ *        the default normalization floor (muon_config_t.muon_ns_eps = 1e-7) and the standard
+ *        iteration (muon_newton_schulz_host_config() takes every Newton–Schulz field).
  * @param[in]  in   rows×cols row-major f32 input (host).
  * @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
  * @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
@@ -1175,6 +1206,26 @@ muon_status_t muon_newton_schulz_host(const float *input,
                                       uint32_t coefficient_set,
                                       uint32_t steps,
                                       uint32_t precision);
+
+/**
+ * @brief The library's own host Newton–Schulz orthogonalization (for checking numerics) with
+ *        the Newton–Schulz fields of @p cfg: muon_coefficient_set, muon_num_ns_steps,
+ *        muon_ns_precision, muon_ns_eps and muon_ns_method (the Gram iteration where it
+ *        applies to a rows×cols matrix, see muon_config_t.muon_ns_method); what an optimizer
+ *        with @p cfg computes for one unsharded Muon matrix.
+ * @param[in]  in   rows×cols row-major f32 input (host).
+ * @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
+ * @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
+ * @param[in]  cfg  Config initialised by muon_config_init(); checked as by
+ *             muon_config_validate().
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_newton_schulz_host_config(const float *input,
+                                             float *out,
+                                             uint32_t rows,
+                                             uint32_t cols,
+                                             const struct muon_config_t *cfg);
 
 /**
  * @brief Shapes of the rowwise and columnwise E8M0 scale arrays of a [rows, cols] tensor, as
@@ -1276,8 +1327,10 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * The group is this rank's tensor-parallel group: the ranks holding the other shards of its
  * matrices at the same data-parallel index (and pipeline stage); its rank order is the order
  * of the shards. Every TP rank registers the same shard names, shapes and order, so each
- * matrix's shards have owners at one data-parallel index (finalize checks it over the group:
- * MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
+ * matrix's shards have owners at one data-parallel index, and in these two modes uses the same
+ * Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps,
+ * muon_coefficient_set, muon_ns_eps), so the shards of a matrix are orthogonalized alike
+ * (finalize checks both over the group: MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
  * ranks too, so the shards are clipped and skipped alike. On the cuda backend the gather is
  * an NCCL all-gather on this communicator, on the optimizer's comm stream between event
  * waits, inside the owner's update (no host synchronization). In any muon_tp_mode, a group of
@@ -1450,4 +1503,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_BLOCKWISE, 1e-7f }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_BLOCKWISE, 1e-7f, 0, MUON_NS_METHOD_STANDARD }

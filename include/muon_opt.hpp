@@ -406,6 +406,15 @@ inline void newton_schulz_host(Span<const float> in, Span<float> out, uint32_t r
     check(muon_newton_schulz_host(in.data(), out.data(), rows, cols, coefficient_set, steps, precision));
 }
 
+/// The library's host Newton–Schulz with every Newton–Schulz field of @p cfg (coefficients,
+/// steps, precision, eps, method): what an optimizer with @p cfg computes for one matrix.
+inline void newton_schulz_host(Span<const float> in, Span<float> out, uint32_t rows, uint32_t cols,
+                               const muon_config_t &cfg) {
+    if (in.size() != std::size_t(rows) * cols || out.size() != in.size())
+        throw std::invalid_argument("muon::newton_schulz_host: in and out must hold rows*cols floats");
+    check(muon_newton_schulz_host_config(in.data(), out.data(), rows, cols, &cfg));
+}
+
 }  // namespace muon
 
 #endif  // MUON_OPT_HPP

@@ -400,13 +400,22 @@ impl Optimizer {
     }
 
     /// Collective over the TP group: the ranks agree on `muon_tp_mode` and, unless it is
-    /// blockwise, on every TP-sharded Muon param (each one's name, shape, shard dimension and
-    /// flags, in registration order: a param sharded on one rank only is named against
-    /// `(none)`) and its owners.
+    /// blockwise, on the Newton–Schulz settings (the shards of a matrix are orthogonalized
+    /// together: in `distributed` mode one iteration whose collectives follow the method and the
+    /// steps, in `duplicated` mode each rank's copy of the whole matrix), on every TP-sharded
+    /// Muon param (each one's name, shape, shard dimension and flags, in registration order: a
+    /// param sharded on one rank only is named against `(none)`) and its owners.
     fn verify_tp(&self, plan: &Plan, tp_rank: usize, exchange: &mut agreement::Exchange) -> Result<()> {
-        let mode = self.cfg.muon_tp_mode;
+        let (cfg, mode) = (&self.cfg, self.cfg.muon_tp_mode);
         let mut settings = vec![Setting::new("muon_tp_mode", mode.name())];
         if mode != TpMode::Blockwise {
+            settings.extend([
+                Setting::new("muon_ns_method", cfg.muon_ns_method.name()),
+                Setting::new("muon_ns_precision", cfg.muon_ns_precision.name()),
+                Setting::new("muon_num_ns_steps", cfg.muon_num_ns_steps),
+                Setting::new("muon_coefficient_set", cfg.muon_coefficient_set.name()),
+                Setting::new("muon_ns_eps", cfg.muon_ns_eps),
+            ]);
             for (k, (p, spec)) in self.tp_shards().enumerate() {
                 let name = &spec.name;
                 let dim = match spec.tp_shard() {
@@ -430,7 +439,7 @@ impl Optimizer {
         agreement::verify_settings(
             &settings,
             ("TP", tp_rank),
-            "every TP rank must use the same muon_tp_mode and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
+            "every TP rank must use the same muon_tp_mode, the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
             exchange,
         )?;
         if mode != TpMode::Blockwise {

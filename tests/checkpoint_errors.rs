@@ -6,7 +6,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use muon_opt::checkpoint::FORMAT_VERSION;
-use muon_opt::config::{Config, MuonLayout};
+use muon_opt::config::{Config, MuonLayout, NsMethod};
 use muon_opt::error::{Error, ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use support::checkpoint::{Group, Snapshot, all_ok, config, model};
@@ -244,6 +244,13 @@ fn a_numerics_config_mismatch_names_the_field_and_other_fields_may_differ() {
                 ..base.clone()
             },
             "muon_ns_eps",
+        ),
+        (
+            Config {
+                muon_ns_method: NsMethod::Gram,
+                ..base.clone()
+            },
+            "muon_ns_method",
         ),
     ];
     for (cfg, field) in cases {

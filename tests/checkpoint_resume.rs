@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use muon_opt::checkpoint::{INDEX_FILE, Index, StateKind};
-use muon_opt::config::{Config, Dtype, MuonLayout};
+use muon_opt::config::{Config, Dtype, MuonLayout, NsMethod};
 use muon_opt::model::{ParamFlags, ParamSpec, Route};
 use muon_opt::numerics::mxfp8::{Direction, scale_shape};
 use safetensors::SafeTensors;
@@ -63,6 +63,65 @@ fn resumed_training_is_bitwise_identical_at_every_dp_and_layout() {
             "{label}: training after load must move the state"
         );
     }
+}
+
+/// The Newton–Schulz method is part of the numerics record: a checkpoint of the default
+/// (`standard`) has no `muon_ns_method` field, as checkpoints written before the field existed,
+/// and loads into a standard optimizer only; one saved with `gram` records it, refuses a
+/// standard optimizer naming the field, and resumes bitwise under `gram` at another dp.
+#[test]
+fn the_newton_schulz_method_is_recorded_and_a_gram_run_resumes_bitwise() {
+    let gram = Config {
+        muon_ns_method: NsMethod::Gram,
+        ..config(MuonLayout::Compact)
+    };
+    let tmp = TempDir::new("ns_method");
+    let (standard_dir, gram_dir) = (tmp.join("standard"), tmp.join("gram"));
+    let mut standard_saver = Group::new(&config(MuonLayout::Compact), 2);
+    standard_saver.train(SAVED_AT);
+    all_ok(standard_saver.save(&standard_dir), "save standard");
+    let mut saver = Group::new(&gram, 2);
+    saver.train(SAVED_AT);
+    all_ok(saver.save(&gram_dir), "save gram");
+    let saved = saver.snapshot();
+    assert!(
+        saved.state != standard_saver.snapshot().state,
+        "the model has Muon matrices the Gram iteration applies to"
+    );
+    drop((saver, standard_saver));
+
+    let text = |dir: &std::path::Path| std::fs::read_to_string(dir.join(INDEX_FILE)).unwrap();
+    assert!(!text(&standard_dir).contains("muon_ns_method"));
+    assert!(text(&gram_dir).contains(r#""muon_ns_method": "gram""#));
+    let (index, _) = read_back(&gram_dir);
+    assert_eq!(index.config.muon_ns_method, NsMethod::Gram);
+    let (index, _) = read_back(&standard_dir);
+    assert_eq!(index.config.muon_ns_method, NsMethod::Standard);
+
+    for (dir, cfg, saved_with) in [
+        (&gram_dir, config(MuonLayout::Compact), r#"saved with "gram""#),
+        (&standard_dir, gram.clone(), "saved with the default"),
+    ] {
+        let mut other = Group::new(&cfg, 2);
+        for result in other.load(dir) {
+            let err = result.expect_err("a different method must not load");
+            if !err.message.contains("failed on rank") {
+                assert!(err.message.contains("config field muon_ns_method"), "{}", err.message);
+                assert!(err.message.contains(saved_with), "{}", err.message);
+            }
+        }
+    }
+
+    let mut reference = Group::new(&gram, 3);
+    reference.train(SAVED_AT + MORE);
+    let expected = reference.snapshot();
+    let mut resumed = Group::new(&gram, 3);
+    all_ok(resumed.load(&gram_dir), "load gram at dp=3");
+    resumed.snapshot().assert_same(&saved, "gram: right after load");
+    resumed.train(MORE);
+    resumed
+        .snapshot()
+        .assert_same(&expected, "gram: resumed vs uninterrupted");
 }
 
 /// Every state tensor of every param, assembled from the rank files through the index.

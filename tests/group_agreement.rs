@@ -9,8 +9,10 @@ mod support;
 use std::time::Duration;
 
 use muon_opt::capi::comm::muon_comm_t;
+use muon_opt::capi::config::muon_config_t;
 use muon_opt::capi::constants::{
-    MUON_PARAM_FLAG_TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_ROWS, MUON_TP_MODE_DISTRIBUTED, MUON_TP_MODE_DUPLICATED,
+    MUON_NS_METHOD_GRAM, MUON_NS_METHOD_STANDARD, MUON_PARAM_FLAG_TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_ROWS,
+    MUON_TP_MODE_BLOCKWISE, MUON_TP_MODE_DISTRIBUTED, MUON_TP_MODE_DUPLICATED,
 };
 use muon_opt::capi::iteration::{
     muon_optimizer_grad_ready, muon_optimizer_step, muon_optimizer_zero_grad, muon_optimizers_step,
@@ -47,15 +49,25 @@ fn tp_ranks(
             let (mode, params) = setup(t);
             let mut cfg = config(timeout_ms);
             cfg.muon_tp_mode = mode;
-            let dp = host_group(1)[0];
-            let opt = create(&cfg, dp);
-            for (name, shape, flags) in params {
-                add_param(opt, name, &shape, flags);
-            }
-            outcome(unsafe { muon_optimizer_set_tp_group(opt.0, tp[t].0) }).expect("set_tp_group");
-            (opt, dp)
+            tp_rank(&cfg, tp[t], params)
         })
         .collect()
+}
+
+/// One TP rank alone in its data-parallel group, with `params` registered and the TP group
+/// set.
+fn tp_rank(
+    cfg: &muon_config_t,
+    tp: Handle<muon_comm_t>,
+    params: Vec<(&'static str, Vec<i64>, u32)>,
+) -> (Handle<muon_optimizer_t>, Handle<muon_comm_t>) {
+    let dp = host_group(1)[0];
+    let opt = create(cfg, dp);
+    for (name, shape, flags) in params {
+        add_param(opt, name, &shape, flags);
+    }
+    outcome(unsafe { muon_optimizer_set_tp_group(opt.0, tp.0) }).expect("set_tp_group");
+    (opt, dp)
 }
 
 fn teardown(ranks: Vec<(Handle<muon_optimizer_t>, Handle<muon_comm_t>)>, group: &[Handle<muon_comm_t>]) {
@@ -206,6 +218,63 @@ fn tp_ranks_with_different_tp_modes_fail_finalize_on_both() {
         );
     }
     teardown(ranks, &tp);
+}
+
+/// Data-parallel ranks with different Newton–Schulz methods fail finalize on both, naming the
+/// field. So do TP ranks (each alone in its data-parallel group) in `distributed` mode, whose
+/// shards run one iteration with collectives that follow the method, and in `duplicated` mode,
+/// where each rank orthogonalizes its own copy of the whole matrix; in `blockwise` mode each
+/// shard is a matrix of its own and the methods may differ.
+#[test]
+fn ranks_with_different_newton_schulz_methods_fail_finalize_on_both() {
+    let methods = [MUON_NS_METHOD_STANDARD, MUON_NS_METHOD_GRAM];
+    let dp = host_group(2);
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            let mut cfg = config(LONG_MS);
+            cfg.muon_ns_method = methods[r];
+            let opt = create(&cfg, dp[r]);
+            add_param(opt, "w", &[16, 48], 0);
+            (opt, dp[r])
+        })
+        .collect();
+    for result in finalize_all(&ranks) {
+        assert_fails(&result, MUON_STATUS_PLAN_MISMATCH, &["config field 'muon_ns_method'"]);
+    }
+    ranks.into_iter().for_each(|(opt, _)| destroy(opt));
+    destroy_group(&dp);
+
+    for mode in [
+        MUON_TP_MODE_DISTRIBUTED,
+        MUON_TP_MODE_DUPLICATED,
+        MUON_TP_MODE_BLOCKWISE,
+    ] {
+        let tp = host_group(2);
+        let ranks: Vec<_> = (0..2)
+            .map(|t| {
+                let mut cfg = config(LONG_MS);
+                cfg.muon_tp_mode = mode;
+                cfg.muon_ns_method = methods[t];
+                tp_rank(&cfg, tp[t], vec![("w", vec![16, 48], MUON_PARAM_FLAG_TP_SHARD_COLS)])
+            })
+            .collect();
+        for result in finalize_all(&ranks) {
+            if mode == MUON_TP_MODE_BLOCKWISE {
+                result.0.expect("blockwise: each shard is a matrix of its own");
+            } else {
+                assert_fails(
+                    &result,
+                    MUON_STATUS_PLAN_MISMATCH,
+                    &[
+                        "the TP group disagrees on muon_ns_method",
+                        "standard on TP rank",
+                        "gram on TP rank",
+                    ],
+                );
+            }
+        }
+        teardown(ranks, &tp);
+    }
 }
 
 #[test]

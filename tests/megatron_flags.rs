@@ -43,6 +43,7 @@ fn the_megatron_table_states_the_code_defaults() {
         "muon_momentum",
         "muon_nesterov",
         "muon_ns_precision",
+        "muon_ns_method",
         "clip_grad",
         "bucket_size",
         "muon_layout",

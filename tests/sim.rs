@@ -238,12 +238,7 @@ fn the_engine_orders_two_streams_by_events_and_stalls_the_host_on_a_sync() {
         work(Compute, 1.0, 2.0),
     ];
     let timeline = &engine::run(vec![program]).unwrap()[0];
-    let real: Vec<(f64, f64)> = timeline
-        .slices
-        .iter()
-        .filter(|s| s.class == Class::Optimizer)
-        .map(|s| (s.start, s.end))
-        .collect();
+    let real = optimizer_spans(timeline);
     // compute 1..11; comm waits for the record at 11, runs 11..16; the host, blocked until 16,
     // issues the last work at 17, which runs 17..19.
     assert_eq!(real, vec![(1.0, 11.0), (11.0, 16.0), (17.0, 19.0)]);
@@ -258,6 +253,46 @@ fn the_engine_orders_two_streams_by_events_and_stalls_the_host_on_a_sync() {
     assert_eq!(timeline.host_syncs, vec![1]);
     assert_eq!(timeline.host_stall, vec![14.0]);
     assert_eq!(timeline.host_end, 17.0);
+}
+
+/// Two optimizers of a rank: each has its own comm stream (their work overlaps) and its own
+/// events (optimizer 1's record of event 3 is not the one optimizer 0's wait refers to); the
+/// compute stream is shared.
+#[test]
+fn each_optimizer_of_a_rank_has_its_own_comm_stream_and_events() {
+    use StreamKind::{Comm, Compute};
+    let e = EventId(3);
+    let record = |stream| Item::Record {
+        stream,
+        event: e,
+        host: 0.0,
+        label: label("record"),
+    };
+    let wait = |stream| Item::Wait {
+        stream,
+        event: e,
+        host: 0.0,
+        label: label("wait"),
+    };
+    let program = vec![
+        Item::IterationStart,
+        work(Comm, 0.0, 10.0),
+        record(Comm),
+        Item::Optimizer(1),
+        work(Comm, 0.0, 4.0),
+        record(Comm),
+        work(Compute, 0.0, 1.0),
+        Item::Optimizer(0),
+        wait(Compute),
+        work(Compute, 0.0, 2.0),
+    ];
+    let timeline = &engine::run(vec![program]).unwrap()[0];
+    let real = optimizer_spans(timeline);
+    // Comm work of optimizers 0 and 1 side by side (0..10, 0..4); the compute stream's wait
+    // on optimizer 0's event ends at 10, not at optimizer 1's 4.
+    assert_eq!(real, vec![(0.0, 10.0), (0.0, 4.0), (0.0, 1.0), (10.0, 12.0)]);
+    let err = engine::run(vec![vec![Item::Optimizer(engine::MAX_OPTIMIZERS)]]).unwrap_err();
+    assert!(err.message.contains("at most 2"), "{err}");
 }
 
 #[test]
@@ -376,6 +411,7 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
             let trainer = Trainer {
                 tokens: 1024,
                 iterations: ITERATIONS,
+                experts_per_token: None,
             };
             let cost = CostModel::new(h100(), DP);
             let recorded = record_rank(
@@ -567,4 +603,14 @@ fn tensor_parallel_modes_add_their_own_collectives() {
     assert_eq!(count(&distributed, "tensor-parallel all-gather"), 0);
     assert!(duplicated.device_bytes.workspaces > distributed.device_bytes.workspaces);
     assert!(duplicated.figures.exposed_ms > blockwise.figures.exposed_ms);
+}
+
+/// (start, end) of every optimizer slice of `timeline`, in order.
+fn optimizer_spans(timeline: &engine::Timeline) -> Vec<(f64, f64)> {
+    timeline
+        .slices
+        .iter()
+        .filter(|s| s.class == Class::Optimizer)
+        .map(|s| (s.start, s.end))
+        .collect()
 }

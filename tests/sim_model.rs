@@ -1,17 +1,20 @@
 //! The simulator's model choices, one test each: contention reported as the iteration time it
 //! adds and left out of the lower bound; the SM share of a collective by its transport;
 //! multi-rail network rings; overlap counted against every compute-stream kernel; the
-//! embedding's forward as a lookup; the AdamW baseline, bf16 gradients and the memory check.
+//! embedding's forward as a lookup; the AdamW baseline, bf16 gradients and the memory check;
+//! the deepseek-v3-like job's pipeline stage and expert optimizer.
 
 use muon_opt::backend::cuda::action::{NcclCall, NcclType};
+use muon_opt::backend::ops::StreamKind;
 use muon_opt::config::Dtype;
 use muon_opt::model::ParamFlags;
 use muon_opt::plan::presets::preset;
 use muon_opt::sim::cost::CostModel;
-use muon_opt::sim::drive::lookups;
+use muon_opt::sim::drive::{RecordOptions, Trainer, lookups, record_shared};
+use muon_opt::sim::engine::Item;
 use muon_opt::sim::profile::{Hardware, builtin};
-use muon_opt::sim::scenarios::JOBS;
-use muon_opt::sim::{Scenario, simulate, simulate_against_adamw};
+use muon_opt::sim::scenarios::{self, JOBS};
+use muon_opt::sim::{Scenario, rank_optimizers, simulate, simulate_against_adamw};
 
 fn h100(name: &str) -> Hardware {
     builtin(name).unwrap()
@@ -196,4 +199,85 @@ fn a_job_that_needs_more_than_the_gpu_does_not_fit() {
         let sim = simulate(&job.scenario(false).unwrap()).unwrap();
         assert!(sim.fits, "{}: {} GB", job.name, sim.device_bytes.total as f64 / 1e9);
     }
+}
+
+/// The deepseek-v3-like job as DeepSeek-V3 trains it: a middle pipeline stage (MoE layers
+/// 30–33), its expert stacks holding E/ep = 4 of 256 experts on a second optimizer whose
+/// expert data-parallel group is the rank alone, so its only collectives are the norm gathers
+/// over the norm group (its bucket collectives meet no rank and take no time); the dense
+/// params on the 64-rank data-parallel group; the two step together; each expert stack
+/// computes the tokens routed to it; the state fits 80 GB.
+#[test]
+fn the_deepseek_job_runs_its_experts_on_a_second_optimizer_of_one_rank() {
+    let job = scenarios::job("deepseek-v3-like pp16 ep64 dp64 nvlink").unwrap();
+    let scenario = job.scenario(false).unwrap();
+    let setup = rank_optimizers(&scenario).unwrap();
+    let [dense, experts] = &setup.optimizers[..] else {
+        panic!("{} optimizers", setup.optimizers.len())
+    };
+    assert_eq!((dense.plan.dp, experts.plan.dp), (64, 1));
+    assert_eq!(experts.params.len(), 8, "fc1 and fc2 of 4 MoE layers");
+    assert!(experts.params.iter().all(|p| p.is_expert_stack() && p.shape[0] == 4));
+    assert!(dense.params.iter().all(|p| !p.is_expert_stack()));
+    let layers: Vec<&str> = dense
+        .params
+        .iter()
+        .map(|p| p.name.strip_prefix("layers.").unwrap().split('.').next().unwrap())
+        .collect();
+    assert_eq!((layers[0], *layers.last().unwrap()), ("30", "33"));
+    assert_eq!(setup.order.len(), dense.params.len() + experts.params.len());
+
+    let trainer = Trainer {
+        tokens: scenario.tokens_per_gpu,
+        iterations: scenario.iterations,
+        experts_per_token: Some(8),
+    };
+    let members: Vec<_> = setup.optimizers.iter().map(|o| o.member(5, 64)).collect();
+    let recorded = record_shared(&members, &setup.order, trainer, RecordOptions::default()).unwrap();
+    let mut optimizer = 0;
+    let (mut collectives, mut local) = ([Vec::new(), Vec::new()], 0);
+    for item in &recorded.items {
+        match item {
+            Item::Optimizer(k) => optimizer = *k,
+            Item::Collective { label, .. } => collectives[optimizer].push(label.what),
+            Item::Work {
+                stream: StreamKind::Comm,
+                device,
+                label,
+                ..
+            } if optimizer == 1
+                && matches!(
+                    label.what,
+                    "reduce" | "broadcast" | "reduce-scatter" | "all-gather" | "all-reduce"
+                ) =>
+            {
+                assert_eq!(*device, 0.0);
+                local += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        collectives[1]
+            .iter()
+            .all(|&w| w == "norm all-gather" || w == "scalar exchange"),
+        "{:?}",
+        collectives[1]
+    );
+    let gathers = collectives[1].iter().filter(|&&w| w == "norm all-gather").count();
+    assert_eq!(gathers, scenario.iterations);
+    assert!(local > 0, "the expert buckets' one-rank collectives");
+    assert!(collectives[0].contains(&"reduce-scatter") || collectives[0].contains(&"reduce"));
+
+    let sim = simulate(&scenario).unwrap();
+    assert!(sim.fits, "{} GB", sim.device_bytes.total as f64 / 1e9);
+    let flops_params: u64 = dense.params.iter().map(|p| p.numel()).sum::<u64>()
+        + experts.params.iter().map(|p| p.numel() / p.shape[0] * 8).sum::<u64>();
+    let hw = h100("h100-nvlink");
+    let expected = 6.0 * flops_params as f64 * 8192.0 / (hw.bf16_tflops * 1e12 * hw.model_efficiency) * 1e3;
+    assert!(
+        (sim.figures.model_compute_ms - expected).abs() < 1e-6 * expected,
+        "{} vs {expected} ms",
+        sim.figures.model_compute_ms
+    );
 }

@@ -6,7 +6,8 @@
 //! `blockwise` mode each shard is orthogonalized alone, which equals the unsharded run with
 //! every shard registered as a matrix of its own. Column-parallel (rows) and row-parallel
 //! (columns) shards, a fused gate|up split per shard and Megatron's QKV split per query group
-//! (TP shards whole groups) are covered.
+//! (TP shards whole groups) are covered, with the standard and the Gram Newton–Schulz
+//! (`muon_ns_method`).
 
 mod support;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use muon_opt::backend::cuda::CallerStream;
 use muon_opt::comm::Communicator;
-use muon_opt::config::{Config, Dtype, NsPrecision, TpMode};
+use muon_opt::config::{Config, Dtype, NsMethod, NsPrecision, TpMode};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::TpDim;
@@ -39,7 +40,7 @@ struct Logical {
     groups: usize,
 }
 
-const MODEL: [Logical; 6] = [
+const MODEL: [Logical; 8] = [
     Logical {
         name: "attn.qkv.weight",
         rows: 64,
@@ -76,6 +77,22 @@ const MODEL: [Logical; 6] = [
         name: "mlp.fc2.weight",
         rows: 32,
         cols: 64,
+        tp: Some(TpDim::Cols),
+        splits: &[],
+        groups: 1,
+    },
+    Logical {
+        name: "mlp.wide_in.weight",
+        rows: 96,
+        cols: 16,
+        tp: Some(TpDim::Rows),
+        splits: &[],
+        groups: 1,
+    },
+    Logical {
+        name: "mlp.wide_out.weight",
+        rows: 16,
+        cols: 96,
         tp: Some(TpDim::Cols),
         splits: &[],
         groups: 1,
@@ -165,11 +182,16 @@ fn value(name: &str, step: Option<usize>, d: usize, i: usize) -> f32 {
 }
 
 fn config(mode: TpMode) -> Config {
+    with_method(mode, NsMethod::Standard)
+}
+
+fn with_method(mode: TpMode, method: NsMethod) -> Config {
     Config {
         bucket_size: 1024,
         clip_grad: 0.0,
         muon_ns_precision: NsPrecision::F32,
         muon_tp_mode: mode,
+        muon_ns_method: method,
         ..Config::default()
     }
 }
@@ -226,14 +248,14 @@ fn sharded_params(t: usize) -> Params {
 
 /// The full logical model of a dp × tp run: each weight assembled from its TP shards (as
 /// trained by data-parallel rank 0; every data-parallel rank holds the same values).
-fn tp_run(mode: TpMode) -> Vec<Vec<f32>> {
+fn tp_run(mode: TpMode, method: NsMethod) -> Vec<Vec<f32>> {
     let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
     let tensor: Vec<Vec<Arc<Communicator>>> = (0..DP).map(|_| host_comms(TP)).collect();
     let results: Vec<Result<Vec<Vec<f32>>>> = on_ranks(
         (0..TP).flat_map(|t| (0..DP).map(move |d| (d, t))),
         |_, (d, t)| -> Result<Vec<Vec<f32>>> {
             let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
-            let mut opt = Optimizer::new(config(mode), dp_comm.claim()?, CallerStream::NULL)?;
+            let mut opt = Optimizer::new(with_method(mode, method), dp_comm.claim()?, CallerStream::NULL)?;
             opt.set_tp_group(tp_comm)?;
             train(&mut opt, &sharded_params(t), d)
         },
@@ -264,7 +286,7 @@ fn tp_run(mode: TpMode) -> Vec<Vec<f32>> {
 }
 
 /// The unsharded model (or, `split_shards`, every shard a matrix of its own) at dp 2, TP 1.
-fn reference_run(split_shards: bool) -> Vec<Vec<f32>> {
+fn reference_run(split_shards: bool, method: NsMethod) -> Vec<Vec<f32>> {
     let params: Params = MODEL
         .iter()
         .flat_map(|l| {
@@ -292,7 +314,11 @@ fn reference_run(split_shards: bool) -> Vec<Vec<f32>> {
     let comms = host_comms(DP);
     let results: Vec<Result<Vec<Vec<f32>>>> = on_ranks(0..DP, |_, d| -> Result<Vec<Vec<f32>>> {
         let (comm, params) = (comms[d].clone(), &params);
-        let mut opt = Optimizer::new(config(TpMode::Blockwise), comm.claim()?, CallerStream::NULL)?;
+        let mut opt = Optimizer::new(
+            with_method(TpMode::Blockwise, method),
+            comm.claim()?,
+            CallerStream::NULL,
+        )?;
         train(&mut opt, params, d)
     });
     let values = results.into_iter().next().unwrap().unwrap();
@@ -322,16 +348,16 @@ fn assert_same_model(got: &[Vec<f32>], want: &[Vec<f32>]) {
 #[test]
 fn duplicated_shards_train_bitwise_like_the_unsharded_model() {
     let initial: Vec<f32> = (0..64 * 32).map(|i| value("attn.qkv.weight", None, 0, i)).collect();
-    let duplicated = tp_run(TpMode::Duplicated);
+    let duplicated = tp_run(TpMode::Duplicated, NsMethod::Standard);
     assert_ne!(bits(&duplicated[0]), bits(&initial), "the weights moved");
-    assert_same_model(&duplicated, &reference_run(false));
+    assert_same_model(&duplicated, &reference_run(false, NsMethod::Standard));
 }
 
 #[test]
 fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
-    let blockwise = tp_run(TpMode::Blockwise);
-    assert_same_model(&blockwise, &reference_run(true));
-    let unsharded = reference_run(false);
+    let blockwise = tp_run(TpMode::Blockwise, NsMethod::Standard);
+    assert_same_model(&blockwise, &reference_run(true, NsMethod::Standard));
+    let unsharded = reference_run(false, NsMethod::Standard);
     for (l, (b, u)) in MODEL.iter().zip(blockwise.iter().zip(&unsharded)) {
         if l.tp.is_some() {
             assert_ne!(
@@ -344,6 +370,19 @@ fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
     }
 }
 
+/// The initial values of logical param `l`.
+fn initial(l: &Logical) -> Vec<f32> {
+    (0..l.rows * l.cols).map(|i| value(l.name, None, 0, i)).collect()
+}
+
+/// The largest `|a − b|`, NaN if any difference is NaN.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(
+        0.0f32,
+        |m, d| if d.is_nan() || m.is_nan() { f32::NAN } else { m.max(d) },
+    )
+}
+
 /// `distributed` mode runs Newton–Schulz on the shards with the norm and every `X·Xᵀ` summed
 /// over the TP group: the unsharded model's update up to the order of those sums (and, for a
 /// row split, the orientation of the iterate), so the full model after 3 steps is within
@@ -351,22 +390,17 @@ fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
 /// is another update by orders of magnitude more.
 #[test]
 fn distributed_shards_train_like_the_unsharded_model_up_to_rounding() {
-    let unsharded = reference_run(false);
-    let distributed = tp_run(TpMode::Distributed);
-    let blockwise = tp_run(TpMode::Blockwise);
-    let initial = |l: &Logical| -> Vec<f32> { (0..l.rows * l.cols).map(|i| value(l.name, None, 0, i)).collect() };
+    let unsharded = reference_run(false, NsMethod::Standard);
+    let distributed = tp_run(TpMode::Distributed, NsMethod::Standard);
+    let blockwise = tp_run(TpMode::Blockwise, NsMethod::Standard);
     for (l, ((d, u), b)) in MODEL.iter().zip(distributed.iter().zip(&unsharded).zip(&blockwise)) {
         if l.tp.is_none() {
             assert_eq!(bits(d), bits(u), "{}: element-wise params are bitwise", l.name);
             continue;
         }
-        let moved = u
-            .iter()
-            .zip(initial(l))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        let off = d.iter().zip(u).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        let blockwise_off = b.iter().zip(u).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let moved = max_abs_diff(u, &initial(l));
+        let off = max_abs_diff(d, u);
+        let blockwise_off = max_abs_diff(b, u);
         assert!(
             off <= 1e-4 * moved,
             "{}: {off} off the unsharded model, which moved {moved}",
@@ -375,6 +409,52 @@ fn distributed_shards_train_like_the_unsharded_model_up_to_rounding() {
         assert!(
             blockwise_off > 100.0 * off.max(f32::EPSILON * moved),
             "{}: blockwise {blockwise_off}, distributed {off}",
+            l.name
+        );
+    }
+}
+
+/// With `muon_ns_method = gram`, `duplicated` mode orthogonalizes each gathered matrix as the
+/// unsharded model does, so it trains bit for bit like the unsharded gram model. The Gram
+/// iteration ran where it applies (those weights differ from the standard model's), and the
+/// square components (`mlp.gate_up.weight`'s two 32 × 32) took the standard path: bitwise the
+/// standard model's.
+#[test]
+fn duplicated_shards_with_gram_train_bitwise_like_the_unsharded_gram_model() {
+    let gram = reference_run(false, NsMethod::Gram);
+    assert_same_model(&tp_run(TpMode::Duplicated, NsMethod::Gram), &gram);
+    let standard = reference_run(false, NsMethod::Standard);
+    for (l, (g, s)) in MODEL.iter().zip(gram.iter().zip(&standard)) {
+        let standard_path = l.name == "mlp.gate_up.weight" || l.tp.is_none();
+        assert_eq!(bits(g) == bits(s), standard_path, "{}", l.name);
+    }
+}
+
+/// `distributed` mode with `gram`: each rank runs the Gram iteration on its shard's iterate
+/// where `gram_applies` holds for it (m = the unsplit side, n = the shard's part of the split
+/// side), each `X·Xᵀ` completed over the TP group. Here only the two wide weights have wide
+/// shard iterates (16 × 48), so they alone differ from a distributed `standard` run; every
+/// other shard iterate is square or tall and takes the standard iteration, bitwise. The model
+/// is within rounding of the unsharded gram model: at most 1e-4 of how far each weight moved
+/// in 3 steps (the sums over the shards change the order of additions, and where the shard
+/// takes the standard iteration the unsharded matrix took the Gram one).
+#[test]
+fn distributed_shards_with_gram_train_like_the_unsharded_gram_model_up_to_rounding() {
+    let unsharded = reference_run(false, NsMethod::Gram);
+    let gram = tp_run(TpMode::Distributed, NsMethod::Gram);
+    let standard = tp_run(TpMode::Distributed, NsMethod::Standard);
+    for (l, ((g, s), u)) in MODEL.iter().zip(gram.iter().zip(&standard).zip(&unsharded)) {
+        let wide_shards = l.name.starts_with("mlp.wide");
+        assert_eq!(bits(g) != bits(s), wide_shards, "{}", l.name);
+        if l.tp.is_none() {
+            assert_eq!(bits(g), bits(u), "{}: element-wise params are bitwise", l.name);
+            continue;
+        }
+        let moved = max_abs_diff(u, &initial(l));
+        let off = max_abs_diff(g, u);
+        assert!(
+            off <= 1e-4 * moved,
+            "{}: {off} off the unsharded gram model, which moved {moved}",
             l.name
         );
     }

@@ -3,7 +3,7 @@
 use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
-use crate::config::{CoefficientSet, CommMode, Config, Dtype, MuonLayout, NsPrecision, ScaleMode, TpMode};
+use crate::config::{CoefficientSet, CommMode, Config, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode, TpMode};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Optimizer configuration. Initialise with muon_config_init() (or MUON_CONFIG_INIT), then
@@ -90,6 +90,22 @@ pub struct muon_config_t {
     /// 1e-7 (Megatron-LM's: Emerging-Optimizers v0.3.0, which it pins; 1e-15 matches
     /// Emerging-Optimizers ≥ 0.4.0).
     pub muon_ns_eps: f32,
+    /// Padding that ended the 120-byte layout (after muon_ns_eps), named so the next field
+    /// makes a layout of another size: ignored, written as 0. A caller compiled against that
+    /// layout has unspecified bytes here.
+    pub reserved: u32,
+    /// MUON_NS_METHOD_STANDARD (default; Megatron-LM's) or MUON_NS_METHOD_GRAM (Dao AI Lab's
+    /// Gram Newton–Schulz, DeepSpeed's `ns_method="gram"`): the same polynomial steps carried on
+    /// the m×m Gram matrix X·Xᵀ of an m×n iterate (m ≤ n), with a restart, for fewer flops on
+    /// wide matrices; results equal the standard method's up to rounding. Gram applies per
+    /// matrix (each fused component, each expert) where n/m ≥ 1.5 and, with
+    /// MUON_NS_PRECISION_BF16 or _BF16_ITERATE, muon_num_ns_steps ≤ 5 and a coefficient set
+    /// other than MUON_COEFFICIENTS_POLAR_EXPRESS (with MUON_NS_PRECISION_F32: any steps and
+    /// coefficients). MUON_TP_MODE_DISTRIBUTED judges each rank's shard, whose products it
+    /// computes: m = the unsplit side, n = the shard's part of the split side. Every other
+    /// matrix takes the standard iteration (docs/newton-schulz.md). A caller compiled against
+    /// an older header gets standard.
+    pub muon_ns_method: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -97,15 +113,26 @@ pub struct muon_config_t {
 pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, host_threads);
 
 /// `sizeof(muon_config_t)` of every released layout — the first ABI, then one per appended
-/// field (`host_threads`, `muon_tp_mode`, `muon_ns_eps`) — as a C compiler reports it: the last
-/// field's end rounded up to the struct's alignment. Any other size below the current one is a
-/// torn or hand-computed struct_size, whose last field would be read in part.
+/// field (`host_threads`, `muon_tp_mode`, `muon_ns_eps`, `muon_ns_method`) — as a C compiler
+/// reports it: the last field's end rounded up to the struct's alignment (8). Any other size
+/// below the current one is a torn or hand-computed struct_size, whose last field would be
+/// read in part.
+///
+/// A released size names one layout only when every field it carries ends inside it and no
+/// later layout has that size. The `host_threads` and `muon_tp_mode` layouts are both 112
+/// bytes: a 112-byte struct is read as the later one (its `muon_tp_mode` is the earlier one's
+/// padding, which `muon_config_init()` of that release left unspecified). Since then an
+/// appended field that would end inside the last layout's tail padding is preceded by a
+/// `reserved` `uint32_t` filling that padding (as before `muon_ns_method`, 120 → 128 bytes),
+/// so every later layout has a size of its own and an older caller's padding is never read as
+/// a field.
 pub(crate) fn released_config_sizes() -> Vec<usize> {
     let align = std::mem::align_of::<muon_config_t>();
     let ends = [
         MIN_CONFIG_SIZE,
         std::mem::offset_of!(muon_config_t, muon_tp_mode),
         std::mem::offset_of!(muon_config_t, muon_ns_eps),
+        std::mem::offset_of!(muon_config_t, reserved),
         std::mem::size_of::<muon_config_t>(),
     ];
     let mut sizes: Vec<usize> = ends.iter().map(|e| e.next_multiple_of(align)).collect();
@@ -154,6 +181,8 @@ impl muon_config_t {
             host_threads: cfg.host_threads,
             muon_tp_mode: cfg.muon_tp_mode.code(),
             muon_ns_eps: cfg.muon_ns_eps,
+            reserved: 0,
+            muon_ns_method: cfg.muon_ns_method.code(),
         }
     }
 
@@ -184,6 +213,7 @@ impl muon_config_t {
             host_threads: self.host_threads,
             muon_tp_mode: TpMode::from_code("muon_tp_mode", self.muon_tp_mode)?,
             muon_ns_eps: self.muon_ns_eps,
+            muon_ns_method: NsMethod::from_code("muon_ns_method", self.muon_ns_method)?,
             ..Config::default()
         };
         cfg.validate()?;

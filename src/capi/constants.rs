@@ -33,6 +33,11 @@ pub const MUON_NS_PRECISION_F32: u32 = 1;
 /// Megatron-LM's bf16 scheme: the iterate and every product stored in bf16.
 pub const MUON_NS_PRECISION_BF16_ITERATE: u32 = 2;
 
+/// Newton–Schulz on the m×n iterate every step (default; Megatron-LM's).
+pub const MUON_NS_METHOD_STANDARD: u32 = 0;
+/// Gram Newton–Schulz on the m×m X·Xᵀ with a restart where it applies (muon_config_t.muon_ns_method).
+pub const MUON_NS_METHOD_GRAM: u32 = 1;
+
 /// √max(m, n) (default).
 pub const MUON_SCALE_SPECTRAL: u32 = 0;
 /// √max(1, m/n).
@@ -120,7 +125,7 @@ pub fn route_code(route: Route) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{CoefficientSet, CommMode, Dtype, MuonLayout, NsPrecision, ScaleMode, TpMode};
+    use crate::config::{CoefficientSet, CommMode, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode, TpMode};
     use crate::model::ParamFlags;
 
     #[test]
@@ -138,6 +143,8 @@ mod tests {
         assert_eq!(NsPrecision::Bf16.code(), MUON_NS_PRECISION_BF16);
         assert_eq!(NsPrecision::F32.code(), MUON_NS_PRECISION_F32);
         assert_eq!(NsPrecision::Bf16Iterate.code(), MUON_NS_PRECISION_BF16_ITERATE);
+        assert_eq!(NsMethod::Standard.code(), MUON_NS_METHOD_STANDARD);
+        assert_eq!(NsMethod::Gram.code(), MUON_NS_METHOD_GRAM);
         assert_eq!(ScaleMode::Spectral.code(), MUON_SCALE_SPECTRAL);
         assert_eq!(ScaleMode::ShapeScaling.code(), MUON_SCALE_SHAPE_SCALING);
         assert_eq!(ScaleMode::UnitRmsNorm.code(), MUON_SCALE_UNIT_RMS_NORM);

@@ -4,6 +4,7 @@
 use crate::backend::ops::MAX_NORM_TERMS;
 use crate::bail;
 use crate::capi::boundary::{checked_size, fail, non_null, run};
+use crate::capi::config::{muon_config_t, read_config};
 use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
@@ -311,7 +312,8 @@ pub unsafe extern "C" fn muon_optimizer_synchronize(opt: *mut muon_optimizer_t) 
 }
 
 /// @brief The library's own host Newton–Schulz orthogonalization (for checking numerics), with
-///        the default normalization floor (muon_config_t.muon_ns_eps = 1e-7).
+///        the default normalization floor (muon_config_t.muon_ns_eps = 1e-7) and the standard
+///        iteration (muon_newton_schulz_host_config() takes every Newton–Schulz field).
 /// @param[in]  in   rows×cols row-major f32 input (host).
 /// @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
 /// @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
@@ -329,34 +331,79 @@ pub unsafe extern "C" fn muon_newton_schulz_host(
     precision: u32,
 ) -> muon_status_t {
     run("muon_newton_schulz_host", || {
-        non_null(input, "in")?;
-        non_null(out, "out")?;
-        if rows == 0 || cols == 0 {
-            bail!(OutOfRange, "rows and cols must be >= 1 (got {rows}×{cols})");
-        }
-        let opts = NsOptions {
-            coefficients: CoefficientSet::from_code("coefficient_set", coefficient_set)?,
-            steps,
-            precision: NsPrecision::from_code("precision", precision)?,
-            eps: DEFAULT_NS_EPS,
-            symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
-            method: NsMethod::Standard,
+        let opts = || {
+            Ok(NsOptions {
+                coefficients: CoefficientSet::from_code("coefficient_set", coefficient_set)?,
+                steps,
+                precision: NsPrecision::from_code("precision", precision)?,
+                eps: DEFAULT_NS_EPS,
+                symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
+                method: NsMethod::Standard,
+            })
         };
-        let n = rows as usize * cols as usize;
-        // SAFETY: the caller provides rows·cols values in each array.
-        let (src, dst) = unsafe {
-            (
-                std::slice::from_raw_parts(input, n),
-                std::slice::from_raw_parts_mut(out, n),
-            )
-        };
-        newton_schulz(
-            src,
-            dst,
-            rows as usize,
-            cols as usize,
-            &opts,
-            &mut NsWorkspace::default(),
-        )
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { host_newton_schulz(input, out, (rows, cols), opts) }
     })
+}
+
+/// @brief The library's own host Newton–Schulz orthogonalization (for checking numerics) with
+///        the Newton–Schulz fields of @p cfg: muon_coefficient_set, muon_num_ns_steps,
+///        muon_ns_precision, muon_ns_eps and muon_ns_method (the Gram iteration where it
+///        applies to a rows×cols matrix, see muon_config_t.muon_ns_method); what an optimizer
+///        with @p cfg computes for one unsharded Muon matrix.
+/// @param[in]  in   rows×cols row-major f32 input (host).
+/// @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
+/// @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
+/// @param[in]  cfg  Config initialised by muon_config_init(); checked as by
+///             muon_config_validate().
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_newton_schulz_host_config(
+    input: *const f32,
+    out: *mut f32,
+    rows: u32,
+    cols: u32,
+    cfg: *const muon_config_t,
+) -> muon_status_t {
+    run("muon_newton_schulz_host_config", || {
+        // SAFETY: NULL or a muon_config_t of struct_size bytes, per the contract.
+        let opts = || unsafe { read_config(cfg) }.map(|cfg| NsOptions::from_config(&cfg));
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { host_newton_schulz(input, out, (rows, cols), opts) }
+    })
+}
+
+/// The body of the host Newton–Schulz exports: checks the pointers and the shape, then reads
+/// the options and runs.
+///
+/// # Safety
+/// `input` and `out` are NULL or hold `rows·cols` values each.
+unsafe fn host_newton_schulz(
+    input: *const f32,
+    out: *mut f32,
+    (rows, cols): (u32, u32),
+    opts: impl FnOnce() -> crate::error::Result<NsOptions>,
+) -> crate::error::Result<()> {
+    non_null(input, "in")?;
+    non_null(out, "out")?;
+    if rows == 0 || cols == 0 {
+        bail!(OutOfRange, "rows and cols must be >= 1 (got {rows}×{cols})");
+    }
+    let opts = opts()?;
+    let n = rows as usize * cols as usize;
+    // SAFETY: the caller provides rows·cols values in each array.
+    let (src, dst) = unsafe {
+        (
+            std::slice::from_raw_parts(input, n),
+            std::slice::from_raw_parts_mut(out, n),
+        )
+    };
+    newton_schulz(
+        src,
+        dst,
+        rows as usize,
+        cols as usize,
+        &opts,
+        &mut NsWorkspace::default(),
+    )
 }

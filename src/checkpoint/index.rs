@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use super::components::{Component, StateKind, components, split_by_component, tensor_key};
 use super::tp::{Block, Placement, TpRank, TpSplit, block_text, held_blocks};
 use crate::bail;
-use crate::config::{CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsPrecision, ScaleMode};
+use crate::config::{CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::{ElemRange, Plan};
@@ -50,6 +50,20 @@ pub struct NumericsConfig {
     /// bytes; older ones read as the default).
     #[serde(default = "default_ns_eps", skip_serializing_if = "is_default_ns_eps")]
     pub muon_ns_eps: f32,
+    /// Written only when it is not `standard` (checkpoints of the default keep their bytes;
+    /// older ones, which have no such field, read as `standard`). Like the precision, the
+    /// method changes the rounding of every Muon update, so a checkpoint loads only into an
+    /// optimizer with the same method.
+    #[serde(default = "standard_method", skip_serializing_if = "is_standard_method")]
+    pub muon_ns_method: NsMethod,
+}
+
+fn standard_method() -> NsMethod {
+    NsMethod::Standard
+}
+
+fn is_standard_method(value: &NsMethod) -> bool {
+    *value == NsMethod::Standard
 }
 
 fn default_ns_eps() -> f32 {
@@ -83,6 +97,7 @@ impl NumericsConfig {
             adam_eps: cfg.adam_eps,
             clip_grad: cfg.clip_grad,
             muon_ns_eps: cfg.muon_ns_eps,
+            muon_ns_method: cfg.muon_ns_method,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Buffer grouping, alignment and bucket membership shared by every layout mode.
 
-use crate::config::Dtype;
+use crate::config::{Config, Dtype};
 use crate::model::{ParamSpec, Route};
 
 use super::types::{Bucket, BucketSplit, ParamPlacement};
@@ -70,22 +70,27 @@ pub(crate) struct BufferGroup {
     pub params: Vec<u32>,
 }
 
-/// Groups params into buffers: Muon buffers first, then AdamW, each ordered by dtype code.
-/// Buffers without params are left out.
-pub(crate) fn group_buffers(params: &[ParamSpec], routes: &[Route]) -> Vec<BufferGroup> {
+/// Groups params into buffers: Muon buffers first, then AdamW, each ordered by dtype code, and
+/// within a dtype the params gathered in place before those staged on the grad buffer
+/// ([`ParamSpec::is_staged`]): a bucket is gathered by one collective over its own bytes, in
+/// param storage or on its staging view, never by two over the whole bucket. Buffers without
+/// params are left out.
+pub(crate) fn group_buffers(params: &[ParamSpec], routes: &[Route], cfg: &Config) -> Vec<BufferGroup> {
     let mut groups = Vec::new();
     for route in [Route::Muon, Route::Adamw] {
         for &dtype in Dtype::ALL {
-            let ids: Vec<u32> = (0..params.len())
-                .filter(|&i| routes[i] == route && params[i].dtype == dtype)
-                .map(|i| i as u32)
-                .collect();
-            if !ids.is_empty() {
-                groups.push(BufferGroup {
-                    route,
-                    dtype,
-                    params: ids,
-                });
+            for staged in [false, true] {
+                let ids: Vec<u32> = (0..params.len())
+                    .filter(|&i| routes[i] == route && params[i].dtype == dtype && params[i].is_staged(cfg) == staged)
+                    .map(|i| i as u32)
+                    .collect();
+                if !ids.is_empty() {
+                    groups.push(BufferGroup {
+                        route,
+                        dtype,
+                        params: ids,
+                    });
+                }
             }
         }
     }

@@ -69,13 +69,16 @@ struct Waiting {
 }
 
 /// The group window is this fraction of the buffer's backward: `total / GROUP_WINDOW_DIVISOR`.
-/// Measured with `muon-opt simulate` on the presets at dp 2–256 (docs/design.md §4): with no
+/// Measured with `muon-opt simulate` (docs/design.md §4), same constants throughout: with no
 /// window, groups of llama3-70b at dp=64 span 64 of 80 layers and the exposed step time grows
-/// 4.2× over the rooted layout; with a third, `compact` is at or below `compact_rooted` on
-/// NVLink at every measured dp and on InfiniBand at dp ≤ 4, and loses up to 14 % of exposed
-/// time on InfiniBand at dp = 8, where the last groups' reduce-scatters outlast the backward
-/// pass (`compact_rooted` stays available for such jobs).
-const GROUP_WINDOW_DIVISOR: u64 = 3;
+/// 4.2× over the rooted layout. With a third, `compact` lost to `compact_rooted` on InfiniBand
+/// wherever the gradient collectives fill the backward (llama3-8b dp=8: 1144.2 vs 1092.9 ms,
+/// llama3-70b TP=8 dp=8: 1423.2 vs 1398.1 ms; llama3-70b dp=16 NVLink 9774.9 vs 9736.6 ms):
+/// the last groups' reduce-scatters start late and outlast the backward pass. With a twelfth,
+/// groups form where they save the most bytes (dp ≤ 4: a reduce-scatter moves (dp−1)/dp of
+/// what reduces to owners move) and `compact` is within 0.5 % of the faster of `compact_rooted`
+/// and `padded` on every llama3 preset and named job at dp 2–64, NVLink and InfiniBand.
+const GROUP_WINDOW_DIVISOR: u64 = 12;
 
 /// One compact Muon buffer to lay out: its params (`ids`, registration order) and settings.
 pub(crate) struct CompactBuffer<'a> {

@@ -3,7 +3,9 @@
 //! owner of every Muon matrix and AdamW shard. Buffers, collectives and checkpoints all read
 //! the [`Plan`]; every rank computes the same plan and compares [`Plan::hash`].
 //!
-//! - **Buffers**: one per (route, dtype), Muon buffers first, then AdamW, each by dtype code.
+//! - **Buffers**: one per (route, dtype, staged), Muon buffers first, then AdamW, each by dtype
+//!   code, the params staged on the grad buffer (MXFP8 with `mxfp8_param_gather`) in a buffer of
+//!   their own so that a bucket is gathered by one collective over exactly its bytes.
 //! - **Buckets**: params walked in reverse registration order (backward order), each starting
 //!   64-aligned; a bucket closes once it spans `cfg.effective_bucket_size(dp)` elements (one
 //!   bucket per buffer when `overlap_grad_reduce` is off). Bucket ids are global: buffers in
@@ -121,7 +123,7 @@ fn lay_out(
 ) -> Result<(Layout, OwnershipMethod)> {
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
-    let groups = group_buffers(params, routes);
+    let groups = group_buffers(params, routes, cfg);
     let chunks: Vec<Vec<Vec<u32>>> = groups
         .iter()
         .map(|g| backward_chunks(params, &g.params, bucket_size))

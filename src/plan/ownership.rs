@@ -7,7 +7,8 @@
 //!
 //! 1. **Atomic matrices** (Muon params that are not expert stacks) are placed by global LPT
 //!    over *all* units, stack units included: cost descending (ties: registration index, then
-//!    unit index) onto the rank with the least accumulated cost (ties: lowest rank), skipping
+//!    unit index) onto the rank with the least accumulated cost (ties: the rank owning a unit
+//!    of the nearest bucket, then the lowest rank: fewer owners per bucket), skipping
 //!    ranks that would exceed the memory cap (1.3 × the mean Muon elements per rank) unless
 //!    none fits, then the one with the fewest elements. Only the atomics keep their rank:
 //!    counting stack units here just tells LPT how much indivisible work is still to come.
@@ -35,7 +36,7 @@
 //! owners.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeSet, BinaryHeap};
 
 use crate::model::ParamSpec;
 
@@ -258,43 +259,65 @@ fn atoms_by_cost(atoms: &[Atom]) -> Vec<usize> {
     order
 }
 
-/// Step 1 of the module docs: LPT over all units; returns the rank of every atom.
+/// Step 1 of the module docs: LPT over all units; returns the rank of every atom. Among the
+/// ranks of equal least cost, a unit goes to the one owning a unit of the nearest bucket
+/// (ties: lowest rank): balance is LPT's, and a bucket has fewer owners, each one reduce and
+/// one broadcast whose latency grows with dp.
 fn place_atoms(units: &Units, dp: usize) -> Vec<u32> {
-    // (cost, registration index, unit index, atom index or None for a stack unit, elements)
-    let mut items: Vec<(u128, u32, u64, Option<usize>, u64)> = Vec::new();
+    // (cost, registration index, unit index, atom index or None for a stack unit, elements, bucket)
+    let mut items: Vec<(u128, u32, u64, Option<usize>, u64, usize)> = Vec::new();
     for (i, atom) in units.atoms.iter().enumerate() {
-        items.push((atom.cost, atom.param, 0, Some(i), atom.numel));
+        items.push((atom.cost, atom.param, 0, Some(i), atom.numel, atom.bucket));
     }
     for stack in &units.stacks {
-        items.extend((0..stack.units).map(|u| (stack.unit_cost, stack.param, u, None, stack.unit_numel)));
+        items.extend((0..stack.units).map(|u| (stack.unit_cost, stack.param, u, None, stack.unit_numel, stack.bucket)));
     }
-    items.sort_by_key(|&(cost, param, unit, _, _)| (Reverse(cost), param, unit));
+    items.sort_by_key(|&(cost, param, unit, _, _, _)| (Reverse(cost), param, unit));
     let mut loads = Loads::new(dp, units.total_numel);
     let mut least: BinaryHeap<Reverse<(u128, usize)>> = (0..dp).map(|r| Reverse((0, r))).collect();
     let mut atom_owner = vec![0u32; units.atoms.len()];
+    let mut buckets_of: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); dp];
     let mut skipped = Vec::new();
-    for (cost, _, _, atom, numel) in items {
-        let fitting = loop {
-            match least.pop() {
-                Some(Reverse((_, r))) if loads.fits(r, numel) => break Some(r),
-                Some(Reverse((_, r))) => skipped.push(r),
-                None => break None,
+    for (cost, _, _, atom, numel, bucket) in items {
+        let mut tied: Vec<usize> = Vec::new();
+        while let Some(&Reverse((c, r))) = least.peek() {
+            if tied.first().is_some_and(|&t| loads.cost[t] != c) {
+                break;
             }
-        };
-        let r = fitting.unwrap_or_else(|| loads.fewest_elements(|_| true));
+            least.pop();
+            if loads.fits(r, numel) {
+                tied.push(r);
+            } else {
+                skipped.push(r);
+            }
+        }
+        let r = tied
+            .iter()
+            .copied()
+            .min_by_key(|&r| (bucket_distance(&buckets_of[r], bucket), r))
+            .unwrap_or_else(|| loads.fewest_elements(|_| true));
         loads.add(r, cost, numel);
+        buckets_of[r].insert(bucket);
         if let Some(i) = atom {
             atom_owner[i] = r as u32;
         }
         least.extend(
             skipped
                 .drain(..)
+                .chain(tied)
                 .filter(|&s| s != r)
                 .map(|s| Reverse((loads.cost[s], s))),
         );
         least.push(Reverse((loads.cost[r], r)));
     }
     atom_owner
+}
+
+/// How far `bucket` is from the nearest bucket in `owned` (`usize::MAX` when it is empty).
+fn bucket_distance(owned: &BTreeSet<usize>, bucket: usize) -> usize {
+    let below = owned.range(..=bucket).next_back().map(|&b| bucket - b);
+    let above = owned.range(bucket..).next().map(|&b| b - bucket);
+    below.into_iter().chain(above).min().unwrap_or(usize::MAX)
 }
 
 /// Step 2 of the module docs: stacks by first-fit decreasing under the smallest limit.

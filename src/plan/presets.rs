@@ -80,6 +80,78 @@ impl ModelDesc {
         })
     }
 
+    /// The params pipeline stage `stage` of `stages` holds, as Megatron-LM splits a model
+    /// without a custom layout: the decoder layers `layers.{i}.…` split evenly, stage s holding
+    /// layers `⌊s·L/stages⌋ .. ⌊(s+1)·L/stages⌋`; the params registered before the first layer
+    /// (the embedding) on the first stage, those after the last (the final norm, the output
+    /// layer, a multi-token-prediction module) on the last.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `stage` is not below `stages` or the model has fewer layers than
+    /// stages.
+    pub fn pipeline_stage(&self, stages: usize, stage: usize) -> Result<ModelDesc> {
+        let layer = |spec: &ParamSpec| {
+            let rest = spec.name.strip_prefix("layers.")?;
+            rest.split('.').next()?.parse::<usize>().ok()
+        };
+        let layers = self.params.iter().filter_map(layer).max().map_or(0, |last| last + 1);
+        if stage >= stages || layers < stages {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "pipeline stage {stage} of {stages}: '{}' has {layers} layers; a stage below the stage count and at least one layer per stage",
+                    self.name
+                ),
+            ));
+        }
+        let (first, end) = (stage * layers / stages, (stage + 1) * layers / stages);
+        let mut seen_layer = false;
+        let params = self
+            .params
+            .iter()
+            .filter(|spec| match layer(spec) {
+                Some(i) => {
+                    seen_layer = true;
+                    (first..end).contains(&i)
+                }
+                None if seen_layer => stage == stages - 1,
+                None => stage == 0,
+            })
+            .cloned()
+            .collect();
+        Ok(ModelDesc {
+            name: format!("{} (pp {stages} stage {stage})", self.name),
+            vocab_size: self.vocab_size,
+            params,
+        })
+    }
+
+    /// One expert-parallel rank's part of the model at EP size `ep`: every expert stack
+    /// `[E, m, n]` holds its `E/ep` experts `[E/ep, m, n]`; everything else whole.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the expert stack whose expert count `ep` does not divide.
+    pub fn with_expert_parallel(&self, ep: usize) -> Result<ModelDesc> {
+        let mut params = self.params.clone();
+        for spec in params.iter_mut().filter(|s| s.is_expert_stack()) {
+            if ep == 0 || !spec.shape[0].is_multiple_of(ep as u64) {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "ep {ep} does not divide the {} experts of '{}'",
+                        spec.shape[0], spec.name
+                    ),
+                ));
+            }
+            spec.shape[0] /= ep as u64;
+        }
+        Ok(ModelDesc {
+            name: format!("{} (ep {ep})", self.name),
+            vocab_size: self.vocab_size,
+            params,
+        })
+    }
+
     /// Registers every param through [`Registry::add`], so routing rules and checks apply.
     pub fn registry(&self, cfg: &Config) -> Result<Registry> {
         let mut registry = Registry::default();
@@ -359,6 +431,57 @@ mod tests {
             err.message.contains("tp 3 does not divide") && err.message.contains("qkv.weight"),
             "{err}"
         );
+    }
+
+    /// DeepSeek-V3's 61 layers over 16 stages: stage 8 holds layers 30–33 (MoE layers only),
+    /// stage 0 the embedding and layers 0–2, stage 15 layers 57–60, the output layer and the
+    /// multi-token-prediction module; the stages partition the model.
+    #[test]
+    fn pipeline_stages_split_the_layers_evenly_and_partition_the_model() {
+        let model = preset("deepseek-v3-like").unwrap();
+        let names = |stage: usize| -> Vec<String> {
+            let desc = model.pipeline_stage(16, stage).unwrap();
+            desc.params.into_iter().map(|p| p.name).collect()
+        };
+        let layers = |names: &[String]| {
+            let mut l: Vec<&str> = names
+                .iter()
+                .filter_map(|n| n.strip_prefix("layers.")?.split('.').next())
+                .collect();
+            l.dedup();
+            l.join(",")
+        };
+        let middle = names(8);
+        assert_eq!(layers(&middle), "30,31,32,33");
+        assert!(middle.iter().all(|n| n.starts_with("layers.")));
+        let first = names(0);
+        assert_eq!(layers(&first), "0,1,2");
+        assert_eq!(first[0], "embedding.word_embeddings.weight");
+        let last = names(15);
+        assert_eq!(layers(&last), "57,58,59,60");
+        assert!(last.iter().any(|n| n == "output_layer.weight") && last.iter().any(|n| n.starts_with("mtp.")));
+        let all: Vec<String> = (0..16).flat_map(names).collect();
+        let whole: Vec<String> = model.params.iter().map(|p| p.name.clone()).collect();
+        assert_eq!(all, whole);
+        let err = model.pipeline_stage(64, 0).unwrap_err();
+        assert!(err.message.contains("61 layers"), "{err}");
+    }
+
+    /// EP 64 leaves 4 of DeepSeek-V3's 256 experts in every stack and touches nothing else;
+    /// EP 3 divides no stack and says which.
+    #[test]
+    fn expert_parallel_keeps_a_share_of_every_expert_stack() {
+        let model = preset("deepseek-v3-like").unwrap();
+        let ep = model.with_expert_parallel(64).unwrap();
+        for (whole, part) in model.params.iter().zip(&ep.params) {
+            if whole.is_expert_stack() {
+                assert_eq!(part.shape, [4, whole.shape[1], whole.shape[2]], "{}", whole.name);
+            } else {
+                assert_eq!(part, whole);
+            }
+        }
+        let err = model.with_expert_parallel(3).unwrap_err();
+        assert!(err.message.contains("ep 3 does not divide the 256 experts"), "{err}");
     }
 
     #[test]

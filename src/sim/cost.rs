@@ -202,6 +202,15 @@ impl CostModel {
                     (NcclComm::Norm, Some(n)) => n,
                     _ => self.dp,
                 };
+                // A one-rank communicator (an expert data-parallel group of one rank) meets no
+                // other rank: the call's launch, and no device time is modelled for it.
+                if ranks == 1 {
+                    return Cost::Work {
+                        stream: StreamKind::Comm,
+                        host: launch,
+                        device: 0.0,
+                    };
+                }
                 Cost::Collective {
                     host: launch,
                     device: calls.iter().map(|c| self.nccl_over(c, ranks)).sum(),

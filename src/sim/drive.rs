@@ -11,6 +11,7 @@ use crate::backend::cuda::action::{Action, Buf, DevPtr, Kernel, NcclCall, NcclCo
 use crate::backend::cuda::dry_run::VirtualMemory;
 use crate::backend::cuda::translate::Translator;
 use crate::backend::cuda::{CudaBackend, Executor};
+use crate::backend::ops::NormSums;
 use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::Config;
@@ -35,14 +36,17 @@ pub struct Recorded {
 }
 
 struct Recorder {
-    cost: CostModel,
+    /// The cost model of each optimizer of the rank.
+    costs: Vec<CostModel>,
+    /// The optimizer whose items are being recorded ([`Item::Optimizer`]).
+    optimizer: usize,
     call: Call,
     memory: VirtualMemory,
     out: Recorded,
 }
 
-/// The executor of a simulated rank: prices actions instead of running them.
-struct SimExecutor(Arc<Mutex<Recorder>>);
+/// The executor of optimizer `.1` of a simulated rank: prices actions instead of running them.
+struct SimExecutor(Arc<Mutex<Recorder>>, usize);
 
 fn lock(recorder: &Mutex<Recorder>) -> std::sync::MutexGuard<'_, Recorder> {
     recorder.lock().unwrap_or_else(PoisonError::into_inner)
@@ -111,13 +115,21 @@ fn signature(calls: &[NcclCall]) -> u64 {
 }
 
 impl Recorder {
+    /// Items from here on are optimizer `k`'s.
+    fn switch_to(&mut self, k: usize) {
+        if self.optimizer != k {
+            self.optimizer = k;
+            self.out.items.push(Item::Optimizer(k));
+        }
+    }
+
     fn record(&mut self, action: &Action) {
         let label = Label {
             call: self.call,
             what: what(action),
         };
         let items = &mut self.out.items;
-        match self.cost.cost(action) {
+        match self.costs[self.optimizer].cost(action) {
             Cost::Free => {}
             Cost::Work { stream, host, device } => items.push(Item::Work {
                 stream,
@@ -171,6 +183,7 @@ impl Recorder {
 impl Executor for SimExecutor {
     fn run(&mut self, actions: &[Action], bind: &mut dyn FnMut(Buf, DevPtr, u64)) -> Result<Vec<Vec<u8>>> {
         let mut recorder = lock(&self.0);
+        recorder.switch_to(self.1);
         let mut out = Vec::new();
         for action in actions {
             match *action {
@@ -196,6 +209,11 @@ pub struct Trainer {
     /// Tokens each rank processes per iteration (forward and backward cost).
     pub tokens: u64,
     pub iterations: usize,
+    /// With expert parallelism, the experts each token is routed to: an expert stack's
+    /// compute is then that of the tokens routed to its experts, `tokens · k` spread evenly
+    /// over the expert-parallel group's experts (every expert of the stack counted: a dense
+    /// upper bound, without).
+    pub experts_per_token: Option<u64>,
 }
 
 /// Learning rates of the simulated steps (they change no timing).
@@ -229,36 +247,68 @@ pub fn train(
     clips: &[QkClipRequest],
     hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
+    let order: Vec<(usize, usize)> = (0..plan.params.len()).map(|p| (0, p)).collect();
+    train_shared(&mut [runtime], &[plan], &order, iterations, clips, hooks)
+}
+
+/// [`train`] for several optimizers of a rank (dense and expert params) stepped together with
+/// one clip, as `muon_optimizers_step` does: `order` lists the model's params in forward order
+/// as (optimizer, param of its plan); every optimizer's `zero_grad`, the hooks of each param on
+/// its own optimizer, then one shared step (each optimizer gathers its Σ g², then each finishes
+/// with every optimizer's term). A `Compute` event's `param` is the position in `order`.
+/// `clips` go to optimizer 0.
+pub fn train_shared(
+    runtimes: &mut [&mut Runtime],
+    plans: &[&Plan],
+    order: &[(usize, usize)],
+    iterations: usize,
+    clips: &[QkClipRequest],
+    hooks: &mut dyn FnMut(TrainerEvent),
+) -> Result<()> {
     for _ in 0..iterations {
         hooks(TrainerEvent::Iteration);
         hooks(TrainerEvent::Call(Call::ZeroGrad));
-        runtime.zero_grad()?;
-        let mut waited = vec![false; plan.buckets.len()];
-        for (p, placement) in plan.params.iter().enumerate() {
-            let b = placement.bucket as usize;
-            if !waited[b] {
-                waited[b] = true;
+        for runtime in runtimes.iter_mut() {
+            runtime.zero_grad()?;
+        }
+        let mut waited: Vec<Vec<bool>> = plans.iter().map(|plan| vec![false; plan.buckets.len()]).collect();
+        for (i, &(k, p)) in order.iter().enumerate() {
+            let b = plans[k].params[p].bucket as usize;
+            if !waited[k][b] {
+                waited[k][b] = true;
                 hooks(TrainerEvent::Call(Call::WaitParams(b as u32)));
-                runtime.wait_params(b as u32)?;
+                runtimes[k].wait_params(b as u32)?;
             }
             hooks(TrainerEvent::Compute {
-                param: p,
+                param: i,
                 backward: false,
             });
         }
-        for (p, placement) in plan.params.iter().enumerate().rev() {
+        for (i, &(k, p)) in order.iter().enumerate().rev() {
             hooks(TrainerEvent::Compute {
-                param: p,
+                param: i,
                 backward: true,
             });
-            hooks(TrainerEvent::Call(Call::GradReady(placement.bucket)));
-            runtime.grad_ready(p as u32)?;
+            hooks(TrainerEvent::Call(Call::GradReady(plans[k].params[p].bucket)));
+            runtimes[k].grad_ready(p as u32)?;
         }
         if !clips.is_empty() {
-            runtime.request_qk_clip(clips, super::qk_clip::THRESHOLD, super::qk_clip::ALPHA)?;
+            runtimes[0].request_qk_clip(clips, super::qk_clip::THRESHOLD, super::qk_clip::ALPHA)?;
         }
         hooks(TrainerEvent::Call(Call::Step));
-        runtime.step(Some(&STEP_ARGS))?;
+        if let [runtime] = runtimes {
+            runtime.step(Some(&STEP_ARGS))?;
+            continue;
+        }
+        for runtime in runtimes.iter_mut() {
+            runtime.begin_step(Some(&STEP_ARGS))?;
+        }
+        let terms = runtimes.iter().map(|rt| rt.norm_term()).collect::<Result<Vec<_>>>()?;
+        for (k, runtime) in runtimes.iter_mut().enumerate() {
+            let mut own = terms.clone();
+            own[k].sums = NormSums::Own;
+            runtime.finish_step(&own)?;
+        }
     }
     Ok(())
 }
@@ -295,11 +345,42 @@ pub fn record_rank(
     rank: usize,
     cost: CostModel,
     trainer: Trainer,
+    options: RecordOptions<'_>,
+) -> Result<Recorded> {
+    let member = Member {
+        plan,
+        params,
+        cfg,
+        cost,
+        rank,
+    };
+    let order: Vec<(usize, usize)> = (0..plan.params.len()).map(|p| (0, p)).collect();
+    record_shared(&[member], &order, trainer, options)
+}
+
+/// One optimizer of a simulated rank: its plan, params and config, the cost model of its
+/// groups, and the rank's place in its data-parallel group.
+#[derive(Debug, Clone)]
+pub struct Member<'a> {
+    pub plan: &'a Plan,
+    pub params: &'a [ParamSpec],
+    pub cfg: &'a Config,
+    pub cost: CostModel,
+    pub rank: usize,
+}
+
+/// Runs a rank whose optimizers `members` step together ([`train_shared`], the model's params
+/// in forward order `order`) on the caller's compute stream, each with its own comm stream and
+/// events, and records its host program.
+pub fn record_shared(
+    members: &[Member<'_>],
+    order: &[(usize, usize)],
+    trainer: Trainer,
     RecordOptions { keep_actions, clips }: RecordOptions<'_>,
 ) -> Result<Recorded> {
-    let (norm_group, tp_group) = (cost.norm_group(), cost.tp_group());
     let recorder = Arc::new(Mutex::new(Recorder {
-        cost,
+        costs: members.iter().map(|m| m.cost.clone()).collect(),
+        optimizer: 0,
         call: Call::Setup,
         memory: VirtualMemory::default(),
         out: Recorded {
@@ -307,25 +388,42 @@ pub fn record_rank(
             ..Recorded::default()
         },
     }));
-    let dp = plan.dp as usize;
-    let mut translator = Translator::new(rank, dp, MuonOptions::from_config(cfg));
-    if let Some(ranks) = norm_group {
-        translator = translator.with_norm_group(ranks);
+    let mut runtimes = Vec::with_capacity(members.len());
+    for (k, m) in members.iter().enumerate() {
+        let mut translator = Translator::new(m.rank, m.plan.dp as usize, MuonOptions::from_config(m.cfg));
+        if let Some(ranks) = m.cost.norm_group() {
+            translator = translator.with_norm_group(ranks);
+        }
+        if let Some(ranks) = m.cost.tp_group() {
+            translator = translator.with_tp_group(ranks, 0);
+        }
+        let backend = CudaBackend::with_executor(translator, SimExecutor(Arc::clone(&recorder), k))?;
+        runtimes.push(Runtime::new(
+            Box::new(m.plan.clone()),
+            m.params.to_vec(),
+            m.cfg.clone(),
+            m.rank,
+            Box::new(backend),
+            |_| None,
+        )?);
     }
-    if let Some(ranks) = tp_group {
-        translator = translator.with_tp_group(ranks, 0);
-    }
-    let backend = CudaBackend::with_executor(translator, SimExecutor(Arc::clone(&recorder)))?;
-    let mut runtime = Runtime::new(
-        Box::new(plan.clone()),
-        params.to_vec(),
-        cfg.clone(),
-        rank,
-        Box::new(backend),
-        |_| None,
-    )?;
-    let model_cost = lock(&recorder).cost.clone();
-    let lookup = lookups(params);
+    let lookup: Vec<Vec<bool>> = members.iter().map(|m| lookups(m.params)).collect();
+    // The params whose flops the forward and backward of each param in `order` amount to.
+    let flops_params: Vec<u64> = order
+        .iter()
+        .map(|&(k, p)| {
+            let spec = &members[k].params[p];
+            match trainer.experts_per_token {
+                _ if lookup[k][p] => 0,
+                // The stack's experts share `tokens · routed` token-expert pairs: as many
+                // flops as one expert over every token `routed` times.
+                Some(routed) if spec.is_expert_stack() => spec.numel() / spec.shape[0] * routed,
+                _ => spec.numel(),
+            }
+        })
+        .collect();
+    let model_cost = members[0].cost.clone();
+    let host = model_cost.hardware().launch_host_us * 1e-6;
     let mut hooks = |event: TrainerEvent| {
         let mut r = lock(&recorder);
         match event {
@@ -337,30 +435,29 @@ pub fn record_rank(
                 } else {
                     (Call::Forward, Class::Forward, 1.0 / 3.0)
                 };
-                let host = r.cost.hardware().launch_host_us * 1e-6;
                 r.out.items.push(Item::Work {
                     stream: StreamKind::Compute,
                     host,
-                    device: if lookup[param] {
-                        0.0
-                    } else {
-                        model_cost.model_compute(params[param].numel(), trainer.tokens, share)
-                    },
+                    device: model_cost.model_compute(flops_params[param], trainer.tokens, share),
                     class,
                     label: Label { call, what: "model" },
                 });
             }
         }
     };
-    train(&mut runtime, plan, trainer.iterations, clips, &mut hooks)?;
+    let plans: Vec<&Plan> = members.iter().map(|m| m.plan).collect();
+    let mut refs: Vec<&mut Runtime> = runtimes.iter_mut().collect();
+    train_shared(&mut refs, &plans, order, trainer.iterations, clips, &mut hooks)?;
     lock(&recorder).out.items.push(Item::Teardown);
     lock(&recorder).call = Call::Setup;
-    runtime.synchronize()?;
-    drop(runtime);
+    for runtime in &mut runtimes {
+        runtime.synchronize()?;
+    }
+    drop(runtimes);
     let Ok(recorder) = Arc::try_unwrap(recorder) else {
         bail!(
             Internal,
-            "simulate: the recorder of rank {rank} is still shared after the run"
+            "simulate: the recorder of a rank is still shared after the run"
         );
     };
     Ok(recorder.into_inner().unwrap_or_else(PoisonError::into_inner).out)

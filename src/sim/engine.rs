@@ -1,13 +1,13 @@
-//! The discrete-event engine: per rank a host timeline and two in-order streams (compute and
-//! comm) ordered by events exactly as CUDA orders them, and collectives that end a fixed time
-//! after the last rank reached them.
+//! The discrete-event engine: per rank a host timeline and in-order streams (compute, and one
+//! comm stream per optimizer of the rank) ordered by events exactly as CUDA orders them, and
+//! collectives that end a fixed time after the last rank reached them.
 //!
 //! The host issues its program in order; each item costs host time. Work on a stream starts
 //! when the stream finished its previous work, the host has issued it, and every event it
 //! waits on has fired. A stream wait refers to the event's latest record *issued before the
 //! wait* (`cuStreamWaitEvent` semantics; a never-recorded event is no wait). A host sync stalls
-//! the host until its stream is idle. Collectives are matched across ranks by their order on
-//! each rank's comm stream (NCCL requires every rank to issue them in one order); a rank whose
+//! the host until its stream is idle. Collectives are matched across ranks by the order each
+//! rank issues them (NCCL requires every rank to issue them in one order); a rank whose
 //! k-th collective differs from rank 0's is an error the engine reports (on NCCL: a hang).
 
 use std::collections::HashMap;
@@ -90,6 +90,11 @@ pub enum Item {
     IterationStart,
     /// The iterations are over: what follows (teardown) belongs to none.
     Teardown,
+    /// What follows is issued by optimizer `k` of the rank (0 until the first `Optimizer`):
+    /// its comm-stream work goes to that optimizer's own comm stream and its events are its
+    /// own (each optimizer creates its comm stream and events; all share the caller's compute
+    /// stream).
+    Optimizer(usize),
 }
 
 /// One scheduled piece of stream work.
@@ -140,16 +145,24 @@ struct Node {
     waited: f64,
 }
 
+/// Streams of a rank: the compute stream, then the comm stream of each optimizer.
+const STREAMS: usize = 1 + MAX_OPTIMIZERS;
+
+/// Optimizers a rank may run ([`Item::Optimizer`]).
+pub const MAX_OPTIMIZERS: usize = 2;
+
 struct Rank {
     program: Vec<Item>,
     cursor: usize,
     host: f64,
     blocked_on: Option<usize>,
     nodes: Vec<Node>,
-    tail: [Option<usize>; 2],
+    tail: [Option<usize>; STREAMS],
     /// Unresolved nodes per stream, in order.
-    queue: [std::collections::VecDeque<usize>; 2],
-    events: HashMap<EventId, usize>,
+    queue: [std::collections::VecDeque<usize>; STREAMS],
+    /// The optimizer issuing the items, and each optimizer's events.
+    optimizer: usize,
+    events: HashMap<(usize, EventId), usize>,
     collectives: usize,
     iteration: Option<usize>,
     timeline: Timeline,
@@ -163,10 +176,11 @@ struct Collective {
     end: Option<f64>,
 }
 
-fn stream_index(s: StreamKind) -> usize {
+/// The stream `s` of optimizer `optimizer`.
+fn stream_index(s: StreamKind, optimizer: usize) -> usize {
     match s {
         StreamKind::Compute => 0,
-        StreamKind::Comm => 1,
+        StreamKind::Comm => 1 + optimizer,
     }
 }
 
@@ -182,8 +196,9 @@ impl Rank {
             host: 0.0,
             blocked_on: None,
             nodes: Vec::new(),
-            tail: [None, None],
+            tail: [None; STREAMS],
             queue: Default::default(),
+            optimizer: 0,
             events: HashMap::new(),
             collectives: 0,
             iteration: None,
@@ -305,7 +320,13 @@ fn issue(rank: &mut Rank, r: usize, dp: usize, collectives: &mut Vec<Collective>
                 label,
             } => {
                 rank.host += host;
-                rank.push(stream_index(stream), Kind::Busy(device), class, label, None);
+                rank.push(
+                    stream_index(stream, rank.optimizer),
+                    Kind::Busy(device),
+                    class,
+                    label,
+                    None,
+                );
             }
             Item::Collective {
                 host,
@@ -332,7 +353,7 @@ fn issue(rank: &mut Rank, r: usize, dp: usize, collectives: &mut Vec<Collective>
                     );
                 }
                 collectives[k].device = collectives[k].device.max(device);
-                rank.push(1, Kind::Collective(k), Class::Collective, label, None);
+                rank.push(1 + rank.optimizer, Kind::Collective(k), Class::Collective, label, None);
             }
             Item::Record {
                 stream,
@@ -341,8 +362,14 @@ fn issue(rank: &mut Rank, r: usize, dp: usize, collectives: &mut Vec<Collective>
                 label,
             } => {
                 rank.host += host;
-                let node = rank.push(stream_index(stream), Kind::Busy(0.0), Class::Event, label, None);
-                rank.events.insert(event, node);
+                let node = rank.push(
+                    stream_index(stream, rank.optimizer),
+                    Kind::Busy(0.0),
+                    Class::Event,
+                    label,
+                    None,
+                );
+                rank.events.insert((rank.optimizer, event), node);
             }
             Item::Wait {
                 stream,
@@ -351,14 +378,20 @@ fn issue(rank: &mut Rank, r: usize, dp: usize, collectives: &mut Vec<Collective>
                 label,
             } => {
                 rank.host += host;
-                let dep = rank.events.get(&event).copied();
-                rank.push(stream_index(stream), Kind::Busy(0.0), Class::Event, label, dep);
+                let dep = rank.events.get(&(rank.optimizer, event)).copied();
+                rank.push(
+                    stream_index(stream, rank.optimizer),
+                    Kind::Busy(0.0),
+                    Class::Event,
+                    label,
+                    dep,
+                );
             }
             Item::Sync { stream, .. } => {
                 if let Some(i) = rank.iteration {
                     rank.timeline.host_syncs[i] += 1;
                 }
-                rank.blocked_on = rank.tail[stream_index(stream)];
+                rank.blocked_on = rank.tail[stream_index(stream, rank.optimizer)];
             }
             Item::IterationStart => {
                 let i = rank.iteration.map_or(0, |i| i + 1);
@@ -368,6 +401,15 @@ fn issue(rank: &mut Rank, r: usize, dp: usize, collectives: &mut Vec<Collective>
                 rank.timeline.host_stall.push(0.0);
             }
             Item::Teardown => rank.iteration = None,
+            Item::Optimizer(k) => {
+                if k >= MAX_OPTIMIZERS {
+                    bail!(
+                        Internal,
+                        "simulate: rank {r} issues for optimizer {k}; a rank runs at most {MAX_OPTIMIZERS}"
+                    );
+                }
+                rank.optimizer = k;
+            }
         }
     }
 }
@@ -377,7 +419,7 @@ fn resolve(rank: &mut Rank, r: usize, collectives: &mut [Collective]) -> bool {
     let mut progress = false;
     loop {
         let mut moved = false;
-        for s in 0..2 {
+        for s in 0..STREAMS {
             while let Some(&n) = rank.queue[s].front() {
                 let node = &rank.nodes[n];
                 let (Some(prev), Some(dep)) = (rank.end_of(node.prev), rank.end_of(node.dep)) else {

@@ -23,12 +23,12 @@ use crate::bail;
 use crate::config::{Config, Dtype, MuonLayout, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
-use crate::plan::build_plan;
 use crate::plan::presets::ModelDesc;
+use crate::plan::{Plan, build_plan};
 
 use crate::backend::ops::StreamKind;
 use cost::CostModel;
-use drive::{RecordOptions, Trainer, record_rank};
+use drive::{Member, RecordOptions, Trainer, record_shared};
 use engine::{Class, Item, Timeline};
 use metrics::{DeviceBytes, Figures};
 use profile::Hardware;
@@ -64,6 +64,27 @@ pub struct Scenario {
     pub adamw_only: bool,
     /// QK-clip (MuonClip) of every fused QKV before every step ([`qk_clip::requests`]).
     pub qk_clip: bool,
+    /// Pipeline parallelism: (stages, stage): each simulated rank holds that stage's params
+    /// ([`ModelDesc::pipeline_stage`]) and computes their forward and backward.
+    pub pipeline: Option<(usize, usize)>,
+    /// Expert parallelism: each rank holds `1/ep` of every expert stack, optimized by a second
+    /// optimizer over the expert data-parallel group, stepped with the dense one.
+    pub expert_parallel: Option<ExpertParallel>,
+}
+
+/// Expert parallelism over the data-parallel ranks (Megatron-LM's and DeepSeek-V3's placement:
+/// the EP group is part of the data-parallel group of a stage). Each rank holds `E/ep` experts
+/// of every expert stack (`[E/ep, m, n]`, [`ModelDesc::with_expert_parallel`]) in a second
+/// optimizer over the expert data-parallel group of `dp / ep` ranks; the dense and the expert
+/// optimizer step together with one clip ([`drive::train_shared`], as `muon_optimizers_step`),
+/// each on its own comm stream and with its own norm gather over the norm group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertParallel {
+    pub ep: usize,
+    /// Experts each token is routed to: an expert stack's forward and backward are those of
+    /// `tokens · experts_per_token` token-expert pairs spread evenly over the EP group's
+    /// experts (balanced routing).
+    pub experts_per_token: u64,
 }
 
 impl Scenario {
@@ -87,6 +108,8 @@ impl Scenario {
             grad_dtype: Config::default().grad_dtype,
             adamw_only: false,
             qk_clip: false,
+            pipeline: None,
+            expert_parallel: None,
         }
     }
 
@@ -148,55 +171,24 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     if scenario.dp == 0 {
         bail!(OutOfRange, "simulate: dp must be >= 1");
     }
-    let cfg = scenario.config();
-    let model = match scenario.tp {
-        Some((ranks, _)) => scenario.model.with_tensor_parallel(ranks)?,
-        None => scenario.model.clone(),
-    };
-    let mut registry = model.registry(&cfg)?;
-    if scenario.mxfp8 || scenario.adamw_only {
-        let mut model = model.clone();
-        for (spec, route) in model.params.iter_mut().zip(registry.routes()) {
-            let (rows, cols) = spec.flat_2d();
-            if scenario.mxfp8 && *route == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
-                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::MXFP8);
-            }
-            if scenario.adamw_only {
-                // AdamW is element-wise: a fused matrix's split means nothing to it.
-                let whole = ParamSpec::new(spec.name.clone(), &spec.shape, spec.dtype);
-                spec.split_sizes = whole.split_sizes;
-                spec.split_groups = whole.split_groups;
-                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::NO_MUON);
-            }
-        }
-        registry = model.registry(&cfg)?;
-    }
-    let plan = build_plan(registry.params(), registry.routes(), &cfg, scenario.dp)?;
-    let mut cost = CostModel::new(scenario.hardware.clone(), scenario.dp);
-    if let Some(ranks) = scenario.norm_group {
-        cost = cost.with_norm_group(ranks);
-    }
-    if let Some((ranks, _)) = scenario.tp {
-        cost = cost.with_tp_group(ranks);
-    }
+    let setup = rank_optimizers(scenario)?;
     let trainer = Trainer {
         tokens: scenario.tokens_per_gpu,
         iterations: scenario.iterations,
+        experts_per_token: scenario.expert_parallel.map(|e| e.experts_per_token),
     };
     let mut programs = Vec::with_capacity(scenario.dp);
     let mut device_bytes = DeviceBytes::default();
     for rank in 0..scenario.dp {
         let clips = if scenario.qk_clip {
-            qk_clip::requests(registry.params())
+            qk_clip::requests(&setup.optimizers[0].params)
         } else {
             Vec::new()
         };
-        let recorded = record_rank(
-            &plan,
-            registry.params(),
-            &cfg,
-            rank,
-            cost.clone(),
+        let members: Vec<Member<'_>> = setup.optimizers.iter().map(|o| o.member(rank, scenario.dp)).collect();
+        let recorded = record_shared(
+            &members,
+            &setup.order,
             trainer,
             RecordOptions {
                 keep_actions: false,
@@ -209,6 +201,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         }
         programs.push(recorded.items);
     }
+    let cost = &setup.optimizers[0].cost;
     let first = engine::run(programs.clone())?;
     let model = metrics::model_compute(&first[0], scenario.iterations - 1);
     let programs = contend(programs, &first, cost.comm_sm_share());
@@ -232,6 +225,120 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         adamw_baseline: None,
         timelines,
     })
+}
+
+/// One optimizer of every simulated rank: its params, plan, config and cost model.
+#[derive(Debug, Clone)]
+pub struct RankOptimizer {
+    pub params: Vec<ParamSpec>,
+    pub plan: Plan,
+    pub cfg: Config,
+    pub cost: CostModel,
+}
+
+impl RankOptimizer {
+    /// Rank `rank` (of `dp`)'s member: its place in this optimizer's data-parallel group, whose
+    /// ranks are `dp / group` apart (an expert data-parallel group takes one rank of each EP
+    /// group).
+    pub fn member(&self, rank: usize, dp: usize) -> Member<'_> {
+        Member {
+            plan: &self.plan,
+            params: &self.params,
+            cfg: &self.cfg,
+            cost: self.cost.clone(),
+            rank: rank * self.plan.dp as usize / dp,
+        }
+    }
+}
+
+/// The optimizers of a simulated rank and the model's params in forward order as (optimizer,
+/// param of its plan).
+#[derive(Debug, Clone)]
+pub struct RankSetup {
+    /// The dense optimizer (every param without expert parallelism), then the expert one.
+    pub optimizers: Vec<RankOptimizer>,
+    pub order: Vec<(usize, usize)>,
+}
+
+/// The params each simulated rank holds (its pipeline stage, tensor- and expert-parallel
+/// shards, MXFP8 or AdamW flags) and the optimizers they go to: the data-parallel group's
+/// dense optimizer and, with expert parallelism, the expert optimizer over the expert
+/// data-parallel group (the same config and norm group).
+///
+/// # Errors
+/// `InvalidArgument` when the layout does not split the model or `ep` is not `dp`: the engine
+/// meets every collective over the simulated data-parallel group, so an expert data-parallel
+/// group of several ranks is not modelled.
+pub fn rank_optimizers(scenario: &Scenario) -> Result<RankSetup> {
+    let cfg = scenario.config();
+    let mut model = scenario.model.clone();
+    if let Some((stages, stage)) = scenario.pipeline {
+        model = model.pipeline_stage(stages, stage)?;
+    }
+    if let Some((ranks, _)) = scenario.tp {
+        model = model.with_tensor_parallel(ranks)?;
+    }
+    let mut groups = vec![scenario.dp];
+    if let Some(ExpertParallel { ep, .. }) = scenario.expert_parallel {
+        if ep != scenario.dp {
+            bail!(
+                InvalidArgument,
+                "simulate: ep {ep} with dp {}: only ep = dp (an expert data-parallel group of one rank) is modelled",
+                scenario.dp
+            );
+        }
+        model = model.with_expert_parallel(ep)?;
+        groups.push(scenario.dp / ep);
+    }
+    if scenario.mxfp8 || scenario.adamw_only {
+        let registry = model.registry(&cfg)?;
+        let routes = registry.routes().to_vec();
+        for (spec, route) in model.params.iter_mut().zip(&routes) {
+            let (rows, cols) = spec.flat_2d();
+            if scenario.mxfp8 && *route == Route::Muon && rows % 32 == 0 && cols % 32 == 0 {
+                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::MXFP8);
+            }
+            if scenario.adamw_only {
+                // AdamW is element-wise: a fused matrix's split means nothing to it.
+                let whole = ParamSpec::new(spec.name.clone(), &spec.shape, spec.dtype);
+                spec.split_sizes = whole.split_sizes;
+                spec.split_groups = whole.split_groups;
+                spec.flags = ParamFlags(spec.flags.0 | ParamFlags::NO_MUON);
+            }
+        }
+    }
+    let experts = scenario.expert_parallel.is_some();
+    let mut parts: Vec<Vec<ParamSpec>> = vec![Vec::new(); groups.len()];
+    let mut order = Vec::with_capacity(model.params.len());
+    for spec in model.params {
+        let k = usize::from(experts && spec.is_expert_stack());
+        order.push((k, parts[k].len()));
+        parts[k].push(spec);
+    }
+    let mut optimizers = Vec::with_capacity(groups.len());
+    for (params, dp) in parts.into_iter().zip(groups) {
+        let desc = ModelDesc {
+            name: scenario.model.name.clone(),
+            vocab_size: scenario.model.vocab_size,
+            params,
+        };
+        let registry = desc.registry(&cfg)?;
+        let plan = build_plan(registry.params(), registry.routes(), &cfg, dp)?;
+        let mut cost = CostModel::new(scenario.hardware.clone(), dp);
+        if let Some(ranks) = scenario.norm_group {
+            cost = cost.with_norm_group(ranks);
+        }
+        if let Some((ranks, _)) = scenario.tp {
+            cost = cost.with_tp_group(ranks);
+        }
+        optimizers.push(RankOptimizer {
+            params: registry.params().to_vec(),
+            plan,
+            cfg: cfg.clone(),
+            cost,
+        });
+    }
+    Ok(RankSetup { optimizers, order })
 }
 
 /// What Muon adds to an iteration over distributed AdamW on the same scenario.

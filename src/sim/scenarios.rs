@@ -9,8 +9,8 @@ use crate::config::{Dtype, TpMode};
 use crate::error::Result;
 use crate::plan::presets::preset;
 
-use super::Scenario;
 use super::profile::builtin;
+use super::{ExpertParallel, Scenario};
 
 /// One named job.
 #[derive(Debug, Clone, Copy)]
@@ -20,9 +20,32 @@ pub struct Job {
     pub hardware: &'static str,
     pub dp: usize,
     /// Tensor parallelism (Megatron's placement: TP inside a node), with a norm group over
-    /// TP × DP ranks.
+    /// TP × PP × DP ranks.
     pub tp: Option<usize>,
+    /// Pipeline parallelism: (stages, the simulated stage), with a norm group over
+    /// TP × PP × DP ranks.
+    pub pipeline: Option<(usize, usize)>,
+    pub expert_parallel: Option<ExpertParallel>,
 }
+
+/// DeepSeek-V3's training layout (DeepSeek-V3 Technical Report, arXiv 2412.19437, §3.2:
+/// "16-way Pipeline Parallelism, 64-way Expert Parallelism spanning 8 nodes, and ZeRO-1 Data
+/// Parallelism" on 2048 H800 GPUs, no tensor parallelism): the 64 expert-parallel ranks are
+/// the 8 × 8 GPUs of 8 nodes holding one pipeline stage, so a stage's data-parallel group
+/// fills each node's 8 GPUs (the `h100-nvlink` placement, the ring crossing the network
+/// between nodes). The report's 2048 GPUs make 128 data-parallel replicas, 2 per expert, so
+/// its expert data-parallel group has 2 ranks; the job takes 64 (1024 GPUs), where each expert
+/// has one rank (EDP = 1) and every rank holds exactly the params it holds in the report's
+/// layout.
+const DSV3_PIPELINE_STAGES: usize = 16;
+const DSV3_EXPERT_PARALLEL: usize = 64;
+/// A middle stage: 61 layers over 16 stages put 3 or 4 MoE layers on each of stages 1–14 (the
+/// embedding and the 3 dense layers on stage 0, the output layer and the multi-token-prediction
+/// module on stage 15); stage 8 holds layers 30–33.
+const DSV3_SIMULATED_STAGE: usize = 8;
+/// Routed experts per token (DeepSeek-V3 Technical Report §4.2: "each token will be activated
+/// 8 experts" of 256).
+const DSV3_EXPERTS_PER_TOKEN: u64 = 8;
 
 /// Every named job, in table order.
 pub const JOBS: &[Job] = &[
@@ -32,6 +55,8 @@ pub const JOBS: &[Job] = &[
         hardware: "h100-nvlink",
         dp: 8,
         tp: None,
+        pipeline: None,
+        expert_parallel: None,
     },
     Job {
         name: "llama3-8b dp64 nvlink",
@@ -39,6 +64,8 @@ pub const JOBS: &[Job] = &[
         hardware: "h100-nvlink",
         dp: 64,
         tp: None,
+        pipeline: None,
+        expert_parallel: None,
     },
     Job {
         name: "llama3-70b tp8 dp8 ib",
@@ -46,6 +73,8 @@ pub const JOBS: &[Job] = &[
         hardware: "h100-ib",
         dp: 8,
         tp: Some(8),
+        pipeline: None,
+        expert_parallel: None,
     },
     Job {
         name: "llama3-70b tp8 dp64 ib",
@@ -53,6 +82,20 @@ pub const JOBS: &[Job] = &[
         hardware: "h100-ib",
         dp: 64,
         tp: Some(8),
+        pipeline: None,
+        expert_parallel: None,
+    },
+    Job {
+        name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
+        model: "deepseek-v3-like",
+        hardware: "h100-nvlink",
+        dp: DSV3_EXPERT_PARALLEL,
+        tp: None,
+        pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
+        expert_parallel: Some(ExpertParallel {
+            ep: DSV3_EXPERT_PARALLEL,
+            experts_per_token: DSV3_EXPERTS_PER_TOKEN,
+        }),
     },
 ];
 
@@ -70,11 +113,14 @@ impl Job {
         let Some(model) = preset(self.model) else {
             bail!(Internal, "scenario {}: no preset {}", self.name, self.model);
         };
+        let model_parallel = self.tp.unwrap_or(1) * self.pipeline.map_or(1, |(stages, _)| stages);
         Ok(Scenario {
             mxfp8,
             grad_dtype: Dtype::Bf16,
             tp: self.tp.map(|ranks| (ranks, TpMode::Blockwise)),
-            norm_group: self.tp.map(|ranks| ranks * self.dp),
+            norm_group: (model_parallel > 1).then_some(model_parallel * self.dp),
+            pipeline: self.pipeline,
+            expert_parallel: self.expert_parallel,
             ..Scenario::new(model, self.dp, hardware)
         })
     }

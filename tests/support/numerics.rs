@@ -71,13 +71,14 @@ pub fn to_f64(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| f64::from(v)).collect()
 }
 
-/// Largest |a[i] − b[i]|.
+/// Largest |a[i] − b[i]|, NaN if any difference is NaN (so a NaN never passes a bound;
+/// `f64::max` would drop it).
 pub fn max_abs_diff(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)
         .map(|(&x, &y)| (f64::from(x) - y).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, |largest, d| if d.is_nan() || d > largest { d } else { largest })
 }
 
 /// Eigenvalues of a symmetric `n × n` matrix by cyclic Jacobi rotations, ascending.

@@ -50,6 +50,7 @@ Layout = _enum("Layout", "MUON_LAYOUT_")
 Dtype = _enum("Dtype", "MUON_DTYPE_")
 Coefficients = _enum("Coefficients", "MUON_COEFFICIENTS_")
 NsPrecision = _enum("NsPrecision", "MUON_NS_PRECISION_")
+NsMethod = _enum("NsMethod", "MUON_NS_METHOD_")
 ScaleMode = _enum("ScaleMode", "MUON_SCALE_")
 CommMode = _enum("CommMode", "MUON_COMM_MODE_")
 TpMode = _enum("TpMode", "MUON_TP_MODE_")
@@ -89,19 +90,33 @@ def cuda_available():
 
 
 def newton_schulz_host(
-    data, rows, cols, coefficient_set=_capi.MUON_COEFFICIENTS_QUINTIC, steps=5, precision=_capi.MUON_NS_PRECISION_F32
+    data,
+    rows,
+    cols,
+    coefficient_set=_capi.MUON_COEFFICIENTS_QUINTIC,
+    steps=5,
+    precision=_capi.MUON_NS_PRECISION_F32,
+    method=_capi.MUON_NS_METHOD_STANDARD,
 ):
-    """The library's host Newton–Schulz of a rows×cols row-major f32 buffer; returns a new
-    ``array('f')``."""
+    """The library's host Newton–Schulz of a rows×cols row-major f32 buffer, as an optimizer
+    with these settings (and the default ``muon_ns_eps``) computes it; returns a new
+    ``array('f')``. ``method``: :class:`NsMethod`; ``GRAM`` runs the Gram iteration where it
+    applies (``muon_config_t.muon_ns_method``), the standard one elsewhere."""
     import array
 
     src = memoryview(data).cast("B")
     if src.nbytes != rows * cols * 4:
         raise ValueError(f"expected {rows}x{cols} float32 values ({rows * cols * 4} bytes), got {src.nbytes} bytes")
+    config = Config(
+        muon_coefficient_set=coefficient_set,
+        muon_num_ns_steps=steps,
+        muon_ns_precision=precision,
+        muon_ns_method=method,
+    )
     src_arr = (c_float * (rows * cols)).from_buffer_copy(src)
     out = array.array("f", bytes(rows * cols * 4))
     out_arr = (c_float * (rows * cols)).from_buffer(out)
-    lib().muon_newton_schulz_host(src_arr, out_arr, rows, cols, coefficient_set, steps, precision)
+    lib().muon_newton_schulz_host_config(src_arr, out_arr, rows, cols, byref(config.struct))
     del out_arr
     return out
 
@@ -655,6 +670,7 @@ __all__ = [
     "Dtype",
     "Coefficients",
     "NsPrecision",
+    "NsMethod",
     "ScaleMode",
     "CommMode",
     "TpMode",

@@ -59,6 +59,9 @@ MUON_NS_PRECISION_BF16 = 0
 MUON_NS_PRECISION_F32 = 1
 MUON_NS_PRECISION_BF16_ITERATE = 2
 
+MUON_NS_METHOD_STANDARD = 0
+MUON_NS_METHOD_GRAM = 1
+
 MUON_SCALE_SPECTRAL = 0
 MUON_SCALE_SHAPE_SCALING = 1
 MUON_SCALE_UNIT_RMS_NORM = 2
@@ -188,6 +191,8 @@ class muon_config_t(Structure):
         ("host_threads", c_uint32),
         ("muon_tp_mode", c_uint32),
         ("muon_ns_eps", c_float),
+        ("reserved", c_uint32),
+        ("muon_ns_method", c_uint32),
     ]
 
 
@@ -306,6 +311,10 @@ PROTOTYPES = {
     "muon_newton_schulz_host": (
         muon_status_t,
         [POINTER(c_float), POINTER(c_float), c_uint32, c_uint32, c_uint32, c_uint32, c_uint32],
+    ),
+    "muon_newton_schulz_host_config": (
+        muon_status_t,
+        [POINTER(c_float), POINTER(c_float), c_uint32, c_uint32, POINTER(muon_config_t)],
     ),
     "muon_mxfp8_scale_shape": (muon_status_t, [c_uint64, c_uint64, POINTER(c_uint64)]),
     "muon_mxfp8_quantize_host": (

@@ -41,6 +41,12 @@ per-head max logits (a float32 tensor of ``num_heads`` values, already MAX-all-r
 data-parallel ranks) to :meth:`Muon.set_max_logits`; the next ``step()`` clips those params on
 their owners after the update, and every rank's copy follows.
 
+Newton–Schulz method: ``ns_method="gram"`` (DeepSpeed's option of that name) runs the Gram
+Newton–Schulz iteration on the matrices where it applies (long side ≥ 1.5× the short one;
+in bf16 also ≤ 5 steps and not ``polar_express``: ``muon_config_t.muon_ns_method``), and the
+standard one elsewhere; ``"standard"`` (the default, Megatron-LM's) the standard one
+everywhere. The two agree up to rounding. It overrides ``config.muon_ns_method``.
+
 Gradient accumulation: inside ``with opt.no_sync():`` backward passes accumulate without
 reporting grads ready (as DDP's ``no_sync``); the last micro-batch's backward, outside it,
 reports them. ``zero_grad()`` zeroes the library's grad buffer in place (grads are never set to
@@ -57,7 +63,7 @@ import ctypes
 
 import torch
 
-from . import Dtype, Optimizer, ParamFlag, QkClip, QkKind, Route
+from . import Dtype, NsMethod, Optimizer, ParamFlag, QkClip, QkKind, Route
 
 _DTYPES = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16}
 _ELEMENT_BYTES = {Dtype.F32: 4, Dtype.BF16: 2}
@@ -73,6 +79,16 @@ def _split_of(name, spec):
     if not sizes or not all(isinstance(v, int) for v in sizes):
         raise TypeError(f"splits['{name}']: expected row sizes (ints) or (sizes, groups), got {spec!r}")
     return sizes, groups
+
+
+_NS_METHODS = {"standard": NsMethod.STANDARD, "gram": NsMethod.GRAM}
+
+
+def _with_ns_method(config, ns_method):
+    """A copy of ``config`` with the method ``ns_method`` names."""
+    if ns_method not in _NS_METHODS:
+        raise ValueError(f"ns_method: expected one of {sorted(_NS_METHODS)}, got {ns_method!r}")
+    return type(config)(**dict(config.as_dict(), muon_ns_method=_NS_METHODS[ns_method]))
 
 
 _QK_KINDS = {
@@ -102,7 +118,9 @@ class Muon(torch.optim.Optimizer):
 
     ``module``: the model (the same on every rank); ``comm``: this rank's Comm; ``config``: a
     :class:`muon_opt.Config` (default: the library's defaults with ``grad_dtype`` equal to the
-    model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree).
+    model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree);
+    ``ns_method``: ``"standard"`` or ``"gram"``, in place of the config's ``muon_ns_method``
+    (the config passed is not changed).
     """
 
     def __init__(
@@ -122,6 +140,7 @@ class Muon(torch.optim.Optimizer):
         qk_clip=None,
         qk_clip_threshold=100.0,
         qk_clip_alpha=0.5,
+        ns_method=None,
     ):
         from . import Config
 
@@ -136,6 +155,8 @@ class Muon(torch.optim.Optimizer):
             config = Config()
             if len(dtypes) == 1:
                 config.grad_dtype = _DTYPES[dtypes.pop()]
+        if ns_method is not None:
+            config = _with_ns_method(config, ns_method)
         for name, p in named:
             if _DTYPES[p.dtype] != config.grad_dtype:
                 raise ValueError(
@@ -167,6 +188,7 @@ class Muon(torch.optim.Optimizer):
             [p for _, p in named],
             dict(lr=lr, weight_decay=weight_decay, adam_lr=adam_lr, adam_weight_decay=adam_weight_decay),
         )
+        self.config = config  # the Config the library optimizer was created with
         self._opt = Optimizer(config, comm, stream)
         self._host = comm.host
         self._report_grads = True

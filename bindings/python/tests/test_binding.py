@@ -180,6 +180,11 @@ class Errors(unittest.TestCase):
         with self.assertRaises(AttributeError):
             mo.Config(bucket_sise=10)  # typo: not a field
         self.assertAlmostEqual(mo.Config().muon_momentum, 0.95, places=6)
+        self.assertEqual(mo.Config().muon_ns_method, mo.NsMethod.STANDARD)
+        with self.assertRaises(mo.MuonError) as ctx:
+            mo.Config(muon_ns_method=5).validate()
+        self.assertIs(ctx.exception.status, mo.Status.INVALID_ENUM_VALUE)
+        self.assertIn("muon_ns_method", ctx.exception.message)
 
     def test_call_order_and_closed_handles(self):
         with mo.HostGroup(1) as group:
@@ -249,6 +254,20 @@ class Library(unittest.TestCase):
         self.assertEqual(len(out), rows * cols)
         diag = sum(sum(out[r * cols + c] ** 2 for c in range(cols)) for r in range(rows)) / rows
         self.assertAlmostEqual(diag, 0.85, delta=0.2)  # rows of an orthogonalized matrix: near unit norm
+
+    def test_newton_schulz_host_gram(self):
+        """8 × 24 (n/m = 3): the Gram iteration applies; another rounding of the same result.
+        8 × 10 (n/m = 1.25): it does not, and the standard iteration runs bit for bit."""
+        for rows, cols, applies in ((8, 24, True), (8, 10, False)):
+            data = array.array("f", [((i * 37) % 23 - 11) / 11.0 for i in range(rows * cols)])
+            standard = mo.newton_schulz_host(data, rows, cols)
+            gram = mo.newton_schulz_host(data, rows, cols, method=mo.NsMethod.GRAM)
+            self.assertEqual(standard != gram, applies, (rows, cols))
+            self.assertLess(max(abs(a - b) for a, b in zip(standard, gram)), 1e-4)
+        with self.assertRaises(mo.MuonError) as ctx:
+            mo.newton_schulz_host(data, rows, cols, method=2)
+        self.assertIs(ctx.exception.status, mo.Status.INVALID_ENUM_VALUE)
+        self.assertIn("muon_ns_method: unknown value 2", ctx.exception.message)
 
     def test_a_live_view_of_a_closed_optimizer_keeps_the_comm_and_says_so(self):
         with mo.HostGroup(1) as group:

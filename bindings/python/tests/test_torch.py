@@ -119,6 +119,67 @@ def run_ranks(world, fn):
     return results
 
 
+def polar_f64(update, gram):
+    """Five `simple` Newton–Schulz steps of ``update`` in float64, written from the published
+    algorithms: the standard iteration on X, or the Gram iteration on R = X·Xᵀ with its restart
+    at step 2 (Dao AI Lab's Gram Newton–Schulz; DeepSpeed's zeropower_via_gram_newtonschulz)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = update.double()
+    x = x / max(float(torch.linalg.norm(x)), 1e-7)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    if not gram:
+        for _ in range(5):
+            s = x @ x.T
+            x = a * x + (b * s + c * s @ s) @ x
+        return x.T if tall else x
+    eye = torch.eye(x.shape[0], dtype=torch.float64)
+    r, q = x @ x.T, None
+    for step in range(5):
+        if step == 2:
+            x, q = q @ x, None
+            r = x @ x.T
+        z = b * r + c * r @ r
+        q = z + a * eye if q is None else a * q + z @ q
+        if step not in (1, 4):
+            rz = a * r + z @ r
+            r = a * rz + z @ rz
+    x = q @ x
+    return x.T if tall else x
+
+
+def gram_model():
+    """A wide, a tall and a square matrix, all on Muon."""
+    with _SEED_LOCK:
+        torch.manual_seed(1)
+        return torch.nn.Sequential(
+            torch.nn.Linear(8, 24, bias=False),
+            torch.nn.Tanh(),
+            torch.nn.Linear(24, 8, bias=False),
+            torch.nn.Tanh(),
+            torch.nn.Linear(8, 8, bias=False),
+        )
+
+
+def one_gram_step(ns_method):
+    """One step of gram_model on one rank: (initial params, grads, params after)."""
+    with mo.HostGroup(1) as group:
+        model = gram_model()
+        cfg = mo.Config(clip_grad=0.0, muon_ns_precision=mo.NsPrecision.F32, muon_coefficient_set=mo.Coefficients.SIMPLE)
+        opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, ns_method=ns_method)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.zero_grad()
+        x = torch.linspace(-1.0, 1.0, 4 * 8).reshape(4, 8)
+        model(x).square().sum().backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        opt.step()
+        opt.synchronize()
+        after = {n: p.detach().clone() for n, p in model.named_parameters()}
+        opt.close()
+        return before, grads, after
+
+
 @unittest.skipIf(torch is None, "torch is not installed")
 class TorchAdapter(unittest.TestCase):
     @classmethod
@@ -174,8 +235,33 @@ class TorchAdapter(unittest.TestCase):
                 self.assertTrue(torch.equal(p, saved[n]), n)
             opt.close()
 
+    def test_gram_ns_method(self):
+        """``ns_method="gram"``: the wide (24 × 8 weight: 8 × 24 iterate) and tall matrices take
+        the Gram iteration — another rounding of the standard update, within f32 rounding of a
+        float64 Gram iteration written here — and the square one the standard iteration, bit
+        for bit."""
+        before, grads, standard = one_gram_step("standard")
+        _, grads_gram, gram = one_gram_step("gram")
+        for name in before:
+            self.assertTrue(torch.equal(grads[name], grads_gram[name]), name)
+            square = name == "4.weight"
+            self.assertEqual(torch.equal(gram[name], standard[name]), square, name)
+            # W = W·(1 − lr·wd) − lr·√max(m, n)·NS((1 − μ)·g), zero momentum before the step.
+            rows, cols = before[name].shape
+            want = before[name].double() * (1 - 0.02 * 0.1) - 0.02 * max(rows, cols) ** 0.5 * polar_f64(
+                (1 - 0.95) * grads[name].double(), gram=not square
+            )
+            # The updates are ~0.03; f32 rounding leaves them ~1e-6 off the float64 ones.
+            for got in (gram[name], standard[name]):
+                torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5, msg=name)
+            moved = float((standard[name] - before[name]).abs().max())
+            self.assertLess(float((gram[name] - standard[name]).abs().max()), 1e-3 * moved, name)
+
     def test_refusals(self):
         with mo.HostGroup(1) as group:
+            with self.assertRaises(ValueError) as ctx:
+                Muon(make_model(), group[0], ns_method="fast")
+            self.assertIn("ns_method", str(ctx.exception))
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], mo.Config(grad_dtype=mo.Dtype.BF16))
             self.assertIn("grad_dtype", str(ctx.exception))
@@ -184,6 +270,13 @@ class TorchAdapter(unittest.TestCase):
             self.assertIn("lm_head.weight", str(ctx.exception))
             with self.assertRaises(TypeError):
                 Muon(make_model().double(), group[0])
+        with mo.HostGroup(1) as group:
+            # ns_method overrides the config's method, on a copy.
+            cfg = mo.Config(muon_ns_method=mo.NsMethod.GRAM)
+            opt = Muon(make_model(), group[0], cfg, ns_method="standard")
+            self.assertEqual(opt.config.muon_ns_method, mo.NsMethod.STANDARD)
+            self.assertEqual(cfg.muon_ns_method, mo.NsMethod.GRAM)
+            opt.close()
 
 
 if __name__ == "__main__":

@@ -73,8 +73,53 @@ fn a_config_of_the_first_abi_defaults_the_appended_fields() {
     assert!(message.contains("oldest supported muon_config_t"), "{message}");
 }
 
+/// muon_ns_method follows the released 120-byte layout (which ended at muon_ns_eps) after a
+/// reserved word filling that layout's padding, so the struct grows to 128 bytes and no older
+/// size reads it: a caller compiled against any older header gets the standard iteration
+/// whatever lies in or beyond its struct (its padding included), and the reserved word is
+/// ignored at every size.
+#[test]
+fn muon_ns_method_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
+    use crate::config::NsMethod;
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved), 116);
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_ns_method), 120);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 128);
+    let mut cfg = default_config();
+    assert_eq!((cfg.muon_ns_method, cfg.reserved), (MUON_NS_METHOD_STANDARD, 0));
+    cfg.muon_ns_method = MUON_NS_METHOD_GRAM;
+    cfg.reserved = 0xABAB_ABAB;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(read.muon_ns_method, NsMethod::Gram);
+    for older in [120u32, 112, 104] {
+        cfg.struct_size = older;
+        let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+        assert_eq!(read.muon_ns_method, NsMethod::Standard, "struct_size {older}");
+    }
+    // The 120-byte layout's padding holds whatever its caller left there, an invalid code too.
+    cfg.muon_ns_method = 0xABAB_ABAB;
+    cfg.struct_size = 120;
+    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
+}
+
+/// Every method survives the C struct both ways: Config → muon_config_t → Config.
+#[test]
+fn muon_ns_method_round_trips_through_the_c_struct() {
+    use crate::config::{Config, NsMethod};
+    for &method in NsMethod::ALL {
+        let cfg = Config {
+            muon_ns_method: method,
+            ..Config::default()
+        };
+        let raw = muon_config_t::from_config(&cfg);
+        assert_eq!(raw.muon_ns_method, method.code());
+        assert_eq!(raw.to_config().unwrap(), cfg, "{}", method.name());
+        let read = unsafe { crate::capi::config::read_config(&raw) }.unwrap();
+        assert_eq!(read.muon_ns_method, method);
+    }
+}
+
 /// Only the sizes of released layouts are accepted: a struct_size cutting a field in half
-/// (sizeof − 2 cuts muon_ns_eps) is ABI_MISMATCH naming the size; every released size and a
+/// (sizeof − 2 cuts muon_ns_method) is ABI_MISMATCH naming the size; every released size and a
 /// larger one (a newer header) pass.
 #[test]
 fn a_torn_config_struct_size_is_refused() {
@@ -92,7 +137,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released.len(), 3, "{released:?}");
+    assert_eq!(released, [104, 112, 120, 128]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -134,6 +179,11 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             |c| c.muon_ns_eps = f32::NAN,
             MUON_STATUS_OUT_OF_RANGE,
             "muon_ns_eps: NaN must be finite and > 0",
+        ),
+        (
+            |c| c.muon_ns_method = 2,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_ns_method: unknown value 2; valid values are 0 (standard), 1 (gram)",
         ),
         (
             |c| c.host_comm_mode = 3,

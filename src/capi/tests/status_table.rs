@@ -562,6 +562,38 @@ fn table() -> Vec<Row> {
             |o| muon_newton_schulz_host([0f32; 4].as_ptr(), [0f32; 4].as_mut_ptr(), 0, 2, 0, 5, 1)
         ),
         row!(
+            "muon_newton_schulz_host_config",
+            "NULL out",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_newton_schulz_host_config([0f32; 4].as_ptr(), null_mut(), 2, 2, &default_config())
+        ),
+        row!(
+            "muon_newton_schulz_host_config",
+            "NULL cfg",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_newton_schulz_host_config([0f32; 4].as_ptr(), [0f32; 4].as_mut_ptr(), 2, 2, null())
+        ),
+        row!(
+            "muon_newton_schulz_host_config",
+            "cols 0",
+            None,
+            MUON_STATUS_OUT_OF_RANGE,
+            |o| muon_newton_schulz_host_config([0f32; 4].as_ptr(), [0f32; 4].as_mut_ptr(), 2, 0, &default_config())
+        ),
+        row!(
+            "muon_newton_schulz_host_config",
+            "torn struct_size",
+            None,
+            MUON_STATUS_ABI_MISMATCH,
+            |o| {
+                let mut cfg = default_config();
+                cfg.struct_size -= 2;
+                muon_newton_schulz_host_config([0f32; 4].as_ptr(), [0f32; 4].as_mut_ptr(), 2, 2, &cfg)
+            }
+        ),
+        row!(
             "muon_mxfp8_scale_shape",
             "NULL shapes",
             None,

@@ -65,8 +65,16 @@ fn markdown(rows: &[Row]) -> String {
          AdamW (Megatron's DistributedOptimizer: the same buckets, reduce-scatter of gradients,\n\
          all-gather of params), with the same constants, gradients reduced in bf16 (Megatron's\n\
          default), 8192 tokens per GPU. The profiles' achievable figures are estimates until a\n\
-         device run calibrates them (`docs/device-run.md`). Tensor-parallel jobs: TP inside a\n\
-         node, a norm group over TP × DP, each simulated rank holding TP rank 0's shards.\n\n\
+         device run calibrates them (`docs/device-run.md`). Tensor- and pipeline-parallel jobs:\n\
+         TP inside a node, a norm group over TP × PP × DP, each simulated rank holding TP rank\n\
+         0's shards.\n\
+         The deepseek-v3-like job is DeepSeek-V3's layout (its report, §3.2: 16-way pipeline,\n\
+         64-way expert parallelism over 8 nodes, ZeRO-1 data parallelism) on 1024 GPUs: each\n\
+         simulated rank holds pipeline stage 8 of 16 (MoE layers 30–33) and 4 of the 256 experts\n\
+         of each expert stack, in a second optimizer over its expert data-parallel group (one\n\
+         rank: no expert gradient collectives) stepped with the dense optimizer under one clip;\n\
+         each expert stack computes the tokens routed to it (8 experts per token). The report's\n\
+         2048 GPUs give each expert 2 data-parallel ranks; 1024 hold the same params per rank.\n\n\
          - **overhead**: Muon iteration / AdamW iteration − 1; **NS ms**: the busiest rank's\n\
          \x20 Newton–Schulz (GEMMs and Muon kernels), which no schedule removes;\n\
          - **(Muon − AdamW) / NS**: 1 when Muon costs exactly its Newton–Schulz, above 1 when the\n\
