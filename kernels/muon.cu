@@ -60,6 +60,19 @@ extern "C" __global__ void muon_ns_symmetrize(const float *src, void *dst, int d
     }
 }
 
+// `batch` consecutive m x m matrices of src plus a times the identity into dst (dst = src
+// allowed): the Gram iteration's Q = Z + a*I (src/numerics/newton_schulz.rs, iterate_gram),
+// one f32 addition on the diagonal, every other element copied as it is.
+extern "C" __global__ void muon_ns_add_identity(const float *src, float *dst, float a, muon_u32 batch,
+                                                muon_u32 m) {
+    const muon_u64 size = (muon_u64)m * m;
+    const muon_u64 n = size * batch;
+    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
+        const muon_u64 within = e % size;
+        dst[e] = within / m == within % m ? src[e] + a : src[e];
+    }
+}
+
 // W = W * decay - step * X for `batch` consecutive rows x cols matrices of w, X read transposed
 // (cols x rows) when `transposed` is set (the host's transpose back, then the update), each of
 // its stored rows `x_ld` elements apart (cols, or rows when transposed, unless X is a block of

@@ -424,6 +424,14 @@ impl Emulator {
                     }
                 }
             }
+            Kernel::NsAddIdentity => {
+                let (src, dst, shift, batch, m) = (n(0), n(1), float(a, 2), n(3), n(4));
+                for e in 0..batch * m * m {
+                    let v = self.ld_f32(src + 4 * e);
+                    let within = e % (m * m);
+                    self.st_f32(dst + 4 * e, if within / m == within % m { v + shift } else { v });
+                }
+            }
             Kernel::MuonApply => {
                 let (w, x) = (n(0), n(1));
                 let (batch, rows, cols, transposed, ld) = (n(2), n(3), n(4), n(5) != 0, n(6));
@@ -739,6 +747,64 @@ fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
     compare_runs("bf16-iterate NS, cyclic quintic, 7 steps", &cfg, &cuda_model());
 }
 
+/// The Gram Newton–Schulz iteration (`muon_ns_method = gram`) on the emulated device, bit for
+/// bit like the host in every precision: bf16 and bf16_iterate with 5 quintic steps (one
+/// restart), f32 with 9 Polar Express steps (restarts at steps 2, 5 and 8). The model's wide
+/// matrices (order 32 and 64 with blocks down to 16: the symmetric products one and two
+/// levels deep), its expert stack and fused components (strided batches, tall ones transposed)
+/// take the Gram iteration; its square and near-square ones (`n/m < 1.5`) the standard one,
+/// checked against a host run with `standard`: after one step those params are equal to it
+/// bit for bit and every other Muon param differs.
+#[test]
+fn emulated_gram_newton_schulz_matches_the_host_backend_bitwise() {
+    use muon_opt::config::{CoefficientSet, NsMethod};
+    let mut specs = cuda_model();
+    specs.push(ParamSpec::new("wide.deep.weight", &[64, 160], Dtype::Bf16));
+    let standard_only = [
+        "layers.0.qkv.weight",
+        "layers.0.proj.weight",
+        "layers.1.qkv.weight",
+        "layers.1.proj.weight",
+        "deep.weight",
+        "mx.fc.weight",
+    ];
+    for (precision, coefficients, steps) in [
+        (NsPrecision::Bf16, CoefficientSet::Quintic, 5),
+        (NsPrecision::Bf16Iterate, CoefficientSet::QuinticCyclic, 5),
+        (NsPrecision::F32, CoefficientSet::PolarExpress, 9),
+    ] {
+        let cfg = Config {
+            bucket_size: 4096,
+            muon_ns_symmetric_leaf: SMALL_LEAF,
+            host_comm_mode: CommMode::Eager,
+            muon_ns_precision: precision,
+            muon_coefficient_set: coefficients,
+            muon_num_ns_steps: steps,
+            muon_ns_method: NsMethod::Gram,
+            ..Config::default()
+        };
+        compare_runs(&format!("gram NS, {precision:?}, {steps} steps"), &cfg, &specs);
+        let standard = Config {
+            muon_ns_method: NsMethod::Standard,
+            ..cfg.clone()
+        };
+        let mut gram = runtime(&cfg, &specs, 0, 1, Box::new(host_backend(&cfg)));
+        let mut plain = runtime(&standard, &specs, 0, 1, Box::new(host_backend(&standard)));
+        iterate(&mut gram, 0, 0, false);
+        iterate(&mut plain, 0, 0, false);
+        let (a, b) = (gram.owned_state().unwrap(), plain.owned_state().unwrap());
+        for (x, y) in a.iter().zip(&b) {
+            let name = &specs[x.param as usize].name;
+            if gram.plan().params[x.param as usize].route != muon_opt::model::Route::Muon {
+                continue;
+            }
+            let same = bits(&x.master) == bits(&y.master);
+            let expected = standard_only.contains(&name.as_str());
+            assert_eq!(same, expected, "{precision:?}: {name} equal to the standard iteration");
+        }
+    }
+}
+
 /// The element-wise ops the dp=1 runs do not reach (scale, casts in every direction, bf16
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]
@@ -860,10 +926,12 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
 /// shard). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
 /// the 2-D assembly of column blocks, the chunk of a transposed result read with its row
 /// stride, the whole-shape scale; `distributed` in f32 and bf16_iterate — the forced
-/// orientation and the all-reduced norm and Gram matrices.
+/// orientation and the all-reduced norm and Gram matrices; the Gram iteration in both modes
+/// and every precision (its `X·Xᵀ` all-reduced in `distributed`, its products with `Q`
+/// shard-local), on the wide iterates, the others taking the standard one.
 #[test]
 fn tensor_parallel_shards_match_the_host_backend_bitwise() {
-    use muon_opt::config::TpMode;
+    use muon_opt::config::{NsMethod, TpMode};
     use muon_opt::model::ParamFlags;
     const TP: usize = 2;
     let shard = |name: &str, shape: &[u64], flags: u32| ParamSpec {
@@ -886,17 +954,28 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
             &[3, 16, 12],
             ParamFlags::EXPERT_STACK | ParamFlags::TP_SHARD_COLS,
         ),
+        // Wide iterates in both modes (the Gram iteration's): whole 32 × 128 and 16 × 192
+        // (transposed); shards 32 × 64 (order 32: blocks one level deep) and 16 × 96.
+        shard("mlp.wide.weight", &[32, 64], ParamFlags::TP_SHARD_COLS),
+        shard("attn.tall.weight", &[96, 16], ParamFlags::TP_SHARD_ROWS),
     ];
-    for (precision, mode) in [
-        (NsPrecision::F32, TpMode::Duplicated),
-        (NsPrecision::Bf16, TpMode::Duplicated),
-        (NsPrecision::F32, TpMode::Distributed),
-        (NsPrecision::Bf16Iterate, TpMode::Distributed),
-    ] {
+    let mut runs = vec![
+        (NsPrecision::F32, TpMode::Duplicated, NsMethod::Standard),
+        (NsPrecision::Bf16, TpMode::Duplicated, NsMethod::Standard),
+        (NsPrecision::F32, TpMode::Distributed, NsMethod::Standard),
+        (NsPrecision::Bf16Iterate, TpMode::Distributed, NsMethod::Standard),
+    ];
+    for precision in [NsPrecision::F32, NsPrecision::Bf16, NsPrecision::Bf16Iterate] {
+        for mode in [TpMode::Duplicated, TpMode::Distributed] {
+            runs.push((precision, mode, NsMethod::Gram));
+        }
+    }
+    for (precision, mode, method) in runs {
         let cfg = Config {
             bucket_size: 4096,
             muon_ns_symmetric_leaf: SMALL_LEAF,
             muon_ns_precision: precision,
+            muon_ns_method: method,
             muon_tp_mode: mode,
             host_comm_mode: CommMode::Eager,
             ..Config::default()
@@ -923,7 +1002,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
                     let name = &specs[x.param as usize].name;
                     assert!(
                         bits(&x.master) == bits(&y.master),
-                        "{mode:?} {precision:?} TP rank {t} step {step}: {name} master differs"
+                        "{mode:?} {precision:?} {method:?} TP rank {t} step {step}: {name} master differs"
                     );
                 }
             }

@@ -212,6 +212,13 @@ fn optimizer_runs_match_the_host_backend() {
         ..base.clone()
     };
     compare_runs(&gpu, "f32 NS", &f32_ns, &cuda_model(), 1e-5);
+    // The Gram iteration (wide matrices, expert stacks, fused components; the square ones
+    // standard) against the host's, each product on cuBLAS.
+    let gram = Config {
+        muon_ns_method: NsMethod::Gram,
+        ..base.clone()
+    };
+    compare_runs(&gpu, "gram bf16 NS", &gram, &cuda_model(), 5e-3);
     let mxfp8 = Config {
         mxfp8_param_gather: true,
         mxfp8_swizzled_scales: true,
@@ -335,7 +342,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     momentum: n,
                     adam_moments: 0,
                     max_component: (rows * cols, rows.min(cols)),
-                    muon_work: MuonWork::of_job(&[rows], cols, 1),
+                    muon_work: MuonWork::of_job(&[rows], cols, 1, &muon.ns),
                     tp_components: Vec::new(),
                     mxfp8: Vec::new(),
                     mxfp8_scale_layout: ScaleLayout::Compact,
@@ -515,44 +522,54 @@ fn a_captured_iteration_replays_bitwise_like_eager_ones() {
     );
 }
 
-/// `muon-opt measure`'s pipeline on the GPU (small layers): every work action of the timed step
-/// has a positive device time, the classes cover the Newton–Schulz GEMMs and the optimizer's
-/// kernels, and every reference ran.
+/// `muon-opt measure`'s pipeline on the GPU (small layers), standard and Gram Newton–Schulz:
+/// every work action of the timed step has a positive device time, the classes cover the
+/// Newton–Schulz GEMMs and the optimizer's kernels (the Gram iteration's too), and every
+/// reference ran.
 #[test]
 fn the_measured_step_times_every_work_action() {
     let Some(gpu) = gpu("the_measured_step_times_every_work_action") else {
         return;
     };
     drop(gpu.nccl);
-    let opts = muon_opt::measure::step::Options {
-        layers: 2,
-        small: true,
-        ns_precision: NsPrecision::Bf16,
-        warmup_steps: 1,
-        whole_steps: 2,
-        hardware: muon_opt::sim::profile::builtin("h100-nvlink").unwrap(),
-    };
-    let run = muon_opt::measure::step::measure(&opts, "test".into()).unwrap();
-    let step = run.step.as_ref().unwrap();
-    assert!(step.measured_ms > 0.0 && step.runs_ms.len() == 2, "{step:?}");
-    assert!(step.work_actions > 0 && step.event_actions > 0, "{step:?}");
-    let timed: u64 = run.op_classes.iter().map(|c| c.count).sum();
-    assert_eq!(timed, step.work_actions, "every work action timed once");
-    for class in &run.op_classes {
-        if !class.class.starts_with("nccl") {
-            assert!(class.measured_ms > 0.0, "{}: {} ms", class.class, class.measured_ms);
+    for method in [NsMethod::Standard, NsMethod::Gram] {
+        let opts = muon_opt::measure::step::Options {
+            layers: 2,
+            small: true,
+            ns_precision: NsPrecision::Bf16,
+            ns_method: method,
+            warmup_steps: 1,
+            whole_steps: 2,
+            hardware: muon_opt::sim::profile::builtin("h100-nvlink").unwrap(),
+        };
+        let run = muon_opt::measure::step::measure(&opts, "test".into()).unwrap();
+        assert_eq!(run.workload.as_ref().unwrap().ns_method, method.name());
+        let step = run.step.as_ref().unwrap();
+        assert!(step.measured_ms > 0.0 && step.runs_ms.len() == 2, "{step:?}");
+        assert!(step.work_actions > 0 && step.event_actions > 0, "{step:?}");
+        let timed: u64 = run.op_classes.iter().map(|c| c.count).sum();
+        assert_eq!(timed, step.work_actions, "every work action timed once");
+        for class in &run.op_classes {
+            if !class.class.starts_with("nccl") {
+                assert!(class.measured_ms > 0.0, "{}: {} ms", class.class, class.measured_ms);
+            }
         }
+        // The Gram iteration runs on the wide matrices (k, v, gate, up, down).
+        let gram = (method == NsMethod::Gram).then_some("kernel muon_ns_add_identity");
+        for expected in [
+            "kernel muon_adamw",
+            "kernel muon_momentum",
+            "kernel muon_mxfp8_quantize_bf16",
+        ]
+        .into_iter()
+        .chain(gram)
+        {
+            assert!(
+                run.op_classes.iter().any(|c| c.class == expected),
+                "{method:?}: {expected} not timed"
+            );
+        }
+        assert!(run.op_classes.iter().any(|c| c.class.starts_with("gemm bf16")));
+        assert!(run.references.iter().all(|r| r.measured_ms > 0.0 && r.achieved > 0.0));
     }
-    for expected in [
-        "kernel muon_adamw",
-        "kernel muon_momentum",
-        "kernel muon_mxfp8_quantize_bf16",
-    ] {
-        assert!(
-            run.op_classes.iter().any(|c| c.class == expected),
-            "{expected} not timed"
-        );
-    }
-    assert!(run.op_classes.iter().any(|c| c.class.starts_with("gemm bf16")));
-    assert!(run.references.iter().all(|r| r.measured_ms > 0.0 && r.achieved > 0.0));
 }

@@ -22,7 +22,7 @@ use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::Op;
 use muon_opt::backend::recording::{Observer, Recording};
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
+use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsMethod, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::MuonOptions;
@@ -69,6 +69,15 @@ fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
                 muon_layout: MuonLayout::Allreduce,
                 mxfp8_param_gather: true,
                 mxfp8_swizzled_scales: true,
+                ..base.clone()
+            },
+            cuda_model(),
+        ),
+        (
+            "compact, gram NS, bf16_iterate",
+            Config {
+                muon_ns_method: NsMethod::Gram,
+                muon_ns_precision: NsPrecision::Bf16Iterate,
                 ..base.clone()
             },
             cuda_model(),

@@ -171,3 +171,102 @@ fn an_unstaged_param_beside_staged_ones_gets_param_storage_of_its_own() {
         .collect();
     assert_eq!(summary, vec![(vec![1], Some(0), 48 * 64), (vec![0, 2], None, 0)]);
 }
+
+/// With `muon_ns_method = gram` the translator adds the Gram iteration's square matrices and
+/// nothing else: `Z`, `Q` and their bf16 copies (12 bytes per element) in bf16, `Q` and a
+/// spare (8 bytes) in f32, each as large as the largest batch that runs the iteration — for
+/// llama3-8b a pair of 4096² matrices, less than the 4096 × 14336 iterates it replaces the
+/// products of; for gpt2-124m its 768 × 3072 MLP matrices. A model of square matrices only
+/// allocates the same bytes with either method.
+#[test]
+fn the_gram_iteration_adds_only_its_square_matrices() {
+    use muon_opt::config::{NsMethod, NsPrecision};
+    use muon_opt::schedule::state::StateLayout;
+    for (name, dp) in [("llama3-8b", 8), ("gpt2-124m", 4)] {
+        let model = preset(name).unwrap();
+        for (precision, per_element) in [
+            (NsPrecision::Bf16, 12),
+            (NsPrecision::Bf16Iterate, 12),
+            (NsPrecision::F32, 8),
+        ] {
+            let standard = Config {
+                vocab_size: model.vocab_size,
+                muon_ns_precision: precision,
+                ..Config::default()
+            };
+            let gram = Config {
+                muon_ns_method: NsMethod::Gram,
+                ..standard.clone()
+            };
+            let registry = model.registry(&standard).unwrap();
+            let plan = build_plan(registry.params(), registry.routes(), &standard, dp).unwrap();
+            for rank in 0..dp {
+                let label = format!("{name} {precision:?} rank {rank}");
+                let need = StateLayout::new(&plan, registry.params(), &gram, rank).memory.muon_work;
+                assert!(
+                    need.gram_iteration > 0 && need.gram_iteration < need.matrix,
+                    "{label}: {need:?}"
+                );
+                let before = rank_device_bytes(&plan, registry.params(), &standard, rank).unwrap();
+                let after = rank_device_bytes(&plan, registry.params(), &gram, rank).unwrap();
+                assert_eq!(
+                    after.workspaces - before.workspaces,
+                    per_element * need.gram_iteration,
+                    "{label}"
+                );
+                assert_eq!(
+                    after.total - before.total,
+                    after.workspaces - before.workspaces,
+                    "{label}"
+                );
+            }
+        }
+    }
+    let square = muon_opt::plan::presets::ModelDesc {
+        name: "square".into(),
+        vocab_size: 0,
+        params: vec![muon_opt::model::ParamSpec::new(
+            "layer.weight",
+            &[256, 256],
+            muon_opt::config::Dtype::Bf16,
+        )],
+    };
+    let cfg = Config::default();
+    let registry = square.registry(&cfg).unwrap();
+    let plan = build_plan(registry.params(), registry.routes(), &cfg, 1).unwrap();
+    let gram = Config {
+        muon_ns_method: NsMethod::Gram,
+        ..cfg.clone()
+    };
+    assert_eq!(
+        rank_device_bytes(&plan, registry.params(), &gram, 0).unwrap(),
+        rank_device_bytes(&plan, registry.params(), &cfg, 0).unwrap()
+    );
+}
+
+/// A duplicated or distributed TP shard is sized by what its Newton–Schulz runs on: with
+/// llama3-8b at TP 8, `distributed` iterates are 4096 wide along their unsplit side and at most
+/// 1792 along the shard's, so none runs the Gram iteration and `gram` allocates exactly what
+/// `standard` does; `duplicated` runs the whole matrices, whose wide ones do.
+#[test]
+fn tensor_parallel_shards_size_the_gram_iteration_by_what_runs() {
+    use muon_opt::config::{NsMethod, TpMode};
+    let bytes = |mode, ns_method| {
+        let scenario = Scenario {
+            tp: Some((8, mode)),
+            ns_method,
+            iterations: 2,
+            ..Scenario::new(preset("llama3-8b").unwrap(), 1, builtin("h100-nvlink").unwrap())
+        };
+        simulate(&scenario).unwrap().device_bytes
+    };
+    assert_eq!(
+        bytes(TpMode::Distributed, NsMethod::Gram),
+        bytes(TpMode::Distributed, NsMethod::Standard)
+    );
+    let (gram, standard) = (
+        bytes(TpMode::Duplicated, NsMethod::Gram),
+        bytes(TpMode::Duplicated, NsMethod::Standard),
+    );
+    assert!(gram.workspaces > standard.workspaces, "{gram:?} vs {standard:?}");
+}

@@ -20,7 +20,7 @@ use muon_opt::backend::ops::StreamKind;
 use muon_opt::config::{Config, Dtype};
 use muon_opt::error::Result;
 use muon_opt::measure::compare::{calibrate, compare};
-use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, op_classes};
+use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op_classes};
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
@@ -274,6 +274,32 @@ fn device_run_json_round_trips_and_refuses_what_it_cannot_use() {
     assert!(calibrate(&skipped, &hw, "x").is_err());
 }
 
+/// `workload.ns_method` names the Newton–Schulz iteration and round-trips; a run written
+/// before the field existed reads as `standard`.
+#[test]
+fn the_workload_names_its_newton_schulz_method() {
+    let hw = builtin("h100-nvlink").unwrap();
+    let (timings, counts) = timed_step(1.0);
+    let mut run = run_of(&timings, counts, &hw);
+    run.workload = Some(Workload {
+        layers: 1,
+        layer_params: vec![("fc".into(), vec![64, 256])],
+        other_params: Vec::new(),
+        elements: 64 * 256,
+        ns_precision: "bf16".into(),
+        ns_method: "gram".into(),
+        grad_dtype: "f32".into(),
+        warmup_steps: 1,
+        whole_steps: 1,
+    });
+    let text = serde_json::to_string_pretty(&run).unwrap();
+    assert_eq!(DeviceRun::from_json(&text).unwrap(), run);
+    let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+    older["workload"].as_object_mut().unwrap().remove("ns_method").unwrap();
+    let older = DeviceRun::from_json(&older.to_string()).unwrap();
+    assert_eq!(older.workload.unwrap().ns_method, "standard");
+}
+
 fn muon_opt(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_muon-opt"))
         .args(args)
@@ -282,16 +308,20 @@ fn muon_opt(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// The command line: `measure` without a GPU says so, exits 0 and writes a skipped run;
+/// The command line: `measure` (either Newton–Schulz method) without a GPU says so, exits 0 and
+/// writes a skipped run;
 /// `simulate --device-run` prints measured / predicted per op class; `calibrate` writes a
-/// profile `simulate` accepts and reports as measured.
+/// profile `simulate` accepts (here with `--ns-method gram`, named in its header) and reports
+/// as measured.
 #[test]
 fn cli_measures_compares_and_calibrates() {
     let dir = TempDir::new("device_run_cli");
     let skipped = dir.join("skipped.json");
-    let out = muon_opt(&["measure", "--out", skipped.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("no GPU: skipped ("));
+    for method in ["standard", "gram"] {
+        let out = muon_opt(&["measure", "--ns-method", method, "--out", skipped.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("no GPU: skipped ("));
+    }
     let run = DeviceRun::from_json(&std::fs::read_to_string(&skipped).unwrap()).unwrap();
     assert_eq!(run.status, "skipped");
 
@@ -333,9 +363,12 @@ fn cli_measures_compares_and_calibrates() {
         "2",
         "--hardware",
         profile.to_str().unwrap(),
+        "--ns-method",
+        "gram",
     ]);
     assert!(sim.status.success(), "{}", String::from_utf8_lossy(&sim.stderr));
     let text = String::from_utf8_lossy(&sim.stdout);
+    assert!(text.lines().next().unwrap().contains(", NS bf16 gram,"), "{text}");
     let line = text
         .lines()
         .find(|l| l.starts_with("profile h100-nvlink: measured on a GPU:"))

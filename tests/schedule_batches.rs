@@ -77,44 +77,49 @@ fn batches_are_capped_so_the_workspace_stays_bounded() {
 #[test]
 fn the_muon_workspace_is_the_real_need_of_the_jobs() {
     use muon_opt::backend::ops::MuonWork;
+    use muon_opt::numerics::newton_schulz::NsOptions;
+    let ns = NsOptions::from_config(&Config::default());
     // A fused [2·14336, 4096] gate|up: one job of 117M elements whose Gram batch is two
     // 4096² matrices; a [4096, 14336] down projection: 4096² again.
-    let gate_up = MuonWork::of_job(&[14336, 14336], 4096, 1);
+    let gate_up = MuonWork::of_job(&[14336, 14336], 4096, 1, &ns);
     assert_eq!(
         gate_up,
         MuonWork {
             matrix: 28672 * 4096,
             gram: 2 * 4096 * 4096,
             run: 2,
-            grouped: 0
+            grouped: 0,
+            ..MuonWork::default()
         }
     );
-    let down = MuonWork::of_job(&[4096], 14336, 1);
+    let down = MuonWork::of_job(&[4096], 14336, 1, &ns);
     assert_eq!(
         down,
         MuonWork {
             matrix: 4096 * 14336,
             gram: 4096 * 4096,
             run: 1,
-            grouped: 0
+            grouped: 0,
+            ..MuonWork::default()
         }
     );
     assert_eq!(gate_up.max(down), gate_up);
     // Runs of equal components batch; different ones do not.
-    let qkv = MuonWork::of_job(&[64, 16, 16], 32, 1);
+    let qkv = MuonWork::of_job(&[64, 16, 16], 32, 1, &ns);
     assert_eq!(
         qkv,
         MuonWork {
             matrix: 96 * 32,
             gram: 32 * 32,
             run: 2,
-            grouped: 0
+            grouped: 0,
+            ..MuonWork::default()
         }
     );
     // The same QKV split per query group (4 groups of [16, 4, 4] rows) also needs its update
     // in component order.
     assert_eq!(
-        MuonWork::of_job(&[64, 16, 16], 32, 4),
+        MuonWork::of_job(&[64, 16, 16], 32, 4, &ns),
         MuonWork {
             grouped: 96 * 32,
             ..qkv
@@ -133,7 +138,47 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
             matrix: 8 * 64 * 32,
             gram: 16 * 32 * 32,
             run: 16,
-            grouped: 0
+            grouped: 0,
+            ..MuonWork::default()
         }
     );
+}
+
+/// With `muon_ns_method = gram` the workspace holds the Gram iteration's square matrices for
+/// the batches that run it (`n/m ≥ 1.5`, `numerics::newton_schulz::runs_gram`) and no others:
+/// the largest such `count · m²`, 0 when every matrix is square.
+#[test]
+fn the_gram_iteration_workspace_is_the_need_of_the_batches_that_run_it() {
+    use muon_opt::backend::ops::MuonWork;
+    use muon_opt::config::NsMethod;
+    use muon_opt::numerics::newton_schulz::NsOptions;
+    let gram = NsOptions::from_config(&Config {
+        muon_ns_method: NsMethod::Gram,
+        ..Config::default()
+    });
+    let iteration = |rows: &[usize], cols| MuonWork::of_job(rows, cols, 1, &gram).gram_iteration;
+    assert_eq!(iteration(&[14336, 14336], 4096), 2 * 4096 * 4096);
+    assert_eq!(iteration(&[4096], 14336), 4096 * 4096);
+    assert_eq!(iteration(&[4096], 4096), 0);
+    // 1024 × 1536 is at the threshold; 1024 × 1535 is below it.
+    assert_eq!(iteration(&[1024], 1536), 1024 * 1024);
+    assert_eq!(iteration(&[1024], 1535), 0);
+    // A fused QKV: the 32 × 64 query runs it (32²), the pair of 16 × 32 keys and values too
+    // (2 · 16²), the largest is kept; the square projection does not.
+    assert_eq!(iteration(&[64, 16, 16], 32), 32 * 32);
+    assert_eq!(iteration(&[32, 32, 32], 32), 0);
+    // The standard method and bf16 with more than 5 steps (where the rule disables it) need none.
+    let standard = NsOptions::from_config(&Config::default());
+    assert_eq!(MuonWork::of_job(&[4096], 14336, 1, &standard).gram_iteration, 0);
+    let long = NsOptions { steps: 8, ..gram };
+    assert_eq!(MuonWork::of_job(&[4096], 14336, 1, &long).gram_iteration, 0);
+    let reg = registry(8, 64, 32);
+    let cfg = Config {
+        muon_ns_method: NsMethod::Gram,
+        ..Config::default()
+    };
+    let plan = build_plan(reg.params(), reg.routes(), &cfg, 1).unwrap();
+    let layout = StateLayout::new(&plan, reg.params(), &cfg, 0);
+    // 16 expert halves of 32 × 32 (square) and the 32 × 32 projection: none runs it.
+    assert_eq!(layout.memory.muon_work.gram_iteration, 0);
 }

@@ -2,7 +2,8 @@
 //! adds and left out of the lower bound; the SM share of a collective by its transport;
 //! multi-rail network rings; overlap counted against every compute-stream kernel; the
 //! embedding's forward as a lookup; the AdamW baseline, bf16 gradients and the memory check;
-//! the deepseek-v3-like job's pipeline stage and expert optimizer.
+//! the deepseek-v3-like job's pipeline stage and expert optimizer; the Gram iteration's kernels
+//! counted as Newton–Schulz time.
 
 use muon_opt::backend::cuda::action::{NcclCall, NcclType};
 use muon_opt::backend::ops::StreamKind;
@@ -279,5 +280,62 @@ fn the_deepseek_job_runs_its_experts_on_a_second_optimizer_of_one_rank() {
         (sim.figures.model_compute_ms - expected).abs() < 1e-6 * expected,
         "{} vs {expected} ms",
         sim.figures.model_compute_ms
+    );
+}
+
+/// `ns_method = gram` (`simulate --ns-method gram`): the run names its method, its
+/// Newton–Schulz figure is the sum of the iteration's Newton–Schulz work on the busiest rank —
+/// its GEMMs and kernels, the `muon_ns_add_identity` of `Q = Z + a·I` included — and it is
+/// below the standard iteration's on gpt2-124m's wide MLP matrices (SM contention off, so the
+/// timelines are the ones the figure is read from).
+#[test]
+fn the_gram_iteration_counts_its_kernels_as_newton_schulz_time() {
+    use muon_opt::config::NsMethod;
+    let hardware = Hardware {
+        comm_sm_share: 0.0,
+        comm_sm_share_network: 0.0,
+        ..h100("h100-nvlink")
+    };
+    let standard = Scenario::new(preset("gpt2-124m").unwrap(), 2, hardware);
+    let gram = simulate(&Scenario {
+        ns_method: NsMethod::Gram,
+        ..standard.clone()
+    })
+    .unwrap();
+    let standard = simulate(&standard).unwrap();
+    assert_eq!(
+        (standard.ns_method.as_str(), gram.ns_method.as_str()),
+        ("standard", "gram")
+    );
+    assert_eq!(serde_json::to_value(&gram).unwrap()["ns_method"], "gram");
+    let last = gram.iterations - 1;
+    let busiest = |labels: &[&str]| {
+        gram.timelines
+            .iter()
+            .map(|t| {
+                t.slices
+                    .iter()
+                    .filter(|s| s.iteration == Some(last) && labels.contains(&s.label.what))
+                    .map(|s| s.end - s.start)
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max)
+            * 1e3
+    };
+    let ns = [
+        "ns gemm",
+        "ns normalize",
+        "ns symmetrize",
+        "ns add identity",
+        "muon momentum",
+        "muon apply",
+    ];
+    assert!((busiest(&ns) - gram.figures.newton_schulz_ms).abs() < 1e-9);
+    assert!(busiest(&["ns add identity"]) > 0.0);
+    assert!(
+        gram.figures.newton_schulz_ms < standard.figures.newton_schulz_ms,
+        "gram {} ms, standard {} ms",
+        gram.figures.newton_schulz_ms,
+        standard.figures.newton_schulz_ms
     );
 }

@@ -6,9 +6,10 @@
 # Within MUON_CHECK_BUDGET_S seconds (default 480): records the environment and where NVRTC,
 # cuBLAS and libnccl.so.2 were found (CUDA toolkit first, then Python site-packages); runs every
 # GPU test executable; measures the optimizer's step (muon-opt measure: bf16 Newton–Schulz on
-# 16 llama3-8b-like layers, then f32 on 2); runs a small optimizer loop under compute-sanitizer
-# (memcheck, then racecheck and synccheck while time remains). Writes $OUT/device-run.json (the
-# schema of docs/device-run.md), $OUT/device-run-f32.json, $OUT/summary.txt and $OUT/check.log.
+# 16 llama3-8b-like layers, standard then Gram, then f32 on 2); runs a small optimizer loop under
+# compute-sanitizer (memcheck, then racecheck and synccheck while time remains). Writes
+# $OUT/device-run.json (the schema of docs/device-run.md), $OUT/device-run-gram.json,
+# $OUT/device-run-f32.json, $OUT/summary.txt and $OUT/check.log.
 # Without a GPU it prints "no GPU: skipped (...)" and exits 0.
 set -uo pipefail
 bundle="$(cd "$(dirname "$0")" && pwd)"
@@ -81,7 +82,7 @@ export MUON_REQUIRE_NVRTC=1
 # --- GPU tests
 # --show-output: each test's SKIPPED notice (no device, no NCCL) in its own output section.
 for t in cuda_gpu kernels_nvrtc cuda_no_gpu; do
-    s=$(slot 150 240)
+    s=$(slot 150 270)
     say "== tests/$t (timeout ${s}s)"
     if [ "$s" -eq 0 ]; then echo "exit out-of-time" >"$work/test-$t.out"; continue; fi
     timeout "$s" "$bundle/tests/$t" --test-threads=1 --show-output >"$work/test-$t.out" 2>&1
@@ -91,9 +92,13 @@ for t in cuda_gpu kernels_nvrtc cuda_no_gpu; do
 done
 
 # --- the measured step
-s=$(slot 150 90)
+s=$(slot 150 120)
 say "== muon-opt measure (bf16 Newton-Schulz, 16 layers; timeout ${s}s)"
 [ "$s" -gt 0 ] && timeout "$s" "$bundle/bin/muon-opt" measure --out "$work/measure.json" --date "$date_utc" 2>&1 | tee -a "$log"
+s=$(slot 90 60)
+say "== muon-opt measure (bf16 Gram Newton-Schulz, 16 layers; timeout ${s}s)"
+[ "$s" -gt 0 ] && timeout "$s" "$bundle/bin/muon-opt" measure --ns-method gram \
+    --out "$out/device-run-gram.json" --date "$date_utc" 2>&1 | tee -a "$log"
 s=$(slot 60 40)
 say "== muon-opt measure (f32 Newton-Schulz, 2 layers; timeout ${s}s)"
 [ "$s" -gt 0 ] && timeout "$s" "$bundle/bin/muon-opt" measure --ns-precision f32 --layers 2 \
@@ -161,6 +166,10 @@ lines += [f"  FAIL {t['suite']}::{t['name']}" for t in tests if t["status"] == "
 if run.get("step"):
     st = run["step"]
     lines.append(f"step: measured {st['measured_ms']:.2f} ms, model {st['predicted_ms']:.2f} ms ({run['predicted_with']})")
+gram_path = os.path.join(out, "device-run-gram.json")
+if os.path.exists(gram_path) and json.load(open(gram_path)).get("step"):
+    st = json.load(open(gram_path))["step"]
+    lines.append(f"step with Gram Newton-Schulz: measured {st['measured_ms']:.2f} ms, model {st['predicted_ms']:.2f} ms")
 for c in run["op_classes"][:12]:
     r = c.get("ratio")
     lines.append(f"  {c['class']:<44} {c['measured_ms']:10.3f} ms  ratio {r:.2f}" if r else f"  {c['class']:<44} {c['measured_ms']:10.3f} ms")

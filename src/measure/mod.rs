@@ -80,11 +80,18 @@ pub struct Workload {
     pub other_params: Vec<(String, Vec<u64>)>,
     pub elements: u64,
     pub ns_precision: String,
+    /// `standard` | `gram` (`muon_ns_method`); runs recorded before the field were standard.
+    #[serde(default = "standard_method")]
+    pub ns_method: String,
     pub grad_dtype: String,
     /// Steps before the timed ones (kernel compilation, cuBLAS heuristics, allocations).
     pub warmup_steps: u32,
     /// Steps timed whole; `step.measured_ms` is their median.
     pub whole_steps: u32,
+}
+
+fn standard_method() -> String {
+    crate::config::NsMethod::Standard.name().to_string()
 }
 
 /// The whole step: grads ready → step → every bucket's params back.

@@ -23,7 +23,7 @@ use crate::backend::cuda::translate::Translator;
 use crate::backend::cuda::{CudaBackend, Executor, probe};
 use crate::backend::ops::{Mem, Span, StreamKind};
 use crate::comm::{Communicator, Transport};
-use crate::config::{Config, Dtype, NsPrecision};
+use crate::config::{Config, Dtype, NsMethod, NsPrecision};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec, Registry};
 use crate::numerics::muon::MuonOptions;
@@ -43,6 +43,8 @@ pub struct Options {
     /// Small matrices (256-wide layers) instead of llama3-8b's: the sanitizer run.
     pub small: bool,
     pub ns_precision: NsPrecision,
+    /// The Newton–Schulz iteration (`muon_ns_method`).
+    pub ns_method: NsMethod,
     pub warmup_steps: u32,
     pub whole_steps: u32,
     /// The profile that prices every work.
@@ -113,6 +115,7 @@ fn specs(opts: &Options) -> (Vec<ParamSpec>, Workload) {
         other_params: shapes(&other),
         elements: specs.iter().map(ParamSpec::numel).sum(),
         ns_precision: opts.ns_precision.name().to_string(),
+        ns_method: opts.ns_method.name().to_string(),
         grad_dtype: Config::default().grad_dtype.name().to_string(),
         warmup_steps: opts.warmup_steps,
         whole_steps: opts.whole_steps,
@@ -232,6 +235,7 @@ pub fn measure(opts: &Options, date: String) -> Result<DeviceRun> {
     let comm = Communicator::new(Transport::Nccl(nccl.borrow()?));
     let cfg = Config {
         muon_ns_precision: opts.ns_precision,
+        muon_ns_method: opts.ns_method,
         ..Config::default()
     };
     let (specs, workload) = specs(opts);

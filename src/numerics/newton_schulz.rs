@@ -269,7 +269,7 @@ impl NsWorkspace {
         mut sums: Option<&mut dyn ShardSums>,
     ) -> Result<()> {
         let (m, n) = self.normalize(input, rows, cols, transpose, opts, sums.as_deref_mut())?;
-        if opts.method == NsMethod::Gram && gram_applies(m, n, opts) {
+        if runs_gram(m, n, opts) {
             self.iterate_gram(m, n, opts, sums)
         } else {
             self.iterate(m, n, opts, sums)
@@ -679,6 +679,13 @@ pub fn gram_applies(m: usize, n: usize, opts: &NsOptions) -> bool {
     let accurate =
         opts.precision == NsPrecision::F32 || (opts.steps <= 5 && opts.coefficients != CoefficientSet::PolarExpress);
     (n as f64) >= GRAM_MIN_ASPECT * m as f64 && accurate
+}
+
+/// Whether Newton–Schulz with `opts` runs the Gram iteration on an `m × n` iterate: the
+/// method is [`NsMethod::Gram`] and [`gram_applies`] holds. The host and the CUDA translation
+/// both dispatch on it, and the workspaces are sized by it.
+pub fn runs_gram(m: usize, n: usize, opts: &NsOptions) -> bool {
+    opts.method == NsMethod::Gram && gram_applies(m, n, opts)
 }
 
 /// The Gram iteration of [`newton_schulz_gram`] whatever the shape and options, for studies

@@ -6,6 +6,7 @@ use crate::config::{Config, TpMode};
 use crate::model::ParamFlags;
 use crate::model::ParamSpec;
 use crate::numerics::mxfp8::ScaleLayout;
+use crate::numerics::newton_schulz::NsOptions;
 use crate::plan::Plan;
 use crate::plan::{OwnedUnit, ShardPiece};
 
@@ -95,14 +96,18 @@ impl StateLayout {
                     (elements.max(rows * cols), short.max(rows.min(cols)))
                 })
         });
+        let ns = NsOptions::from_config(cfg);
         let muon_work = muon_batches.iter().fold(MuonWork::default(), |need, batch| {
             let spec = &params[muon[batch.first].unit.param as usize];
             let rows = component_rows(spec, batch.count);
-            need.max(MuonWork::of_job(
-                &rows,
-                spec.unit_matrix().cols as usize,
-                spec.split_groups as usize,
-            ))
+            let mut job = MuonWork::of_job(&rows, spec.unit_matrix().cols as usize, spec.split_groups as usize, &ns);
+            // A duplicated or distributed TP shard never runs Newton–Schulz as it is shaped here
+            // (whole, or in the orientation the mode forces): its Gram iteration is sized with
+            // the TP components (`tp_components`), by the translator, which knows the TP size.
+            if spec.tp_shard().is_some() && cfg.muon_tp_mode != TpMode::Blockwise {
+                job.gram_iteration = 0;
+            }
+            need.max(job)
         });
         let mut tp_components: Vec<TpComponent> = Vec::new();
         if cfg.muon_tp_mode != TpMode::Blockwise {

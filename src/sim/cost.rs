@@ -371,6 +371,8 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         // (src, dst, bf16, batch, m): the lower triangle read (2 bytes per element of the
         // matrix), the whole matrix written as bf16 or the upper triangle as f32 (2 bytes).
         Kernel::NsSymmetrize => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 4,
+        // (src, dst, a, batch, m): the matrices read and written in f32
+        Kernel::NsAddIdentity => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 8,
         // (master, x, batch, rows, cols, t, scalars, …): master read+write, x read
         Kernel::MuonApply => arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * 12,
         // master, exp_avg, exp_avg_sq read+write, grad read

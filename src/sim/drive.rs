@@ -67,6 +67,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::MuonMomentum => "muon momentum",
             Kernel::NsNormalize => "ns normalize",
             Kernel::NsSymmetrize => "ns symmetrize",
+            Kernel::NsAddIdentity => "ns add identity",
             Kernel::MuonApply => "muon apply",
             Kernel::Adamw => "adamw",
             Kernel::StepScalars => "step scalars",

@@ -20,7 +20,7 @@ pub mod work;
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, Dtype, MuonLayout, NsPrecision, TpMode};
+use crate::config::{Config, Dtype, MuonLayout, NsMethod, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::presets::ModelDesc;
@@ -42,6 +42,8 @@ pub struct Scenario {
     /// Muon-routed matrices stored as MXFP8, gathered as bf16 (`mxfp8_param_gather`).
     pub mxfp8: bool,
     pub ns_precision: NsPrecision,
+    /// The Newton–Schulz iteration (`muon_ns_method`): Gram where it applies, or standard.
+    pub ns_method: NsMethod,
     pub hardware: Hardware,
     pub tokens_per_gpu: u64,
     /// Iterations to run (≥ 2; the figures are the last one's).
@@ -88,8 +90,8 @@ pub struct ExpertParallel {
 }
 
 impl Scenario {
-    /// Defaults: compact layout, bf16 Newton–Schulz, 8192 tokens per GPU, 3 iterations,
-    /// overlap on.
+    /// Defaults: compact layout, bf16 standard Newton–Schulz, 8192 tokens per GPU, 3
+    /// iterations, overlap on.
     pub fn new(model: ModelDesc, dp: usize, hardware: Hardware) -> Self {
         Scenario {
             model,
@@ -97,6 +99,7 @@ impl Scenario {
             layout: MuonLayout::Compact,
             mxfp8: false,
             ns_precision: NsPrecision::Bf16,
+            ns_method: NsMethod::Standard,
             hardware,
             tokens_per_gpu: 8192,
             iterations: 3,
@@ -117,6 +120,7 @@ impl Scenario {
         Config {
             muon_layout: self.layout,
             muon_ns_precision: self.ns_precision,
+            muon_ns_method: self.ns_method,
             mxfp8_param_gather: self.mxfp8,
             overlap_grad_reduce: self.overlap_grad_reduce,
             overlap_param_gather: self.overlap_param_gather,
@@ -139,6 +143,7 @@ pub struct Simulation {
     pub layout: String,
     pub mxfp8: bool,
     pub ns_precision: String,
+    pub ns_method: String,
     pub tokens_per_gpu: u64,
     pub iterations: usize,
     pub grad_dtype: String,
@@ -214,6 +219,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         layout: scenario.layout.name().to_string(),
         mxfp8: scenario.mxfp8,
         ns_precision: scenario.ns_precision.name().to_string(),
+        ns_method: scenario.ns_method.name().to_string(),
         tokens_per_gpu: scenario.tokens_per_gpu,
         iterations: scenario.iterations,
         grad_dtype: scenario.grad_dtype.name().to_string(),

@@ -36,12 +36,23 @@ pub enum Work {
     XNext,
     /// `X` rounded to bf16 (bf16 precision only).
     XBf16,
-    /// `A = X·Xᵀ`, then `B = b·A + c·A·A` in place in bf16 precision (f32).
+    /// `A = X·Xᵀ`, then `B = b·A + c·A·A` in place in bf16 precision (f32); `R` of the Gram
+    /// iteration.
     Gram,
-    /// `B` (f32; f32 precision only).
+    /// `B` (f32; f32 precision only); `Z = b·R + c·R·R` of the Gram iteration (every
+    /// precision, when it runs).
     Poly,
-    /// `A`, then `B`, rounded to bf16 (bf16 precision only).
+    /// `A`, then `B`, rounded to bf16 (bf16 precision only); `R` rounded to bf16.
     GramBf16,
+    /// `Z` rounded to bf16 (the Gram iteration in bf16 precision only).
+    PolyBf16,
+    /// `Q`, the Gram iteration's product of polynomials (f32; only when it runs).
+    GramQ,
+    /// `Q` rounded to bf16 (the Gram iteration in bf16 precision only).
+    GramQBf16,
+    /// The next `Q` and `RZ = a·R + Z·R`, in turn with `GramQ` (f32; the Gram iteration in
+    /// f32 precision only).
+    GramSpare,
     /// Squared Frobenius norms of the matrices of one batch (f64).
     Norms,
     /// Block partial sums of squares (f64).
@@ -65,6 +76,7 @@ pub enum Kernel {
     MuonMomentum,
     NsNormalize,
     NsSymmetrize,
+    NsAddIdentity,
     MuonApply,
     StepScalars,
     Adamw,
@@ -74,7 +86,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
@@ -82,6 +94,7 @@ impl Kernel {
         Kernel::MuonMomentum,
         Kernel::NsNormalize,
         Kernel::NsSymmetrize,
+        Kernel::NsAddIdentity,
         Kernel::MuonApply,
         Kernel::Adamw,
         Kernel::StepScalars,
@@ -94,7 +107,11 @@ impl Kernel {
         match self {
             Kernel::CastF32ToBf16 | Kernel::Cast => "cast.cu",
             Kernel::SumsqPartials | Kernel::SumsqFinish => "reduce.cu",
-            Kernel::MuonMomentum | Kernel::NsNormalize | Kernel::NsSymmetrize | Kernel::MuonApply => "muon.cu",
+            Kernel::MuonMomentum
+            | Kernel::NsNormalize
+            | Kernel::NsSymmetrize
+            | Kernel::NsAddIdentity
+            | Kernel::MuonApply => "muon.cu",
             Kernel::Adamw => "adamw.cu",
             Kernel::StepScalars => "step.cu",
             Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
@@ -112,6 +129,7 @@ impl Kernel {
             Kernel::MuonMomentum => "muon_momentum",
             Kernel::NsNormalize => "muon_ns_normalize",
             Kernel::NsSymmetrize => "muon_ns_symmetrize",
+            Kernel::NsAddIdentity => "muon_ns_add_identity",
             Kernel::MuonApply => "muon_apply",
             Kernel::Adamw => "muon_adamw",
             Kernel::StepScalars => "muon_step_scalars",

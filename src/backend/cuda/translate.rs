@@ -16,6 +16,7 @@ mod memory;
 mod muon;
 mod mxfp8;
 mod newton_schulz;
+mod newton_schulz_gram;
 mod norm;
 mod qk_clip;
 

@@ -3,6 +3,7 @@
 use crate::config::{Dtype, TpMode};
 use crate::numerics::muon::TpDim;
 use crate::numerics::mxfp8::ScaleLayout;
+use crate::numerics::newton_schulz::{NsOptions, runs_gram};
 
 /// One param with persistent MXFP8 storage, `[rows, cols]` (the flattened 2-D view).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,11 +15,15 @@ pub struct Mxfp8Tensor {
 
 /// Elements a Muon workspace needs for every job of a rank: the largest job (`rows · cols`),
 /// the largest Gram batch (a run of consecutive equal components is orthogonalized as one
-/// strided batch: `count · min(rows, cols)²`) and the longest such run.
+/// strided batch: `count · min(rows, cols)²`), the largest such batch that runs the Gram
+/// iteration and the longest run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MuonWork {
     pub matrix: u64,
     pub gram: u64,
+    /// The largest `count · m²` of a run that takes the Gram Newton–Schulz iteration
+    /// ([`runs_gram`]), whose square matrices it holds; 0 when none does.
+    pub gram_iteration: u64,
     pub run: u64,
     /// Elements of the largest job whose components are interleaved in split groups (its
     /// update in component order); 0 when there is none.
@@ -27,8 +32,8 @@ pub struct MuonWork {
 
 impl MuonWork {
     /// The need of one job of `cols` columns whose components have `component_rows` rows,
-    /// interleaved in `split_groups` groups.
-    pub fn of_job(component_rows: &[usize], cols: usize, split_groups: usize) -> MuonWork {
+    /// interleaved in `split_groups` groups, orthogonalized with `ns`.
+    pub fn of_job(component_rows: &[usize], cols: usize, split_groups: usize, ns: &NsOptions) -> MuonWork {
         let cols = cols as u64;
         let matrix = component_rows.iter().map(|&r| r as u64).sum::<u64>() * cols;
         let mut need = MuonWork {
@@ -38,7 +43,11 @@ impl MuonWork {
         };
         for run in component_rows.chunk_by(|a, b| a == b) {
             let m = (run[0] as u64).min(cols);
-            need.gram = need.gram.max(run.len() as u64 * m * m);
+            let gram = run.len() as u64 * m * m;
+            need.gram = need.gram.max(gram);
+            if runs_gram(m as usize, (run[0] as u64).max(cols) as usize, ns) {
+                need.gram_iteration = need.gram_iteration.max(gram);
+            }
             need.run = need.run.max(run.len() as u64);
         }
         need
@@ -49,6 +58,7 @@ impl MuonWork {
         MuonWork {
             matrix: self.matrix.max(other.matrix),
             gram: self.gram.max(other.gram),
+            gram_iteration: self.gram_iteration.max(other.gram_iteration),
             run: self.run.max(other.run),
             grouped: self.grouped.max(other.grouped),
         }

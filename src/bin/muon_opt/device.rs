@@ -12,7 +12,7 @@ use muon_opt::measure::step::{Options, measure};
 use muon_opt::measure::{DeviceRun, OpClass};
 use muon_opt::sim::cost::CostModel;
 
-use crate::simulate::{PrecisionChoice, load_hardware};
+use crate::simulate::{MethodChoice, PrecisionChoice, load_hardware};
 
 #[derive(Args)]
 pub struct MeasureArgs {
@@ -25,6 +25,9 @@ pub struct MeasureArgs {
     /// Newton–Schulz precision.
     #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
     ns_precision: PrecisionChoice,
+    /// Newton–Schulz iteration: `gram` where it applies (docs/newton-schulz.md), else standard.
+    #[arg(long, value_enum, default_value_t = MethodChoice::Standard)]
+    ns_method: MethodChoice,
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]
     warmup: u32,
@@ -124,6 +127,7 @@ pub fn run_measure(args: &MeasureArgs) -> Result<(), String> {
         layers: args.layers,
         small: args.small,
         ns_precision: args.ns_precision.precision(),
+        ns_method: args.ns_method.method(),
         warmup_steps: args.warmup,
         whole_steps: args.steps.max(1),
         hardware: hardware.clone(),

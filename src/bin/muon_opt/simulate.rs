@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use muon_opt::config::{Dtype, NsPrecision, TpMode};
+use muon_opt::config::{Dtype, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{Scenario, simulate, simulate_against_adamw};
 
@@ -51,6 +51,9 @@ pub struct SimulateArgs {
     /// Newton–Schulz precision.
     #[arg(long, value_enum, default_value_t = PrecisionChoice::Bf16)]
     ns_precision: PrecisionChoice,
+    /// Newton–Schulz iteration: `gram` where it applies (docs/newton-schulz.md), else standard.
+    #[arg(long, value_enum, default_value_t = MethodChoice::Standard)]
+    ns_method: MethodChoice,
     /// A built-in profile (h100-nvlink, h100-ib, b200-nvlink) or a hardware JSON file.
     #[arg(long, default_value = "h100-nvlink")]
     hardware: String,
@@ -115,6 +118,21 @@ pub enum PrecisionChoice {
     Bf16Iterate,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+pub enum MethodChoice {
+    Standard,
+    Gram,
+}
+
+impl MethodChoice {
+    pub fn method(self) -> NsMethod {
+        match self {
+            MethodChoice::Standard => NsMethod::Standard,
+            MethodChoice::Gram => NsMethod::Gram,
+        }
+    }
+}
+
 impl PrecisionChoice {
     pub fn precision(self) -> NsPrecision {
         match self {
@@ -157,6 +175,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             layout,
             mxfp8: args.mxfp8,
             ns_precision: args.ns_precision.precision(),
+            ns_method: args.ns_method.method(),
             tokens_per_gpu: args.tokens_per_gpu,
             iterations: args.steps,
             norm_group: args.norm_group,

@@ -43,6 +43,9 @@ pub(super) struct WorkSizes {
     /// Elements of `Gram`, `Poly`, `GramBf16`: the largest `batch · min(r, c)²` of a batch of
     /// equal components.
     pub(super) gram: u64,
+    /// Elements of `PolyBf16`, `GramQ`, `GramQBf16`, `GramSpare` (and of `Poly` in bf16
+    /// precision): the largest `batch · m²` that runs the Gram iteration; 0 when none does.
+    pub(super) gram_iteration: u64,
     /// f64 slots of `Norms`: the most matrices of one batch.
     pub(super) norms: u64,
 }
@@ -158,19 +161,32 @@ impl Translator {
         let work = WorkSizes {
             matrix: need.matrix,
             gram: need.gram,
+            gram_iteration: need.gram_iteration,
             norms: need.run.max(1),
         };
         alloc(Buf::Work(Work::Update), work.matrix * 4);
         alloc(Buf::Work(Work::X), work.matrix * 4);
         alloc(Buf::Work(Work::Gram), work.gram * 4);
+        // The Gram iteration's square matrices, only as large as the batches that run it.
+        let squares = work.gram_iteration;
         match self.muon.ns.precision {
             NsPrecision::Bf16 | NsPrecision::Bf16Iterate => {
                 alloc(Buf::Work(Work::XBf16), work.matrix * 2);
                 alloc(Buf::Work(Work::GramBf16), work.gram * 2);
+                if squares > 0 {
+                    alloc(Buf::Work(Work::Poly), squares * 4);
+                    alloc(Buf::Work(Work::PolyBf16), squares * 2);
+                    alloc(Buf::Work(Work::GramQ), squares * 4);
+                    alloc(Buf::Work(Work::GramQBf16), squares * 2);
+                }
             }
             NsPrecision::F32 => {
                 alloc(Buf::Work(Work::XNext), work.matrix * 4);
                 alloc(Buf::Work(Work::Poly), work.gram * 4);
+                if squares > 0 {
+                    alloc(Buf::Work(Work::GramQ), squares * 4);
+                    alloc(Buf::Work(Work::GramSpare), squares * 4);
+                }
             }
         }
         alloc(Buf::Work(Work::Norms), work.norms * 8);

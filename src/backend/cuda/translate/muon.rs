@@ -11,6 +11,7 @@ use crate::bail;
 use crate::config::TpMode;
 use crate::error::Result;
 use crate::numerics::muon::{MuonShape, TpDim, TpJob, muon_scale};
+use crate::numerics::newton_schulz::runs_gram;
 
 /// Copies between a per-group split matrix in param row order (`param`) and in component order
 /// (`ordered`), one copy per (component, group) block (`numerics::muon::component_row_order`);
@@ -76,8 +77,18 @@ impl Translator {
                         TpDim::Rows => c.cols,
                         TpDim::Cols => c.rows,
                     } as u64;
+                    let split = match c.dim {
+                        TpDim::Rows => c.rows,
+                        TpDim::Cols => c.cols,
+                    };
+                    let square = unsplit * unsplit;
                     let gram = MuonWork {
-                        gram: unsplit * unsplit,
+                        gram: square,
+                        gram_iteration: if runs_gram(unsplit as usize, split, &self.muon.ns) {
+                            square
+                        } else {
+                            0
+                        },
                         ..MuonWork::default()
                     };
                     (need.max(gram), gathered)
@@ -85,7 +96,7 @@ impl Translator {
                 TpMode::Duplicated | TpMode::Blockwise => {
                     let (rows, cols) = whole_shape(c.dim, c.rows as u64, c.cols as u64, ranks as u64);
                     (
-                        need.max(MuonWork::of_job(&[rows as usize], cols as usize, 1)),
+                        need.max(MuonWork::of_job(&[rows as usize], cols as usize, 1, &self.muon.ns)),
                         gathered.max(rows * cols),
                     )
                 }

@@ -11,14 +11,14 @@ use crate::bail;
 use crate::config::{Dtype, NsPrecision};
 use crate::error::Result;
 use crate::numerics::gemm::symmetric_blocks;
-use crate::numerics::newton_schulz::ns_coefficients;
+use crate::numerics::newton_schulz::{ns_coefficients, runs_gram};
 
 /// One row-major product `C (m×n) = alpha·A (m×k)·op(B) + beta·C` per matrix of a strided
 /// batch; `B` is `k×n`, or `n×k` read transposed when `b_transposed`. `ld` holds the row
 /// strides of A, B (as stored) and C, `stride` the distances between the batch's matrices, in
 /// elements. The same call as the host's `gemm` in `numerics::gemm`.
 #[derive(Clone, Copy)]
-struct Product {
+pub(super) struct Product {
     inputs: GemmInputs,
     m: u64,
     k: u64,
@@ -37,7 +37,7 @@ struct Product {
 impl Product {
     /// The product of `batch` contiguous matrices.
     #[allow(clippy::too_many_arguments)]
-    fn contiguous(
+    pub(super) fn contiguous(
         inputs: GemmInputs,
         (m, k, n): (u64, u64, u64),
         alpha: f32,
@@ -67,7 +67,7 @@ impl Product {
 
     /// The product as cuBLAS's column-major `Cᵀ = op(B)ᵀ·Aᵀ`: a row-major matrix is its
     /// column-major transpose, so A and B swap places and the dimensions read `n, m, k`.
-    fn gemm(&self) -> Result<Action> {
+    pub(super) fn gemm(&self) -> Result<Action> {
         let dimension = |v| to_i32("Newton–Schulz dimension", v);
         let leading = |v| to_i32("leading dimension", v);
         Ok(Action::Gemm(Gemm {
@@ -97,7 +97,7 @@ impl Product {
     /// one is left to [`symmetrize`] (the host mirrors it at once). A single matrix takes one
     /// strided batch of equal blocks per level; a batch of matrices one batch of the matrices
     /// per block.
-    fn symmetric(&self, leaf: usize) -> Result<Vec<Action>> {
+    pub(super) fn symmetric(&self, leaf: usize) -> Result<Vec<Action>> {
         let elem = match self.inputs {
             GemmInputs::Bf16 => 2,
             GemmInputs::F32 => 4,
@@ -134,7 +134,7 @@ impl Product {
 
 /// `batch` symmetric `m × m` matrices at `src` whole from their lower triangles: into `dst` as
 /// bf16 (`to_bf16`: the host's rounding of the mirrored matrix), or in place (`dst = src`).
-fn symmetrize(src: DevPtr, dst: DevPtr, to_bf16: bool, batch: u64, m: u64) -> Result<Action> {
+pub(super) fn symmetrize(src: DevPtr, dst: DevPtr, to_bf16: bool, batch: u64, m: u64) -> Result<Action> {
     Ok(launch(
         Kernel::NsSymmetrize,
         batch * m * m,
@@ -149,6 +149,44 @@ fn symmetrize(src: DevPtr, dst: DevPtr, to_bf16: bool, batch: u64, m: u64) -> Re
     ))
 }
 
+/// f32 → bf16: `count` values of `src` rounded into `dst`.
+pub(super) fn round(src: DevPtr, dst: DevPtr, count: u64) -> Action {
+    launch(
+        Kernel::CastF32ToBf16,
+        count,
+        StreamKind::Compute,
+        vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count)],
+    )
+}
+
+/// bf16 → f32: `values` takes the `count` values `scratch` holds.
+pub(super) fn widen(scratch: DevPtr, values: DevPtr, count: u64) -> Action {
+    let args = vec![
+        Arg::Ptr(scratch),
+        Arg::I32(1),
+        Arg::Ptr(values),
+        Arg::I32(0),
+        Arg::U64(count),
+    ];
+    launch(Kernel::Cast, count, StreamKind::Compute, args)
+}
+
+/// f32 → bf16 → f32 in place: the value a bf16 store keeps, through `scratch`.
+pub(super) fn store_bf16(actions: &mut Vec<Action>, values: DevPtr, scratch: DevPtr, count: u64) {
+    actions.push(round(values, scratch, count));
+    actions.push(widen(scratch, values, count));
+}
+
+/// `count` f32 values from `src` to `dst`.
+pub(super) fn copy(src: DevPtr, dst: DevPtr, count: u64) -> Action {
+    Action::CopyDevice {
+        dst,
+        src,
+        bytes: count * 4,
+        stream: StreamKind::Compute,
+    }
+}
+
 /// How a Newton–Schulz input is split over the tensor-parallel group.
 #[derive(Clone, Copy)]
 pub(super) enum Sharding {
@@ -161,8 +199,10 @@ pub(super) enum Sharding {
 
 impl Translator {
     /// Newton–Schulz of `batch` consecutive `rows × cols` f32 matrices at `u`
-    /// (`numerics::newton_schulz`, step for step). Returns where the result is (`m × n`, per
-    /// matrix) and whether it is transposed.
+    /// (`numerics::newton_schulz`, step for step): the Gram iteration where
+    /// `numerics::newton_schulz::runs_gram` holds ([`Translator::iterate_gram`]), the standard
+    /// one elsewhere. Returns where the result is (`m × n`, per matrix) and whether it is
+    /// transposed.
     pub(super) fn newton_schulz(
         &self,
         actions: &mut Vec<Action>,
@@ -220,40 +260,14 @@ impl Translator {
         let product = |inputs, shape, alpha, a, b, b_transposed, beta, c| {
             Product::contiguous(inputs, shape, alpha, a, b, b_transposed, beta, c, batch)
         };
-        let round = |src: DevPtr, dst: DevPtr, count: u64| {
-            launch(
-                Kernel::CastF32ToBf16,
-                count,
-                StreamKind::Compute,
-                vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::U64(count)],
-            )
-        };
-        // bf16 → f32: `values` takes the values `scratch` holds.
-        let widen = |scratch: DevPtr, values: DevPtr, count: u64| {
-            let args = vec![
-                Arg::Ptr(scratch),
-                Arg::I32(1),
-                Arg::Ptr(values),
-                Arg::I32(0),
-                Arg::U64(count),
-            ];
-            launch(Kernel::Cast, count, StreamKind::Compute, args)
-        };
-        // f32 → bf16 → f32 in place: the value a bf16 store keeps, through `scratch`.
-        let store_bf16 = |actions: &mut Vec<Action>, values: DevPtr, scratch: DevPtr, count: u64| {
-            actions.push(round(values, scratch, count));
-            actions.push(widen(scratch, values, count));
-        };
         let leaf = self.muon.ns.symmetric_leaf;
-        let copy = |src: DevPtr, dst: DevPtr, count: u64| Action::CopyDevice {
-            dst,
-            src,
-            bytes: count * 4,
-            stream: StreamKind::Compute,
-        };
         let mut current = x;
         if self.muon.ns.precision == NsPrecision::Bf16Iterate {
             store_bf16(actions, x, self.work(Work::XBf16)?, batch * mn);
+        }
+        if runs_gram(m as usize, n as usize, &self.muon.ns) {
+            let x = self.iterate_gram(actions, x, (m, n), batch, reduce)?;
+            return Ok((x, transposed));
         }
         for step in 0..self.muon.ns.steps as usize {
             let [a, b, c] = ns_coefficients(self.muon.ns.coefficients, step);

@@ -76,12 +76,13 @@ pub fn table(sims: &[Simulation]) -> String {
     let mut out = String::new();
     if let Some(first) = sims.first() {
         out.push_str(&format!(
-            "{} on {} at dp={}, {} tokens/GPU, NS {}, {} grads{}\n",
+            "{} on {} at dp={}, {} tokens/GPU, NS {} {}, {} grads{}\n",
             first.model,
             first.hardware,
             first.dp,
             first.tokens_per_gpu,
             first.ns_precision,
+            first.ns_method,
             first.grad_dtype,
             if first.mxfp8 { ", MXFP8 params" } else { "" }
         ));
