@@ -598,6 +598,11 @@ impl Optimizer {
                 .with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))
                 .map_err(in_member(k))?;
         }
+        for (k, member) in members.iter_mut().enumerate() {
+            member
+                .with_runtime("step", |rt| rt.await_norm())
+                .map_err(in_member(k))?;
+        }
         let terms = members
             .iter_mut()
             .enumerate()

@@ -339,3 +339,46 @@ fn the_gram_iteration_counts_its_kernels_as_newton_schulz_time() {
         standard.figures.newton_schulz_ms
     );
 }
+
+/// A shared step (`muon_optimizers_step`) begins every optimizer's step before the compute
+/// stream waits for any gathered norm: the expert optimizer's sum of squares runs while the
+/// dense optimizer's norm all-gather is on the wire, not after it (deepseek-v3-like job, one
+/// rank's program, last iteration).
+#[test]
+fn a_shared_step_overlaps_the_second_sum_of_squares_with_the_first_norm_gather() {
+    let scenario = scenarios::job("deepseek-v3-like pp16 ep64 dp64 nvlink")
+        .unwrap()
+        .scenario(false)
+        .unwrap();
+    let setup = rank_optimizers(&scenario).unwrap();
+    let trainer = Trainer {
+        tokens: scenario.tokens_per_gpu,
+        iterations: scenario.iterations,
+        experts_per_token: Some(8),
+    };
+    let members: Vec<_> = setup.optimizers.iter().map(|o| o.member(0, 64)).collect();
+    let recorded = record_shared(&members, &setup.order, trainer, RecordOptions::default()).unwrap();
+    let timeline = &muon_opt::sim::engine::run(vec![recorded.items]).unwrap()[0];
+    let last = scenario.iterations - 1;
+    let spans = |what: &str| -> Vec<(f64, f64)> {
+        timeline
+            .slices
+            .iter()
+            .filter(|s| s.iteration == Some(last) && s.label.what == what && s.end > s.start)
+            .map(|s| (s.start, s.end))
+            .collect()
+    };
+    let gathers = spans("norm all-gather");
+    let sums = spans("sum of squares");
+    assert_eq!(gathers.len(), 2, "one norm gather per optimizer: {gathers:?}");
+    let expert_sums_start = sums
+        .iter()
+        .map(|s| s.0)
+        .filter(|&start| start > gathers[0].0)
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        expert_sums_start < gathers[0].1,
+        "the second sum of squares starts at {expert_sums_start}, after the first gather ended at {}",
+        gathers[0].1
+    );
+}

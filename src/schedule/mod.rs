@@ -364,12 +364,25 @@ impl Runtime {
             self.record(StreamKind::Compute, norm_event(buckets, false))?;
             self.wait(StreamKind::Comm, norm_event(buckets, false))?;
             self.backend.gather_norm_sums()?;
-            self.record(StreamKind::Comm, norm_event(buckets, true))?;
-            self.wait(StreamKind::Compute, norm_event(buckets, true))
+            self.record(StreamKind::Comm, norm_event(buckets, true))
         })?;
         self.profile = profile;
         self.norm_gathered = true;
         Ok(())
+    }
+
+    /// Compute stream: waits for the Σ g² gathered by [`Runtime::begin_step`]. The optimizers
+    /// of a shared step begin theirs first and wait for all after, so their gathers overlap
+    /// each other and the later optimizers' sums of squares; [`Runtime::finish_step`] waits
+    /// for its own again (a second wait on one event orders nothing new).
+    pub fn await_norm(&mut self) -> Result<()> {
+        if !self.norm_gathered {
+            bail!(
+                InvalidState,
+                "step: await_norm without begin_step; the gradient norm is not gathered"
+            );
+        }
+        self.wait(StreamKind::Compute, norm_event(self.plan.buckets.len(), true))
     }
 
     /// This optimizer's gathered sums, for the other optimizers sharing its clip (valid after
@@ -391,6 +404,7 @@ impl Runtime {
         let mut profile = self.profile;
         let buckets = self.plan.buckets.len();
         timed(&mut profile.grad_norm, || {
+            self.wait(StreamKind::Compute, norm_event(buckets, true))?;
             self.backend.finish_step(
                 &StepConstants {
                     clip_grad: self.cfg.clip_grad,

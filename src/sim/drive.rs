@@ -304,6 +304,9 @@ pub fn train_shared(
         for runtime in runtimes.iter_mut() {
             runtime.begin_step(Some(&STEP_ARGS))?;
         }
+        for runtime in runtimes.iter_mut() {
+            runtime.await_norm()?;
+        }
         let terms = runtimes.iter().map(|rt| rt.norm_term()).collect::<Result<Vec<_>>>()?;
         for (k, runtime) in runtimes.iter_mut().enumerate() {
             let mut own = terms.clone();
