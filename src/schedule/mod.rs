@@ -68,6 +68,17 @@ fn event(bucket: usize, ev: Ev) -> EventId {
     EventId(bucket * 4 + ev as usize)
 }
 
+/// A step between [`Runtime::begin_step`] and [`Runtime::finish_step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NormStage {
+    /// No step begun.
+    Idle,
+    /// `begin_step` recorded the gathered Σ g²; the compute stream has not waited for it.
+    Gathered,
+    /// The compute stream waits for it ([`Runtime::await_norm`]).
+    Awaited,
+}
+
 /// The step's own events, numbered after every bucket's: this rank's Σ g² is written (compute),
 /// every rank's is gathered (comm).
 fn norm_event(buckets: usize, gathered: bool) -> EventId {
@@ -106,8 +117,8 @@ pub struct Runtime {
     set_args: Option<StepArgs>,
     /// The running step was given its own arguments.
     own_args: bool,
-    /// `begin_step` gathered the norm sums and `finish_step` has not used them yet.
-    norm_gathered: bool,
+    /// Where the running step is between `begin_step` and `finish_step`.
+    norm: NormStage,
     /// Per event slot: recorded since the last join ([`Runtime::join`]).
     live: Vec<bool>,
     /// The comm stream has work the compute stream has not joined.
@@ -156,7 +167,7 @@ impl Runtime {
             profile: StepProfile::default(),
             set_args: None,
             own_args: false,
-            norm_gathered: false,
+            norm: NormStage::Idle,
             live,
             comm_unjoined: false,
             qk_clips: qk_clip::QkClips::default(),
@@ -328,7 +339,7 @@ impl Runtime {
     /// [`Runtime::finish_step`] completes it, with the terms of every optimizer sharing the
     /// clip.
     pub fn begin_step(&mut self, args: Option<&StepArgs>) -> Result<()> {
-        if self.norm_gathered {
+        if self.norm != NormStage::Idle {
             bail!(
                 InvalidState,
                 "step: the previous step of this optimizer was begun and not finished"
@@ -367,22 +378,27 @@ impl Runtime {
             self.record(StreamKind::Comm, norm_event(buckets, true))
         })?;
         self.profile = profile;
-        self.norm_gathered = true;
+        self.norm = NormStage::Gathered;
         Ok(())
     }
 
-    /// Compute stream: waits for the Σ g² gathered by [`Runtime::begin_step`]. The optimizers
-    /// of a shared step begin theirs first and wait for all after, so their gathers overlap
-    /// each other and the later optimizers' sums of squares; [`Runtime::finish_step`] waits
-    /// for its own again (a second wait on one event orders nothing new).
+    /// Compute stream: waits for the Σ g² gathered by [`Runtime::begin_step`] (once;
+    /// [`Runtime::finish_step`] waits unless this did). The optimizers of a shared step begin
+    /// theirs first and wait for all after, so their gathers overlap each other and the later
+    /// optimizers' sums of squares.
     pub fn await_norm(&mut self) -> Result<()> {
-        if !self.norm_gathered {
-            bail!(
+        match self.norm {
+            NormStage::Idle => bail!(
                 InvalidState,
                 "step: await_norm without begin_step; the gradient norm is not gathered"
-            );
+            ),
+            NormStage::Gathered => {
+                self.wait(StreamKind::Compute, norm_event(self.plan.buckets.len(), true))?;
+                self.norm = NormStage::Awaited;
+                Ok(())
+            }
+            NormStage::Awaited => Ok(()),
         }
-        self.wait(StreamKind::Compute, norm_event(self.plan.buckets.len(), true))
     }
 
     /// This optimizer's gathered sums, for the other optimizers sharing its clip (valid after
@@ -395,7 +411,7 @@ impl Runtime {
     /// `terms` (this optimizer's as [`NormSums::Own`]; every rank passes them in one order),
     /// then the updates and param collectives.
     pub fn finish_step(&mut self, terms: &[NormTerm]) -> Result<()> {
-        if !self.norm_gathered {
+        if self.norm == NormStage::Idle {
             bail!(
                 InvalidState,
                 "step: finish_step without begin_step; the gradient norm is not gathered"
@@ -404,7 +420,7 @@ impl Runtime {
         let mut profile = self.profile;
         let buckets = self.plan.buckets.len();
         timed(&mut profile.grad_norm, || {
-            self.wait(StreamKind::Compute, norm_event(buckets, true))?;
+            self.await_norm()?;
             self.backend.finish_step(
                 &StepConstants {
                     clip_grad: self.cfg.clip_grad,
@@ -414,7 +430,7 @@ impl Runtime {
                 terms,
             )
         })?;
-        self.norm_gathered = false;
+        self.norm = NormStage::Idle;
         self.end_iteration();
         for i in 0..self.forward_order.len() {
             let b = self.forward_order[i];
