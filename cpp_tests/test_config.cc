@@ -38,6 +38,9 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.reserved, b.reserved);
     EXPECT_EQ(a.muon_ns_method, b.muon_ns_method);
     EXPECT_EQ(a.muon_ns_method, MUON_NS_METHOD_STANDARD);
+    EXPECT_EQ(a.reserved2, b.reserved2);
+    EXPECT_EQ(a.muon_ownership, b.muon_ownership);
+    EXPECT_EQ(a.muon_ownership, MUON_OWNERSHIP_BALANCED);
 }
 
 struct BadField {
@@ -69,4 +72,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_tp_mode", [](muon_config_t &c) { c.muon_tp_mode = 3; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ns_eps", [](muon_config_t &c) { c.muon_ns_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_ns_method", [](muon_config_t &c) { c.muon_ns_method = MUON_NS_METHOD_GRAM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_ownership", [](muon_config_t &c) { c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_ownership", [](muon_config_t &c) {
+            c.muon_layout = MUON_LAYOUT_PADDED;
+            c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
+        }, MUON_STATUS_INVALID_ARGUMENT},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

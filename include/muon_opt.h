@@ -118,6 +118,17 @@ struct ncclComm;
 #define MUON_NS_METHOD_GRAM 1
 
 /**
+ * Muon owners balanced by Newton–Schulz cost (default; muon_config_t.muon_ownership).
+ */
+#define MUON_OWNERSHIP_BALANCED 0
+
+/**
+ * One run of consecutive Muon matrices per rank, buckets cut at owner changes: one reduce and
+ * one broadcast per bucket (muon_config_t.muon_ownership).
+ */
+#define MUON_OWNERSHIP_CONTIGUOUS 1
+
+/**
  * √max(m, n) (default).
  */
 #define MUON_SCALE_SPECTRAL 0
@@ -609,6 +620,24 @@ typedef struct muon_config_t {
    * an older header gets standard.
    */
   uint32_t muon_ns_method;
+  /**
+   * Padding that ended the 128-byte layout (after muon_ns_method), named so the next field
+   * makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved2;
+  /**
+   * How the compact, compact_rooted and allreduce layouts give Muon matrices owners:
+   * MUON_OWNERSHIP_BALANCED (default; Newton–Schulz cost balanced over the ranks, a bucket
+   * spread over several owners) or MUON_OWNERSHIP_CONTIGUOUS (each rank owns one run of
+   * consecutive matrices in backward order and buckets are cut where the owner changes, so
+   * a bucket is one reduce to its owner and one broadcast back: for data-parallel groups
+   * whose collectives are latency-bound, such as many nodes with one rank each; Newton–Schulz
+   * balance may be worse, by at most the largest matrix). Each run is cut into the whole
+   * number of buckets of at least bucket_size (one when shorter). Not with
+   * MUON_LAYOUT_PADDED. `muon-opt simulate --ownership auto` picks the faster for a modelled
+   * cluster (docs/performance.md). A caller compiled against an older header gets balanced.
+   */
+  uint32_t muon_ownership;
 } muon_config_t;
 
 /**

@@ -67,6 +67,18 @@ coded_enum! {
 }
 
 coded_enum! {
+    /// How Muon matrices are given owners in the rooted layouts (docs/design.md §4).
+    MuonOwnership {
+        /// Balanced Newton–Schulz cost (LPT; ties to the rank owning the nearest bucket).
+        Balanced = 0 => "balanced",
+        /// One run of consecutive matrices per rank, buckets cut at owner changes: one
+        /// reduce and one broadcast per bucket, for data-parallel groups whose collectives
+        /// are latency-bound (many nodes, one rank each).
+        Contiguous = 1 => "contiguous",
+    }
+}
+
+coded_enum! {
     /// Element type of a buffer or tensor.
     Dtype {
         F32 = 0 => "f32",
@@ -183,6 +195,8 @@ pub struct Config {
     /// Elements per bucket; 0 = `max(40_000_000, 1_000_000·dp)`.
     pub bucket_size: u64,
     pub muon_layout: MuonLayout,
+    /// How the rooted layouts give Muon matrices owners; `padded` keeps Megatron's.
+    pub muon_ownership: MuonOwnership,
     pub overlap_grad_reduce: bool,
     pub overlap_param_gather: bool,
     pub grad_dtype: Dtype,
@@ -227,6 +241,7 @@ impl Default for Config {
         Config {
             bucket_size: 0,
             muon_layout: MuonLayout::Compact,
+            muon_ownership: MuonOwnership::Balanced,
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             grad_dtype: Dtype::F32,
@@ -301,6 +316,12 @@ impl Config {
                 OutOfRange,
                 "clip_grad: {} must be finite and >= 0 (0 = off)",
                 self.clip_grad
+            );
+        }
+        if self.muon_ownership == MuonOwnership::Contiguous && self.muon_layout == MuonLayout::Padded {
+            bail!(
+                InvalidArgument,
+                "muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout; padded keeps Megatron-LM's per-bucket owners"
             );
         }
         if self.collective_timeout_ms == 0 {

@@ -1,7 +1,7 @@
 //! The planner's public API on small hand-checked models, its errors, and the figures it must
 //! reach on the presets.
 
-use muon_opt::config::{Config, Dtype, MuonLayout};
+use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership};
 use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec, Registry, Route};
 use muon_opt::plan::presets::{PRESET_NAMES, preset};
@@ -438,6 +438,59 @@ fn rooted_buckets_have_few_owners_at_the_same_balance() {
         let ratio = p.report.ns_makespan_over_lower_bound;
         assert!((ratio - makespan).abs() < 1e-4, "dp {dp}: makespan / bound {ratio}");
     }
+}
+
+/// `muon_ownership = contiguous` on llama3-70b's TP=8 shards at dp 64: each rank owns one run
+/// of consecutive matrices and buckets are cut at owner changes, so every bucket is one
+/// (bucket, owner) pair — 80 against balanced ownership's 191 and the floor of buckets + dp − 1
+/// that any spread of a bucket over owners pays — every bucket spans at least `bucket_size`,
+/// and the Newton–Schulz makespan stays within `total/dp + largest matrix` (here 1.31 × the
+/// lower bound against balanced's 1.036: the price, docs/design.md §4). Both layouts that take
+/// the ownership give the same buckets; padded refuses it naming the field.
+#[test]
+fn contiguous_ownership_gives_each_bucket_one_owner() {
+    let model = preset("llama3-70b").unwrap().with_tensor_parallel(8).unwrap();
+    let dp = 64;
+    for layout in [MuonLayout::Compact, MuonLayout::CompactRooted] {
+        let cfg = Config {
+            muon_layout: layout,
+            muon_ownership: MuonOwnership::Contiguous,
+            ..Config::default()
+        };
+        let registry = model.registry(&cfg).unwrap();
+        let p = plan(&registry, &cfg, dp);
+        assert_eq!(p.report.ownership, OwnershipMethod::Contiguous);
+        let muon: Vec<_> = p.buckets.iter().filter(|b| b.route == Route::Muon).collect();
+        let mut last_owner = 0;
+        for bucket in &muon {
+            let BucketSplit::OwnerRanges(ranges) = &bucket.split else {
+                panic!("bucket {} is not rooted", bucket.id);
+            };
+            let owners: Vec<usize> = (0..dp).filter(|&r| !ranges[r].is_empty()).collect();
+            assert_eq!(owners.len(), 1, "bucket {}: owners {owners:?}", bucket.id);
+            assert!(owners[0] >= last_owner, "bucket {}: owners go back", bucket.id);
+            last_owner = owners[0];
+            assert!(
+                bucket.numel() >= cfg.effective_bucket_size(dp),
+                "bucket {} spans {}",
+                bucket.id,
+                bucket.numel()
+            );
+        }
+        assert_eq!(muon.len(), 80, "{}", layout.name());
+        let ratio = p.report.ns_makespan_over_lower_bound;
+        assert!((ratio - 1.3088).abs() < 1e-4, "makespan / bound {ratio}");
+    }
+    let padded = Config {
+        muon_layout: MuonLayout::Padded,
+        muon_ownership: MuonOwnership::Contiguous,
+        ..Config::default()
+    };
+    let err = padded.validate().unwrap_err();
+    assert!(
+        err.message.contains("muon_ownership: contiguous needs a compact"),
+        "{err}"
+    );
 }
 
 /// With `mxfp8_param_gather`, the MXFP8 params travel as bf16 on their bucket's staging view

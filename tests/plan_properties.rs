@@ -1,10 +1,10 @@
 //! Property tests of the planner over random models: placement, alignment, contiguity of
-//! owned ranges, shard shapes, determinism of plan and hash, and the Newton–Schulz makespan
-//! bound.
+//! owned ranges, shard shapes, determinism of plan and hash, the Newton–Schulz makespan
+//! bound, and contiguous ownership's runs and buckets.
 
 use proptest::prelude::*;
 
-use muon_opt::config::{Config, Dtype, MuonLayout};
+use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership};
 use muon_opt::model::{ParamFlags, ParamSpec, Registry, Route};
 use muon_opt::plan::{BucketSplit, OwnershipMethod, Plan, build_plan};
 
@@ -65,17 +65,25 @@ fn config() -> impl Strategy<Value = (Config, usize)> {
         Just(MuonLayout::CompactRooted)
     ];
     let dp = prop_oneof![1usize..=8, Just(16), Just(64)];
-    (bucket_size, layout, any::<bool>(), dp).prop_map(|(bucket_size, muon_layout, overlap_grad_reduce, dp)| {
-        (
-            Config {
-                bucket_size,
-                muon_layout,
-                overlap_grad_reduce,
-                ..Config::default()
-            },
-            dp,
-        )
-    })
+    (bucket_size, layout, any::<bool>(), any::<bool>(), dp).prop_map(
+        |(bucket_size, muon_layout, overlap_grad_reduce, contiguous, dp)| {
+            let muon_ownership = if contiguous && muon_layout != MuonLayout::Padded {
+                MuonOwnership::Contiguous
+            } else {
+                MuonOwnership::Balanced
+            };
+            (
+                Config {
+                    bucket_size,
+                    muon_layout,
+                    muon_ownership,
+                    overlap_grad_reduce,
+                    ..Config::default()
+                },
+                dp,
+            )
+        },
+    )
 }
 
 /// `T·(4m²n + 2m³)` summed over the fused components of one unit (m ≤ n).
@@ -286,6 +294,52 @@ fn check_ownership(plan: &Plan, reg: &Registry, cfg: &Config) {
     }
 }
 
+/// `muon_ownership = contiguous`: along the Muon buckets in order (each in memory order) the
+/// owners never decrease; a bucket has one owner unless it holds an expert stack split between
+/// ranks; a bucket spanning less than `bucket_size` is its run's only bucket (the owner changes
+/// at both ends).
+fn check_contiguous(plan: &Plan, cfg: &Config) {
+    let muon: Vec<_> = plan.buckets.iter().filter(|b| b.route == Route::Muon).collect();
+    let owners_of = |b: &muon_opt::plan::Bucket| -> Vec<u32> {
+        b.params
+            .iter()
+            .flat_map(|&p| plan.param(p as usize).unit_owners.clone())
+            .collect()
+    };
+    let mut last = 0u32;
+    for (i, b) in muon.iter().enumerate() {
+        let owners = owners_of(b);
+        assert!(
+            owners.iter().all(|&o| o >= last) && owners.windows(2).all(|w| w[0] <= w[1]),
+            "bucket {}: owners decrease",
+            b.id
+        );
+        last = *owners.last().unwrap();
+        let split_stack = b.params.iter().any(|&p| {
+            let o = &plan.param(p as usize).unit_owners;
+            o.first() != o.last()
+        });
+        assert!(
+            owners.first() == owners.last() || split_stack,
+            "bucket {}: owners {owners:?} without a split stack",
+            b.id
+        );
+        let spanned: u64 = b.params.iter().map(|&p| plan.param(p as usize).numel).sum();
+        if cfg.overlap_grad_reduce && spanned < cfg.effective_bucket_size(plan.dp as usize) {
+            let before = (i > 0).then(|| *owners_of(muon[i - 1]).last().unwrap());
+            let after = muon.get(i + 1).map(|n| owners_of(n)[0]);
+            let continues = |o: Option<u32>, here: u32| o == Some(here) && muon.len() > 1;
+            let same_buffer = |j: usize| muon.get(j).is_some_and(|n| n.buffer == b.buffer);
+            assert!(
+                !(i > 0 && same_buffer(i - 1) && continues(before, owners[0]))
+                    && !(same_buffer(i + 1) && continues(after, *owners.last().unwrap())),
+                "bucket {} spans {spanned} < bucket_size but its run has another bucket",
+                b.id
+            );
+        }
+    }
+}
+
 fn plan_without_time(reg: &Registry, cfg: &Config, dp: usize) -> Plan {
     let mut plan = build_plan(reg.params(), reg.routes(), cfg, dp).expect("random models plan");
     plan.report.planning_time_ms = 0.0;
@@ -304,6 +358,9 @@ proptest! {
         }
         check_shards(&plan);
         check_ownership(&plan, &reg, &cfg);
+        if cfg.muon_ownership == MuonOwnership::Contiguous {
+            check_contiguous(&plan, &cfg);
+        }
         let bucket_splits_match_mode = plan.buckets.iter().all(|b| {
             let owner_ranges = matches!(b.split, BucketSplit::OwnerRanges(_));
             let rooted_layout = matches!(plan.layout, MuonLayout::CompactRooted | MuonLayout::Allreduce);

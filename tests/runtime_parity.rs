@@ -7,7 +7,7 @@
 
 mod support;
 
-use muon_opt::config::{CommMode, Config, MuonLayout, NsPrecision};
+use muon_opt::config::{CommMode, Config, MuonLayout, MuonOwnership, NsPrecision};
 use muon_opt::model::Route;
 use muon_opt::plan::build_plan;
 use support::training::{Data, Snapshot, bits, layered_model, train, train_model};
@@ -51,7 +51,7 @@ fn config(layout: MuonLayout, overlap: bool, mode: CommMode) -> Config {
 }
 
 #[test]
-fn every_dp_layout_overlap_and_comm_mode_matches_dp1_bitwise() {
+fn every_dp_layout_ownership_overlap_and_comm_mode_matches_dp1_bitwise() {
     for dp in [2usize, 3, 4] {
         let reference = train(
             &config(MuonLayout::Compact, false, CommMode::Eager),
@@ -65,11 +65,25 @@ fn every_dp_layout_overlap_and_comm_mode_matches_dp1_bitwise() {
             "training must move the params"
         );
         for &layout in MuonLayout::ALL {
-            for overlap in [true, false] {
-                for mode in [CommMode::Eager, CommMode::Lazy] {
-                    let label = format!("dp={dp} {} overlap={overlap} {}", layout.name(), mode.name());
-                    let run = train(&config(layout, overlap, mode), dp, Data { emulated_dp: dp }, STEPS);
-                    assert_same(&reference, &run, &label);
+            for &ownership in MuonOwnership::ALL {
+                if layout == MuonLayout::Padded && ownership == MuonOwnership::Contiguous {
+                    continue;
+                }
+                for overlap in [true, false] {
+                    for mode in [CommMode::Eager, CommMode::Lazy] {
+                        let label = format!(
+                            "dp={dp} {} {} overlap={overlap} {}",
+                            layout.name(),
+                            ownership.name(),
+                            mode.name()
+                        );
+                        let cfg = Config {
+                            muon_ownership: ownership,
+                            ..config(layout, overlap, mode)
+                        };
+                        let run = train(&cfg, dp, Data { emulated_dp: dp }, STEPS);
+                        assert_same(&reference, &run, &label);
+                    }
                 }
             }
         }

@@ -14,8 +14,8 @@ use muon_opt::sim::cost::CostModel;
 use muon_opt::sim::drive::{RecordOptions, Trainer, lookups, record_shared};
 use muon_opt::sim::engine::Item;
 use muon_opt::sim::profile::{Hardware, builtin};
-use muon_opt::sim::scenarios::{self, JOBS};
-use muon_opt::sim::{Scenario, rank_optimizers, simulate, simulate_against_adamw};
+use muon_opt::sim::scenarios::{self, JOBS, job};
+use muon_opt::sim::{Scenario, rank_optimizers, simulate, simulate_against_adamw, simulate_best_ownership};
 
 fn h100(name: &str) -> Hardware {
     builtin(name).unwrap()
@@ -383,10 +383,10 @@ fn a_shared_step_overlaps_the_second_sum_of_squares_with_the_first_norm_gather()
     );
 }
 
-/// Issue 31's layout criterion on every named job, MXFP8 off and on, same constants: `compact`
-/// is never more than 1 % slower per iteration than `compact_rooted` or `padded` (with a third
-/// of backward as the group window it was 1.8 % slower than `compact_rooted` on llama3-70b TP8
-/// dp 8 InfiniBand).
+/// Issue 31's layout criterion on every named job, MXFP8 off and on, same constants, each layout
+/// under the ownership `simulate --ownership auto` picks for it: `compact` is never more than
+/// 1 % slower per iteration than `compact_rooted` or `padded` (with a third of backward as the
+/// group window it was 1.8 % slower than `compact_rooted` on llama3-70b TP8 dp 8 InfiniBand).
 #[test]
 fn compact_is_within_one_percent_of_the_other_layouts_on_every_named_job() {
     use muon_opt::config::MuonLayout;
@@ -394,13 +394,14 @@ fn compact_is_within_one_percent_of_the_other_layouts_on_every_named_job() {
         for mxfp8 in [false, true] {
             let scenario = job.scenario(mxfp8).unwrap();
             let iteration = |layout| {
-                simulate(&Scenario {
+                let scenario = Scenario {
                     layout,
                     ..scenario.clone()
-                })
-                .unwrap()
-                .figures
-                .iteration_ms
+                };
+                simulate_best_ownership(&scenario, simulate)
+                    .unwrap()
+                    .figures
+                    .iteration_ms
             };
             let compact = iteration(MuonLayout::Compact);
             for other in [MuonLayout::CompactRooted, MuonLayout::Padded] {
@@ -414,4 +415,45 @@ fn compact_is_within_one_percent_of_the_other_layouts_on_every_named_job() {
             }
         }
     }
+}
+
+/// Issue 31's overhead criterion on every named job, MXFP8 off and on, same constants, under
+/// the ownership the simulator picks for the cluster: Muon's iteration exceeds distributed
+/// AdamW's by at most 1.15 × the busiest rank's Newton–Schulz. Both ownerships are picked
+/// somewhere: on llama3-70b TP8 dp 64 InfiniBand balanced ownership's 191 (bucket, owner)
+/// collectives, each paying 63 ring hops, exceed the criterion (≈ 6 × NS), contiguous
+/// ownership's 80 meet it; at dp 8 balanced is faster.
+#[test]
+fn muon_costs_at_most_its_newton_schulz_on_every_named_job() {
+    let mut picked = std::collections::BTreeSet::new();
+    for job in JOBS {
+        for mxfp8 in [false, true] {
+            let scenario = job.scenario(mxfp8).unwrap();
+            let sim = simulate_best_ownership(&scenario, simulate_against_adamw).unwrap();
+            let overhead = sim.adamw_baseline.as_ref().unwrap();
+            assert!(
+                overhead.difference_ms <= 1.15 * overhead.newton_schulz_ms,
+                "{} mxfp8 {mxfp8} ({}): Muon − AdamW {} ms, NS {} ms",
+                job.name,
+                sim.ownership,
+                overhead.difference_ms,
+                overhead.newton_schulz_ms
+            );
+            picked.insert((job.name, sim.ownership.clone()));
+        }
+    }
+    assert!(
+        picked.contains(&("llama3-70b tp8 dp64 ib", "contiguous".to_string())),
+        "{picked:?}"
+    );
+    assert!(
+        picked.contains(&("llama3-70b tp8 dp8 ib", "balanced".to_string())),
+        "{picked:?}"
+    );
+    let balanced = simulate_against_adamw(&job("llama3-70b tp8 dp64 ib").unwrap().scenario(false).unwrap()).unwrap();
+    let b = balanced.adamw_baseline.unwrap();
+    assert!(
+        b.difference_ms > 1.15 * b.newton_schulz_ms,
+        "balanced ownership alone meets it: {b:?}"
+    );
 }

@@ -3,7 +3,9 @@
 use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
-use crate::config::{CoefficientSet, CommMode, Config, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode, TpMode};
+use crate::config::{
+    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ScaleMode, TpMode,
+};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Optimizer configuration. Initialise with muon_config_init() (or MUON_CONFIG_INIT), then
@@ -106,6 +108,20 @@ pub struct muon_config_t {
     /// matrix takes the standard iteration (docs/newton-schulz.md). A caller compiled against
     /// an older header gets standard.
     pub muon_ns_method: u32,
+    /// Padding that ended the 128-byte layout (after muon_ns_method), named so the next field
+    /// makes a layout of another size: ignored, written as 0.
+    pub reserved2: u32,
+    /// How the compact, compact_rooted and allreduce layouts give Muon matrices owners:
+    /// MUON_OWNERSHIP_BALANCED (default; Newton–Schulz cost balanced over the ranks, a bucket
+    /// spread over several owners) or MUON_OWNERSHIP_CONTIGUOUS (each rank owns one run of
+    /// consecutive matrices in backward order and buckets are cut where the owner changes, so
+    /// a bucket is one reduce to its owner and one broadcast back: for data-parallel groups
+    /// whose collectives are latency-bound, such as many nodes with one rank each; Newton–Schulz
+    /// balance may be worse, by at most the largest matrix). Each run is cut into the whole
+    /// number of buckets of at least bucket_size (one when shorter). Not with
+    /// MUON_LAYOUT_PADDED. `muon-opt simulate --ownership auto` picks the faster for a modelled
+    /// cluster (docs/performance.md). A caller compiled against an older header gets balanced.
+    pub muon_ownership: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -113,7 +129,7 @@ pub struct muon_config_t {
 pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, host_threads);
 
 /// `sizeof(muon_config_t)` of every released layout — the first ABI, then one per appended
-/// field (`host_threads`, `muon_tp_mode`, `muon_ns_eps`, `muon_ns_method`) — as a C compiler
+/// field (`host_threads`, `muon_tp_mode`, `muon_ns_eps`, `muon_ns_method`, `muon_ownership`) — as a C compiler
 /// reports it: the last field's end rounded up to the struct's alignment (8). Any other size
 /// below the current one is a torn or hand-computed struct_size, whose last field would be
 /// read in part.
@@ -123,7 +139,8 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// bytes: a 112-byte struct is read as the later one (its `muon_tp_mode` is the earlier one's
 /// padding, which `muon_config_init()` of that release left unspecified). Since then an
 /// appended field that would end inside the last layout's tail padding is preceded by a
-/// `reserved` `uint32_t` filling that padding (as before `muon_ns_method`, 120 → 128 bytes),
+/// `reserved` `uint32_t` filling that padding (as before `muon_ns_method`, 120 → 128 bytes, and
+/// `muon_ownership`, 128 → 136),
 /// so every later layout has a size of its own and an older caller's padding is never read as
 /// a field.
 pub(crate) fn released_config_sizes() -> Vec<usize> {
@@ -133,6 +150,7 @@ pub(crate) fn released_config_sizes() -> Vec<usize> {
         std::mem::offset_of!(muon_config_t, muon_tp_mode),
         std::mem::offset_of!(muon_config_t, muon_ns_eps),
         std::mem::offset_of!(muon_config_t, reserved),
+        std::mem::offset_of!(muon_config_t, reserved2),
         std::mem::size_of::<muon_config_t>(),
     ];
     let mut sizes: Vec<usize> = ends.iter().map(|e| e.next_multiple_of(align)).collect();
@@ -183,6 +201,8 @@ impl muon_config_t {
             muon_ns_eps: cfg.muon_ns_eps,
             reserved: 0,
             muon_ns_method: cfg.muon_ns_method.code(),
+            reserved2: 0,
+            muon_ownership: cfg.muon_ownership.code(),
         }
     }
 
@@ -214,6 +234,7 @@ impl muon_config_t {
             muon_tp_mode: TpMode::from_code("muon_tp_mode", self.muon_tp_mode)?,
             muon_ns_eps: self.muon_ns_eps,
             muon_ns_method: NsMethod::from_code("muon_ns_method", self.muon_ns_method)?,
+            muon_ownership: MuonOwnership::from_code("muon_ownership", self.muon_ownership)?,
             ..Config::default()
         };
         cfg.validate()?;

@@ -76,6 +76,7 @@ pub(crate) fn plan_hash(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp
     h.str(ENCODING);
     h.u64(dp as u64);
     h.u64(cfg.muon_layout.code() as u64);
+    h.u64(cfg.muon_ownership.code() as u64);
     h.u64(cfg.effective_bucket_size(dp));
     h.u64(cfg.overlap_grad_reduce as u64);
     h.u64(cfg.muon_num_ns_steps as u64);

@@ -22,6 +22,7 @@
 mod adamw;
 mod buckets;
 mod compact;
+mod contiguous;
 mod cost;
 mod groups;
 pub(crate) mod hash;
@@ -35,7 +36,7 @@ mod types;
 use std::time::Instant;
 
 use crate::bail;
-use crate::config::{Config, MuonLayout};
+use crate::config::{Config, MuonLayout, MuonOwnership};
 use crate::error::Result;
 use crate::model::{ParamSpec, Route};
 
@@ -68,7 +69,9 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
     let started = Instant::now();
     check_inputs(params, routes, cfg, dp)?;
     let (layout, ownership) = match cfg.muon_layout {
-        MuonLayout::Compact => lay_out_grouped(params, routes, cfg, dp)?,
+        MuonLayout::Compact if cfg.muon_ownership == MuonOwnership::Balanced => {
+            lay_out_grouped(params, routes, cfg, dp)?
+        }
         _ => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
     };
     let mut report = Report::of(params, cfg, dp, &layout, ownership);
@@ -124,11 +127,11 @@ fn lay_out(
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
     let groups = group_buffers(params, routes, cfg);
-    let chunks: Vec<Vec<Vec<u32>>> = groups
+    let mut chunks: Vec<Vec<Vec<u32>>> = groups
         .iter()
         .map(|g| backward_chunks(params, &g.params, bucket_size))
         .collect();
-    let sequences: Vec<Vec<CompactBucket>> = groups
+    let mut sequences: Vec<Vec<CompactBucket>> = groups
         .iter()
         .map(|g| match (g.route, cfg.muon_layout) {
             (Route::Muon, MuonLayout::Compact) => CompactBuffer {
@@ -143,9 +146,24 @@ fn lay_out(
             _ => Vec::new(),
         })
         .collect();
-    let ownership = match cfg.muon_layout {
-        MuonLayout::Padded => OwnershipMethod::MegatronPadded,
-        MuonLayout::Compact | MuonLayout::CompactRooted | MuonLayout::Allreduce => {
+    let ownership = match (cfg.muon_layout, cfg.muon_ownership) {
+        (MuonLayout::Padded, _) => OwnershipMethod::MegatronPadded,
+        (_, MuonOwnership::Contiguous) => {
+            let order: Vec<u32> = groups
+                .iter()
+                .filter(|g| g.route == Route::Muon)
+                .flat_map(|g| g.params.iter().rev().copied())
+                .collect();
+            contiguous::assign_contiguous(params, &order, dp, cfg.muon_num_ns_steps, &mut placements);
+            for ((g, chunks), sequence) in groups.iter().zip(&mut chunks).zip(&mut sequences) {
+                if g.route == Route::Muon {
+                    *chunks = contiguous::owner_chunks(params, &g.params, &placements, bucket_size);
+                    *sequence = chunks.iter().cloned().map(CompactBucket::Rooted).collect();
+                }
+            }
+            OwnershipMethod::Contiguous
+        }
+        (MuonLayout::Compact | MuonLayout::CompactRooted | MuonLayout::Allreduce, MuonOwnership::Balanced) => {
             let rooted = |c: &CompactBucket| match c {
                 CompactBucket::Rooted(ids) => Some(ids.clone()),
                 _ => None,

@@ -53,6 +53,9 @@ pub enum OwnershipMethod {
     GlobalWrap,
     /// Megatron-LM's per-bucket cost-balanced shard assignment (padded).
     MegatronPadded,
+    /// One run of consecutive units per rank, buckets cut at owner changes
+    /// (`muon_ownership = contiguous`, `contiguous.rs`).
+    Contiguous,
 }
 
 impl OwnershipMethod {
@@ -62,6 +65,7 @@ impl OwnershipMethod {
             OwnershipMethod::LptStackFill => "lpt_stack_fill",
             OwnershipMethod::GlobalWrap => "global_wrap",
             OwnershipMethod::MegatronPadded => "megatron_padded",
+            OwnershipMethod::Contiguous => "contiguous",
         }
     }
 }

@@ -20,7 +20,7 @@ pub mod work;
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, Dtype, MuonLayout, NsMethod, NsPrecision, TpMode};
+use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::presets::ModelDesc;
@@ -39,6 +39,8 @@ pub struct Scenario {
     pub model: ModelDesc,
     pub dp: usize,
     pub layout: MuonLayout,
+    /// How the rooted layouts give Muon matrices owners (`muon_ownership`).
+    pub ownership: MuonOwnership,
     /// Muon-routed matrices stored as MXFP8, gathered as bf16 (`mxfp8_param_gather`).
     pub mxfp8: bool,
     pub ns_precision: NsPrecision,
@@ -97,6 +99,7 @@ impl Scenario {
             model,
             dp,
             layout: MuonLayout::Compact,
+            ownership: MuonOwnership::Balanced,
             mxfp8: false,
             ns_precision: NsPrecision::Bf16,
             ns_method: NsMethod::Standard,
@@ -119,6 +122,7 @@ impl Scenario {
     fn config(&self) -> Config {
         Config {
             muon_layout: self.layout,
+            muon_ownership: self.ownership,
             muon_ns_precision: self.ns_precision,
             muon_ns_method: self.ns_method,
             mxfp8_param_gather: self.mxfp8,
@@ -141,6 +145,8 @@ pub struct Simulation {
     pub hardware: String,
     pub dp: usize,
     pub layout: String,
+    /// `muon_ownership` of the Muon run.
+    pub ownership: String,
     pub mxfp8: bool,
     pub ns_precision: String,
     pub ns_method: String,
@@ -217,6 +223,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         hardware: scenario.hardware.name.clone(),
         dp: scenario.dp,
         layout: scenario.layout.name().to_string(),
+        ownership: scenario.ownership.name().to_string(),
         mxfp8: scenario.mxfp8,
         ns_precision: scenario.ns_precision.name().to_string(),
         ns_method: scenario.ns_method.name().to_string(),
@@ -388,6 +395,30 @@ pub fn simulate_against_adamw(scenario: &Scenario) -> Result<Simulation> {
         adamw_device_bytes: adamw.device_bytes.total,
     });
     Ok(muon)
+}
+
+/// `scenario` under every `muon_ownership` its layout takes (`padded` keeps Megatron's owners),
+/// each simulated by `run` (`simulate` or `simulate_against_adamw`): the run with the shortest
+/// iteration, balanced on a tie. What `muon-opt simulate --ownership auto` recommends for the
+/// modelled cluster, and how the named jobs choose (the library's default stays balanced).
+pub fn simulate_best_ownership(scenario: &Scenario, run: fn(&Scenario) -> Result<Simulation>) -> Result<Simulation> {
+    let mut best: Option<Simulation> = None;
+    for &ownership in MuonOwnership::ALL {
+        if ownership == MuonOwnership::Contiguous && scenario.layout == MuonLayout::Padded {
+            continue;
+        }
+        let sim = run(&Scenario {
+            ownership,
+            ..scenario.clone()
+        })?;
+        if best
+            .as_ref()
+            .is_none_or(|b| sim.figures.iteration_ms < b.figures.iteration_ms)
+        {
+            best = Some(sim);
+        }
+    }
+    Ok(best.expect("balanced takes every layout"))
 }
 
 /// SM contention, one fixed-point step: every optimizer item on the compute stream grows by the

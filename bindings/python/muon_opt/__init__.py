@@ -51,6 +51,7 @@ Dtype = _enum("Dtype", "MUON_DTYPE_")
 Coefficients = _enum("Coefficients", "MUON_COEFFICIENTS_")
 NsPrecision = _enum("NsPrecision", "MUON_NS_PRECISION_")
 NsMethod = _enum("NsMethod", "MUON_NS_METHOD_")
+Ownership = _enum("Ownership", "MUON_OWNERSHIP_")
 ScaleMode = _enum("ScaleMode", "MUON_SCALE_")
 CommMode = _enum("CommMode", "MUON_COMM_MODE_")
 TpMode = _enum("TpMode", "MUON_TP_MODE_")
@@ -671,6 +672,7 @@ __all__ = [
     "Coefficients",
     "NsPrecision",
     "NsMethod",
+    "Ownership",
     "ScaleMode",
     "CommMode",
     "TpMode",

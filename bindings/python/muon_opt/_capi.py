@@ -61,6 +61,8 @@ MUON_NS_PRECISION_BF16_ITERATE = 2
 
 MUON_NS_METHOD_STANDARD = 0
 MUON_NS_METHOD_GRAM = 1
+MUON_OWNERSHIP_BALANCED = 0
+MUON_OWNERSHIP_CONTIGUOUS = 1
 
 MUON_SCALE_SPECTRAL = 0
 MUON_SCALE_SHAPE_SCALING = 1
@@ -193,6 +195,8 @@ class muon_config_t(Structure):
         ("muon_ns_eps", c_float),
         ("reserved", c_uint32),
         ("muon_ns_method", c_uint32),
+        ("reserved2", c_uint32),
+        ("muon_ownership", c_uint32),
     ]
 
 

@@ -129,6 +129,27 @@ class TwoRanksOnThreads(unittest.TestCase):
                     self.assertEqual(ranks[0][step], ranks[1][step], f"ranks differ after step {step + 1}")
                     self.assertEqual(ranks[0][step], single[step], f"2 ranks != 1 rank after step {step + 1}")
 
+    def test_contiguous_ownership_trains_like_balanced_bitwise(self):
+        def run(ownership):
+            cfg = config(muon_ownership=ownership)
+            return run_ranks(2, lambda comm: (train(comm, lambda s, p, i: rank_grad(s, comm.rank, p, i), cfg)))
+
+        def owners(comm):
+            with mo.Optimizer(config(muon_ownership=mo.Ownership.CONTIGUOUS), comm) as opt:
+                for name, shape, flags, tie in MODEL:
+                    opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie)
+                opt.finalize()
+                return [opt.param_view(p).owner for p in (1, 3)], opt.plan()["report"]["ownership"]
+
+        balanced, contiguous = run(mo.Ownership.BALANCED), run(mo.Ownership.CONTIGUOUS)
+        self.assertEqual(balanced, contiguous)
+        # Backward order: the last Muon matrix is the first rank's run.
+        self.assertEqual(run_ranks(2, owners)[0], ([1, 0], "contiguous"))
+        with self.assertRaises(mo.MuonError) as ctx:
+            config(muon_ownership=mo.Ownership.CONTIGUOUS, muon_layout=mo.Layout.PADDED).validate()
+        self.assertEqual(ctx.exception.status, mo.Status.INVALID_ARGUMENT)
+        self.assertIn("muon_ownership: contiguous needs a compact", str(ctx.exception))
+
     def test_routes_owners_and_plan(self):
         def body(comm):
             with mo.Optimizer(config(), comm) as opt:

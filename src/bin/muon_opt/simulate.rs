@@ -9,9 +9,9 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use muon_opt::config::{Dtype, NsMethod, NsPrecision, TpMode};
+use muon_opt::config::{Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
-use muon_opt::sim::{Scenario, simulate, simulate_against_adamw};
+use muon_opt::sim::{Scenario, simulate, simulate_against_adamw, simulate_best_ownership};
 
 use crate::shared_args::{LayoutChoice, load_model};
 
@@ -45,6 +45,11 @@ pub struct SimulateArgs {
     /// Muon layout; `all` simulates every layout side by side.
     #[arg(long, value_enum, default_value_t = LayoutChoice::Compact)]
     layout: LayoutChoice,
+    /// How the rooted layouts give Muon matrices owners (muon_ownership): `contiguous` cuts
+    /// buckets at owner changes, one reduce and one broadcast each; `auto` simulates each and
+    /// keeps the faster (padded keeps Megatron's owners).
+    #[arg(long, value_enum, default_value_t = OwnershipChoice::Balanced)]
+    ownership: OwnershipChoice,
     /// Store the Muon matrices as MXFP8 and gather them as bf16.
     #[arg(long)]
     mxfp8: bool,
@@ -95,6 +100,13 @@ pub struct SimulateArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum BaselineChoice {
     Adamw,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OwnershipChoice {
+    Balanced,
+    Contiguous,
+    Auto,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -173,6 +185,10 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     for layout in args.layout.layouts() {
         let scenario = Scenario {
             layout,
+            ownership: match args.ownership {
+                OwnershipChoice::Contiguous if layout != MuonLayout::Padded => MuonOwnership::Contiguous,
+                _ => MuonOwnership::Balanced,
+            },
             mxfp8: args.mxfp8,
             ns_precision: args.ns_precision.precision(),
             ns_method: args.ns_method.method(),
@@ -194,9 +210,13 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             qk_clip: args.qk_clip,
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
-        let sim = match args.baseline {
-            Some(BaselineChoice::Adamw) => simulate_against_adamw(&scenario),
-            None => simulate(&scenario),
+        let run = match args.baseline {
+            Some(BaselineChoice::Adamw) => simulate_against_adamw,
+            None => simulate,
+        };
+        let sim = match args.ownership {
+            OwnershipChoice::Auto => simulate_best_ownership(&scenario, run),
+            _ => run(&scenario),
         };
         sims.push(sim.map_err(|e| e.to_string())?);
     }

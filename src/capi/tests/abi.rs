@@ -83,7 +83,6 @@ fn muon_ns_method_appends_a_layout_of_its_own_size_and_older_ones_get_standard()
     use crate::config::NsMethod;
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved), 116);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_ns_method), 120);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 128);
     let mut cfg = default_config();
     assert_eq!((cfg.muon_ns_method, cfg.reserved), (MUON_NS_METHOD_STANDARD, 0));
     cfg.muon_ns_method = MUON_NS_METHOD_GRAM;
@@ -99,6 +98,46 @@ fn muon_ns_method_appends_a_layout_of_its_own_size_and_older_ones_get_standard()
     cfg.muon_ns_method = 0xABAB_ABAB;
     cfg.struct_size = 120;
     assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
+}
+
+/// muon_ownership follows the released 128-byte layout (which ended at muon_ns_method) after a
+/// second reserved word filling that layout's padding: 136 bytes, and a caller compiled against
+/// any older header gets balanced ownership whatever lies in or beyond its struct.
+#[test]
+fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced() {
+    use crate::config::MuonOwnership;
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved2), 124);
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_ownership), 128);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 136);
+    let mut cfg = default_config();
+    assert_eq!((cfg.muon_ownership, cfg.reserved2), (MUON_OWNERSHIP_BALANCED, 0));
+    cfg.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
+    cfg.reserved2 = 0xABAB_ABAB;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(read.muon_ownership, MuonOwnership::Contiguous);
+    for older in [128u32, 120, 112, 104] {
+        cfg.struct_size = older;
+        let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+        assert_eq!(read.muon_ownership, MuonOwnership::Balanced, "struct_size {older}");
+    }
+    cfg.muon_ownership = 0xABAB_ABAB;
+    cfg.struct_size = 128;
+    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
+    cfg.struct_size = 136;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_INVALID_ENUM_VALUE);
+    assert!(
+        message.contains("muon_ownership: unknown value 2880154539; valid values are 0 (balanced), 1 (contiguous)"),
+        "{message}"
+    );
+    cfg.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
+    cfg.muon_layout = MUON_LAYOUT_PADDED;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_INVALID_ARGUMENT);
+    assert!(
+        message.contains("muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout"),
+        "{message}"
+    );
 }
 
 /// Every method survives the C struct both ways: Config → muon_config_t → Config.
@@ -119,7 +158,7 @@ fn muon_ns_method_round_trips_through_the_c_struct() {
 }
 
 /// Only the sizes of released layouts are accepted: a struct_size cutting a field in half
-/// (sizeof − 2 cuts muon_ns_method) is ABI_MISMATCH naming the size; every released size and a
+/// (sizeof − 2 cuts muon_ownership) is ABI_MISMATCH naming the size; every released size and a
 /// larger one (a newer header) pass.
 #[test]
 fn a_torn_config_struct_size_is_refused() {
@@ -137,7 +176,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128]);
+    assert_eq!(released, [104, 112, 120, 128, 136]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;

@@ -2,7 +2,7 @@
 //! baseline; `--scenario all --markdown` writes `docs/performance.md`.
 
 use muon_opt::sim::scenarios::{JOBS, Job, job};
-use muon_opt::sim::{Simulation, simulate_against_adamw};
+use muon_opt::sim::{Simulation, simulate_against_adamw, simulate_best_ownership};
 
 /// One row: a job, MXFP8 on or off, its Muon run with the AdamW baseline.
 struct Row {
@@ -21,14 +21,15 @@ fn rows(name: &str) -> Result<Vec<Row>, String> {
     for job in jobs {
         for mxfp8 in [false, true] {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
-            let sim = simulate_against_adamw(&scenario).map_err(|e| format!("{}: {e}", job.name))?;
+            let sim =
+                simulate_best_ownership(&scenario, simulate_against_adamw).map_err(|e| format!("{}: {e}", job.name))?;
             rows.push(Row { job, mxfp8, sim });
         }
     }
     Ok(rows)
 }
 
-const HEADER: &str = "| job | MXFP8 | AdamW ms | Muon ms | overhead | Muon − AdamW ms | NS ms | (Muon − AdamW) / NS | Muon exposed: optimizer compute / unhidden comm / contention ms | GB / rank (Muon, AdamW) | fits |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+const HEADER: &str = "| job | MXFP8 | ownership | AdamW ms | Muon ms | overhead | Muon − AdamW ms | NS ms | (Muon − AdamW) / NS | Muon exposed: optimizer compute / unhidden comm / contention ms | GB / rank (Muon, AdamW) | fits |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 fn line(r: &Row) -> String {
     let f = &r.sim.figures;
@@ -38,9 +39,10 @@ fn line(r: &Row) -> String {
         .as_ref()
         .expect("simulate_against_adamw fills the baseline");
     format!(
-        "| {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} |\n",
+        "| {} | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} |\n",
         r.job.name,
         if r.mxfp8 { "on" } else { "off" },
+        r.sim.ownership,
         b.adamw_iteration_ms,
         f.iteration_ms,
         100.0 * b.muon_overhead,
@@ -75,6 +77,9 @@ fn markdown(rows: &[Row]) -> String {
          rank: no expert gradient collectives) stepped with the dense optimizer under one clip;\n\
          each expert stack computes the tokens routed to it (8 experts per token). The report's\n\
          2048 GPUs give each expert 2 data-parallel ranks; 1024 hold the same params per rank.\n\n\
+         - **ownership**: the `muon_ownership` whose Muon iteration is shorter on this cluster\n\
+         \x20 (`simulate --ownership auto`): `contiguous` where the data-parallel ring's latency\n\
+         \x20 makes every extra (bucket, owner) collective expensive (docs/design.md §4);\n\
          - **overhead**: Muon iteration / AdamW iteration − 1; **NS ms**: the busiest rank's\n\
          \x20 Newton–Schulz (GEMMs and Muon kernels), which no schedule removes;\n\
          - **(Muon − AdamW) / NS**: 1 when Muon costs exactly its Newton–Schulz, above 1 when the\n\

@@ -1,0 +1,122 @@
+//! `muon_ownership = contiguous`: every rank owns one run of consecutive Muon units in backward
+//! order, and the rooted buckets are cut at owner changes, so a bucket has one owner (two or
+//! more only around an expert stack split between ranks).
+//!
+//! Each rooted bucket costs one reduce and one broadcast per owner, and on a ring over dp ranks
+//! each of those pays dp − 1 hops of latency. Balanced ownership (`ownership.rs`) spreads a
+//! bucket over many owners: at least `buckets + dp − 1` (bucket, owner) pairs, against the
+//! `buckets` reduce-scatters and all-gathers of a distributed AdamW. Here the pairs are the
+//! buckets, and there are about `max(dp, bytes / bucket_size)` of them: a bucket closes once
+//! it spans `bucket_size`, as in the other layouts, except that the end of an owner's run
+//! shorter than `bucket_size` stays in the bucket before it rather than paying a collective
+//! of its own, so every bucket spans at least `bucket_size` unless its whole run is shorter. The price is
+//! balance: the runs are the optimal contiguous partition of the Newton–Schulz cost (the
+//! smallest per-rank limit under which consecutive filling fits in dp ranks), whose makespan is
+//! at most `total/dp + largest unit`, and can exceed LPT's.
+
+use crate::model::ParamSpec;
+
+use super::cost::ns_unit_cost;
+use super::types::ParamPlacement;
+
+/// The Muon units of `order` (params in backward order) as (param, unit cost, units).
+fn units(params: &[ParamSpec], order: &[u32], steps: u32) -> Vec<(u32, u128, u64)> {
+    order
+        .iter()
+        .map(|&p| {
+            let spec = &params[p as usize];
+            (p, ns_unit_cost(spec, steps), spec.num_units())
+        })
+        .collect()
+}
+
+/// Ranks used when consecutive units fill each rank up to `limit` (a unit above `limit` on an
+/// empty rank still goes there).
+fn ranks_needed(units: &[(u32, u128, u64)], limit: u128, owners: Option<&mut Vec<Vec<u32>>>) -> usize {
+    let (mut rank, mut load) = (0usize, 0u128);
+    let mut owners = owners;
+    for (i, &(_, cost, count)) in units.iter().enumerate() {
+        for _ in 0..count {
+            if load > 0 && load + cost > limit {
+                rank += 1;
+                load = 0;
+            }
+            load += cost;
+            if let Some(owners) = owners.as_deref_mut() {
+                owners[i].push(rank as u32);
+            }
+        }
+    }
+    rank + 1
+}
+
+/// Owns the Muon params of `order` (every Muon buffer's params in backward order, buffer after
+/// buffer) by the optimal contiguous partition over `dp` ranks; writes `unit_owners`.
+pub(crate) fn assign_contiguous(
+    params: &[ParamSpec],
+    order: &[u32],
+    dp: usize,
+    steps: u32,
+    placements: &mut [ParamPlacement],
+) {
+    let units = units(params, order, steps);
+    let total: u128 = units.iter().map(|&(_, c, n)| c * n as u128).sum();
+    let largest = units.iter().map(|&(_, c, _)| c).max().unwrap_or(0);
+    // Filling under `total/dp + largest` always fits (each rank closes above total/dp).
+    let (mut lo, mut hi) = (largest, total.div_ceil(dp as u128) + largest);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if ranks_needed(&units, mid, None) <= dp {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let mut owners = vec![Vec::new(); units.len()];
+    ranks_needed(&units, hi, Some(&mut owners));
+    for (&(param, _, _), owners) in units.iter().zip(owners) {
+        placements[param as usize].unit_owners = owners;
+    }
+}
+
+/// Bucket memberships of one Muon buffer (`ids` in registration order) under contiguous owners:
+/// walked in backward order, a run of params whose first unit has the previous param's last
+/// owner stays together; a bucket of a run closes once it spans `bucket_size` unless less than
+/// `bucket_size` of the run would be left, which stays in it (`None`: one bucket per run).
+pub(crate) fn owner_chunks(
+    params: &[ParamSpec],
+    ids: &[u32],
+    placements: &[ParamPlacement],
+    bucket_size: Option<u64>,
+) -> Vec<Vec<u32>> {
+    let mut runs: Vec<Vec<u32>> = Vec::new();
+    let mut last_owner: Option<u32> = None;
+    for &p in ids.iter().rev() {
+        let owners = &placements[p as usize].unit_owners;
+        match runs.last_mut() {
+            Some(run) if last_owner == owners.first().copied() => run.push(p),
+            _ => runs.push(vec![p]),
+        }
+        last_owner = owners.last().copied();
+    }
+    let numel = |p: &u32| params[*p as usize].numel();
+    let mut chunks = Vec::new();
+    for run in runs {
+        let mut left: u64 = run.iter().map(numel).sum();
+        let mut chunk = Vec::new();
+        let mut spanned = 0u64;
+        for p in run {
+            chunk.push(p);
+            spanned += numel(&p);
+            left -= numel(&p);
+            if bucket_size.is_some_and(|size| spanned >= size && left >= size) {
+                chunks.push(std::mem::take(&mut chunk));
+                spanned = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            chunks.push(chunk);
+        }
+    }
+    chunks
+}
