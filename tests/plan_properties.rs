@@ -330,9 +330,10 @@ fn check_contiguous(plan: &Plan, cfg: &Config) {
             let after = muon.get(i + 1).map(|n| owners_of(n)[0]);
             let continues = |o: Option<u32>, here: u32| o == Some(here) && muon.len() > 1;
             let same_buffer = |j: usize| muon.get(j).is_some_and(|n| n.buffer == b.buffer);
+            let run_continues_before = i > 0 && same_buffer(i - 1) && continues(before, owners[0]);
+            let run_continues_after = same_buffer(i + 1) && continues(after, *owners.last().unwrap());
             assert!(
-                !(i > 0 && same_buffer(i - 1) && continues(before, owners[0]))
-                    && !(same_buffer(i + 1) && continues(after, *owners.last().unwrap())),
+                !(run_continues_before || run_continues_after),
                 "bucket {} spans {spanned} < bucket_size but its run has another bucket",
                 b.id
             );
