@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use muon_opt::checkpoint::{INDEX_FILE, Index, StateKind};
-use muon_opt::config::{Config, Dtype, MuonLayout, NsMethod};
+use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership, NsMethod};
 use muon_opt::model::{ParamFlags, ParamSpec, Route};
 use muon_opt::numerics::mxfp8::{Direction, scale_shape};
 use safetensors::SafeTensors;
@@ -21,7 +21,7 @@ const SAVED_AT: u64 = 3;
 const MORE: u64 = 3;
 
 #[test]
-fn resumed_training_is_bitwise_identical_at_every_dp_and_layout() {
+fn resumed_training_is_bitwise_identical_at_every_dp_layout_and_ownership() {
     let tmp = TempDir::new("resume");
     let dir = tmp.join("ckpt");
     let mut saver = Group::new(&config(MuonLayout::Compact), 4);
@@ -31,17 +31,23 @@ fn resumed_training_is_bitwise_identical_at_every_dp_and_layout() {
     drop(saver);
 
     let cases = [
-        (1, MuonLayout::Compact),
-        (2, MuonLayout::Compact),
-        (3, MuonLayout::Compact),
-        (4, MuonLayout::Compact),
-        (2, MuonLayout::Padded),
-        (3, MuonLayout::Padded),
-        (4, MuonLayout::Allreduce),
+        (1, MuonLayout::Compact, MuonOwnership::Balanced),
+        (2, MuonLayout::Compact, MuonOwnership::Balanced),
+        (3, MuonLayout::Compact, MuonOwnership::Balanced),
+        (4, MuonLayout::Compact, MuonOwnership::Balanced),
+        (2, MuonLayout::Padded, MuonOwnership::Balanced),
+        (3, MuonLayout::Padded, MuonOwnership::Balanced),
+        (4, MuonLayout::Allreduce, MuonOwnership::Balanced),
+        (3, MuonLayout::CompactRooted, MuonOwnership::Contiguous),
+        (4, MuonLayout::Compact, MuonOwnership::Contiguous),
     ];
-    for (dp, layout) in cases {
-        let label = format!("dp={dp} {}", layout.name());
-        let mut reference = Group::new(&config(layout), dp);
+    for (dp, layout, ownership) in cases {
+        let label = format!("dp={dp} {} {}", layout.name(), ownership.name());
+        let cfg = Config {
+            muon_ownership: ownership,
+            ..config(layout)
+        };
+        let mut reference = Group::new(&cfg, dp);
         reference.train(SAVED_AT);
         reference
             .snapshot()
@@ -49,7 +55,7 @@ fn resumed_training_is_bitwise_identical_at_every_dp_and_layout() {
         reference.train(MORE);
         let expected = reference.snapshot();
 
-        let mut resumed = Group::new(&config(layout), dp);
+        let mut resumed = Group::new(&cfg, dp);
         all_ok(resumed.load(&dir), &label);
         resumed.snapshot().assert_same(
             &saved,
