@@ -5,7 +5,7 @@ mod support;
 
 use std::process::{Command, Output};
 
-use muon_opt::config::{Config, MuonLayout};
+use muon_opt::config::{Config, MuonLayout, MuonOwnership};
 use muon_opt::plan::presets::preset;
 use muon_opt::plan::{Plan, build_plans};
 use support::tempdir::TempDir;
@@ -33,6 +33,50 @@ fn cli_output_is_deterministic_unless_timing_is_asked() {
     for plan in json["plans"].as_array().unwrap() {
         assert!(plan["planning_time_ms"].as_f64().unwrap() >= 0.0);
     }
+}
+
+/// `--ownership contiguous` plans the rooted layouts with contiguous owners (the JSON names the
+/// method, the buckets match the library's plan) while padded keeps Megatron-LM's; `auto` needs
+/// a cluster model and is refused with exit code 2.
+#[test]
+fn cli_ownership_plans_contiguous_owners_where_the_layout_takes_them() {
+    let out = muon_opt(&[
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--dp",
+        "8",
+        "--ownership",
+        "contiguous",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let model = preset("llama3-8b").unwrap();
+    for plan in json["plans"].as_array().unwrap() {
+        let layout = MuonLayout::from_name("layout", plan["layout"].as_str().unwrap()).unwrap();
+        let (method, ownership) = match layout {
+            MuonLayout::Padded => ("megatron_padded", MuonOwnership::Balanced),
+            _ => ("contiguous", MuonOwnership::Contiguous),
+        };
+        assert_eq!(plan["report"]["ownership"], method, "{}", layout.name());
+        let cfg = Config {
+            muon_ownership: ownership,
+            vocab_size: model.vocab_size,
+            ..Config::default()
+        };
+        let library = &build_plans(&model, &cfg, 8, &[layout]).unwrap()[0];
+        assert_eq!(
+            plan["report"]["num_buckets"].as_u64().unwrap(),
+            library.buckets.len() as u64,
+            "{}",
+            layout.name()
+        );
+        assert_eq!(plan["hash"], format!("{:#018x}", library.hash), "{}", layout.name());
+    }
+    let auto = muon_opt(&["plan", "--model", "llama3-8b", "--dp", "8", "--ownership", "auto"]);
+    assert_eq!(auto.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&auto.stderr).contains("--ownership auto: only simulate can choose"));
 }
 
 /// `--buckets`: every bucket of every plan with its params and their owners, in text and JSON.

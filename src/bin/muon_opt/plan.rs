@@ -10,7 +10,7 @@ use muon_opt::sim::device::device_bytes;
 use muon_opt::sim::metrics::DeviceBytes;
 
 use crate::render;
-use crate::shared_args::{LayoutChoice, load_model};
+use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -23,6 +23,10 @@ pub struct PlanArgs {
     /// Muon layout to plan; `all` shows every layout side by side.
     #[arg(long, value_enum, default_value_t = LayoutChoice::All)]
     layout: LayoutChoice,
+    /// How the rooted layouts give Muon matrices owners (muon_ownership); padded keeps
+    /// Megatron-LM's.
+    #[arg(long, value_enum, default_value_t = OwnershipChoice::Balanced)]
+    ownership: OwnershipChoice,
     /// Elements per bucket [default: max(40M, 1M·dp)].
     #[arg(long)]
     bucket_size: Option<u64>,
@@ -51,13 +55,27 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         vocab_size: model.vocab_size,
         ..Config::default()
     };
-    let plans = build_plans(&model, &cfg, args.dp, &args.layout.layouts()).map_err(|e| e.to_string())?;
+    if args.ownership == OwnershipChoice::Auto {
+        return Err(
+            "--ownership auto: only simulate can choose (it needs a cluster model); plan takes balanced or contiguous"
+                .to_string(),
+        );
+    }
+    let mut plans = Vec::new();
+    for layout in args.layout.layouts() {
+        let cfg = Config {
+            muon_ownership: args.ownership.for_layout(layout),
+            ..cfg.clone()
+        };
+        plans.extend(build_plans(&model, &cfg, args.dp, &[layout]).map_err(|e| e.to_string())?);
+    }
     let registry = model.registry(&cfg).map_err(|e| e.to_string())?;
     let devices = plans
         .iter()
         .map(|plan| {
             let cfg = Config {
                 muon_layout: plan.layout,
+                muon_ownership: args.ownership.for_layout(plan.layout),
                 ..cfg.clone()
             };
             device_bytes(plan, registry.params(), &cfg).map_err(|e| e.to_string())

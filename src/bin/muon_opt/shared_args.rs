@@ -1,9 +1,9 @@
-//! The arguments `plan` and `simulate` share: `--model` (a preset or a JSON parameter list)
-//! and `--layout`.
+//! The arguments `plan` and `simulate` share: `--model` (a preset or a JSON parameter list),
+//! `--layout` and `--ownership`.
 
 use clap::ValueEnum;
 
-use muon_opt::config::MuonLayout;
+use muon_opt::config::{MuonLayout, MuonOwnership};
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 
 use crate::model_json::parse_model_json;
@@ -26,6 +26,25 @@ impl LayoutChoice {
             LayoutChoice::Allreduce => vec![MuonLayout::Allreduce],
             LayoutChoice::CompactRooted => vec![MuonLayout::CompactRooted],
             LayoutChoice::All => MuonLayout::ALL.to_vec(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OwnershipChoice {
+    Balanced,
+    Contiguous,
+    /// `simulate` only: each ownership simulated, the faster kept.
+    Auto,
+}
+
+impl OwnershipChoice {
+    /// The `muon_ownership` of a `layout` plan or run: `contiguous` where the layout takes it
+    /// (padded keeps Megatron-LM's owners), else balanced.
+    pub fn for_layout(self, layout: MuonLayout) -> MuonOwnership {
+        match self {
+            OwnershipChoice::Contiguous if layout != MuonLayout::Padded => MuonOwnership::Contiguous,
+            _ => MuonOwnership::Balanced,
         }
     }
 }

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use muon_opt::config::{Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, TpMode};
+use muon_opt::config::{Dtype, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{Scenario, simulate, simulate_against_adamw, simulate_best_ownership};
 
-use crate::shared_args::{LayoutChoice, load_model};
+use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
 
 #[derive(Args)]
 pub struct SimulateArgs {
@@ -103,13 +103,6 @@ enum BaselineChoice {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum OwnershipChoice {
-    Balanced,
-    Contiguous,
-    Auto,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
 enum GradDtypeChoice {
     Bf16,
     F32,
@@ -185,10 +178,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     for layout in args.layout.layouts() {
         let scenario = Scenario {
             layout,
-            ownership: match args.ownership {
-                OwnershipChoice::Contiguous if layout != MuonLayout::Padded => MuonOwnership::Contiguous,
-                _ => MuonOwnership::Balanced,
-            },
+            ownership: args.ownership.for_layout(layout),
             mxfp8: args.mxfp8,
             ns_precision: args.ns_precision.precision(),
             ns_method: args.ns_method.method(),
