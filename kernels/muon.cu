@@ -4,7 +4,8 @@
 
 #include "muon_common.cuh"
 
-// g = grad * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m.
+// g = grad * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m. Without
+// Nesterov `update` may be `momentum` itself (u = m): then nothing more is stored.
 extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
                                          muon_u64 n, float mu, float one_minus_mu, const double *scalars,
                                          int nesterov) {
@@ -16,7 +17,9 @@ extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float 
         const float g = muon_load(grad, grad_bf16, i) * clip;
         const float m = mu * momentum[i] + one_minus_mu * g;
         momentum[i] = m;
-        update[i] = nesterov ? g + mu * (m - g) : m;
+        if (update != momentum) {
+            update[i] = nesterov ? g + mu * (m - g) : m;
+        }
     }
 }
 

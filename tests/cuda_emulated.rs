@@ -396,7 +396,9 @@ impl Emulator {
                     let g = self.load(n(0), n(1) != 0, i) * clip;
                     let m = mu * self.ld_f32(n(2) + 4 * i) + one_minus_mu * g;
                     self.st_f32(n(2) + 4 * i, m);
-                    self.st_f32(n(3) + 4 * i, if n(8) != 0 { g + mu * (m - g) } else { m });
+                    if n(3) != n(2) {
+                        self.st_f32(n(3) + 4 * i, if n(8) != 0 { g + mu * (m - g) } else { m });
+                    }
                 }
             }
             Kernel::NsNormalize => {

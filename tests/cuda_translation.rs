@@ -212,6 +212,60 @@ fn the_cuda_translator_receives_the_host_sequence_and_translates_every_op() {
     }
 }
 
+/// Without Nesterov the update is the new momentum: the momentum kernel stores nothing more
+/// (its update pointer is the momentum's) and Newton–Schulz normalizes the momentum where it
+/// is, saving one f32 store per element; with Nesterov, or a per-group split that needs the
+/// update's workspace, the update goes to the workspace. Both are bitwise equal to the host
+/// (`tests/cuda_emulated.rs`, which runs both).
+#[test]
+fn without_nesterov_newton_schulz_reads_the_momentum_in_place() {
+    let ptr = |args: &[Arg], i: usize| match args.get(i) {
+        Some(Arg::Ptr(p)) => *p,
+        other => panic!("argument {i} is {other:?}, not a pointer"),
+    };
+    for (label, cfg, specs) in cases().into_iter().take(2) {
+        let muon = MuonOptions::from_config(&cfg);
+        let dry: Vec<Dry> = (0..DP)
+            .map(|rank| Arc::new(Mutex::new(DryRun::new(rank, DP, muon))))
+            .collect();
+        run(&cfg, &specs, |rank| dry[rank].clone());
+        let (mut in_place, mut separate) = (0, 0);
+        for rank in &dry {
+            for (op, translated) in &rank.lock().unwrap().log {
+                let (Op::MuonUpdate(job), Ok(Translated::Actions(actions))) = (op, translated) else {
+                    continue;
+                };
+                let launches: Vec<_> = actions
+                    .iter()
+                    .filter_map(|a| match a {
+                        Action::Launch(l) => Some(l),
+                        _ => None,
+                    })
+                    .collect();
+                let momentum = launches.iter().find(|l| l.kernel == Kernel::MuonMomentum).unwrap();
+                let (m, u) = (ptr(&momentum.args, 2), ptr(&momentum.args, 3));
+                let expect = !cfg.muon_nesterov && job.split_groups <= 1;
+                assert_eq!(m == u, expect, "{label}: {job:?}");
+                if expect && job.tp.is_none() {
+                    let normalize = launches.iter().find(|l| l.kernel == Kernel::NsNormalize).unwrap();
+                    assert_eq!(ptr(&normalize.args, 0), m, "{label}: Newton–Schulz reads the momentum");
+                    in_place += 1;
+                } else {
+                    separate += 1;
+                }
+            }
+        }
+        if cfg.muon_nesterov {
+            assert_eq!(in_place, 0, "{label}");
+        } else {
+            assert!(
+                in_place > 0 && separate > 0,
+                "{label}: {in_place} in place, {separate} through the workspace"
+            );
+        }
+    }
+}
+
 /// The parameter types of every `.entry` of a PTX file.
 fn ptx_signatures(ptx: &str) -> HashMap<String, Vec<String>> {
     let mut out = HashMap::new();

@@ -225,6 +225,11 @@ impl Translator {
         }
         let opts = &self.muon;
         let update = self.work(Work::Update)?;
+        // Without Nesterov the update is the new momentum: Newton–Schulz reads it where it is
+        // (nothing writes the momentum before the next step), unless a per-group split needs
+        // the update's workspace.
+        let in_place = !opts.nesterov && groups == 1;
+        let momentum_out = if in_place { momentum.ptr } else { update };
         let scalars = self.slot(0)?;
         let mut actions = vec![launch(
             Kernel::MuonMomentum,
@@ -234,7 +239,7 @@ impl Translator {
                 Arg::Ptr(grad.ptr),
                 Arg::I32(grad.is_bf16()),
                 Arg::Ptr(momentum.ptr),
-                Arg::Ptr(update),
+                Arg::Ptr(momentum_out),
                 Arg::U64(len),
                 Arg::F32(opts.momentum),
                 Arg::F32(1.0 - opts.momentum),
@@ -250,7 +255,7 @@ impl Translator {
             actions.extend(group_copies(master.ptr, update, &split, groups, cols, false));
             (grouped, update)
         } else {
-            (update, master.ptr)
+            (momentum_out, master.ptr)
         };
         // Consecutive components of equal shape form one strided batch; a tensor-parallel
         // shard's components are gathered and orthogonalized whole, one at a time.
