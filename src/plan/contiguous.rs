@@ -138,7 +138,7 @@ mod tests {
     fn brute_force(costs: &[u128], dp: usize) -> u128 {
         let n = costs.len();
         (0u32..1 << (n - 1))
-            .filter(|cuts| cuts.count_ones() as usize <= dp - 1)
+            .filter(|cuts| (cuts.count_ones() as usize) < dp)
             .map(|cuts| {
                 let (mut worst, mut run) = (0, 0);
                 for (i, &c) in costs.iter().enumerate() {
