@@ -63,7 +63,7 @@ import ctypes
 
 import torch
 
-from . import Dtype, NsMethod, Optimizer, ParamFlag, QkClip, QkKind, Route
+from . import Dtype, NsMethod, Optimizer, Ownership, ParamFlag, QkClip, QkKind, Route
 
 _DTYPES = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16}
 _ELEMENT_BYTES = {Dtype.F32: 4, Dtype.BF16: 2}
@@ -81,14 +81,18 @@ def _split_of(name, spec):
     return sizes, groups
 
 
-_NS_METHODS = {"standard": NsMethod.STANDARD, "gram": NsMethod.GRAM}
+_CHOICES = {
+    "ns_method": ("muon_ns_method", {"standard": NsMethod.STANDARD, "gram": NsMethod.GRAM}),
+    "ownership": ("muon_ownership", {"balanced": Ownership.BALANCED, "contiguous": Ownership.CONTIGUOUS}),
+}
 
 
-def _with_ns_method(config, ns_method):
-    """A copy of ``config`` with the method ``ns_method`` names."""
-    if ns_method not in _NS_METHODS:
-        raise ValueError(f"ns_method: expected one of {sorted(_NS_METHODS)}, got {ns_method!r}")
-    return type(config)(**dict(config.as_dict(), muon_ns_method=_NS_METHODS[ns_method]))
+def _with_choice(config, argument, value):
+    """A copy of ``config`` with the field of keyword ``argument`` set to what ``value`` names."""
+    field, names = _CHOICES[argument]
+    if value not in names:
+        raise ValueError(f"{argument}: expected one of {sorted(names)}, got {value!r}")
+    return type(config)(**dict(config.as_dict(), **{field: names[value]}))
 
 
 _QK_KINDS = {
@@ -119,8 +123,9 @@ class Muon(torch.optim.Optimizer):
     ``module``: the model (the same on every rank); ``comm``: this rank's Comm; ``config``: a
     :class:`muon_opt.Config` (default: the library's defaults with ``grad_dtype`` equal to the
     model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree);
-    ``ns_method``: ``"standard"`` or ``"gram"``, in place of the config's ``muon_ns_method``
-    (the config passed is not changed).
+    ``ns_method``: ``"standard"`` or ``"gram"``, in place of the config's ``muon_ns_method``;
+    ``ownership``: ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership`` (the
+    config passed is not changed).
     """
 
     def __init__(
@@ -141,6 +146,7 @@ class Muon(torch.optim.Optimizer):
         qk_clip_threshold=100.0,
         qk_clip_alpha=0.5,
         ns_method=None,
+        ownership=None,
     ):
         from . import Config
 
@@ -155,8 +161,9 @@ class Muon(torch.optim.Optimizer):
             config = Config()
             if len(dtypes) == 1:
                 config.grad_dtype = _DTYPES[dtypes.pop()]
-        if ns_method is not None:
-            config = _with_ns_method(config, ns_method)
+        for argument, value in (("ns_method", ns_method), ("ownership", ownership)):
+            if value is not None:
+                config = _with_choice(config, argument, value)
         for name, p in named:
             if _DTYPES[p.dtype] != config.grad_dtype:
                 raise ValueError(

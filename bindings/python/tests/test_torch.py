@@ -69,11 +69,11 @@ def config(mode=mo.CommMode.EAGER):
     )
 
 
-def train(comm, world, mode=mo.CommMode.EAGER):
+def train(comm, world, mode=mo.CommMode.EAGER, **options):
     """One rank: rank r takes its 1/world slice of every batch; returns the losses and the
-    final params by name."""
+    final params by name. ``options``: more keywords of ``Muon``."""
     model = make_model()
-    opt = Muon(model, comm, config(mode), lr=0.02, adam_lr=0.01, weight_decay=0.0, adam_weight_decay=0.0)
+    opt = Muon(model, comm, config(mode), lr=0.02, adam_lr=0.01, weight_decay=0.0, adam_weight_decay=0.0, **options)
     r, share = comm.rank, BATCH // world
     losses = []
     for step in range(STEPS):
@@ -235,6 +235,16 @@ class TorchAdapter(unittest.TestCase):
                 self.assertTrue(torch.equal(p, saved[n]), n)
             opt.close()
 
+    def test_contiguous_ownership_trains_like_balanced_bitwise(self):
+        """``ownership="contiguous"`` moves each Muon matrix to one owner per bucket: the same
+        update on every rank as balanced ownership, bit for bit."""
+        balanced = run_ranks(2, lambda comm, world: train(comm, world, ownership="balanced"))
+        contiguous = run_ranks(2, lambda comm, world: train(comm, world, ownership="contiguous"))
+        for (losses_b, params_b, _), (losses_c, params_c, _) in zip(balanced, contiguous):
+            self.assertEqual(losses_b, losses_c)
+            for name in params_b:
+                self.assertTrue(torch.equal(params_b[name], params_c[name]), name)
+
     def test_gram_ns_method(self):
         """``ns_method="gram"``: the wide (24 × 8 weight: 8 × 24 iterate) and tall matrices take
         the Gram iteration — another rounding of the standard update, within f32 rounding of a
@@ -262,6 +272,9 @@ class TorchAdapter(unittest.TestCase):
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], ns_method="fast")
             self.assertIn("ns_method", str(ctx.exception))
+            with self.assertRaises(ValueError) as ctx:
+                Muon(make_model(), group[0], ownership="wrapped")
+            self.assertIn("ownership: expected one of ['balanced', 'contiguous']", str(ctx.exception))
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], mo.Config(grad_dtype=mo.Dtype.BF16))
             self.assertIn("grad_dtype", str(ctx.exception))
