@@ -1,5 +1,5 @@
 //! The `muon-opt plan` command line: its output in text and JSON, `--svg`, `--buckets`, model
-//! files and errors.
+//! files and errors; and the `--ownership` choice `plan` and `simulate` share.
 
 mod support;
 
@@ -77,6 +77,53 @@ fn cli_ownership_plans_contiguous_owners_where_the_layout_takes_them() {
     let auto = muon_opt(&["plan", "--model", "llama3-8b", "--dp", "8", "--ownership", "auto"]);
     assert_eq!(auto.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&auto.stderr).contains("--ownership auto: only simulate can choose"));
+}
+
+/// `simulate --ownership auto` runs both ownerships and keeps the one with the shorter
+/// iteration, naming it in the JSON and in the table: contiguous on llama3-70b TP8 dp 64 over
+/// InfiniBand, where balanced ownership's many rooted collectives are latency-bound.
+#[test]
+fn cli_simulate_ownership_auto_keeps_the_faster() {
+    let run = |ownership: &str, json: bool| {
+        let mut args = vec![
+            "simulate",
+            "--model",
+            "llama3-70b",
+            "--tp",
+            "8",
+            "--dp",
+            "64",
+            "--hardware",
+            "h100-ib",
+            "--grad-dtype",
+            "bf16",
+            "--ownership",
+            ownership,
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = muon_opt(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let figures = |ownership: &str| -> serde_json::Value { serde_json::from_slice(&run(ownership, true)).unwrap() };
+    let (auto, balanced, contiguous) = (figures("auto"), figures("balanced"), figures("contiguous"));
+    let ms = |v: &serde_json::Value| v[0]["iteration_ms"].as_f64().unwrap();
+    assert!(
+        ms(&contiguous) < ms(&balanced),
+        "{} vs {}",
+        ms(&contiguous),
+        ms(&balanced)
+    );
+    assert_eq!(auto[0]["ownership"], "contiguous");
+    assert_eq!(ms(&auto), ms(&contiguous));
+    let table = String::from_utf8(run("auto", false)).unwrap();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("ownership"))
+        .expect("an ownership row");
+    assert!(row.ends_with("contiguous"), "{row}");
 }
 
 /// `--buckets`: every bucket of every plan with its params and their owners, in text and JSON.

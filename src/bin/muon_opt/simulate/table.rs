@@ -14,6 +14,7 @@ pub fn table(sims: &[Simulation]) -> String {
     type Row = (&'static str, Box<dyn Fn(&Simulation) -> String>);
     let rows: Vec<Row> = vec![
         ("layout", Box::new(|s| s.layout.clone())),
+        ("ownership", Box::new(|s| s.ownership.clone())),
         ("iteration ms", Box::new(|s| ms(s.figures.iteration_ms))),
         ("model fwd+bwd ms", Box::new(|s| ms(s.figures.model_compute_ms))),
         ("exposed optimizer ms", Box::new(|s| ms(s.figures.exposed_ms))),
