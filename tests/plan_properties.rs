@@ -324,7 +324,8 @@ fn check_contiguous(plan: &Plan, cfg: &Config) {
             "bucket {}: owners {owners:?} without a split stack",
             b.id
         );
-        let spanned: u64 = b.params.iter().map(|&p| plan.param(p as usize).numel).sum();
+        // Padding included: at least what the planner's closing rule counts.
+        let spanned = b.numel();
         if cfg.overlap_grad_reduce && spanned < cfg.effective_bucket_size(plan.dp as usize) {
             let before = (i > 0).then(|| *owners_of(muon[i - 1]).last().unwrap());
             let after = muon.get(i + 1).map(|n| owners_of(n)[0]);

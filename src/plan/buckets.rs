@@ -97,6 +97,14 @@ pub(crate) fn group_buffers(params: &[ParamSpec], routes: &[Route], cfg: &Config
     groups
 }
 
+/// Elements a bucket membership (backward order) spans, each param starting 64-aligned, as
+/// [`backward_chunks`] counts them.
+pub(crate) fn chunk_span(params: &[ParamSpec], chunk: &[u32]) -> u64 {
+    chunk
+        .iter()
+        .fold(0, |cursor, &id| pad64(cursor) + params[id as usize].numel())
+}
+
 /// Splits a buffer's params into bucket memberships: params walked in reverse registration
 /// order, each starting 64-aligned; a bucket closes once it spans `bucket_size` elements.
 /// `None` means one bucket for the whole buffer.

@@ -17,6 +17,7 @@
 
 use crate::model::ParamSpec;
 
+use super::buckets::{backward_chunks, chunk_span};
 use super::cost::ns_unit_cost;
 use super::types::ParamPlacement;
 
@@ -89,8 +90,9 @@ pub(crate) fn assign_contiguous(
 
 /// Bucket memberships of one Muon buffer (`ids` in registration order) under contiguous owners:
 /// walked in backward order, a run of params whose first unit has the previous param's last
-/// owner stays together; a bucket of a run closes once it spans `bucket_size` unless less than
-/// `bucket_size` of the run would be left, which stays in it (`None`: one bucket per run).
+/// owner stays together and is cut as every buffer is (`backward_chunks`: a bucket closes once
+/// it spans `bucket_size`), except that a last bucket shorter than `bucket_size` joins the one
+/// before it (`None`: one bucket per run).
 pub(crate) fn owner_chunks(
     params: &[ParamSpec],
     ids: &[u32],
@@ -107,24 +109,18 @@ pub(crate) fn owner_chunks(
         }
         last_owner = owners.last().copied();
     }
-    let numel = |p: &u32| params[*p as usize].numel();
     let mut chunks = Vec::new();
     for run in runs {
-        let mut left: u64 = run.iter().map(numel).sum();
-        let mut chunk = Vec::new();
-        let mut spanned = 0u64;
-        for p in run {
-            chunk.push(p);
-            spanned += numel(&p);
-            left -= numel(&p);
-            if bucket_size.is_some_and(|size| spanned >= size && left >= size) {
-                chunks.push(std::mem::take(&mut chunk));
-                spanned = 0;
+        let in_registration_order: Vec<u32> = run.into_iter().rev().collect();
+        let mut cut = backward_chunks(params, &in_registration_order, bucket_size);
+        let short = |chunk: &[u32]| bucket_size.is_some_and(|size| chunk_span(params, chunk) < size);
+        if cut.len() > 1 && short(&cut[cut.len() - 1]) {
+            let tail = cut.pop().unwrap_or_default();
+            if let Some(last) = cut.last_mut() {
+                last.extend(tail);
             }
         }
-        if !chunk.is_empty() {
-            chunks.push(chunk);
-        }
+        chunks.extend(cut);
     }
     chunks
 }

@@ -68,11 +68,11 @@ pub(crate) struct Layout {
 pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usize) -> Result<Plan> {
     let started = Instant::now();
     check_inputs(params, routes, cfg, dp)?;
-    let (layout, ownership) = match cfg.muon_layout {
-        MuonLayout::Compact if cfg.muon_ownership == MuonOwnership::Balanced => {
-            lay_out_grouped(params, routes, cfg, dp)?
-        }
-        _ => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
+    let (layout, ownership) = match (cfg.muon_layout, cfg.muon_ownership) {
+        (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
+        (_, MuonOwnership::Contiguous) => lay_out_contiguous(params, routes, cfg, dp)?,
+        (MuonLayout::Compact, MuonOwnership::Balanced) => lay_out_grouped(params, routes, cfg, dp)?,
+        (_, MuonOwnership::Balanced) => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
     };
     let mut report = Report::of(params, cfg, dp, &layout, ownership);
     let hash = hash::plan_hash(params, routes, cfg, dp, &layout);
@@ -127,11 +127,11 @@ fn lay_out(
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
     let groups = group_buffers(params, routes, cfg);
-    let mut chunks: Vec<Vec<Vec<u32>>> = groups
+    let chunks: Vec<Vec<Vec<u32>>> = groups
         .iter()
         .map(|g| backward_chunks(params, &g.params, bucket_size))
         .collect();
-    let mut sequences: Vec<Vec<CompactBucket>> = groups
+    let sequences: Vec<Vec<CompactBucket>> = groups
         .iter()
         .map(|g| match (g.route, cfg.muon_layout) {
             (Route::Muon, MuonLayout::Compact) => CompactBuffer {
@@ -146,24 +146,9 @@ fn lay_out(
             _ => Vec::new(),
         })
         .collect();
-    let ownership = match (cfg.muon_layout, cfg.muon_ownership) {
-        (MuonLayout::Padded, _) => OwnershipMethod::MegatronPadded,
-        (_, MuonOwnership::Contiguous) => {
-            let order: Vec<u32> = groups
-                .iter()
-                .filter(|g| g.route == Route::Muon)
-                .flat_map(|g| g.params.iter().rev().copied())
-                .collect();
-            contiguous::assign_contiguous(params, &order, dp, cfg.muon_num_ns_steps, &mut placements);
-            for ((g, chunks), sequence) in groups.iter().zip(&mut chunks).zip(&mut sequences) {
-                if g.route == Route::Muon {
-                    *chunks = contiguous::owner_chunks(params, &g.params, &placements, bucket_size);
-                    *sequence = chunks.iter().cloned().map(CompactBucket::Rooted).collect();
-                }
-            }
-            OwnershipMethod::Contiguous
-        }
-        (MuonLayout::Compact | MuonLayout::CompactRooted | MuonLayout::Allreduce, MuonOwnership::Balanced) => {
+    let ownership = match cfg.muon_layout {
+        MuonLayout::Padded => OwnershipMethod::MegatronPadded,
+        MuonLayout::Compact | MuonLayout::CompactRooted | MuonLayout::Allreduce => {
             let rooted = |c: &CompactBucket| match c {
                 CompactBucket::Rooted(ids) => Some(ids.clone()),
                 _ => None,
@@ -181,11 +166,62 @@ fn lay_out(
             ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
         }
     };
-    let inputs = BufferInputs {
-        chunks: &chunks,
-        sequences: &sequences,
-    };
-    let (buffers, buckets) = lay_out_buffers(params, &groups, inputs, cfg, dp, &mut placements)?;
+    finish_layout(params, &groups, (&chunks, &sequences), cfg, dp, placements, ownership)
+}
+
+/// `muon_ownership = contiguous` (compact, compact_rooted, allreduce): the owners first, one run
+/// per rank over every Muon buffer in backward order, then each Muon buffer's rooted buckets
+/// cut at owner changes (`contiguous.rs`).
+fn lay_out_contiguous(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+) -> Result<(Layout, OwnershipMethod)> {
+    let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
+    let mut placements = initial_placements(params, routes);
+    let groups = group_buffers(params, routes, cfg);
+    let order: Vec<u32> = groups
+        .iter()
+        .filter(|g| g.route == Route::Muon)
+        .flat_map(|g| g.params.iter().rev().copied())
+        .collect();
+    contiguous::assign_contiguous(params, &order, dp, cfg.muon_num_ns_steps, &mut placements);
+    let chunks: Vec<Vec<Vec<u32>>> = groups
+        .iter()
+        .map(|g| match g.route {
+            Route::Muon => contiguous::owner_chunks(params, &g.params, &placements, bucket_size),
+            Route::Adamw => backward_chunks(params, &g.params, bucket_size),
+        })
+        .collect();
+    // `compact` lays its Muon buffers out from a bucket sequence: here every bucket is rooted.
+    let sequences: Vec<Vec<CompactBucket>> = chunks
+        .iter()
+        .map(|c| c.iter().cloned().map(CompactBucket::Rooted).collect())
+        .collect();
+    finish_layout(
+        params,
+        &groups,
+        (&chunks, &sequences),
+        cfg,
+        dp,
+        placements,
+        OwnershipMethod::Contiguous,
+    )
+}
+
+/// The buffers and buckets of bucket memberships whose owners are in `placements`.
+fn finish_layout(
+    params: &[ParamSpec],
+    groups: &[BufferGroup],
+    (chunks, sequences): (&[Vec<Vec<u32>>], &[Vec<CompactBucket>]),
+    cfg: &Config,
+    dp: usize,
+    mut placements: Vec<ParamPlacement>,
+    ownership: OwnershipMethod,
+) -> Result<(Layout, OwnershipMethod)> {
+    let inputs = BufferInputs { chunks, sequences };
+    let (buffers, buckets) = lay_out_buffers(params, groups, inputs, cfg, dp, &mut placements)?;
     Ok((
         Layout {
             buffers,
