@@ -66,6 +66,14 @@ coded_enum! {
     }
 }
 
+impl MuonLayout {
+    /// Whether `muon_ownership = contiguous` applies: every layout but `padded`, which keeps
+    /// Megatron-LM's per-bucket owners.
+    pub fn takes_contiguous_ownership(self) -> bool {
+        self != MuonLayout::Padded
+    }
+}
+
 coded_enum! {
     /// How Muon matrices are given owners in the rooted layouts (docs/design.md §4).
     MuonOwnership {
@@ -318,7 +326,7 @@ impl Config {
                 self.clip_grad
             );
         }
-        if self.muon_ownership == MuonOwnership::Contiguous && self.muon_layout == MuonLayout::Padded {
+        if self.muon_ownership == MuonOwnership::Contiguous && !self.muon_layout.takes_contiguous_ownership() {
             bail!(
                 InvalidArgument,
                 "muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout; padded keeps Megatron-LM's per-bucket owners"

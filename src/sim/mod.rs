@@ -374,11 +374,20 @@ pub struct Overhead {
 /// `scenario` and its AdamW baseline (the same scenario with `adamw_only`): the Muon run with
 /// `adamw_baseline` filled.
 pub fn simulate_against_adamw(scenario: &Scenario) -> Result<Simulation> {
-    let mut muon = simulate(scenario)?;
-    let adamw = simulate(&Scenario {
+    let adamw = simulate_adamw_baseline(scenario)?;
+    Ok(with_baseline(simulate(scenario)?, &adamw))
+}
+
+/// The same scenario with every param on distributed AdamW (it has no Muon owners).
+fn simulate_adamw_baseline(scenario: &Scenario) -> Result<Simulation> {
+    simulate(&Scenario {
         adamw_only: true,
         ..scenario.clone()
-    })?;
+    })
+}
+
+/// `muon` with `adamw_baseline` filled from the baseline run `adamw`.
+fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
     let (m, a) = (&muon.figures, &adamw.figures);
     let difference = m.iteration_ms - a.iteration_ms;
     muon.adamw_baseline = Some(Overhead {
@@ -394,23 +403,28 @@ pub fn simulate_against_adamw(scenario: &Scenario) -> Result<Simulation> {
         adamw_exposed_ms: a.exposed_ms,
         adamw_device_bytes: adamw.device_bytes.total,
     });
-    Ok(muon)
+    muon
 }
 
-/// `scenario` under every `muon_ownership` its layout takes (`padded` keeps Megatron's owners),
-/// each simulated by `run` (`simulate` or `simulate_against_adamw`): the run with the shortest
-/// iteration, balanced on a tie. What `muon-opt simulate --ownership auto` recommends for the
-/// modelled cluster, and how the named jobs choose (the library's default stays balanced).
-pub fn simulate_best_ownership(scenario: &Scenario, run: fn(&Scenario) -> Result<Simulation>) -> Result<Simulation> {
+/// `scenario` under every `muon_ownership` its layout takes
+/// ([`MuonLayout::takes_contiguous_ownership`]), against one AdamW baseline run when
+/// `against_adamw`: the run with the shortest iteration, balanced on a tie. What
+/// `muon-opt simulate --ownership auto` recommends for the modelled cluster, and how the named
+/// jobs choose (the library's default stays balanced).
+pub fn simulate_best_ownership(scenario: &Scenario, against_adamw: bool) -> Result<Simulation> {
+    let adamw = against_adamw.then(|| simulate_adamw_baseline(scenario)).transpose()?;
     let mut best: Option<Simulation> = None;
     for &ownership in MuonOwnership::ALL {
-        if ownership == MuonOwnership::Contiguous && scenario.layout == MuonLayout::Padded {
+        if ownership == MuonOwnership::Contiguous && !scenario.layout.takes_contiguous_ownership() {
             continue;
         }
-        let sim = run(&Scenario {
+        let mut sim = simulate(&Scenario {
             ownership,
             ..scenario.clone()
         })?;
+        if let Some(adamw) = &adamw {
+            sim = with_baseline(sim, adamw);
+        }
         if best
             .as_ref()
             .is_none_or(|b| sim.figures.iteration_ms < b.figures.iteration_ms)

@@ -43,7 +43,7 @@ impl OwnershipChoice {
     /// (padded keeps Megatron-LM's owners), else balanced.
     pub fn for_layout(self, layout: MuonLayout) -> MuonOwnership {
         match self {
-            OwnershipChoice::Contiguous if layout != MuonLayout::Padded => MuonOwnership::Contiguous,
+            OwnershipChoice::Contiguous if layout.takes_contiguous_ownership() => MuonOwnership::Contiguous,
             _ => MuonOwnership::Balanced,
         }
     }

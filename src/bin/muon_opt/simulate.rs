@@ -200,13 +200,11 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             qk_clip: args.qk_clip,
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
-        let run = match args.baseline {
-            Some(BaselineChoice::Adamw) => simulate_against_adamw,
-            None => simulate,
-        };
-        let sim = match args.ownership {
-            OwnershipChoice::Auto => simulate_best_ownership(&scenario, run),
-            _ => run(&scenario),
+        let against_adamw = matches!(args.baseline, Some(BaselineChoice::Adamw));
+        let sim = match (args.ownership, against_adamw) {
+            (OwnershipChoice::Auto, _) => simulate_best_ownership(&scenario, against_adamw),
+            (_, true) => simulate_against_adamw(&scenario),
+            (_, false) => simulate(&scenario),
         };
         sims.push(sim.map_err(|e| e.to_string())?);
     }
