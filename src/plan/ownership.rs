@@ -24,10 +24,9 @@
 //!    and step 2 runs again on the new loads (at most `MAX_REWRAPS` times).
 //! 4. **Guarantee**: if the makespan then exceeds `total/dp + largest unit` (possible only in
 //!    adversarial models where the memory cap or conflicts bind), the whole assignment is
-//!    replaced by one global wrap over all units in layout order, which satisfies that bound
-//!    and contiguity by construction: unit u with cumulative cost A before it and cost c goes
-//!    to the first rank p with `A + c/2 <= (p+1)·total/dp`, so every rank's units have their
-//!    cost midpoints inside a window of width `total/dp`.
+//!    replaced by one global wrap over all units in layout order: the optimal contiguous
+//!    partition of `contiguous.rs` (owners nondecreasing along the units, so contiguity holds by
+//!    construction), whose makespan is within that bound.
 //!
 //! A plain global LPT would scatter a stack's experts over arbitrary ranks (its memory order
 //! is fixed, so owner ranges would not be contiguous); wrapping stacks first at `total/dp`
@@ -40,7 +39,8 @@ use std::collections::{BTreeSet, BinaryHeap};
 
 use crate::model::ParamSpec;
 
-use super::cost::{ns_param_cost, ns_unit_cost};
+use super::contiguous::assign_contiguous;
+use super::cost::ns_unit_cost;
 use super::types::ParamPlacement;
 
 /// How the owners of a plan were chosen (see the module docs).
@@ -444,23 +444,58 @@ fn equal_cost_run<'a>(atoms: &'a [Atom], order: &'a [usize], pos: usize) -> impl
 
 /// Step 4 of the module docs.
 fn global_wrap(params: &[ParamSpec], buckets: &[Vec<u32>], dp: usize, steps: u32, placements: &mut [ParamPlacement]) {
-    let total: u128 = buckets
-        .iter()
-        .flatten()
-        .map(|&p| ns_param_cost(&params[p as usize], steps))
-        .sum();
-    let dpu = dp as u128;
-    let mut cumulative = 0u128;
-    for &param in buckets.iter().flatten() {
-        let spec = &params[param as usize];
-        let c = ns_unit_cost(spec, steps);
-        let owners = (0..spec.num_units())
-            .map(|_| {
-                let rank = (dpu * (2 * cumulative + c)).div_ceil(2 * total) - 1;
-                cumulative += c;
-                rank.min(dpu - 1) as u32
+    let order: Vec<u32> = buckets.iter().flatten().copied().collect();
+    assign_contiguous(params, &order, dp, steps, placements);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Dtype;
+    use crate::model::{ParamFlags, Route};
+
+    /// The fallback of step 4 over two buckets holding matrices and an expert stack: owners never
+    /// decrease along the units in layout order (so every rank's range in a bucket is contiguous
+    /// and the stack is split among consecutive ranks), every rank is used here, and the
+    /// makespan is within `total/dp + largest unit`.
+    #[test]
+    fn the_global_wrap_is_contiguous_and_within_the_bound() {
+        let mut params: Vec<ParamSpec> = [[8, 24], [16, 16], [8, 8], [24, 8]]
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| ParamSpec::new(format!("w{i}"), shape, Dtype::F32))
+            .collect();
+        let mut stack = ParamSpec::new("experts", &[6, 8, 16], Dtype::F32);
+        stack.flags = ParamFlags(ParamFlags::EXPERT_STACK);
+        params.push(stack);
+        let buckets = vec![vec![4, 3], vec![2, 1, 0]];
+        let dp = 4;
+        let mut placements: Vec<ParamPlacement> = params
+            .iter()
+            .map(|spec| ParamPlacement {
+                route: Route::Muon,
+                buffer: 0,
+                bucket: 0,
+                offset: 0,
+                numel: spec.numel(),
+                unit_numel: spec.numel() / spec.num_units(),
+                unit_owners: vec![0; spec.num_units() as usize],
             })
             .collect();
-        placements[param as usize].unit_owners = owners;
+        global_wrap(&params, &buckets, dp, 5, &mut placements);
+        let mut load = vec![0u128; dp];
+        let mut owners = Vec::new();
+        for &p in buckets.iter().flatten() {
+            for &r in &placements[p as usize].unit_owners {
+                load[r as usize] += ns_unit_cost(&params[p as usize], 5);
+                owners.push(r);
+            }
+        }
+        assert!(owners.windows(2).all(|w| w[0] <= w[1]), "{owners:?}");
+        assert!(load.iter().all(|&l| l > 0), "{load:?}");
+        let total: u128 = load.iter().sum();
+        let largest = params.iter().map(|p| ns_unit_cost(p, 5)).max().unwrap();
+        let makespan = *load.iter().max().unwrap();
+        assert!(dp as u128 * makespan <= total + dp as u128 * largest, "{load:?}");
     }
 }
