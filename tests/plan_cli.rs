@@ -81,7 +81,8 @@ fn cli_ownership_plans_contiguous_owners_where_the_layout_takes_them() {
 
 /// `simulate --ownership auto` runs both ownerships and keeps the one with the shorter
 /// iteration, naming it in the JSON and in the table: contiguous on llama3-70b TP8 dp 64 over
-/// InfiniBand, where balanced ownership's many rooted collectives are latency-bound.
+/// InfiniBand, where balanced ownership's many rooted collectives are latency-bound; named jobs
+/// (`--scenario`) run under auto unless `--ownership` names one.
 #[test]
 fn cli_simulate_ownership_auto_keeps_the_faster() {
     let run = |ownership: &str, json: bool| {
@@ -124,6 +125,23 @@ fn cli_simulate_ownership_auto_keeps_the_faster() {
         .find(|l| l.starts_with("ownership"))
         .expect("an ownership row");
     assert!(row.ends_with("contiguous"), "{row}");
+    // A named job runs under auto unless --ownership says otherwise (the balanced row is
+    // what the job cost before contiguous ownership); docs/performance.md is auto's only.
+    let job = |ownership: &[&str]| -> serde_json::Value {
+        let mut args = vec!["simulate", "--scenario", "llama3-70b tp8 dp64 ib", "--json"];
+        args.extend(ownership);
+        let out = muon_opt(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (picked, balanced) = (job(&[]), job(&["--ownership", "balanced"]));
+    assert_eq!(
+        (&picked[0]["ownership"], &balanced[0]["ownership"]),
+        (&"contiguous".into(), &"balanced".into())
+    );
+    assert!(ms(&picked) < ms(&balanced));
+    let refused = muon_opt(&["simulate", "--scenario", "all", "--markdown", "--ownership", "balanced"]);
+    assert_eq!(refused.status.code(), Some(2));
 }
 
 /// `--buckets`: every bucket of every plan with its params and their owners, in text and JSON.

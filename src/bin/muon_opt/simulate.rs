@@ -47,9 +47,10 @@ pub struct SimulateArgs {
     layout: LayoutChoice,
     /// How the rooted layouts give Muon matrices owners (muon_ownership): `contiguous` cuts
     /// buckets at owner changes, one reduce and one broadcast each; `auto` simulates each and
-    /// keeps the faster (padded keeps Megatron's owners).
-    #[arg(long, value_enum, default_value_t = OwnershipChoice::Balanced)]
-    ownership: OwnershipChoice,
+    /// keeps the faster (padded keeps Megatron's owners) [default: balanced; with --scenario:
+    /// auto].
+    #[arg(long, value_enum)]
+    ownership: Option<OwnershipChoice>,
     /// Store the Muon matrices as MXFP8 and gather them as bf16.
     #[arg(long)]
     mxfp8: bool,
@@ -167,18 +168,24 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
         return crate::device::run_comparison(path, &args.hardware, args.json);
     }
     if let Some(name) = &args.scenario {
-        return performance::run(name, args.markdown, args.json);
+        return performance::run(
+            name,
+            args.ownership.unwrap_or(OwnershipChoice::Auto),
+            args.markdown,
+            args.json,
+        );
     }
     let (Some(model), Some(dp)) = (&args.model, args.dp) else {
         return Err("--model and --dp are required without --device-run".to_string());
     };
     let model = load_model(model, args.experts_as_params)?;
     let hardware = load_hardware(&args.hardware)?;
+    let ownership = args.ownership.unwrap_or(OwnershipChoice::Balanced);
     let mut sims = Vec::new();
     for layout in args.layout.layouts() {
         let scenario = Scenario {
             layout,
-            ownership: args.ownership.for_layout(layout),
+            ownership: ownership.for_layout(layout),
             mxfp8: args.mxfp8,
             ns_precision: args.ns_precision.precision(),
             ns_method: args.ns_method.method(),
@@ -201,7 +208,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
         let against_adamw = matches!(args.baseline, Some(BaselineChoice::Adamw));
-        let sim = match (args.ownership, against_adamw) {
+        let sim = match (ownership, against_adamw) {
             (OwnershipChoice::Auto, _) => simulate_best_ownership(&scenario, against_adamw),
             (_, true) => simulate_against_adamw(&scenario),
             (_, false) => simulate(&scenario),

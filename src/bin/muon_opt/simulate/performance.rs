@@ -2,7 +2,9 @@
 //! baseline; `--scenario all --markdown` writes `docs/performance.md`.
 
 use muon_opt::sim::scenarios::{JOBS, Job, job};
-use muon_opt::sim::{Simulation, simulate_best_ownership};
+use muon_opt::sim::{Scenario, Simulation, simulate_against_adamw, simulate_best_ownership};
+
+use crate::shared_args::OwnershipChoice;
 
 /// One row: a job, MXFP8 on or off, its Muon run with the AdamW baseline.
 struct Row {
@@ -11,7 +13,7 @@ struct Row {
     sim: Simulation,
 }
 
-fn rows(name: &str) -> Result<Vec<Row>, String> {
+fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
     let jobs = if name == "all" {
         JOBS.to_vec()
     } else {
@@ -21,7 +23,14 @@ fn rows(name: &str) -> Result<Vec<Row>, String> {
     for job in jobs {
         for mxfp8 in [false, true] {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
-            let sim = simulate_best_ownership(&scenario, true).map_err(|e| format!("{}: {e}", job.name))?;
+            let sim = match ownership {
+                OwnershipChoice::Auto => simulate_best_ownership(&scenario, true),
+                _ => simulate_against_adamw(&Scenario {
+                    ownership: ownership.for_layout(scenario.layout),
+                    ..scenario
+                }),
+            };
+            let sim = sim.map_err(|e| format!("{}: {e}", job.name))?;
             rows.push(Row { job, mxfp8, sim });
         }
     }
@@ -36,7 +45,7 @@ fn line(r: &Row) -> String {
         .sim
         .adamw_baseline
         .as_ref()
-        .expect("simulate_best_ownership(…, true) fills the baseline");
+        .expect("every row is simulated against AdamW");
     format!(
         "| {} | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} |\n",
         r.job.name,
@@ -94,8 +103,11 @@ fn markdown(rows: &[Row]) -> String {
     out
 }
 
-pub fn run(name: &str, as_markdown: bool, json: bool) -> Result<(), String> {
-    let rows = rows(name)?;
+pub fn run(name: &str, ownership: OwnershipChoice, as_markdown: bool, json: bool) -> Result<(), String> {
+    if as_markdown && ownership != OwnershipChoice::Auto {
+        return Err("--markdown writes docs/performance.md, whose jobs run under --ownership auto".to_string());
+    }
+    let rows = rows(name, ownership)?;
     if json {
         let sims: Vec<&Simulation> = rows.iter().map(|r| &r.sim).collect();
         println!("{}", serde_json::to_string_pretty(&sims).map_err(|e| e.to_string())?);
