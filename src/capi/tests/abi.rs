@@ -73,36 +73,51 @@ fn a_config_of_the_first_abi_defaults_the_appended_fields() {
     assert!(message.contains("oldest supported muon_config_t"), "{message}");
 }
 
+/// A field appended behind a reserved word: set to `code` in a current struct it is read
+/// (`is_default` fails); at every `older` struct_size the default is read whatever the field and
+/// both reserved words hold, an invalid code too (they lie beyond or in the padding of that
+/// older struct).
+fn older_sizes_read_the_default(
+    set: impl Fn(&mut muon_config_t, u32),
+    code: u32,
+    is_default: impl Fn(&crate::config::Config) -> bool,
+    older: &[u32],
+) {
+    let mut cfg = default_config();
+    set(&mut cfg, code);
+    (cfg.reserved, cfg.reserved2) = (0xABAB_ABAB, 0xABAB_ABAB);
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert!(!is_default(&read), "code {code} is read at the current size");
+    set(&mut cfg, 0xABAB_ABAB);
+    for &size in older {
+        cfg.struct_size = size;
+        let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+        assert!(is_default(&read), "struct_size {size}");
+    }
+}
+
 /// muon_ns_method follows the released 120-byte layout (which ended at muon_ns_eps) after a
-/// reserved word filling that layout's padding, so the struct grows to 128 bytes and no older
-/// size reads it: a caller compiled against any older header gets the standard iteration
-/// whatever lies in or beyond its struct (its padding included), and the reserved word is
-/// ignored at every size.
+/// reserved word filling that layout's padding, so the struct grew to 128 bytes and no older
+/// size reads it: a caller compiled against any older header gets the standard iteration.
 #[test]
 fn muon_ns_method_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
     use crate::config::NsMethod;
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved), 116);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_ns_method), 120);
-    let mut cfg = default_config();
+    let cfg = default_config();
     assert_eq!((cfg.muon_ns_method, cfg.reserved), (MUON_NS_METHOD_STANDARD, 0));
-    cfg.muon_ns_method = MUON_NS_METHOD_GRAM;
-    cfg.reserved = 0xABAB_ABAB;
-    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
-    assert_eq!(read.muon_ns_method, NsMethod::Gram);
-    for older in [120u32, 112, 104] {
-        cfg.struct_size = older;
-        let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
-        assert_eq!(read.muon_ns_method, NsMethod::Standard, "struct_size {older}");
-    }
-    // The 120-byte layout's padding holds whatever its caller left there, an invalid code too.
-    cfg.muon_ns_method = 0xABAB_ABAB;
-    cfg.struct_size = 120;
-    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
+    older_sizes_read_the_default(
+        |c, v| c.muon_ns_method = v,
+        MUON_NS_METHOD_GRAM,
+        |r| r.muon_ns_method == NsMethod::Standard,
+        &[120, 112, 104],
+    );
 }
 
 /// muon_ownership follows the released 128-byte layout (which ended at muon_ns_method) after a
 /// second reserved word filling that layout's padding: 136 bytes, and a caller compiled against
-/// any older header gets balanced ownership whatever lies in or beyond its struct.
+/// any older header gets balanced ownership. An invalid code at the current size, and
+/// contiguous with the padded layout, are refused naming the field.
 #[test]
 fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced() {
     use crate::config::MuonOwnership;
@@ -111,19 +126,13 @@ fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced()
     assert_eq!(std::mem::size_of::<muon_config_t>(), 136);
     let mut cfg = default_config();
     assert_eq!((cfg.muon_ownership, cfg.reserved2), (MUON_OWNERSHIP_BALANCED, 0));
-    cfg.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
-    cfg.reserved2 = 0xABAB_ABAB;
-    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
-    assert_eq!(read.muon_ownership, MuonOwnership::Contiguous);
-    for older in [128u32, 120, 112, 104] {
-        cfg.struct_size = older;
-        let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
-        assert_eq!(read.muon_ownership, MuonOwnership::Balanced, "struct_size {older}");
-    }
+    older_sizes_read_the_default(
+        |c, v| c.muon_ownership = v,
+        MUON_OWNERSHIP_CONTIGUOUS,
+        |r| r.muon_ownership == MuonOwnership::Balanced,
+        &[128, 120, 112, 104],
+    );
     cfg.muon_ownership = 0xABAB_ABAB;
-    cfg.struct_size = 128;
-    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
-    cfg.struct_size = 136;
     let (status, message) = validate(&cfg);
     assert_eq!(status, MUON_STATUS_INVALID_ENUM_VALUE);
     assert!(
@@ -140,20 +149,26 @@ fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced()
     );
 }
 
-/// Every method survives the C struct both ways: Config → muon_config_t → Config.
+/// Every method and ownership survives the C struct both ways: Config → muon_config_t → Config.
 #[test]
-fn muon_ns_method_round_trips_through_the_c_struct() {
-    use crate::config::{Config, NsMethod};
+fn muon_ns_method_and_ownership_round_trip_through_the_c_struct() {
+    use crate::config::{Config, MuonOwnership, NsMethod};
     for &method in NsMethod::ALL {
-        let cfg = Config {
-            muon_ns_method: method,
-            ..Config::default()
-        };
-        let raw = muon_config_t::from_config(&cfg);
-        assert_eq!(raw.muon_ns_method, method.code());
-        assert_eq!(raw.to_config().unwrap(), cfg, "{}", method.name());
-        let read = unsafe { crate::capi::config::read_config(&raw) }.unwrap();
-        assert_eq!(read.muon_ns_method, method);
+        for &ownership in MuonOwnership::ALL {
+            let cfg = Config {
+                muon_ns_method: method,
+                muon_ownership: ownership,
+                ..Config::default()
+            };
+            let raw = muon_config_t::from_config(&cfg);
+            assert_eq!(
+                (raw.muon_ns_method, raw.muon_ownership),
+                (method.code(), ownership.code())
+            );
+            assert_eq!(raw.to_config().unwrap(), cfg, "{} {}", method.name(), ownership.name());
+            let read = unsafe { crate::capi::config::read_config(&raw) }.unwrap();
+            assert_eq!((read.muon_ns_method, read.muon_ownership), (method, ownership));
+        }
     }
 }
 
