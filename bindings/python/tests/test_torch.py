@@ -245,6 +245,15 @@ class TorchAdapter(unittest.TestCase):
             for name in params_b:
                 self.assertTrue(torch.equal(params_b[name], params_c[name]), name)
 
+        def planned(comm, world, ownership):
+            opt = Muon(make_model(), comm, config(mo.CommMode.EAGER), ownership=ownership)
+            method = opt._opt.plan()["report"]["ownership"]
+            opt.close()
+            return method
+
+        for ownership, method in (("balanced", "lpt_stack_fill"), ("contiguous", "contiguous")):
+            self.assertEqual(run_ranks(2, lambda comm, world: planned(comm, world, ownership)), [method] * 2)
+
     def test_gram_ns_method(self):
         """``ns_method="gram"``: the wide (24 × 8 weight: 8 × 24 iterate) and tall matrices take
         the Gram iteration — another rounding of the standard update, within f32 rounding of a
