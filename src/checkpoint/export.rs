@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::components::StateKind;
 use super::index::{Index, ParamEntry};
 use super::io_error;
-use super::load::{Reads, Source, Want, execute_reads, open_sources, plan_want, saved_entries, sources_of};
+use super::load::{Reads, Source, Want, execute_reads, open_sources, plan_want, sources_of};
 use crate::error::{Error, ErrorKind, Result};
 use crate::plan::ElemRange;
 use crate::schedule::OwnedState;
@@ -128,7 +128,7 @@ fn write_file(sources: &[Source], params: &[&ParamEntry], header: &[u8], path: &
     write(&mut out, header)?;
     let mut size = 8 + header.len() as u64;
     for p in params {
-        let saved = saved_entries(sources, &sources_of(sources, &p.name, None)?, &p.name);
+        let saved = sources_of(sources, &p.name, None)?;
         let mut reads = Reads::new();
         for (c, component) in p.components.iter().enumerate() {
             let want = Want {

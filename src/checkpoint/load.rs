@@ -54,16 +54,19 @@ pub(super) fn open_sources(dirs: &[&Path]) -> Result<(Vec<Source>, u64)> {
 }
 
 /// Per param of `globals` (the registered params, unsharded), the sources to read it from
-/// ([`sources_of`]), checking `coverage`, the params and the numerics.
-pub(super) fn holders(
-    sources: &[Source],
+/// with its entry in each ([`sources_of`]), checking `coverage`, the params and the numerics.
+pub(super) fn holders<'a>(
+    sources: &'a [Source],
     globals: &[ParamSpec],
     cfg: &Config,
     coverage: Coverage,
-) -> Result<Vec<Vec<usize>>> {
+) -> Result<Vec<Vec<(usize, &'a ParamEntry)>>> {
     if coverage == Coverage::Exact {
         sources[0].index.check_matches(globals, cfg)?;
-        return Ok(vec![vec![0]; globals.len()]);
+        return globals
+            .iter()
+            .map(|spec| sources_of(sources, &spec.name, Some(spec)))
+            .collect();
     }
     for source in sources {
         source.index.check_config(cfg)?;
@@ -84,11 +87,15 @@ pub(super) fn holders(
         .collect()
 }
 
-/// The sources to read param `name` from, of those that hold it, each checked against `spec`
-/// (without one, against the first's entry). A param the checkpoints of several TP ranks hold
-/// comes from all of them when they saved it as TP shards, else (a copy every TP rank holds)
-/// from the lowest TP rank's.
-pub(super) fn sources_of(sources: &[Source], name: &str, spec: Option<&ParamSpec>) -> Result<Vec<usize>> {
+/// The sources to read param `name` from, with its entry in each, of those that hold it, each
+/// checked against `spec` (without one, against the first's entry). A param the checkpoints of
+/// several TP ranks hold comes from all of them when they saved it as TP shards, else (a copy
+/// every TP rank holds) from the lowest TP rank's.
+pub(super) fn sources_of<'a>(
+    sources: &'a [Source],
+    name: &str,
+    spec: Option<&ParamSpec>,
+) -> Result<Vec<(usize, &'a ParamEntry)>> {
     let found: Vec<(usize, &ParamEntry)> = sources
         .iter()
         .enumerate()
@@ -106,12 +113,16 @@ pub(super) fn sources_of(sources: &[Source], name: &str, spec: Option<&ParamSpec
         entry.check_matches(&reference)?;
     }
     if found.len() == 1 {
-        return Ok(vec![first]);
+        return Ok(vec![(first, entry)]);
     }
     let ranks = tp_holders(sources, name, &found)?;
     Ok(match entry.tp_split {
-        Some(_) => found.iter().map(|&(s, _)| s).collect(),
-        None => ranks.iter().min().map(|&(_, s)| vec![s]).unwrap_or_default(),
+        Some(_) => found,
+        None => ranks
+            .iter()
+            .min()
+            .map(|&(_, s)| vec![(s, sources[s].index.param(name).expect("found there"))])
+            .unwrap_or_default(),
     })
 }
 
@@ -182,14 +193,14 @@ pub(super) fn plan_reads<'a>(
     placements: &[Placement],
     tp: Option<TpRank>,
     sources: &'a [Source],
-    holders: &[Vec<usize>],
+    holders: &[Vec<(usize, &'a ParamEntry)>],
 ) -> Result<(Vec<OwnedState>, Reads<'a>)> {
     let mut pieces = Vec::new();
     let mut reads = Reads::new();
     for (i, (param, range)) in runtime.owned_ranges().into_iter().enumerate() {
         let p = param as usize;
         let (spec, placement) = (&runtime.params()[p], &placements[p]);
-        let saved = saved_entries(sources, &holders[p], &spec.name);
+        let saved = &holders[p];
         let kinds = StateKind::of(saved[0].1.route);
         let len = range.len() as usize;
         pieces.push(OwnedState {
@@ -208,21 +219,14 @@ pub(super) fn plan_reads<'a>(
                 piece: i,
                 dst: part.start - range.start,
             };
-            let here = tp.map_or(String::new(), |t| format!(" at TP rank {} of {}", t.rank, t.size));
-            plan_want(&saved, &want, kinds, &mut reads).map_err(|missing| {
+            plan_want(saved, &want, kinds, &mut reads).map_err(|missing| {
+                let here = tp.map_or(String::new(), |t| format!(" at TP rank {} of {}", t.rank, t.size));
                 let hint = "load the checkpoints of every TP rank together (muon_optimizer_load_union)";
-                missing.error(sources, &saved, &spec.name, &format!("this rank needs{here}"), hint)
+                missing.error(sources, saved, &spec.name, &format!("this rank needs{here}"), hint)
             })?;
         }
     }
     Ok((pieces, reads))
-}
-
-/// The entries of param `name` in the sources `from`.
-pub(super) fn saved_entries<'a>(sources: &'a [Source], from: &[usize], name: &str) -> Vec<(usize, &'a ParamEntry)> {
-    from.iter()
-        .map(|&s| (s, sources[s].index.param(name).expect("sources_of found it there")))
-        .collect()
 }
 
 /// Items of a component to read: `range` of `block` of component `component` of a param,
