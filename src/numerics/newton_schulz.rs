@@ -186,6 +186,49 @@ pub struct NsWorkspace {
     gram: Vec<f32>,
     /// `B = b·A + c·A·A`, `m × m`.
     poly: Vec<f32>,
+    /// The Gram iteration's matrices, grown on its first use (fallibly: `OutOfMemory`).
+    gram_iteration: GramBuffers,
+}
+
+/// The buffers of [`NsWorkspace::iterate_gram`]: `R`, `Z`, `Q` and `RZ` (`m × m`), and the
+/// operands as the products read them (`X`: `m × n`; `R`, `Z`, `Q`: `m × m`).
+#[derive(Debug, Clone, Default)]
+struct GramBuffers {
+    r: Vec<f32>,
+    z: Vec<f32>,
+    q: Vec<f32>,
+    rz: Vec<f32>,
+    x_op: Vec<f32>,
+    r_op: Vec<f32>,
+    z_op: Vec<f32>,
+    q_op: Vec<f32>,
+}
+
+impl GramBuffers {
+    /// Grows every buffer for an `m × n` iterate; on failure nothing is used.
+    fn grow(&mut self, mn: usize, mm: usize) -> Result<()> {
+        let squares = [
+            &mut self.r,
+            &mut self.z,
+            &mut self.q,
+            &mut self.rz,
+            &mut self.r_op,
+            &mut self.z_op,
+            &mut self.q_op,
+        ];
+        for (buffer, len) in squares.into_iter().map(|b| (b, mm)).chain([(&mut self.x_op, mn)]) {
+            if buffer.len() < len {
+                if buffer.try_reserve_exact(len - buffer.len()).is_err() {
+                    bail!(
+                        OutOfMemory,
+                        "newton_schulz: the Gram iteration's {mm}-element matrices do not fit in host memory"
+                    );
+                }
+                buffer.resize(len, 0.0);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl NsWorkspace {
@@ -228,6 +271,7 @@ impl NsWorkspace {
             x_bf16,
             gram,
             poly,
+            gram_iteration: GramBuffers::default(),
         })
     }
 
@@ -321,6 +365,7 @@ impl NsWorkspace {
             x_bf16,
             gram,
             poly,
+            gram_iteration: _,
         } = self;
         let threads = *threads;
         let (wide, square) = (Strides::row_major(m, n), Strides::row_major(m, m));
@@ -438,8 +483,19 @@ impl NsWorkspace {
             );
             store(out);
         };
-        let (mut xs, mut r_op, mut z_op, mut q_op) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut r, mut z, mut q, mut rz) = (vec![0.0f32; mm], vec![0.0f32; mm], vec![0.0f32; mm], vec![0.0f32; mm]);
+        let mut buffers = std::mem::take(&mut self.gram_iteration);
+        buffers.grow(mn, mm)?;
+        let GramBuffers {
+            r,
+            z,
+            q,
+            rz,
+            x_op: xs,
+            r_op,
+            z_op,
+            q_op,
+        } = &mut buffers;
+        let (r, z, q, rz) = (&mut r[..mm], &mut z[..mm], &mut q[..mm], &mut rz[..mm]);
         // R = X·Xᵀ, completed over the shards.
         let gram = |x: &[f32], xs: &mut Vec<f32>, r: &mut [f32], sums: &mut Option<&mut dyn ShardSums>| {
             read(x, xs);
@@ -475,41 +531,42 @@ impl NsWorkspace {
             x.copy_from_slice(next);
         };
         let (x, next) = (&mut self.x[..mn], &mut self.x_next[..mn]);
-        gram(x, &mut xs, &mut r, &mut sums)?;
+        gram(x, xs, r, &mut sums)?;
         let mut accumulated = false;
         for step in 0..opts.steps as usize {
             if gram_restarts_at(step) {
-                apply(&q, &mut q_op, x, &mut xs, next);
-                gram(x, &mut xs, &mut r, &mut sums)?;
+                apply(q, q_op, x, xs, next);
+                gram(x, xs, r, &mut sums)?;
                 accumulated = false;
             }
             let [a, b, c] = ns_coefficients(opts.coefficients, step);
             // Z = b·R + c·R·R.
-            read(&r, &mut r_op);
-            z.copy_from_slice(&r);
-            square_product(c, &r_op, &r_op, b, &mut z);
-            read(&z, &mut z_op);
+            read(r, r_op);
+            z.copy_from_slice(r);
+            square_product(c, r_op, r_op, b, z);
+            read(z, z_op);
             if accumulated {
                 // Q = a·Q + Z·Q.
-                read(&q, &mut q_op);
-                square_product(1.0, &z_op, &q_op, a, &mut q);
+                read(q, q_op);
+                square_product(1.0, z_op, q_op, a, q);
             } else {
                 // Q = Z + a·I.
-                q.copy_from_slice(&z);
+                q.copy_from_slice(z);
                 (0..m).for_each(|i| q[i * m + i] += a);
-                store(&mut q);
+                store(q);
                 accumulated = true;
             }
             if step + 1 < opts.steps as usize && !gram_restarts_at(step + 1) {
                 // R = (a·I + Z)·R·(a·I + Z) as RZ = a·R + Z·R, R = a·RZ + Z·RZ.
-                rz.copy_from_slice(&r);
-                square_product(1.0, &z_op, &r_op, a, &mut rz);
-                read(&rz, &mut r_op);
-                r.copy_from_slice(&rz);
-                square_product(1.0, &z_op, &r_op, a, &mut r);
+                rz.copy_from_slice(r);
+                square_product(1.0, z_op, r_op, a, rz);
+                read(rz, r_op);
+                r.copy_from_slice(rz);
+                square_product(1.0, z_op, r_op, a, r);
             }
         }
-        apply(&q, &mut q_op, x, &mut xs, next);
+        apply(q, q_op, x, xs, next);
+        self.gram_iteration = buffers;
         Ok(())
     }
 
@@ -835,4 +892,24 @@ pub fn newton_schulz_batched(
         ws.store(dst, rows, cols);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Gram iteration's matrices live in the workspace: grown once for a shape (a second
+    /// call of the same size keeps the same allocations), and a size the host cannot hold is
+    /// `OutOfMemory` with nothing changed, never an abort.
+    #[test]
+    fn gram_buffers_grow_once_and_fail_without_aborting() {
+        let mut buffers = GramBuffers::default();
+        buffers.grow(8 * 24, 8 * 8).unwrap();
+        let at = (buffers.r.as_ptr(), buffers.x_op.as_ptr());
+        buffers.grow(8 * 24, 8 * 8).unwrap();
+        assert_eq!(at, (buffers.r.as_ptr(), buffers.x_op.as_ptr()));
+        let err = buffers.grow(8 * 24, usize::MAX / 2).unwrap_err();
+        assert_eq!(err.kind, crate::error::ErrorKind::OutOfMemory, "{err}");
+        assert_eq!(buffers.r.len(), 64);
+    }
 }
