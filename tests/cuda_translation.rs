@@ -213,10 +213,10 @@ fn the_cuda_translator_receives_the_host_sequence_and_translates_every_op() {
 }
 
 /// Without Nesterov the update is the new momentum: the momentum kernel stores nothing more
-/// (its update pointer is the momentum's) and Newton–Schulz normalizes the momentum where it
-/// is, saving one f32 store per element; with Nesterov, or a per-group split that needs the
-/// update's workspace, the update goes to the workspace. Both are bitwise equal to the host
-/// (`tests/cuda_emulated.rs`, which runs both).
+/// (its update pointer is the momentum's) and Newton–Schulz reads the momentum where it is —
+/// normalizing it, or copying it into component order for a per-group split — saving one f32
+/// store per element; with Nesterov the update goes to the workspace. Both are bitwise equal to
+/// the host (`tests/cuda_emulated.rs`, which runs both).
 #[test]
 fn without_nesterov_newton_schulz_reads_the_momentum_in_place() {
     let ptr = |args: &[Arg], i: usize| match args.get(i) {
@@ -229,38 +229,46 @@ fn without_nesterov_newton_schulz_reads_the_momentum_in_place() {
             .map(|rank| Arc::new(Mutex::new(DryRun::new(rank, DP, muon))))
             .collect();
         run(&cfg, &specs, |rank| dry[rank].clone());
-        let (mut in_place, mut separate) = (0, 0);
+        let (mut normalized, mut reordered, mut jobs) = (0, 0, 0);
         for rank in &dry {
             for (op, translated) in &rank.lock().unwrap().log {
                 let (Op::MuonUpdate(job), Ok(Translated::Actions(actions))) = (op, translated) else {
                     continue;
                 };
-                let launches: Vec<_> = actions
-                    .iter()
-                    .filter_map(|a| match a {
-                        Action::Launch(l) => Some(l),
-                        _ => None,
-                    })
-                    .collect();
-                let momentum = launches.iter().find(|l| l.kernel == Kernel::MuonMomentum).unwrap();
+                jobs += 1;
+                let Some(Action::Launch(momentum)) = actions.first() else {
+                    panic!("{label}: a Muon update starts with the momentum kernel");
+                };
+                assert_eq!(momentum.kernel, Kernel::MuonMomentum);
                 let (m, u) = (ptr(&momentum.args, 2), ptr(&momentum.args, 3));
-                let expect = !cfg.muon_nesterov && job.split_groups <= 1;
-                assert_eq!(m == u, expect, "{label}: {job:?}");
-                if expect && job.tp.is_none() {
-                    let normalize = launches.iter().find(|l| l.kernel == Kernel::NsNormalize).unwrap();
-                    assert_eq!(ptr(&normalize.args, 0), m, "{label}: Newton–Schulz reads the momentum");
-                    in_place += 1;
+                assert_eq!(m == u, !cfg.muon_nesterov, "{label}: {job:?}");
+                if cfg.muon_nesterov || job.tp.is_some() {
+                    continue;
+                }
+                if job.split_groups > 1 {
+                    let Some(Action::CopyDevice { src, .. }) = actions.get(1) else {
+                        panic!("{label}: a per-group split copies into component order first");
+                    };
+                    assert_eq!(*src, m, "{label}: the reordering reads the momentum");
+                    reordered += 1;
                 } else {
-                    separate += 1;
+                    let normalize = actions
+                        .iter()
+                        .find_map(|a| match a {
+                            Action::Launch(l) if l.kernel == Kernel::NsNormalize => Some(l),
+                            _ => None,
+                        })
+                        .unwrap();
+                    assert_eq!(ptr(&normalize.args, 0), m, "{label}: Newton–Schulz reads the momentum");
+                    normalized += 1;
                 }
             }
         }
-        if cfg.muon_nesterov {
-            assert_eq!(in_place, 0, "{label}");
-        } else {
+        assert!(jobs > 0, "{label}");
+        if !cfg.muon_nesterov {
             assert!(
-                in_place > 0 && separate > 0,
-                "{label}: {in_place} in place, {separate} through the workspace"
+                normalized > 0 && reordered > 0,
+                "{label}: {normalized} normalized, {reordered} reordered in place"
             );
         }
     }

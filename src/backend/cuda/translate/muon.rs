@@ -226,10 +226,8 @@ impl Translator {
         let opts = &self.muon;
         let update = self.work(Work::Update)?;
         // Without Nesterov the update is the new momentum: Newton–Schulz reads it where it is
-        // (nothing writes the momentum before the next step), unless a per-group split needs
-        // the update's workspace.
-        let in_place = !opts.nesterov && groups == 1;
-        let momentum_out = if in_place { momentum.ptr } else { update };
+        // (nothing writes the momentum before the next step).
+        let momentum_out = if opts.nesterov { update } else { momentum.ptr };
         let scalars = self.slot(0)?;
         let mut actions = vec![launch(
             Kernel::MuonMomentum,
@@ -251,7 +249,7 @@ impl Translator {
         // the masters into the update's place (no longer needed), and back after the apply.
         let (ns_input, target) = if groups > 1 {
             let grouped = self.work(Work::Grouped)?;
-            actions.extend(group_copies(update, grouped, &split, groups, cols, false));
+            actions.extend(group_copies(momentum_out, grouped, &split, groups, cols, false));
             actions.extend(group_copies(master.ptr, update, &split, groups, cols, false));
             (grouped, update)
         } else {
