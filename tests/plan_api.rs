@@ -445,13 +445,14 @@ fn rooted_buckets_have_few_owners_at_the_same_balance() {
 /// (bucket, owner) pair — 80 against balanced ownership's 191 and the floor of buckets + dp − 1
 /// that any spread of a bucket over owners pays — every bucket spans at least `bucket_size`,
 /// and the Newton–Schulz makespan stays within `total/dp + largest matrix` (here 1.31 × the
-/// lower bound against balanced's 1.036: the price, docs/design.md §4). Both layouts that take
-/// the ownership give the same buckets; padded refuses it naming the field.
+/// lower bound against balanced's 1.036: the price, docs/design.md §4). Every layout that takes
+/// the ownership gives the same buckets; padded refuses it naming the field.
 #[test]
 fn contiguous_ownership_gives_each_bucket_one_owner() {
     let model = preset("llama3-70b").unwrap().with_tensor_parallel(8).unwrap();
     let dp = 64;
-    for layout in [MuonLayout::Compact, MuonLayout::CompactRooted] {
+    let mut memberships = Vec::new();
+    for layout in [MuonLayout::Compact, MuonLayout::CompactRooted, MuonLayout::Allreduce] {
         let cfg = Config {
             muon_layout: layout,
             muon_ownership: MuonOwnership::Contiguous,
@@ -480,7 +481,17 @@ fn contiguous_ownership_gives_each_bucket_one_owner() {
         assert_eq!(muon.len(), 80, "{}", layout.name());
         let ratio = p.report.ns_makespan_over_lower_bound;
         assert!((ratio - 1.3088).abs() < 1e-4, "makespan / bound {ratio}");
+        memberships.push(
+            p.buckets
+                .iter()
+                .map(|b| (b.route, b.params.clone()))
+                .collect::<Vec<_>>(),
+        );
     }
+    assert!(
+        memberships.windows(2).all(|w| w[0] == w[1]),
+        "the layouts cut different buckets"
+    );
     let padded = Config {
         muon_layout: MuonLayout::Padded,
         muon_ownership: MuonOwnership::Contiguous,

@@ -194,11 +194,8 @@ fn lay_out_contiguous(
             Route::Adamw => backward_chunks(params, &g.params, bucket_size),
         })
         .collect();
-    // `compact` lays its Muon buffers out from a bucket sequence: here every bucket is rooted.
-    let sequences: Vec<Vec<CompactBucket>> = chunks
-        .iter()
-        .map(|c| c.iter().cloned().map(CompactBucket::Rooted).collect())
-        .collect();
+    // Every bucket is rooted: no compact bucket sequence (`lay_out_buffers`).
+    let sequences = vec![Vec::new(); groups.len()];
     finish_layout(
         params,
         &groups,
@@ -263,7 +260,7 @@ fn lay_out_buffers(
             (Route::Muon, MuonLayout::Padded) => {
                 padded::layout_padded(params, &group.params, bucket_size, dp, key, placements)
             }
-            (Route::Muon, MuonLayout::Compact) => {
+            (Route::Muon, MuonLayout::Compact) if cfg.muon_ownership == MuonOwnership::Balanced => {
                 compact::layout_grouped(params, &inputs.sequences[index], dp, key, placements)?
             }
             (Route::Muon, _) => compact::layout_compact(params, chunks, dp, key, placements)?,
