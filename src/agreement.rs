@@ -261,10 +261,10 @@ pub fn verify_tie_routes(ties: &[(u32, Route, &str)], rank: usize, exchange: &mu
         }
     }
     all.sort_by_key(|&(r, group, _)| (group, r));
-    let conflict = all.iter().find_map(|&(_, group, muon)| {
+    // Sorted by (group, rank): the first entry with a conflict is its group's first.
+    let conflict = all.iter().find_map(|&first @ (_, group, muon)| {
         let other = all.iter().find(|&&(_, g, m)| g == group && m != muon)?;
-        let first = all.iter().find(|&&(_, g, _)| g == group)?;
-        Some((group, *first, *other))
+        Some((group, first, *other))
     });
     let Some((group, (rank_a, _, muon_a), (rank_b, _, muon_b))) = conflict else {
         return Ok(());

@@ -403,7 +403,10 @@ fn a_tp2_checkpoint_resumes_at_tp1_tp4_and_tp2_bitwise_like_the_unsharded_run() 
         ],
     ));
     let moved = reference[0].state.iter().zip(&reference[1].state).all(|(a, b)| a != b);
-    assert!(moved, "every param's state moves after the load");
+    assert!(
+        moved,
+        "every param's state moves in the steps after the save, which the resumed runs must reproduce"
+    );
 
     let saved = models(job(2, 2, &[Phase::Train(FIRST), Phase::Save(&tp2), Phase::Snapshot]));
     assert_same(&saved[0], &reference[0], "TP 2 × DP 2 trains like the unsharded model");

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::components::{Component, StateKind, components, split_by_component, tensor_key};
-use super::tp::{Block, Placement, TpRank, TpSplit, block_text, held_blocks};
+use super::tp::{Block, Placement, TpRank, TpSplit, block_items, block_text, held_blocks};
 use crate::bail;
 use crate::config::{CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode};
 use crate::error::{Error, ErrorKind, Result};
@@ -605,7 +605,7 @@ fn check_pieces(
     let (block, items) = match held {
         None => (None, 0),
         Some(None) => (None, component.shape.iter().product()),
-        Some(Some(block)) => (Some(block), block.iter().map(|[lo, hi]| hi - lo).product()),
+        Some(Some(block)) => (Some(block), block_items(block)),
     };
     let mut next = 0;
     for piece in &component.pieces {

@@ -121,7 +121,8 @@ pub(super) fn sources_of<'a>(
         None => ranks
             .iter()
             .min()
-            .map(|&(_, s)| vec![(s, sources[s].index.param(name).expect("found there"))])
+            .and_then(|&(_, s)| found.iter().find(|&&(f, _)| f == s))
+            .map(|&held| vec![held])
             .unwrap_or_default(),
     })
 }
@@ -134,25 +135,29 @@ fn tp_holders(sources: &[Source], name: &str, found: &[(usize, &ParamEntry)]) ->
     let mut ranks: Vec<(u32, usize)> = Vec::new();
     for &(b, entry) in found {
         let rank = sources[b].index.tp.filter(|t| Some(t.size) == size).map(|t| t.rank);
-        let clash = match rank {
-            Some(rank) => ranks.iter().find(|(r, _)| *r == rank).map(|&(_, s)| s),
-            None => Some(if b == a { found[1].0 } else { a }),
+        // The source this one clashes with: a holder of the same TP rank, or (not a TP
+        // checkpoint of the first one's group size) another holder.
+        let other = match rank {
+            Some(rank) => match ranks.iter().find(|(r, _)| *r == rank) {
+                Some(&(_, s)) => s,
+                None => {
+                    if entry.tp_split != first.tp_split {
+                        bail!(
+                            CheckpointMismatch,
+                            "param '{name}' is saved {} in '{}' but {} in '{}'; the TP ranks of a job save it alike",
+                            saved_as(first),
+                            sources[a].dir.display(),
+                            saved_as(entry),
+                            sources[b].dir.display()
+                        );
+                    }
+                    ranks.push((rank, b));
+                    continue;
+                }
+            },
+            None if b == a => found[1].0,
+            None => a,
         };
-        if let (Some(rank), None) = (rank, clash) {
-            if entry.tp_split != first.tp_split {
-                bail!(
-                    CheckpointMismatch,
-                    "param '{name}' is saved {} in '{}' but {} in '{}'; the TP ranks of a job save it alike",
-                    saved_as(first),
-                    sources[a].dir.display(),
-                    saved_as(entry),
-                    sources[b].dir.display()
-                );
-            }
-            ranks.push((rank, b));
-            continue;
-        }
-        let other = clash.unwrap_or(a);
         bail!(
             CheckpointMismatch,
             "param '{name}' is in both '{}' and '{}'; each param must come from one checkpoint, or from the checkpoints of different ranks of one tensor-parallel group",

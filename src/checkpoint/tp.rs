@@ -81,6 +81,11 @@ impl TpSplit {
 /// A box of a component: `[lo, hi)` per dimension of its shape.
 pub type Block = Vec<[u64; 2]>;
 
+/// Items of a block: the product of its ranges' lengths.
+pub fn block_items(block: &[[u64; 2]]) -> u64 {
+    block.iter().map(|[lo, hi]| hi - lo).product()
+}
+
 /// A block as text, `[lo:hi,…]` per dimension; empty for None (the whole component).
 pub fn block_text(block: Option<&[[u64; 2]]>) -> String {
     block.map_or_else(String::new, |b| {
@@ -428,9 +433,7 @@ mod tests {
                 let held = held_blocks(&global, split, TpRank { rank, size }).unwrap();
                 for (c, block) in held.iter().enumerate() {
                     let Some(block) = block else { continue };
-                    let items = block
-                        .as_ref()
-                        .map_or(comps[c].range.len(), |b| b.iter().map(|[lo, hi]| hi - lo).product());
+                    let items = block.as_ref().map_or(comps[c].range.len(), |b| block_items(b));
                     for run in runs(&comps[c].shape, block.as_deref(), ElemRange::new(0, items)) {
                         for g in run.global..run.global + run.len {
                             seen[c][g as usize] += 1;
@@ -480,12 +483,7 @@ mod tests {
             (range.start..range.end).map(|i| (brute(&dims, b, i), i)).collect()
         };
         for block in &blocks {
-            let items = block
-                .as_ref()
-                .unwrap_or(&whole)
-                .iter()
-                .map(|[lo, hi]| hi - lo)
-                .product::<u64>();
+            let items = block_items(block.as_ref().unwrap_or(&whole));
             for (start, end) in [(0, items), (1, items - 1), (3, 4), (items / 2, items)] {
                 let range = ElemRange::new(start, end);
                 let listed: Vec<(u64, u64)> = runs(&dims, block.as_deref(), range)
@@ -494,18 +492,12 @@ mod tests {
                     .collect();
                 assert_eq!(listed, place_items(block, range), "{block:?} {range:?}");
                 for other in &blocks {
-                    let n = other
-                        .as_ref()
-                        .unwrap_or(&whole)
-                        .iter()
-                        .map(|[lo, hi]| hi - lo)
-                        .product::<u64>();
+                    let n = block_items(other.as_ref().unwrap_or(&whole));
                     let theirs = place_items(other, ElemRange::new(0, n));
-                    let mut want: Vec<(u64, u64)> = place_items(block, range)
+                    let want: Vec<(u64, u64)> = place_items(block, range)
                         .into_iter()
                         .filter_map(|(g, a)| theirs.iter().find(|(h, _)| *h == g).map(|&(_, b)| (a, b)))
                         .collect();
-                    want.sort_by_key(|&(a, _)| brute(&dims, block.as_ref().unwrap_or(&whole), a));
                     let got: Vec<(u64, u64)> = overlap(
                         &dims,
                         (block.as_deref(), range),
