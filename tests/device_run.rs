@@ -20,7 +20,7 @@ use muon_opt::backend::ops::StreamKind;
 use muon_opt::config::{Config, Dtype};
 use muon_opt::error::Result;
 use muon_opt::measure::compare::{calibrate, compare};
-use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op_classes};
+use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op_classes, reference_gemm};
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
@@ -209,17 +209,10 @@ fn calibration_recovers_a_planted_gemm_efficiency() {
     let run = run_of(&timings, counts, &hw);
     // A plain reference GEMM far faster than the model says: the fit is the step's GEMMs'.
     let mut run = run;
-    let peak = Work::Gemm {
-        inputs: "bf16".into(),
-        m: 8192,
-        n: 8192,
-        k: 8192,
-        batch: 1,
-        accumulate: false,
-    };
+    let (name, peak) = reference_gemm();
     let fast = CostModel::new(hw.clone(), 1).work_seconds(&peak).unwrap() * 1e3 / 10.0;
     run.references.push(Reference {
-        name: "cuBLAS bf16 8192x8192x8192".into(),
+        name,
         work: peak,
         repetitions: 5,
         measured_ms: fast,

@@ -135,6 +135,19 @@ pub struct WorkTime {
     pub measured_ms: f64,
 }
 
+/// The reference GEMM a device run times beside the step (cuBLAS bf16, 8192³): its name and work.
+pub fn reference_gemm() -> (String, Work) {
+    let work = Work::Gemm {
+        inputs: "bf16".into(),
+        m: 8192,
+        n: 8192,
+        k: 8192,
+        batch: 1,
+        accumulate: false,
+    };
+    ("cuBLAS bf16 8192x8192x8192".into(), work)
+}
+
 /// A reference operation timed alone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -34,7 +34,7 @@ use crate::sim::cost::CostModel;
 use crate::sim::profile::Hardware;
 use crate::sim::work::Work;
 
-use super::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op_classes};
+use super::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op_classes, reference_gemm};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -396,17 +396,7 @@ fn references(
     let mut device = Device::new(comm, stream, TIMEOUT)?;
     let gib = 1u64 << 30;
     let mut works: Vec<(String, Work)> = vec![
-        (
-            "cuBLAS bf16 8192x8192x8192".into(),
-            Work::Gemm {
-                inputs: "bf16".into(),
-                m: 8192,
-                n: 8192,
-                k: 8192,
-                batch: 1,
-                accumulate: false,
-            },
-        ),
+        reference_gemm(),
         ("device-to-device copy 1 GiB".into(), Work::Copy { bytes: gib }),
         ("memset 1 GiB".into(), Work::Memset { bytes: gib }),
     ];
