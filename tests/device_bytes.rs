@@ -270,3 +270,35 @@ fn tensor_parallel_shards_size_the_gram_iteration_by_what_runs() {
     );
     assert!(gram.workspaces > standard.workspaces, "{gram:?} vs {standard:?}");
 }
+
+/// Without Nesterov the update is the momentum itself: the update workspace (one f32 per
+/// element of the largest Muon job) is allocated only for a Nesterov step, or as large as the
+/// largest per-group split that parks its masters there. gpt2-124m at dp 1 (every matrix one
+/// job on rank 0, no per-group split): exactly 4 bytes per element of its largest Muon matrix.
+#[test]
+fn the_update_workspace_is_allocated_only_for_nesterov() {
+    let model = preset("gpt2-124m").unwrap();
+    let workspaces = |nesterov: bool| {
+        let cfg = Config {
+            vocab_size: model.vocab_size,
+            muon_nesterov: nesterov,
+            ..Config::default()
+        };
+        let registry = model.registry(&cfg).unwrap();
+        let plan = build_plan(registry.params(), registry.routes(), &cfg, 1).unwrap();
+        let largest = registry
+            .params()
+            .iter()
+            .zip(registry.routes())
+            .filter(|(_, r)| **r == Route::Muon)
+            .map(|(p, _)| p.numel())
+            .max()
+            .unwrap();
+        (
+            device_bytes(&plan, registry.params(), &cfg).unwrap().workspaces,
+            largest,
+        )
+    };
+    let ((with, largest), (without, _)) = (workspaces(true), workspaces(false));
+    assert_eq!(with - without, 4 * largest);
+}

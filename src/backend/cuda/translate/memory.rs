@@ -164,7 +164,12 @@ impl Translator {
             gram_iteration: need.gram_iteration,
             norms: need.run.max(1),
         };
-        alloc(Buf::Work(Work::Update), work.matrix * 4);
+        // The update of a Nesterov step; without Nesterov it is the momentum itself, and the
+        // workspace only holds the masters of a per-group split while it runs in component order.
+        let update = if self.muon.nesterov { work.matrix } else { need.grouped };
+        if update > 0 {
+            alloc(Buf::Work(Work::Update), update * 4);
+        }
         alloc(Buf::Work(Work::X), work.matrix * 4);
         alloc(Buf::Work(Work::Gram), work.gram * 4);
         // The Gram iteration's square matrices, only as large as the batches that run it.

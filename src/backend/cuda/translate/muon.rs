@@ -224,10 +224,13 @@ impl Translator {
             );
         }
         let opts = &self.muon;
-        let update = self.work(Work::Update)?;
         // Without Nesterov the update is the new momentum: Newton–Schulz reads it where it is
         // (nothing writes the momentum before the next step).
-        let momentum_out = if opts.nesterov { update } else { momentum.ptr };
+        let momentum_out = if opts.nesterov {
+            self.work(Work::Update)?
+        } else {
+            momentum.ptr
+        };
         let scalars = self.slot(0)?;
         let mut actions = vec![launch(
             Kernel::MuonMomentum,
@@ -246,9 +249,10 @@ impl Translator {
             ],
         )];
         // A per-group split runs in component order: the update into the grouped workspace,
-        // the masters into the update's place (no longer needed), and back after the apply.
+        // the masters into the update workspace (a Nesterov update there is copied out by
+        // then), and back after the apply.
         let (ns_input, target) = if groups > 1 {
-            let grouped = self.work(Work::Grouped)?;
+            let (grouped, update) = (self.work(Work::Grouped)?, self.work(Work::Update)?);
             actions.extend(group_copies(momentum_out, grouped, &split, groups, cols, false));
             actions.extend(group_copies(master.ptr, update, &split, groups, cols, false));
             (grouped, update)
@@ -307,7 +311,7 @@ impl Translator {
             i += batch as usize;
         }
         if groups > 1 {
-            actions.extend(group_copies(master.ptr, update, &split, groups, cols, true));
+            actions.extend(group_copies(master.ptr, target, &split, groups, cols, true));
         }
         Ok(actions)
     }
