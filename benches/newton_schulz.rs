@@ -184,7 +184,7 @@ fn main() {
         steps: STEPS,
         precision,
         eps: muon_opt::config::DEFAULT_NS_EPS,
-        symmetric_leaf: muon_opt::config::DEFAULT_SYMMETRIC_LEAF,
+        symmetric_tile: muon_opt::config::DEFAULT_SYMMETRIC_TILE,
         method: NsMethod::Standard,
     };
     for (rows, cols) in SHAPES {

@@ -1,6 +1,6 @@
 // The element-wise parts of one Muon update (src/numerics/muon.rs, src/numerics/newton_schulz.rs);
-// the matrix products run on cuBLAS. Every operation is one f32 rounding in the host's order
-// (--fmad=false). Launch: block 256 threads, any 1-D grid (grid-stride loops).
+// the matrix products run on cuBLAS (the tiled ones from pointer lists written here). Every
+// operation is one f32 rounding in the host's order (--fmad=false). Launch: block 256 threads, any 1-D grid (grid-stride loops).
 
 #include "muon_common.cuh"
 
@@ -59,6 +59,59 @@ extern "C" __global__ void muon_ns_symmetrize(const float *src, void *dst, int d
             ((muon_u16 *)dst)[e] = muon_f32_to_bf16_rne(src[lower]);
         } else if (i < j) {
             ((float *)dst)[e] = src[lower];
+        }
+    }
+}
+
+// The pointer lists of the tiled symmetric products of one Newton-Schulz call
+// (src/backend/cuda/translate/newton_schulz.rs, TileTables; cublasGemmBatchedEx reads them).
+// List l holds three arrays of `entries` device pointers at `at` (cuBLAS's A, B, C in turn);
+// entry q is tile p = q mod P of matrix k = q / P, P = rows (rows + 1) / 2 tiles on and below
+// the diagonal, row by row: (0, 0), (1, 0), (1, 1), ... Operand o of tile (i, j) of matrix k
+// is at base + k * matrix + i * row + j * col (bytes).
+#define MUON_TILE_LISTS 12u
+
+struct muon_tile_operand {
+    muon_u64 base;
+    muon_u64 matrix;
+    muon_u64 row;
+    muon_u64 col;
+};
+
+struct muon_tile_list {
+    muon_u64 at;
+    muon_tile_operand operand[3];
+};
+
+struct muon_tile_lists {
+    muon_tile_list list[MUON_TILE_LISTS];
+    muon_u32 count;
+    muon_u32 rows;
+    muon_u64 entries;
+};
+
+extern "C" __global__ void muon_gemm_tile_tables(muon_tile_lists lists) {
+    const muon_u64 per_matrix = (muon_u64)lists.rows * (lists.rows + 1u) / 2u;
+    const muon_u64 n = (muon_u64)lists.count * lists.entries;
+    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
+        const muon_u64 l = e / lists.entries;
+        const muon_u64 q = e - l * lists.entries;
+        const muon_u64 k = q / per_matrix;
+        const muon_u64 p = q - k * per_matrix;
+        // The tile row is the largest i with i (i + 1) / 2 <= p; the estimate is corrected.
+        muon_u64 i = (muon_u64)((sqrt(8.0 * (double)p + 1.0) - 1.0) / 2.0);
+        while ((i + 1u) * (i + 2u) / 2u <= p) {
+            ++i;
+        }
+        while (i * (i + 1u) / 2u > p) {
+            --i;
+        }
+        const muon_u64 j = p - i * (i + 1u) / 2u;
+        const muon_tile_list list = lists.list[l];
+        muon_u64 *out = (muon_u64 *)list.at;
+        for (muon_u32 o = 0u; o < 3u; ++o) {
+            const muon_tile_operand op = list.operand[o];
+            out[o * lists.entries + q] = op.base + k * op.matrix + i * op.row + j * op.col;
         }
     }
 }

@@ -192,7 +192,7 @@ coded_enum! {
 /// sets `muon_ns_eps = 1e-15`.
 pub const DEFAULT_NS_EPS: f32 = 1e-7;
 
-pub use crate::numerics::gemm::DEFAULT_SYMMETRIC_LEAF;
+pub use crate::numerics::gemm::DEFAULT_SYMMETRIC_TILE;
 
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
@@ -238,10 +238,10 @@ pub struct Config {
     pub muon_tp_mode: TpMode,
     /// Floor of the Frobenius norm the Newton–Schulz input is divided by.
     pub muon_ns_eps: f32,
-    /// Smallest diagonal block of the symmetric Newton–Schulz products
-    /// (`numerics::gemm::symmetric_blocks`); not in `muon_config_t`: the C API always uses
-    /// the default, tests lower it to split small matrices too.
-    pub muon_ns_symmetric_leaf: u32,
+    /// Side of the tiles of the symmetric Newton–Schulz products
+    /// (`numerics::gemm::SymmetricTiles`); not in `muon_config_t`: the C API always uses the
+    /// default, tests lower it to tile small matrices too.
+    pub muon_ns_symmetric_tile: u32,
 }
 
 impl Default for Config {
@@ -273,7 +273,7 @@ impl Default for Config {
             host_threads: 0,
             muon_tp_mode: TpMode::Blockwise,
             muon_ns_eps: DEFAULT_NS_EPS,
-            muon_ns_symmetric_leaf: DEFAULT_SYMMETRIC_LEAF as u32,
+            muon_ns_symmetric_tile: DEFAULT_SYMMETRIC_TILE as u32,
         }
     }
 }

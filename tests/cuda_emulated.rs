@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use muon_opt::backend::Backend;
 use muon_opt::backend::cuda::action::{
-    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType,
+    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Kernel, Launch, Matrices, NcclCall, NcclComm, NcclType,
 };
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
@@ -40,7 +40,7 @@ const BASE: DevPtr = 1 << 40;
 const THREADS: usize = 256;
 /// Smallest block of the symmetric products in the runs compared with the host: the test
 /// matrices (order up to 64) are split into blocks one and two levels deep.
-const SMALL_LEAF: u32 = 16;
+const SMALL_TILE: u32 = 16;
 
 /// A CPU stand-in for one GPU with a one-rank communicator and, when given, a tensor-parallel
 /// group whose all-gathers run over a host group (one emulator per TP rank, on threads).
@@ -121,6 +121,13 @@ impl Emulator {
     }
     fn ld_f64(&self, ptr: DevPtr) -> f64 {
         f64::from_le_bytes(self.mem[self.at(ptr, 8)].try_into().unwrap())
+    }
+    fn ld_u64(&self, ptr: DevPtr) -> u64 {
+        u64::from_le_bytes(self.mem[self.at(ptr, 8)].try_into().unwrap())
+    }
+    fn st_u64(&mut self, ptr: DevPtr, v: u64) {
+        let r = self.at(ptr, 8);
+        self.mem[r].copy_from_slice(&v.to_le_bytes());
     }
     fn st_f64(&mut self, ptr: DevPtr, v: f64) {
         let r = self.at(ptr, 8);
@@ -306,9 +313,10 @@ impl Emulator {
         }
     }
 
-    /// `cublasGemmStridedBatchedEx` with `CUBLAS_OP_N` for B, column-major: each product is
-    /// handed to `numerics::gemm::gemm` (the host backend's GEMM) as the row-major product it
-    /// stands for, so a correct translation reproduces the host's products bit for bit.
+    /// `cublasGemmStridedBatchedEx` or `cublasGemmBatchedEx` (the lists read from emulated
+    /// memory) with `CUBLAS_OP_N` for B, column-major: each product is handed to
+    /// `numerics::gemm::gemm` (the host backend's GEMM) as the row-major product it stands
+    /// for, so a correct translation reproduces the host's products bit for bit.
     fn gemm(&mut self, g: &Gemm) {
         let bf16 = g.inputs == GemmInputs::Bf16;
         let elem = if bf16 { 2 } else { 4 };
@@ -318,14 +326,30 @@ impl Emulator {
             (0..len as u64).map(|i| emu.load(ptr, bf16, i)).collect()
         };
         for batch in 0..g.batch as u64 {
+            let [a_ptr, b_ptr, c_ptr] = match g.matrices {
+                Matrices::Strided {
+                    a,
+                    stride_a,
+                    b,
+                    stride_b,
+                    c,
+                    stride_c,
+                } => [
+                    a + batch * stride_a as u64 * elem,
+                    b + batch * stride_b as u64 * elem,
+                    c + batch * stride_c as u64 * 4,
+                ],
+                Matrices::Listed { table, .. } => {
+                    [0, 1, 2].map(|list| self.ld_u64(table + (list * g.batch as u64 + batch) * 8))
+                }
+            };
             let a_len = if g.transpose_a {
                 (m - 1) * lda + k
             } else {
                 (k - 1) * lda + m
             };
-            let a = read(self, g.a + batch * g.stride_a as u64 * elem, a_len, bf16);
-            let b = read(self, g.b + batch * g.stride_b as u64 * elem, (n - 1) * ldb + k, bf16);
-            let c_ptr = g.c + batch * g.stride_c as u64 * 4;
+            let a = read(self, a_ptr, a_len, bf16);
+            let b = read(self, b_ptr, (n - 1) * ldb + k, bf16);
             let mut c = read(self, c_ptr, (n - 1) * ldc + m, false);
             let a_shape = if g.transpose_a {
                 Strides::column_major(k, m, lda).transposed()
@@ -334,7 +358,7 @@ impl Emulator {
             };
             let (b_shape, c_shape) = (Strides::column_major(k, n, ldb), Strides::column_major(m, n, ldc));
             // The column-major `C = op(A)·B` is the row-major `Cᵀ = Bᵀ·op(A)ᵀ` the host asked
-            // for; computed in that form. A symmetric product arrives as its blocks (each one
+            // for; computed in that form. A symmetric product arrives as its tiles (each one
             // such GEMM), then `muon_ns_symmetrize` fills the upper triangle, as the host does.
             gemm(
                 g.alpha,
@@ -345,8 +369,13 @@ impl Emulator {
                 Output::Full,
                 1,
             );
-            for (i, v) in c.into_iter().enumerate() {
-                self.st_f32(c_ptr + 4 * i as u64, v);
+            // Only the elements of the `m × n` product: a tile's C is a window of a larger
+            // matrix whose other elements belong to other tiles.
+            for col in 0..n {
+                for row in 0..m {
+                    let i = col * ldc + row;
+                    self.st_f32(c_ptr + 4 * i as u64, c[i]);
+                }
             }
         }
     }
@@ -423,6 +452,26 @@ impl Emulator {
                         self.store(dst, true, e, v);
                     } else if i < j {
                         self.st_f32(dst + 4 * e, v);
+                    }
+                }
+            }
+            Kernel::GemmTileTables => {
+                // `struct muon_tile_lists`: 12 lists of 13 words, then count | rows << 32, entries.
+                let w = words(a, 0);
+                let header = w.len() - 2;
+                let (count, rows, entries) = (w[header] & 0xffff_ffff, w[header] >> 32, w[header + 1]);
+                let per_matrix = rows * (rows + 1) / 2;
+                for l in 0..count as usize {
+                    let list = &w[l * 13..(l + 1) * 13];
+                    for q in 0..entries {
+                        let (matrix, p) = (q / per_matrix, q % per_matrix);
+                        let i = (0..rows).take_while(|i| i * (i + 1) / 2 <= p).last().unwrap();
+                        let j = p - i * (i + 1) / 2;
+                        for o in 0..3 {
+                            let [base, stride, row, col] = [1, 2, 3, 4].map(|x| list[4 * o + x]);
+                            let at = list[0] + (o as u64 * entries + q) * 8;
+                            self.st_u64(at, base + matrix * stride + i * row + j * col);
+                        }
                     }
                 }
             }
@@ -700,7 +749,7 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
 fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
     let cfg = Config {
         bucket_size: 4096,
-        muon_ns_symmetric_leaf: SMALL_LEAF,
+        muon_ns_symmetric_tile: SMALL_TILE,
         muon_ns_precision: NsPrecision::F32,
         host_comm_mode: CommMode::Eager,
         ..Config::default()
@@ -720,7 +769,7 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
 fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
     let cfg = Config {
         bucket_size: 4096,
-        muon_ns_symmetric_leaf: SMALL_LEAF,
+        muon_ns_symmetric_tile: SMALL_TILE,
         host_comm_mode: CommMode::Eager,
         mxfp8_param_gather: true,
         mxfp8_swizzled_scales: true,
@@ -739,7 +788,7 @@ fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
 fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
     let cfg = Config {
         bucket_size: 4096,
-        muon_ns_symmetric_leaf: SMALL_LEAF,
+        muon_ns_symmetric_tile: SMALL_TILE,
         host_comm_mode: CommMode::Eager,
         muon_ns_precision: NsPrecision::Bf16Iterate,
         muon_coefficient_set: muon_opt::config::CoefficientSet::QuinticCyclic,
@@ -777,7 +826,7 @@ fn emulated_gram_newton_schulz_matches_the_host_backend_bitwise() {
     ] {
         let cfg = Config {
             bucket_size: 4096,
-            muon_ns_symmetric_leaf: SMALL_LEAF,
+            muon_ns_symmetric_tile: SMALL_TILE,
             host_comm_mode: CommMode::Eager,
             muon_ns_precision: precision,
             muon_coefficient_set: coefficients,
@@ -975,7 +1024,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
     for (precision, mode, method) in runs {
         let cfg = Config {
             bucket_size: 4096,
-            muon_ns_symmetric_leaf: SMALL_LEAF,
+            muon_ns_symmetric_tile: SMALL_TILE,
             muon_ns_precision: precision,
             muon_ns_method: method,
             muon_tp_mode: mode,

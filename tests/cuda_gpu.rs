@@ -319,7 +319,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     steps: case["steps"].as_u64().unwrap() as u32,
                     precision,
                     eps: muon_opt::config::DEFAULT_NS_EPS,
-                    symmetric_leaf: muon_opt::config::DEFAULT_SYMMETRIC_LEAF,
+                    symmetric_tile: muon_opt::config::DEFAULT_SYMMETRIC_TILE,
                     method: NsMethod::Standard,
                 },
                 scale_mode: ScaleMode::Spectral,

@@ -45,7 +45,7 @@ fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
         bucket_size: 4096,
         host_comm_mode: CommMode::Eager,
         // The test matrices' symmetric products by blocks (order 64: two levels deep).
-        muon_ns_symmetric_leaf: 16,
+        muon_ns_symmetric_tile: 16,
         ..Config::default()
     };
     vec![

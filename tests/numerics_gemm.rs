@@ -103,7 +103,7 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
             (&x, wide.transposed()),
             0.0,
             (&mut gram, square),
-            Output::SymmetricLower { leaf: 16 },
+            Output::SymmetricLower { tile: 16 },
             2,
         );
         let xt: Vec<f32> = (0..n * m).map(|e| x[(e % m) * n + e / m]).collect();
@@ -115,7 +115,7 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
             (&gram, square),
             2.0,
             (&mut poly, square),
-            Output::SymmetricLower { leaf: 16 },
+            Output::SymmetricLower { tile: 16 },
             1,
         );
         close(

@@ -5,7 +5,7 @@
 
 mod support;
 
-use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsMethod, NsPrecision};
+use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_TILE, NsMethod, NsPrecision};
 use muon_opt::numerics::newton_schulz::{GRAM_MIN_ASPECT, NsOptions, NsWorkspace, newton_schulz, newton_schulz_gram};
 use support::golden::{read, read_f32};
 use support::numerics::{max_abs_diff, to_f64};
@@ -47,7 +47,7 @@ fn peer_cases() -> Vec<PeerCase> {
                     steps: c["steps"].as_u64().unwrap() as u32,
                     precision: NsPrecision::F32,
                     eps: DEFAULT_NS_EPS,
-                    symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
+                    symmetric_tile: DEFAULT_SYMMETRIC_TILE,
                     method: NsMethod::Standard,
                 },
                 input: matrix("input_f32"),

@@ -3,7 +3,7 @@
 
 mod support;
 
-use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsMethod, NsPrecision};
+use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_TILE, NsMethod, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::newton_schulz::{
     GRAM_MIN_ASPECT, NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_gram,
@@ -54,7 +54,7 @@ fn opts(set: CoefficientSet, steps: u32, precision: NsPrecision) -> NsOptions {
         steps,
         precision,
         eps: DEFAULT_NS_EPS,
-        symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
+        symmetric_tile: DEFAULT_SYMMETRIC_TILE,
         method: NsMethod::Standard,
     }
 }
@@ -637,7 +637,7 @@ fn gram_newton_schulz_matches_the_standard_iteration() {
                     (NsPrecision::Bf16Iterate, 2e-2),
                 ] {
                     let o = NsOptions {
-                        symmetric_leaf: 16,
+                        symmetric_tile: 16,
                         ..opts(set, steps, precision)
                     };
                     let mut gram = vec![0.0f32; rows * cols];

@@ -100,7 +100,7 @@ fn gram_stays_as_close_to_the_polar_factor_as_the_standard_iteration() {
                         steps,
                         precision,
                         eps: DEFAULT_NS_EPS,
-                        symmetric_leaf: 16,
+                        symmetric_tile: 16,
                         method: NsMethod::Standard,
                     };
                     let (mut standard, mut gram) = (vec![0.0f32; input.len()], vec![0.0f32; input.len()]);

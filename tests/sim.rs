@@ -8,7 +8,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use muon_opt::backend::cuda::action::{Action, Gemm, GemmInputs, Kernel, NcclCall, NcclType};
+use muon_opt::backend::cuda::action::{Action, Gemm, GemmInputs, Kernel, Matrices, NcclCall, NcclType};
 use muon_opt::backend::cuda::dry_run::{DryRun, Translated};
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::host::comm::HostGroup;
@@ -73,17 +73,19 @@ fn a_lone_gemm_costs_its_flops_at_the_filled_fraction_of_the_peak() {
         n,
         k,
         alpha: 1.0,
-        a: 0,
         lda: m,
-        stride_a: 0,
-        b: 0,
         ldb: k,
-        stride_b: 0,
         beta: 0.0,
-        c: 0,
         ldc: m,
-        stride_c: 0,
         batch,
+        matrices: Matrices::Strided {
+            a: 0,
+            stride_a: 0,
+            b: 0,
+            stride_b: 0,
+            c: 0,
+            stride_c: 0,
+        },
     };
     // 4096³: 32·32 = 1024 tiles of 128² in ceil(1024/132) = 8 waves of 132 SMs.
     let fill = 1024.0 / (8.0 * 132.0);
@@ -96,6 +98,44 @@ fn a_lone_gemm_costs_its_flops_at_the_filled_fraction_of_the_peak() {
     // Per flop, the small GEMM is 132·fill times slower than the large one.
     let per_flop = |t: f64, m: f64, n: f64, k: f64| t / (2.0 * m * n * k);
     assert!(per_flop(small, 128.0, 128.0, 4096.0) > 100.0 * per_flop(expected, 4096.0, 4096.0, 4096.0));
+}
+
+/// The 528 tiles on and below the diagonal of an order-4096 `X·Xᵀ` (`k` = 14336) as one
+/// listed batch: exactly 4 full waves of compute, the operands read once per panel (32 row
+/// panels of `X` as each operand). As a strided batch of 528 distinct matrices the same work
+/// would stream 528 operand pairs and be bound by HBM.
+#[test]
+fn a_listed_batch_of_tiles_reads_each_operand_panel_once() {
+    let cost = CostModel::new(h100(), 8);
+    let (tile, k, tiles) = (128i32, 14336i32, 528i32);
+    let gemm = |matrices| Gemm {
+        inputs: GemmInputs::Bf16,
+        transpose_a: true,
+        m: tile,
+        n: tile,
+        k,
+        alpha: 1.0,
+        lda: k,
+        ldb: k,
+        beta: 0.0,
+        ldc: 4096,
+        batch: tiles,
+        matrices,
+    };
+    let listed = cost.gemm(&gemm(Matrices::Listed { table: 0, panels: 32 }));
+    let flops = 2.0 * 128.0 * 128.0 * 14336.0 * 528.0;
+    assert!(close(listed, flops / (989e12 * 0.72)), "{listed}");
+    let full = cost.gemm(&gemm(Matrices::Strided {
+        a: 0,
+        stride_a: 0,
+        b: 0,
+        stride_b: 0,
+        c: 0,
+        stride_c: 0,
+    }));
+    let streamed = 528.0 * 2.0 * 128.0 * 14336.0 * 2.0 + 528.0 * 128.0 * 128.0 * 4.0;
+    assert!(close(full, streamed / (3350e9 * 0.8)), "{full}");
+    assert!(listed < full / 4.0);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use crate::capi::config::{muon_config_t, read_config};
 use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
-use crate::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_LEAF, NsMethod, NsPrecision};
+use crate::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_TILE, NsMethod, NsPrecision};
 use crate::error::{Error, ErrorKind};
 use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
 use crate::optimizer::Optimizer;
@@ -337,7 +337,7 @@ pub unsafe extern "C" fn muon_newton_schulz_host(
                 steps,
                 precision: NsPrecision::from_code("precision", precision)?,
                 eps: DEFAULT_NS_EPS,
-                symmetric_leaf: DEFAULT_SYMMETRIC_LEAF,
+                symmetric_tile: DEFAULT_SYMMETRIC_TILE,
                 method: NsMethod::Standard,
             })
         };

@@ -4,72 +4,72 @@
 //! One call is `C ← α·A·B + β·C` on strided f32 matrices, computed as two passes: `C ← β·C`
 //! element by element (skipped when `β = 0`, which overwrites `C` instead), then faer's
 //! `C ← C + α·A·B`. With [`Output::SymmetricLower`] (an `m × m` product that is symmetric by
-//! construction: `X·Xᵀ`, or `A·A` with `A` symmetric) only the blocks on and below the
-//! diagonal are computed, each as such a product of its own (`A`'s rows and `B`'s columns
-//! restricted to the block's), and the strict lower triangle is then mirrored into the upper
-//! one, so the result is exactly symmetric. The blocks are [`symmetric_blocks`]: the matrix is
-//! halved while the halves stay at least a given order (1024 by default,
-//! [`DEFAULT_SYMMETRIC_LEAF`]); each halving computes the lower-left quarter of every diagonal
-//! block, and the diagonal blocks left are computed whole. At depth `d` that is
-//! `1/2 + 1/2^(d+1)` of the full product's flops (5/8 for order 4096). The CUDA backend issues
-//! the same block products (a strided-batched GEMM per batch of blocks) and reads only the
-//! lower triangle afterwards, so the emulated device reproduces these bits.
+//! construction: `X·Xᵀ`, or `A·A` with `A` symmetric) only the tiles on and below the
+//! diagonal are computed ([`SymmetricTiles`]: `t × t` tiles, 128 by default,
+//! [`DEFAULT_SYMMETRIC_TILE`], the rows past the last whole tile as one strip), and the
+//! strict lower triangle is then mirrored into the upper one, so the result is exactly
+//! symmetric: `(T + 1)/(2T)` of the full product's flops for `T` tiles a side (33/64 at
+//! order 4096). Each tile and the strip is one product on one thread (the threads share the
+//! tiles); the CUDA backend issues one batched GEMM over the tiles (one cuBLAS product per
+//! tile) and one for the strip and reads only the lower triangle afterwards, so the emulated
+//! device reproduces these bits.
 //!
-//! faer splits the output, never the sum over `k`, between threads: the result does not
-//! depend on the number of threads (checked by the same tests). That is what lets dp ranks on
+//! faer splits the output of the full products (the shapes Newton–Schulz runs), not their
+//! sums, between threads, and every tile of a symmetric product runs on one thread: the result
+//! does not depend on the number of threads (checked by the same tests). That is what lets dp ranks on
 //! one thread each agree bitwise with one rank on every core.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 
-/// The default smallest diagonal block of a symmetric product ([`symmetric_blocks`]): every
-/// batch of blocks of a product of order ≥ 2048 then covers a GPU's SMs with 128 × 128 output
-/// tiles at least once (order 4096: 256, 2 × 64, 4 × 64 tiles on 132 SMs), so no level runs a
-/// mostly idle device; below order 2048 the full product is as fast and nothing is split.
-pub const DEFAULT_SYMMETRIC_LEAF: usize = 1024;
+/// The default side of the tiles of a symmetric product ([`SymmetricTiles`]): a GPU GEMM's
+/// output tile (128 × 128 on H100, the simulator's `gemm_tile`), so the tiles on and below the
+/// diagonal are the output tiles a triangular product runs and no more (order 4096: 528 of
+/// the full product's 1024, exactly 4 waves on 132 SMs).
+pub const DEFAULT_SYMMETRIC_TILE: usize = 128;
 
-/// `count` equal square blocks of a symmetric product's lower part: block `i` is rows
-/// `row + i·step .. + size` and columns `col + i·step .. + size` of `C`.
+/// The lower part of a symmetric product of order `m` in `size × size` tiles: tile `p` of the
+/// `rows·(rows + 1)/2` on and below the diagonal (row by row: `(0, 0), (1, 0), (1, 1), …`) is
+/// rows `i·size ..` and columns `j·size ..` of `C`; the rows from `rows·size` to `m` (a
+/// remainder smaller than a tile) are one strip over every column. Below two whole tiles a
+/// side (`m < 2·size`) nothing is tiled: the strip is the whole product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockBatch {
-    pub count: usize,
+pub struct SymmetricTiles {
+    pub rows: usize,
     pub size: usize,
-    pub row: usize,
-    pub col: usize,
-    pub step: usize,
 }
 
-/// The blocks an [`Output::SymmetricLower`] product of order `m` computes, one batch per
-/// level: `m` is halved while it divides evenly and the halves are at least `leaf`; level `l`
-/// computes the lower-left `m/2^(l+1)` square of each of
-/// the `2^l` diagonal blocks of order `m/2^l`, and the last batch is the diagonal blocks left,
-/// whole. Every element on or below the diagonal is in exactly one block.
-pub fn symmetric_blocks(m: usize, leaf: usize) -> Vec<BlockBatch> {
-    let mut depth = 0;
-    while m.is_multiple_of(2 << depth) && m >> (depth + 1) >= leaf.max(1) {
-        depth += 1;
+impl SymmetricTiles {
+    pub fn of(m: usize, size: usize) -> Self {
+        let rows = m.checked_div(size).unwrap_or(0);
+        SymmetricTiles {
+            rows: if rows >= 2 { rows } else { 0 },
+            size,
+        }
     }
-    let mut blocks: Vec<BlockBatch> = (0..depth)
-        .map(|level| {
-            let order = m >> level;
-            BlockBatch {
-                count: 1 << level,
-                size: order / 2,
-                row: order / 2,
-                col: 0,
-                step: order,
-            }
-        })
-        .collect();
-    let leaf = m >> depth;
-    blocks.push(BlockBatch {
-        count: 1 << depth,
-        size: leaf,
-        row: 0,
-        col: 0,
-        step: leaf,
-    });
-    blocks
+
+    /// Tiles on and below the diagonal.
+    pub fn count(&self) -> usize {
+        self.rows * (self.rows + 1) / 2
+    }
+
+    /// The (tile row, tile column) of tile `p`.
+    pub fn tile(p: usize) -> (usize, usize) {
+        // The row is the largest `i` with `i·(i + 1)/2 ≤ p`; the float estimate is corrected.
+        let mut i = (((8 * p + 1) as f64).sqrt() as usize).saturating_sub(1) / 2;
+        while (i + 1) * (i + 2) / 2 <= p {
+            i += 1;
+        }
+        while i * (i + 1) / 2 > p {
+            i -= 1;
+        }
+        (i, p - i * (i + 1) / 2)
+    }
+
+    /// The first row of the strip (`m` when there is none).
+    pub fn strip_start(&self) -> usize {
+        self.rows * self.size
+    }
 }
 
 /// Threads one product may use: 1 runs on the calling thread, more split the product over
@@ -83,10 +83,9 @@ pub fn parallelism(threads: usize) -> Par {
 pub enum Output {
     /// Every element.
     Full,
-    /// The blocks on and below the diagonal ([`symmetric_blocks`] with this smallest
-    /// block), then the lower triangle mirrored into the upper one; the product must be
-    /// symmetric.
-    SymmetricLower { leaf: usize },
+    /// The tiles on and below the diagonal ([`SymmetricTiles`] of this side), then the lower
+    /// triangle mirrored into the upper one; the product must be symmetric.
+    SymmetricLower { tile: usize },
 }
 
 /// A strided matrix view: `rows × cols` elements, element `(i, j)` at
@@ -210,22 +209,87 @@ pub fn gemm(
     let par = parallelism(threads);
     match output {
         Output::Full => product(dst, alpha, a, b, beta, par),
-        Output::SymmetricLower { leaf } => {
-            assert_eq!(c_shape.rows, c_shape.cols, "gemm: a symmetric output must be square");
-            for blocks in symmetric_blocks(c_shape.rows, leaf) {
-                for i in 0..blocks.count {
-                    let (row, col, size) = (blocks.row + i * blocks.step, blocks.col + i * blocks.step, blocks.size);
-                    product(
-                        dst.as_mut().submatrix_mut(row, col, size, size),
-                        alpha,
-                        a.subrows(row, size),
-                        b.subcols(col, size),
-                        beta,
-                        par,
-                    );
-                }
-            }
+        Output::SymmetricLower { tile } => {
+            let m = c_shape.rows;
+            assert_eq!(m, c_shape.cols, "gemm: a symmetric output must be square");
+            symmetric_lower(dst.as_mut(), alpha, a, b, beta, SymmetricTiles::of(m, tile), threads);
             mirror_lower(dst);
+        }
+    }
+}
+
+/// The tiles and the strip of `tiles` (see [`SymmetricTiles`]), each one product on one
+/// thread, as the device runs one cuBLAS product per tile: faer splits small products over the
+/// sum when given threads, so a product's bits would otherwise depend on them. `threads`
+/// workers share the products.
+fn symmetric_lower(
+    dst: MatMut<'_, f32>,
+    alpha: f32,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    beta: f32,
+    tiles: SymmetricTiles,
+    threads: usize,
+) {
+    let (m, size, strip) = (dst.nrows(), tiles.size, tiles.strip_start());
+    // (first row, first column, rows, columns) of each product.
+    let mut products: Vec<[usize; 4]> = (0..tiles.count())
+        .map(|p| {
+            let (i, j) = SymmetricTiles::tile(p);
+            [i * size, j * size, size, size]
+        })
+        .collect();
+    if strip < m {
+        products.push([strip, 0, m - strip, m]);
+    }
+    let out = SharedOutput {
+        ptr: dst.as_ptr_mut(),
+        row_stride: dst.row_stride(),
+        col_stride: dst.col_stride(),
+    };
+    let run = |[row, col, rows, cols]: [usize; 4]| {
+        // SAFETY: the products cover disjoint blocks of `dst`, which is borrowed mutably for
+        // this call; each block is inside `dst` (tiles and strip lie within `m × m`).
+        let block = unsafe { out.block(row, col, rows, cols) };
+        product(block, alpha, a.subrows(row, rows), b.subcols(col, cols), beta, Par::Seq);
+    };
+    let workers = threads.clamp(1, products.len().max(1));
+    if workers == 1 {
+        products.into_iter().for_each(run);
+        return;
+    }
+    rayon::in_place_scope(|scope| {
+        for worker in 0..workers {
+            let (products, run) = (&products, &run);
+            scope.spawn(move |_| products.iter().skip(worker).step_by(workers).for_each(|&p| run(p)));
+        }
+    });
+}
+
+/// The output of [`symmetric_lower`], shared by its workers, each writing its own blocks.
+struct SharedOutput {
+    ptr: *mut f32,
+    row_stride: isize,
+    col_stride: isize,
+}
+
+// SAFETY: the workers write disjoint blocks through it (see `symmetric_lower`).
+unsafe impl Sync for SharedOutput {}
+
+impl SharedOutput {
+    /// # Safety
+    /// The block must lie inside the output and no other live view may overlap it.
+    unsafe fn block(&self, row: usize, col: usize, rows: usize, cols: usize) -> MatMut<'_, f32> {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            MatMut::from_raw_parts_mut(
+                self.ptr
+                    .offset(row as isize * self.row_stride + col as isize * self.col_stride),
+                rows,
+                cols,
+                self.row_stride,
+                self.col_stride,
+            )
         }
     }
 }

@@ -13,10 +13,10 @@
 //! Every matrix product is [`gemm`] (`C ← α·A·B + β·C`, faer): `A` is formed as
 //! `gemm(α = 1, X, Xᵀ, β = 0)`, `B` as `gemm(α = c, A, A, β = b, C = copy of A)` and the new
 //! `X` as `gemm(α = 1, B, X, β = a, C = copy of X)`. `A` and `B` are symmetric, so only their
-//! blocks on and below the diagonal are computed and then mirrored
-//! ([`Output::SymmetricLower`], blocks down to order `symmetric_leaf`, 1024 by default): at
-//! order 4096, `(2 + 5/4)·m²·n + (5/4)·m³` flops per step instead of `4·m²·n + 2·m³` (the
-//! bound with exact triangles is `3·m²·n + m³`). The CUDA backend computes the same blocks.
+//! tiles on and below the diagonal are computed and then mirrored
+//! ([`Output::SymmetricLower`], tiles of side `symmetric_tile`, 128 by default): at order
+//! 4096, `(2 + 33/32)·m²·n + (33/32)·m³` flops per step instead of `4·m²·n + 2·m³` (the
+//! bound with exact triangles is `3·m²·n + m³`). The CUDA backend computes the same tiles.
 //! The products use the workspace's thread count ([`NsWorkspace::with_threads`]); the result
 //! does not depend on it.
 //!
@@ -130,8 +130,8 @@ pub struct NsOptions {
     pub precision: NsPrecision,
     /// Floor of the input's Frobenius norm in the normalization (`muon_ns_eps`).
     pub eps: f32,
-    /// Smallest diagonal block of the symmetric products (`numerics::gemm::symmetric_blocks`).
-    pub symmetric_leaf: usize,
+    /// Side of the tiles of the symmetric products (`numerics::gemm::SymmetricTiles`).
+    pub symmetric_tile: usize,
     /// The iteration: standard, or Gram where [`gram_applies`] holds.
     pub method: NsMethod,
 }
@@ -144,7 +144,7 @@ impl NsOptions {
             steps: cfg.muon_num_ns_steps,
             precision: cfg.muon_ns_precision,
             eps: cfg.muon_ns_eps,
-            symmetric_leaf: cfg.muon_ns_symmetric_leaf as usize,
+            symmetric_tile: cfg.muon_ns_symmetric_tile as usize,
             method: cfg.muon_ns_method,
         }
     }
@@ -385,7 +385,7 @@ impl NsWorkspace {
                 0.0,
                 (gram, square),
                 Output::SymmetricLower {
-                    leaf: opts.symmetric_leaf,
+                    tile: opts.symmetric_tile,
                 },
                 threads,
             );
@@ -407,7 +407,7 @@ impl NsWorkspace {
                 b,
                 (poly, square),
                 Output::SymmetricLower {
-                    leaf: opts.symmetric_leaf,
+                    tile: opts.symmetric_tile,
                 },
                 threads,
             );
@@ -468,7 +468,7 @@ impl NsWorkspace {
             }
         };
         let symmetric = Output::SymmetricLower {
-            leaf: opts.symmetric_leaf,
+            tile: opts.symmetric_tile,
         };
         // out ← α·lhs·rhs + β·out, a symmetric product of square matrices, stored.
         let square_product = |alpha: f32, lhs: &[f32], rhs: &[f32], beta: f32, out: &mut [f32]| {

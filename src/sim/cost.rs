@@ -5,14 +5,17 @@
 //!   `kernel_min_us`;
 //! - GEMMs: `2·m·n·k·batch` flops at the achievable peak of their input type, scaled by how
 //!   well their output tiles fill the last wave of SMs (a small matrix leaves SMs idle), and
-//!   never faster than their operand bytes at HBM bandwidth;
+//!   never faster than their operand bytes at HBM bandwidth (a listed batch of tiles reads
+//!   each operand panel once);
 //! - NCCL: ring α–β per call: `base + steps·hop + traffic / bandwidth`, where a reduce-scatter or
 //!   all-gather moves `(n−1)/n` of the buffer per rank in `n−1` steps, an all-reduce `2(n−1)/n`
 //!   in `2(n−1)` steps, a reduce or broadcast the whole buffer (pipelined chain) in `n−1` steps;
 //!   the bandwidth is NVLink's while the group fits in one node, the NIC's once it crosses nodes;
 //! - host↔device copies: a fixed latency plus bytes at PCIe bandwidth, and the host waits.
 
-use crate::backend::cuda::action::{Action, Arg, Gemm, GemmInputs, Kernel, Launch, NcclCall, NcclComm, NcclType};
+use crate::backend::cuda::action::{
+    Action, Arg, Gemm, GemmInputs, Kernel, Launch, Matrices, NcclCall, NcclComm, NcclType,
+};
 use crate::backend::ops::StreamKind;
 
 use super::profile::Hardware;
@@ -251,7 +254,13 @@ impl CostModel {
         let fill = tiles / (waves * sms);
         let compute = flops / (peak * TFLOP * self.hw.gemm_efficiency * fill);
         let c_reads = if g.beta == 0.0 { 1.0 } else { 2.0 };
-        let bytes = batch * ((m * k + k * n) * in_bytes + m * n * 4.0 * c_reads);
+        // A listed batch's tiles share their operand panels: each is read once, as the panels
+        // of one large product are.
+        let operands = match g.matrices {
+            Matrices::Strided { .. } => batch,
+            Matrices::Listed { panels, .. } => f64::from(panels),
+        };
+        let bytes = operands * (m * k + k * n) * in_bytes + batch * m * n * 4.0 * c_reads;
         compute.max(self.hbm(bytes as u64)).max(self.hw.kernel_min_us * US)
     }
 
@@ -375,6 +384,12 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         // (src, dst, bf16, batch, m): the lower triangle read (2 bytes per element of the
         // matrix), the whole matrix written as bf16 or the upper triangle as f32 (2 bytes).
         Kernel::NsSymmetrize => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 4,
+        // the lists' three pointers per tile written (`struct muon_tile_lists`: count and
+        // entries after the lists)
+        Kernel::GemmTileTables => match a.first() {
+            Some(Arg::Words(w)) if w.len() >= 2 => (w[w.len() - 2] & 0xffff_ffff) * w[w.len() - 1] * 24,
+            _ => 0,
+        },
         // (src, dst, a, batch, m): the matrices read and written in f32
         Kernel::NsAddIdentity => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 8,
         // (master, x, batch, rows, cols, t, scalars, …): master read+write, x read

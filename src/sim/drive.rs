@@ -68,6 +68,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::NsNormalize => "ns normalize",
             Kernel::NsSymmetrize => "ns symmetrize",
             Kernel::NsAddIdentity => "ns add identity",
+            Kernel::GemmTileTables => "ns tile tables",
             Kernel::MuonApply => "muon apply",
             Kernel::Adamw => "adamw",
             Kernel::StepScalars => "step scalars",

@@ -226,7 +226,13 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64, uncontende
         sum(t, last, |s| {
             matches!(
                 s.label.what,
-                "ns gemm" | "ns normalize" | "ns symmetrize" | "ns add identity" | "muon momentum" | "muon apply"
+                "ns gemm"
+                    | "ns normalize"
+                    | "ns symmetrize"
+                    | "ns add identity"
+                    | "ns tile tables"
+                    | "muon momentum"
+                    | "muon apply"
             )
         })
     };

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::cuda::action::{Action, DevPtr, Gemm, GemmInputs, NcclCall};
+use crate::backend::cuda::action::{Action, DevPtr, Gemm, GemmInputs, Matrices, NcclCall};
 
 use super::cost::{CostModel, kernel_bytes};
 
@@ -12,8 +12,9 @@ use super::cost::{CostModel, kernel_bytes};
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Work {
-    /// A strided-batched GEMM: `m×n` outputs over `k`, `batch` matrices, operands `inputs`
-    /// (`bf16` | `f32`), C read as well as written when `accumulate` (β ≠ 0).
+    /// A batched GEMM: `m×n` outputs over `k`, `batch` matrices, operands `inputs`
+    /// (`bf16` | `f32`), C read as well as written when `accumulate` (β ≠ 0); strided, or
+    /// listed tiles whose operands are `panels` distinct matrices (0 for strided).
     Gemm {
         inputs: String,
         m: u64,
@@ -21,6 +22,8 @@ pub enum Work {
         k: u64,
         batch: u64,
         accumulate: bool,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        panels: u64,
     },
     /// A kernel of `kernels/*.cu` (its `extern "C"` name) moving `bytes` of device memory.
     Kernel { kernel: String, bytes: u64 },
@@ -31,6 +34,10 @@ pub enum Work {
     /// One NCCL group of `calls` calls over `bytes` of buffers (not priced on one GPU: a
     /// one-rank collective is a local copy, the model's collectives are ring transfers).
     Collective { calls: u64, bytes: u64 },
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn inputs_name(inputs: GemmInputs) -> &'static str {
@@ -67,6 +74,10 @@ impl Work {
                 k: g.k as u64,
                 batch: g.batch as u64,
                 accumulate: g.beta != 0.0,
+                panels: match g.matrices {
+                    Matrices::Strided { .. } => 0,
+                    Matrices::Listed { panels, .. } => u64::from(panels),
+                },
             },
             Action::Zero { bytes, .. } => Work::Memset { bytes: *bytes },
             Action::CopyDevice { bytes, .. } => Work::Copy { bytes: *bytes },
@@ -83,14 +94,18 @@ impl Work {
     pub fn class(&self) -> String {
         match self {
             Work::Gemm {
-                inputs, m, n, k, batch, ..
-            } => {
-                if *batch == 1 {
-                    format!("gemm {inputs} {m}x{n}x{k}")
-                } else {
-                    format!("gemm {inputs} {m}x{n}x{k} x{batch}")
-                }
-            }
+                inputs,
+                m,
+                n,
+                k,
+                batch,
+                panels,
+                ..
+            } => match (*batch, *panels) {
+                (1, 0) => format!("gemm {inputs} {m}x{n}x{k}"),
+                (_, 0) => format!("gemm {inputs} {m}x{n}x{k} x{batch}"),
+                _ => format!("gemm {inputs} {m}x{n}x{k} x{batch} tiles"),
+            },
             Work::Kernel { kernel, .. } => format!("kernel {kernel}"),
             Work::Memset { .. } => "memset".to_string(),
             Work::Copy { .. } => "copy device-to-device".to_string(),
@@ -128,6 +143,7 @@ impl CostModel {
                 k,
                 batch,
                 accumulate,
+                panels,
             } => {
                 let inputs = match inputs.as_str() {
                     "bf16" => GemmInputs::Bf16,
@@ -136,6 +152,20 @@ impl CostModel {
                 };
                 let dim = |v: u64| i32::try_from(v).ok();
                 const NOWHERE: DevPtr = 0;
+                let matrices = match *panels {
+                    0 => Matrices::Strided {
+                        a: NOWHERE,
+                        stride_a: 0,
+                        b: NOWHERE,
+                        stride_b: 0,
+                        c: NOWHERE,
+                        stride_c: 0,
+                    },
+                    panels => Matrices::Listed {
+                        table: NOWHERE,
+                        panels: u32::try_from(panels).ok()?,
+                    },
+                };
                 Some(self.gemm(&Gemm {
                     inputs,
                     transpose_a: false,
@@ -143,17 +173,12 @@ impl CostModel {
                     n: dim(*n)?,
                     k: dim(*k)?,
                     alpha: 1.0,
-                    a: NOWHERE,
                     lda: 0,
-                    stride_a: 0,
-                    b: NOWHERE,
                     ldb: 0,
-                    stride_b: 0,
                     beta: if *accumulate { 1.0 } else { 0.0 },
-                    c: NOWHERE,
                     ldc: 0,
-                    stride_c: 0,
                     batch: dim(*batch)?,
+                    matrices,
                 }))
             }
             Work::Kernel { bytes, .. } | Work::Memset { bytes } => Some(self.kernel_seconds(*bytes)),

@@ -57,6 +57,9 @@ pub enum Work {
     Norms,
     /// Block partial sums of squares (f64).
     Partials,
+    /// The pointer lists of the tiled symmetric products of one Newton–Schulz call
+    /// ([`Matrices::Listed`]; only when a product is tiled).
+    TileTables,
     /// The update of a per-group split job in component order (f32; only with such jobs).
     Grouped,
     /// Every tensor-parallel rank's shard of one component, in rank order (f32; only with
@@ -77,6 +80,7 @@ pub enum Kernel {
     NsNormalize,
     NsSymmetrize,
     NsAddIdentity,
+    GemmTileTables,
     MuonApply,
     StepScalars,
     Adamw,
@@ -86,7 +90,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
@@ -95,6 +99,7 @@ impl Kernel {
         Kernel::NsNormalize,
         Kernel::NsSymmetrize,
         Kernel::NsAddIdentity,
+        Kernel::GemmTileTables,
         Kernel::MuonApply,
         Kernel::Adamw,
         Kernel::StepScalars,
@@ -111,6 +116,7 @@ impl Kernel {
             | Kernel::NsNormalize
             | Kernel::NsSymmetrize
             | Kernel::NsAddIdentity
+            | Kernel::GemmTileTables
             | Kernel::MuonApply => "muon.cu",
             Kernel::Adamw => "adamw.cu",
             Kernel::StepScalars => "step.cu",
@@ -130,6 +136,7 @@ impl Kernel {
             Kernel::NsNormalize => "muon_ns_normalize",
             Kernel::NsSymmetrize => "muon_ns_symmetrize",
             Kernel::NsAddIdentity => "muon_ns_add_identity",
+            Kernel::GemmTileTables => "muon_gemm_tile_tables",
             Kernel::MuonApply => "muon_apply",
             Kernel::Adamw => "muon_adamw",
             Kernel::StepScalars => "muon_step_scalars",
@@ -169,8 +176,9 @@ pub enum GemmInputs {
     F32,
 }
 
-/// `cublasGemmStridedBatchedEx` on the compute stream, column-major as cuBLAS sees it:
-/// `C = alpha·op(A)·B + beta·C` with `op(A) = Aᵀ` when `transpose_a`, for `batch` matrices.
+/// A batched GEMM on the compute stream, column-major as cuBLAS sees it:
+/// `C = alpha·op(A)·B + beta·C` with `op(A) = Aᵀ` when `transpose_a`, for `batch` matrices
+/// where [`Matrices`] says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gemm {
     pub inputs: GemmInputs,
@@ -179,19 +187,32 @@ pub struct Gemm {
     pub n: i32,
     pub k: i32,
     pub alpha: f32,
-    pub a: DevPtr,
     pub lda: i32,
-    pub stride_a: i64,
-    pub b: DevPtr,
     pub ldb: i32,
-    pub stride_b: i64,
     pub beta: f32,
-    pub c: DevPtr,
     pub ldc: i32,
-    pub stride_c: i64,
     pub batch: i32,
+    pub matrices: Matrices,
 }
 
+/// Where the matrices of a [`Gemm`]'s batch are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Matrices {
+    /// `cublasGemmStridedBatchedEx`: matrix `i` of A at `a + i·stride_a` elements, and so on.
+    Strided {
+        a: DevPtr,
+        stride_a: i64,
+        b: DevPtr,
+        stride_b: i64,
+        c: DevPtr,
+        stride_c: i64,
+    },
+    /// `cublasGemmBatchedEx`: matrix `i` of A at the `i`-th of `batch` device pointers at
+    /// `table`, of B at the `i`-th of the next `batch`, of C of the `batch` after them (written
+    /// on the device by `muon_gemm_tile_tables`). `panels`: the distinct matrices each operand
+    /// list addresses (the tiles of a symmetric product share their row and column panels).
+    Listed { table: DevPtr, panels: u32 },
+}
 /// `ncclDataType_t` of a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NcclType {

@@ -13,7 +13,7 @@ use cudarc::cublas::sys as blas;
 use cudarc::driver::sys as cu;
 
 use crate::backend::cuda::action::{
-    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, NcclCall, NcclComm as ActionComm, NcclType,
+    Action, Arg, Buf, DevPtr, Gemm, GemmInputs, Matrices, NcclCall, NcclComm as ActionComm, NcclType,
 };
 use crate::backend::cuda::kernels::Modules;
 use crate::backend::cuda::nccl::{
@@ -543,39 +543,80 @@ impl Device {
         } else {
             blas::cublasOperation_t::CUBLAS_OP_N
         };
-        // SAFETY: pointers into our workspace with the dimensions the translator checked
-        // against its size; alpha and beta are host scalars (the default pointer mode).
-        let status = unsafe {
-            blas::cublasGemmStridedBatchedEx(
-                self.blas,
-                transa,
-                blas::cublasOperation_t::CUBLAS_OP_N,
-                g.m,
-                g.n,
-                g.k,
-                (&g.alpha as *const f32).cast(),
-                g.a as *const c_void,
-                input,
-                g.lda,
-                g.stride_a,
-                g.b as *const c_void,
-                input,
-                g.ldb,
-                g.stride_b,
-                (&g.beta as *const f32).cast(),
-                g.c as *mut c_void,
-                blas::cudaDataType_t::CUDA_R_32F,
-                g.ldc,
-                g.stride_c,
-                g.batch,
-                blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-            )
+        let (one, c_type) = (blas::cublasOperation_t::CUBLAS_OP_N, blas::cudaDataType_t::CUDA_R_32F);
+        let (compute, algo) = (
+            blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+        );
+        let (alpha, beta) = ((&g.alpha as *const f32).cast(), (&g.beta as *const f32).cast());
+        let (call, status) = match g.matrices {
+            // SAFETY: pointers into our workspace with the dimensions the translator checked
+            // against its size; alpha and beta are host scalars (the default pointer mode).
+            Matrices::Strided {
+                a,
+                stride_a,
+                b,
+                stride_b,
+                c,
+                stride_c,
+            } => ("cublasGemmStridedBatchedEx", unsafe {
+                blas::cublasGemmStridedBatchedEx(
+                    self.blas,
+                    transa,
+                    one,
+                    g.m,
+                    g.n,
+                    g.k,
+                    alpha,
+                    a as *const c_void,
+                    input,
+                    g.lda,
+                    stride_a,
+                    b as *const c_void,
+                    input,
+                    g.ldb,
+                    stride_b,
+                    beta,
+                    c as *mut c_void,
+                    c_type,
+                    g.ldc,
+                    stride_c,
+                    g.batch,
+                    compute,
+                    algo,
+                )
+            }),
+            // SAFETY: `table` holds three device arrays of `batch` pointers (written on this
+            // stream before, by `muon_gemm_tile_tables`), each into our workspace.
+            Matrices::Listed { table, .. } => {
+                let list = |k: u64| (table + k * g.batch as u64 * 8) as *const *const c_void;
+                ("cublasGemmBatchedEx", unsafe {
+                    blas::cublasGemmBatchedEx(
+                        self.blas,
+                        transa,
+                        one,
+                        g.m,
+                        g.n,
+                        g.k,
+                        alpha,
+                        list(0),
+                        input,
+                        g.lda,
+                        list(1),
+                        input,
+                        g.ldb,
+                        beta,
+                        list(2) as *const *mut c_void,
+                        c_type,
+                        g.ldc,
+                        g.batch,
+                        compute,
+                        algo,
+                    )
+                })
+            }
         };
-        blas_check(
-            &format!("cublasGemmStridedBatchedEx({}x{}x{}, batch {})", g.m, g.n, g.k, g.batch),
-            status,
-        )
+        blas_check(&format!("{call}({}x{}x{}, batch {})", g.m, g.n, g.k, g.batch), status)
     }
 
     fn nccl_group(&self, which: ActionComm, calls: &[NcclCall]) -> Result<()> {

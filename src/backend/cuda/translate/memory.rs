@@ -1,6 +1,7 @@
 //! Memory: the allocations of a layout, spans resolved to device addresses, uploads.
 
 use super::Translator;
+use super::newton_schulz::TILE_LISTS;
 use super::norm::PARTIALS;
 use crate::backend::cuda::action::{Action, Buf, DevPtr, Work};
 use crate::backend::ops::{Mem, MemoryLayout, Scalar, Span, StreamKind};
@@ -48,6 +49,10 @@ pub(super) struct WorkSizes {
     pub(super) gram_iteration: u64,
     /// f64 slots of `Norms`: the most matrices of one batch.
     pub(super) norms: u64,
+    /// Device pointers of `TileTables`: [`TILE_LISTS`] lists of three operands' tiles, each as
+    /// many as the most tiles of one batch of symmetric products (`batch · T(T+1)/2 ≤
+    /// batch · m² / tile² ≤ gram / tile²`); 0 when no product is tiled.
+    pub(super) tile_pointers: u64,
 }
 
 impl Translator {
@@ -163,6 +168,7 @@ impl Translator {
             gram: need.gram,
             gram_iteration: need.gram_iteration,
             norms: need.run.max(1),
+            tile_pointers: self.tile_pointers(need.gram),
         };
         // The update of a Nesterov step; without Nesterov it is the momentum itself, and the
         // workspace only holds the masters of a per-group split while it runs in component order.
@@ -195,6 +201,9 @@ impl Translator {
             }
         }
         alloc(Buf::Work(Work::Norms), work.norms * 8);
+        if work.tile_pointers > 0 {
+            alloc(Buf::Work(Work::TileTables), work.tile_pointers * 8);
+        }
         alloc(Buf::Work(Work::Partials), PARTIALS * 8);
         if need.grouped > 0 {
             alloc(Buf::Work(Work::Grouped), need.grouped * 4);
@@ -210,6 +219,16 @@ impl Translator {
         self.layout = Some(layout.clone());
         self.work = work;
         actions
+    }
+
+    /// [`WorkSizes::tile_pointers`] for `gram` elements of the largest batch of squares.
+    fn tile_pointers(&self, gram: u64) -> u64 {
+        let side = self.muon.ns.symmetric_tile as u64;
+        // A product is tiled from two tiles a side: below 4·tile² elements none is.
+        if side == 0 || gram < 4 * side * side {
+            return 0;
+        }
+        TILE_LISTS * 3 * (gram / (side * side))
     }
 
     pub(super) fn upload(&self, dst: Span, bits: &[u32]) -> Result<Vec<Action>> {

@@ -5,12 +5,12 @@ use super::collectives::{all_reduce, on_tp_comm};
 use super::memory::Resolved;
 use super::norm::{SumInto, SumSpan};
 use super::{Translator, launch, to_i32, to_u32};
-use crate::backend::cuda::action::{Action, Arg, DevPtr, Gemm, GemmInputs, Kernel, NcclType, Work};
+use crate::backend::cuda::action::{Action, Arg, DevPtr, Gemm, GemmInputs, Kernel, Matrices, NcclType, Work};
 use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::{Dtype, NsPrecision};
 use crate::error::Result;
-use crate::numerics::gemm::symmetric_blocks;
+use crate::numerics::gemm::SymmetricTiles;
 use crate::numerics::newton_schulz::{ns_coefficients, runs_gram};
 
 /// One row-major product `C (m×n) = alpha·A (m×k)·op(B) + beta·C` per matrix of a strided
@@ -68,6 +68,17 @@ impl Product {
     /// The product as cuBLAS's column-major `Cᵀ = op(B)ᵀ·Aᵀ`: a row-major matrix is its
     /// column-major transpose, so A and B swap places and the dimensions read `n, m, k`.
     pub(super) fn gemm(&self) -> Result<Action> {
+        self.cublas(Matrices::Strided {
+            a: self.b,
+            stride_a: self.stride[1] as i64,
+            b: self.a,
+            stride_b: self.stride[0] as i64,
+            c: self.c,
+            stride_c: self.stride[2] as i64,
+        })
+    }
+
+    fn cublas(&self, matrices: Matrices) -> Result<Action> {
         let dimension = |v| to_i32("Newton–Schulz dimension", v);
         let leading = |v| to_i32("leading dimension", v);
         Ok(Action::Gemm(Gemm {
@@ -77,58 +88,168 @@ impl Product {
             n: dimension(self.m)?,
             k: dimension(self.k)?,
             alpha: self.alpha,
-            a: self.b,
             lda: leading(self.ld[1])?,
-            stride_a: self.stride[1] as i64,
-            b: self.a,
             ldb: leading(self.ld[0])?,
-            stride_b: self.stride[0] as i64,
             beta: self.beta,
-            c: self.c,
             ldc: leading(self.ld[2])?,
-            stride_c: self.stride[2] as i64,
             batch: to_i32("batch", self.batch)?,
+            matrices,
         }))
     }
 
     /// A product that is symmetric by construction (`X·Xᵀ`, `A·A`; `m = n`, contiguous
-    /// matrices) by the blocks of `numerics::gemm::symmetric_blocks` with the smallest block
-    /// `leaf`, as the host's `Output::SymmetricLower`: the lower triangle is exact, the upper
-    /// one is left to [`symmetrize`] (the host mirrors it at once). A single matrix takes one
-    /// strided batch of equal blocks per level; a batch of matrices one batch of the matrices
-    /// per block.
-    pub(super) fn symmetric(&self, leaf: usize) -> Result<Vec<Action>> {
+    /// matrices) by the tiles of `numerics::gemm::SymmetricTiles` of side `tile`, as the host's
+    /// `Output::SymmetricLower`: one batched GEMM over every tile on and below the diagonal of
+    /// every matrix (their pointers listed in `tables`), and the rows past the last whole tile
+    /// as one strip; the lower triangle is exact, the upper one is left to [`symmetrize`] (the
+    /// host mirrors it at once). A matrix too small to tile is one full product.
+    pub(super) fn symmetric(&self, tile: usize, tables: &mut TileTables) -> Result<Vec<Action>> {
+        let tiles = SymmetricTiles::of(self.m as usize, tile);
+        if tiles.rows == 0 {
+            return Ok(vec![self.gemm()?]);
+        }
         let elem = match self.inputs {
             GemmInputs::Bf16 => 2,
             GemmInputs::F32 => 4,
         };
+        let size = tiles.size as u64;
         // Elements from one column of the stored B to the next.
         let b_column = if self.b_transposed { self.ld[1] } else { 1 };
-        let block = |row: u64, col: u64, size: u64, batch: u64, stride: [u64; 3]| Product {
+        // In cuBLAS's order: its A is this product's B (a panel of columns per tile column),
+        // its B this product's A (a panel of rows per tile row).
+        let operands = [
+            TileOperand {
+                base: self.b,
+                matrix: self.stride[1] * elem,
+                row: 0,
+                col: size * b_column * elem,
+            },
+            TileOperand {
+                base: self.a,
+                matrix: self.stride[0] * elem,
+                row: size * self.ld[0] * elem,
+                col: 0,
+            },
+            TileOperand {
+                base: self.c,
+                matrix: self.stride[2] * 4,
+                row: size * self.ld[2] * 4,
+                col: size * 4,
+            },
+        ];
+        let listed = Product {
             m: size,
             n: size,
-            a: self.a + row * self.ld[0] * elem,
-            b: self.b + col * b_column * elem,
-            c: self.c + (row * self.ld[2] + col) * 4,
-            batch,
-            stride,
+            batch: self.batch * tiles.count() as u64,
             ..*self
         };
-        let mut actions = Vec::new();
-        for blocks in symmetric_blocks(self.m as usize, leaf) {
-            let [count, size, row, col, step] =
-                [blocks.count, blocks.size, blocks.row, blocks.col, blocks.step].map(|v| v as u64);
-            if self.batch == 1 {
-                let stride = [step * self.ld[0], step * b_column, step * (self.ld[2] + 1)];
-                actions.push(block(row, col, size, count, stride).gemm()?);
-            } else {
-                for i in 0..count {
-                    let at = i * step;
-                    actions.push(block(row + at, col + at, size, self.batch, self.stride).gemm()?);
-                }
-            }
+        let table = tables.list(tiles.rows as u64, self.batch, operands)?;
+        let panels = to_u32("tile panels", self.batch * tiles.rows as u64)?;
+        let mut actions = vec![listed.cublas(Matrices::Listed { table, panels })?];
+        let strip = tiles.strip_start() as u64;
+        if strip < self.m {
+            let rest = Product {
+                m: self.m - strip,
+                a: self.a + strip * self.ld[0] * elem,
+                c: self.c + strip * self.ld[2] * 4,
+                ..*self
+            };
+            actions.push(rest.gemm()?);
         }
         Ok(actions)
+    }
+}
+
+/// Where one operand's tiles are (bytes): tile `(i, j)` of matrix `k` at
+/// `base + k·matrix + i·row + j·col`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct TileOperand {
+    base: DevPtr,
+    matrix: u64,
+    row: u64,
+    col: u64,
+}
+
+/// Lists one Newton–Schulz call may hold (`MUON_TILE_LISTS` in `kernels/muon.cu`): the most
+/// distinct operand triples of its tiled products (the f32 Gram iteration's nine).
+pub(super) const TILE_LISTS: u64 = 12;
+
+/// The pointer lists of one Newton–Schulz call's tiled products (`Work::TileTables`), written
+/// by one `muon_gemm_tile_tables` launch ahead of them ([`TileTables::write`]): every product
+/// of the call has the same shape, and products with the same operands share a list.
+pub(super) struct TileTables {
+    base: DevPtr,
+    /// Pointers the buffer holds.
+    capacity: u64,
+    /// The call's tile rows per matrix and matrices (equal for every product of the call).
+    shape: Option<(u64, u64)>,
+    lists: Vec<[TileOperand; 3]>,
+}
+
+impl TileTables {
+    pub(super) fn new(base: DevPtr, capacity: u64) -> Self {
+        TileTables {
+            base,
+            capacity,
+            shape: None,
+            lists: Vec::new(),
+        }
+    }
+
+    /// Tiles of each list.
+    fn entries(&self) -> u64 {
+        self.shape.map_or(0, |(rows, batch)| batch * rows * (rows + 1) / 2)
+    }
+
+    /// The table of the tiles of `batch` matrices of `rows` tile rows with these operands.
+    fn list(&mut self, rows: u64, batch: u64, operands: [TileOperand; 3]) -> Result<DevPtr> {
+        if *self.shape.get_or_insert((rows, batch)) != (rows, batch) {
+            bail!(Internal, "newton_schulz: tiled products of two shapes in one call");
+        }
+        let index = match self.lists.iter().position(|l| *l == operands) {
+            Some(index) => index,
+            None => {
+                self.lists.push(operands);
+                self.lists.len() - 1
+            }
+        };
+        let entries = self.entries();
+        if self.lists.len() as u64 > TILE_LISTS || self.lists.len() as u64 * 3 * entries > self.capacity {
+            bail!(
+                Internal,
+                "newton_schulz: {} tile lists of {entries} tiles exceed the workspace sized at allocate",
+                self.lists.len()
+            );
+        }
+        Ok(self.base + index as u64 * 3 * entries * 8)
+    }
+
+    /// The launch that writes every list (`struct muon_tile_lists`), inserted at `at` of
+    /// `actions` (ahead of the call's products); nothing when no product was tiled.
+    pub(super) fn write(self, actions: &mut Vec<Action>, at: usize) -> Result<()> {
+        let Some((rows, _)) = self.shape else {
+            return Ok(());
+        };
+        let entries = self.entries();
+        let mut words = vec![0u64; TILE_LISTS as usize * 13 + 2];
+        for (l, operands) in self.lists.iter().enumerate() {
+            let list = &mut words[l * 13..(l + 1) * 13];
+            list[0] = self.base + l as u64 * 3 * entries * 8;
+            for (k, o) in operands.iter().enumerate() {
+                list[1 + 4 * k..5 + 4 * k].copy_from_slice(&[o.base, o.matrix, o.row, o.col]);
+            }
+        }
+        let header = TILE_LISTS as usize * 13;
+        words[header] = self.lists.len() as u64 | (rows << 32);
+        words[header + 1] = entries;
+        let launch = launch(
+            Kernel::GemmTileTables,
+            self.lists.len() as u64 * entries,
+            StreamKind::Compute,
+            vec![Arg::Words(words)],
+        );
+        actions.insert(at, launch);
+        Ok(())
     }
 }
 
@@ -260,13 +381,15 @@ impl Translator {
         let product = |inputs, shape, alpha, a, b, b_transposed, beta, c| {
             Product::contiguous(inputs, shape, alpha, a, b, b_transposed, beta, c, batch)
         };
-        let leaf = self.muon.ns.symmetric_leaf;
+        let tile = self.muon.ns.symmetric_tile;
+        let (start, mut tables) = (actions.len(), self.tile_tables()?);
         let mut current = x;
         if self.muon.ns.precision == NsPrecision::Bf16Iterate {
             store_bf16(actions, x, self.work(Work::XBf16)?, batch * mn);
         }
         if runs_gram(m as usize, n as usize, &self.muon.ns) {
-            let x = self.iterate_gram(actions, x, (m, n), batch, reduce)?;
+            let x = self.iterate_gram(actions, x, (m, n), batch, reduce, &mut tables)?;
+            tables.write(actions, start)?;
             return Ok((x, transposed));
         }
         for step in 0..self.muon.ns.steps as usize {
@@ -276,7 +399,7 @@ impl Translator {
                     // Bf16Iterate keeps `x` at bf16 values, with `xb` holding the same values
                     // as bf16 (`store_bf16`); `A` is stored at bf16 values before `b·A` reads it.
                     // The f32 `A` and `B` are exact in their lower triangles only: each is read
-                    // whole as its bf16 copy (`symmetrize`), and `b·A` only where the blocks of
+                    // whole as its bf16 copy (`symmetrize`), and `b·A` only where the tiles of
                     // `A·A` write (upper values there are replaced by the mirror).
                     use GemmInputs::Bf16;
                     let iterate = self.muon.ns.precision == NsPrecision::Bf16Iterate;
@@ -284,7 +407,8 @@ impl Translator {
                     if !iterate {
                         actions.push(round(x, xb, batch * mn));
                     }
-                    actions.extend(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).symmetric(leaf)?);
+                    actions
+                        .extend(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).symmetric(tile, &mut tables)?);
                     if reduce {
                         on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
                     }
@@ -292,7 +416,7 @@ impl Translator {
                     if iterate {
                         actions.push(widen(gb, gram, batch * mm));
                     }
-                    actions.extend(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).symmetric(leaf)?);
+                    actions.extend(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).symmetric(tile, &mut tables)?);
                     actions.push(symmetrize(gram, gb, true, batch, m)?);
                     actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
                     if iterate {
@@ -303,13 +427,16 @@ impl Translator {
                     use GemmInputs::F32;
                     let poly = self.work(Work::Poly)?;
                     let next = if current == x { self.work(Work::XNext)? } else { x };
-                    actions.extend(product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).symmetric(leaf)?);
+                    actions.extend(
+                        product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).symmetric(tile, &mut tables)?,
+                    );
                     if reduce {
                         on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
                     }
                     actions.push(symmetrize(gram, gram, false, batch, m)?);
                     actions.push(copy(gram, poly, batch * mm));
-                    actions.extend(product(F32, (m, m, m), c, gram, gram, false, b, poly).symmetric(leaf)?);
+                    actions
+                        .extend(product(F32, (m, m, m), c, gram, gram, false, b, poly).symmetric(tile, &mut tables)?);
                     actions.push(symmetrize(poly, poly, false, batch, m)?);
                     actions.push(copy(current, next, batch * mn));
                     actions.push(product(F32, (m, m, n), 1.0, poly, current, false, a, next).gemm()?);
@@ -317,7 +444,16 @@ impl Translator {
                 }
             }
         }
+        tables.write(actions, start)?;
         Ok((current, transposed))
+    }
+
+    /// The tile lists of one Newton–Schulz call, in `Work::TileTables` (absent when no
+    /// product of the rank is tiled).
+    fn tile_tables(&self) -> Result<TileTables> {
+        let capacity = self.work.tile_pointers;
+        let base = if capacity > 0 { self.work(Work::TileTables)? } else { 0 };
+        Ok(TileTables::new(base, capacity))
     }
 }
 
@@ -325,59 +461,122 @@ impl Translator {
 mod tests {
     use super::*;
 
-    /// The C elements (matrix, row, column) each GEMM of `actions` writes, in order, for
-    /// `matrices` contiguous `m × m` row-major outputs at `base`.
-    fn written(actions: &[Action], base: DevPtr, matrices: u64, m: u64) -> Vec<(u64, u64, u64)> {
-        let mut out = Vec::new();
-        for action in actions {
-            let Action::Gemm(g) = action else { continue };
-            for batch in 0..g.batch as u64 {
-                // Column-major C: element (i, j) of the cuBLAS product is row j, column i of
-                // the row-major product.
-                for j in 0..g.n as u64 {
-                    for i in 0..g.m as u64 {
-                        let at = (g.c - base) / 4 + batch * g.stride_c as u64 + j * g.ldc as u64 + i;
-                        assert!(at < matrices * m * m, "write outside the outputs");
-                        out.push((at / (m * m), at % (m * m) / m, at % m));
-                    }
+    /// What `muon_gemm_tile_tables` writes for `words`: (address, pointer) pairs, as
+    /// `kernels/muon.cu` computes them.
+    fn listed_pointers(words: &[u64]) -> std::collections::HashMap<DevPtr, DevPtr> {
+        let header = TILE_LISTS as usize * 13;
+        let (count, rows, entries) = (words[header] & 0xffff_ffff, words[header] >> 32, words[header + 1]);
+        let per_matrix = rows * (rows + 1) / 2;
+        let mut out = std::collections::HashMap::new();
+        for l in 0..count as usize {
+            let list = &words[l * 13..(l + 1) * 13];
+            for q in 0..entries {
+                let (matrix, (i, j)) = (q / per_matrix, SymmetricTiles::tile((q % per_matrix) as usize));
+                for o in 0..3 {
+                    let [base, stride, row, col] = [1, 2, 3, 4].map(|w| list[4 * o + w]);
+                    let ptr = base + matrix * stride + i as u64 * row + j as u64 * col;
+                    out.insert(list[0] + (o as u64 * entries + q) * 8, ptr);
                 }
             }
         }
         out
     }
 
-    /// `X·Xᵀ` and `A·A` of order 64 with blocks down to order 16 (two levels of halving), for
-    /// one matrix and a batch of 3: the GEMMs write every element on and below the diagonal
-    /// once, the upper triangle only inside the diagonal blocks, at 5/8 of the full product's
-    /// flops.
+    /// Per GEMM of `actions` (the tile lists resolved through `pointers`): each batch entry's
+    /// cuBLAS (A, B, C) pointers.
+    fn entries(actions: &[Action], pointers: &std::collections::HashMap<DevPtr, DevPtr>) -> Vec<(Gemm, [DevPtr; 3])> {
+        let mut out = Vec::new();
+        for action in actions {
+            let Action::Gemm(g) = action else { continue };
+            for e in 0..g.batch as u64 {
+                let at = match g.matrices {
+                    Matrices::Strided {
+                        a,
+                        stride_a,
+                        b,
+                        stride_b,
+                        c,
+                        stride_c,
+                    } => {
+                        let elem = if g.inputs == GemmInputs::Bf16 { 2 } else { 4 };
+                        let step = |s: i64, size: u64| e * s as u64 * size;
+                        [
+                            a + step(stride_a, elem),
+                            b + step(stride_b, elem),
+                            c + step(stride_c, 4),
+                        ]
+                    }
+                    Matrices::Listed { table, .. } => {
+                        [0, 1, 2].map(|k| pointers[&(table + (k * g.batch as u64 + e) * 8)])
+                    }
+                };
+                out.push((g.clone(), at));
+            }
+        }
+        out
+    }
+
+    /// `X·Xᵀ` and `A·A` of orders 64 (4 tiles of 16 a side) and 72 (and a strip of 8 rows),
+    /// for one matrix and a batch of 3, in bf16 and f32: one listed GEMM over the tiles (one
+    /// table launch ahead of it) writes every element on and below the diagonal once, the
+    /// upper triangle only inside the diagonal tiles and the strip's corner, each tile from the
+    /// row panel of its tile row and the column panel of its tile column, at `(T+1)/(2T)` of
+    /// the full product's flops and the strip's.
     #[test]
-    fn symmetric_products_compute_the_lower_blocks_once_then_mirror() {
-        let (m, k) = (64u64, 80u64);
-        let (x, c) = (1u64 << 40, 1u64 << 41);
-        for matrices in [1u64, 3] {
-            for (inputs, k, b_transposed) in [(GemmInputs::Bf16, k, true), (GemmInputs::F32, m, false)] {
-                let full = Product::contiguous(inputs, (m, k, m), 1.0, x, x, b_transposed, 0.0, c, matrices);
-                let actions = full.symmetric(16).unwrap();
-                let cells = written(&actions, c, matrices, m);
-                let unique: std::collections::BTreeSet<_> = cells.iter().copied().collect();
-                assert_eq!(unique.len(), cells.len(), "an element is written twice");
-                let leaf = m / 4;
-                for b in 0..matrices {
-                    for i in 0..m {
-                        for j in 0..m {
-                            let expected = i >= j || i / leaf == j / leaf;
-                            assert_eq!(unique.contains(&(b, i, j)), expected, "({b}, {i}, {j})");
+    fn symmetric_products_compute_the_lower_tiles_once_then_mirror() {
+        let (tile, k_wide) = (16u64, 80u64);
+        let (x, c, table) = (1u64 << 40, 1u64 << 41, 1u64 << 42);
+        for m in [64u64, 72] {
+            for matrices in [1u64, 3] {
+                for (inputs, k, b_transposed) in [(GemmInputs::Bf16, k_wide, true), (GemmInputs::F32, m, false)] {
+                    let full = Product::contiguous(inputs, (m, k, m), 1.0, x, x, b_transposed, 0.0, c, matrices);
+                    let mut tables = TileTables::new(table, 1 << 20);
+                    let mut actions = full.symmetric(tile as usize, &mut tables).unwrap();
+                    tables.write(&mut actions, 0).unwrap();
+                    let Action::Launch(crate::backend::cuda::action::Launch { kernel, args, .. }) = &actions[0] else {
+                        panic!("the tile lists are written first")
+                    };
+                    assert_eq!(*kernel, Kernel::GemmTileTables);
+                    let Arg::Words(words) = &args[0] else {
+                        panic!("the lists are one struct")
+                    };
+                    let pointers = listed_pointers(words.as_slice());
+                    let elem = if inputs == GemmInputs::Bf16 { 2 } else { 4 };
+                    let (stride, a_row) = (m * k, k);
+                    let b_col = if b_transposed { k } else { 1 };
+                    let mut cells = Vec::new();
+                    let mut flops = 0;
+                    for (g, [pa, pb, pc]) in entries(&actions, &pointers) {
+                        flops += 2 * g.m as u64 * g.n as u64 * g.k as u64;
+                        let at = (pc - c) / 4;
+                        let (matrix, row0, col0) = (at / (m * m), at % (m * m) / m, at % m);
+                        // cuBLAS's B is the product's A: the rows of the output's rows; its A the
+                        // product's B: the columns of the output's columns.
+                        assert_eq!(pb, x + (matrix * stride + row0 * a_row) * elem);
+                        assert_eq!(pa, x + (matrix * stride + col0 * b_col) * elem);
+                        for j in 0..g.n as u64 {
+                            for i in 0..g.m as u64 {
+                                let cell = at + j * g.ldc as u64 + i;
+                                assert!(cell < matrices * m * m, "write outside the outputs");
+                                cells.push((cell / (m * m), cell % (m * m) / m, cell % m));
+                            }
                         }
                     }
+                    let unique: std::collections::BTreeSet<_> = cells.iter().copied().collect();
+                    assert_eq!(unique.len(), cells.len(), "an element is written twice");
+                    let strip = 64;
+                    for b in 0..matrices {
+                        for i in 0..m {
+                            for j in 0..m {
+                                let expected = i >= j || i / tile == j / tile || i >= strip;
+                                assert_eq!(unique.contains(&(b, i, j)), expected, "({b}, {i}, {j})");
+                            }
+                        }
+                    }
+                    let rows = strip / tile;
+                    let tiled = rows * (rows + 1) / 2 * tile * tile;
+                    assert_eq!(flops, 2 * k * matrices * (tiled + (m - strip) * m));
                 }
-                let flops: u64 = actions
-                    .iter()
-                    .filter_map(|a| match a {
-                        Action::Gemm(g) => Some(2 * (g.m * g.n * g.k * g.batch) as u64),
-                        _ => None,
-                    })
-                    .sum();
-                assert_eq!(flops * 8, 5 * 2 * m * m * k * matrices);
             }
         }
     }

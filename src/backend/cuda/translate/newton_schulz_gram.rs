@@ -1,6 +1,6 @@
 //! The Gram Newton–Schulz iteration on the device (`numerics::newton_schulz::newton_schulz_gram`),
 //! product for product, copy for copy and rounding for rounding as the host's `iterate_gram`:
-//! the square products by blocks ([`Product::symmetric`]) made whole by [`symmetrize`], the two
+//! the square products by tiles ([`Product::symmetric`]) made whole by [`symmetrize`], the two
 //! products with `X` full ([`Product::gemm`]), `Q = Z + a·I` by `muon_ns_add_identity`.
 //!
 //! Buffers (`batch` matrices each, `Work::*`): `R` in `Gram`, `Z` in `Poly`, `Q` in `GramQ`.
@@ -13,7 +13,7 @@
 //! widened back).
 
 use super::collectives::{all_reduce, on_tp_comm};
-use super::newton_schulz::{Product, copy, round, store_bf16, symmetrize, widen};
+use super::newton_schulz::{Product, TileTables, copy, round, store_bf16, symmetrize, widen};
 use super::{Translator, launch, to_u32};
 use crate::backend::cuda::action::{Action, Arg, DevPtr, GemmInputs, Kernel, NcclType, Work};
 use crate::backend::ops::StreamKind;
@@ -29,7 +29,8 @@ struct Gram<'a> {
     batch: u64,
     m: u64,
     n: u64,
-    leaf: usize,
+    tile: usize,
+    tables: &'a mut TileTables,
     /// Each `X·Xᵀ` all-reduced over the tensor-parallel group (a `distributed` shard).
     reduce: bool,
     /// The f32 matrices: the iterate, `R`, `Z`, `Q`.
@@ -58,7 +59,7 @@ impl Gram<'_> {
     }
 
     /// `out ← α·a·b + β·out` of square matrices, `b` of `k`-long rows read transposed when
-    /// `b_transposed` (`X·Xᵀ`), by blocks: the upper triangle is left to [`Gram::settle`].
+    /// `b_transposed` (`X·Xᵀ`), by tiles: the upper triangle is left to [`Gram::settle`].
     #[allow(clippy::too_many_arguments)]
     fn symmetric(
         &mut self,
@@ -82,7 +83,7 @@ impl Gram<'_> {
             out,
             self.batch,
         );
-        self.actions.extend(product.symmetric(self.leaf)?);
+        self.actions.extend(product.symmetric(self.tile, self.tables)?);
         Ok(())
     }
 
@@ -212,6 +213,7 @@ impl Translator {
         (m, n): (u64, u64),
         batch: u64,
         reduce: bool,
+        tables: &mut TileTables,
     ) -> Result<DevPtr> {
         let ns = &self.muon.ns;
         if batch * m * m > self.work.gram_iteration {
@@ -228,7 +230,8 @@ impl Translator {
             batch,
             m,
             n,
-            leaf: ns.symmetric_leaf,
+            tile: ns.symmetric_tile,
+            tables,
             reduce,
             x,
             r: self.work(Work::Gram)?,
