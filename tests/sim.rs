@@ -63,6 +63,16 @@ fn builtin_profiles_parse_validate_and_cite_sources() {
     assert!(Hardware::from_json(unknown).is_err());
 }
 
+/// A strided batch at no address: the cost model prices the shape only.
+const UNADDRESSED: Matrices = Matrices::Strided {
+    a: 0,
+    stride_a: 0,
+    b: 0,
+    stride_b: 0,
+    c: 0,
+    stride_c: 0,
+};
+
 #[test]
 fn a_lone_gemm_costs_its_flops_at_the_filled_fraction_of_the_peak() {
     let cost = CostModel::new(h100(), 8);
@@ -78,14 +88,7 @@ fn a_lone_gemm_costs_its_flops_at_the_filled_fraction_of_the_peak() {
         beta: 0.0,
         ldc: m,
         batch,
-        matrices: Matrices::Strided {
-            a: 0,
-            stride_a: 0,
-            b: 0,
-            stride_b: 0,
-            c: 0,
-            stride_c: 0,
-        },
+        matrices: UNADDRESSED,
     };
     // 4096³: 32·32 = 1024 tiles of 128² in ceil(1024/132) = 8 waves of 132 SMs.
     let fill = 1024.0 / (8.0 * 132.0);
@@ -125,14 +128,7 @@ fn a_listed_batch_of_tiles_reads_each_operand_panel_once() {
     let listed = cost.gemm(&gemm(Matrices::Listed { table: 0, panels: 32 }));
     let flops = 2.0 * 128.0 * 128.0 * 14336.0 * 528.0;
     assert!(close(listed, flops / (989e12 * 0.72)), "{listed}");
-    let full = cost.gemm(&gemm(Matrices::Strided {
-        a: 0,
-        stride_a: 0,
-        b: 0,
-        stride_b: 0,
-        c: 0,
-        stride_c: 0,
-    }));
+    let full = cost.gemm(&gemm(UNADDRESSED));
     let streamed = 528.0 * 2.0 * 128.0 * 14336.0 * 2.0 + 528.0 * 128.0 * 128.0 * 4.0;
     assert!(close(full, streamed / (3350e9 * 0.8)), "{full}");
     assert!(listed < full / 4.0);
