@@ -285,7 +285,8 @@ fn the_deepseek_job_runs_its_experts_on_a_second_optimizer_of_one_rank() {
 
 /// `ns_method = gram` (`simulate --ns-method gram`): the run names its method, its
 /// Newton–Schulz figure is the sum of the iteration's Newton–Schulz work on the busiest rank —
-/// its GEMMs and kernels, the `muon_ns_add_identity` of `Q = Z + a·I` included — and it is
+/// its GEMMs and kernels, the `muon_ns_add_identity` of `Q = Z + a·I` and the tile lists of
+/// the symmetric products included — and it is
 /// below the standard iteration's on gpt2-124m's wide MLP matrices (SM contention off, so the
 /// timelines are the ones the figure is read from).
 #[test]
@@ -327,11 +328,13 @@ fn the_gram_iteration_counts_its_kernels_as_newton_schulz_time() {
         "ns normalize",
         "ns symmetrize",
         "ns add identity",
+        "ns tile tables",
         "muon momentum",
         "muon apply",
     ];
     assert!((busiest(&ns) - gram.figures.newton_schulz_ms).abs() < 1e-9);
     assert!(busiest(&["ns add identity"]) > 0.0);
+    assert!(busiest(&["ns tile tables"]) > 0.0);
     assert!(
         gram.figures.newton_schulz_ms < standard.figures.newton_schulz_ms,
         "gram {} ms, standard {} ms",
