@@ -1,6 +1,7 @@
 // The element-wise parts of one Muon update (src/numerics/muon.rs, src/numerics/newton_schulz.rs);
 // the matrix products run on cuBLAS (the tiled ones from pointer lists written here). Every
-// operation is one f32 rounding in the host's order (--fmad=false). Launch: block 256 threads, any 1-D grid (grid-stride loops).
+// operation is one f32 rounding in the host's order (--fmad=false). Launch: block 256 threads,
+// any 1-D grid (grid-stride loops).
 
 #include "muon_common.cuh"
 

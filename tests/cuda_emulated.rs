@@ -38,8 +38,8 @@ use support::training::bits;
 /// First emulated device address (allocations follow, 512-byte aligned).
 const BASE: DevPtr = 1 << 40;
 const THREADS: usize = 256;
-/// Smallest block of the symmetric products in the runs compared with the host: the test
-/// matrices (order up to 64) are split into blocks one and two levels deep.
+/// Tile of the symmetric products in the runs compared with the host: the test matrices
+/// (order up to 64) are 2 to 4 tiles a side.
 const SMALL_TILE: u32 = 16;
 
 /// A CPU stand-in for one GPU with a one-rank communicator and, when given, a tensor-parallel
@@ -998,7 +998,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
         shard("mlp.fc2.weight", &[24, 16], ParamFlags::TP_SHARD_COLS),
         shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),
         shard("mlp.down.weight", &[40, 8], ParamFlags::TP_SHARD_COLS),
-        // Iterate and Gram matrix of order 64: the symmetric products by blocks two levels deep.
+        // Iterate and Gram matrix of order 64: the symmetric products by 4 tiles a side.
         shard("attn.out.weight", &[64, 40], ParamFlags::TP_SHARD_COLS),
         shard(
             "experts.fc2",

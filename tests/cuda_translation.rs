@@ -44,7 +44,7 @@ fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
     let base = Config {
         bucket_size: 4096,
         host_comm_mode: CommMode::Eager,
-        // The test matrices' symmetric products by blocks (order 64: two levels deep).
+        // The test matrices' symmetric products by tiles (order 64: 4 a side).
         muon_ns_symmetric_tile: 16,
         ..Config::default()
     };

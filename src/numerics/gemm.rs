@@ -212,14 +212,19 @@ pub fn gemm(
         Output::SymmetricLower { tile } => {
             let m = c_shape.rows;
             assert_eq!(m, c_shape.cols, "gemm: a symmetric output must be square");
-            symmetric_lower(dst.as_mut(), alpha, a, b, beta, SymmetricTiles::of(m, tile), threads);
+            let tiles = SymmetricTiles::of(m, tile);
+            if tiles.rows == 0 {
+                product(dst.as_mut(), alpha, a, b, beta, par);
+            } else {
+                symmetric_lower(dst.as_mut(), alpha, a, b, beta, tiles, threads);
+            }
             mirror_lower(dst);
         }
     }
 }
 
-/// The tiles and the strip of `tiles` (see [`SymmetricTiles`]), each one product on one
-/// thread, as the device runs one cuBLAS product per tile: faer splits small products over the
+/// The tiles and the strip of `tiles` (see [`SymmetricTiles`]; at least two tiles a side), each
+/// one product on one thread, as the device runs one cuBLAS product per tile: faer splits small products over the
 /// sum when given threads, so a product's bits would otherwise depend on them. `threads`
 /// workers share the products.
 fn symmetric_lower(
@@ -232,16 +237,13 @@ fn symmetric_lower(
     threads: usize,
 ) {
     let (m, size, strip) = (dst.nrows(), tiles.size, tiles.strip_start());
-    // (first row, first column, rows, columns) of each product.
-    let mut products: Vec<[usize; 4]> = (0..tiles.count())
-        .map(|p| {
-            let (i, j) = SymmetricTiles::tile(p);
-            [i * size, j * size, size, size]
-        })
-        .collect();
-    if strip < m {
-        products.push([strip, 0, m - strip, m]);
-    }
+    // (first row, first column, rows, columns) of each product; the strip, the largest, first.
+    let strip = (strip < m).then_some([strip, 0, m - strip, m]);
+    let tiles = (0..tiles.count()).map(|p| {
+        let (i, j) = SymmetricTiles::tile(p);
+        [i * size, j * size, size, size]
+    });
+    let products: Vec<[usize; 4]> = strip.into_iter().chain(tiles).collect();
     let out = SharedOutput {
         ptr: dst.as_ptr_mut(),
         row_stride: dst.row_stride(),

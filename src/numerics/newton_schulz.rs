@@ -680,8 +680,8 @@ pub const GRAM_RESTART_EVERY: usize = 3;
 /// The narrowest iterate (`n / m`, long side over short side) [`newton_schulz_gram`] iterates
 /// on the Gram matrix; narrower ones take the standard iteration. Five steps cost
 /// `8·m²·n + 28·m³` flops by the Gram iteration against `20·m²·n + 10·m³` (full products):
-/// equal at `n/m = 1.5`. With symmetric products by blocks (5/8 of the square products' flops
-/// at order 4096) the break-even is `n/m ≈ 1.15`; 1.5 holds for every block depth, and
+/// equal at `n/m = 1.5`. With symmetric products by tiles (`X·Xᵀ` and every square product
+/// about half) the break-even falls to `n/m ≈ 1`; the accuracy study's 1.5 is kept, and
 /// square matrices, where the Gram iteration saves nothing, always take the standard path.
 pub const GRAM_MIN_ASPECT: f64 = 1.5;
 

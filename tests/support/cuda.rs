@@ -35,8 +35,8 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     qkv.split_sizes = vec![8, 4, 4];
     qkv.split_groups = 3;
     params.push(qkv);
-    // Order 64 (64 rows, 80 columns): the symmetric products by blocks two levels deep
-    // (`numerics::gemm::symmetric_blocks`); the model's order-32 matrices go one level deep.
+    // Order 64 (64 rows, 80 columns): the symmetric products by 4 tiles a side with tiles of
+    // 16 (`numerics::gemm::SymmetricTiles`); the model's order-32 matrices by 2.
     params.push(ParamSpec::new("deep.weight", &[64, 80], muon_opt::config::Dtype::Bf16));
     // A gated-delta-net input projection [q|k|v|z|β|α] with β and α one row per value head:
     // six components, two of them tiny, each orthogonalized alone.

@@ -213,6 +213,7 @@ pub enum Matrices {
     /// list addresses (the tiles of a symmetric product share their row and column panels).
     Listed { table: DevPtr, panels: u32 },
 }
+
 /// `ncclDataType_t` of a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NcclType {
