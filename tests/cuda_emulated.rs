@@ -28,7 +28,7 @@ use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::ParamSpec;
 use muon_opt::numerics::bf16::{bf16_to_f32, f32_to_bf16_rne};
-use muon_opt::numerics::gemm::{Output, Strides, gemm};
+use muon_opt::numerics::gemm::{Output, Strides, SymmetricTiles, gemm};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both};
 use support::cuda::{cuda_model, elementwise_script, host_backend, iterate, runtime};
@@ -460,13 +460,16 @@ impl Emulator {
                 let w = words(a, 0);
                 let header = w.len() - 2;
                 let (count, rows, entries) = (w[header] & 0xffff_ffff, w[header] >> 32, w[header + 1]);
-                let per_matrix = rows * (rows + 1) / 2;
+                let tiles = SymmetricTiles {
+                    rows: rows as usize,
+                    size: 0,
+                };
+                let (positions, per_matrix): (Vec<_>, u64) = (tiles.positions().collect(), tiles.count() as u64);
                 for l in 0..count as usize {
                     let list = &w[l * 13..(l + 1) * 13];
                     for q in 0..entries {
-                        let (matrix, p) = (q / per_matrix, q % per_matrix);
-                        let i = (0..rows).take_while(|i| i * (i + 1) / 2 <= p).last().unwrap();
-                        let j = p - i * (i + 1) / 2;
+                        let (matrix, (i, j)) = (q / per_matrix, positions[(q % per_matrix) as usize]);
+                        let (i, j) = (i as u64, j as u64);
                         for o in 0..3 {
                             let [base, stride, row, col] = [1, 2, 3, 4].map(|x| list[4 * o + x]);
                             let at = list[0] + (o as u64 * entries + q) * 8;

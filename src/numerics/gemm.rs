@@ -53,17 +53,9 @@ impl SymmetricTiles {
         self.rows * (self.rows + 1) / 2
     }
 
-    /// The (tile row, tile column) of tile `p`.
-    pub fn tile(p: usize) -> (usize, usize) {
-        // The row is the largest `i` with `i·(i + 1)/2 ≤ p`; the float estimate is corrected.
-        let mut i = (((8 * p + 1) as f64).sqrt() as usize).saturating_sub(1) / 2;
-        while (i + 1) * (i + 2) / 2 <= p {
-            i += 1;
-        }
-        while i * (i + 1) / 2 > p {
-            i -= 1;
-        }
-        (i, p - i * (i + 1) / 2)
+    /// The (tile row, tile column) of every tile on and below the diagonal, row by row.
+    pub fn positions(&self) -> impl Iterator<Item = (usize, usize)> {
+        (0..self.rows).flat_map(|i| (0..=i).map(move |j| (i, j)))
     }
 
     /// The first row of the strip (`m` when there is none).
@@ -239,10 +231,7 @@ fn symmetric_lower(
     let (m, size, strip) = (dst.nrows(), tiles.size, tiles.strip_start());
     // (first row, first column, rows, columns) of each product; the strip, the largest, first.
     let strip = (strip < m).then_some([strip, 0, m - strip, m]);
-    let tiles = (0..tiles.count()).map(|p| {
-        let (i, j) = SymmetricTiles::tile(p);
-        [i * size, j * size, size, size]
-    });
+    let tiles = tiles.positions().map(|(i, j)| [i * size, j * size, size, size]);
     let products: Vec<[usize; 4]> = strip.into_iter().chain(tiles).collect();
     let out = SharedOutput {
         ptr: dst.as_ptr_mut(),

@@ -98,13 +98,19 @@ impl Product {
     }
 
     /// A product that is symmetric by construction (`X·Xᵀ`, `A·A`; `m = n`, contiguous
-    /// matrices) by the tiles of `numerics::gemm::SymmetricTiles` of side `tile`, as the host's
+    /// matrices) by the tiles of its call (`tables`, `numerics::gemm::SymmetricTiles`), as the host's
     /// `Output::SymmetricLower`: one batched GEMM over every tile on and below the diagonal of
     /// every matrix (their pointers listed in `tables`), and the rows past the last whole tile
     /// as one strip; the lower triangle is exact, the upper one is left to [`symmetrize`] (the
     /// host mirrors it at once). A matrix too small to tile is one full product.
-    pub(super) fn symmetric(&self, tile: usize, tables: &mut TileTables) -> Result<Vec<Action>> {
-        let tiles = SymmetricTiles::of(self.m as usize, tile);
+    pub(super) fn symmetric(&self, tables: &mut TileTables) -> Result<Vec<Action>> {
+        let tiles = tables.tiles;
+        if SymmetricTiles::of(self.m as usize, tiles.size) != tiles || self.batch != tables.batch {
+            bail!(
+                Internal,
+                "newton_schulz: a symmetric product of another shape than its call's"
+            );
+        }
         if tiles.rows == 0 {
             return Ok(vec![self.gemm()?]);
         }
@@ -143,7 +149,7 @@ impl Product {
             batch: self.batch * tiles.count() as u64,
             ..*self
         };
-        let table = tables.list(tiles.rows as u64, self.batch, operands)?;
+        let table = tables.list(operands)?;
         let panels = to_u32("tile panels", self.batch * tiles.rows as u64)?;
         let mut actions = vec![listed.cublas(Matrices::Listed { table, panels })?];
         let strip = tiles.strip_start() as u64;
@@ -176,36 +182,40 @@ pub(super) const TILE_LISTS: u64 = 12;
 
 /// The pointer lists of one Newton–Schulz call's tiled products (`Work::TileTables`), written
 /// by one `muon_gemm_tile_tables` launch ahead of them ([`TileTables::write`]): every product
-/// of the call has the same shape, and products with the same operands share a list.
+/// of the call has the same tiles (`batch` matrices of one order), and products with the same
+/// operands share a list.
 pub(super) struct TileTables {
     base: DevPtr,
     /// Pointers the buffer holds.
     capacity: u64,
-    /// The call's tile rows per matrix and matrices (equal for every product of the call).
-    shape: Option<(u64, u64)>,
+    tiles: SymmetricTiles,
+    batch: u64,
     lists: Vec<[TileOperand; 3]>,
 }
 
 impl TileTables {
-    pub(super) fn new(base: DevPtr, capacity: u64) -> Self {
+    pub(super) fn new(base: DevPtr, capacity: u64, tiles: SymmetricTiles, batch: u64) -> Self {
         TileTables {
             base,
             capacity,
-            shape: None,
+            tiles,
+            batch,
             lists: Vec::new(),
         }
     }
 
     /// Tiles of each list.
     fn entries(&self) -> u64 {
-        self.shape.map_or(0, |(rows, batch)| batch * rows * (rows + 1) / 2)
+        self.batch * self.tiles.count() as u64
     }
 
-    /// The table of the tiles of `batch` matrices of `rows` tile rows with these operands.
-    fn list(&mut self, rows: u64, batch: u64, operands: [TileOperand; 3]) -> Result<DevPtr> {
-        if *self.shape.get_or_insert((rows, batch)) != (rows, batch) {
-            bail!(Internal, "newton_schulz: tiled products of two shapes in one call");
-        }
+    /// Where list `index` starts.
+    fn at(&self, index: usize) -> DevPtr {
+        self.base + index as u64 * 3 * self.entries() * 8
+    }
+
+    /// The list of the call's tiles with these operands.
+    fn list(&mut self, operands: [TileOperand; 3]) -> Result<DevPtr> {
         let index = match self.lists.iter().position(|l| *l == operands) {
             Some(index) => index,
             None => {
@@ -213,34 +223,33 @@ impl TileTables {
                 self.lists.len() - 1
             }
         };
-        let entries = self.entries();
-        if self.lists.len() as u64 > TILE_LISTS || self.lists.len() as u64 * 3 * entries > self.capacity {
+        let (lists, entries) = (self.lists.len() as u64, self.entries());
+        if lists > TILE_LISTS || lists * 3 * entries > self.capacity {
             bail!(
                 Internal,
-                "newton_schulz: {} tile lists of {entries} tiles exceed the workspace sized at allocate",
-                self.lists.len()
+                "newton_schulz: {lists} tile lists of {entries} tiles exceed the workspace sized at allocate"
             );
         }
-        Ok(self.base + index as u64 * 3 * entries * 8)
+        Ok(self.at(index))
     }
 
     /// The launch that writes every list (`struct muon_tile_lists`), inserted at `at` of
     /// `actions` (ahead of the call's products); nothing when no product was tiled.
-    pub(super) fn write(self, actions: &mut Vec<Action>, at: usize) -> Result<()> {
-        let Some((rows, _)) = self.shape else {
-            return Ok(());
-        };
+    pub(super) fn write(self, actions: &mut Vec<Action>, at: usize) {
+        if self.lists.is_empty() {
+            return;
+        }
         let entries = self.entries();
         let mut words = vec![0u64; TILE_LISTS as usize * 13 + 2];
         for (l, operands) in self.lists.iter().enumerate() {
             let list = &mut words[l * 13..(l + 1) * 13];
-            list[0] = self.base + l as u64 * 3 * entries * 8;
+            list[0] = self.at(l);
             for (k, o) in operands.iter().enumerate() {
                 list[1 + 4 * k..5 + 4 * k].copy_from_slice(&[o.base, o.matrix, o.row, o.col]);
             }
         }
         let header = TILE_LISTS as usize * 13;
-        words[header] = self.lists.len() as u64 | (rows << 32);
+        words[header] = self.lists.len() as u64 | ((self.tiles.rows as u64) << 32);
         words[header + 1] = entries;
         let launch = launch(
             Kernel::GemmTileTables,
@@ -249,7 +258,6 @@ impl TileTables {
             vec![Arg::Words(words)],
         );
         actions.insert(at, launch);
-        Ok(())
     }
 }
 
@@ -381,15 +389,14 @@ impl Translator {
         let product = |inputs, shape, alpha, a, b, b_transposed, beta, c| {
             Product::contiguous(inputs, shape, alpha, a, b, b_transposed, beta, c, batch)
         };
-        let tile = self.muon.ns.symmetric_tile;
-        let (start, mut tables) = (actions.len(), self.tile_tables()?);
+        let (start, mut tables) = (actions.len(), self.tile_tables(m, batch)?);
         let mut current = x;
         if self.muon.ns.precision == NsPrecision::Bf16Iterate {
             store_bf16(actions, x, self.work(Work::XBf16)?, batch * mn);
         }
         if runs_gram(m as usize, n as usize, &self.muon.ns) {
             let x = self.iterate_gram(actions, x, (m, n), batch, reduce, &mut tables)?;
-            tables.write(actions, start)?;
+            tables.write(actions, start);
             return Ok((x, transposed));
         }
         for step in 0..self.muon.ns.steps as usize {
@@ -407,8 +414,7 @@ impl Translator {
                     if !iterate {
                         actions.push(round(x, xb, batch * mn));
                     }
-                    actions
-                        .extend(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).symmetric(tile, &mut tables)?);
+                    actions.extend(product(Bf16, (m, n, m), 1.0, xb, xb, true, 0.0, gram).symmetric(&mut tables)?);
                     if reduce {
                         on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
                     }
@@ -416,7 +422,7 @@ impl Translator {
                     if iterate {
                         actions.push(widen(gb, gram, batch * mm));
                     }
-                    actions.extend(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).symmetric(tile, &mut tables)?);
+                    actions.extend(product(Bf16, (m, m, m), c, gb, gb, false, b, gram).symmetric(&mut tables)?);
                     actions.push(symmetrize(gram, gb, true, batch, m)?);
                     actions.push(product(Bf16, (m, m, n), 1.0, gb, xb, false, a, x).gemm()?);
                     if iterate {
@@ -428,15 +434,14 @@ impl Translator {
                     let poly = self.work(Work::Poly)?;
                     let next = if current == x { self.work(Work::XNext)? } else { x };
                     actions.extend(
-                        product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).symmetric(tile, &mut tables)?,
+                        product(F32, (m, n, m), 1.0, current, current, true, 0.0, gram).symmetric(&mut tables)?,
                     );
                     if reduce {
                         on_tp_comm(actions, all_reduce(gram, batch * mm, NcclType::F32));
                     }
                     actions.push(symmetrize(gram, gram, false, batch, m)?);
                     actions.push(copy(gram, poly, batch * mm));
-                    actions
-                        .extend(product(F32, (m, m, m), c, gram, gram, false, b, poly).symmetric(tile, &mut tables)?);
+                    actions.extend(product(F32, (m, m, m), c, gram, gram, false, b, poly).symmetric(&mut tables)?);
                     actions.push(symmetrize(poly, poly, false, batch, m)?);
                     actions.push(copy(current, next, batch * mn));
                     actions.push(product(F32, (m, m, n), 1.0, poly, current, false, a, next).gemm()?);
@@ -444,16 +449,17 @@ impl Translator {
                 }
             }
         }
-        tables.write(actions, start)?;
+        tables.write(actions, start);
         Ok((current, transposed))
     }
 
-    /// The tile lists of one Newton–Schulz call, in `Work::TileTables` (absent when no
-    /// product of the rank is tiled).
-    fn tile_tables(&self) -> Result<TileTables> {
+    /// The tile lists of one Newton–Schulz call on `batch` matrices of order `m`, in
+    /// `Work::TileTables` (absent when no product of the rank is tiled).
+    fn tile_tables(&self, m: u64, batch: u64) -> Result<TileTables> {
         let capacity = self.work.tile_pointers;
         let base = if capacity > 0 { self.work(Work::TileTables)? } else { 0 };
-        Ok(TileTables::new(base, capacity))
+        let tiles = SymmetricTiles::of(m as usize, self.muon.ns.symmetric_tile);
+        Ok(TileTables::new(base, capacity, tiles, batch))
     }
 }
 
@@ -466,12 +472,16 @@ mod tests {
     fn listed_pointers(words: &[u64]) -> std::collections::HashMap<DevPtr, DevPtr> {
         let header = TILE_LISTS as usize * 13;
         let (count, rows, entries) = (words[header] & 0xffff_ffff, words[header] >> 32, words[header + 1]);
-        let per_matrix = rows * (rows + 1) / 2;
+        let tiles = SymmetricTiles {
+            rows: rows as usize,
+            size: 0,
+        };
+        let (positions, per_matrix): (Vec<_>, u64) = (tiles.positions().collect(), tiles.count() as u64);
         let mut out = std::collections::HashMap::new();
         for l in 0..count as usize {
             let list = &words[l * 13..(l + 1) * 13];
             for q in 0..entries {
-                let (matrix, (i, j)) = (q / per_matrix, SymmetricTiles::tile((q % per_matrix) as usize));
+                let (matrix, (i, j)) = (q / per_matrix, positions[(q % per_matrix) as usize]);
                 for o in 0..3 {
                     let [base, stride, row, col] = [1, 2, 3, 4].map(|w| list[4 * o + w]);
                     let ptr = base + matrix * stride + i as u64 * row + j as u64 * col;
@@ -530,9 +540,10 @@ mod tests {
             for matrices in [1u64, 3] {
                 for (inputs, k, b_transposed) in [(GemmInputs::Bf16, k_wide, true), (GemmInputs::F32, m, false)] {
                     let full = Product::contiguous(inputs, (m, k, m), 1.0, x, x, b_transposed, 0.0, c, matrices);
-                    let mut tables = TileTables::new(table, 1 << 20);
-                    let mut actions = full.symmetric(tile as usize, &mut tables).unwrap();
-                    tables.write(&mut actions, 0).unwrap();
+                    let tiles = SymmetricTiles::of(m as usize, tile as usize);
+                    let mut tables = TileTables::new(table, 1 << 20, tiles, matrices);
+                    let mut actions = full.symmetric(&mut tables).unwrap();
+                    tables.write(&mut actions, 0);
                     let Action::Launch(crate::backend::cuda::action::Launch { kernel, args, .. }) = &actions[0] else {
                         panic!("the tile lists are written first")
                     };

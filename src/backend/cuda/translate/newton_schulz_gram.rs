@@ -29,7 +29,6 @@ struct Gram<'a> {
     batch: u64,
     m: u64,
     n: u64,
-    tile: usize,
     tables: &'a mut TileTables,
     /// Each `X·Xᵀ` all-reduced over the tensor-parallel group (a `distributed` shard).
     reduce: bool,
@@ -83,7 +82,7 @@ impl Gram<'_> {
             out,
             self.batch,
         );
-        self.actions.extend(product.symmetric(self.tile, self.tables)?);
+        self.actions.extend(product.symmetric(self.tables)?);
         Ok(())
     }
 
@@ -230,7 +229,6 @@ impl Translator {
             batch,
             m,
             n,
-            tile: ns.symmetric_tile,
             tables,
             reduce,
             x,
