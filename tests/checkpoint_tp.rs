@@ -551,11 +551,11 @@ fn tp_checkpoints_that_do_not_fit_together_are_refused() {
             "component 'mlp.fc1.weight/part0'",
         ),
         (
-            "groups that do not divide",
+            "groups that do not fit the shape",
             &tp2[1],
             Box::new(|index, _| entry(index, "attn.qkv.weight")["split_groups"] = serde_json::json!(3)),
             ErrorKind::CheckpointCorrupt,
-            "attn.qkv.weight",
+            "sum to 48",
         ),
         (
             "no TP group",

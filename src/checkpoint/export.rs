@@ -51,12 +51,12 @@ pub fn export(dirs: &[&Path], out: &Path) -> Result<Exported> {
             ));
         }
     }
-    let mut params: Vec<&ParamEntry> = Vec::new();
-    for entry in sources.iter().flat_map(|s| &s.index.params) {
-        if params.iter().all(|p| p.name != entry.name) {
-            params.push(entry);
-        }
-    }
+    let mut seen = std::collections::HashSet::new();
+    let params: Vec<&ParamEntry> = sources
+        .iter()
+        .flat_map(|s| &s.index.params)
+        .filter(|entry| seen.insert(entry.name.as_str()))
+        .collect();
     let header = header(&params, &first.index)?;
     let partial = partial_path(out)?;
     let written = write_file(&sources, &params, &header, &partial);

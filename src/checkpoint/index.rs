@@ -426,12 +426,6 @@ impl Index {
                 }
                 (Some(_), None) => return Err(format!("param '{}': a TP shard without a TP group", param.name)),
             };
-            if held.len() != param.components.len() {
-                return Err(format!(
-                    "param '{}': components do not follow from its splits",
-                    param.name
-                ));
-            }
             let mut next_offset = 0;
             for (component, held) in param.components.iter().zip(held) {
                 if component.offset != next_offset {

@@ -21,6 +21,15 @@ use crate::schedule::{OwnedState, Runtime};
 pub(super) struct Source {
     pub dir: PathBuf,
     pub index: Index,
+    /// Position in `index.params` by name.
+    by_name: HashMap<String, usize>,
+}
+
+impl Source {
+    /// The entry of param `name`, if this checkpoint holds it.
+    fn param(&self, name: &str) -> Option<&ParamEntry> {
+        self.by_name.get(name).map(|&i| &self.index.params[i])
+    }
 }
 
 /// Which params the checkpoints of a load must hold.
@@ -45,9 +54,16 @@ pub(super) fn open_sources(dirs: &[&Path]) -> Result<(Vec<Source>, u64)> {
         let bytes = std::fs::read(&index_path).map_err(|e| io_error("read the checkpoint index", &index_path, &e))?;
         identity.update(&bytes);
         let index = Index::decode(&bytes)?;
+        let by_name = index
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.name.clone(), i))
+            .collect();
         sources.push(Source {
             dir: dir.to_path_buf(),
             index,
+            by_name,
         });
     }
     Ok((sources, u64::from(identity.finalize())))
@@ -63,10 +79,6 @@ pub(super) fn holders<'a>(
 ) -> Result<Vec<Vec<(usize, &'a ParamEntry)>>> {
     if coverage == Coverage::Exact {
         sources[0].index.check_matches(globals, cfg)?;
-        return globals
-            .iter()
-            .map(|spec| sources_of(sources, &spec.name, Some(spec)))
-            .collect();
     }
     for source in sources {
         source.index.check_config(cfg)?;
@@ -99,7 +111,7 @@ pub(super) fn sources_of<'a>(
     let found: Vec<(usize, &ParamEntry)> = sources
         .iter()
         .enumerate()
-        .filter_map(|(s, source)| source.index.param(name).map(|e| (s, e)))
+        .filter_map(|(s, source)| source.param(name).map(|e| (s, e)))
         .collect();
     let Some(&(first, entry)) = found.first() else {
         bail!(
@@ -118,12 +130,11 @@ pub(super) fn sources_of<'a>(
     let ranks = tp_holders(sources, name, &found)?;
     Ok(match entry.tp_split {
         Some(_) => found,
-        None => ranks
-            .iter()
-            .min()
-            .and_then(|&(_, s)| found.iter().find(|&&(f, _)| f == s))
-            .map(|&held| vec![held])
-            .unwrap_or_default(),
+        None => {
+            let (_, lowest) = *ranks.iter().min().expect("tp_holders names a TP rank per holder");
+            let held = found.iter().find(|&&(s, _)| s == lowest);
+            vec![*held.expect("tp_holders names holders among those found")]
+        }
     })
 }
 
