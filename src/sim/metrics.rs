@@ -192,6 +192,18 @@ fn call_name(call: Call) -> String {
     }
 }
 
+/// The trace labels of the work the Newton–Schulz figure counts: the momentum, the
+/// normalization, the products and their tile lists, the mirrors, `Q = Z + a·I` and the apply.
+pub const NEWTON_SCHULZ_WORK: [&str; 7] = [
+    "muon momentum",
+    "ns normalize",
+    "ns tile tables",
+    "ns gemm",
+    "ns symmetrize",
+    "ns add identity",
+    "muon apply",
+];
+
 /// Iteration `i`'s time: between the compute stream finishing iterations `i − 1` and `i`.
 fn iteration_time(t: &Timeline, i: usize) -> f64 {
     (compute_end(t, i) - compute_end(t, i - 1)).max(0.0)
@@ -222,20 +234,7 @@ pub fn figures(timelines: &[Timeline], iterations: usize, model: f64, uncontende
             s.stream == StreamKind::Compute && s.class == Class::Optimizer
         })
     };
-    let ns = |t: &Timeline| {
-        sum(t, last, |s| {
-            matches!(
-                s.label.what,
-                "ns gemm"
-                    | "ns normalize"
-                    | "ns symmetrize"
-                    | "ns add identity"
-                    | "ns tile tables"
-                    | "muon momentum"
-                    | "muon apply"
-            )
-        })
-    };
+    let ns = |t: &Timeline| sum(t, last, |s| NEWTON_SCHULZ_WORK.contains(&s.label.what));
     let max_uncontended = |f: &dyn Fn(&Timeline) -> f64| uncontended.iter().map(f).fold(0.0, f64::max);
     let optimizer_compute = max_uncontended(&optimizer);
     let forward = sum(u0, last, |s| s.class == Class::Forward);
