@@ -13,7 +13,7 @@ use crate::backend::Backend;
 use crate::backend::cuda::{CallerStream, CudaBackend, Groups};
 use crate::backend::host::comm::HostComm;
 use crate::backend::host::executor::HostBackend;
-use crate::backend::ops::{MAX_NORM_TERMS, NormSums};
+use crate::backend::ops::MAX_NORM_TERMS;
 use crate::bail;
 use crate::checkpoint::{self, TpRank};
 use crate::comm::{Claim, Communicator, Transport};
@@ -593,29 +593,9 @@ impl Optimizer {
     /// The work of [`Optimizer::step_shared`]; an error names the member (`opts[k]`).
     fn run_shared(members: &mut [&mut Optimizer], args: Option<&[StepArgs]>) -> Result<()> {
         let in_member = |k: usize| move |err: Error| Error::new(err.kind, format!("opts[{k}]: {}", err.message));
-        for (k, member) in members.iter_mut().enumerate() {
-            member
-                .with_runtime("step", |rt| rt.begin_step(args.map(|a| &a[k])))
-                .map_err(in_member(k))?;
-        }
-        for (k, member) in members.iter_mut().enumerate() {
-            member
-                .with_runtime("step", |rt| rt.await_norm())
-                .map_err(in_member(k))?;
-        }
-        let terms = members
-            .iter_mut()
-            .enumerate()
-            .map(|(k, m)| m.with_runtime("step", |rt| rt.norm_term()).map_err(in_member(k)))
-            .collect::<Result<Vec<_>>>()?;
-        for (k, member) in members.iter_mut().enumerate() {
-            let mut own = terms.clone();
-            own[k].sums = NormSums::Own;
-            member
-                .with_runtime("step", |rt| rt.finish_step(&own))
-                .map_err(in_member(k))?;
-        }
-        Ok(())
+        crate::schedule::step_shared(members.len(), args, |k, f| {
+            members[k].with_runtime("step", |rt| f(rt)).map_err(in_member(k))
+        })
     }
 
     /// The preconditions of [`Optimizer::step_shared`], naming the member that breaks one.

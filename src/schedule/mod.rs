@@ -34,6 +34,38 @@ pub use profile::StepProfile;
 use profile::timed;
 pub use qk_clip::QkClipRequest;
 
+/// One step of `members` optimizers sharing one gradient norm (`muon_optimizers_step`):
+/// every member begins its step ([`Runtime::begin_step`], with `args[k]`) before any waits for
+/// its gathered sums ([`Runtime::await_norm`]), so every member's sum of squares is issued
+/// before the first wait; then each finishes with every member's norm term, its own read as
+/// its own. `with(k, f)` runs `f` on member `k`'s runtime and returns its error as the caller
+/// reports it.
+pub fn step_shared(
+    members: usize,
+    args: Option<&[StepArgs]>,
+    mut with: impl FnMut(usize, &mut dyn FnMut(&mut Runtime) -> Result<()>) -> Result<()>,
+) -> Result<()> {
+    for k in 0..members {
+        with(k, &mut |rt| rt.begin_step(args.map(|a| &a[k])))?;
+    }
+    for k in 0..members {
+        with(k, &mut |rt| rt.await_norm())?;
+    }
+    let mut terms = Vec::with_capacity(members);
+    for k in 0..members {
+        with(k, &mut |rt| {
+            terms.push(rt.norm_term()?);
+            Ok(())
+        })?;
+    }
+    for k in 0..members {
+        let mut own = terms.clone();
+        own[k].sums = NormSums::Own;
+        with(k, &mut |rt| rt.finish_step(&own))?;
+    }
+    Ok(())
+}
+
 /// Learning rates and weight decays of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepArgs {

@@ -11,7 +11,6 @@ use crate::backend::cuda::action::{Action, Buf, DevPtr, Kernel, NcclCall, NcclCo
 use crate::backend::cuda::dry_run::VirtualMemory;
 use crate::backend::cuda::translate::Translator;
 use crate::backend::cuda::{CudaBackend, Executor};
-use crate::backend::ops::NormSums;
 use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::Config;
@@ -19,6 +18,7 @@ use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::Plan;
+use crate::schedule::step_shared;
 use crate::schedule::{QkClipRequest, Runtime, StepArgs};
 
 use super::cost::{Cost, CostModel};
@@ -302,18 +302,8 @@ pub fn train_shared(
             runtime.step(Some(&STEP_ARGS))?;
             continue;
         }
-        for runtime in runtimes.iter_mut() {
-            runtime.begin_step(Some(&STEP_ARGS))?;
-        }
-        for runtime in runtimes.iter_mut() {
-            runtime.await_norm()?;
-        }
-        let terms = runtimes.iter().map(|rt| rt.norm_term()).collect::<Result<Vec<_>>>()?;
-        for (k, runtime) in runtimes.iter_mut().enumerate() {
-            let mut own = terms.clone();
-            own[k].sums = NormSums::Own;
-            runtime.finish_step(&own)?;
-        }
+        let args = vec![STEP_ARGS; runtimes.len()];
+        step_shared(runtimes.len(), Some(&args), |k, f| f(runtimes[k]))?;
     }
     Ok(())
 }
