@@ -25,7 +25,10 @@ What the constructor does, once every rank has built the same model:
 Routing: ``nn.Embedding`` weights and the names in ``embedding_or_output`` are flagged
 ``EMBEDDING_OR_OUTPUT`` (AdamW); parameters of fewer than 2 dimensions (biases, norms) get no
 weight decay unless ``no_weight_decay`` says otherwise; the library routes every other 2-D
-matrix to Muon.
+matrix to Muon. An output head not tied to the embedding must be named in
+``embedding_or_output``: with ``vocab_size`` 0 (the default) the library takes the
+embeddings' rows as the vocabulary, and finalize refuses a Muon-routed matrix with that many
+rows, naming it (``MuonError``, ``ROUTING_CONFLICT``).
 
 Fused matrices: ``splits`` maps a parameter name to the row sizes of its components, each
 orthogonalized on its own — ``{"attn.qkv.weight": (q, k, v)}`` — or to ``(sizes, groups)`` when

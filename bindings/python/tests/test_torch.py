@@ -276,6 +276,21 @@ class TorchAdapter(unittest.TestCase):
             moved = float((standard[name] - before[name]).abs().max())
             self.assertLess(float((gram[name] - standard[name]).abs().max()), 1e-3 * moved, name)
 
+    def test_an_untied_output_head_must_be_named(self):
+        class Untied(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+                self.fc = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+                self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+
+        with mo.HostGroup(1) as group:
+            with self.assertRaises(mo.MuonError) as ctx:
+                Muon(Untied(), group[0])
+            self.assertIn("head.weight", str(ctx.exception))
+            opt = Muon(Untied(), group[0], embedding_or_output=["head.weight"])
+            opt.close()
+
     def test_refusals(self):
         with mo.HostGroup(1) as group:
             with self.assertRaises(ValueError) as ctx:
