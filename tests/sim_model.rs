@@ -16,7 +16,9 @@ use muon_opt::sim::engine::Item;
 use muon_opt::sim::metrics::NEWTON_SCHULZ_WORK;
 use muon_opt::sim::profile::{Hardware, builtin};
 use muon_opt::sim::scenarios::{self, JOBS, job};
-use muon_opt::sim::{Scenario, rank_optimizers, simulate, simulate_against_adamw, simulate_best_ownership};
+use muon_opt::sim::{
+    Scenario, rank_optimizers, simulate, simulate_adamw_baseline, simulate_against_adamw, simulate_best_ownership,
+};
 
 fn h100(name: &str) -> Hardware {
     builtin(name).unwrap()
@@ -393,7 +395,7 @@ fn compact_is_within_one_percent_of_the_other_layouts_on_every_named_job() {
                     layout,
                     ..scenario.clone()
                 };
-                simulate_best_ownership(&scenario, false).unwrap().figures.iteration_ms
+                simulate_best_ownership(&scenario, None).unwrap().figures.iteration_ms
             };
             let compact = iteration(MuonLayout::Compact);
             for other in [MuonLayout::CompactRooted, MuonLayout::Padded] {
@@ -421,7 +423,8 @@ fn muon_costs_at_most_its_newton_schulz_on_every_named_job() {
     for job in JOBS {
         for mxfp8 in [false, true] {
             let scenario = job.scenario(mxfp8).unwrap();
-            let sim = simulate_best_ownership(&scenario, true).unwrap();
+            let adamw = simulate_adamw_baseline(&scenario).unwrap();
+            let sim = simulate_best_ownership(&scenario, Some(&adamw)).unwrap();
             let overhead = sim.adamw_baseline.as_ref().unwrap();
             assert!(
                 overhead.difference_ms <= 1.15 * overhead.newton_schulz_ms,

@@ -378,8 +378,9 @@ pub fn simulate_against_adamw(scenario: &Scenario) -> Result<Simulation> {
     Ok(with_baseline(simulate(scenario)?, &adamw))
 }
 
-/// The same scenario with every param on distributed AdamW (it has no Muon owners).
-fn simulate_adamw_baseline(scenario: &Scenario) -> Result<Simulation> {
+/// The same scenario with every param on distributed AdamW (it has no Muon owners, so neither
+/// the Muon layout nor the ownership changes it).
+pub fn simulate_adamw_baseline(scenario: &Scenario) -> Result<Simulation> {
     simulate(&Scenario {
         adamw_only: true,
         ..scenario.clone()
@@ -387,7 +388,7 @@ fn simulate_adamw_baseline(scenario: &Scenario) -> Result<Simulation> {
 }
 
 /// `muon` with `adamw_baseline` filled from the baseline run `adamw`.
-fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
+pub fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
     let (m, a) = (&muon.figures, &adamw.figures);
     let difference = m.iteration_ms - a.iteration_ms;
     muon.adamw_baseline = Some(Overhead {
@@ -407,12 +408,11 @@ fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
 }
 
 /// `scenario` under every `muon_ownership` its layout takes
-/// ([`MuonLayout::takes_contiguous_ownership`]), against one AdamW baseline run when
-/// `against_adamw`: the run with the shortest iteration, balanced on a tie. What
-/// `muon-opt simulate --ownership auto` recommends for the modelled cluster, and how the named
-/// jobs choose (the library's default stays balanced).
-pub fn simulate_best_ownership(scenario: &Scenario, against_adamw: bool) -> Result<Simulation> {
-    let adamw = against_adamw.then(|| simulate_adamw_baseline(scenario)).transpose()?;
+/// ([`MuonLayout::takes_contiguous_ownership`]), each against the AdamW baseline run `adamw`
+/// when given ([`simulate_adamw_baseline`]): the run with the shortest iteration, balanced on a
+/// tie. What `muon-opt simulate --ownership auto` recommends for the modelled cluster, and how
+/// the named jobs choose (the library's default stays balanced).
+pub fn simulate_best_ownership(scenario: &Scenario, adamw: Option<&Simulation>) -> Result<Simulation> {
     let mut best: Option<Simulation> = None;
     for &ownership in MuonOwnership::ALL {
         if ownership == MuonOwnership::Contiguous && !scenario.layout.takes_contiguous_ownership() {
@@ -422,7 +422,7 @@ pub fn simulate_best_ownership(scenario: &Scenario, against_adamw: bool) -> Resu
             ownership,
             ..scenario.clone()
         })?;
-        if let Some(adamw) = &adamw {
+        if let Some(adamw) = adamw {
             sim = with_baseline(sim, adamw);
         }
         if best

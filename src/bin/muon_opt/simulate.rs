@@ -11,7 +11,7 @@ use clap::{Args, ValueEnum};
 
 use muon_opt::config::{Dtype, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
-use muon_opt::sim::{Scenario, simulate, simulate_against_adamw, simulate_best_ownership};
+use muon_opt::sim::{Scenario, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline};
 
 use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
 
@@ -182,6 +182,8 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     let hardware = load_hardware(&args.hardware)?;
     let ownership = args.ownership.unwrap_or(OwnershipChoice::Balanced);
     let mut sims = Vec::new();
+    // The AdamW baseline has no Muon layout: one run serves every layout.
+    let mut adamw: Option<Simulation> = None;
     for layout in args.layout.layouts() {
         let scenario = Scenario {
             layout,
@@ -207,11 +209,15 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             qk_clip: args.qk_clip,
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
-        let against_adamw = matches!(args.baseline, Some(BaselineChoice::Adamw));
-        let sim = match (ownership, against_adamw) {
-            (OwnershipChoice::Auto, _) => simulate_best_ownership(&scenario, against_adamw),
-            (_, true) => simulate_against_adamw(&scenario),
-            (_, false) => simulate(&scenario),
+        if matches!(args.baseline, Some(BaselineChoice::Adamw)) && adamw.is_none() {
+            adamw = Some(simulate_adamw_baseline(&scenario).map_err(|e| e.to_string())?);
+        }
+        let sim = match ownership {
+            OwnershipChoice::Auto => simulate_best_ownership(&scenario, adamw.as_ref()),
+            _ => simulate(&scenario).map(|sim| match &adamw {
+                Some(adamw) => with_baseline(sim, adamw),
+                None => sim,
+            }),
         };
         sims.push(sim.map_err(|e| e.to_string())?);
     }

@@ -2,7 +2,7 @@
 //! baseline; `--scenario all --markdown` writes `docs/performance.md`.
 
 use muon_opt::sim::scenarios::{JOBS, Job, job};
-use muon_opt::sim::{Scenario, Simulation, simulate_against_adamw, simulate_best_ownership};
+use muon_opt::sim::{Scenario, Simulation, simulate_adamw_baseline, simulate_against_adamw, simulate_best_ownership};
 
 use crate::shared_args::OwnershipChoice;
 
@@ -24,7 +24,8 @@ fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
         for mxfp8 in [false, true] {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
             let sim = match ownership {
-                OwnershipChoice::Auto => simulate_best_ownership(&scenario, true),
+                OwnershipChoice::Auto => simulate_adamw_baseline(&scenario)
+                    .and_then(|adamw| simulate_best_ownership(&scenario, Some(&adamw))),
                 _ => simulate_against_adamw(&Scenario {
                     ownership: ownership.for_layout(scenario.layout),
                     ..scenario
