@@ -166,7 +166,18 @@ fn lay_out(
             ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
         }
     };
-    finish_layout(params, &groups, (&chunks, &sequences), cfg, dp, placements, ownership)
+    let layout = finish_layout(
+        params,
+        &groups,
+        BufferInputs {
+            chunks: &chunks,
+            sequences: Some(&sequences),
+        },
+        cfg,
+        dp,
+        placements,
+    )?;
+    Ok((layout, ownership))
 }
 
 /// `muon_ownership = contiguous` (compact, compact_rooted, allreduce): the owners first, one run
@@ -194,46 +205,43 @@ fn lay_out_contiguous(
             Route::Adamw => backward_chunks(params, &g.params, bucket_size),
         })
         .collect();
-    // Every bucket is rooted: no compact bucket sequence (`lay_out_buffers`).
-    let sequences = vec![Vec::new(); groups.len()];
-    finish_layout(
+    // Every bucket is rooted: no compact bucket sequence.
+    let layout = finish_layout(
         params,
         &groups,
-        (&chunks, &sequences),
+        BufferInputs {
+            chunks: &chunks,
+            sequences: None,
+        },
         cfg,
         dp,
         placements,
-        OwnershipMethod::Contiguous,
-    )
+    )?;
+    Ok((layout, OwnershipMethod::Contiguous))
 }
 
 /// The buffers and buckets of bucket memberships whose owners are in `placements`.
 fn finish_layout(
     params: &[ParamSpec],
     groups: &[BufferGroup],
-    (chunks, sequences): (&[Vec<Vec<u32>>], &[Vec<CompactBucket>]),
+    inputs: BufferInputs,
     cfg: &Config,
     dp: usize,
     mut placements: Vec<ParamPlacement>,
-    ownership: OwnershipMethod,
-) -> Result<(Layout, OwnershipMethod)> {
-    let inputs = BufferInputs { chunks, sequences };
+) -> Result<Layout> {
     let (buffers, buckets) = lay_out_buffers(params, groups, inputs, cfg, dp, &mut placements)?;
-    Ok((
-        Layout {
-            buffers,
-            buckets,
-            params: placements,
-        },
-        ownership,
-    ))
+    Ok(Layout {
+        buffers,
+        buckets,
+        params: placements,
+    })
 }
 
-/// Bucket memberships per buffer: backward chunks, and the compact bucket sequence of Muon
-/// buffers in `compact` mode.
+/// Bucket memberships per buffer: backward chunks, and (balanced ownership) the compact bucket
+/// sequence of Muon buffers, which `compact` mode lays out; None when every bucket is rooted.
 struct BufferInputs<'a> {
     chunks: &'a [Vec<Vec<u32>>],
-    sequences: &'a [Vec<CompactBucket>],
+    sequences: Option<&'a [Vec<CompactBucket>]>,
 }
 
 /// Lays out every buffer (bucket ids global, in buffer order); records param offsets.
@@ -255,15 +263,16 @@ fn lay_out_buffers(
             dtype: group.dtype,
             first_bucket: all_buckets.len() as u32,
         };
-        let mut buckets = match (group.route, cfg.muon_layout) {
-            (Route::Adamw, _) => adamw::layout_adamw(params, chunks, dp, key, placements),
-            (Route::Muon, MuonLayout::Padded) => {
+        let sequence = inputs.sequences.map(|s| &s[index]);
+        let mut buckets = match (group.route, cfg.muon_layout, sequence) {
+            (Route::Adamw, ..) => adamw::layout_adamw(params, chunks, dp, key, placements),
+            (Route::Muon, MuonLayout::Padded, _) => {
                 padded::layout_padded(params, &group.params, bucket_size, dp, key, placements)
             }
-            (Route::Muon, MuonLayout::Compact) if cfg.muon_ownership == MuonOwnership::Balanced => {
-                compact::layout_grouped(params, &inputs.sequences[index], dp, key, placements)?
+            (Route::Muon, MuonLayout::Compact, Some(sequence)) => {
+                compact::layout_grouped(params, sequence, dp, key, placements)?
             }
-            (Route::Muon, _) => compact::layout_compact(params, chunks, dp, key, placements)?,
+            (Route::Muon, ..) => compact::layout_compact(params, chunks, dp, key, placements)?,
         };
         let param_numel = place_param_storage(&mut buckets, params, cfg);
         buffers.push(Buffer {
