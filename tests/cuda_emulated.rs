@@ -804,8 +804,8 @@ fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
 /// The Gram Newton–Schulz iteration (`muon_ns_method = gram`) on the emulated device, bit for
 /// bit like the host in every precision: bf16 and bf16_iterate with 5 quintic steps (one
 /// restart), f32 with 9 Polar Express steps (restarts at steps 2, 5 and 8). The model's wide
-/// matrices (order 32 and 64 with blocks down to 16: the symmetric products one and two
-/// levels deep), its expert stack and fused components (strided batches, tall ones transposed)
+/// matrices (order 32 and 64 with tiles of 16: the symmetric products 2 and 4 tiles a side),
+/// its expert stack and fused components (strided batches, tall ones transposed)
 /// take the Gram iteration; its square and near-square ones (`n/m < 1.5`) the standard one,
 /// checked against a host run with `standard`: after one step those params are equal to it
 /// bit for bit and every other Muon param differs.
@@ -1009,7 +1009,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
             ParamFlags::EXPERT_STACK | ParamFlags::TP_SHARD_COLS,
         ),
         // Wide iterates in both modes (the Gram iteration's): whole 32 × 128 and 16 × 192
-        // (transposed); shards 32 × 64 (order 32: blocks one level deep) and 16 × 96.
+        // (transposed); shards 32 × 64 (order 32: 2 tiles a side) and 16 × 96.
         shard("mlp.wide.weight", &[32, 64], ParamFlags::TP_SHARD_COLS),
         shard("attn.tall.weight", &[96, 16], ParamFlags::TP_SHARD_ROWS),
     ];

@@ -409,17 +409,23 @@ fn rejects_bad_arguments() {
     assert!(out.iter().all(|&v| v == 0.0), "output written on error");
 }
 
-/// The products split their output, never a sum, between threads: the result is the same bits
-/// on 1, 2 or 3 threads, for small, square, wide and tall matrices in both precisions. The
-/// host parity suites (dp ranks on one GEMM thread each against one rank on every core) rely
-/// on it.
+/// The result is the same bits on 1, 2 or 3 threads, for small, square, wide and tall matrices
+/// in both precisions, by the standard and the Gram iteration (the wide and tall ones take it).
+/// The host parity suites (dp ranks on one GEMM thread each against one rank on every core)
+/// rely on it.
 #[test]
 fn result_does_not_depend_on_the_number_of_threads() {
     let mut rng = Rng::new(41);
     for (rows, cols) in [(1, 1), (3, 5), (17, 33), (130, 70), (64, 64), (200, 600), (513, 257)] {
         let input: Vec<f32> = (0..rows * cols).map(|_| rng.normal() as f32).collect();
-        for precision in [NsPrecision::F32, NsPrecision::Bf16] {
-            let o = opts(CoefficientSet::Quintic, 5, precision);
+        let runs = [NsPrecision::F32, NsPrecision::Bf16]
+            .into_iter()
+            .flat_map(|p| [NsMethod::Standard, NsMethod::Gram].map(|method| (p, method)));
+        for (precision, method) in runs {
+            let o = NsOptions {
+                method,
+                ..opts(CoefficientSet::Quintic, 5, precision)
+            };
             let on = |threads: usize| {
                 let mut out = vec![0.0; input.len()];
                 let mut ws = NsWorkspace::default().with_threads(threads);
@@ -431,7 +437,7 @@ fn result_does_not_depend_on_the_number_of_threads() {
             for threads in [2, 3] {
                 assert!(
                     on(threads) == one,
-                    "{rows}×{cols} {precision:?}: {threads} threads differ from 1"
+                    "{rows}×{cols} {precision:?} {method:?}: {threads} threads differ from 1"
                 );
             }
         }
@@ -612,7 +618,7 @@ fn tiny_norm_gradients_follow_megatrons_floor() {
 
 /// The Gram iteration (forced, whatever `gram_applies` says) is the standard one in exact
 /// arithmetic: on wide and tall inputs
-/// (aspect 3 and 4, blocks two levels deep at order 64), 5 and 8 steps, three coefficient
+/// (aspect 3 and 4, 4 tiles a side at order 64), 5 and 8 steps, three coefficient
 /// sets, it stays within rounding of the f64 standard iteration: f32 within 5e-6 (the host's
 /// standard f32 run: within 1.1e-6), bf16 within 4e-2 and bf16_iterate within 2e-2 (standard:
 /// 1.4e-2 and 6.7e-3). Its rounding error is larger than the standard iteration's: up to

@@ -216,9 +216,10 @@ pub fn gemm(
 }
 
 /// The tiles and the strip of `tiles` (see [`SymmetricTiles`]; at least two tiles a side), each
-/// one product on one thread, as the device runs one cuBLAS product per tile: faer splits small products over the
-/// sum when given threads, so a product's bits would otherwise depend on them. `threads`
-/// workers share the products.
+/// one product on one thread, as the device runs one cuBLAS product per tile: a row of tiles
+/// computed as one product on 2 threads gave other bits than on 1 (a 257 × 513 iterate in f32,
+/// `result_does_not_depend_on_the_number_of_threads`), one tile per thread never does.
+/// `threads` workers share the products.
 fn symmetric_lower(
     dst: MatMut<'_, f32>,
     alpha: f32,

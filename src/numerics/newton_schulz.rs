@@ -190,12 +190,11 @@ pub struct NsWorkspace {
     gram_iteration: GramBuffers,
 }
 
-/// The buffers of [`NsWorkspace::iterate_gram`]: `R`, `Z`, `Q` and `RZ` (`m × m`), and the
-/// operands as the products read them (`X`: `m × n`; `R`, `Z`, `Q`: `m × m`).
+/// The buffers of [`NsWorkspace::iterate_gram`] beside the workspace's own (`R` in `gram`, `Z`
+/// in `poly`): `Q` and `RZ` (`m × m`), and the operands as the products read them where they
+/// differ from the stored values (`X`: `m × n`; `R`, `Z`, `Q`: `m × m`).
 #[derive(Debug, Clone, Default)]
 struct GramBuffers {
-    r: Vec<f32>,
-    z: Vec<f32>,
     q: Vec<f32>,
     rz: Vec<f32>,
     x_op: Vec<f32>,
@@ -208,8 +207,6 @@ impl GramBuffers {
     /// Grows every buffer for an `m × n` iterate; on failure nothing is used.
     fn grow(&mut self, mn: usize, mm: usize) -> Result<()> {
         let squares = [
-            &mut self.r,
-            &mut self.z,
             &mut self.q,
             &mut self.rz,
             &mut self.r_op,
@@ -454,14 +451,40 @@ impl NsWorkspace {
     ) -> Result<()> {
         let (mn, mm) = (m * n, m * m);
         let (wide, square) = (Strides::row_major(m, n), Strides::row_major(m, m));
-        let threads = self.threads;
         let rounded = opts.precision != NsPrecision::F32;
         let stored = opts.precision == NsPrecision::Bf16Iterate;
-        // An operand as the product reads it: bf16 values in both bf16 precisions.
-        let read = |values: &[f32], scratch: &mut Vec<f32>| {
-            scratch.clear();
-            scratch.extend(values.iter().map(|&v| if rounded { round_through_bf16(v) } else { v }));
-        };
+        let NsWorkspace {
+            threads,
+            x,
+            x_next,
+            x_bf16: _,
+            gram: r,
+            poly: z,
+            gram_iteration: buffers,
+        } = self;
+        let threads = *threads;
+        buffers.grow(mn, mm)?;
+        let GramBuffers {
+            q,
+            rz,
+            x_op: xs,
+            r_op,
+            z_op,
+            q_op,
+        } = buffers;
+        let (r, z, q, rz) = (&mut r[..mm], &mut z[..mm], &mut q[..mm], &mut rz[..mm]);
+        // An operand as the product reads it: its bf16 values in `scratch` in both bf16
+        // precisions, the stored values themselves in f32.
+        fn read<'a>(values: &'a [f32], scratch: &'a mut [f32], rounded: bool) -> &'a [f32] {
+            if rounded { copy(values, scratch, true) } else { values }
+        }
+        // The operand in `scratch`, rounded to bf16 values when `rounded`.
+        fn copy<'a>(values: &[f32], scratch: &'a mut [f32], rounded: bool) -> &'a [f32] {
+            let scratch = &mut scratch[..values.len()];
+            let value = |v: f32| if rounded { round_through_bf16(v) } else { v };
+            scratch.iter_mut().zip(values).for_each(|(s, &v)| *s = value(v));
+            scratch
+        }
         let store = |values: &mut [f32]| {
             if stored {
                 round_slice_through_bf16_in_place(values);
@@ -483,22 +506,9 @@ impl NsWorkspace {
             );
             store(out);
         };
-        let mut buffers = std::mem::take(&mut self.gram_iteration);
-        buffers.grow(mn, mm)?;
-        let GramBuffers {
-            r,
-            z,
-            q,
-            rz,
-            x_op: xs,
-            r_op,
-            z_op,
-            q_op,
-        } = &mut buffers;
-        let (r, z, q, rz) = (&mut r[..mm], &mut z[..mm], &mut q[..mm], &mut rz[..mm]);
         // R = X·Xᵀ, completed over the shards.
-        let gram = |x: &[f32], xs: &mut Vec<f32>, r: &mut [f32], sums: &mut Option<&mut dyn ShardSums>| {
-            read(x, xs);
+        let gram = |x: &[f32], xs: &mut [f32], r: &mut [f32], sums: &mut Option<&mut dyn ShardSums>| {
+            let xs = read(x, xs, rounded);
             gemm(
                 1.0,
                 (xs, wide),
@@ -514,41 +524,39 @@ impl NsWorkspace {
             store(r);
             Ok::<(), crate::error::Error>(())
         };
-        // X ← Q·X.
-        let apply = |q: &[f32], q_op: &mut Vec<f32>, x: &mut [f32], xs: &mut Vec<f32>, next: &mut [f32]| {
-            read(q, q_op);
-            read(x, xs);
+        // X ← Q·X: into the other iterate buffer, which becomes the iterate.
+        let apply = |q: &[f32], q_op: &mut [f32], x: &mut Vec<f32>, xs: &mut [f32], next: &mut Vec<f32>| {
+            let (q, xs) = (read(q, q_op, rounded), read(&x[..mn], xs, rounded));
             gemm(
                 1.0,
-                (q_op, square),
+                (q, square),
                 (xs, wide),
                 0.0,
-                (&mut *next, wide),
+                (&mut next[..mn], wide),
                 Output::Full,
                 threads,
             );
-            store(next);
-            x.copy_from_slice(next);
+            store(&mut next[..mn]);
+            std::mem::swap(x, next);
         };
-        let (x, next) = (&mut self.x[..mn], &mut self.x_next[..mn]);
-        gram(x, xs, r, &mut sums)?;
+        gram(&x[..mn], xs, r, &mut sums)?;
         let mut accumulated = false;
         for step in 0..opts.steps as usize {
             if gram_restarts_at(step) {
-                apply(q, q_op, x, xs, next);
-                gram(x, xs, r, &mut sums)?;
+                apply(q, q_op, x, xs, x_next);
+                gram(&x[..mn], xs, r, &mut sums)?;
                 accumulated = false;
             }
             let [a, b, c] = ns_coefficients(opts.coefficients, step);
             // Z = b·R + c·R·R.
-            read(r, r_op);
             z.copy_from_slice(r);
-            square_product(c, r_op, r_op, b, z);
-            read(z, z_op);
+            let r_read = read(r, r_op, rounded);
+            square_product(c, r_read, r_read, b, z);
+            let z_read = read(z, z_op, rounded);
             if accumulated {
-                // Q = a·Q + Z·Q.
-                read(q, q_op);
-                square_product(1.0, z_op, q_op, a, q);
+                // Q = a·Q + Z·Q: Q is read from a copy (it is also the output).
+                let q_read = copy(q, q_op, rounded);
+                square_product(1.0, z_read, q_read, a, q);
             } else {
                 // Q = Z + a·I.
                 q.copy_from_slice(z);
@@ -559,14 +567,13 @@ impl NsWorkspace {
             if step + 1 < opts.steps as usize && !gram_restarts_at(step + 1) {
                 // R = (a·I + Z)·R·(a·I + Z) as RZ = a·R + Z·R, R = a·RZ + Z·RZ.
                 rz.copy_from_slice(r);
-                square_product(1.0, z_op, r_op, a, rz);
-                read(rz, r_op);
+                square_product(1.0, z_read, r_read, a, rz);
+                let rz_read = read(rz, r_op, rounded);
                 r.copy_from_slice(rz);
-                square_product(1.0, z_op, r_op, a, r);
+                square_product(1.0, z_read, rz_read, a, r);
             }
         }
-        apply(q, q_op, x, xs, next);
-        self.gram_iteration = buffers;
+        apply(q, q_op, x, xs, x_next);
         Ok(())
     }
 
@@ -905,11 +912,14 @@ mod tests {
     fn gram_buffers_grow_once_and_fail_without_aborting() {
         let mut buffers = GramBuffers::default();
         buffers.grow(8 * 24, 8 * 8).unwrap();
-        let at = (buffers.r.as_ptr(), buffers.x_op.as_ptr());
+        let at = (buffers.q.as_ptr(), buffers.x_op.as_ptr());
         buffers.grow(8 * 24, 8 * 8).unwrap();
-        assert_eq!(at, (buffers.r.as_ptr(), buffers.x_op.as_ptr()));
-        let err = buffers.grow(8 * 24, usize::MAX / 2).unwrap_err();
-        assert_eq!(err.kind, crate::error::ErrorKind::OutOfMemory, "{err}");
-        assert_eq!(buffers.r.len(), 64);
+        assert_eq!(at, (buffers.q.as_ptr(), buffers.x_op.as_ptr()));
+        // Too large square matrices, then (the squares fitting) too large an iterate.
+        for (mn, mm) in [(8 * 24, usize::MAX / 2), (usize::MAX / 2, 8 * 8)] {
+            let err = buffers.grow(mn, mm).unwrap_err();
+            assert_eq!(err.kind, crate::error::ErrorKind::OutOfMemory, "{err}");
+            assert_eq!((buffers.q.len(), buffers.q_op.len(), buffers.x_op.len()), (64, 64, 192));
+        }
     }
 }
