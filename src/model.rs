@@ -92,6 +92,15 @@ pub struct MatrixShape {
     pub cols: u64,
 }
 
+/// The elements of a param of `shape`; None past 2⁴⁸ (or overflowing u64), the most a param
+/// may hold.
+pub(crate) fn element_count(shape: &[u64]) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= 1 << 48)
+}
+
 impl ParamSpec {
     /// A plain parameter with default flags and scales.
     pub fn new(name: impl Into<String>, shape: &[u64], dtype: Dtype) -> Self {
@@ -208,12 +217,7 @@ impl ParamSpec {
                 "param '{name}': shape[{d}] is 0; every dimension must be >= 1"
             );
         }
-        if self
-            .shape
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .is_none_or(|n| n > (1u64 << 48))
-        {
+        if element_count(&self.shape).is_none() {
             bail!(
                 InvalidParam,
                 "param '{name}': element count overflows (shape {:?})",

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::components::{Component, components};
 use crate::bail;
 use crate::error::Result;
-use crate::model::{ParamFlags, ParamSpec};
+use crate::model::{ParamFlags, ParamSpec, element_count};
 use crate::numerics::muon::TpDim;
 use crate::plan::ElemRange;
 
@@ -121,10 +121,8 @@ pub fn place(spec: &ParamSpec, tp: Option<TpRank>) -> Result<Placement> {
     let (t, size) = (u64::from(tp.rank), u64::from(tp.size));
     let mut global = spec.clone();
     let dim = split.dim(spec);
-    let grown = spec.shape[dim].checked_mul(size);
-    global.shape[dim] = grown.unwrap_or(u64::MAX);
-    let numel = global.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
-    if grown.is_none() || numel.is_none_or(|n| n > 1 << 48) {
+    global.shape[dim] = spec.shape[dim].saturating_mul(size);
+    if element_count(&global.shape).is_none() {
         bail!(
             InvalidParam,
             "param '{}': its unsharded shape ({:?} with dim {dim} times the TP size {size}) overflows the element count",
