@@ -437,10 +437,48 @@ fn a_tp2_checkpoint_resumes_at_tp1_tp4_and_tp2_bitwise_like_the_unsharded_run() 
     // The unsharded checkpoint loads into TP shards.
     let from_unsharded = models(job(4, 1, &[Phase::Load(&unsharded[0]), Phase::Snapshot]));
     assert_same(&from_unsharded[0], &reference[0], "the TP 1 checkpoint loaded at TP 4");
+    // A param every TP rank holds whole (the norm) is read from the lowest TP rank's
+    // checkpoint: with its tensor keys broken in TP rank 1's copy, listed first, the load
+    // still gives the reference.
+    let broken = tmp.join("tp2-rank1-broken-norm");
+    std::fs::create_dir_all(&broken).unwrap();
+    for file in std::fs::read_dir(&tp2[1]).unwrap() {
+        let file = file.unwrap();
+        std::fs::copy(file.path(), broken.join(file.file_name())).unwrap();
+    }
+    edit_index(&broken, |index, _| {
+        for component in entry(index, "norm.weight")["components"].as_array_mut().unwrap() {
+            for piece in component["pieces"].as_array_mut().unwrap() {
+                for key in piece["keys"].as_object_mut().unwrap().values_mut() {
+                    *key = serde_json::json!("no.such.tensor");
+                }
+            }
+        }
+    });
+    let lowest = models(job(
+        1,
+        2,
+        &[Phase::LoadUnion(&[broken, tp2[0].clone()]), Phase::Snapshot],
+    ));
+    assert_same(&lowest[0], &reference[0], "the norm read from TP rank 0's checkpoint");
     // One TP rank's directory alone holds that rank's shards and no other's.
     for t in 0..2 {
-        let loaded = job(2, 1, &[Phase::Load(&tp2[t])]);
-        assert!(loaded[t].is_ok(), "TP rank {t} loads its own directory");
+        let loaded = job(2, 1, &[Phase::Load(&tp2[t]), Phase::Snapshot]);
+        let views = loaded[t]
+            .as_ref()
+            .unwrap_or_else(|e| panic!("TP rank {t} loads its own directory: {e}"));
+        // Its shards hold the reference's values.
+        assert_eq!(views[0].steps, reference[0].steps);
+        for (p, values) in views[0].params.iter().enumerate() {
+            for &(i, v) in values {
+                assert_eq!(
+                    v.to_bits(),
+                    reference[0].params[p][i],
+                    "TP rank {t}: {}[{i}]",
+                    MODEL[p].name
+                );
+            }
+        }
         let err = loaded[1 - t]
             .as_ref()
             .err()
