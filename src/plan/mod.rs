@@ -358,7 +358,7 @@ fn check_inputs(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usize)
 }
 
 /// Placements with route and sizes filled in; Muon params get one owner slot per unit.
-fn initial_placements(params: &[ParamSpec], routes: &[Route]) -> Vec<ParamPlacement> {
+pub(crate) fn initial_placements(params: &[ParamSpec], routes: &[Route]) -> Vec<ParamPlacement> {
     params
         .iter()
         .zip(routes)

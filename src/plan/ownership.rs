@@ -450,6 +450,7 @@ fn global_wrap(params: &[ParamSpec], buckets: &[Vec<u32>], dp: usize, steps: u32
 
 #[cfg(test)]
 mod tests {
+    use super::super::cost::NsLoads;
     use super::*;
     use crate::config::Dtype;
     use crate::model::{ParamFlags, Route};
@@ -470,32 +471,16 @@ mod tests {
         params.push(stack);
         let buckets = vec![vec![4, 3], vec![2, 1, 0]];
         let dp = 4;
-        let mut placements: Vec<ParamPlacement> = params
-            .iter()
-            .map(|spec| ParamPlacement {
-                route: Route::Muon,
-                buffer: 0,
-                bucket: 0,
-                offset: 0,
-                numel: spec.numel(),
-                unit_numel: spec.numel() / spec.num_units(),
-                unit_owners: vec![0; spec.num_units() as usize],
-            })
-            .collect();
+        let mut placements = crate::plan::initial_placements(&params, &[Route::Muon; 5]);
         global_wrap(&params, &buckets, dp, 5, &mut placements);
-        let mut load = vec![0u128; dp];
-        let mut owners = Vec::new();
-        for &p in buckets.iter().flatten() {
-            for &r in &placements[p as usize].unit_owners {
-                load[r as usize] += ns_unit_cost(&params[p as usize], 5);
-                owners.push(r);
-            }
-        }
+        let owners: Vec<u32> = buckets
+            .iter()
+            .flatten()
+            .flat_map(|&p| placements[p as usize].unit_owners.iter().copied())
+            .collect();
         assert!(owners.windows(2).all(|w| w[0] <= w[1]), "{owners:?}");
-        assert!(load.iter().all(|&l| l > 0), "{load:?}");
-        let total: u128 = load.iter().sum();
-        let largest = params.iter().map(|p| ns_unit_cost(p, 5)).max().unwrap();
-        let makespan = *load.iter().max().unwrap();
-        assert!(dp as u128 * makespan <= total + dp as u128 * largest, "{load:?}");
+        let loads = NsLoads::of(&params, &placements, dp, 5);
+        assert!(loads.per_rank.iter().all(|&l| l > 0), "{:?}", loads.per_rank);
+        assert!(loads.within_guarantee(dp), "{:?}", loads.per_rank);
     }
 }
