@@ -1,7 +1,7 @@
 // The element-wise parts of one Muon update (src/numerics/muon.rs, src/numerics/newton_schulz.rs);
 // the matrix products run on cuBLAS (the tiled ones from pointer lists written here). Every
 // operation is one f32 rounding in the host's order (--fmad=false). Launch: block 256 threads,
-// any 1-D grid (grid-stride loops).
+// any 1-D grid (grid-stride loops), except the two tiled kernels below.
 
 #include "muon_common.cuh"
 
@@ -24,42 +24,93 @@ extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float 
     }
 }
 
+// 32 x 32 tiles of row-major matrices, each staged in shared memory so that a transposed
+// element is read and written by consecutive threads (coalesced on both sides), as in NVIDIA's
+// transpose sample. Launch: block 32 x 8; grid.x the column tiles, grid.y and grid.z any number
+// of blocks (the kernels stride over the row tiles and the batch).
+#define MUON_TILE 32u
+
 // The Newton-Schulz input of `batch` consecutive rows x cols matrices of u: X = U / norm with
 // norm = max(f32(sqrt(sumsq[k])), eps) for matrix k, written transposed (cols x rows) when
-// `transpose` is set, as the host's normalization and transpose_map.
+// `transpose` is set, as the host's normalization and transpose_map. u and x do not overlap.
 extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const double *sumsq, muon_u32 batch,
                                              muon_u32 rows, muon_u32 cols, int transpose, float eps) {
+    __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     const muon_u64 size = (muon_u64)rows * cols;
-    const muon_u64 n = size * batch;
-    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
-        const muon_u64 k = e / size;
-        const muon_u64 within = e - k * size;
-        const muon_u64 r = within / cols;
-        const muon_u64 c = within - r * cols;
+    const muon_u64 c0 = (muon_u64)blockIdx.x * MUON_TILE;
+    for (muon_u64 k = blockIdx.z; k < batch; k += gridDim.z) {
         const float norm = fmaxf(__double2float_rn(sqrt(sumsq[k])), eps);
-        const muon_u64 at = transpose ? k * size + c * rows + r : e;
-        x[at] = u[e] / norm;
+        const float *uk = u + k * size;
+        float *xk = x + k * size;
+        for (muon_u64 r0 = (muon_u64)blockIdx.y * MUON_TILE; r0 < rows; r0 += (muon_u64)gridDim.y * MUON_TILE) {
+            for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
+                const muon_u64 r = r0 + dy;
+                const muon_u64 c = c0 + threadIdx.x;
+                if (r < rows && c < cols) {
+                    const float v = uk[r * cols + c] / norm;
+                    if (transpose) {
+                        tile[dy][threadIdx.x] = v;
+                    } else {
+                        xk[r * cols + c] = v;
+                    }
+                }
+            }
+            if (!transpose) {
+                continue;
+            }
+            __syncthreads();
+            for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
+                const muon_u64 c = c0 + dy;
+                const muon_u64 r = r0 + threadIdx.x;
+                if (r < rows && c < cols) {
+                    xk[c * rows + r] = tile[threadIdx.x][dy];
+                }
+            }
+            __syncthreads();
+        }
     }
 }
 
 // `batch` consecutive symmetric m x m matrices of src made whole from their lower triangles
-// (a symmetric product computes its blocks on and below the diagonal, src/numerics/gemm.rs):
+// (a symmetric product computes its tiles on and below the diagonal, src/numerics/gemm.rs):
 // element (i, j) is src[max(i, j)][min(i, j)], stored into dst as bf16 (dst_bf16: the host's
 // rounding of the mirrored matrix) or, in place (dst = src), as f32 into the upper triangle.
+// The block of tile (bi, bj) stages tile (max(bi, bj), min(bi, bj)) of src: in place, the tiles
+// below the diagonal are only read and each diagonal tile is read and written by its own block.
 extern "C" __global__ void muon_ns_symmetrize(const float *src, void *dst, int dst_bf16, muon_u32 batch,
                                               muon_u32 m) {
+    __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     const muon_u64 size = (muon_u64)m * m;
-    const muon_u64 n = size * batch;
-    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
-        const muon_u64 k = e / size;
-        const muon_u64 within = e - k * size;
-        const muon_u64 i = within / m;
-        const muon_u64 j = within - i * m;
-        const muon_u64 lower = i >= j ? e : k * size + j * m + i;
-        if (dst_bf16) {
-            ((muon_u16 *)dst)[e] = muon_f32_to_bf16_rne(src[lower]);
-        } else if (i < j) {
-            ((float *)dst)[e] = src[lower];
+    const muon_u64 bj = blockIdx.x;
+    for (muon_u64 k = blockIdx.z; k < batch; k += gridDim.z) {
+        for (muon_u64 bi = blockIdx.y; bi * MUON_TILE < m; bi += gridDim.y) {
+            if (!dst_bf16 && bi > bj) {
+                continue;
+            }
+            const muon_u64 sr = (bi > bj ? bi : bj) * MUON_TILE;
+            const muon_u64 sc = (bi > bj ? bj : bi) * MUON_TILE;
+            for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
+                const muon_u64 r = sr + dy;
+                const muon_u64 c = sc + threadIdx.x;
+                if (r < m && c < m) {
+                    tile[dy][threadIdx.x] = src[k * size + r * m + c];
+                }
+            }
+            __syncthreads();
+            for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
+                const muon_u64 i = bi * MUON_TILE + dy;
+                const muon_u64 j = bj * MUON_TILE + threadIdx.x;
+                if (i < m && j < m) {
+                    const float v = i >= j ? tile[i - sr][j - sc] : tile[j - sr][i - sc];
+                    const muon_u64 e = k * size + i * m + j;
+                    if (dst_bf16) {
+                        ((muon_u16 *)dst)[e] = muon_f32_to_bf16_rne(v);
+                    } else if (i < j) {
+                        ((float *)dst)[e] = v;
+                    }
+                }
+            }
+            __syncthreads();
         }
     }
 }

@@ -211,7 +211,11 @@ fn optimizer_runs_match_the_host_backend() {
         muon_ns_precision: NsPrecision::F32,
         ..base.clone()
     };
-    compare_runs(&gpu, "f32 NS", &f32_ns, &cuda_model(), 1e-5);
+    // Two f32 iterations within 1e-4 of the f64 truth each (the golden test's device bound)
+    // differ by up to 2e-4 per update; four updates of lr 0.02 at spectral scales ≤ √3 (the
+    // 48 × 16 components) move the masters apart by up to 4 · 0.02 · √3 · 2e-4 ≈ 2.8e-5. The
+    // H200 (bench/device/2026-11-28-h200.json's run) differed by 1.86e-5 at the fourth step.
+    compare_runs(&gpu, "f32 NS", &f32_ns, &cuda_model(), 2.8e-5);
     // The Gram iteration (wide matrices, expert stacks, fused components; the square ones
     // standard) against the host's, each product on cuBLAS.
     let gram = Config {
@@ -312,7 +316,7 @@ fn newton_schulz_matches_the_golden_vectors() {
         let truth = golden::read_f64(case["output_f64"].as_str().unwrap());
         // The default tile (the test matrices, of order ≤ 128, are one product) and tiles of
         // 16 (the tile lists written by `muon_gemm_tile_tables`, read by `cublasGemmBatchedEx`).
-        let runs = [(NsPrecision::F32, 1e-4), (NsPrecision::Bf16, 3e-2)]
+        let runs = [(NsPrecision::F32, 1e-4), (NsPrecision::Bf16, golden::NS_BF16_BOUND)]
             .into_iter()
             .flat_map(|run| [muon_opt::config::DEFAULT_SYMMETRIC_TILE, 16].map(|tile| (run, tile)));
         for ((precision, tolerance), symmetric_tile) in runs {

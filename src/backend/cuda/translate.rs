@@ -69,6 +69,27 @@ fn launch(kernel: Kernel, n: u64, stream: StreamKind, args: Vec<Arg>) -> Action 
     })
 }
 
+/// Rows and columns of a tile of the transposing kernels (`MUON_TILE` in kernels/muon.cu).
+const TILE: u64 = 32;
+/// Most blocks along grid.y or grid.z (CUDA's limit is 65535; the tiled kernels stride past it).
+const MAX_GRID_YZ: u64 = 65535;
+
+/// A launch of a tiled kernel over `batch` matrices of `rows × cols`: one block of 32 × 8
+/// threads per 32 × 32 tile.
+fn launch_tiled(kernel: Kernel, rows: u64, cols: u64, batch: u64, args: Vec<Arg>) -> Result<Action> {
+    Ok(Action::Launch(Launch {
+        kernel,
+        grid: [
+            to_u32("column tiles", cols.div_ceil(TILE).max(1))?,
+            rows.div_ceil(TILE).clamp(1, MAX_GRID_YZ) as u32,
+            batch.clamp(1, MAX_GRID_YZ) as u32,
+        ],
+        block: [TILE as u32, 8, 1],
+        stream: StreamKind::Compute,
+        args,
+    }))
+}
+
 fn to_i32(what: &str, value: u64) -> Result<i32> {
     i32::try_from(value).or_else(|_| bail!(Unsupported, "{what} {value} exceeds cuBLAS's 32-bit dimensions"))
 }

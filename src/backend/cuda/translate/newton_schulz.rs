@@ -4,7 +4,7 @@
 use super::collectives::{all_reduce, on_tp_comm};
 use super::memory::Resolved;
 use super::norm::{SumInto, SumSpan};
-use super::{Translator, launch, to_i32, to_u32};
+use super::{Translator, launch, launch_tiled, to_i32, to_u32};
 use crate::backend::cuda::action::{Action, Arg, DevPtr, Gemm, GemmInputs, Kernel, Matrices, NcclType, Work};
 use crate::backend::ops::StreamKind;
 use crate::bail;
@@ -264,10 +264,11 @@ impl TileTables {
 /// `batch` symmetric `m × m` matrices at `src` whole from their lower triangles: into `dst` as
 /// bf16 (`to_bf16`: the host's rounding of the mirrored matrix), or in place (`dst = src`).
 pub(super) fn symmetrize(src: DevPtr, dst: DevPtr, to_bf16: bool, batch: u64, m: u64) -> Result<Action> {
-    Ok(launch(
+    launch_tiled(
         Kernel::NsSymmetrize,
-        batch * m * m,
-        StreamKind::Compute,
+        m,
+        m,
+        batch,
         vec![
             Arg::Ptr(src),
             Arg::Ptr(dst),
@@ -275,7 +276,7 @@ pub(super) fn symmetrize(src: DevPtr, dst: DevPtr, to_bf16: bool, batch: u64, m:
             Arg::U32(to_u32("batch", batch)?),
             Arg::U32(to_u32("rows", m)?),
         ],
-    ))
+    )
 }
 
 /// f32 → bf16: `count` values of `src` rounded into `dst`.
@@ -370,10 +371,11 @@ impl Translator {
             on_tp_comm(actions, all_reduce(norms, batch, NcclType::F64));
         }
         let x = self.work(Work::X)?;
-        actions.push(launch(
+        actions.push(launch_tiled(
             Kernel::NsNormalize,
-            batch * mn,
-            StreamKind::Compute,
+            rows,
+            cols,
+            batch,
             vec![
                 Arg::Ptr(u),
                 Arg::Ptr(x),
@@ -384,7 +386,7 @@ impl Translator {
                 Arg::I32(i32::from(transposed)),
                 Arg::F32(self.muon.ns.eps),
             ],
-        ));
+        )?);
         let gram = self.work(Work::Gram)?;
         let product = |inputs, shape, alpha, a, b, b_transposed, beta, c| {
             Product::contiguous(inputs, shape, alpha, a, b, b_transposed, beta, c, batch)
