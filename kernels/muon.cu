@@ -1,7 +1,7 @@
 // The element-wise parts of one Muon update (src/numerics/muon.rs, src/numerics/newton_schulz.rs);
 // the matrix products run on cuBLAS (the tiled ones from pointer lists written here). Every
 // operation is one f32 rounding in the host's order (--fmad=false). Launch: block 256 threads,
-// any 1-D grid (grid-stride loops), except the two tiled kernels below.
+// any 1-D grid (grid-stride loops), except the tiled kernels (MUON_TILE below).
 
 #include "muon_common.cuh"
 
@@ -190,6 +190,7 @@ extern "C" __global__ void muon_ns_add_identity(const float *src, float *dst, fl
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
                                       int transposed, muon_u32 x_ld, const double *scalars, float lr_scale,
                                       float wd_scale, float scale) {
+    __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     if (muon_step_skipped(scalars)) {
         return;
     }
@@ -198,13 +199,33 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
     const float decay = 1.0f - lr_eff * wd_eff;
     const float step = lr_eff * scale;
     const muon_u64 size = (muon_u64)rows * cols;
-    const muon_u64 n = size * batch;
-    for (muon_u64 e = muon_first_index(); e < n; e += muon_grid_stride()) {
-        const muon_u64 k = e / size;
-        const muon_u64 within = e - k * size;
-        const muon_u64 r = within / cols;
-        const muon_u64 c = within - r * cols;
-        const muon_u64 at = transposed ? k * size + c * x_ld + r : k * size + r * x_ld + c;
-        w[e] = w[e] * decay - step * x[at];
+    const muon_u64 c0 = (muon_u64)blockIdx.x * MUON_TILE;
+    for (muon_u64 k = blockIdx.z; k < batch; k += gridDim.z) {
+        float *wk = w + k * size;
+        const float *xk = x + k * size;
+        for (muon_u64 r0 = (muon_u64)blockIdx.y * MUON_TILE; r0 < rows; r0 += (muon_u64)gridDim.y * MUON_TILE) {
+            if (transposed) {
+                // Tile (c0, r0) of X (cols x rows) staged, so both X and W are read along rows.
+                for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
+                    const muon_u64 c = c0 + dy;
+                    const muon_u64 r = r0 + threadIdx.x;
+                    if (r < rows && c < cols) {
+                        tile[dy][threadIdx.x] = xk[c * x_ld + r];
+                    }
+                }
+                __syncthreads();
+            }
+            for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
+                const muon_u64 r = r0 + dy;
+                const muon_u64 c = c0 + threadIdx.x;
+                if (r < rows && c < cols) {
+                    const float xv = transposed ? tile[threadIdx.x][dy] : xk[r * x_ld + c];
+                    wk[r * cols + c] = wk[r * cols + c] * decay - step * xv;
+                }
+            }
+            if (transposed) {
+                __syncthreads();
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! distributed, and the apply.
 
 use super::newton_schulz::Sharding;
-use super::{Translator, launch, to_u32};
+use super::{Translator, launch, launch_tiled, to_u32};
 use crate::backend::cuda::action::{Action, Arg, DevPtr, Kernel, NcclCall, NcclType, Work};
 use crate::backend::cuda::translate::collectives::on_tp_comm;
 use crate::backend::ops::{MemoryLayout, MuonJob, MuonWork, StreamKind};
@@ -289,10 +289,11 @@ impl Translator {
                 scale_cols as usize,
                 opts.extra_scale_factor,
             );
-            actions.push(launch(
+            actions.push(launch_tiled(
                 Kernel::MuonApply,
-                batch * comp_rows * cols,
-                StreamKind::Compute,
+                comp_rows,
+                cols,
+                batch,
                 vec![
                     Arg::Ptr(target + start * 4),
                     Arg::Ptr(x),
@@ -306,7 +307,7 @@ impl Translator {
                     Arg::F32(job.scales.wd_scale),
                     Arg::F32(scale),
                 ],
-            ));
+            )?);
             start += batch * comp_rows * cols;
             i += batch as usize;
         }
