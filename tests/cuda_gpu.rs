@@ -127,15 +127,28 @@ fn compare_runs(gpu: &Gpu, label: &str, cfg: &Config, specs: &[ParamSpec], toler
     let mut host = runtime(cfg, specs, 0, 1, Box::new(host_backend(cfg)));
     let backend = gpu.backend(cfg, CallerStream(stream.cu_stream().cast()));
     let mut cuda = runtime(cfg, specs, 0, 1, Box::new(backend));
+    // ‖Δw‖ between the runs' params: the next step's grads (`rank_grad`: noise + 0.05 w) differ
+    // by 0.05 ‖Δw‖, and once they differ a bf16 grad buffer may round them apart by one ulp each.
+    let mut param_distance = 0.0f64;
+    let grad_rounding = if cfg.grad_dtype == Dtype::Bf16 {
+        2f64.powi(-8)
+    } else {
+        0.0
+    };
     for step in 0..4 {
         let nan = step == 2;
         let (a, b) = (iterate(&mut host, 0, step, nan), iterate(&mut cuda, 0, step, nan));
         assert_eq!((a.skipped, a.step), (b.skipped, b.step), "{label}: step {step}");
         if !a.skipped {
-            let rel = ((a.grad_norm - b.grad_norm) / a.grad_norm).abs();
+            // The summation order alone (equal grads) moves the norm by far less than 1e-6.
+            let bound = if param_distance == 0.0 {
+                1e-6 * a.grad_norm
+            } else {
+                0.05 * param_distance + (grad_rounding + 1e-6) * a.grad_norm
+            };
             assert!(
-                rel < 1e-6,
-                "{label}: step {step} grad norm {} vs {}",
+                (a.grad_norm - b.grad_norm).abs() <= bound,
+                "{label}: step {step} grad norm {} vs {} (bound {bound}: params {param_distance} apart)",
                 a.grad_norm,
                 b.grad_norm
             );
@@ -157,6 +170,13 @@ fn compare_runs(gpu: &Gpu, label: &str, cfg: &Config, specs: &[ParamSpec], toler
                 }
             }
         }
+        param_distance = (0..specs.len())
+            .flat_map(|p| {
+                let (u, v) = (host.param_values(p).unwrap(), cuda.param_values(p).unwrap());
+                u.into_iter().zip(v).map(|(x, y)| (f64::from(x) - f64::from(y)).powi(2))
+            })
+            .sum::<f64>()
+            .sqrt();
         for (p, spec) in specs.iter().enumerate() {
             let (u, v) = (host.param_values(p).unwrap(), cuda.param_values(p).unwrap());
             if spec.route() != Route::Adamw {
