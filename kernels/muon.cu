@@ -75,8 +75,9 @@ extern "C" __global__ void muon_ns_normalize(const float *u, float *x, const dou
 // (a symmetric product computes its tiles on and below the diagonal, src/numerics/gemm.rs):
 // element (i, j) is src[max(i, j)][min(i, j)], stored into dst as bf16 (dst_bf16: the host's
 // rounding of the mirrored matrix) or, in place (dst = src), as f32 into the upper triangle.
-// The block of tile (bi, bj) stages tile (max(bi, bj), min(bi, bj)) of src: in place, the tiles
-// below the diagonal are only read and each diagonal tile is read and written by its own block.
+// The block of a tile (bi, bj) on or below the diagonal stages it once and writes it (bf16) and
+// its mirror (bj, bi); the blocks above the diagonal have nothing to do. In place, the tiles
+// below the diagonal are only read, and each diagonal tile is read and written by its own block.
 extern "C" __global__ void muon_ns_symmetrize(const float *src, void *dst, int dst_bf16, muon_u32 batch,
                                               muon_u32 m) {
     __shared__ float tile[MUON_TILE][MUON_TILE + 1];
@@ -84,30 +85,33 @@ extern "C" __global__ void muon_ns_symmetrize(const float *src, void *dst, int d
     const muon_u64 bj = blockIdx.x;
     for (muon_u64 k = blockIdx.z; k < batch; k += gridDim.z) {
         for (muon_u64 bi = blockIdx.y; bi * MUON_TILE < m; bi += gridDim.y) {
-            if (!dst_bf16 && bi > bj) {
+            if (bi < bj) {
                 continue;
             }
-            const muon_u64 sr = (bi > bj ? bi : bj) * MUON_TILE;
-            const muon_u64 sc = (bi > bj ? bj : bi) * MUON_TILE;
+            const muon_u64 r0 = bi * MUON_TILE;
+            const muon_u64 c0 = bj * MUON_TILE;
             for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
-                const muon_u64 r = sr + dy;
-                const muon_u64 c = sc + threadIdx.x;
+                const muon_u64 r = r0 + dy;
+                const muon_u64 c = c0 + threadIdx.x;
                 if (r < m && c < m) {
                     tile[dy][threadIdx.x] = src[k * size + r * m + c];
                 }
             }
             __syncthreads();
             for (muon_u32 dy = threadIdx.y; dy < MUON_TILE; dy += blockDim.y) {
-                const muon_u64 i = bi * MUON_TILE + dy;
-                const muon_u64 j = bj * MUON_TILE + threadIdx.x;
-                if (i < m && j < m) {
-                    const float v = i >= j ? tile[i - sr][j - sc] : tile[j - sr][i - sc];
-                    const muon_u64 e = k * size + i * m + j;
-                    if (dst_bf16) {
-                        ((muon_u16 *)dst)[e] = muon_f32_to_bf16_rne(v);
-                    } else if (i < j) {
-                        ((float *)dst)[e] = v;
-                    }
+                // The tile itself: (i, j) below the diagonal as staged, above it (a diagonal
+                // tile's upper part) mirrored.
+                muon_u64 i = r0 + dy;
+                muon_u64 j = c0 + threadIdx.x;
+                if (i < m && j < m && (dst_bf16 || i < j)) {
+                    const float v = i >= j ? tile[dy][threadIdx.x] : tile[threadIdx.x][dy];
+                    muon_store(dst, dst_bf16, k * size + i * m + j, v);
+                }
+                // Its mirror above the diagonal: (i, j) = (c0 + dy, r0 + x) is src[j][i].
+                i = c0 + dy;
+                j = r0 + threadIdx.x;
+                if (bi > bj && i < m && j < m) {
+                    muon_store(dst, dst_bf16, k * size + i * m + j, tile[threadIdx.x][dy]);
                 }
             }
             __syncthreads();

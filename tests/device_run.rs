@@ -18,7 +18,7 @@ use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::ops::StreamKind;
 use muon_opt::config::{Config, Dtype};
-use muon_opt::error::Result;
+use muon_opt::error::{ErrorKind, Result};
 use muon_opt::measure::compare::{calibrate, compare};
 use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op_classes, reference_gemm};
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
@@ -199,6 +199,68 @@ fn every_work_action_is_timed_and_the_classes_price_it() {
     assert!((cmp.step_predicted_ms - cmp.step_measured_ms).abs() < 1e-9);
 }
 
+/// Fits outside a physical range are refused, naming the figure and the op class, and nothing
+/// is returned to write: a GEMM the model cannot price (its fit would sit at the solver's
+/// floor), a kernel timed at 1e300 ms (a launch floor of 1e303 µs).
+#[test]
+fn calibration_refuses_fits_outside_physical_ranges() {
+    let hw = builtin("h100-nvlink").unwrap();
+    let huge = Work::Gemm {
+        inputs: "bf16".into(),
+        m: 1 << 40,
+        n: 8,
+        k: 8,
+        batch: 1,
+        accumulate: false,
+        panels: 0,
+    };
+    let stalled = Work::Kernel {
+        kernel: "muon_step_scalars".into(),
+        bytes: 8,
+    };
+    for (work, seconds, field) in [(huge, 1.0, "gemm_efficiency"), (stalled, 1e297, "kernel_min_us")] {
+        let class = op_classes(&[(work.clone(), 0.0)], &|_| None)[0].class.clone();
+        let run = run_of(&[(work, seconds)], (1, 0), &hw);
+        let err = calibrate(&run, &hw, "bench/device/stand-in.json").unwrap_err();
+        assert_eq!(err.kind, ErrorKind::OutOfRange, "{}", err.message);
+        for needle in [field, "physical range", class.as_str(), "no profile was written"] {
+            assert!(err.message.contains(needle), "'{needle}' missing from: {}", err.message);
+        }
+    }
+}
+
+/// A host that issued the step in most of its time was held back by the device's launch queue:
+/// its issue time is not the launches' cost, and `launch_host_us` keeps the profile's value
+/// (the sources say why). A host well ahead of the device is fitted.
+#[test]
+fn launch_time_is_fitted_only_from_a_host_ahead_of_the_device() {
+    let hw = builtin("h100-nvlink").unwrap();
+    let kernel = Work::Kernel {
+        kernel: "muon_apply".into(),
+        bytes: 1 << 36,
+    };
+    let mut run = run_of(&[(kernel, 0.1)], (1000, 0), &hw);
+    for (issue_ms, fitted) in [(90.0, false), (5.0, true)] {
+        run.step.as_mut().unwrap().host_issue_ms = issue_ms;
+        let calibrated = calibrate(&run, &hw, "bench/device/stand-in.json").unwrap();
+        assert_eq!(
+            calibrated.measured.contains(&"launch_host_us".to_string()),
+            fitted,
+            "issue {issue_ms} ms"
+        );
+        if fitted {
+            assert!(
+                (calibrated.launch_host_us - 5.0).abs() < 1e-9,
+                "{}",
+                calibrated.launch_host_us
+            );
+        } else {
+            assert_eq!(calibrated.launch_host_us, hw.launch_host_us);
+            assert!(calibrated.sources["measured"].contains("launch_host_us kept"));
+        }
+    }
+}
+
 /// GEMMs twice as slow as the model says: calibration halves `gemm_efficiency`, keeps the
 /// bandwidth fit, names the run in the sources, and the calibrated profile then predicts the
 /// step it was fitted to.
@@ -376,4 +438,49 @@ fn cli_measures_compares_and_calibrates() {
     ]);
     let text = String::from_utf8_lossy(&recompared.stdout);
     assert!(text.contains("(ratio 1.000)"), "{text}");
+}
+
+/// docs/device-run.md quotes the committed H200 runs as `simulate --device-run` prices them.
+#[test]
+fn the_docs_quote_the_committed_h200_runs() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/device-run.md")).unwrap();
+    let run = |name: &str| {
+        let path = format!("{}/bench/device/2026-11-28-{name}.json", env!("CARGO_MANIFEST_DIR"));
+        DeviceRun::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    let priced =
+        |name: &str, profile: &str| compare(&run(name), &CostModel::new(builtin(profile).unwrap(), 1)).unwrap();
+    let ratio = |name: &str, class: &str, digits: usize| {
+        let row = priced(name, "h100-nvlink")
+            .classes
+            .into_iter()
+            .find(|c| c.class == class)
+            .unwrap();
+        format!("{:.digits$}×", row.ratio.unwrap())
+    };
+    let step = |name: &str, profile: &str| {
+        let cmp = priced(name, profile);
+        (
+            format!("{:.1}", cmp.step_measured_ms),
+            format!("{:.2}×", cmp.step_measured_ms / cmp.step_predicted_ms),
+        )
+    };
+    let mut quoted = vec![
+        ratio("h200", "kernel muon_ns_normalize", 1),
+        ratio("h200", "kernel muon_ns_symmetrize", 1),
+        ratio("h200-2", "kernel muon_ns_normalize", 1),
+        ratio("h200-2", "kernel muon_ns_symmetrize", 1),
+        ratio("h200", "kernel muon_apply", 2),
+        ratio("h200-2", "kernel muon_apply", 2),
+        step("h200", "h100-nvlink").1,
+    ];
+    for name in ["h200", "h200-2", "h200-gram", "h200-2-gram"] {
+        quoted.push(step(name, "h100-nvlink").0);
+    }
+    for name in ["h200-2", "h200-2-gram", "h200-2-f32"] {
+        quoted.push(step(name, "h200-nvlink").1);
+    }
+    for figure in quoted {
+        assert!(doc.contains(&figure), "docs/device-run.md does not quote {figure}");
+    }
 }

@@ -92,13 +92,14 @@ pub const ACHIEVABLE_FIGURES: &[&str] = &[
 ];
 
 /// Names of the built-in profiles.
-pub const HARDWARE_NAMES: &[&str] = &["h100-nvlink", "h100-ib", "b200-nvlink"];
+pub const HARDWARE_NAMES: &[&str] = &["h100-nvlink", "h100-ib", "h200-nvlink", "b200-nvlink"];
 
 /// The built-in profile called `name`, if any.
 pub fn builtin(name: &str) -> Option<Hardware> {
     let text = match name {
         "h100-nvlink" => include_str!("hardware/h100-nvlink.json"),
         "h100-ib" => include_str!("hardware/h100-ib.json"),
+        "h200-nvlink" => include_str!("hardware/h200-nvlink.json"),
         "b200-nvlink" => include_str!("hardware/b200-nvlink.json"),
         _ => return None,
     };
