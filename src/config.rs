@@ -328,7 +328,7 @@ impl Config {
         }
         if self.muon_ownership == MuonOwnership::Contiguous && !self.muon_layout.takes_contiguous_ownership() {
             bail!(
-                InvalidArgument,
+                IncompatibleOptions,
                 "muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout; padded keeps Megatron-LM's per-bucket owners"
             );
         }

@@ -67,7 +67,7 @@ impl Optimizer {
             Transport::Host(_) => {
                 if !stream.is_null() {
                     bail!(
-                        InvalidArgument,
+                        IncompatibleOptions,
                         "stream: must be NULL with a host communicator (the host backend runs on the calling thread)"
                     );
                 }
@@ -633,14 +633,14 @@ impl Optimizer {
             }
             if member.stream.0 != stream {
                 bail!(
-                    InvalidArgument,
+                    IncompatibleOptions,
                     "step: opts[{k}] uses stream {:p} and opts[0] {stream:p}; optimizers sharing a clip share the caller's stream",
                     member.stream.0
                 );
             }
             if member.cfg.clip_grad != clip_grad {
                 bail!(
-                    InvalidArgument,
+                    IncompatibleOptions,
                     "step: opts[{k}] has clip_grad {} and opts[0] {clip_grad}; optimizers sharing a clip need one clip_grad",
                     member.cfg.clip_grad
                 );

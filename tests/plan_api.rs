@@ -498,6 +498,7 @@ fn contiguous_ownership_gives_each_bucket_one_owner() {
         ..Config::default()
     };
     let err = padded.validate().unwrap_err();
+    assert_eq!(err.kind, ErrorKind::IncompatibleOptions, "{err}");
     assert!(
         err.message.contains("muon_ownership: contiguous needs a compact"),
         "{err}"

@@ -312,7 +312,7 @@ fn a_shared_step_refuses_mismatched_optimizers_and_changes_nothing() {
         backward(&mut dense, &dense_specs, 0, w, None)?;
         backward(&mut experts, &expert_specs, 0, w, None)?;
         let err = Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS, ARGS])).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert_eq!(err.kind, ErrorKind::IncompatibleOptions);
         assert!(err.message.contains("opts[1] has clip_grad 2"), "{err}");
         let err = Optimizer::step_shared(&mut [&mut dense, &mut experts], Some(&[ARGS])).unwrap_err();
         assert!(err.message.contains("1 step args for 2 optimizers"), "{err}");

@@ -40,6 +40,9 @@ impl Exposed for Optimizer {
 /// @param[in]  stream cudaStream_t the framework computes on (borrowed; NULL = legacy default
 ///                    stream). Must be NULL with a host group.
 /// @param[out] out    The new optimizer (caller owns; release with muon_optimizer_destroy).
+/// @return MUON_STATUS_INCOMPATIBLE_OPTIONS for a non-NULL stream with a host group, or a
+///         configuration whose fields cannot be combined (a padded muon_layout with contiguous
+///         muon_ownership); the message names both.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_create(

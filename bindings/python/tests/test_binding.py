@@ -147,7 +147,7 @@ class TwoRanksOnThreads(unittest.TestCase):
         self.assertEqual(run_ranks(2, owners)[0], ([1, 0], "contiguous"))
         with self.assertRaises(mo.MuonError) as ctx:
             config(muon_ownership=mo.Ownership.CONTIGUOUS, muon_layout=mo.Layout.PADDED).validate()
-        self.assertEqual(ctx.exception.status, mo.Status.INVALID_ARGUMENT)
+        self.assertEqual(ctx.exception.status, mo.Status.INCOMPATIBLE_OPTIONS)
         self.assertIn("muon_ownership: contiguous needs a compact", str(ctx.exception))
 
     def test_routes_owners_and_plan(self):
