@@ -150,10 +150,60 @@ fn a_newer_format_version_is_refused() {
     let err = failed_load(&mut group, &before, &dir, "a newer version");
     assert_eq!(err.kind, ErrorKind::CheckpointVersion);
     assert!(
-        err.message.contains(&format!("format version {newer}")),
+        err.message.contains(&format!("format_version {newer}")),
         "{}",
         err.message
     );
+}
+
+/// A format_version that is not a version names the field; one past u32 is still a version
+/// (a newer one).
+#[test]
+fn a_format_version_that_is_no_version_names_the_field() {
+    let (_tmp, dir) = saved("version-values");
+    let (mut group, before) = victim(&config(MuonLayout::Compact), &model());
+    let path = dir.join("index.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cases = [
+        (
+            "4294967296",
+            ErrorKind::CheckpointVersion,
+            "format_version 4294967296 is newer",
+        ),
+        (
+            "-1",
+            ErrorKind::CheckpointCorrupt,
+            "format_version: -1 is not a format version",
+        ),
+        (
+            r#""2""#,
+            ErrorKind::CheckpointCorrupt,
+            r#"format_version: "2" is not a format version"#,
+        ),
+        (
+            "2.5",
+            ErrorKind::CheckpointCorrupt,
+            "format_version: 2.5 is not a format version",
+        ),
+        (
+            "null",
+            ErrorKind::CheckpointCorrupt,
+            "format_version: missing or null",
+        ),
+        ("0", ErrorKind::CheckpointCorrupt, "format_version: 0 does not exist"),
+    ];
+    for (value, kind, needle) in cases {
+        std::fs::write(
+            &path,
+            text.replacen(r#""format_version":1"#, &format!(r#""format_version":{value}"#), 1),
+        )
+        .unwrap();
+        let err = failed_load(&mut group, &before, &dir, value);
+        assert_eq!(err.kind, kind, "{value}: {}", err.message);
+        assert!(err.message.contains(needle), "{value}: {}", err.message);
+    }
+    std::fs::write(&path, text).unwrap();
+    all_ok(group.load(&dir), "the repaired checkpoint loads");
 }
 
 fn renamed(specs: &mut [ParamSpec], name: &str, edit: impl FnOnce(&mut ParamSpec)) {

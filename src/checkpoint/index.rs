@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
@@ -365,16 +366,24 @@ impl Index {
                 probe.format
             );
         }
-        if probe.format_version > FORMAT_VERSION {
+        let version = match &probe.format_version {
+            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64().expect("checked"),
+            Some(other) => {
+                return Err(corrupt(format!(
+                    "format_version: {other} is not a format version (a positive integer)"
+                )));
+            }
+            None => return Err(corrupt("format_version: missing or null (a positive integer)".into())),
+        };
+        if version > u64::from(FORMAT_VERSION) {
             bail!(
                 CheckpointVersion,
-                "index.json: format version {} is newer than the {FORMAT_VERSION} this library (version {}) reads; load it with a newer libmuon_opt",
-                probe.format_version,
+                "index.json: format_version {version} is newer than the {FORMAT_VERSION} this library (version {}) reads; load it with a newer libmuon_opt",
                 env!("CARGO_PKG_VERSION")
             );
         }
-        if probe.format_version == 0 {
-            return Err(corrupt("format version 0 does not exist".into()));
+        if version == 0 {
+            return Err(corrupt("format_version: 0 does not exist (versions start at 1)".into()));
         }
         let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
         let actual = crc32fast::hash(envelope.index.get().as_bytes());
@@ -636,10 +645,12 @@ fn described(block: Option<&[[u64; 2]]>) -> String {
     block.map_or("(whole)".to_string(), |b| block_text(Some(b)))
 }
 
+/// The envelope's format fields, read before the rest: `format_version` as any JSON value, so
+/// a value that is no version is named as such.
 #[derive(Deserialize)]
 struct Probe {
     format: String,
-    format_version: u32,
+    format_version: Option<Value>,
 }
 
 #[derive(Serialize, Deserialize)]
