@@ -19,6 +19,10 @@ for profile in dev release; do
         || { echo "Cargo.toml: [profile.$profile] must set panic = \"unwind\""; exit 1; }
 done
 
+step "every source file is under 900 lines (the generated header excepted)"
+long=$(git ls-files '*.rs' '*.cu' '*.cuh' '*.py' '*.cpp' '*.hpp' '*.c' '*.sh' | xargs wc -l | awk '$2 != "total" && $1 >= 900')
+[ -z "$long" ] || { echo "split these files:"; echo "$long"; exit 1; }
+
 step "build (release) and header freshness"
 cargo build --release --locked
 git diff --exit-code -- include/muon_opt.h \

@@ -185,11 +185,7 @@ fn a_format_version_that_is_no_version_names_the_field() {
             ErrorKind::CheckpointCorrupt,
             "format_version: 2.5 is not a format version",
         ),
-        (
-            "null",
-            ErrorKind::CheckpointCorrupt,
-            "format_version: missing or null",
-        ),
+        ("null", ErrorKind::CheckpointCorrupt, "format_version: missing or null"),
         ("0", ErrorKind::CheckpointCorrupt, "format_version: 0 does not exist"),
     ];
     for (value, kind, needle) in cases {
