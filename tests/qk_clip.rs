@@ -193,6 +193,23 @@ fn requests(step: u64) -> Vec<QkClipRequest> {
 /// `emulated_dp` ranks' gradients in rank order times 1/emulated_dp, as the collectives and
 /// the update's scale compute them), the clips, the step.
 fn iterate(rt: &mut Runtime, rank: usize, step: u64, emulated_dp: usize, clip: Option<(f32, f32)>) {
+    iterate_with(
+        rt,
+        rank,
+        step,
+        emulated_dp,
+        clip.map(|(tau, alpha)| (requests(step), tau, alpha)),
+    );
+}
+
+/// [`iterate`] with the clip requests given.
+fn iterate_with(
+    rt: &mut Runtime,
+    rank: usize,
+    step: u64,
+    emulated_dp: usize,
+    clip: Option<(Vec<QkClipRequest>, f32, f32)>,
+) {
     rt.zero_grad().unwrap();
     let buckets = rt.plan().buckets.len() as u32;
     for b in 0..buckets {
@@ -216,8 +233,8 @@ fn iterate(rt: &mut Runtime, rank: usize, step: u64, emulated_dp: usize, clip: O
         rt.backend_mut().upload(span, &grad).unwrap();
         rt.grad_ready(p as u32).unwrap();
     }
-    if let Some((tau, alpha)) = clip {
-        rt.request_qk_clip(&requests(step), tau, alpha).unwrap();
+    if let Some((requests, tau, alpha)) = clip {
+        rt.request_qk_clip(&requests, tau, alpha).unwrap();
     }
     rt.step(Some(&ARGS)).unwrap();
     for b in 0..buckets {
@@ -286,6 +303,52 @@ fn dp1_and_dp3_clip_bitwise_alike_with_and_without_mxfp8() {
         });
         assert!(unclipped[0] != one[0][1], "MXFP8 {mxfp8}: the clip changed nothing");
     }
+}
+
+/// Only the owner of a param reads its clip request (the header says every rank must pass
+/// the same list): at dp 3, ranks that pass 100× the maxima for params they do not own leave
+/// every rank's bits as when all agree; the owner's own request decides.
+#[test]
+fn only_the_owner_reads_a_clip_request() {
+    let cfg = Config {
+        bucket_size: 2048,
+        host_comm_mode: CommMode::Eager,
+        clip_grad: 0.0,
+        muon_ns_precision: muon_opt::config::NsPrecision::F32,
+        ..Config::default()
+    };
+    let specs = attention_model(false);
+    let distorted = |rt: &Runtime, rank: usize, step: u64, owners_too: bool| {
+        let mut list = requests(step);
+        for request in &mut list {
+            let owner = rt.plan().params[request.param as usize].single_owner().unwrap() as usize;
+            if let (true, QkMaxima::Host(maxima)) = (owners_too || owner != rank, &mut request.maxima) {
+                maxima.iter_mut().for_each(|m| *m *= 100.0);
+            }
+        }
+        list
+    };
+    let run_with = |distort: Option<bool>| {
+        on_ranks(host_runtimes(&cfg, &specs, 3), |rank, mut rt| {
+            for step in 0..2 {
+                let list = match distort {
+                    Some(owners_too) => distorted(&rt, rank, step, owners_too),
+                    None => requests(step),
+                };
+                iterate_with(&mut rt, rank, step, 3, Some((list, 10.0, 0.5)));
+            }
+            (0..specs.len())
+                .map(|p| bits(&rt.param_values(p).unwrap()))
+                .collect::<Vec<_>>()
+        })
+    };
+    let agreed = run_with(None);
+    assert_eq!(
+        run_with(Some(false)),
+        agreed,
+        "a non-owner's request changed the result"
+    );
+    assert_ne!(run_with(Some(true)), agreed, "the owners' requests changed nothing");
 }
 
 /// One step with and without the clip from the same state: the clipped run's masters are the

@@ -91,6 +91,10 @@ pub unsafe extern "C" fn muon_qk_clip_init(clip: *mut muon_qk_clip_t) {
 ///        without a host read; the host backend refuses a NaN maximum here).
 ///        Every rank calls it with the same params, in the same step, before muon_optimizer_step
 ///        (or muon_optimizers_step); several calls before one step add up, one clip per param.
+///        Only the owner of a param reads its request (threshold, alpha, maxima): the library
+///        does not compare requests across ranks, so one that differs on another rank is
+///        silently overridden by the owner's. Pass the same list (with the maxima already
+///        reduced over the data-parallel group) on every rank.
 /// @param[in,out] opt       Finalized optimizer handle.
 /// @param[in]     clips     @p count descriptions, each with struct_size set (muon_qk_clip_init).
 /// @param[in]     count     Number of params; all layers in one call is one validation pass
