@@ -142,7 +142,7 @@ fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced()
     cfg.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
     cfg.muon_layout = MUON_LAYOUT_PADDED;
     let (status, message) = validate(&cfg);
-    assert_eq!(status, MUON_STATUS_INVALID_ARGUMENT);
+    assert_eq!(status, MUON_STATUS_INCOMPATIBLE_OPTIONS);
     assert!(
         message.contains("muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout"),
         "{message}"
