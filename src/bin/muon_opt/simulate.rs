@@ -60,7 +60,7 @@ pub struct SimulateArgs {
     /// Newton–Schulz iteration: `gram` where it applies (docs/newton-schulz.md), else standard.
     #[arg(long, value_enum, default_value_t = MethodChoice::Standard)]
     ns_method: MethodChoice,
-    /// A built-in profile (h100-nvlink, h100-ib, b200-nvlink) or a hardware JSON file.
+    /// A built-in profile (h100-nvlink, h100-ib, h200-nvlink, b200-nvlink) or a hardware JSON file.
     #[arg(long, default_value = "h100-nvlink")]
     hardware: String,
     /// Tokens per GPU per iteration (forward and backward cost).
