@@ -833,6 +833,14 @@ typedef struct muon_param_view_t {
    * See mxfp8_rows.
    */
   uint64_t mxfp8_cols;
+  /**
+   * MUON_DTYPE_* of @p data: the dtype the param was registered with.
+   */
+  uint32_t dtype;
+  /**
+   * MUON_DTYPE_* of @p grad: the config's grad_dtype.
+   */
+  uint32_t grad_dtype;
 } muon_param_view_t;
 
 /**
@@ -1440,7 +1448,9 @@ muon_status_t muon_optimizer_plan_json(const struct muon_optimizer_t *opt,
 /**
  * @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers.
  * @param[in]  opt  Finalized optimizer.
- * @param[out] view Written on success; view->struct_size must be set by the caller.
+ * @param[out] view Written on success; view->struct_size must be set by the caller
+ *                  (sizeof(muon_param_view_t)): a struct of an older header gets the fields it
+ *                  has (its struct_size bytes), a smaller one MUON_STATUS_ABI_MISMATCH.
  */
 MUON_API
 MUON_NODISCARD

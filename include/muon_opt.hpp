@@ -159,20 +159,24 @@ inline void mxfp8_quantize_host(const void *input, uint32_t input_dtype, uint64_
 
 /// The C view of a registered param (every field of muon_param_view_t is public) plus typed
 /// spans of its storage (host memory on the host backend, device memory on cuda). T is the
-/// element type the caller knows the buffer has: float for MUON_DTYPE_F32, uint16_t (raw bits)
-/// for MUON_DTYPE_BF16. The pointers stay valid until the optimizer is destroyed.
+/// buffer's element type: float for MUON_DTYPE_F32, a 2-byte type (uint16_t raw bits,
+/// __nv_bfloat16, ...) for MUON_DTYPE_BF16; any other T throws std::invalid_argument, since a
+/// span of the wrong width would reach past the buffer. The pointers stay valid until the
+/// optimizer is destroyed.
 struct ParamView : muon_param_view_t {
     ParamView() noexcept : muon_param_view_t{} { struct_size = sizeof(muon_param_view_t); }
 
-    /// The param's model-dtype storage (empty for an MXFP8 param, whose data is NULL).
+    /// The param's model-dtype storage, `dtype` (empty for an MXFP8 param, whose data is NULL).
     template <class T>
-    Span<T> data_span() const noexcept {
+    Span<T> data_span() const {
+        check_element<T>(dtype, "data_span");
         return data ? Span<T>(static_cast<T *>(data), static_cast<std::size_t>(numel)) : Span<T>();
     }
 
-    /// The gradient storage (config grad_dtype) the framework accumulates into.
+    /// The gradient storage (config grad_dtype, `grad_dtype`) the framework accumulates into.
     template <class T>
-    Span<T> grad_span() const noexcept {
+    Span<T> grad_span() const {
+        check_element<T>(grad_dtype, "grad_span");
         return grad ? Span<T>(static_cast<T *>(grad), static_cast<std::size_t>(numel)) : Span<T>();
     }
 
@@ -196,6 +200,18 @@ struct ParamView : muon_param_view_t {
     }
 
 private:
+    template <class T>
+    static void check_element(uint32_t dtype, const char *span) {
+        const bool f32 = std::is_same<typename std::remove_cv<T>::type, float>::value;
+        const bool ok = dtype == MUON_DTYPE_F32 ? f32 : dtype == MUON_DTYPE_BF16 && sizeof(T) == 2;
+        if (!ok) {
+            throw std::invalid_argument(std::string("muon::ParamView::") + span + ": T of " +
+                                        std::to_string(sizeof(T)) + " bytes does not match the storage's " +
+                                        (dtype == MUON_DTYPE_F32 ? "MUON_DTYPE_F32 (float)"
+                                                                 : "MUON_DTYPE_BF16 (a 2-byte type)"));
+        }
+    }
+
     static Span<uint8_t> mxfp8_bytes(uint8_t *p, uint64_t n) noexcept {
         return p ? Span<uint8_t>(p, static_cast<std::size_t>(n)) : Span<uint8_t>();
     }

@@ -4,12 +4,12 @@ use std::ffi::c_char;
 use std::sync::Arc;
 
 use crate::bail;
-use crate::capi::boundary::{checked_size, non_null, run};
+use crate::capi::boundary::{checked_size_at_least, non_null, run};
 use crate::capi::comm::muon_comm_t;
 use crate::capi::config::{muon_config_t, read_config};
 use crate::capi::constants::route_code;
 use crate::capi::handle::{Exposed, destroy, into_raw, with_mut, with_ref};
-use crate::capi::param::{muon_param_desc_t, muon_param_view_t, read_desc};
+use crate::capi::param::{MIN_VIEW_SIZE, muon_param_desc_t, muon_param_view_t, read_desc};
 use crate::capi::status::muon_status_t;
 use crate::comm::Communicator;
 use crate::optimizer::Optimizer;
@@ -263,7 +263,9 @@ pub unsafe extern "C" fn muon_optimizer_plan_json(
 
 /// @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers.
 /// @param[in]  opt  Finalized optimizer.
-/// @param[out] view Written on success; view->struct_size must be set by the caller.
+/// @param[out] view Written on success; view->struct_size must be set by the caller
+///                  (sizeof(muon_param_view_t)): a struct of an older header gets the fields it
+///                  has (its struct_size bytes), a smaller one MUON_STATUS_ABI_MISMATCH.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_param_view(
@@ -272,10 +274,12 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
     view: *mut muon_param_view_t,
 ) -> muon_status_t {
     with_ref::<Optimizer>("muon_optimizer_param_view", opt, "opt", |o| {
-        checked_size(view as *const muon_param_view_t, "view")?;
-        let out = muon_param_view_t::new(o.param_view(param_id)?, o.config().mxfp8_swizzled_scales);
-        // SAFETY: non-NULL, struct_size checked.
-        unsafe { view.write_unaligned(out) };
+        let size = checked_size_at_least(view as *const muon_param_view_t, MIN_VIEW_SIZE, "view")?;
+        let mut out = muon_param_view_t::new(o.param_view(param_id)?, o.config().mxfp8_swizzled_scales);
+        let n = size.min(std::mem::size_of::<muon_param_view_t>());
+        out.struct_size = n as u32;
+        // SAFETY: non-NULL with at least `size` >= `n` writable bytes (the caller's struct_size).
+        unsafe { std::ptr::copy_nonoverlapping((&out as *const muon_param_view_t).cast::<u8>(), view.cast::<u8>(), n) };
         Ok(())
     })
 }

@@ -98,7 +98,15 @@ pub struct muon_param_view_t {
     pub mxfp8_rows: u64,
     /// See mxfp8_rows.
     pub mxfp8_cols: u64,
+    /// MUON_DTYPE_* of @p data: the dtype the param was registered with.
+    pub dtype: u32,
+    /// MUON_DTYPE_* of @p grad: the config's grad_dtype.
+    pub grad_dtype: u32,
 }
+
+/// Size of the first ABI version of the view (up to `mxfp8_cols`): a caller compiled against
+/// it gets that many bytes written, without the dtypes.
+pub(crate) const MIN_VIEW_SIZE: usize = std::mem::offset_of!(muon_param_view_t, dtype);
 
 /// Size of the first ABI version of the struct (up to `wd_scale`); smaller struct_size values
 /// are rejected, the fields after it take their defaults.
@@ -129,6 +137,8 @@ impl muon_param_view_t {
             },
             mxfp8_rows: rows,
             mxfp8_cols: cols,
+            dtype: view.dtype.code(),
+            grad_dtype: view.grad_dtype.code(),
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 
 use super::Optimizer;
+use crate::config::Dtype;
 use crate::error::Result;
 use crate::model::Route;
 
@@ -25,6 +26,10 @@ pub struct ParamView {
     /// Gradient storage (grad dtype).
     pub grad: *mut c_void,
     pub mxfp8: Option<Mxfp8View>,
+    /// The dtype of `data` (the registered model dtype).
+    pub dtype: Dtype,
+    /// The dtype of `grad` (the config's `grad_dtype`).
+    pub grad_dtype: Dtype,
 }
 
 /// A param's MXFP8 copies.
@@ -56,6 +61,8 @@ impl Optimizer {
             data: runtime.address(p, false),
             grad: runtime.address(p, true),
             mxfp8,
+            dtype: self.registry().params()[p].dtype,
+            grad_dtype: self.config().grad_dtype,
         })
     }
 }

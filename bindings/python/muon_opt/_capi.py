@@ -257,6 +257,8 @@ class muon_param_view_t(Structure):
         ("mxfp8_scale_layout", c_uint32),
         ("mxfp8_rows", c_uint64),
         ("mxfp8_cols", c_uint64),
+        ("dtype", c_uint32),
+        ("grad_dtype", c_uint32),
     ]
 
 
