@@ -28,7 +28,8 @@ fn after_includes() -> String {
 #endif
 
 #ifndef MUON_NODISCARD
-#if defined(__cplusplus) && __cplusplus >= 201703L
+#if (defined(__cplusplus) && __cplusplus >= 201703L) || \
+    (!defined(__cplusplus) && defined(__STDC_VERSION__) && __STDC_VERSION__ >= 202311L)
 #define MUON_NODISCARD [[nodiscard]]
 #elif defined(__GNUC__) || defined(__clang__)
 #define MUON_NODISCARD __attribute__((warn_unused_result))

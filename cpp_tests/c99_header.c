@@ -14,3 +14,11 @@ int muon_c99_config_roundtrip(void) {
     if (muon_get_version() != MUON_VERSION_CODE) return 4;
     return 0;
 }
+
+/* Teardown may drop the destroy status: no warning under -Werror (GCC's warn_unused_result,
+   unlike [[nodiscard]], ignores a (void) cast, so the destroy calls carry no MUON_NODISCARD). */
+void muon_c99_teardown(muon_optimizer_t *opt, muon_comm_t *comm) {
+    (void)muon_optimizer_destroy(opt);
+    (void)muon_comm_destroy(comm);
+    muon_optimizer_destroy(NULL);
+}

@@ -22,7 +22,8 @@
 #endif
 
 #ifndef MUON_NODISCARD
-#if defined(__cplusplus) && __cplusplus >= 201703L
+#if (defined(__cplusplus) && __cplusplus >= 201703L) || \
+    (!defined(__cplusplus) && defined(__STDC_VERSION__) && __STDC_VERSION__ >= 202311L)
 #define MUON_NODISCARD [[nodiscard]]
 #elif defined(__GNUC__) || defined(__clang__)
 #define MUON_NODISCARD __attribute__((warn_unused_result))
@@ -1038,7 +1039,6 @@ muon_status_t muon_comm_size(const struct muon_comm_t *comm,
  *       a borrowed NCCL communicator is never destroyed by muon.
  */
 MUON_API
-MUON_NODISCARD
 muon_status_t muon_comm_destroy(struct muon_comm_t *comm);
 
 /**
@@ -1463,7 +1463,6 @@ muon_status_t muon_optimizer_param_view(const struct muon_optimizer_t *opt,
  *        streams used before calling.
  */
 MUON_API
-MUON_NODISCARD
 muon_status_t muon_optimizer_destroy(struct muon_optimizer_t *opt);
 
 /**

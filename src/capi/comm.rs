@@ -115,7 +115,6 @@ pub unsafe extern "C" fn muon_comm_size(comm: *const muon_comm_t, size: *mut u32
 /// @brief Release a communicator handle. NULL is a no-op; must not be called twice.
 /// @note An optimizer created on this handle keeps the transport alive until it is destroyed;
 ///       a borrowed NCCL communicator is never destroyed by muon.
-#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_comm_destroy(comm: *mut muon_comm_t) -> muon_status_t {
     destroy::<Arc<Communicator>>("muon_comm_destroy", comm, "comm")

@@ -286,7 +286,6 @@ pub unsafe extern "C" fn muon_optimizer_param_view(
 
 /// @brief Destroy an optimizer. NULL is a no-op; must not be called twice. Synchronize the
 ///        streams used before calling.
-#[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_destroy(opt: *mut muon_optimizer_t) -> muon_status_t {
     destroy::<Optimizer>("muon_optimizer_destroy", opt, "opt")
