@@ -1090,7 +1090,10 @@ muon_status_t muon_optimizer_wait_params(struct muon_optimizer_t *opt,
  *        With overlap_grad_reduce, a bucket's gradient collective starts when its last param
  *        is ready and every bucket before it in the plan's backward order has started: the
  *        collectives are issued in one order on every rank whatever the order of these calls
- *        (NCCL needs one order). Call once per param per iteration.
+ *        (NCCL needs one order). Optional: call it at most once per param per iteration, for
+ *        the params whose gradients are complete; the step then reduces every bucket whose
+ *        collective has not started, after everything enqueued on the caller's stream, so a
+ *        step with no grad_ready at all gives the same bits, without the overlap.
  */
 MUON_API
 MUON_NODISCARD
@@ -1393,6 +1396,11 @@ muon_status_t muon_optimizer_set_tp_group(struct muon_optimizer_t *opt,
 
 /**
  * @brief Register a parameter (forward order). Only before muon_optimizer_finalize().
+ *        Each route's buffer holds its params in reverse registration order (backward order,
+ *        so a bucket's gradients complete together), each starting 64-element aligned: the
+ *        last param registered is first in its buffer. A framework whose own flat buffer
+ *        should alias the library's (zero copy) lays it out the same way, or reads every
+ *        param's offset from muon_optimizer_param_view after finalize.
  * @param[in,out] opt      Optimizer handle.
  * @param[in]     desc     Description; every pointer in it is read during this call only.
  * @param[out]    param_id Id of the new param (its registration index); may be NULL.

@@ -56,7 +56,7 @@ fn every_dp_layout_ownership_overlap_and_comm_mode_matches_dp1_bitwise() {
         let reference = train(
             &config(MuonLayout::Compact, false, CommMode::Eager),
             1,
-            Data { emulated_dp: dp },
+            Data::ranks(dp),
             STEPS,
         );
         assert_ne!(
@@ -81,7 +81,7 @@ fn every_dp_layout_ownership_overlap_and_comm_mode_matches_dp1_bitwise() {
                             muon_ownership: ownership,
                             ..config(layout, overlap, mode)
                         };
-                        let run = train(&cfg, dp, Data { emulated_dp: dp }, STEPS);
+                        let run = train(&cfg, dp, Data::ranks(dp), STEPS);
                         assert_same(&reference, &run, &label);
                     }
                 }
@@ -100,7 +100,7 @@ fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
             &specs,
             &config(MuonLayout::Compact, false, CommMode::Eager),
             1,
-            Data { emulated_dp: dp },
+            Data::ranks(dp),
             STEPS,
         );
         for overlap in [true, false] {
@@ -126,8 +126,35 @@ fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
             if dp == 2 {
                 assert!(shards_of(true), "dp=2: a group of equal matrices");
             }
-            let run = train_model(&specs, &cfg, dp, Data { emulated_dp: dp }, STEPS);
+            let run = train_model(&specs, &cfg, dp, Data::ranks(dp), STEPS);
             assert_same(&reference, &run, &format!("dp={dp} compact groups overlap={overlap}"));
+        }
+    }
+}
+
+/// grad_ready is optional (the header's contract): a step without any grad_ready reduces every
+/// bucket itself and gives the same bits as one after every param's grad_ready, overlapped or
+/// not, at dp 1 and 3.
+#[test]
+fn a_step_without_grad_ready_reduces_every_bucket_itself() {
+    for overlap in [false, true] {
+        let cfg = config(MuonLayout::Compact, overlap, CommMode::Lazy);
+        for dp in [1usize, 3] {
+            let announced = train(&cfg, dp, Data::ranks(3), 3);
+            let silent = train(
+                &cfg,
+                dp,
+                Data {
+                    emulated_dp: 3,
+                    grad_ready: false,
+                },
+                3,
+            );
+            assert_same(
+                &announced,
+                &silent,
+                &format!("dp={dp} overlap={overlap} without grad_ready"),
+            );
         }
     }
 }
@@ -136,7 +163,7 @@ fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
 fn bf16_newton_schulz_parity_across_dp() {
     let mut cfg = config(MuonLayout::Compact, true, CommMode::Lazy);
     cfg.muon_ns_precision = NsPrecision::Bf16;
-    let reference = train(&cfg, 1, Data { emulated_dp: 4 }, 4);
-    let run = train(&cfg, 4, Data { emulated_dp: 4 }, 4);
+    let reference = train(&cfg, 1, Data::ranks(4), 4);
+    let run = train(&cfg, 4, Data::ranks(4), 4);
     assert_same(&reference, &run, "bf16 NS dp=4");
 }

@@ -72,7 +72,10 @@ pub unsafe extern "C" fn muon_optimizer_wait_params(opt: *mut muon_optimizer_t, 
 ///        With overlap_grad_reduce, a bucket's gradient collective starts when its last param
 ///        is ready and every bucket before it in the plan's backward order has started: the
 ///        collectives are issued in one order on every rank whatever the order of these calls
-///        (NCCL needs one order). Call once per param per iteration.
+///        (NCCL needs one order). Optional: call it at most once per param per iteration, for
+///        the params whose gradients are complete; the step then reduces every bucket whose
+///        collective has not started, after everything enqueued on the caller's stream, so a
+///        step with no grad_ready at all gives the same bits, without the overlap.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_grad_ready(opt: *mut muon_optimizer_t, param_id: u32) -> muon_status_t {

@@ -168,6 +168,11 @@ pub unsafe extern "C" fn muon_optimizer_set_tp_group(
 }
 
 /// @brief Register a parameter (forward order). Only before muon_optimizer_finalize().
+///        Each route's buffer holds its params in reverse registration order (backward order,
+///        so a bucket's gradients complete together), each starting 64-element aligned: the
+///        last param registered is first in its buffer. A framework whose own flat buffer
+///        should alias the library's (zero copy) lays it out the same way, or reads every
+///        param's offset from muon_optimizer_param_view after finalize.
 /// @param[in,out] opt      Optimizer handle.
 /// @param[in]     desc     Description; every pointer in it is read during this call only.
 /// @param[out]    param_id Id of the new param (its registration index); may be NULL.

@@ -108,10 +108,22 @@ pub fn assemble(specs: &[ParamSpec], owned: Vec<Vec<OwnedState>>) -> Vec<Vec<Vec
 }
 
 /// How a rank produces its gradient for a step: per rank by default; the dp=1 reference
-/// sums the per-rank gradients of `emulated_dp` ranks in rank order.
+/// sums the per-rank gradients of `emulated_dp` ranks in rank order. `grad_ready`: whether
+/// the rank announces each gradient (else the step reduces every bucket itself).
 #[derive(Debug, Clone, Copy)]
 pub struct Data {
     pub emulated_dp: usize,
+    pub grad_ready: bool,
+}
+
+impl Data {
+    /// Gradients of `emulated_dp` ranks, each announced with grad_ready.
+    pub fn ranks(emulated_dp: usize) -> Self {
+        Data {
+            emulated_dp,
+            grad_ready: true,
+        }
+    }
 }
 
 /// Per step: every param as this rank sees it, and this rank's owned state.
@@ -166,7 +178,9 @@ fn run_rank(opt: &mut Optimizer, specs: &[ParamSpec], rank: usize, dp: usize, da
             let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
             // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
             unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
-            opt.grad_ready(p as u32).unwrap();
+            if data.grad_ready {
+                opt.grad_ready(p as u32).unwrap();
+            }
         }
         let info = opt.step(&ARGS).unwrap();
         assert!(!info.skipped);
