@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace {
 
@@ -33,6 +35,24 @@ TEST(ParamView, SpansCheckTheElementTypeAgainstTheDtype) {
     EXPECT_THROW(view.data_span<float>(), std::invalid_argument);
     EXPECT_THROW(view.grad_span<uint16_t>(), std::invalid_argument);
     EXPECT_THROW(view.data_span<uint8_t>(), std::invalid_argument);
+}
+
+TEST(ParamView, TheBucketCountCoversEveryViewsBucket) {
+    auto comms = muon::Comm::host_group(1);
+    muon_config_t cfg = muon::default_config();
+    cfg.bucket_size = 1024;
+    muon::Optimizer opt(cfg, comms[0]);
+    for (int i = 0; i < 4; ++i) {
+        opt.add_param(muon::param_desc(("layers." + std::to_string(i) + ".proj.weight").c_str(), {64, 32}));
+    }
+    EXPECT_THROW(opt.num_buckets(), muon::Error);
+    opt.finalize();
+    uint32_t largest = 0;
+    for (uint32_t id = 0; id < 4; ++id) largest = std::max(largest, opt.param_view(id).bucket);
+    EXPECT_EQ(opt.num_buckets(), largest + 1);
+    EXPECT_GT(opt.num_buckets(), 1u);
+    for (uint32_t b = 0; b < opt.num_buckets(); ++b) opt.wait_params(b);
+    EXPECT_THROW(opt.wait_params(opt.num_buckets()), muon::Error);
 }
 
 TEST(ParamView, AStructOfTheOlderLayoutGetsItsOwnBytesOnly) {

@@ -1439,6 +1439,18 @@ MUON_NODISCARD
 muon_status_t muon_optimizer_finalize(struct muon_optimizer_t *opt);
 
 /**
+ * @brief The number of buckets of the finalized plan: muon_optimizer_wait_params takes 0 to
+ *        *count − 1, and every param's muon_param_view_t.bucket is one of them.
+ * @param[in]  opt   Finalized optimizer.
+ * @param[out] count Written on success.
+ * @return MUON_STATUS_INVALID_STATE before finalize.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_num_buckets(const struct muon_optimizer_t *opt,
+                                         uint32_t *count);
+
+/**
  * @brief Copy the plan and its report as JSON (NUL-terminated) into @p buf.
  * @param[in]  opt Finalized optimizer.
  * @param[out] buf Destination, or NULL with @p cap 0 to query the size.

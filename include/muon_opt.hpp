@@ -322,6 +322,13 @@ public:
     /// Collective: plans the layout and verifies every rank planned the same.
     void finalize() { check(muon_optimizer_finalize(handle_)); }
     /// The plan and its report as JSON.
+    /// The buckets of the finalized plan: wait_params takes 0 .. num_buckets() - 1.
+    uint32_t num_buckets() const {
+        uint32_t count = 0;
+        check(muon_optimizer_num_buckets(handle_, &count));
+        return count;
+    }
+
     std::string plan_json() const {
         std::size_t len = 0;
         muon_status_t s = muon_optimizer_plan_json(handle_, nullptr, 0, &len);

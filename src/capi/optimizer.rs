@@ -229,6 +229,23 @@ pub unsafe extern "C" fn muon_optimizer_finalize(opt: *mut muon_optimizer_t) -> 
     with_mut::<Optimizer>("muon_optimizer_finalize", opt, "opt", |o| o.finalize())
 }
 
+/// @brief The number of buckets of the finalized plan: muon_optimizer_wait_params takes 0 to
+///        *count − 1, and every param's muon_param_view_t.bucket is one of them.
+/// @param[in]  opt   Finalized optimizer.
+/// @param[out] count Written on success.
+/// @return MUON_STATUS_INVALID_STATE before finalize.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_num_buckets(opt: *const muon_optimizer_t, count: *mut u32) -> muon_status_t {
+    with_ref::<Optimizer>("muon_optimizer_num_buckets", opt, "opt", |o| {
+        non_null(count, "count")?;
+        let n = o.plan()?.buckets.len() as u32;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *count = n };
+        Ok(())
+    })
+}
+
 /// @brief Copy the plan and its report as JSON (NUL-terminated) into @p buf.
 /// @param[in]  opt Finalized optimizer.
 /// @param[out] buf Destination, or NULL with @p cap 0 to query the size.

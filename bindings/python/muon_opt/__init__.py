@@ -504,6 +504,12 @@ class Optimizer(_Owner):
         """Collective: plans the layout and checks every rank planned the same."""
         lib().muon_optimizer_finalize(self._handle)
 
+    def num_buckets(self):
+        """The buckets of the finalized plan: wait_params takes 0 .. num_buckets() - 1."""
+        count = ctypes.c_uint32()
+        lib().muon_optimizer_num_buckets(self._handle, byref(count))
+        return count.value
+
     def plan_json(self):
         """The plan and its report as a JSON string (``json.loads`` it for a dict)."""
         need = c_size_t()

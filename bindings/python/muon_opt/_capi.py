@@ -332,6 +332,7 @@ PROTOTYPES = {
     "muon_optimizer_set_norm_group": (muon_status_t, [_opt, _comm]),
     "muon_optimizer_param_route": (muon_status_t, [_opt, c_uint32, POINTER(c_uint32)]),
     "muon_optimizer_finalize": (muon_status_t, [_opt]),
+    "muon_optimizer_num_buckets": (muon_status_t, [_opt, POINTER(c_uint32)]),
     "muon_optimizer_plan_json": (muon_status_t, [_opt, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
     "muon_optimizer_param_view": (muon_status_t, [_opt, c_uint32, POINTER(muon_param_view_t)]),
     "muon_optimizer_destroy": (muon_status_t, [_opt]),

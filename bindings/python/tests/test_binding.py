@@ -432,6 +432,7 @@ class Library(unittest.TestCase):
             opt.add_param("w", (16, 8))
             opt.finalize()
             self.assertEqual(json.loads(opt.plan_json()), opt.plan())
+            self.assertEqual(opt.num_buckets(), len(opt.plan()["buckets"]))
 
 
 class Checkpoints(unittest.TestCase):

@@ -233,6 +233,20 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_finalize(o)
         ),
         row!(
+            "muon_optimizer_num_buckets",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_num_buckets(o, &mut 0)
+        ),
+        row!(
+            "muon_optimizer_num_buckets",
+            "NULL count",
+            Finalized,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_num_buckets(o, null_mut())
+        ),
+        row!(
             "muon_optimizer_plan_json",
             "before finalize",
             Registering,
