@@ -76,5 +76,5 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_ownership", [](muon_config_t &c) {
             c.muon_layout = MUON_LAYOUT_PADDED;
             c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
-        }, MUON_STATUS_INVALID_ARGUMENT},
+        }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));
