@@ -373,6 +373,41 @@ pub struct Registry {
     routes: Vec<Route>,
     by_name: HashMap<String, usize>,
     tie_first: HashMap<u32, usize>,
+    /// The tensor-parallel size the vocabulary is padded for (0 until a TP group is set: 1).
+    tensor_parallel: u64,
+}
+
+/// Megatron-LM pads the vocabulary to a multiple of `make_vocab_size_divisible_by` (default
+/// 128) times the tensor-parallel size (`_vocab_size_with_padding` in
+/// megatron/training/tokenizer/tokenizer.py): an embedding of `vocab_size` tokens has up to
+/// that many rows.
+const VOCAB_DIVISIBLE_BY: u64 = 128;
+
+/// The dimension of `spec` that is the vocabulary `vocab` (padded for `tp` ranks), if any.
+fn vocab_dim(spec: &ParamSpec, vocab: u64, tp: u64) -> Option<(usize, u64)> {
+    let padded = vocab
+        .checked_next_multiple_of(VOCAB_DIVISIBLE_BY * tp.max(1))
+        .unwrap_or(vocab);
+    let d = spec.shape.iter().position(|d| (vocab..=padded).contains(d))?;
+    Some((d, padded))
+}
+
+/// The explicit `vocab_size` check: a Muon-routed param with a dimension in the (padded)
+/// vocabulary is an untagged embedding or output layer, unless it allows it.
+fn check_vocab(spec: &ParamSpec, route: Route, vocab: u64, tp: u64) -> Result<()> {
+    if route != Route::Muon || vocab == 0 || spec.flags.has(ParamFlags::ALLOW_VOCAB_DIM) {
+        return Ok(());
+    }
+    if let Some((d, padded)) = vocab_dim(spec, vocab, tp) {
+        bail!(
+            RoutingConflict,
+            "param '{}': routes to Muon but shape[{d}] = {} is the vocabulary (vocab_size {vocab}, which Megatron-LM pads to {padded}: a multiple of 128 x TP {}); an embedding or output layer must be flagged EMBEDDING_OR_OUTPUT (or set ALLOW_VOCAB_DIM if this really is a hidden matrix)",
+            spec.name,
+            spec.shape[d],
+            tp.max(1)
+        );
+    }
+    Ok(())
 }
 
 impl Registry {
@@ -416,6 +451,21 @@ impl Registry {
 
     /// Validates `spec` against the config and earlier registrations and appends it.
     /// Returns the new parameter's id (its registration index). On error nothing changes.
+    /// Checks the params registered so far against the `vocab_size` check's vocabulary padded
+    /// for a tensor-parallel group of `tp` ranks; changes nothing.
+    pub fn check_tensor_parallel(&self, tp: u64, cfg: &Config) -> Result<()> {
+        self.params
+            .iter()
+            .zip(&self.routes)
+            .try_for_each(|(spec, &route)| check_vocab(spec, route, cfg.vocab_size, tp))
+    }
+
+    /// Pads the vocabulary of the `vocab_size` check for `tp` ranks from now on (after
+    /// [`Registry::check_tensor_parallel`]).
+    pub fn set_tensor_parallel(&mut self, tp: u64) {
+        self.tensor_parallel = tp;
+    }
+
     pub fn add(&mut self, spec: ParamSpec, cfg: &Config) -> Result<u32> {
         spec.validate()?;
         if let Some(&other) = self.by_name.get(&spec.name) {
@@ -453,18 +503,7 @@ impl Registry {
                 );
             }
         }
-        if route == Route::Muon
-            && cfg.vocab_size != 0
-            && !spec.flags.has(ParamFlags::ALLOW_VOCAB_DIM)
-            && let Some(d) = spec.shape.iter().position(|&d| d == cfg.vocab_size)
-        {
-            bail!(
-                RoutingConflict,
-                "param '{}': routes to Muon but shape[{d}] equals vocab_size {}; an embedding or output layer must be flagged EMBEDDING_OR_OUTPUT (or set ALLOW_VOCAB_DIM if this really is a hidden matrix)",
-                spec.name,
-                cfg.vocab_size
-            );
-        }
+        check_vocab(&spec, route, cfg.vocab_size, self.tensor_parallel)?;
         let id = self.params.len();
         if spec.tie_group != 0 {
             self.tie_first.entry(spec.tie_group).or_insert(id);
@@ -548,6 +587,48 @@ mod tests {
         );
         let allowed = flagged("mtp.emb", &[1000, 64], ParamFlags::ALLOW_VOCAB_DIM);
         assert_eq!(reg.add(allowed, &cfg).unwrap(), 1);
+    }
+
+    /// llm.c's GPT-2: vocab_size 50257, the embedding padded to 50304 rows (a multiple of 128,
+    /// as Megatron-LM pads it): an untagged 50304-row copy is the vocabulary too; at TP 8 the
+    /// padding reaches 51200 (a multiple of 1024), and a TP group that would make a registered
+    /// param the vocabulary is refused before anything changes.
+    #[test]
+    fn a_padded_vocabulary_is_the_vocabulary() {
+        let cfg = Config {
+            vocab_size: 50257,
+            ..Config::default()
+        };
+        let mut reg = Registry::default();
+        for rows in [50257, 50304] {
+            let err = reg
+                .add(ParamSpec::new("wte.copy", &[rows, 768], Dtype::F32), &cfg)
+                .unwrap_err();
+            assert_eq!(err.kind, ErrorKind::RoutingConflict, "{rows}: {}", err.message);
+            assert!(
+                err.message.contains("pads to 50304") && err.message.contains("TP 1"),
+                "{}",
+                err.message
+            );
+        }
+        reg.add(ParamSpec::new("hidden.a", &[50305, 768], Dtype::F32), &cfg)
+            .unwrap();
+        reg.add(ParamSpec::new("hidden.b", &[50256, 768], Dtype::F32), &cfg)
+            .unwrap();
+        let err = reg.check_tensor_parallel(8, &cfg).unwrap_err();
+        assert!(
+            err.message.contains("hidden.a") && err.message.contains("pads to 51200"),
+            "{}",
+            err.message
+        );
+        reg.check_tensor_parallel(1, &cfg).unwrap();
+        reg.set_tensor_parallel(8);
+        let err = reg
+            .add(ParamSpec::new("wte.tp8", &[51200, 768], Dtype::F32), &cfg)
+            .unwrap_err();
+        assert!(err.message.contains("TP 8"), "{}", err.message);
+        reg.add(ParamSpec::new("hidden.c", &[51201, 768], Dtype::F32), &cfg)
+            .unwrap();
     }
 
     #[test]

@@ -320,7 +320,11 @@ impl Optimizer {
     /// Before finalize.
     pub fn set_tp_group(&mut self, group: Arc<Communicator>) -> Result<()> {
         self.check_group(&group, "set_tp_group", "TP group")?;
-        claim_group(&mut self.tp_group, group, "set_tp_group", self.cfg.collective_timeout())
+        let tp = group.size() as u64;
+        self.registry.check_tensor_parallel(tp, &self.cfg)?;
+        claim_group(&mut self.tp_group, group, "set_tp_group", self.cfg.collective_timeout())?;
+        self.registry.set_tensor_parallel(tp);
+        Ok(())
     }
 
     /// The checks every extra group passes: set before finalize, and of the optimizer's kind.
