@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agreement::{self, Setting};
-use crate::backend::Backend;
 use crate::backend::cuda::{CallerStream, CudaBackend, Groups};
 use crate::backend::host::comm::HostComm;
 use crate::backend::host::executor::HostBackend;
 use crate::backend::ops::MAX_NORM_TERMS;
+use crate::backend::{Backend, PeerGroup};
 use crate::bail;
 use crate::checkpoint::{self, TpRank};
 use crate::comm::{Claim, Communicator, Transport};
@@ -731,7 +731,10 @@ impl Optimizer {
     /// rank.
     pub fn load(&mut self, dir: &Path) -> Result<()> {
         let tp = self.tp_rank();
-        self.with_runtime("load", |rt| checkpoint::load(rt, tp, dir))?;
+        let peers = self.peer_groups();
+        self.with_runtime("load", |rt| {
+            with_peers(&peers, &mut |p| checkpoint::load(rt, tp, dir, p))
+        })?;
         crate::log!(Info, "rank {}: loaded checkpoint '{}'", self.rank(), dir.display());
         Ok(())
     }
@@ -741,9 +744,21 @@ impl Optimizer {
     /// [`checkpoint::load_union`]). On failure nothing changed.
     pub fn load_union(&mut self, dirs: &[&Path]) -> Result<()> {
         let tp = self.tp_rank();
-        self.with_runtime("load", |rt| checkpoint::load_union(rt, tp, dirs))?;
+        let peers = self.peer_groups();
+        self.with_runtime("load", |rt| {
+            with_peers(&peers, &mut |p| checkpoint::load_union(rt, tp, dirs, p))
+        })?;
         crate::log!(Info, "rank {}: loaded {} checkpoints", self.rank(), dirs.len());
         Ok(())
+    }
+
+    /// The groups besides the data-parallel one that this optimizer was given (TP, then norm),
+    /// each with its communicator: a collective call that changes state agrees over them.
+    fn peer_groups(&self) -> Vec<(PeerGroup, Arc<Communicator>)> {
+        [(PeerGroup::Tensor, &self.tp_group), (PeerGroup::Norm, &self.norm_group)]
+            .into_iter()
+            .filter_map(|(group, claim)| Some((group, claim.as_ref()?.shared())))
+            .collect()
     }
 
     /// This rank's place in its tensor-parallel group, when it has one of more than one rank:
@@ -785,6 +800,32 @@ fn claim_group(slot: &mut Option<Claim>, group: Arc<Communicator>, call: &str, t
         ),
     }
     Ok(())
+}
+
+/// One exchange of a peer group (see [`checkpoint::PeerExchange`]).
+type PeerCall<'a> = Box<dyn FnMut(&mut dyn Backend, u64) -> Result<Vec<u64>> + 'a>;
+
+/// Runs `call` with the exchanges over `peers`: a host group's on the calling thread, an NCCL
+/// communicator's through the cuda backend (which holds it).
+fn with_peers<T>(
+    peers: &[(PeerGroup, Arc<Communicator>)],
+    call: &mut dyn FnMut(&mut [checkpoint::PeerExchange]) -> Result<T>,
+) -> Result<T> {
+    let mut calls: Vec<PeerCall> = peers
+        .iter()
+        .map(|(group, comm)| -> PeerCall {
+            match &comm.transport {
+                Transport::Host(host) => Box::new(move |_, v| host.all_gather_u64(v)),
+                Transport::Nccl(_) => Box::new(move |backend, v| backend.peer_all_gather_u64(*group, v)),
+            }
+        })
+        .collect();
+    let mut exchanges: Vec<checkpoint::PeerExchange> = peers
+        .iter()
+        .zip(calls.iter_mut())
+        .map(|((group, _), f)| -> checkpoint::PeerExchange { (*group, &mut **f) })
+        .collect();
+    call(&mut exchanges)
 }
 
 /// The groups finalize's agreement exchanges over.

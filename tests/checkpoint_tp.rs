@@ -22,7 +22,7 @@ use muon_opt::checkpoint::export::export;
 use muon_opt::checkpoint::inspect::inspect;
 use muon_opt::comm::Communicator;
 use muon_opt::config::{CommMode, Config, Dtype, NsPrecision, TpMode};
-use muon_opt::error::{ErrorKind, Result};
+use muon_opt::error::{Error, ErrorKind, Result};
 use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamFlags, ParamSpec, Route};
 use muon_opt::optimizer::Optimizer;
@@ -213,6 +213,9 @@ enum Phase<'a> {
     LoadUnion(&'a [PathBuf]),
     /// `muon_optimizer_load` of the one directory.
     Load(&'a Path),
+    /// `muon_optimizer_load_union` of these, which must fail: on this rank (a shard it would
+    /// read is missing: CHECKPOINT_MISMATCH) or on a rank of its TP group.
+    FailedLoadUnion(&'a [PathBuf]),
     Snapshot,
 }
 
@@ -296,6 +299,13 @@ fn job(tp: usize, dp: usize, phases: &[Phase]) -> Vec<Result<Vec<RankView>>> {
                 Phase::Save(dirs) => opt.save(&dirs[t])?,
                 Phase::LoadUnion(dirs) => opt.load_union(&dirs.iter().map(PathBuf::as_path).collect::<Vec<_>>())?,
                 Phase::Load(dir) => opt.load(dir)?,
+                Phase::FailedLoadUnion(dirs) => {
+                    match opt.load_union(&dirs.iter().map(PathBuf::as_path).collect::<Vec<_>>()) {
+                        Ok(()) => return Err(Error::new(ErrorKind::Internal, "a load missing TP shards succeeded")),
+                        Err(e) if e.kind == ErrorKind::CheckpointMismatch => {}
+                        Err(e) => return Err(e),
+                    }
+                }
                 Phase::Snapshot => views.push(view(&mut opt, &maps)?),
             }
         }
@@ -672,6 +682,42 @@ fn a_data_parallel_group_across_tp_ranks_fails_finalize() {
                     .contains("the place in the TP group: rank 1 of 2 on data-parallel rank 1, rank 0 of 2"),
             "rank {d}: {}",
             err.message
+        );
+    }
+}
+
+/// A load is all or nothing over the TP group too: TP 4 × DP 1 and TP 2 × DP 2 given only TP
+/// rank 0's directory. The TP ranks whose shards are elsewhere fail, so every rank fails (the
+/// others naming the failed rank of their TP group, or of their data-parallel group), every
+/// rank stays at its step, and training on gives the bits of a job that never tried. (Before,
+/// TP ranks 0–1 loaded and went back to the saved step while ranks 2–3 stayed.)
+#[test]
+fn a_load_that_fails_on_one_tp_rank_changes_nothing_on_any() {
+    for (tp, dp) in [(4, 1), (2, 2)] {
+        let tmp = TempDir::new("ckpt_tp_partial");
+        let dirs: Vec<PathBuf> = (0..tp).map(|t| tmp.join(&format!("rank{t}"))).collect();
+        let tried = models(job(
+            tp,
+            dp,
+            &[
+                Phase::Train(FIRST),
+                Phase::Save(&dirs),
+                Phase::Train(1),
+                Phase::FailedLoadUnion(&dirs[..1]),
+                Phase::Train(1),
+                Phase::Snapshot,
+            ],
+        ));
+        let untried = models(job(tp, dp, &[Phase::Train(FIRST + 2), Phase::Snapshot]));
+        assert_eq!(
+            tried[0].steps,
+            FIRST + 2,
+            "TP {tp} x DP {dp}: the failed load moved a step count"
+        );
+        assert_same(
+            &tried[0],
+            &untried[0],
+            &format!("TP {tp} x DP {dp} after a failed load"),
         );
     }
 }

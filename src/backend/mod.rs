@@ -34,6 +34,16 @@ pub trait Backend: Send {
     fn read_scalars(&mut self) -> Result<[f64; Scalar::COUNT]>;
     /// [`Op::AllGatherU64`]: every rank's `value`, indexed by rank.
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>>;
+    /// Every rank of the tensor-parallel or norm group's `value`, indexed by its rank in that
+    /// group (host-synchronizing), for a backend that holds the group's communicator.
+    fn peer_all_gather_u64(&mut self, group: PeerGroup, value: u64) -> Result<Vec<u64>> {
+        let _ = value;
+        crate::bail!(
+            Internal,
+            "this backend exchanges nothing over the {} group",
+            group.name()
+        )
+    }
     /// [`Op::Mxfp8Addresses`]: the four parts of `param`'s MXFP8 storage, or None.
     fn mxfp8_addresses(&self, param: u32) -> Option<[*mut u8; 4]>;
     /// [`Op::Address`]: address of the first element of `span` (host or device), for views.
@@ -120,5 +130,21 @@ pub trait Backend: Send {
     /// [`Op::Synchronize`].
     fn synchronize(&mut self) -> Result<()> {
         self.execute(&Op::Synchronize)
+    }
+}
+
+/// A group besides the data-parallel one that the optimizer was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerGroup {
+    Tensor,
+    Norm,
+}
+
+impl PeerGroup {
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerGroup::Tensor => "tensor-parallel",
+            PeerGroup::Norm => "norm",
+        }
     }
 }

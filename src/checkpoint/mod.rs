@@ -49,7 +49,7 @@ mod tests;
 
 use std::path::Path;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, PeerGroup};
 use crate::bail;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::ParamSpec;
@@ -303,10 +303,15 @@ fn write_index(dir: &Path, index: &Index) -> Result<()> {
     publish::fsync_dir(dir)
 }
 
+/// A group besides the data-parallel one that a load agrees over, and its exchange of one
+/// u64 per rank of that group (indexed by its rank there).
+pub type PeerExchange<'a> = (PeerGroup, &'a mut dyn FnMut(&mut dyn Backend, u64) -> Result<Vec<u64>>);
+
 /// Loads the checkpoint in `dir` into every rank (collective), this rank at `tp` in its
-/// tensor-parallel group: it holds exactly the params this optimizer registered.
-pub fn load(runtime: &mut Runtime, tp: Option<TpRank>, dir: &Path) -> Result<()> {
-    load_from(runtime, tp, &[dir], Coverage::Exact)
+/// tensor-parallel group: it holds exactly the params this optimizer registered. All or
+/// nothing over the data-parallel group and every group of `peers`.
+pub fn load(runtime: &mut Runtime, tp: Option<TpRank>, dir: &Path, peers: &mut [PeerExchange]) -> Result<()> {
+    load_from(runtime, tp, &[dir], Coverage::Exact, peers)
 }
 
 /// Loads from several checkpoints at once (collective): every registered param from the one
@@ -315,29 +320,77 @@ pub fn load(runtime: &mut Runtime, tp: Option<TpRank>, dir: &Path) -> Result<()>
 /// split, each of which saved its own experts under their global names, reload at another
 /// split; the optimizers of a TP group reload at another TP size. The checkpoints must share
 /// their step and numerics.
-pub fn load_union(runtime: &mut Runtime, tp: Option<TpRank>, dirs: &[&Path]) -> Result<()> {
+pub fn load_union(runtime: &mut Runtime, tp: Option<TpRank>, dirs: &[&Path], peers: &mut [PeerExchange]) -> Result<()> {
     if dirs.is_empty() {
         bail!(InvalidArgument, "load: no checkpoint directories given");
     }
-    load_from(runtime, tp, dirs, Coverage::Union)
+    load_from(runtime, tp, dirs, Coverage::Union, peers)
 }
 
-fn load_from(runtime: &mut Runtime, tp: Option<TpRank>, dirs: &[&Path], coverage: Coverage) -> Result<()> {
+fn load_from(
+    runtime: &mut Runtime,
+    tp: Option<TpRank>,
+    dirs: &[&Path],
+    coverage: Coverage,
+    peers: &mut [PeerExchange],
+) -> Result<()> {
     runtime.synchronize()?;
     let local = read_owned_state(runtime, tp, dirs, coverage);
-    let (identity, step, pieces) = agree(runtime.backend_mut(), Call::Load, local)?;
-    // Every rank read successfully; commit only if they all read the same checkpoint.
-    let identities = runtime.backend_mut().all_gather_u64(identity)?;
-    if let Some(rank) = identities.iter().position(|&i| i != identity) {
-        let names: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
-        bail!(
-            CheckpointMismatch,
-            "load: rank {rank} read a different checkpoint than this rank's {} (index checksums {:08x} and {identity:08x}); every rank must load the same checkpoint (nothing was changed)",
-            names.join(", "),
-            identities[rank]
-        );
-    }
+    let outcome = agree(runtime.backend_mut(), Call::Load, local).and_then(|(identity, step, pieces)| {
+        // Every rank read successfully; commit only if they all read the same checkpoint.
+        let identities = runtime.backend_mut().all_gather_u64(identity)?;
+        if let Some(rank) = identities.iter().position(|&i| i != identity) {
+            let names: Vec<String> = dirs.iter().map(|d| format!("'{}'", d.display())).collect();
+            bail!(
+                CheckpointMismatch,
+                "load: rank {rank} read a different checkpoint than this rank's {} (index checksums {:08x} and {identity:08x}); every rank must load the same checkpoint (nothing was changed)",
+                names.join(", "),
+                identities[rank]
+            );
+        }
+        Ok((step, pieces))
+    });
+    let (step, pieces) = agree_with_peers(runtime.backend_mut(), peers, outcome)?;
     runtime.load_owned_state(step, &pieces)
+}
+
+/// Collective over every group of `peers`, in their order, whatever `local` is: every rank
+/// learns whether every rank of those groups succeeded (a data-parallel group of a TP rank
+/// that failed fails the TP ranks beside it too). A failed rank returns its own error; the
+/// others return the first failed peer's kind, naming the group and the rank.
+fn agree_with_peers<T>(backend: &mut dyn Backend, peers: &mut [PeerExchange], local: Result<T>) -> Result<T> {
+    let code = match &local {
+        Ok(_) => 0,
+        Err(err) => {
+            1 + AGREED_KINDS
+                .iter()
+                .position(|k| *k == err.kind)
+                .unwrap_or(AGREED_KINDS.len() - 1) as u64
+        }
+    };
+    let mut failed = None;
+    for (group, exchange) in peers.iter_mut() {
+        let codes = exchange(backend, code)?;
+        if failed.is_none()
+            && let Some(rank) = codes.iter().position(|&c| c != 0)
+        {
+            let kind = AGREED_KINDS
+                .get(codes[rank] as usize - 1)
+                .copied()
+                .unwrap_or(ErrorKind::Internal);
+            failed = Some((group.name(), rank, kind));
+        }
+    }
+    let value = local?;
+    match failed {
+        None => Ok(value),
+        Some((group, rank, kind)) => Err(Error::new(
+            kind,
+            format!(
+                "load failed on rank {rank} of the {group} group ({kind:?}); that rank's error message has the details (nothing was changed on any rank)"
+            ),
+        )),
+    }
 }
 
 /// Reads everything this rank owns from the checkpoints in `dirs`, changing nothing. Returns

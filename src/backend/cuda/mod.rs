@@ -33,8 +33,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::Backend;
 use crate::backend::ops::{NormTerm, Op, Scalar, Span};
+use crate::backend::{Backend, PeerGroup};
 use crate::bail;
 use crate::comm::Communicator;
 use crate::config::Dtype;
@@ -236,6 +236,13 @@ impl<E: Executor> CudaBackend<E> {
 impl<E: Executor> Backend for CudaBackend<E> {
     fn execute(&mut self, op: &Op) -> Result<()> {
         self.op(op).map(drop)
+    }
+
+    fn peer_all_gather_u64(&mut self, group: PeerGroup, value: u64) -> Result<Vec<u64>> {
+        match group {
+            PeerGroup::Tensor => self.tp_all_gather_u64(value),
+            PeerGroup::Norm => self.norm_all_gather_u64(value),
+        }
     }
 
     fn download(&mut self, src: Span) -> Result<Vec<f32>> {
