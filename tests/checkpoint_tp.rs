@@ -213,6 +213,8 @@ enum Phase<'a> {
     LoadUnion(&'a [PathBuf]),
     /// `muon_optimizer_load` of the one directory.
     Load(&'a Path),
+    /// `muon_optimizer_load` of this TP rank's own directory.
+    LoadOwn(&'a [PathBuf]),
     /// `muon_optimizer_load_union` of these, which must fail: on this rank (a shard it would
     /// read is missing: CHECKPOINT_MISMATCH) or on a rank of its TP group.
     FailedLoadUnion(&'a [PathBuf]),
@@ -299,6 +301,7 @@ fn job(tp: usize, dp: usize, phases: &[Phase]) -> Vec<Result<Vec<RankView>>> {
                 Phase::Save(dirs) => opt.save(&dirs[t])?,
                 Phase::LoadUnion(dirs) => opt.load_union(&dirs.iter().map(PathBuf::as_path).collect::<Vec<_>>())?,
                 Phase::Load(dir) => opt.load(dir)?,
+                Phase::LoadOwn(dirs) => opt.load(&dirs[t])?,
                 Phase::FailedLoadUnion(dirs) => {
                     match opt.load_union(&dirs.iter().map(PathBuf::as_path).collect::<Vec<_>>()) {
                         Ok(()) => return Err(Error::new(ErrorKind::Internal, "a load missing TP shards succeeded")),
@@ -471,13 +474,13 @@ fn a_tp2_checkpoint_resumes_at_tp1_tp4_and_tp2_bitwise_like_the_unsharded_run() 
         &[Phase::LoadUnion(&[broken, tp2[0].clone()]), Phase::Snapshot],
     ));
     assert_same(&lowest[0], &reference[0], "the norm read from TP rank 0's checkpoint");
-    // One TP rank's directory alone holds that rank's shards and no other's.
-    for t in 0..2 {
-        let loaded = job(2, 1, &[Phase::Load(&tp2[t]), Phase::Snapshot]);
-        let views = loaded[t]
+    // One TP rank's directory holds that rank's shards: each rank loads its own, and its
+    // shards hold the reference's values.
+    let own = job(2, 1, &[Phase::LoadOwn(&tp2), Phase::Snapshot]);
+    for (t, loaded) in own.iter().enumerate() {
+        let views = loaded
             .as_ref()
             .unwrap_or_else(|e| panic!("TP rank {t} loads its own directory: {e}"));
-        // Its shards hold the reference's values.
         assert_eq!(views[0].steps, reference[0].steps);
         for (p, values) in views[0].params.iter().enumerate() {
             for &(i, v) in values {
@@ -489,6 +492,21 @@ fn a_tp2_checkpoint_resumes_at_tp1_tp4_and_tp2_bitwise_like_the_unsharded_run() 
                 );
             }
         }
+    }
+    // And no other's: given one rank's directory, the other rank fails, naming why, and so
+    // does the rank whose shards are there (all or nothing over the TP group).
+    for t in 0..2 {
+        let loaded = job(2, 1, &[Phase::Load(&tp2[t]), Phase::Snapshot]);
+        let peer = loaded[t]
+            .as_ref()
+            .err()
+            .expect("a load that fails on a TP peer commits nothing");
+        assert!(
+            peer.message
+                .contains(&format!("load failed on rank {} of the tensor-parallel group", 1 - t)),
+            "{}",
+            peer.message
+        );
         let err = loaded[1 - t]
             .as_ref()
             .err()
