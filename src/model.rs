@@ -383,12 +383,13 @@ pub struct Registry {
 /// that many rows.
 const VOCAB_DIVISIBLE_BY: u64 = 128;
 
-/// The dimension of `spec` that is the vocabulary `vocab` (padded for `tp` ranks), if any.
+/// The dimension of `spec` that is the vocabulary `vocab`, as given or padded for `tp` ranks
+/// (exactly the padded size: a hidden dimension between the two stays one), if any.
 fn vocab_dim(spec: &ParamSpec, vocab: u64, tp: u64) -> Option<(usize, u64)> {
     let padded = vocab
         .checked_next_multiple_of(VOCAB_DIVISIBLE_BY * tp.max(1))
         .unwrap_or(vocab);
-    let d = spec.shape.iter().position(|d| (vocab..=padded).contains(d))?;
+    let d = spec.shape.iter().position(|&d| d == vocab || d == padded)?;
     Some((d, padded))
 }
 
@@ -590,9 +591,10 @@ mod tests {
     }
 
     /// llm.c's GPT-2: vocab_size 50257, the embedding padded to 50304 rows (a multiple of 128,
-    /// as Megatron-LM pads it): an untagged 50304-row copy is the vocabulary too; at TP 8 the
-    /// padding reaches 51200 (a multiple of 1024), and a TP group that would make a registered
-    /// param the vocabulary is refused before anything changes.
+    /// as Megatron-LM pads it): an untagged 50304-row copy is the vocabulary too, a hidden
+    /// matrix of another size is not; at TP 8 the padding is 51200 (a multiple of 1024), and a
+    /// TP group that would make a registered param the vocabulary is refused before anything
+    /// changes.
     #[test]
     fn a_padded_vocabulary_is_the_vocabulary() {
         let cfg = Config {
@@ -611,9 +613,11 @@ mod tests {
                 err.message
             );
         }
-        reg.add(ParamSpec::new("hidden.a", &[50305, 768], Dtype::F32), &cfg)
-            .unwrap();
-        reg.add(ParamSpec::new("hidden.b", &[50256, 768], Dtype::F32), &cfg)
+        for rows in [50256, 50280, 50305] {
+            reg.add(ParamSpec::new(format!("hidden.{rows}"), &[rows, 768], Dtype::F32), &cfg)
+                .unwrap();
+        }
+        reg.add(ParamSpec::new("hidden.a", &[51200, 768], Dtype::F32), &cfg)
             .unwrap();
         let err = reg.check_tensor_parallel(8, &cfg).unwrap_err();
         assert!(
@@ -627,7 +631,7 @@ mod tests {
             .add(ParamSpec::new("wte.tp8", &[51200, 768], Dtype::F32), &cfg)
             .unwrap_err();
         assert!(err.message.contains("TP 8"), "{}", err.message);
-        reg.add(ParamSpec::new("hidden.c", &[51201, 768], Dtype::F32), &cfg)
+        reg.add(ParamSpec::new("hidden.c", &[51072, 768], Dtype::F32), &cfg)
             .unwrap();
     }
 

@@ -62,8 +62,8 @@ pub struct muon_config_t {
     /// 1 = MXFP8 scales in the swizzled (GEMM) layout; 0 (default) = compact.
     pub mxfp8_swizzled_scales: u32,
     /// Vocabulary size for the untagged-embedding check. Non-zero: muon_optimizer_add_param
-    /// refuses (MUON_STATUS_ROUTING_CONFLICT) a Muon-routed param with any dimension from it
-    /// to it padded as Megatron-LM pads the embedding (up to a multiple of 128 × the size of
+    /// refuses (MUON_STATUS_ROUTING_CONFLICT) a Muon-routed param with a dimension equal to it
+    /// or to it padded as Megatron-LM pads the embedding (up to a multiple of 128 × the size of
     /// the TP group, when muon_optimizer_set_tp_group was called: 50257 → 50304 at TP 1),
     /// unless flagged MUON_PARAM_FLAG_ALLOW_VOCAB_DIM; muon_optimizer_set_tp_group refuses a
     /// group whose padding would make a registered param the vocabulary. 0 (default): Megatron-style, the
