@@ -146,3 +146,6 @@ found=$(cd "$consumer" && env -u MUON_OPT_LIB MUON_OPT_PREFIX="$prefix" PYTHONPA
     python3 -c "import muon_opt; assert muon_opt.version() == muon_opt.MUON_VERSION_CODE; print(muon_opt.lib().path)")
 [ "$found" = "$prefix/lib/libmuon_opt.so.0.1" ] || { echo "the installed package loaded '$found'" >&2; exit 1; }
 echo "pip-installed muon_opt loaded $found"
+
+step "the kernels on the CPU under the sanitizers (scripts/test-kernels.sh; cargo test ran them plain)"
+bash scripts/test-kernels.sh --sanitizers

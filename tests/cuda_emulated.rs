@@ -1,18 +1,22 @@
 //! The cuda backend's translation, executed on a CPU emulation of the device, against the
 //! host backend — without a GPU.
 //!
-//! The emulated device runs every action of the translator: copies and memsets on a byte
-//! arena at the translator's (virtual) addresses, each kernel of `kernels/*.cu` re-stated in
-//! Rust line for line (the same thread partition and reduction trees for the sums of squares),
-//! cuBLAS's column-major strided-batched GEMM, and NCCL for one rank. This checks what the
-//! translator decides — pointers, offsets, dtype flags, kernel arguments, the Newton–Schulz
-//! sequence with its transposes, ping-pong buffers and batches, the GEMM parameters in
-//! column-major form, the packed reduction structs — by comparing whole optimizer runs with
-//! the host backend: element-wise results bit for bit, Newton–Schulz within tolerance. What it
-//! cannot check is the CUDA code itself (that takes a GPU: `--features gpu-tests`).
+//! The emulated device runs every action of the translator: copies and memsets on heap blocks
+//! whose addresses are the device pointers, every kernel launch by the real kernel of
+//! `kernels/*.cu` built for the CPU (`cuda_emulated/kernels_cpu.rs`: the threads of a block as
+//! OS threads meeting at real barriers), cuBLAS's column-major GEMMs on the host's GEMM, and
+//! NCCL for one rank. This checks the translator's decisions — pointers, offsets, dtype flags,
+//! kernel arguments, the Newton–Schulz sequence with its transposes, ping-pong buffers and
+//! batches, the GEMM parameters in column-major form, the packed reduction structs — and the
+//! kernels' own code, by comparing whole optimizer runs with the host backend: element-wise
+//! results bit for bit, Newton–Schulz within tolerance. `scripts/test-kernels.sh` runs it under
+//! AddressSanitizer + UndefinedBehaviorSanitizer and ThreadSanitizer too. What only a GPU shows:
+//! docs/kernels-cpu.md.
 
 #[path = "cuda_emulated/emulator.rs"]
 mod emulator;
+#[path = "cuda_emulated/kernels_cpu.rs"]
+mod kernels_cpu;
 mod support;
 
 use std::time::Duration;
@@ -101,6 +105,9 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
 
 #[test]
 fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
+    if !kernels_cpu::available() {
+        return;
+    }
     let cfg = Config {
         bucket_size: 4096,
         muon_ns_symmetric_tile: SMALL_TILE,
@@ -121,6 +128,9 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
 
 #[test]
 fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
+    if !kernels_cpu::available() {
+        return;
+    }
     let cfg = Config {
         bucket_size: 4096,
         muon_ns_symmetric_tile: SMALL_TILE,
@@ -140,6 +150,9 @@ fn emulated_translation_matches_the_host_backend_bf16_newton_schulz() {
 
 #[test]
 fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
+    if !kernels_cpu::available() {
+        return;
+    }
     let cfg = Config {
         bucket_size: 4096,
         muon_ns_symmetric_tile: SMALL_TILE,
@@ -162,6 +175,9 @@ fn emulated_translation_matches_the_host_backend_bf16_iterate_newton_schulz() {
 /// bit for bit and every other Muon param differs.
 #[test]
 fn emulated_gram_newton_schulz_matches_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
     use muon_opt::config::{CoefficientSet, NsMethod};
     let mut specs = cuda_model();
     specs.push(ParamSpec::new("wide.deep.weight", &[64, 160], Dtype::Bf16));
@@ -214,6 +230,9 @@ fn emulated_gram_newton_schulz_matches_the_host_backend_bitwise() {
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]
 fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
+    if !kernels_cpu::available() {
+        return;
+    }
     let cfg = Config::default();
     let specials = [
         f32::NAN,
@@ -234,6 +253,9 @@ fn emulated_elementwise_ops_match_the_host_backend_bit_for_bit() {
 /// host backend: every head layout, α = 0, ½, 1, 0.3, maxima above, under, at τ and not finite.
 #[test]
 fn emulated_qk_clip_matches_the_host_backend_bit_for_bit() {
+    if !kernels_cpu::available() {
+        return;
+    }
     let cfg = Config::default();
     let host = support::qk_clip::clip_script(&mut host_backend(&cfg), false);
     let emu = support::qk_clip::clip_script(&mut emulated_backend(MuonOptions::from_config(&cfg)), true);
@@ -273,13 +295,13 @@ impl Executor for Faulty {
 /// break the backend.
 #[test]
 fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
+    if !kernels_cpu::available() {
+        return;
+    }
     use muon_opt::backend::ops::{BufferSizes, CollOp, MemoryLayout, MuonWork, Span};
     for kind in [ErrorKind::CommTimeout, ErrorKind::NcclError] {
         let faulty = Faulty {
-            device: Emulator {
-                mem: Vec::new(),
-                tp: None,
-            },
+            device: Emulator::new(None),
             fail_at: 2,
             kind,
             groups: 0,
@@ -336,6 +358,9 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
 /// shard-local), on the wide iterates, the others taking the standard one.
 #[test]
 fn tensor_parallel_shards_match_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
     use muon_opt::config::{NsMethod, TpMode};
     use muon_opt::model::ParamFlags;
     const TP: usize = 2;
@@ -392,10 +417,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
             let host = host_backend(cfg)
                 .with_tp_group(Communicator::new(Transport::Host(host_comm)))
                 .unwrap();
-            let device = Emulator {
-                mem: Vec::new(),
-                tp: Some(emu_comm),
-            };
+            let device = Emulator::new(Some(emu_comm));
             let translator = Translator::new(0, 1, MuonOptions::from_config(cfg)).with_tp_group(TP, t);
             let emulated = CudaBackend::with_executor(translator, device).unwrap();
             let mut host = runtime(cfg, specs, 0, 1, Box::new(host));
