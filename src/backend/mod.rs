@@ -36,8 +36,7 @@ pub trait Backend: Send {
     fn all_gather_u64(&mut self, value: u64) -> Result<Vec<u64>>;
     /// Every rank of the tensor-parallel or norm group's `value`, indexed by its rank in that
     /// group (host-synchronizing), for a backend that holds the group's communicator.
-    fn peer_all_gather_u64(&mut self, group: PeerGroup, value: u64) -> Result<Vec<u64>> {
-        let _ = value;
+    fn peer_all_gather_u64(&mut self, group: PeerGroup, _value: u64) -> Result<Vec<u64>> {
         crate::bail!(
             Internal,
             "this backend exchanges nothing over the {} group",

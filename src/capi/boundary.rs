@@ -80,7 +80,13 @@ pub fn non_null<T>(ptr: *const T, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The caller's `struct_size` of a versioned output struct `T` whose oldest released layout is
+/// Checks that `ptr` is non-NULL and that the `struct_size` it starts with covers this
+/// library's `T` (the caller set `struct_size = sizeof(T)` from a header at least this new).
+pub fn checked_size<T>(ptr: *const T, name: &str) -> Result<()> {
+    checked_size_at_least(ptr, std::mem::size_of::<T>(), name).map(drop)
+}
+
+/// The caller's `struct_size` of a versioned output struct whose oldest released layout is
 /// `min` bytes: at least `min` (a struct of an older header gets its own fields written).
 pub fn checked_size_at_least<T>(ptr: *const T, min: usize, name: &str) -> Result<usize> {
     non_null(ptr, name)?;
@@ -89,28 +95,8 @@ pub fn checked_size_at_least<T>(ptr: *const T, min: usize, name: &str) -> Result
     if size < min {
         return Err(Error::new(
             ErrorKind::AbiMismatch,
-            format!(
-                "{name}->struct_size: {size} is smaller than the {min} bytes of its oldest layout; set it to sizeof before the call"
-            ),
+            format!("{name}->struct_size: {size} is smaller than {min}; set it to sizeof before the call"),
         ));
     }
     Ok(size)
-}
-
-/// Checks that `ptr` is non-NULL and that the `struct_size` it starts with covers this
-/// library's `T` (the caller set `struct_size = sizeof(T)` from a header at least this new).
-pub fn checked_size<T>(ptr: *const T, name: &str) -> Result<()> {
-    non_null(ptr, name)?;
-    // SAFETY: non-NULL; every sized struct of the API starts with a u32 struct_size.
-    let size = unsafe { std::ptr::read_unaligned(ptr.cast::<u32>()) } as usize;
-    if size < std::mem::size_of::<T>() {
-        return Err(Error::new(
-            ErrorKind::AbiMismatch,
-            format!(
-                "{name}->struct_size: {size} is smaller than {}; set it to sizeof before the call",
-                std::mem::size_of::<T>()
-            ),
-        ));
-    }
-    Ok(())
 }

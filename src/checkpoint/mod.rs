@@ -121,19 +121,35 @@ impl Call {
     }
 }
 
+/// What a rank tells the others of its part of a collective call: 0 for success, else
+/// 1 + the index of its error's kind in [`AGREED_KINDS`] (its last entry for any other kind).
+fn outcome_code<T>(local: &Result<T>) -> u64 {
+    match local {
+        Ok(_) => 0,
+        Err(err) => {
+            1 + AGREED_KINDS
+                .iter()
+                .position(|k| *k == err.kind)
+                .unwrap_or(AGREED_KINDS.len() - 1) as u64
+        }
+    }
+}
+
+/// The error kind a non-zero [`outcome_code`] stands for.
+fn agreed_kind(code: u64) -> ErrorKind {
+    AGREED_KINDS
+        .get(code as usize - 1)
+        .copied()
+        .unwrap_or(ErrorKind::Internal)
+}
+
 /// Collective: every rank learns whether every rank is in the same call and whether every
 /// rank's `local` succeeded. A failed rank returns its own error; the others return the first
 /// failed rank's kind, naming it. Ranks in different calls (one saves while another loads)
 /// all fail with `InvalidState` before either call changes anything.
 fn agree<T>(backend: &mut dyn Backend, call: Call, local: Result<T>) -> Result<T> {
     let what = call.name();
-    let code = match &local {
-        Ok(_) => 0,
-        Err(err) => {
-            let kind = AGREED_KINDS.iter().position(|k| *k == err.kind);
-            1 + kind.unwrap_or(AGREED_KINDS.len() - 1) as u64
-        }
-    };
+    let code = outcome_code(&local);
     let words = backend.all_gather_u64(((call as u64) << 32) | code)?;
     if let Some(rank) = words.iter().position(|&w| w >> 32 != call as u64) {
         let other = match words[rank] >> 32 {
@@ -151,10 +167,7 @@ fn agree<T>(backend: &mut dyn Backend, call: Call, local: Result<T>) -> Result<T
     match codes.iter().position(|&c| c != 0) {
         None => Ok(value),
         Some(rank) => {
-            let kind = AGREED_KINDS
-                .get(codes[rank] as usize - 1)
-                .copied()
-                .unwrap_or(ErrorKind::Internal);
+            let kind = agreed_kind(codes[rank]);
             Err(Error::new(
                 kind,
                 format!("{what} failed on rank {rank} ({kind:?}); that rank's error message has the details"),
@@ -359,26 +372,14 @@ fn load_from(
 /// that failed fails the TP ranks beside it too). A failed rank returns its own error; the
 /// others return the first failed peer's kind, naming the group and the rank.
 fn agree_with_peers<T>(backend: &mut dyn Backend, peers: &mut [PeerExchange], local: Result<T>) -> Result<T> {
-    let code = match &local {
-        Ok(_) => 0,
-        Err(err) => {
-            1 + AGREED_KINDS
-                .iter()
-                .position(|k| *k == err.kind)
-                .unwrap_or(AGREED_KINDS.len() - 1) as u64
-        }
-    };
+    let code = outcome_code(&local);
     let mut failed = None;
     for (group, exchange) in peers.iter_mut() {
         let codes = exchange(backend, code)?;
         if failed.is_none()
             && let Some(rank) = codes.iter().position(|&c| c != 0)
         {
-            let kind = AGREED_KINDS
-                .get(codes[rank] as usize - 1)
-                .copied()
-                .unwrap_or(ErrorKind::Internal);
-            failed = Some((group.name(), rank, kind));
+            failed = Some((group.name(), rank, agreed_kind(codes[rank])));
         }
     }
     let value = local?;

@@ -1,6 +1,7 @@
 //! The real kernels of `kernels/*.cu` on the CPU: `tests/kernels_cpu/launch.cpp` (the
 //! unchanged sources through `tests/kernels_cpu/cuda_cpu.h`) built by the system `g++` into a
-//! shared library once per test process, and called for every launch with the launch's grid,
+//! shared library once per test process (kept under the target directory, so a sanitizer's
+//! report names the kernel's lines), and called for every launch with the launch's grid,
 //! block and arguments, as cuLaunchKernel takes them.
 //!
 //! `MUON_KERNELS_SANITIZE` builds it under a sanitizer: `address` (AddressSanitizer and
@@ -86,27 +87,14 @@ fn build() -> Option<Kernels> {
     let lib = unsafe { libloading::Library::new(&library) }.expect("load the CPU kernels");
     // SAFETY: `muon_cpu_launch` has this signature in launch.cpp.
     let launch = *unsafe { lib.get::<LaunchFn>(b"muon_cpu_launch\0") }.expect("muon_cpu_launch");
-    std::fs::remove_file(&library).ok();
     Some(Kernels { launch, _library: lib })
-}
-
-/// A parameter's bytes as cuLaunchKernel reads them (one u64 word per scalar, the struct's
-/// words for a struct).
-fn words(arg: &Arg) -> Vec<u64> {
-    match arg {
-        Arg::Ptr(p) | Arg::U64(p) => vec![*p],
-        Arg::U32(v) => vec![u64::from(*v)],
-        Arg::I32(v) => vec![u64::from(*v as u32)],
-        Arg::F32(v) => vec![u64::from(v.to_bits())],
-        Arg::Words(w) => w.clone(),
-    }
 }
 
 /// Runs `launch` with the real kernel; its pointer arguments are the emulator's host
 /// addresses.
 pub fn launch(launch: &Launch) {
     let kernels = kernels().expect("the emulated tests check kernels_cpu::available() first");
-    let mut args: Vec<Vec<u64>> = launch.args.iter().map(words).collect();
+    let mut args: Vec<Vec<u64>> = launch.args.iter().map(Arg::words).collect();
     let mut params: Vec<*mut c_void> = args.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
     let name = CString::new(launch.kernel.name()).unwrap();
     // SAFETY: the arguments match the kernel's signature (the translator builds them per kernel,

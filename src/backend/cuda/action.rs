@@ -158,6 +158,20 @@ pub enum Arg {
     Words(Vec<u64>),
 }
 
+impl Arg {
+    /// The parameter's bytes as cuLaunchKernel reads them: one little-endian u64 word for a
+    /// scalar or pointer (a 4-byte value in its low half), the struct's words for a struct.
+    pub fn words(&self) -> Vec<u64> {
+        match self {
+            Arg::Ptr(p) | Arg::U64(p) => vec![*p],
+            Arg::U32(v) => vec![u64::from(*v)],
+            Arg::I32(v) => vec![u64::from(*v as u32)],
+            Arg::F32(v) => vec![u64::from(v.to_bits())],
+            Arg::Words(words) => words.clone(),
+        }
+    }
+}
+
 /// One kernel launch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Launch {

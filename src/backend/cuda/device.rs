@@ -437,7 +437,7 @@ impl Device {
             }
             Action::Launch(launch) => {
                 let function = self.modules.function(launch.kernel)?;
-                let mut words: Vec<Vec<u64>> = launch.args.iter().map(arg_words).collect();
+                let mut words: Vec<Vec<u64>> = launch.args.iter().map(Arg::words).collect();
                 let mut params: Vec<*mut c_void> = words.iter_mut().map(|w| w.as_mut_ptr().cast()).collect();
                 let ([gx, gy, gz], [bx, by, bz]) = (launch.grid, launch.block);
                 // SAFETY: the arguments match the kernel's signature (the translator builds them
@@ -722,18 +722,6 @@ impl Device {
             result => api.check("ncclGroupEnd", result),
         };
         first_error.and(ended)
-    }
-}
-
-/// A kernel argument as the words cuLaunchKernel copies (little-endian; 4-byte values in the
-/// low half of one word).
-fn arg_words(arg: &Arg) -> Vec<u64> {
-    match arg {
-        Arg::Ptr(p) | Arg::U64(p) => vec![*p],
-        Arg::U32(v) => vec![u64::from(*v)],
-        Arg::I32(v) => vec![u64::from(*v as u32)],
-        Arg::F32(v) => vec![u64::from(v.to_bits())],
-        Arg::Words(words) => words.clone(),
     }
 }
 
