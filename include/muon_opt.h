@@ -1136,14 +1136,15 @@ muon_status_t muon_optimizer_step(struct muon_optimizer_t *opt,
  *        communicator and expert params on the expert-data-parallel one (Megatron's chained
  *        optimizer). Each optimizer gathers its ranks' Σ g² over its norm group
  *        (muon_optimizer_set_norm_group; give both a group spanning every rank whose
- *        gradients the norm covers), then each derives the norm from all of them — every
- *        optimizer's mean squared norm (its sums over its own dp²), added in @p opts order —
- *        and steps as muon_optimizer_step does, scaling its gradients by clip / its own dp.
+ *        gradients the norm covers; each sums the squares of its mean gradients, its sums
+ *        times 1 / its own dp), then each derives the norm from all of them, added exactly,
+ *        and steps as muon_optimizer_step does, scaling its gradients by 1 / its own dp, then
+ *        by the clip.
  *        Enqueues only, never waits; read what the step did with muon_optimizer_step_info on
  *        any of them (the norm, clip and skip are the same).
  *
- * Every rank passes its optimizers in the same order (the sums are added in that order, so
- * every rank computes the same bits). The optimizers run on the same backend and, with
+ * Every rank passes its optimizers in the same order (their gathers are issued in that
+ * order). The optimizers run on the same backend and, with
  * NCCL, on the same caller stream (each reads the others' gathered sums in stream order),
  * and have the same clip_grad. Everything is checked before any work is enqueued.
  * @param[in] opts  @p count distinct finalized optimizer handles.
@@ -1332,8 +1333,8 @@ muon_status_t muon_optimizer_create(const struct muon_config_t *cfg,
  * and every rank then clips with the same coefficient and skips the same steps. Each rank
  * counts the gradients it owns once; flag copies that another rank counts with
  * MUON_PARAM_FLAG_NORM_REPLICA (tensor-parallel duplicates on TP ranks > 0, a later pipeline
- * stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
- * rank order, so every rank computes the same bits. Several optimizers of a rank (dense and
+ * stage's copy of a shared embedding). The ranks' sums are exact and gathered and added
+ * exactly, so every rank computes the same bits (the same at any data-parallel size). Several optimizers of a rank (dense and
  * expert params) share one clip through muon_optimizers_step, each with a norm group of its
  * own over the same ranks. Finalize also checks, over the group, that every tie group
  * (muon_param_desc_t.tie_group) declared on several ranks routes alike on all of them: an

@@ -1,5 +1,5 @@
 // Element-wise AdamW on fp32 masters (src/numerics/adamw.rs). The step's scalars (gradient
-// scale, bias corrections, learning rate and weight decay, the skip flag) are read from device
+// scale and clip, bias corrections, learning rate and weight decay, the skip flag) are read from device
 // memory (muon_step_scalars); lr = adam_lr * lr_scale, wd = adam_wd * wd_scale and
 // decay = 1 - lr * wd are the host's f32 products. Per element, each operation one f32 rounding, in the host's order
 // (--fmad=false, IEEE division and square root). Launch: block 256, any 1-D grid.
@@ -13,14 +13,15 @@ extern "C" __global__ void muon_adamw(float *w, float *exp_avg, float *exp_avg_s
     if (muon_step_skipped(scalars)) {
         return;
     }
-    const float clip = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
+    const float mean_scale = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
+    const float clip = muon_scalar(scalars, MUON_SCALAR_CLIP_COEF);
     const float bc1 = muon_scalar(scalars, MUON_SCALAR_BC1);
     const float bc2 = muon_scalar(scalars, MUON_SCALAR_BC2);
     const float lr = muon_scalar(scalars, MUON_SCALAR_ADAM_LR) * lr_scale;
     const float wd = muon_scalar(scalars, MUON_SCALAR_ADAM_WEIGHT_DECAY) * wd_scale;
     const float decay = 1.0f - lr * wd;
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
-        const float g = muon_load(grad, grad_bf16, i) * clip;
+        const float g = muon_scaled_grad(grad, grad_bf16, i, mean_scale, clip);
         const float m = beta1 * exp_avg[i] + one_minus_beta1 * g;
         const float v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g;
         exp_avg[i] = m;

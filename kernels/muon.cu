@@ -5,7 +5,7 @@
 
 #include "muon_common.cuh"
 
-// g = grad * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m. Without
+// g = (grad * grad_scale) * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m. Without
 // Nesterov `update` may be `momentum` itself (u = m): then nothing more is stored.
 extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
                                          muon_u64 n, float mu, float one_minus_mu, const double *scalars,
@@ -13,9 +13,10 @@ extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float 
     if (muon_step_skipped(scalars)) {
         return;
     }
-    const float clip = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
+    const float mean_scale = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
+    const float clip = muon_scalar(scalars, MUON_SCALAR_CLIP_COEF);
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
-        const float g = muon_load(grad, grad_bf16, i) * clip;
+        const float g = muon_scaled_grad(grad, grad_bf16, i, mean_scale, clip);
         const float m = mu * momentum[i] + one_minus_mu * g;
         momentum[i] = m;
         if (update != momentum) {

@@ -53,18 +53,30 @@ __device__ __forceinline__ muon_u64 muon_grid_stride() {
 
 // Slots of the step's scalars (f64 each; src/backend/ops.rs `Scalar`, same order): the step
 // writes them on the device and the update kernels read them, so no host round trip.
-#define MUON_SCALAR_NORM_SQ 0
-#define MUON_SCALAR_GRAD_NORM 1
-#define MUON_SCALAR_CLIP_COEF 2
-#define MUON_SCALAR_GRAD_SCALE 3
-#define MUON_SCALAR_SKIP 4
-#define MUON_SCALAR_STEP 5
-#define MUON_SCALAR_BC1 6
-#define MUON_SCALAR_BC2 7
-#define MUON_SCALAR_LR 8
-#define MUON_SCALAR_WEIGHT_DECAY 9
-#define MUON_SCALAR_ADAM_LR 10
-#define MUON_SCALAR_ADAM_WEIGHT_DECAY 11
+#define MUON_SCALAR_GRAD_NORM 0
+#define MUON_SCALAR_CLIP_COEF 1
+#define MUON_SCALAR_GRAD_SCALE 2
+#define MUON_SCALAR_SKIP 3
+#define MUON_SCALAR_STEP 4
+#define MUON_SCALAR_BC1 5
+#define MUON_SCALAR_BC2 6
+#define MUON_SCALAR_LR 7
+#define MUON_SCALAR_WEIGHT_DECAY 8
+#define MUON_SCALAR_ADAM_LR 9
+#define MUON_SCALAR_ADAM_WEIGHT_DECAY 10
+
+// The exact sum of squares of the gradient norm (src/numerics/square_sum.rs): 20 limbs of
+// 32-bit digits of a fixed-point number whose last bit weighs 2^-298, each limb in a u64, then
+// the infinities counted and the NaNs seen.
+#define MUON_SQUARE_SUM_LIMBS 20u
+#define MUON_SQUARE_SUM_WORDS 22u
+#define MUON_DIGIT 0xffffffffull
+
+// The updates' gradient: the summed gradient times 1/dp (its mean), then times the clip.
+__device__ __forceinline__ float muon_scaled_grad(const void *grad, int grad_bf16, muon_u64 i, float mean_scale,
+                                                  float clip) {
+    return (muon_load(grad, grad_bf16, i) * mean_scale) * clip;
+}
 
 // An f32 scalar of the step (stored exactly as f64).
 __device__ __forceinline__ float muon_scalar(const double *scalars, int slot) {

@@ -1,8 +1,10 @@
 // The step's scalars from every rank's sum of squares (src/numerics/mod.rs `step_scalars`,
-// operation for operation): one thread, after the gathered sums arrived, so the step needs no
-// host round trip. f64 arithmetic is IEEE (division and square root correctly rounded, no
-// contraction with --fmad=false); the f32 products are the host's powi_f32 and clip scaling.
-// Launch: one block of at least one thread.
+// operation for operation): one block, after the gathered sums arrived, so the step needs no
+// host round trip. Each rank's exact sum of squares (src/numerics/square_sum.rs) is added to
+// the others' in integers and rounded once; f64 arithmetic is IEEE (division and square root
+// correctly rounded, no contraction with --fmad=false); the f32 products are the host's
+// powi_f32 and clip scaling.
+// Launch: one block of 256 threads.
 
 #include "muon_common.cuh"
 
@@ -23,35 +25,108 @@ __device__ float muon_powi_f32(float base, muon_u64 exp) {
 // Most optimizers sharing one clip (src/backend/ops.rs MAX_NORM_TERMS).
 #define MUON_NORM_TERMS_MAX 8
 
-// The gathered sums of every optimizer sharing the step's clip, in the order every rank uses:
-// term k has ranks[k] sums (its norm group) of gradients summed over dp[k] ranks.
+// The gathered sums of every optimizer sharing the step's clip: term k has ranks[k] sums (its
+// norm group, MUON_SQUARE_SUM_WORDS words each, of its mean gradient's squares).
 struct muon_norm_terms {
-    const double *sums[MUON_NORM_TERMS_MAX];
+    const muon_u64 *sums[MUON_NORM_TERMS_MAX];
     muon_u32 ranks[MUON_NORM_TERMS_MAX];
-    muon_u32 dp[MUON_NORM_TERMS_MAX];
     muon_u64 count;
 };
 
-// The squared norm of term k's mean gradient: its sums added in rank order, over dp².
-__device__ double muon_term_squared_norm(const struct muon_norm_terms *terms, muon_u32 k) {
-    const double *sums = terms->sums[k];
-    double summed = sums[0];
-    for (muon_u32 r = 1u; r < terms->ranks[k]; ++r) {
-        summed = summed + sums[r];
-    }
-    const double ranks = (double)terms->dp[k];
-    return summed / (ranks * ranks);
+// mantissa * 2^exponent, exact (mantissa <= 2^53, a normal f64 result).
+__device__ __forceinline__ double muon_scaled(muon_u64 mantissa, long long exponent) {
+    return (double)mantissa * __longlong_as_double((exponent + 1023ll) << 52);
 }
 
-// This optimizer's gradients are summed over `dp` ranks.
+// The carried sum `limbs` (digits below 2^32) and its counts rounded to the nearest f64, ties
+// to even (SquareSum::to_f64): the top three limbs form a window of at least 65 bits whose
+// top 53 are the mantissa, the next the rounding bit, and every bit below sticky.
+__device__ double muon_square_sum_round(const muon_u64 *words) {
+    if (words[MUON_SQUARE_SUM_LIMBS + 1u] != 0ull) {
+        return __longlong_as_double(0x7ff8000000000000ll);
+    }
+    if (words[MUON_SQUARE_SUM_LIMBS] != 0ull) {
+        return __longlong_as_double(0x7ff0000000000000ll);
+    }
+    int top = (int)MUON_SQUARE_SUM_LIMBS - 1;
+    while (top >= 0 && words[top] == 0ull) {
+        --top;
+    }
+    if (top < 0) {
+        return 0.0;
+    }
+    const muon_u64 hi = words[top];
+    const muon_u64 mid = top >= 1 ? words[top - 1] : 0ull;
+    const muon_u64 lo = top >= 2 ? words[top - 2] : 0ull;
+    // window = hi * 2^64 + mid * 2^32 + lo; `dropped` of its bits lie below the 54 kept.
+    const int significant = 64 - __clzll((long long)hi) + 64;
+    const int dropped = significant - 54;
+    const muon_u64 upper = (hi << 32) | mid;
+    muon_u64 kept;
+    bool sticky;
+    if (dropped <= 32) {
+        kept = (upper << (32 - dropped)) | (lo >> dropped);
+        sticky = (lo & ((1ull << dropped) - 1ull)) != 0ull;
+    } else {
+        kept = upper >> (dropped - 32);
+        sticky = (upper & ((1ull << (dropped - 32)) - 1ull)) != 0ull || lo != 0ull;
+    }
+    for (int i = 0; i + 2 < top; ++i) {
+        sticky = sticky || words[i] != 0ull;
+    }
+    muon_u64 mantissa = kept >> 1;
+    if ((kept & 1ull) != 0ull && (sticky || (mantissa & 1ull) != 0ull)) {
+        mantissa += 1ull;
+    }
+    return muon_scaled(mantissa, -298ll + 32ll * (top - 2) + dropped + 1);
+}
+
+// Every rank's sum of every term added exactly (each word's low and high 32 bits summed apart,
+// so no number of sums below 2^32 overflows), carried and rounded once. Every thread of the
+// block calls it; thread 0 gets the value.
+__device__ double muon_total_squared_norm(const struct muon_norm_terms *terms) {
+    __shared__ muon_u64 low[MUON_SQUARE_SUM_WORDS];
+    __shared__ muon_u64 high[MUON_SQUARE_SUM_WORDS];
+    __shared__ muon_u64 total[MUON_SQUARE_SUM_WORDS];
+    const muon_u32 w = threadIdx.x;
+    if (w < MUON_SQUARE_SUM_WORDS) {
+        muon_u64 l = 0ull, h = 0ull;
+        for (muon_u32 k = 0u; k < (muon_u32)terms->count; ++k) {
+            for (muon_u32 r = 0u; r < terms->ranks[k]; ++r) {
+                const muon_u64 word = terms->sums[k][(muon_u64)r * MUON_SQUARE_SUM_WORDS + w];
+                l += word & MUON_DIGIT;
+                h += word >> 32;
+            }
+        }
+        low[w] = l;
+        high[w] = h;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0u) {
+        return 0.0;
+    }
+    for (muon_u32 i = 0u; i < MUON_SQUARE_SUM_LIMBS; ++i) {
+        total[i] = low[i] + (i > 0u ? high[i - 1u] : 0ull);
+    }
+    for (muon_u32 i = MUON_SQUARE_SUM_LIMBS; i < MUON_SQUARE_SUM_WORDS; ++i) {
+        total[i] = low[i] + (high[i] << 32);
+    }
+    for (muon_u32 i = 0u; i + 1u < MUON_SQUARE_SUM_LIMBS; ++i) {
+        total[i + 1u] += total[i] >> 32;
+        total[i] &= MUON_DIGIT;
+    }
+    return muon_square_sum_round(total);
+}
+
+// This optimizer's gradients are summed over `dp` ranks (the updates scale them by 1/dp).
 extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_terms terms, muon_u32 dp,
                                              float clip_grad, float beta1, float beta2) {
-    if (blockIdx.x != 0u || threadIdx.x != 0u) {
+    if (blockIdx.x != 0u) {
         return;
     }
-    double total = muon_term_squared_norm(&terms, 0u);
-    for (muon_u32 k = 1u; k < (muon_u32)terms.count; ++k) {
-        total = total + muon_term_squared_norm(&terms, k);
+    const double total = muon_total_squared_norm(&terms);
+    if (threadIdx.x != 0u) {
+        return;
     }
     const bool skipped = !isfinite(total);
     float clip_coef = 1.0f;
@@ -59,7 +134,7 @@ extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_t
         const double coef = (double)clip_grad / (sqrt(total) + 1e-6);
         clip_coef = (float)fmin(coef, 1.0);
     }
-    const float grad_scale = dp > 1u ? clip_coef * (1.0f / (float)dp) : clip_coef;
+    const float grad_scale = dp > 1u ? 1.0f / (float)dp : 1.0f;
     const muon_u64 step = (muon_u64)scalars[MUON_SCALAR_STEP] + (skipped ? 0ull : 1ull);
     scalars[MUON_SCALAR_GRAD_NORM] = sqrt(total);
     scalars[MUON_SCALAR_CLIP_COEF] = (double)clip_coef;

@@ -31,6 +31,8 @@ use support::ranks::on_ranks;
 use support::training::{ARGS, bits, rank_grad};
 
 const DP: usize = 2;
+/// Words per rank of the gathered exact sums of squares.
+const SQUARE_SUM_WORDS_U64: u64 = muon_opt::numerics::square_sum::SQUARE_SUM_WORDS as u64;
 const STEPS: u64 = 3;
 /// The step whose gradient holds a NaN (skipped on every rank).
 const NAN_STEP: u64 = 1;
@@ -515,12 +517,10 @@ fn a_norm_group_gathers_on_its_own_communicator() {
         let mut dry = DryRun::with_translator(translator);
         let own = NormTerm {
             ranks: count as usize,
-            dp: 2,
             sums: NormSums::Own,
         };
         let partner = NormTerm {
             ranks: 16,
-            dp: 4,
             sums: NormSums::Device(0xABC0_0000),
         };
         dry.observe(&Op::GatherNormSums);
@@ -543,8 +543,8 @@ fn a_norm_group_gathers_on_its_own_communicator() {
         assert!(matches!(
             calls[..],
             [NcclCall::AllGather {
-                send_count: 1,
-                dtype: NcclType::F64,
+                send_count: SQUARE_SUM_WORDS_U64,
+                dtype: NcclType::U64,
                 ..
             }]
         ));
@@ -555,21 +555,19 @@ fn a_norm_group_gathers_on_its_own_communicator() {
         let Arg::Words(words) = &launch.args[1] else {
             panic!("{:?}", launch.args)
         };
-        assert_eq!(words.len(), 17);
+        assert_eq!(words.len(), 13);
         assert_eq!(
             &words[..3],
             &[0xABC0_0000, recv, 0],
             "the partner's sums first, then this rank's receive slots"
         );
         assert_eq!(words[8], 16 | (u64::from(count) << 32), "ranks of each term");
-        assert_eq!(words[12], 4 | (2 << 32), "dp of each term");
-        assert_eq!(words[16], 2, "two terms");
+        assert_eq!(words[12], 2, "two terms");
         assert_eq!(launch.args[2], Arg::U32(2), "this optimizer's dp scales its gradients");
     }
     let mut dry = DryRun::with_translator(Translator::new(0, 2, muon));
     let host_partner = NormTerm {
         ranks: 2,
-        dp: 2,
         sums: NormSums::Host(Arc::default()),
     };
     dry.observe(&Op::FinishStep {

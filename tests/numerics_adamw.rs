@@ -20,6 +20,7 @@ fn args(step: u64) -> AdamWArgs {
         beta2: 0.999,
         eps: 1e-8,
         step,
+        grad_scale: 1.0 / 3.0,
         clip_coef: 0.7,
     }
 }
@@ -39,7 +40,7 @@ fn several_steps_match_f64_formulas() {
         let (b1, b2) = (f64::from(a.beta1), f64::from(a.beta2));
         let (lr, wd, eps) = (f64::from(a.lr), f64::from(a.weight_decay), f64::from(a.eps));
         for i in 0..n {
-            let g = f64::from(g[i]) * f64::from(a.clip_coef);
+            let g = f64::from(g[i]) * f64::from(a.grad_scale) * f64::from(a.clip_coef);
             m64[i] = b1 * m64[i] + (1.0 - b1) * g;
             v64[i] = b2 * v64[i] + (1.0 - b2) * g * g;
             let mhat = m64[i] / (1.0 - b1.powi(t as i32));
@@ -78,7 +79,7 @@ fn documented_operation_order_is_bit_exact() {
     let (bc1, bc2) = adamw_bias_corrections(a.beta1, a.beta2, 3);
     let decay = 1.0 - a.lr * a.weight_decay;
     for i in 0..n {
-        let gi = g[i] * a.clip_coef;
+        let gi = (g[i] * a.grad_scale) * a.clip_coef;
         let mi = a.beta1 * m0[i] + (1.0 - a.beta1) * gi;
         let vi = a.beta2 * v0[i] + ((1.0 - a.beta2) * gi) * gi;
         let mhat = mi / bc1;
@@ -101,6 +102,7 @@ fn first_step_moves_each_weight_by_about_lr() {
     let (mut w, mut m, mut v) = (w0.clone(), vec![0.0; n], vec![0.0; n]);
     let a = AdamWArgs {
         weight_decay: 0.0,
+        grad_scale: 1.0,
         clip_coef: 1.0,
         ..args(1)
     };

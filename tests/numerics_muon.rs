@@ -31,6 +31,7 @@ fn args() -> MuonStepArgs {
             lr_scale: 1.5,
             wd_scale: 0.5,
         },
+        grad_scale: 1.0 / 3.0,
         clip_coef: 0.8,
     }
 }
@@ -59,8 +60,8 @@ fn muon_step_f64(
     o: &MuonOptions,
 ) -> (Vec<f64>, Vec<f64>) {
     let mu = f64::from(o.momentum);
-    let clip = f64::from(a.clip_coef);
-    let g: Vec<f64> = g.iter().map(|&v| f64::from(v) * clip).collect();
+    let (scale, clip) = (f64::from(a.grad_scale), f64::from(a.clip_coef));
+    let g: Vec<f64> = g.iter().map(|&v| f64::from(v) * scale * clip).collect();
     let m_new: Vec<f64> = m.iter().zip(&g).map(|(m, g)| mu * m + (1.0 - mu) * g).collect();
     let u: Vec<f64> = if o.nesterov {
         g.iter().zip(&m_new).map(|(g, m)| g + mu * (m - g)).collect()
@@ -154,7 +155,7 @@ fn momentum_follows_the_documented_f32_order_bit_for_bit() {
     muon_update(&mut w, &mut m, &g, &shape, &a, &o, &mut MuonWorkspace::default()).unwrap();
     let mu = o.momentum;
     for i in 0..g.len() {
-        let gi = g[i] * a.clip_coef;
+        let gi = (g[i] * a.grad_scale) * a.clip_coef;
         let expected = mu * start.m[i] + (1.0 - mu) * gi;
         assert_eq!(m[i].to_bits(), expected.to_bits(), "m[{i}]");
     }
@@ -427,15 +428,24 @@ fn clip_coefficient_scales_the_gradient() {
         split_rows: &[],
         split_groups: 1,
     };
-    let run = |grad: &[f32], clip_coef| {
+    let run = |grad: &[f32], grad_scale, clip_coef| {
         let (mut w, mut m) = (start.w.clone(), start.m.clone());
-        let a = MuonStepArgs { clip_coef, ..args() };
+        let a = MuonStepArgs {
+            grad_scale,
+            clip_coef,
+            ..args()
+        };
         muon_update(&mut w, &mut m, grad, &shape, &a, &o, &mut MuonWorkspace::default()).unwrap();
         (w, m)
     };
     // Multiplying by 0.5 is exact, so clipping by 0.5 is bit-identical to a halved gradient.
-    assert_eq!(run(&g, 0.5), run(&half_g, 1.0));
-    assert_ne!(run(&g, 0.5), run(&g, 1.0));
+    assert_eq!(run(&g, 1.0, 0.5), run(&half_g, 1.0, 1.0));
+    assert_ne!(run(&g, 1.0, 0.5), run(&g, 1.0, 1.0));
+    // The mean first, then the clip: two roundings in that order (a gradient already the mean
+    // clips alike, whatever dp it was summed over).
+    let third = 1.0f32 / 3.0;
+    let mean: Vec<f32> = g.iter().map(|v| v * third).collect();
+    assert_eq!(run(&g, third, 0.8), run(&mean, 1.0, 0.8));
 }
 
 #[test]

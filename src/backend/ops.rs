@@ -16,6 +16,7 @@ mod qk_clip;
 use std::sync::{Arc, Mutex};
 
 use crate::config::Dtype;
+use crate::numerics::SquareSum;
 use crate::numerics::muon::TpJob;
 use crate::numerics::step_args::ParamScales;
 
@@ -50,12 +51,11 @@ pub enum Op {
     /// Ends `Mem::Init(param)`; what `AttachInit` copied is freed once the ops queued before
     /// have read it (at once on the host, whose compute stream is the calling thread).
     DetachInit(u32),
-    /// Compute stream: Σ x² over `counted` in f64, spans in order
-    /// ([`crate::numerics::squared_norm`] per span), plus 0 · Σ x² over `checked` (a finite
-    /// sum is unchanged to the bit; a NaN or infinity in `checked` makes it NaN), into
-    /// [`Scalar::NormSq`].
+    /// Compute stream: this rank's exact Σ x² over `counted` and the non-finite values of
+    /// `counted` and `checked` ([`crate::numerics::SquareSum`]; a NaN or infinity in `checked`
+    /// makes the sum NaN).
     SquaredNorm { counted: Vec<Span>, checked: Vec<Span> },
-    /// Comm stream: every rank's [`Scalar::NormSq`], kept in rank order for `FinishStep`.
+    /// Comm stream: every rank's sum of `SquaredNorm`, kept in rank order for `FinishStep`.
     GatherNormSums,
     /// Compute stream, after the `GatherNormSums` of every term's backend: the step's scalars
     /// from the terms' sums, in order, and the steps taken so far
@@ -227,13 +227,11 @@ pub enum CollOp {
 /// numbers the slots alike (`MUON_SCALAR_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scalar {
-    /// This rank's Σ g² over the gradients it owns.
-    NormSq,
     /// ‖g‖ of the mean gradient over every rank (NaN or inf when skipped).
     GradNorm,
     /// The clip multiplier (1 when clipping is off, not needed or skipped).
     ClipCoef,
-    /// What the updates multiply the summed gradients by: `clip_coef / dp`.
+    /// What the updates multiply the summed gradients by before `clip_coef`: `1/dp`.
     GradScale,
     /// 1 when a non-finite gradient skips the step (every update leaves its state as is).
     Skip,
@@ -250,9 +248,8 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 11;
     pub const ALL: [Scalar; Scalar::COUNT] = [
-        Scalar::NormSq,
         Scalar::GradNorm,
         Scalar::ClipCoef,
         Scalar::GradScale,
@@ -284,13 +281,12 @@ pub struct StepConstants {
 /// `muon_norm_terms` struct of `kernels/step.cu` has this many entries).
 pub const MAX_NORM_TERMS: usize = 8;
 
-/// One optimizer's part of the step's gradient norm: its gathered Σ g² (`ranks` values, one per
-/// rank of its norm group) of gradients summed over `dp` ranks. A step has one term, or one per
-/// optimizer when several optimizers of a rank share one clip (`muon_optimizers_step`).
+/// One optimizer's part of the step's gradient norm: its gathered Σ g² (`ranks` sums, one per
+/// rank of its norm group, each of its mean gradient's squares). A step has one term, or one
+/// per optimizer when several optimizers of a rank share one clip (`muon_optimizers_step`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NormTerm {
     pub ranks: usize,
-    pub dp: usize,
     pub sums: NormSums,
 }
 
@@ -300,7 +296,7 @@ pub enum NormSums {
     /// The backend's own (the one running `finish_step`).
     Own,
     /// Another host backend's, read under its lock.
-    Host(Arc<Mutex<Vec<f64>>>),
+    Host(Arc<Mutex<Vec<SquareSum>>>),
     /// Another cuda backend's receive slots on the same device and stream.
     Device(u64),
 }

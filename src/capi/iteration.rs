@@ -129,14 +129,15 @@ pub unsafe extern "C" fn muon_optimizer_step(
 ///        communicator and expert params on the expert-data-parallel one (Megatron's chained
 ///        optimizer). Each optimizer gathers its ranks' Σ g² over its norm group
 ///        (muon_optimizer_set_norm_group; give both a group spanning every rank whose
-///        gradients the norm covers), then each derives the norm from all of them — every
-///        optimizer's mean squared norm (its sums over its own dp²), added in @p opts order —
-///        and steps as muon_optimizer_step does, scaling its gradients by clip / its own dp.
+///        gradients the norm covers; each sums the squares of its mean gradients, its sums
+///        times 1 / its own dp), then each derives the norm from all of them, added exactly,
+///        and steps as muon_optimizer_step does, scaling its gradients by 1 / its own dp, then
+///        by the clip.
 ///        Enqueues only, never waits; read what the step did with muon_optimizer_step_info on
 ///        any of them (the norm, clip and skip are the same).
 ///
-/// Every rank passes its optimizers in the same order (the sums are added in that order, so
-/// every rank computes the same bits). The optimizers run on the same backend and, with
+/// Every rank passes its optimizers in the same order (their gathers are issued in that
+/// order). The optimizers run on the same backend and, with
 /// NCCL, on the same caller stream (each reads the others' gathered sums in stream order),
 /// and have the same clip_grad. Everything is checked before any work is enqueued.
 /// @param[in] opts  @p count distinct finalized optimizer handles.

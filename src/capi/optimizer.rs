@@ -85,8 +85,8 @@ fn borrow_comm(function: &str, comm: *mut muon_comm_t, name: &str) -> Result<Arc
 /// and every rank then clips with the same coefficient and skips the same steps. Each rank
 /// counts the gradients it owns once; flag copies that another rank counts with
 /// MUON_PARAM_FLAG_NORM_REPLICA (tensor-parallel duplicates on TP ranks > 0, a later pipeline
-/// stage's copy of a shared embedding). The ranks' sums are gathered and added in the group's
-/// rank order, so every rank computes the same bits. Several optimizers of a rank (dense and
+/// stage's copy of a shared embedding). The ranks' sums are exact and gathered and added
+/// exactly, so every rank computes the same bits (the same at any data-parallel size). Several optimizers of a rank (dense and
 /// expert params) share one clip through muon_optimizers_step, each with a norm group of its
 /// own over the same ranks. Finalize also checks, over the group, that every tie group
 /// (muon_param_desc_t.tie_group) declared on several ranks routes alike on all of them: an

@@ -13,7 +13,7 @@
 //! mirror must use `__fmul_rn`/`__fadd_rn` or compile with `--fmad=false`, with IEEE division
 //! and square root), in this order:
 //! ```text
-//! g    = grad·clip_coef
+//! g    = (grad·grad_scale)·clip_coef
 //! m    = β1·m + (1 − β1)·g
 //! v    = β2·v + ((1 − β2)·g)·g
 //! mhat = m / bc1
@@ -43,8 +43,11 @@ pub struct AdamWArgs {
     pub eps: f32,
     /// 1-based step count `t` of the bias corrections.
     pub step: u64,
-    /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient));
-    /// 1 when clipping is off.
+    /// What the summed gradient is multiplied by first: `1/dp`, its mean (1 for a gradient
+    /// that is the mean already).
+    pub grad_scale: f32,
+    /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient)),
+    /// applied to the mean; 1 when clipping is off.
     pub clip_coef: f32,
 }
 
@@ -98,14 +101,15 @@ pub fn adamw_update(
     let (b1, b2) = (args.beta1, args.beta2);
     let (one_minus_b1, one_minus_b2) = (1.0 - b1, 1.0 - b2);
     let rates = param_rates(args.lr, args.weight_decay, args.scales);
-    let (lr, decay, eps, clip) = (rates.lr, rates.decay, args.eps, args.clip_coef);
+    let (lr, decay, eps) = (rates.lr, rates.decay, args.eps);
+    let (scale, clip) = (args.grad_scale, args.clip_coef);
     let elements = master
         .iter_mut()
         .zip(exp_avg.iter_mut())
         .zip(exp_avg_sq.iter_mut())
         .zip(grad);
     for (((w, m), v), &grad) in elements {
-        let g = grad * clip;
+        let g = (grad * scale) * clip;
         *m = b1 * *m + one_minus_b1 * g;
         *v = b2 * *v + one_minus_b2 * g * g;
         let mhat = *m / bc1;

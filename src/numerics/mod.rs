@@ -3,11 +3,15 @@
 //! documents its exact operation order where a bit-for-bit mirror is required.
 //!
 //! Gradient norm and found-inf, the two reductions in front of the step:
-//! - every rank sums [`squared_norm`] over the gradient ranges it owns (each unique gradient
-//!   counted once) in f64, the ranks all-reduce that one f64 scalar, and
-//!   [`clip_coefficient`] turns the total into the multiplier both optimizers apply to the
-//!   gradient (`clip_coef`);
-//! - [`has_non_finite`] over the same ranges, OR-reduced across ranks, decides the skip.
+//! - the updates take the mean of the summed gradients (`grad_scale`, [`mean_scale`] = `1/dp`)
+//!   and then clip it: `(g·grad_scale)·clip_coef`, two roundings in that order (Megatron-LM
+//!   likewise averages over dp before it clips);
+//! - every rank accumulates the exact [`SquareSum`] of that mean `g·grad_scale` over the
+//!   gradient ranges it owns (each unique gradient counted once), counting their non-finite
+//!   values; the ranks gather those sums, and [`step_scalars`] adds them exactly, rounds the
+//!   total once and turns it into the clip multiplier (`clip_coef`) and the skip decision. The
+//!   result is the same bits at any data-parallel size, layout and ownership whenever the mean
+//!   gradient is.
 
 pub mod adamw;
 pub mod bf16;
@@ -16,9 +20,13 @@ pub mod muon;
 pub mod mxfp8;
 pub mod newton_schulz;
 pub mod qk_clip;
+pub mod square_sum;
 pub mod step_args;
 
-/// `Σ x²` accumulated in f64.
+pub use square_sum::SquareSum;
+
+/// `Σ x²` accumulated in f64 (the Newton–Schulz inputs' Frobenius norms; the gradient norm
+/// is exact, [`SquareSum`]).
 ///
 /// Each square is exact in f64 (an f32 product has at most 48 significant bits). The order is
 /// fixed: element `i` goes to partial sum `i mod 8`, the partial sums are then added in index
@@ -38,11 +46,6 @@ pub fn squared_norm(x: &[f32]) -> f64 {
         *lane += v * v;
     }
     lanes.iter().sum()
-}
-
-/// True if any element is NaN or ±∞ (the found-inf check of the step).
-pub fn has_non_finite(x: &[f32]) -> bool {
-    x.iter().any(|v| !v.is_finite())
 }
 
 /// The global gradient-clip multiplier from the all-reduced squared norm, Megatron-LM's rule
@@ -65,7 +68,7 @@ pub struct StepScalars {
     /// ‖g‖ of the mean gradient; NaN or inf when skipped.
     pub grad_norm: f64,
     pub clip_coef: f32,
-    /// `clip_coef / dp`: the summed gradients times this are the clipped mean.
+    /// `1/dp`: the summed gradients times this are the mean, which `clip_coef` then scales.
     pub grad_scale: f32,
     pub skipped: bool,
     /// Steps taken after this one (skipped steps excluded).
@@ -75,59 +78,36 @@ pub struct StepScalars {
     pub bc2: f32,
 }
 
-/// One optimizer's gathered Σ g² in a step: every rank's sum of squares of the gradients it
-/// owns (the ranks of its data-parallel group, or of the norm group that spans it, in rank
-/// order), the gradients being sums over `dp` ranks (so the mean's squared norm is the total
-/// over dp²).
-#[derive(Debug, Clone, Copy)]
-pub struct GatheredSums<'a> {
-    pub rank_sums: &'a [f64],
-    pub dp: usize,
+/// What the updates multiply a gradient summed over `dp` ranks by to get the mean (`1/dp` in
+/// f32; 1 at dp 1), before the clip. The gradient norm is the norm of that mean, squared
+/// element by element after the same multiply.
+pub fn mean_scale(dp: usize) -> f32 {
+    if dp > 1 { 1.0 / dp as f32 } else { 1.0 }
 }
 
-impl GatheredSums<'_> {
-    /// The squared norm of the mean gradient: the sums added in rank order, over dp².
-    fn mean_squared_norm(&self) -> f64 {
-        let dp = self.dp.max(1) as f64;
-        let summed = self
-            .rank_sums
-            .iter()
-            .skip(1)
-            .fold(self.rank_sums.first().copied().unwrap_or(0.0), |acc, v| acc + v);
-        summed / (dp * dp)
-    }
-}
-
-/// The step's scalars from the gathered sums of every optimizer sharing the clip (one, unless
-/// the step is shared: their mean squared norms added in the order given, which every rank and
-/// every optimizer of the set uses), this optimizer's data-parallel size `dp` (its gradients
-/// are scaled by `clip_coef / dp`), the steps taken before, and the clip and AdamW constants.
+/// The step's scalars from the gathered sums of every optimizer sharing the clip (one term,
+/// unless the step is shared; a term holds one sum per rank of the optimizer's norm group, each
+/// of the mean gradient's squares), this optimizer's data-parallel size `dp`, the steps taken
+/// before, and the clip and AdamW constants. Every sum is added exactly and the total rounded
+/// once: the same bits in any order, at any dp, layout and ownership.
 pub fn step_scalars(
-    terms: &[GatheredSums<'_>],
+    terms: &[&[SquareSum]],
     dp: usize,
     previous_step: u64,
     clip_grad: f32,
     beta1: f32,
     beta2: f32,
 ) -> StepScalars {
-    let dp = dp.max(1);
-    let total = terms
-        .iter()
-        .skip(1)
-        .fold(terms.first().map_or(0.0, GatheredSums::mean_squared_norm), |acc, t| {
-            acc + t.mean_squared_norm()
-        });
+    let mut sum = SquareSum::default();
+    terms.iter().flat_map(|t| t.iter()).for_each(|s| sum.merge(s));
+    let total = sum.to_f64();
     let skipped = !total.is_finite();
     let clip_coef = if skipped {
         1.0
     } else {
         clip_coefficient(total, clip_grad)
     };
-    let grad_scale = if dp > 1 {
-        clip_coef * (1.0 / dp as f32)
-    } else {
-        clip_coef
-    };
+    let grad_scale = mean_scale(dp);
     let step = previous_step + u64::from(!skipped);
     let (bc1, bc2) = adamw::adamw_bias_corrections(beta1, beta2, step);
     StepScalars {

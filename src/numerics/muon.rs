@@ -4,7 +4,7 @@
 //! For one owned matrix `W` (`rows × cols`) with momentum `M` and reduced gradient `G`, every
 //! scalar operation in f32, in this order (`lr_eff = lr·lr_scale`, `wd_eff = wd·wd_scale`,
 //! `decay = 1 − lr_eff·wd_eff` from [`param_rates`]):
-//! 1. `g = G·clip_coef`, `M = μ·M + (1−μ)·g`;
+//! 1. `g = (G·grad_scale)·clip_coef`, `M = μ·M + (1−μ)·g`;
 //! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
 //! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
 //!    split): `X_k = NS(U_k)` ([`newton_schulz`](super::newton_schulz)) and
@@ -67,8 +67,11 @@ pub struct MuonStepArgs {
     pub weight_decay: f32,
     /// The parameter's multipliers of both.
     pub scales: ParamScales,
-    /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient));
-    /// 1 when clipping is off.
+    /// What the summed gradient is multiplied by first: `1/dp`, its mean (1 for a gradient
+    /// that is the mean already).
+    pub grad_scale: f32,
+    /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient)),
+    /// applied to the mean; 1 when clipping is off.
     pub clip_coef: f32,
 }
 
@@ -280,9 +283,9 @@ pub fn muon_update_sharded(
     let update = &mut ws.update[..len];
     let mu = opts.momentum;
     let one_minus_mu = 1.0 - mu;
-    let clip = args.clip_coef;
+    let (scale, clip) = (args.grad_scale, args.clip_coef);
     for ((u, m), &g) in update.iter_mut().zip(momentum.iter_mut()).zip(grad) {
-        let g = g * clip;
+        let g = (g * scale) * clip;
         *m = mu * *m + one_minus_mu * g;
         *u = if opts.nesterov { g + mu * (*m - g) } else { *m };
     }

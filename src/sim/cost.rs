@@ -92,7 +92,7 @@ fn elem(args: &[Arg], i: usize) -> u64 {
 pub(crate) fn nccl_size(dtype: NcclType) -> u64 {
     match dtype {
         NcclType::U8 => 1,
-        NcclType::F64 => 8,
+        NcclType::U64 | NcclType::F64 => 8,
         NcclType::Bf16 => 2,
         NcclType::F32 => 4,
     }
@@ -362,8 +362,9 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         Kernel::CastF32ToBf16 => arg_u64(a, 2) * 6,
         // (src, src_bf16, dst, dst_bf16, n)
         Kernel::Cast => arg_u64(a, 4) * (elem(a, 1) + elem(a, 3)),
-        // one word triple per span: ptr, len, bf16 | first_block << 32
-        Kernel::SumsqPartials => match a.first() {
+        // one word triple per span: ptr, len, bf16 | first_block << 32 (the exact norm's
+        // integer work per element is priced as memory-bound too: unmeasured on a device)
+        Kernel::SumsqPartials | Kernel::NormPartials => match a.first() {
             Some(Arg::Words(w)) => w
                 .chunks(3)
                 .take_while(|c| c.len() == 3)
@@ -396,8 +397,12 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         Kernel::MuonApply => arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * 12,
         // master, exp_avg, exp_avg_sq read+write, grad read
         Kernel::Adamw => arg_u64(a, 5) * (24 + elem(a, 4)),
-        // the scalar slots and one sum per rank (dp is argument 2)
-        Kernel::StepScalars => (crate::backend::ops::Scalar::COUNT as u64 + arg_u64(a, 2)) * 8,
+        // the scalar slots and one exact sum per rank (dp is argument 2)
+        Kernel::StepScalars => {
+            (crate::backend::ops::Scalar::COUNT as u64
+                + crate::numerics::square_sum::SQUARE_SUM_WORDS as u64 * arg_u64(a, 2))
+                * 8
+        }
         // bf16 in; rowwise and columnwise E4M3 out, one scale byte per 32 elements each
         Kernel::Mxfp8Quantize => {
             let n = arg_u64(a, 1) * arg_u64(a, 2);

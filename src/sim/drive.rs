@@ -64,6 +64,7 @@ fn what(action: &Action) -> &'static str {
         Action::Launch(l) => match l.kernel {
             Kernel::CastF32ToBf16 | Kernel::Cast => "cast",
             Kernel::SumsqPartials | Kernel::SumsqFinish => "sum of squares",
+            Kernel::NormPartials => "gradient norm",
             Kernel::MuonMomentum => "muon momentum",
             Kernel::NsNormalize => "ns normalize",
             Kernel::NsSymmetrize => "ns symmetrize",
@@ -85,7 +86,7 @@ fn what(action: &Action) -> &'static str {
                 dtype: NcclType::U8, ..
             }) => "scalar exchange",
             Some(NcclCall::AllGather {
-                dtype: NcclType::F64, ..
+                dtype: NcclType::U64, ..
             }) => "norm all-gather",
             Some(NcclCall::Reduce { .. }) => "reduce",
             Some(NcclCall::Broadcast { .. }) => "broadcast",

@@ -212,7 +212,7 @@ impl Emulator {
     fn nccl(&mut self, call: &NcclCall) {
         let size = |t: NcclType| match t {
             NcclType::U8 => 1,
-            NcclType::F64 => 8,
+            NcclType::U64 | NcclType::F64 => 8,
             NcclType::F32 => 4,
             NcclType::Bf16 => 2,
         };

@@ -74,6 +74,13 @@ inline double __longlong_as_double(long long l) {
     return d;
 }
 inline float __double2float_rn(double d) { return static_cast<float>(d); }
+// Leading zero bits of a 64-bit value (64 for 0).
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x)); }
+// The device's atomic add: the blocks of a launch run one after another here, but a kernel
+// still gets a real read-modify-write (ThreadSanitizer sees it as atomic).
+inline unsigned long long atomicAdd(unsigned long long *address, unsigned long long value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 

@@ -131,7 +131,8 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
     std::function<void()> kernel;
     // The kernels that meet at __syncthreads (their blocks' threads run concurrently).
     const bool barriers = k == "muon_ns_normalize" || k == "muon_ns_symmetrize" || k == "muon_apply" ||
-                          k == "muon_mxfp8_quantize_bf16" || k == "muon_sumsq_partials" || k == "muon_sumsq_finish";
+                          k == "muon_mxfp8_quantize_bf16" || k == "muon_sumsq_partials" || k == "muon_sumsq_finish" ||
+                          k == "muon_norm_partials" || k == "muon_step_scalars";
     if (k == "muon_adamw") {
         kernel = [&] {
             muon_adamw(arg<float *>(a, 0), arg<float *>(a, 1), arg<float *>(a, 2), arg<const void *>(a, 3),
@@ -193,6 +194,8 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         kernel = [&] {
             muon_sumsq_finish(arg<muon_sumsq_groups>(a, 0), arg<const double *>(a, 1), arg<double *>(a, 2));
         };
+    } else if (k == "muon_norm_partials") {
+        kernel = [&] { muon_norm_partials(arg<muon_sumsq_spans>(a, 0), arg<float>(a, 1), arg<muon_u64 *>(a, 2)); };
     } else if (k == "muon_step_scalars") {
         kernel = [&] {
             muon_step_scalars(arg<double *>(a, 0), arg<muon_norm_terms>(a, 1), arg<muon_u32>(a, 2), arg<float>(a, 3),

@@ -134,10 +134,15 @@ impl Snapshot {
     }
 }
 
+/// A param's gradient at a step from the values every rank sees (the same on every rank).
+pub type Gradients = fn(u64, usize, &[f32]) -> Vec<f32>;
+
 /// A finalized group of ranks on threads.
 pub struct Group {
     pub opts: Vec<Optimizer>,
     pub specs: Vec<ParamSpec>,
+    /// [`grad`] unless a test sets another.
+    pub gradients: Gradients,
 }
 
 impl Group {
@@ -159,6 +164,7 @@ impl Group {
         let mut group = Group {
             opts,
             specs: specs.to_vec(),
+            gradients: grad,
         };
         group.run(|_, opt| opt.finalize()).into_iter().for_each(|r| r.unwrap());
         group
@@ -175,6 +181,7 @@ impl Group {
 
     /// `steps` more steps; the data of a step depends on the step count the rank has reached.
     pub fn train(&mut self, steps: u64) {
+        let gradients = self.gradients;
         self.run(|_, opt| {
             let n = opt.registry().len();
             for _ in 0..steps {
@@ -186,7 +193,7 @@ impl Group {
                 }
                 for p in (0..n).rev() {
                     let seen = opt.running().unwrap().param_values(p).unwrap();
-                    let g = grad(step, p, &seen);
+                    let g = gradients(step, p, &seen);
                     let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
                     // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
                     unsafe { std::slice::from_raw_parts_mut(ptr, g.len()) }.copy_from_slice(&g);

@@ -103,7 +103,8 @@ pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo 
 
 /// Element-wise ops the optimizer runs do not all reach — casts in every direction, scaling of
 /// f32 and bf16, memset, bf16 staging — on `n` values starting with `specials`. Returns the
-/// bits of every buffer afterwards and the squared norm of part of a bf16 grad buffer.
+/// bits of every buffer afterwards and the gradient norm of part of a bf16 grad buffer (the
+/// exact sum of squares rounded once, then its square root: the same bits on every backend).
 pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -> (Vec<Vec<u32>>, f64) {
     use muon_opt::backend::ops::MemoryLayout;
     use muon_opt::config::Dtype;
@@ -142,7 +143,21 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
     backend
         .squared_norm(vec![Span::new(Mem::Grad(1), 8, n - 96)], Vec::new())
         .unwrap();
-    let norm = backend.read_scalars().unwrap()[muon_opt::backend::ops::Scalar::NormSq.slot()];
+    // The gather runs on the comm stream: done before the compute stream reads it.
+    backend.synchronize().unwrap();
+    backend.gather_norm_sums().unwrap();
+    backend.synchronize().unwrap();
+    let own = muon_opt::backend::ops::NormTerm {
+        sums: muon_opt::backend::ops::NormSums::Own,
+        ..backend.norm_term().unwrap()
+    };
+    let constants = muon_opt::backend::ops::StepConstants {
+        clip_grad: 0.0,
+        beta1: 0.9,
+        beta2: 0.95,
+    };
+    backend.finish_step(&constants, &[own]).unwrap();
+    let norm = backend.read_scalars().unwrap()[muon_opt::backend::ops::Scalar::GradNorm.slot()];
     let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]
         .into_iter()
         .map(|m| bits(&backend.download(span(m)).unwrap()))

@@ -76,6 +76,7 @@ pub enum Kernel {
     Cast,
     SumsqPartials,
     SumsqFinish,
+    NormPartials,
     MuonMomentum,
     NsNormalize,
     NsSymmetrize,
@@ -90,11 +91,12 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
         Kernel::SumsqFinish,
+        Kernel::NormPartials,
         Kernel::MuonMomentum,
         Kernel::NsNormalize,
         Kernel::NsSymmetrize,
@@ -111,7 +113,7 @@ impl Kernel {
     pub fn source(self) -> &'static str {
         match self {
             Kernel::CastF32ToBf16 | Kernel::Cast => "cast.cu",
-            Kernel::SumsqPartials | Kernel::SumsqFinish => "reduce.cu",
+            Kernel::SumsqPartials | Kernel::SumsqFinish | Kernel::NormPartials => "reduce.cu",
             Kernel::MuonMomentum
             | Kernel::NsNormalize
             | Kernel::NsSymmetrize
@@ -132,6 +134,7 @@ impl Kernel {
             Kernel::Cast => "muon_cast",
             Kernel::SumsqPartials => "muon_sumsq_partials",
             Kernel::SumsqFinish => "muon_sumsq_finish",
+            Kernel::NormPartials => "muon_norm_partials",
             Kernel::MuonMomentum => "muon_momentum",
             Kernel::NsNormalize => "muon_ns_normalize",
             Kernel::NsSymmetrize => "muon_ns_symmetrize",
@@ -232,6 +235,7 @@ pub enum Matrices {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NcclType {
     U8,
+    U64,
     F64,
     F32,
     Bf16,

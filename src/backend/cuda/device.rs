@@ -17,7 +17,7 @@ use crate::backend::cuda::action::{
 };
 use crate::backend::cuda::kernels::Modules;
 use crate::backend::cuda::nccl::{
-    NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT8, NcclComm,
+    NCCL_BFLOAT16, NCCL_FLOAT32, NCCL_FLOAT64, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT8, NCCL_UINT64, NcclComm,
 };
 use crate::backend::cuda::pinned::PinnedRing;
 use crate::backend::cuda::timing::TimingEvents;
@@ -625,6 +625,7 @@ impl Device {
         let stream = self.comm_stream.cast::<c_void>();
         let dtype = |t: NcclType| match t {
             NcclType::U8 => NCCL_UINT8,
+            NcclType::U64 => NCCL_UINT64,
             NcclType::F64 => NCCL_FLOAT64,
             NcclType::F32 => NCCL_FLOAT32,
             NcclType::Bf16 => NCCL_BFLOAT16,

@@ -21,6 +21,7 @@ type Comm = *mut NcclCommRaw;
 
 /// `ncclDataType_t` values the library uses.
 pub const NCCL_UINT8: c_int = 1;
+pub const NCCL_UINT64: c_int = 5;
 pub const NCCL_FLOAT32: c_int = 7;
 pub const NCCL_FLOAT64: c_int = 8;
 pub const NCCL_BFLOAT16: c_int = 9;

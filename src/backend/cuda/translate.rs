@@ -27,6 +27,7 @@ use crate::backend::ops::{MemoryLayout, NormSums, NormTerm, Op, Scalar, StreamKi
 use crate::bail;
 use crate::error::Result;
 use crate::numerics::muon::MuonOptions;
+use crate::numerics::square_sum::SQUARE_SUM_WORDS;
 use memory::WorkSizes;
 
 /// Threads per block of every 1-D kernel.
@@ -35,8 +36,11 @@ const THREADS: u32 = 256;
 const MAX_BLOCKS: u64 = 8192;
 /// Scalar slot of an exchange's send value, right after the step's scalars.
 const SEND_SLOT: u64 = Scalar::COUNT as u64;
-/// First of the `dp` receive slots (an exchange's values, the gathered Σ g² of the step).
-const RECEIVE_SLOTS: u64 = SEND_SLOT + 1;
+/// First of the [`SQUARE_SUM_WORDS`] slots of this rank's exact Σ g² (`muon_norm_partials`).
+const NORM_SUM_SLOT: u64 = SEND_SLOT + 1;
+/// First of the receive slots: an exchange's values, or the gathered Σ g² of the step
+/// ([`SQUARE_SUM_WORDS`] per rank).
+const RECEIVE_SLOTS: u64 = NORM_SUM_SLOT + SQUARE_SUM_WORDS as u64;
 
 /// Translates the ops of one rank.
 #[derive(Debug)]
@@ -142,18 +146,20 @@ impl Translator {
     pub fn norm_term(&self) -> Result<NormTerm> {
         Ok(NormTerm {
             ranks: self.norm_ranks(),
-            dp: self.dp,
             sums: NormSums::Device(self.slot(RECEIVE_SLOTS)?),
         })
     }
 
     /// The allocations a backend makes at creation, before `allocate`: the step's scalars
-    /// ([`Scalar`]), the send slot of an exchange and one receive slot per rank.
+    /// ([`Scalar`]), the send slot of an exchange, this rank's Σ g² and the receive slots (one
+    /// per rank of an exchange, or every rank's Σ g²).
     pub fn setup(&self) -> Vec<Action> {
+        let exchange = self.dp.max(self.norm_ranks()).max(self.tp_ranks());
+        let receive = exchange.max(self.norm_ranks() * SQUARE_SUM_WORDS) as u64;
         vec![
             Action::Alloc {
                 buf: Buf::Scalars,
-                bytes: (RECEIVE_SLOTS + self.dp.max(self.norm_ranks()).max(self.tp_ranks()) as u64) * 8,
+                bytes: (RECEIVE_SLOTS + receive) * 8,
             },
             // Zeroed on the compute stream; the comm stream uses the slots next.
             Action::Synchronize(StreamKind::Compute),
@@ -206,10 +212,10 @@ impl Translator {
                     NcclComm::Data
                 },
                 vec![NcclCall::AllGather {
-                    send: self.scalar(Scalar::NormSq)?,
+                    send: self.slot(NORM_SUM_SLOT)?,
                     recv: self.slot(RECEIVE_SLOTS)?,
-                    send_count: 1,
-                    dtype: NcclType::F64,
+                    send_count: SQUARE_SUM_WORDS as u64,
+                    dtype: NcclType::U64,
                 }],
             )]),
             Op::FinishStep { constants, terms } => self.finish_step(constants, terms),

@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::config::Dtype;
 use crate::error::Result;
 
 mod collective;
@@ -170,5 +171,22 @@ impl HostComm {
     /// Every rank's `value`, indexed by rank.
     pub fn all_gather_u64(&self, value: u64) -> Result<Vec<u64>> {
         self.run(vec![Item::scalar(Kind::AllGatherU64, value)])
+    }
+
+    /// Every rank's `words` (the same count on every rank), concatenated in rank order: an
+    /// all-gather of their bits, moved unchanged.
+    pub fn all_gather_words(&self, words: &[u64]) -> Result<Vec<u64>> {
+        let mut send = words.to_vec();
+        let mut recv = vec![0u64; words.len() * self.size()];
+        // SAFETY: both vectors live until the collective returns and are touched by it alone;
+        // u64 memory holds two 4-byte elements per word, suitably aligned, copied as bits.
+        let (send_region, recv_region) = unsafe {
+            (
+                Region::new(send.as_mut_ptr().cast(), 2 * send.len(), Dtype::F32),
+                Region::new(recv.as_mut_ptr().cast(), 2 * recv.len(), Dtype::F32),
+            )
+        };
+        self.all_gather(send_region, recv_region)?;
+        Ok(recv)
     }
 }

@@ -18,6 +18,7 @@ use crate::bail;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Dtype};
 use crate::error::{Error, ErrorKind, Result};
+use crate::numerics::SquareSum;
 use crate::numerics::bf16::bf16_to_f32;
 use crate::numerics::muon::{MuonOptions, MuonWorkspace};
 use crate::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both};
@@ -141,9 +142,11 @@ pub struct HostBackend {
     threads: usize,
     scratch: Vec<f32>,
     scalars: Arc<Mutex<HostScalars>>,
+    /// This rank's Σ g² (the device's accumulator words after `muon_norm_partials`).
+    own_sum: Arc<Mutex<SquareSum>>,
     /// Every rank's Σ g², which the comm stream gathers and the compute stream (of this
     /// backend, or of another optimizer's sharing the clip) reads after an event.
-    rank_sums: Arc<Mutex<Vec<f64>>>,
+    rank_sums: Arc<Mutex<Vec<SquareSum>>>,
     /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
     norm_group: Option<Arc<Communicator>>,
     /// The tensor-parallel group TP shards are orthogonalized over (duplicated or distributed).
@@ -172,6 +175,7 @@ impl HostBackend {
             threads: 1,
             scratch: Vec::new(),
             scalars: Arc::default(),
+            own_sum: Arc::default(),
             rank_sums: Arc::default(),
             norm_group: None,
             tp_group: None,
@@ -387,7 +391,6 @@ impl Backend for HostBackend {
     fn norm_term(&self) -> Result<NormTerm> {
         Ok(NormTerm {
             ranks: self.norm_group.as_ref().unwrap_or(&self.comm).size(),
-            dp: self.comm.size(),
             sums: NormSums::Host(self.rank_sums.clone()),
         })
     }

@@ -3,7 +3,7 @@
 
 use super::collectives::{all_reduce, on_tp_comm};
 use super::memory::Resolved;
-use super::norm::{SumInto, SumSpan};
+use super::norm::SumSpan;
 use super::{Translator, launch, launch_tiled, to_i32, to_u32};
 use crate::backend::cuda::action::{Action, Arg, DevPtr, Gemm, GemmInputs, Kernel, Matrices, NcclType, Work};
 use crate::backend::ops::StreamKind;
@@ -366,7 +366,7 @@ impl Translator {
                 check_only: false,
             })
             .collect();
-        self.sumsq(actions, &spans, SumInto::PerSpan, norms)?;
+        self.sumsq(actions, &spans, norms)?;
         if reduce {
             on_tp_comm(actions, all_reduce(norms, batch, NcclType::F64));
         }

@@ -16,7 +16,8 @@ use crate::numerics::adamw::{AdamWArgs, adamw_update};
 use crate::numerics::bf16::f32_to_bf16_rne;
 use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded};
 use crate::numerics::mxfp8::{Direction, scale_shape};
-use crate::numerics::{GatheredSums, squared_norm, step_scalars};
+use crate::numerics::square_sum::SQUARE_SUM_WORDS;
+use crate::numerics::{SquareSum, mean_scale, step_scalars};
 
 impl HostBackend {
     /// Runs the command `op` ([`crate::backend::Backend::execute`]).
@@ -171,29 +172,32 @@ impl HostBackend {
 
     fn run_squared_norm(&mut self, counted: &[Span], checked: &[Span]) -> Result<()> {
         let mut scratch = std::mem::take(&mut self.scratch);
-        let mut total = 0.0f64;
-        for span in counted {
-            total += squared_norm(self.read_as_f32(*span, &mut scratch)?);
-        }
-        for span in checked {
-            total += 0.0 * squared_norm(self.read_as_f32(*span, &mut scratch)?);
-        }
+        let mut sum = SquareSum::default();
+        let scale = mean_scale(self.comm.size());
+        let result = (|| {
+            for (spans, counts) in [(counted, true), (checked, false)] {
+                for span in spans {
+                    sum.add(self.read_as_f32(*span, &mut scratch)?, scale, counts);
+                }
+            }
+            Ok(())
+        })();
         self.scratch = scratch;
-        self.scalars().values[Scalar::NormSq.slot()] = total;
-        Ok(())
+        *self.own_sum.lock().unwrap_or_else(PoisonError::into_inner) = sum;
+        result
     }
 
     fn run_gather_norm_sums(&mut self) -> Result<()> {
         let comm = self.norm_group.clone().unwrap_or_else(|| self.comm.clone());
-        let scalars = self.scalars.clone();
+        let own_sum = self.own_sum.clone();
         let rank_sums = self.rank_sums.clone();
         self.stream.enqueue(move || {
-            let local = scalars
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(Scalar::NormSq);
-            let bits = Self::host_comm(&comm).all_gather_u64(local.to_bits())?;
-            *rank_sums.lock().unwrap_or_else(PoisonError::into_inner) = bits.into_iter().map(f64::from_bits).collect();
+            let local = own_sum.lock().unwrap_or_else(PoisonError::into_inner).words();
+            let words = Self::host_comm(&comm).all_gather_words(&local)?;
+            *rank_sums.lock().unwrap_or_else(PoisonError::into_inner) = words
+                .chunks_exact(SQUARE_SUM_WORDS)
+                .map(|w| SquareSum::from_words(w.try_into().expect("chunks of SQUARE_SUM_WORDS")))
+                .collect();
             Ok(())
         })
     }
@@ -213,11 +217,7 @@ impl HostBackend {
                 Ok(sums.lock().unwrap_or_else(PoisonError::into_inner).clone())
             })
             .collect::<Result<Vec<_>>>()?;
-        let terms: Vec<GatheredSums> = gathered
-            .iter()
-            .zip(terms)
-            .map(|(rank_sums, term)| GatheredSums { rank_sums, dp: term.dp })
-            .collect();
+        let terms: Vec<&[SquareSum]> = gathered.iter().map(Vec::as_slice).collect();
         let mut scalars = self.scalars();
         let previous = scalars.get(Scalar::Step) as u64;
         let s = step_scalars(
@@ -273,7 +273,8 @@ impl HostBackend {
                 lr: s.f32(Scalar::Lr),
                 weight_decay: s.f32(Scalar::WeightDecay),
                 scales: job.scales,
-                clip_coef: s.f32(Scalar::GradScale),
+                grad_scale: s.f32(Scalar::GradScale),
+                clip_coef: s.f32(Scalar::ClipCoef),
             };
             (args, s.get(Scalar::Skip) != 0.0)
         };
@@ -341,7 +342,8 @@ impl HostBackend {
                 beta2: job.args.beta2,
                 eps: job.args.eps,
                 step: s.get(Scalar::Step) as u64,
-                clip_coef: s.f32(Scalar::GradScale),
+                grad_scale: s.f32(Scalar::GradScale),
+                clip_coef: s.f32(Scalar::ClipCoef),
             }
         };
         let mut scratch = std::mem::take(&mut self.scratch);
