@@ -8,8 +8,8 @@ value, and every other group of the route has its params registered with
 ``scale = value / reference`` times the group's own ``lr_scale`` / ``wd_scale``. Schedulers
 scale every group by the same factor, so these ratios hold; a group whose value no longer
 has its ratio is refused at ``step()``, naming the group (the library cannot give it another
-factor without re-registering its params). ``momentum`` / ``nesterov`` (Muon groups) and
-``betas`` / ``eps`` (AdamW groups) are the config's, fixed at construction, and refused when
+factor without re-registering its params). ``momentum`` / ``nesterov`` (Muon) and ``betas`` /
+``eps`` (AdamW), in every group, are the config's, fixed at construction, and refused when
 changed.
 """
 
@@ -17,18 +17,17 @@ import ctypes
 import math
 
 GROUP_KEYS = {"params", "use_muon", "lr", "weight_decay", "lr_scale", "wd_scale", "name"}
-FIXED_KEYS = {True: ("momentum", "nesterov"), False: ("betas", "eps")}
 
 
 def _f32(value):
     return ctypes.c_float(value).value
 
 
-def fixed_values(config, use_muon):
-    """The group entries the config fixes for a route."""
-    if use_muon:
-        return {"momentum": _f32(config.muon_momentum), "nesterov": bool(config.muon_nesterov)}
-    return {"betas": (_f32(config.adam_beta1), _f32(config.adam_beta2)), "eps": _f32(config.adam_eps)}
+def fixed_values(config):
+    """The group entries the config fixes (every group carries all of them, as torch's
+    defaults, so schedulers that look for ``momentum`` or ``betas`` find them)."""
+    return {"momentum": _f32(config.muon_momentum), "nesterov": bool(config.muon_nesterov),
+            "betas": (_f32(config.adam_beta1), _f32(config.adam_beta2)), "eps": _f32(config.adam_eps)}
 
 
 def normalize(param_groups, named, defaults):
@@ -110,7 +109,7 @@ def step_values(groups, lr_ratios, wd_ratios):
 def check_fixed(groups, fixed):
     """ValueError naming the first group whose momentum / betas / eps differ from the config."""
     for i, group in enumerate(groups):
-        for key, want in fixed[group["use_muon"]].items():
+        for key, want in fixed.items():
             got = group.get(key)
             same = (
                 tuple(_f32(v) for v in got) == want

@@ -271,11 +271,11 @@ class Muon(torch.optim.Optimizer):
                 user_groups = [g for g in user_groups if g["params"]]
                 lr_ratios, wd_ratios = _groups.ratios(user_groups, "lr"), _groups.ratios(user_groups, "weight_decay")
             self._lr_ratios, self._wd_ratios = lr_ratios, wd_ratios
-            self._fixed = {use_muon: _groups.fixed_values(config, use_muon) for use_muon in (True, False)}
+            self._fixed = _groups.fixed_values(config)
             for group in user_groups:
-                group.update(self._fixed[group["use_muon"]])
+                group.update(self._fixed)
             self._constructing = True
-            super().__init__(user_groups, {})
+            super().__init__(user_groups, dict(self._fixed))
             self._constructing = False
             self._opt.finalize()
             self.views = [self._opt.param_view(i) for i in range(len(named))]
