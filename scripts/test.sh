@@ -139,6 +139,10 @@ step "Python binding (mirror vs header and C compiler, 2 ranks on threads, argum
 MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" PYTHONPATH="${MUON_PYTHON_EXTRAS:-}" \
     python3 -m unittest discover -s bindings/python/tests
 
+step "the adapter's defaults train the demo LM like torch.optim.Muon (bindings/python/README.md)"
+MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" PYTHONPATH="${MUON_PYTHON_EXTRAS:-}" \
+    python3 bindings/python/examples/compare_lm.py --check >/dev/null
+
 step "wheel (scripts/build-wheel.sh) carries the library: installs into a clean venv, adapter tests pass without Rust"
 bash scripts/test-wheel.sh
 
