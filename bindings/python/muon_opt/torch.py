@@ -5,12 +5,15 @@
     import muon_opt as mo
     from muon_opt.torch import Muon
 
-    opt = Muon(model, comm, lr=0.02, adam_lr=3e-4, embedding_or_output=["lm_head.weight"])
+    opt = Muon(model, comm, embedding_or_output=["lm_head.weight"])   # lr 3e-3 for both groups
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     for batch in loader:
-        opt.zero_grad()
+        model.zero_grad()        # or opt.zero_grad(): either works
         loss = model(batch).mean()
-        loss.backward()          # grads reach their owners during backward
+        loss.backward()
         info = opt.step()        # params come back during the next forward
+        sched.step()
+    torch.save(opt.state_dict(), "opt.pt")   # collective: the whole state, any dp reloads it
 
 What the constructor does, once every rank has built the same model:
 
@@ -33,8 +36,23 @@ rows, naming it (``MuonError``, ``ROUTING_CONFLICT``).
 Fused matrices: ``splits`` maps a parameter name to the row sizes of its components, each
 orthogonalized on its own — ``{"attn.qkv.weight": (q, k, v)}`` — or to ``(sizes, groups)`` when
 the sizes repeat ``groups`` times along the rows (Megatron's QKV per query group:
-``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``). Hyperparameters live in ``param_groups[0]`` (``lr``, ``weight_decay``,
-``adam_lr``, ``adam_weight_decay``) so ``torch.optim.lr_scheduler`` drives ``lr``.
+``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``).
+
+Param groups: by default a ``"muon"`` group (``lr``, ``weight_decay``) and an ``"adamw"`` group
+(``adam_lr``, ``adam_weight_decay``, default ``lr`` and ``weight_decay``), each driven by any
+``torch.optim.lr_scheduler``; or ``param_groups=[{"params": [...], "use_muon": True|False,
+"lr": …, "weight_decay": …, "lr_scale": …, "wd_scale": …}]`` (params as tensors or names, each
+in one group; ``use_muon`` as in KellerJordan/Muon's ``MuonWithAuxAdam``). Within a route the
+groups keep the ratios of their lrs and weight decays they had at construction (schedulers
+scale every group alike; other changes are refused at ``step()``, naming the group), see
+``_torch_groups.py``. ``momentum``, ``nesterov``, ``betas`` and ``eps`` are the config's, fixed.
+
+Defaults (Moonlight's convention, "Muon is Scalable for LLM Training", arXiv:2502.16982): the
+Muon update is ``lr · 0.2 · √max(m, n) · NS(M)`` (the library's spectral scale with
+``muon_extra_scale_factor`` 0.2, an explicit ``config`` keeps its own), whose RMS matches
+AdamW's, so one ``lr`` (3e-3) serves both groups; weight decay 0.1.
+``examples/compare_lm.py`` trains a 2-layer transformer LM with these defaults beside
+``torch.optim.AdamW`` and ``torch.optim.Muon`` and prints the loss table.
 
 QK-clip (Kimi K2's MuonClip, Megatron-LM's ``--qk-clip``): ``qk_clip`` maps a parameter name
 to its head layout — ``dict(kind="fused_qkv"|"query"|"key"|"mla_query"|"mla_key_value",
@@ -50,10 +68,25 @@ in bf16 also ≤ 5 steps and not ``polar_express``: ``muon_config_t.muon_ns_meth
 standard one elsewhere; ``"standard"`` (the default, Megatron-LM's) the standard one
 everywhere. The two agree up to rounding. It overrides ``config.muon_ns_method``.
 
-Gradient accumulation: inside ``with opt.no_sync():`` backward passes accumulate without
-reporting grads ready (as DDP's ``no_sync``); the last micro-batch's backward, outside it,
-reports them. ``zero_grad()`` zeroes the library's grad buffer in place (grads are never set to
-None: they are views).
+Grads: every ``.grad`` is a view of the library's buffer. Torch setting it to None
+(``model.zero_grad()``) or replacing it (a hook, a scaler) is harmless: the grad hook and
+``step()`` move the values into the buffer and rebind it. ``opt.zero_grad()`` zeroes the buffer
+in place (``set_to_none`` leaves zeros). By default the gradient collectives run in ``step()``,
+so in-place changes after backward (``clip_grad_norm_``, ``GradScaler.unscale_``) count;
+``overlap_grad_reduce=True`` starts them during backward instead, and ``step()`` then refuses,
+naming the param, a grad changed, replaced or set to None after backward. Gradient
+accumulation: inside ``with opt.no_sync():`` backward passes accumulate without reporting
+grads ready (as DDP's ``no_sync``).
+
+Checkpoints: ``state_dict()`` (collective) holds torch's ``state`` — per param its fp32
+``master`` and ``momentum`` or ``exp_avg`` / ``exp_avg_sq``, whole, in the param's shape — read
+from the library's checkpoint (docs/checkpoint.md) that it saves into ``state_dir`` (default on
+a host group: a temp directory, removed at exit; required on the cuda backend: a directory
+every rank shares); ``load_state_dict`` writes it back as a one-rank checkpoint and loads it at
+this optimizer's dp. ``torch.save`` and ``torch.distributed.checkpoint`` both keep it.
+
+One optimizer per model: a second ``Muon`` on a model with an open one is refused;
+``close()`` removes every hook it installed.
 
 The CUDA backend (an NCCL :class:`muon_opt.Comm`): pass the cudaStream_t the model runs on,
 ``stream=torch.cuda.current_stream().cuda_stream``; params and grads are rebound to device
