@@ -57,6 +57,7 @@ def standard_script(comm, steps, start=0, save=None, resume=None):
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
         scaler.step(opt)
+        assert opt.last_info.grad_norm > 0, f"step {step}: no gradient reached the optimizer"
         scaler.update()
         sched.step()
         losses.append(float(loss.detach()))
