@@ -139,6 +139,13 @@ step "Python binding (mirror vs header and C compiler, 2 ranks on threads, argum
 MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" PYTHONPATH="${MUON_PYTHON_EXTRAS:-}" \
     python3 -m unittest discover -s bindings/python/tests
 
+step "the adapter's defaults train the demo LM like torch.optim.Muon (bindings/python/README.md)"
+MUON_OPT_LIB="$PWD/target/release/libmuon_opt.so" PYTHONPATH="${MUON_PYTHON_EXTRAS:-}" \
+    python3 bindings/python/examples/compare_lm.py --check >/dev/null
+
+step "wheel (scripts/build-wheel.sh) carries the library: installs into a clean venv, adapter tests pass without Rust"
+bash scripts/test-wheel.sh
+
 step "pip install bindings/python; the package finds the library through the install prefix"
 python3 -m pip install --quiet --no-deps --target "$consumer/site" bindings/python
 rm -rf bindings/python/build bindings/python/*.egg-info

@@ -29,11 +29,12 @@ import ctypes
 import enum
 import json
 import os
+import uuid
 import weakref
 from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int64, c_size_t, c_uint16, c_uint32, c_uint64
 from typing import NamedTuple
 
-from . import _capi
+from . import _capi, _qk_layout
 from ._capi import MuonError, lib
 from ._capi import constants as _constants
 
@@ -192,6 +193,9 @@ class Comm(_Owner):
         self._handle = handle  # POINTER(muon_comm_t)
         self.host = host  # host-group rank (host memory) or NCCL (device memory)
         self._users = weakref.WeakSet()  # the _Storage of each optimizer that claimed it
+        # The same text on every rank of one HostGroup (None for NCCL): ranks that are threads
+        # of one process name a shared scratch directory with it (muon_opt.torch's state_dict).
+        self.group_key = None
 
     def _claim(self, storage, call):
         """Runs ``call()``, which claims this communicator for the optimizer of ``storage``.
@@ -252,6 +256,9 @@ class HostGroup:
         raw = (POINTER(_capi.muon_comm_t) * min(world_size, _capi.MUON_MAX_HOST_GROUP_SIZE))()
         lib().muon_host_group_create(world_size, raw)
         self.comms = [Comm(raw[r]) for r in range(world_size)]
+        key = uuid.uuid4().hex
+        for comm in self.comms:
+            comm.group_key = key
 
     def __len__(self):
         return len(self.comms)
@@ -582,8 +589,13 @@ class Optimizer(_Owner):
         per head group whose max logit S exceeds ``threshold``, eta = threshold / S, query rows
         × eta**alpha, key rows × eta**(1 - alpha) (MLA rotary query rows × eta), applied to the
         owner's master and carried to every copy by the step. Every rank calls it with the same
-        params before :meth:`step`. Enqueues nothing, never waits."""
+        params before :meth:`step`. Enqueues nothing, never waits. A host list of maxima whose
+        length is not ``num_heads`` is refused (``ValueError``); a device address cannot be
+        checked here: it must hold ``num_heads`` float32."""
         clips = list(clips)
+        for i, c in enumerate(clips):
+            if not isinstance(c.max_logits, int):
+                _qk_layout.check_maxima_count(f"qk_clip clips[{i}] (param {c.param_id})", c.num_heads, len(c.max_logits))
         structs = (_capi.muon_qk_clip_t * max(len(clips), 1))()
         keep = []
         for s, c in zip(structs, clips):

@@ -5,12 +5,15 @@
     import muon_opt as mo
     from muon_opt.torch import Muon
 
-    opt = Muon(model, comm, lr=0.02, adam_lr=3e-4, embedding_or_output=["lm_head.weight"])
+    opt = Muon(model, comm, embedding_or_output=["lm_head.weight"])   # lr 3e-3 for both groups
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     for batch in loader:
-        opt.zero_grad()
+        model.zero_grad()        # or opt.zero_grad(): either works
         loss = model(batch).mean()
-        loss.backward()          # grads reach their owners during backward
+        loss.backward()
         info = opt.step()        # params come back during the next forward
+        sched.step()
+    torch.save(opt.state_dict(), "opt.pt")   # collective: the whole state, any dp reloads it
 
 What the constructor does, once every rank has built the same model:
 
@@ -33,8 +36,23 @@ rows, naming it (``MuonError``, ``ROUTING_CONFLICT``).
 Fused matrices: ``splits`` maps a parameter name to the row sizes of its components, each
 orthogonalized on its own — ``{"attn.qkv.weight": (q, k, v)}`` — or to ``(sizes, groups)`` when
 the sizes repeat ``groups`` times along the rows (Megatron's QKV per query group:
-``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``). Hyperparameters live in ``param_groups[0]`` (``lr``, ``weight_decay``,
-``adam_lr``, ``adam_weight_decay``) so ``torch.optim.lr_scheduler`` drives ``lr``.
+``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``).
+
+Param groups: by default a ``"muon"`` group (``lr``, ``weight_decay``) and an ``"adamw"`` group
+(``adam_lr``, ``adam_weight_decay``, default ``lr`` and ``weight_decay``), each driven by any
+``torch.optim.lr_scheduler``; or ``param_groups=[{"params": [...], "use_muon": True|False,
+"lr": …, "weight_decay": …, "lr_scale": …, "wd_scale": …}]`` (params as tensors or names, each
+in one group; ``use_muon`` as in KellerJordan/Muon's ``MuonWithAuxAdam``). Within a route the
+groups keep the ratios of their lrs and weight decays they had at construction (schedulers
+scale every group alike; other changes are refused at ``step()``, naming the group), see
+``_torch_groups.py``. ``momentum``, ``nesterov``, ``betas`` and ``eps`` are the config's, fixed.
+
+Defaults (Moonlight's convention, "Muon is Scalable for LLM Training", arXiv:2502.16982): the
+Muon update is ``lr · 0.2 · √max(m, n) · NS(M)`` (the library's spectral scale with
+``muon_extra_scale_factor`` 0.2, an explicit ``config`` keeps its own), whose RMS matches
+AdamW's, so one ``lr`` (3e-3) serves both groups; weight decay 0.1.
+``examples/compare_lm.py`` trains a 2-layer transformer LM with these defaults beside
+``torch.optim.AdamW`` and ``torch.optim.Muon`` and prints the loss table.
 
 QK-clip (Kimi K2's MuonClip, Megatron-LM's ``--qk-clip``): ``qk_clip`` maps a parameter name
 to its head layout — ``dict(kind="fused_qkv"|"query"|"key"|"mla_query"|"mla_key_value",
@@ -50,10 +68,25 @@ in bf16 also ≤ 5 steps and not ``polar_express``: ``muon_config_t.muon_ns_meth
 standard one elsewhere; ``"standard"`` (the default, Megatron-LM's) the standard one
 everywhere. The two agree up to rounding. It overrides ``config.muon_ns_method``.
 
-Gradient accumulation: inside ``with opt.no_sync():`` backward passes accumulate without
-reporting grads ready (as DDP's ``no_sync``); the last micro-batch's backward, outside it,
-reports them. ``zero_grad()`` zeroes the library's grad buffer in place (grads are never set to
-None: they are views).
+Grads: every ``.grad`` is a view of the library's buffer. Torch setting it to None
+(``model.zero_grad()``) or replacing it (a hook, a scaler) is harmless: the grad hook and
+``step()`` move the values into the buffer and rebind it. ``opt.zero_grad()`` zeroes the buffer
+in place (``set_to_none`` leaves zeros). By default the gradient collectives run in ``step()``,
+so in-place changes after backward (``clip_grad_norm_``, ``GradScaler.unscale_``) count;
+``overlap_grad_reduce=True`` starts them during backward instead, and ``step()`` then refuses,
+naming the param, a grad changed, replaced or set to None after backward. Gradient
+accumulation: inside ``with opt.no_sync():`` backward passes accumulate without reporting
+grads ready (as DDP's ``no_sync``).
+
+Checkpoints: ``state_dict()`` (collective) holds torch's ``state`` — per param its fp32
+``master`` and ``momentum`` or ``exp_avg`` / ``exp_avg_sq``, whole, in the param's shape — read
+from the library's checkpoint (docs/checkpoint.md) that it saves into ``state_dir`` (default on
+a host group: a temp directory, removed at exit; required on the cuda backend: a directory
+every rank shares); ``load_state_dict`` writes it back as a one-rank checkpoint and loads it at
+this optimizer's dp. ``torch.save`` and ``torch.distributed.checkpoint`` both keep it.
+
+One optimizer per model: a second ``Muon`` on a model with an open one is refused;
+``close()`` removes every hook it installed.
 
 The CUDA backend (an NCCL :class:`muon_opt.Comm`): pass the cudaStream_t the model runs on,
 ``stream=torch.cuda.current_stream().cuda_stream``; params and grads are rebound to device
@@ -61,12 +94,27 @@ memory through ``__cuda_array_interface__``. How to obtain the ``ncclComm_t`` is
 ``bindings/python/README.md``.
 """
 
+import atexit
 import contextlib
 import ctypes
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
 
 import torch
 
 from . import Dtype, NsMethod, Optimizer, Ownership, ParamFlag, QkClip, QkKind, Route
+from . import _torch_groups as _groups
+from . import _torch_state as _state
+from ._qk_layout import check_maxima_count, expected_rows
+
+# Moonlight's update scale ("Muon is Scalable for LLM Training", Liu et al. 2025,
+# arXiv:2502.16982, §2.2): lr · 0.2 · √max(m, n) · NS(M) has the RMS (≈ 0.2) of an AdamW
+# update, so one lr serves the Muon and the AdamW params. The library's spectral scale
+# √max(m, n) times muon_extra_scale_factor 0.2 is that update.
+MOONLIGHT_SCALE = 0.2
+DEFAULT_LR = 3e-3
 
 _DTYPES = {torch.float32: Dtype.F32, torch.bfloat16: Dtype.BF16}
 _ELEMENT_BYTES = {Dtype.F32: 4, Dtype.BF16: 2}
@@ -120,15 +168,22 @@ def _qk_layout(name, layout):
     return layout
 
 
+def _owner(p):
+    """The open Muon training ``p``, or None."""
+    ref = getattr(p, "_muon_opt_owner", None)
+    return ref() if ref is not None else None
+
+
 class Muon(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` over one rank's :class:`muon_opt.Optimizer`.
 
     ``module``: the model (the same on every rank); ``comm``: this rank's Comm; ``config``: a
     :class:`muon_opt.Config` (default: the library's defaults with ``grad_dtype`` equal to the
-    model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree);
-    ``ns_method``: ``"standard"`` or ``"gram"``, in place of the config's ``muon_ns_method``;
-    ``ownership``: ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership`` (the
-    config passed is not changed).
+    model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree — and
+    ``muon_extra_scale_factor`` 0.2, Moonlight's convention); ``ns_method``: ``"standard"`` or
+    ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"balanced"`` or
+    ``"contiguous"``, in place of its ``muon_ownership`` (the config passed is not changed).
+    See the module's docstring for the groups, the grads, ``state_dict`` and the defaults.
     """
 
     def __init__(
@@ -137,10 +192,11 @@ class Muon(torch.optim.Optimizer):
         comm,
         config=None,
         *,
-        lr=0.02,
+        lr=DEFAULT_LR,
         weight_decay=0.1,
-        adam_lr=3e-4,
-        adam_weight_decay=0.1,
+        adam_lr=None,
+        adam_weight_decay=None,
+        param_groups=None,
         embedding_or_output=(),
         no_weight_decay=None,
         splits=None,
@@ -150,18 +206,26 @@ class Muon(torch.optim.Optimizer):
         qk_clip_alpha=0.5,
         ns_method=None,
         ownership=None,
+        overlap_grad_reduce=False,
+        state_dir=None,
     ):
         from . import Config
 
         named = list(module.named_parameters())
         if not named:
             raise ValueError("module has no parameters")
-        dtypes = {p.dtype for _, p in named}
         for name, p in named:
             if p.dtype not in _DTYPES:
                 raise TypeError(f"param '{name}' is {p.dtype}; the library stores float32 or bfloat16")
+            owner = _owner(p)
+            if owner is not None:
+                raise ValueError(
+                    f"param '{name}' is already trained by another muon_opt.torch.Muon (its hooks are still "
+                    "installed); call close() on that optimizer first"
+                )
+        dtypes = {p.dtype for _, p in named}
         if config is None:
-            config = Config()
+            config = Config(muon_extra_scale_factor=MOONLIGHT_SCALE)
             if len(dtypes) == 1:
                 config.grad_dtype = _DTYPES[dtypes.pop()]
         for argument, value in (("ns_method", ns_method), ("ownership", ownership)):
@@ -173,58 +237,124 @@ class Muon(torch.optim.Optimizer):
                     f"param '{name}' is {p.dtype} but config.grad_dtype is {Dtype(config.grad_dtype).name}: "
                     "torch keeps .grad in the param's dtype, so every param must have the grad dtype"
                 )
-        embedding_weights = {
-            id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)
-        }
-        unknown = set(embedding_or_output) - {name for name, _ in named}
-        if unknown:
-            raise ValueError(f"embedding_or_output names no parameter of the module: {sorted(unknown)}")
+        names = {name for name, _ in named}
+        for argument, given in (("embedding_or_output", embedding_or_output), ("splits", splits or {}),
+                                ("qk_clip", qk_clip or {})):
+            unknown = set(given) - names
+            if unknown:
+                raise ValueError(f"{argument} names no parameter of the module: {sorted(unknown)}")
+        embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
         no_decay = no_weight_decay if no_weight_decay is not None else (lambda name, p: p.dim() < 2)
-        splits = dict(splits or {})
-        unknown = set(splits) - {name for name, _ in named}
-        if unknown:
-            raise ValueError(f"splits names no parameter of the module: {sorted(unknown)}")
-        self._splits = {name: _split_of(name, spec) for name, spec in splits.items()}
-        qk_clip = dict(qk_clip or {})
-        unknown = set(qk_clip) - {name for name, _ in named}
-        if unknown:
-            raise ValueError(f"qk_clip names no parameter of the module: {sorted(unknown)}")
-        self._qk_layouts = {name: _qk_layout(name, layout) for name, layout in qk_clip.items()}
+        self._splits = {name: _split_of(name, spec) for name, spec in dict(splits or {}).items()}
+        self._qk_layouts = {name: _qk_layout(name, layout) for name, layout in dict(qk_clip or {}).items()}
         self.qk_clip_threshold = qk_clip_threshold
         self.qk_clip_alpha = qk_clip_alpha
         self._max_logits = {}
+        self._pending_max_logits = {}
+        defaults = {
+            True: dict(lr=lr, weight_decay=weight_decay),
+            False: dict(lr=lr if adam_lr is None else adam_lr,
+                        weight_decay=weight_decay if adam_weight_decay is None else adam_weight_decay),
+        }
+        user_groups = None
+        if param_groups is not None:
+            user_groups, group_of = _groups.normalize(param_groups, named, defaults)
+            lr_ratios, wd_ratios = _groups.ratios(user_groups, "lr"), _groups.ratios(user_groups, "weight_decay")
 
-        super().__init__(
-            [p for _, p in named],
-            dict(lr=lr, weight_decay=weight_decay, adam_lr=adam_lr, adam_weight_decay=adam_weight_decay),
-        )
         self.config = config  # the Config the library optimizer was created with
         self._opt = Optimizer(config, comm, stream)
-        self._host = comm.host
-        self._report_grads = True
-        self.names = [name for name, _ in named]
-        self.last_info = None
-        ids = {}
-        for name, p in named:
-            flags = 0
-            if id(p) in embedding_weights or name in embedding_or_output:
-                flags |= ParamFlag.EMBEDDING_OR_OUTPUT
-            if no_decay(name, p):
-                flags |= ParamFlag.NO_WEIGHT_DECAY
-            ids[id(p)] = self._register(name, p, flags)
-        self._ids = {name: ids[id(p)] for name, p in named}
-        self._opt.finalize()
-        self.views = [self._opt.param_view(i) for i in range(len(named))]
-        for (name, p), view in zip(named, self.views):
-            self._rebind(p, view)
-            p.register_post_accumulate_grad_hook(lambda _p, pid=ids[id(p)]: self._grad_ready(pid))
-        self._hooks = []
-        for m in module.modules():
-            buckets = sorted({self.views[ids[id(p)]].bucket for p in m.parameters(recurse=False)})
-            if buckets:
-                self._hooks.append(m.register_forward_pre_hook(lambda _m, _args, b=buckets: self._wait(b)))
+        try:
+            self._host = comm.host
+            self._overlap = bool(overlap_grad_reduce)
+            self._report_grads = True
+            self._reported = {}  # param id -> the grad's version when reported ready this iteration
+            self._state_dir = state_dir
+            self._group_key = comm.group_key
+            self.names = [name for name, _ in named]
+            self.last_info = None
+            ids, routes = {}, {}
+            for name, p in named:
+                flags, scales = 0, {}
+                if id(p) in embedding_weights or name in embedding_or_output:
+                    flags |= ParamFlag.EMBEDDING_OR_OUTPUT
+                if no_decay(name, p):
+                    flags |= ParamFlag.NO_WEIGHT_DECAY
+                if user_groups is not None:
+                    g = group_of[id(p)]
+                    if not user_groups[g]["use_muon"]:
+                        flags |= ParamFlag.NO_MUON
+                    scales = dict(lr_scale=lr_ratios[g][1] * user_groups[g]["lr_scale"],
+                                  wd_scale=wd_ratios[g][1] * user_groups[g]["wd_scale"])
+                ids[id(p)] = self._register(name, p, flags, scales)
+                routes[id(p)] = self._opt.param_route(ids[id(p)])
+                if user_groups is not None and user_groups[group_of[id(p)]]["use_muon"] and routes[id(p)] != Route.MUON:
+                    raise ValueError(
+                        f"param_groups[{group_of[id(p)]}] has use_muon=True, but the library routes '{name}' "
+                        f"(shape {tuple(p.shape)}) to AdamW (an embedding or output layer, or not a 2-D matrix): "
+                        "put it in a use_muon=False group"
+                    )
+            self._ids = {name: ids[id(p)] for name, p in named}
+            self._check_qk_layouts(dict(named), routes)
+            if user_groups is None:
+                user_groups = [
+                    dict(defaults[use_muon], use_muon=use_muon, name="muon" if use_muon else "adamw", lr_scale=1.0,
+                         wd_scale=1.0, params=[p for _, p in named if (routes[id(p)] == Route.MUON) == use_muon])
+                    for use_muon in (True, False)
+                ]
+                user_groups = [g for g in user_groups if g["params"]]
+                lr_ratios, wd_ratios = _groups.ratios(user_groups, "lr"), _groups.ratios(user_groups, "weight_decay")
+            self._lr_ratios, self._wd_ratios = lr_ratios, wd_ratios
+            self._fixed = _groups.fixed_values(config)
+            for group in user_groups:
+                group.update(self._fixed)
+            self._constructing = True
+            super().__init__(user_groups, dict(self._fixed))
+            self._constructing = False
+            self._opt.finalize()
+            self.views = [self._opt.param_view(i) for i in range(len(named))]
+            self._params = [p for _, p in named]
+            self._grads = []
+            self._hooks = []
+            for (name, p), view in zip(named, self.views):
+                self._rebind(p, view)
+                self._grads.append(p.grad)
+                self._hooks.append(p.register_post_accumulate_grad_hook(lambda q, pid=ids[id(p)]: self._grad_hook(q, pid)))
+            for m in module.modules():
+                buckets = sorted({self.views[ids[id(p)]].bucket for p in m.parameters(recurse=False)})
+                if buckets:
+                    self._hooks.append(m.register_forward_pre_hook(lambda _m, _args, b=buckets: self._wait(b)))
+        except BaseException:
+            for h in getattr(self, "_hooks", []):
+                h.remove()
+            self._opt.close()
+            raise
+        for p in self._params:
+            p._muon_opt_owner = weakref.ref(self)
 
-    def _register(self, name, p, flags):
+    def add_param_group(self, param_group):
+        """Only during construction: the library plans its buffers once, at finalize."""
+        if not getattr(self, "_constructing", False):
+            raise RuntimeError("add_param_group: muon_opt.torch.Muon plans every param at construction; "
+                               "pass every group as param_groups=[...] to Muon(...)")
+        super().add_param_group(param_group)
+
+    def _check_qk_layouts(self, params, routes):
+        """Each QK-clip layout against its param: a 2-D Muon matrix with the rows it implies."""
+        for name, layout in self._qk_layouts.items():
+            p = params[name]
+            if routes[id(p)] != Route.MUON or p.dim() != 2:
+                raise ValueError(
+                    f"qk_clip['{name}']: QK-clip applies to 2-D Muon matrices; the param has shape "
+                    f"{tuple(p.shape)} and is routed to {Route(routes[id(p)]).name}"
+                )
+            fields = {k: v for k, v in layout.items() if k != "kind"}
+            rows = expected_rows(f"qk_clip['{name}']", layout["kind"], **fields)
+            if rows != p.shape[0]:
+                raise ValueError(
+                    f"qk_clip['{name}']: the layout ({fields}) has {rows} rows, the param has {p.shape[0]}"
+                )
+
+    def _register(self, name, p, flags, scales):
         dtype = _DTYPES[p.dtype]
         values = p.detach().contiguous()
         if self._host:
@@ -241,6 +371,7 @@ class Muon(torch.optim.Optimizer):
             split_groups=groups,
             init=init,
             init_dtype=dtype,
+            **scales,
         )
         del values  # the library copied it
         return pid
@@ -256,13 +387,31 @@ class Muon(torch.optim.Optimizer):
         raw = torch.as_tensor(_CudaArray(address, p.numel(), p.element_size()), device=p.device)
         return raw.view(p.dtype).view(p.shape)
 
+    def _bound(self, pid):
+        grad = self._params[pid].grad
+        return grad is not None and grad.data_ptr() == self._grads[pid].data_ptr() and grad.shape == self._grads[pid].shape
+
+    def _take_grad(self, pid):
+        """Rebinds ``.grad`` to the library's buffer: torch set it to None (``zero_grad``, which
+        means zero) or replaced it (a hook, a scaler); its values move into the buffer."""
+        p, bound = self._params[pid], self._grads[pid]
+        with torch.no_grad():
+            if p.grad is None:
+                bound.zero_()
+            else:
+                bound.copy_(p.grad)
+            p.grad = bound
+
     def _wait(self, buckets):
         for b in buckets:
             self._opt.wait_params(b)
 
-    def _grad_ready(self, pid):
-        if self._report_grads:
+    def _grad_hook(self, _p, pid):
+        if not self._bound(pid):
+            self._take_grad(pid)  # accumulated into a new tensor: the grad was None or replaced
+        if self._overlap and self._report_grads:
             self._opt.grad_ready(pid)
+            self._reported[pid] = self._grads[pid]._version
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -274,36 +423,70 @@ class Muon(torch.optim.Optimizer):
             self._report_grads = previous
 
     def zero_grad(self, set_to_none=True):
-        """Zeroes the grad buffers in place (``set_to_none`` is ignored: grads are views)."""
+        """Zeroes the grad buffers in place and rebinds every ``.grad`` to them: grads are the
+        library's buffers, so ``set_to_none`` leaves zeros, not None (the same gradient)."""
         self._opt.zero_grad()
+        for pid in range(len(self._params)):
+            if not self._bound(pid):
+                self._params[pid].grad = self._grads[pid]
+
+    def _check_grads(self):
+        """Every ``.grad`` is the library's buffer again before the step reads it; with
+        ``overlap_grad_reduce`` a grad reported ready must not have changed since."""
+        for pid, name in enumerate(self.names):
+            if pid in self._reported:
+                if not self._bound(pid):
+                    raise RuntimeError(
+                        f"param '{name}': .grad was set to None or replaced after backward reported it ready; "
+                        "with overlap_grad_reduce=True the library reduces it during backward: zero grads "
+                        "before the forward, or construct Muon with overlap_grad_reduce=False"
+                    )
+                if self._grads[pid]._version != self._reported[pid]:
+                    raise RuntimeError(
+                        f"param '{name}': .grad was changed in place after backward reported it ready "
+                        "(clip_grad_norm_, GradScaler.unscale_, a hook); with overlap_grad_reduce=True the "
+                        "library reduces it during backward: clip with config.clip_grad, or construct Muon "
+                        "with overlap_grad_reduce=False"
+                    )
+            elif not self._bound(pid):
+                self._take_grad(pid)
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One optimizer step with ``param_groups[0]``'s hyperparameters; returns the closure's
-        loss if given, else the :class:`muon_opt.StepInfo` (also kept in ``last_info``)."""
+        """One optimizer step with the groups' hyperparameters; returns the closure's loss if
+        given, else the :class:`muon_opt.StepInfo` (also kept in ``last_info``)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._request_qk_clips()
-        group = self.param_groups[0]
-        info = self._opt.step(
-            lr=group["lr"],
-            weight_decay=group["weight_decay"],
-            adam_lr=group["adam_lr"],
-            adam_weight_decay=group["adam_weight_decay"],
+        _groups.check_fixed(self.param_groups, self._fixed)
+        lr, weight_decay, adam_lr, adam_weight_decay = _groups.step_values(
+            self.param_groups, self._lr_ratios, self._wd_ratios
         )
+        self._check_grads()
+        self._request_qk_clips()
+        info = self._opt.step(lr=lr, weight_decay=weight_decay, adam_lr=adam_lr, adam_weight_decay=adam_weight_decay)
+        self._reported = {}
         self.last_info = info
         return loss if closure is not None else info
 
     def set_max_logits(self, name, max_logits):
         """The per-head max pre-softmax logits of parameter ``name`` (listed in ``qk_clip``) for
-        the next :meth:`step`: a float32 tensor of ``num_heads`` values on the model's device
-        (kept alive until the step has read it)."""
+        the next :meth:`step`: a floating tensor of ``num_heads`` values on the model's device
+        (converted to float32, kept alive until the step has read it)."""
         if name not in self._qk_layouts:
             raise ValueError(f"set_max_logits: '{name}' has no qk_clip layout")
-        values = max_logits.detach().to(torch.float32).contiguous().reshape(-1)
-        self._max_logits[name] = values
+        if not isinstance(max_logits, torch.Tensor):
+            raise TypeError(f"set_max_logits('{name}'): expected a tensor, got {type(max_logits).__name__}")
+        if not max_logits.is_floating_point():
+            raise TypeError(f"set_max_logits('{name}'): max_logits is {max_logits.dtype}; expected a floating dtype")
+        device = self._params[self._ids[name]].device
+        if max_logits.device != device:
+            raise ValueError(f"set_max_logits('{name}'): max_logits is on {max_logits.device}, the param on {device}")
+        if max_logits.dim() > 1:
+            raise ValueError(f"set_max_logits('{name}'): max_logits has shape {tuple(max_logits.shape)}; expected 1-D")
+        check_maxima_count(f"set_max_logits('{name}')", self._qk_layouts[name]["num_heads"], max_logits.numel())
+        self._max_logits[name] = max_logits.detach().to(torch.float32).contiguous()
 
     def _request_qk_clips(self):
         if not self._max_logits:
@@ -326,18 +509,69 @@ class Muon(torch.optim.Optimizer):
         """Parameter name -> :class:`muon_opt.Route`."""
         return {name: Route(v.route) for name, v in zip(self.names, self.views)}
 
+    def _scratch(self):
+        """The directory state_dict saves through: ``state_dir``, or on a host group (ranks are
+        threads of this process) one under the temp dir named by the group, removed at exit."""
+        if self._state_dir is not None:
+            return Path(self._state_dir)
+        if self._group_key is None:
+            raise ValueError(
+                "state_dict: Muon(state_dir=...) is required on the cuda backend: a directory on a file "
+                "system every rank of the data-parallel group shares, the same path on every rank"
+            )
+        path = Path(tempfile.gettempdir()) / f"muon_opt-state-{self._group_key}"
+        if path not in _SCRATCH:
+            _SCRATCH.add(path)
+            atexit.register(shutil.rmtree, path, True)
+        return path
+
+    def _order(self):
+        """Params in torch's state_dict order (groups in order, then their params)."""
+        return [p for group in self.param_groups for p in group["params"]]
+
     def state_dict(self):
-        """The hyperparameters and step count. The optimizer state itself (fp32 masters,
-        momenta, Adam moments) is sharded across ranks; :meth:`save` and :meth:`load` write and
-        read it as a checkpoint directory that reloads at any data-parallel size."""
+        """Collective (every rank calls it): torch's layout — ``state`` (param index -> its fp32
+        ``master`` and ``momentum``, or ``exp_avg`` and ``exp_avg_sq``, whole tensors in the
+        param's shape, whatever rank owns them) and ``param_groups`` — plus ``muon_opt`` (the
+        model description and step). Every rank returns the whole state, so ``torch.save`` on
+        one rank or ``torch.distributed.checkpoint`` keeps all of it, and
+        :meth:`load_state_dict` reads it at any data-parallel size."""
+        directory = self._scratch() / "state_dict"
+        self._opt.save(directory)
+        model, tensors = _state.read(directory)
+        name_of = {id(p): self.names[pid] for pid, p in enumerate(self._params)}
+        order = self._order()
+        index = {id(p): k for k, p in enumerate(order)}
         return {
-            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
-            "step": self.last_info.step if self.last_info else 0,
+            "state": {k: tensors[name_of[id(p)]] for k, p in enumerate(order)},
+            "param_groups": [dict({k: v for k, v in g.items() if k != "params"}, params=[index[id(p)] for p in g["params"]])
+                             for g in self.param_groups],
+            "muon_opt": {"model": model, "names": [name_of[id(p)] for p in order]},
         }
 
     def load_state_dict(self, state_dict):
-        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            group.update(saved)
+        """Collective: the state of :meth:`state_dict` (saved at any data-parallel size) and the
+        groups' hyperparameters; params re-synchronized from the loaded masters."""
+        order = self._order()
+        name_of = {id(p): self.names[pid] for pid, p in enumerate(self._params)}
+        ours = [name_of[id(p)] for p in order]
+        saved = state_dict.get("muon_opt", {}).get("names")
+        if saved != ours:
+            raise ValueError(f"load_state_dict: the state is of params {saved}, this optimizer has {ours}")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+            len(g["params"]) != len(ours_g["params"]) for g, ours_g in zip(groups, self.param_groups)
+        ):
+            raise ValueError("load_state_dict: param_groups differ in number or size from this optimizer's")
+        tensors = {ours[k]: state_dict["state"][k] for k in range(len(ours))}
+        scratch = Path(tempfile.mkdtemp(prefix="muon_opt-load-"))
+        try:
+            _state.write(scratch / "ckpt", state_dict["muon_opt"]["model"], tensors)
+            self._opt.load(scratch / "ckpt")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        for group, saved_group in zip(self.param_groups, groups):
+            group.update({k: v for k, v in saved_group.items() if k != "params"})
 
     def save(self, directory):
         """Collective: the sharded optimizer state into ``directory`` (same path on every rank)."""
@@ -348,11 +582,18 @@ class Muon(torch.optim.Optimizer):
         self._opt.load(directory)
 
     def close(self):
-        """Removes the hooks and closes the library optimizer (tensors keep its memory alive)."""
+        """Removes every hook it installed (forward pre-hooks, grad hooks) and closes the library
+        optimizer (tensors keep its memory alive); the model can then get another optimizer."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        for p in self._params:
+            if _owner(p) is self:
+                del p._muon_opt_owner
         self._opt.close()
+
+
+_SCRATCH = set()  # scratch directories removed at exit
 
 
 class _CudaArray:

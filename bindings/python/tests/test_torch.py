@@ -220,7 +220,7 @@ class TorchAdapter(unittest.TestCase):
                 opt.step()
                 sched.step()
             self.assertAlmostEqual(opt.param_groups[0]["lr"], 0.005)
-            self.assertEqual(opt.state_dict()["step"], 2)
+            self.assertEqual(opt.state_dict()["muon_opt"]["model"]["step"], 2)
             opt.save(Path(tmp) / "ckpt")
             opt.synchronize()
             saved = {n: p.detach().clone() for n, p in model.named_parameters()}
