@@ -17,12 +17,15 @@
 mod emulator;
 #[path = "cuda_emulated/kernels_cpu.rs"]
 mod kernels_cpu;
+#[path = "cuda_emulated/ranks.rs"]
+mod ranks;
 mod support;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use muon_opt::backend::Backend;
-use muon_opt::backend::cuda::action::{Action, Buf, DevPtr};
+use muon_opt::backend::cuda::action::{Action, Buf, DevPtr, NcclComm};
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
@@ -45,6 +48,12 @@ use emulator::{Emulator, SMALL_TILE, emulated_backend, part_sizes};
 /// is the order of the Newton–Schulz inputs' f64 sums of squares (a fixed tree instead of the
 /// host's 8 lanes), which agrees with the host's after rounding to f32 here.
 fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
+    compare_clipped_runs(label, cfg, specs, false);
+}
+
+/// [`compare_runs`], with a QK-clip of the grouped QKV at every step when `qk_clip`; returns
+/// the names of the kernels the emulated device launched.
+fn compare_clipped_runs(label: &str, cfg: &Config, specs: &[ParamSpec], qk_clip: bool) -> BTreeSet<&'static str> {
     let mut host = runtime(cfg, specs, 0, 1, Box::new(host_backend(cfg)));
     let mut emu = runtime(
         cfg,
@@ -55,6 +64,10 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
     );
     for step in 0..4 {
         let nan = step == 2;
+        if qk_clip {
+            ranks::clip(&mut host, specs, false);
+            ranks::clip(&mut emu, specs, true);
+        }
         let (a, b) = (iterate(&mut host, 0, step, nan), iterate(&mut emu, 0, step, nan));
         assert_eq!((a.skipped, a.step), (b.skipped, b.step), "{label}: step {step}");
         assert_eq!(
@@ -99,6 +112,67 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
             }
         }
     }
+    // SAFETY: as above: the emulated cuda backend built here, only read.
+    let backend = unsafe { &*(emu.backend_mut() as *mut dyn Backend as *const CudaBackend<Emulator>) };
+    backend.executor().launched().clone()
+}
+
+/// Shapes that are no multiple of any block or tile (1-D kernels of 256 threads, 32 × 32 tiles,
+/// symmetric tiles of 16) and tiny problems — one element, one row, one MXFP8 block — each
+/// launched on the grid the translator picks for it (a block of 256 threads for one element,
+/// a whole tile for one row), compared with the host bit for bit under f32 standard and bf16
+/// Gram Newton–Schulz, with MXFP8 gathered and local and a QK-clip every step; together the
+/// runs launch every kernel of `kernels/`.
+#[test]
+fn emulated_ragged_and_tiny_shapes_launch_every_kernel() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    use muon_opt::backend::cuda::action::Kernel;
+    use muon_opt::model::ParamFlags;
+    let flagged = |name: &str, shape: &[u64], dtype, flags| ParamSpec {
+        flags: ParamFlags(flags),
+        ..ParamSpec::new(name, shape, dtype)
+    };
+    let mut qkv = ParamSpec::new("grouped.qkv.weight", &[48, 32], Dtype::Bf16);
+    qkv.split_sizes = vec![8, 4, 4];
+    qkv.split_groups = 3;
+    let specs = vec![
+        flagged("tiny.bias", &[1], Dtype::F32, 0),
+        flagged("tiny.scale", &[1], Dtype::Bf16, 0),
+        flagged("ragged.norm", &[7], Dtype::Bf16, 0),
+        flagged("one.row.weight", &[1, 7], Dtype::Bf16, 0),
+        flagged("ragged.tall.weight", &[33, 17], Dtype::Bf16, 0),
+        flagged("ragged.wide.weight", &[17, 45], Dtype::Bf16, 0),
+        flagged("one.block.mx.weight", &[32, 32], Dtype::Bf16, ParamFlags::MXFP8),
+        flagged("replica.norm", &[5], Dtype::F32, ParamFlags::NORM_REPLICA),
+        qkv,
+    ];
+    let base = Config {
+        bucket_size: 256,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        host_comm_mode: CommMode::Eager,
+        clip_grad: 0.05,
+        ..Config::default()
+    };
+    let gram = Config {
+        muon_ns_method: muon_opt::config::NsMethod::Gram,
+        muon_ns_precision: NsPrecision::Bf16,
+        mxfp8_param_gather: true,
+        grad_dtype: Dtype::Bf16,
+        ..base.clone()
+    };
+    let mut launched = compare_clipped_runs("ragged, f32 standard", &base, &specs, true);
+    launched.extend(compare_clipped_runs(
+        "ragged, bf16 Gram, MXFP8 gathered",
+        &gram,
+        &specs,
+        true,
+    ));
+    let every: BTreeSet<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+    let missing: Vec<_> = every.difference(&launched).collect();
+    assert!(missing.is_empty(), "kernels never launched: {missing:?}");
 }
 
 #[test]
@@ -304,7 +378,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
     use muon_opt::backend::ops::{BufferSizes, CollOp, MemoryLayout, MuonWork, Span};
     for kind in [ErrorKind::CommTimeout, ErrorKind::NcclError] {
         let faulty = Faulty {
-            device: Emulator::new(None),
+            device: Emulator::new(),
             fail_at: 2,
             kind,
             groups: 0,
@@ -420,7 +494,7 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
             let host = host_backend(cfg)
                 .with_tp_group(Communicator::new(Transport::Host(host_comm)))
                 .unwrap();
-            let device = Emulator::new(Some(emu_comm));
+            let device = Emulator::new().with_comm(NcclComm::Tensor, emu_comm);
             let translator = Translator::new(0, 1, MuonOptions::from_config(cfg)).with_tp_group(TP, t);
             let emulated = CudaBackend::with_executor(translator, device).unwrap();
             let mut host = runtime(cfg, specs, 0, 1, Box::new(host));

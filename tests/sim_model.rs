@@ -366,7 +366,7 @@ fn a_shared_step_overlaps_the_second_sum_of_squares_with_the_first_norm_gather()
             .collect()
     };
     let gathers = spans("norm all-gather");
-    let sums = spans("sum of squares");
+    let sums = spans("gradient norm");
     assert_eq!(gathers.len(), 2, "one norm gather per optimizer: {gathers:?}");
     let expert_sums_start = sums
         .iter()

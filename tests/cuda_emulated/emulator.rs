@@ -1,14 +1,19 @@
 //! The emulated device of `cuda_emulated.rs`: every allocation a heap block of its own whose
 //! address is the device pointer, every kernel launch run by the real `kernels/*.cu` on the
-//! CPU (`kernels_cpu`: plain or under a sanitizer), cuBLAS's GEMM on the host and NCCL for one
-//! rank (or a tensor-parallel group over a host group).
+//! CPU (`kernels_cpu`: plain or under a sanitizer), cuBLAS's GEMM on the host and NCCL over
+//! host groups (`nccl`), each call checked as strictly as the real libraries document them.
 
-use std::collections::BTreeMap;
+#[path = "cublas.rs"]
+mod cublas;
+#[path = "nccl.rs"]
+mod nccl;
 
-use muon_opt::backend::cuda::action::{Action, Buf, DevPtr, Gemm, GemmInputs, Matrices, NcclCall, NcclComm, NcclType};
+use std::collections::{BTreeMap, BTreeSet};
+
+use muon_opt::backend::cuda::action::{Action, Buf, DevPtr, Gemm, GemmInputs, NcclComm};
 use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::cuda::{CudaBackend, Executor};
-use muon_opt::backend::host::comm::{HostComm, Region};
+use muon_opt::backend::host::comm::HostComm;
 use muon_opt::error::Result;
 use muon_opt::numerics::bf16::bf16_to_f32;
 use muon_opt::numerics::gemm::{Output, Strides, gemm};
@@ -20,26 +25,41 @@ use super::kernels_cpu;
 /// (order up to 64) are 2 to 4 tiles a side.
 pub(crate) const SMALL_TILE: u32 = 16;
 
-/// A CPU stand-in for one GPU with a one-rank communicator and, when given, a tensor-parallel
-/// group whose all-gathers run over a host group (one emulator per TP rank, on threads).
+/// A CPU stand-in for one GPU whose NCCL communicators run over host groups (one emulator per
+/// rank, on threads); a communicator without a group is a one-rank one.
 pub(crate) struct Emulator {
     /// Every allocation by its address (8-byte aligned, as the kernels' f64 accesses need; an
     /// access past its end is AddressSanitizer's to report when the kernels run under it).
     allocations: BTreeMap<DevPtr, Vec<u64>>,
-    tp: Option<HostComm>,
+    comms: Vec<(NcclComm, HostComm)>,
+    /// The kernels launched so far.
+    launched: BTreeSet<&'static str>,
 }
 
 /// The cuda backend (its real translator and Backend glue) over the emulated device.
 pub(crate) fn emulated_backend(muon: MuonOptions) -> CudaBackend<Emulator> {
-    CudaBackend::with_executor(Translator::new(0, 1, muon), Emulator::new(None)).unwrap()
+    CudaBackend::with_executor(Translator::new(0, 1, muon), Emulator::new()).unwrap()
 }
 
 impl Emulator {
-    pub(crate) fn new(tp: Option<HostComm>) -> Self {
+    pub(crate) fn new() -> Self {
         Emulator {
             allocations: BTreeMap::new(),
-            tp,
+            comms: Vec::new(),
+            launched: BTreeSet::new(),
         }
+    }
+
+    /// The names of the kernels launched so far.
+    pub(crate) fn launched(&self) -> &BTreeSet<&'static str> {
+        &self.launched
+    }
+
+    /// Communicator `which` runs over `comm`'s host group.
+    pub(crate) fn with_comm(mut self, which: NcclComm, comm: HostComm) -> Self {
+        self.comms.retain(|(c, _)| *c != which);
+        self.comms.push((which, comm));
+        self
     }
 
     /// The `bytes` at `ptr`, inside one allocation.
@@ -141,121 +161,16 @@ impl Emulator {
                         self.copy(dst + row * dst_pitch, src + row * src_pitch, *width as usize);
                     }
                 }
-                Action::Launch(launch) => kernels_cpu::launch(launch),
+                Action::Launch(launch) => {
+                    self.launched.insert(launch.kernel.name());
+                    kernels_cpu::launch(launch);
+                }
                 Action::Gemm(gemm) => self.gemm(gemm),
-                Action::Nccl(NcclComm::Tensor, calls) => calls.iter().for_each(|c| self.tp_collective(c)),
-                Action::Nccl(_, calls) => calls.iter().for_each(|c| self.nccl(c)),
+                Action::Nccl(which, calls) => self.nccl_group(*which, calls),
                 Action::Record { .. } | Action::Wait { .. } | Action::Synchronize(_) => {}
             }
         }
         out
-    }
-
-    /// One rank: every collective is the identity, except that a copy from `send` to a
-    /// different `recv` still moves the rank's own chunk.
-    /// A collective over the tensor-parallel host group: an f32 all-gather, or an f32 or f64
-    /// all-reduce summing in rank order (NCCL's sum for two ranks, whose order does not matter).
-    fn tp_collective(&mut self, call: &NcclCall) {
-        let group = self.tp.as_ref().expect("a TP collective needs the emulator's TP group");
-        match *call {
-            NcclCall::AllGather {
-                send,
-                recv,
-                send_count,
-                dtype: NcclType::F32,
-            } => {
-                let mut shard: Vec<f32> = (0..send_count).map(|i| self.ld_f32(send + 4 * i)).collect();
-                let mut gathered = vec![0.0f32; send_count as usize * group.size()];
-                // SAFETY: both buffers outlive the collective.
-                let (send_region, recv_region) =
-                    unsafe { (Region::from_f32(&mut shard), Region::from_f32(&mut gathered)) };
-                group.all_gather(send_region, recv_region).unwrap();
-                for (i, v) in gathered.into_iter().enumerate() {
-                    self.st_f32(recv + 4 * i as u64, v);
-                }
-            }
-            NcclCall::AllReduce {
-                send,
-                recv,
-                count,
-                dtype: NcclType::F32,
-            } => {
-                let mut values: Vec<f32> = (0..count).map(|i| self.ld_f32(send + 4 * i)).collect();
-                // SAFETY: the buffer outlives the collective.
-                group.all_reduce(unsafe { Region::from_f32(&mut values) }).unwrap();
-                for (i, v) in values.into_iter().enumerate() {
-                    self.st_f32(recv + 4 * i as u64, v);
-                }
-            }
-            NcclCall::AllReduce {
-                send,
-                recv,
-                count,
-                dtype: NcclType::F64,
-            } => {
-                let sums: Vec<f64> = (0..count)
-                    .map(|i| {
-                        let all = group.all_gather_u64(self.ld_f64(send + 8 * i).to_bits()).unwrap();
-                        all.iter()
-                            .skip(1)
-                            .fold(f64::from_bits(all[0]), |acc, &b| acc + f64::from_bits(b))
-                    })
-                    .collect();
-                for (i, sum) in sums.into_iter().enumerate() {
-                    self.st_f64(recv + 8 * i as u64, sum);
-                }
-            }
-            ref other => panic!("the TP group runs f32 all-gathers and f32/f64 all-reduces, got {other:?}"),
-        }
-    }
-
-    fn nccl(&mut self, call: &NcclCall) {
-        let size = |t: NcclType| match t {
-            NcclType::U8 => 1,
-            NcclType::U64 | NcclType::F64 => 8,
-            NcclType::F32 => 4,
-            NcclType::Bf16 => 2,
-        };
-        let (send, recv, count, dtype) = match *call {
-            NcclCall::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            }
-            | NcclCall::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
-                assert_eq!(root, 0);
-                (send, recv, count, dtype)
-            }
-            NcclCall::ReduceScatter {
-                send,
-                recv,
-                recv_count: count,
-                dtype,
-            }
-            | NcclCall::AllGather {
-                send,
-                recv,
-                send_count: count,
-                dtype,
-            }
-            | NcclCall::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-            } => (send, recv, count, dtype),
-        };
-        if send != recv && count > 0 {
-            self.copy(recv, send, count as usize * size(dtype));
-        }
     }
 
     /// `cublasGemmStridedBatchedEx` or `cublasGemmBatchedEx` (the lists read from emulated
@@ -264,30 +179,14 @@ impl Emulator {
     /// for, so a correct translation reproduces the host's products bit for bit.
     fn gemm(&mut self, g: &Gemm) {
         let bf16 = g.inputs == GemmInputs::Bf16;
-        let elem = if bf16 { 2 } else { 4 };
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
         let (lda, ldb, ldc) = (g.lda as usize, g.ldb as usize, g.ldc as usize);
         let read = |emu: &Self, ptr: DevPtr, len: usize, bf16: bool| -> Vec<f32> {
             (0..len as u64).map(|i| emu.load(ptr, bf16, i)).collect()
         };
+        self.check_gemm(g);
         for batch in 0..g.batch as u64 {
-            let [a_ptr, b_ptr, c_ptr] = match g.matrices {
-                Matrices::Strided {
-                    a,
-                    stride_a,
-                    b,
-                    stride_b,
-                    c,
-                    stride_c,
-                } => [
-                    a + batch * stride_a as u64 * elem,
-                    b + batch * stride_b as u64 * elem,
-                    c + batch * stride_c as u64 * 4,
-                ],
-                Matrices::Listed { table, .. } => {
-                    [0, 1, 2].map(|list| self.ld_u64(table + (list * g.batch as u64 + batch) * 8))
-                }
-            };
+            let [a_ptr, b_ptr, c_ptr] = self.gemm_pointers(g, batch);
             let a_len = if g.transpose_a {
                 (m - 1) * lda + k
             } else {
