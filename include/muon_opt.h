@@ -1105,9 +1105,9 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
 
 /**
  * @brief One optimizer step: orders the updates after the gradient collectives (which sum
- *        the ranks' gradients; 1/dp is applied with the clip coefficient), computes the global
- *        grad norm, the clip coefficient and the skip decision on a non-finite gradient on the
- *        device, then bucket by bucket in the order the next forward uses them updates the
+ *        the ranks' gradients; the updates take their mean, times 1/dp, then clip it), computes
+ *        the global grad norm, the clip coefficient and the skip decision on a non-finite
+ *        gradient on the device, then bucket by bucket in the order the next forward uses them updates the
  *        owned params and launches that bucket's param collectives, so they overlap the
  *        updates of later buckets (with overlap_param_gather, wait_params orders their use).
  *        With @p info NULL the call only enqueues work on the streams and never waits for the
@@ -1123,6 +1123,11 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
  *             host-to-device copies; capture the NULL form).
  * @param[out] info What the step did, or NULL. Non-NULL waits for the caller's stream to
  *             read it back (the same as muon_optimizer_step_info right after the step).
+ * @return MUON_STATUS_PLAN_MISMATCH with a non-NULL @p info (or from the next
+ *         muon_optimizer_step_info) when the ranks the norm is gathered over — the
+ *         data-parallel group, or the norm group that spans the TP and PP ranks too — have
+ *         taken different numbers of steps (a checkpoint loaded on some ranks only): the step
+ *         is skipped on every rank, and the message names a rank and rank 0 with their counts.
  */
 MUON_API
 MUON_NODISCARD
@@ -1188,6 +1193,8 @@ muon_status_t muon_optimizer_set_step_args(struct muon_optimizer_t *opt,
  *        device-to-host copy of a few scalars): call it when the value is needed, e.g. for
  *        logging every N steps, not inside a captured region.
  * @param[out] info Written on success; info->struct_size must be set by the caller.
+ * @return MUON_STATUS_PLAN_MISMATCH when the last step's ranks had taken different numbers
+ *         of steps (see muon_optimizer_step; the step was skipped on every rank).
  */
 MUON_API
 MUON_NODISCARD

@@ -64,12 +64,18 @@ __device__ __forceinline__ muon_u64 muon_grid_stride() {
 #define MUON_SCALAR_WEIGHT_DECAY 8
 #define MUON_SCALAR_ADAM_LR 9
 #define MUON_SCALAR_ADAM_WEIGHT_DECAY 10
+#define MUON_SCALAR_DISAGREE_TERM 11
+#define MUON_SCALAR_DISAGREE_RANK 12
+#define MUON_SCALAR_DISAGREE_STEPS 13
+#define MUON_SCALAR_DISAGREE_RANK0_STEPS 14
 
 // The exact sum of squares of the gradient norm (src/numerics/square_sum.rs): 20 limbs of
 // 32-bit digits of a fixed-point number whose last bit weighs 2^-298, each limb in a u64, then
-// the infinities counted and the NaNs seen.
+// the infinities counted and the NaNs seen. A rank's gathered words (numerics::RankNorm) add
+// the steps it has taken, as f64 bits.
 #define MUON_SQUARE_SUM_LIMBS 20u
 #define MUON_SQUARE_SUM_WORDS 22u
+#define MUON_RANK_NORM_WORDS 23u
 #define MUON_DIGIT 0xffffffffull
 
 // The updates' gradient: the summed gradient times 1/dp (its mean), then times the clip.

@@ -25,8 +25,9 @@ __device__ float muon_powi_f32(float base, muon_u64 exp) {
 // Most optimizers sharing one clip (src/backend/ops.rs MAX_NORM_TERMS).
 #define MUON_NORM_TERMS_MAX 8
 
-// The gathered sums of every optimizer sharing the step's clip: term k has ranks[k] sums (its
-// norm group, MUON_SQUARE_SUM_WORDS words each, of its mean gradient's squares).
+// The gathered sums of every optimizer sharing the step's clip: term k has ranks[k] of them (its
+// norm group, MUON_RANK_NORM_WORDS words each: the sum of its mean gradient's squares, then the
+// steps the rank has taken as f64 bits).
 struct muon_norm_terms {
     const muon_u64 *sums[MUON_NORM_TERMS_MAX];
     muon_u32 ranks[MUON_NORM_TERMS_MAX];
@@ -93,7 +94,7 @@ __device__ double muon_total_squared_norm(const struct muon_norm_terms *terms) {
         muon_u64 l = 0ull, h = 0ull;
         for (muon_u32 k = 0u; k < (muon_u32)terms->count; ++k) {
             for (muon_u32 r = 0u; r < terms->ranks[k]; ++r) {
-                const muon_u64 word = terms->sums[k][(muon_u64)r * MUON_SQUARE_SUM_WORDS + w];
+                const muon_u64 word = terms->sums[k][(muon_u64)r * MUON_RANK_NORM_WORDS + w];
                 l += word & MUON_DIGIT;
                 h += word >> 32;
             }
@@ -118,6 +119,27 @@ __device__ double muon_total_squared_norm(const struct muon_norm_terms *terms) {
     return muon_square_sum_round(total);
 }
 
+// The first rank of a term whose steps differ from its rank 0's (numerics::StepsDisagree) into
+// the DISAGREE slots (rank 1 + r; 0 when every term's ranks agree); whether one was found.
+__device__ bool muon_steps_disagree(double *scalars, const struct muon_norm_terms *terms) {
+    scalars[MUON_SCALAR_DISAGREE_RANK] = 0.0;
+    for (muon_u32 k = 0u; k < (muon_u32)terms->count; ++k) {
+        const muon_u64 *sums = terms->sums[k];
+        const muon_u64 first = sums[MUON_SQUARE_SUM_WORDS];
+        for (muon_u32 r = 1u; r < terms->ranks[k]; ++r) {
+            const muon_u64 steps = sums[(muon_u64)r * MUON_RANK_NORM_WORDS + MUON_SQUARE_SUM_WORDS];
+            if (steps != first) {
+                scalars[MUON_SCALAR_DISAGREE_TERM] = (double)k;
+                scalars[MUON_SCALAR_DISAGREE_RANK] = (double)(r + 1u);
+                scalars[MUON_SCALAR_DISAGREE_STEPS] = __longlong_as_double((long long)steps);
+                scalars[MUON_SCALAR_DISAGREE_RANK0_STEPS] = __longlong_as_double((long long)first);
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 // This optimizer's gradients are summed over `dp` ranks (the updates scale them by 1/dp).
 extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_terms terms, muon_u32 dp,
                                              float clip_grad, float beta1, float beta2) {
@@ -128,7 +150,8 @@ extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_t
     if (threadIdx.x != 0u) {
         return;
     }
-    const bool skipped = !isfinite(total);
+    const bool disagree = muon_steps_disagree(scalars, &terms);
+    const bool skipped = !isfinite(total) || disagree;
     float clip_coef = 1.0f;
     if (!skipped && clip_grad != 0.0f) {
         const double coef = (double)clip_grad / (sqrt(total) + 1e-6);

@@ -31,8 +31,8 @@ use support::ranks::on_ranks;
 use support::training::{ARGS, bits, rank_grad};
 
 const DP: usize = 2;
-/// Words per rank of the gathered exact sums of squares.
-const SQUARE_SUM_WORDS_U64: u64 = muon_opt::numerics::square_sum::SQUARE_SUM_WORDS as u64;
+/// Words per rank of the gathered parts of the norm (exact sum of squares, steps taken).
+const RANK_NORM_WORDS_U64: u64 = muon_opt::numerics::RANK_NORM_WORDS as u64;
 const STEPS: u64 = 3;
 /// The step whose gradient holds a NaN (skipped on every rank).
 const NAN_STEP: u64 = 1;
@@ -543,7 +543,7 @@ fn a_norm_group_gathers_on_its_own_communicator() {
         assert!(matches!(
             calls[..],
             [NcclCall::AllGather {
-                send_count: SQUARE_SUM_WORDS_U64,
+                send_count: RANK_NORM_WORDS_U64,
                 dtype: NcclType::U64,
                 ..
             }]

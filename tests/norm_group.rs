@@ -53,6 +53,8 @@ struct Setup {
     clip_grad: f32,
     /// (d, t, p, i) of a NaN gradient.
     nan: Option<(usize, usize, usize, usize)>,
+    /// (d, t) of a rank that has taken 5 steps before this one (the others none).
+    ahead: Option<(usize, usize)>,
 }
 
 fn run(setup: &Setup) -> Vec<Result<StepInfo>> {
@@ -79,6 +81,9 @@ fn run(setup: &Setup) -> Vec<Result<StepInfo>> {
                 opt.set_norm_group(world_comm)?;
             }
             opt.finalize()?;
+            if setup.ahead == Some((d, t)) {
+                opt.running()?.backend_mut().set_step_count(5)?;
+            }
             opt.zero_grad()?;
             for p in (0..specs.len()).rev() {
                 let rt = opt.running()?;
@@ -131,6 +136,7 @@ fn every_rank_clips_with_the_norm_of_the_whole_model() {
         norm_group: true,
         clip_grad,
         nan: None,
+        ahead: None,
     }));
     for info in &infos {
         assert_eq!(info.grad_norm.to_bits(), infos[0].grad_norm.to_bits(), "{infos:?}");
@@ -149,6 +155,7 @@ fn every_rank_clips_with_the_norm_of_the_whole_model() {
         norm_group: false,
         clip_grad,
         nan: None,
+        ahead: None,
     }));
     assert_ne!(alone[0].clip_coef, alone[DP].clip_coef);
 }
@@ -160,6 +167,7 @@ fn a_tensor_parallel_duplicate_is_counted_once() {
         norm_group: true,
         clip_grad: 0.0,
         nan: None,
+        ahead: None,
     }));
     let once = norm_squared_by_hand(1);
     let twice = norm_squared_by_hand(2);
@@ -171,6 +179,7 @@ fn a_tensor_parallel_duplicate_is_counted_once() {
         norm_group: true,
         clip_grad: 0.0,
         nan: None,
+        ahead: None,
     }));
     let got = unflagged[0].grad_norm.powi(2);
     assert!(
@@ -187,6 +196,7 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere() {
         norm_group: true,
         clip_grad: 1.0,
         nan,
+        ahead: None,
     }));
     assert!(grouped.iter().all(|i| i.skipped && i.step == 0), "{grouped:?}");
     let alone = all_ok(run(&Setup {
@@ -194,6 +204,7 @@ fn a_non_finite_gradient_on_one_rank_skips_the_step_everywhere() {
         norm_group: false,
         clip_grad: 1.0,
         nan,
+        ahead: None,
     }));
     let skipped: Vec<bool> = alone.iter().map(|i| i.skipped).collect();
     assert_eq!(
@@ -212,6 +223,7 @@ fn a_non_finite_replica_gradient_still_skips_the_step() {
         norm_group: true,
         clip_grad: 1.0,
         nan: Some((0, 1, 2, 3)),
+        ahead: None,
     }));
     assert!(infos.iter().all(|i| i.skipped && i.step == 0), "{infos:?}");
 }
@@ -375,6 +387,30 @@ fn an_untied_untagged_embedding_copy_on_the_mtp_stage_fails_finalize_by_the_voca
         assert!(
             finalize(flags).iter().all(Result::is_ok),
             "flags 0x{flags:x}: both stages finalize"
+        );
+    }
+}
+
+/// A rank of the norm group at another step count (its count set alone): the step is
+/// refused on every rank, naming that rank and rank 0 with their counts, and skipped.
+#[test]
+fn ranks_at_different_step_counts_refuse_the_step_on_every_rank() {
+    let results = run(&Setup {
+        flag_replicas: true,
+        norm_group: true,
+        clip_grad: 0.0,
+        nan: None,
+        ahead: Some((1, 1)),
+    });
+    assert_eq!(results.len(), DP * TP);
+    for r in results {
+        let err = r.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PlanMismatch);
+        assert!(
+            err.message
+                .contains("rank 3 has taken 5 steps, rank 0 0; the step was skipped on every rank"),
+            "{}",
+            err.message
         );
     }
 }

@@ -4,7 +4,9 @@
 mod support;
 
 use muon_opt::numerics::adamw::adamw_bias_corrections;
-use muon_opt::numerics::{SquareSum, clip_coefficient, mean_scale, squared_norm, step_scalars};
+use muon_opt::numerics::{
+    RankNorm, SquareSum, StepsDisagree, clip_coefficient, mean_scale, squared_norm, step_scalars,
+};
 use support::rng::Rng;
 
 #[test]
@@ -211,23 +213,28 @@ fn the_square_sum_squares_the_scaled_values() {
     assert_eq!((mean_scale(0), mean_scale(1), mean_scale(4)), (1.0, 1.0, 0.25));
 }
 
+/// Every rank's part of the norm, all at step 0.
+fn r(sums: &[SquareSum]) -> Vec<RankNorm> {
+    sums.iter().map(|&sum| RankNorm { sum, steps: 0 }).collect()
+}
+
 /// The step's scalars: every rank's sum added exactly (in any rank order), the clip, 1/dp as
 /// the gradient scale, the step count and the bias corrections at it.
 #[test]
 fn step_scalars_add_the_ranks_exactly_and_derive_the_clip_and_step() {
     let half = 2f32.powi(26); // its square is 2^52
     let sums = [sum_of(&[half]), sum_of(&[1.0]), sum_of(&[half]), sum_of(&[1.0])];
-    let s = step_scalars(&[&sums], 4, 6, 0.0, 0.9, 0.95);
+    let s = step_scalars(&[&r(&sums)], 4, 6, 0.0, 0.9, 0.95);
     let exact = 2f64.powi(53) + 2.0;
     assert_eq!(s.grad_norm, exact.sqrt(), "2^52 + 1 + 2^52 + 1, exact");
     let in_f64 = ((2f64.powi(52) + 1.0) + 2f64.powi(52)) + 1.0;
     assert_ne!(in_f64, exact, "added in f64 in rank order the sum rounds twice");
     let reversed: Vec<SquareSum> = sums.iter().rev().copied().collect();
-    assert_eq!(step_scalars(&[&reversed], 4, 6, 0.0, 0.9, 0.95), s);
+    assert_eq!(step_scalars(&[&r(&reversed)], 4, 6, 0.0, 0.9, 0.95), s);
     assert_eq!((s.clip_coef, s.grad_scale, s.skipped, s.step), (1.0, 0.25, false, 7));
     assert_eq!((s.bc1, s.bc2), adamw_bias_corrections(0.9, 0.95, 7));
 
-    let clipped = step_scalars(&[&[sum_of(&[3.0]), sum_of(&[4.0])]], 2, 0, 1.0, 0.9, 0.95);
+    let clipped = step_scalars(&[&r(&[sum_of(&[3.0]), sum_of(&[4.0])])], 2, 0, 1.0, 0.9, 0.95);
     let coef = clip_coefficient(25.0, 1.0);
     assert!(coef < 1.0);
     assert_eq!(
@@ -235,7 +242,7 @@ fn step_scalars_add_the_ranks_exactly_and_derive_the_clip_and_step() {
         (5.0, coef, 0.5)
     );
 
-    let single = step_scalars(&[&[sum_of(&[2.0])]], 1, 2, 0.0, 0.9, 0.95);
+    let single = step_scalars(&[&r(&[sum_of(&[2.0])])], 1, 2, 0.0, 0.9, 0.95);
     assert_eq!((single.grad_norm, single.grad_scale, single.step), (2.0, 1.0, 3));
 }
 
@@ -248,19 +255,19 @@ fn shared_terms_add_exactly_and_scale_by_the_own_dp() {
     let expert = [sum_of(&[1.0]), sum_of(&[0.5]), sum_of(&[]), sum_of(&[])];
     let total = 64.0f64 + 1.25;
     for own_dp in [4, 2] {
-        let s = step_scalars(&[&dense, &expert], own_dp, 0, 1.0, 0.9, 0.95);
+        let s = step_scalars(&[&r(&dense), &r(&expert)], own_dp, 0, 1.0, 0.9, 0.95);
         assert_eq!(s.grad_norm, total.sqrt());
         assert_eq!(s.clip_coef, clip_coefficient(total, 1.0));
         assert!(s.clip_coef < 1.0);
         assert_eq!(s.grad_scale, 1.0 / own_dp as f32);
-        assert_eq!(step_scalars(&[&expert, &dense], own_dp, 0, 1.0, 0.9, 0.95), s);
+        assert_eq!(step_scalars(&[&r(&expert), &r(&dense)], own_dp, 0, 1.0, 0.9, 0.95), s);
     }
     assert_ne!(
-        step_scalars(&[&dense], 4, 0, 1e20, 0.9, 0.95).grad_norm,
-        step_scalars(&[&dense, &expert], 4, 0, 1e20, 0.9, 0.95).grad_norm
+        step_scalars(&[&r(&dense)], 4, 0, 1e20, 0.9, 0.95).grad_norm,
+        step_scalars(&[&r(&dense), &r(&expert)], 4, 0, 1e20, 0.9, 0.95).grad_norm
     );
     let inf = [sum_of(&[f32::INFINITY]), sum_of(&[])];
-    assert!(step_scalars(&[&dense, &inf], 4, 0, 1.0, 0.9, 0.95).skipped);
+    assert!(step_scalars(&[&r(&dense), &r(&inf)], 4, 0, 1.0, 0.9, 0.95).skipped);
 }
 
 /// A non-finite sum skips the step: no clip, the step count stays.
@@ -268,9 +275,58 @@ fn shared_terms_add_exactly_and_scale_by_the_own_dp() {
 fn a_non_finite_sum_skips_without_counting_the_step() {
     for bad in [f32::NAN, f32::INFINITY] {
         let sums = [sum_of(&[bad]), sum_of(&[1.0])];
-        let s = step_scalars(&[&sums], 2, 4, 1.0, 0.9, 0.95);
+        let s = step_scalars(&[&r(&sums)], 2, 4, 1.0, 0.9, 0.95);
         assert!(s.skipped && !s.grad_norm.is_finite());
         assert_eq!((s.clip_coef, s.step), (1.0, 4));
         assert_eq!((s.bc1, s.bc2), adamw_bias_corrections(0.9, 0.95, 4));
     }
+}
+
+/// Ranks at different step counts skip the step and are named: the first rank of a term that
+/// differs from its rank 0, with both counts; a term of its own is compared within itself.
+#[test]
+fn ranks_at_different_step_counts_skip_the_step_and_are_named() {
+    let at = |steps: &[u64]| -> Vec<RankNorm> {
+        steps
+            .iter()
+            .map(|&steps| RankNorm {
+                sum: sum_of(&[1.0]),
+                steps,
+            })
+            .collect()
+    };
+    let agree = step_scalars(&[&at(&[3, 3, 3])], 3, 3, 1.0, 0.9, 0.95);
+    assert_eq!((agree.skipped, agree.disagree, agree.step), (false, None, 4));
+    let s = step_scalars(&[&at(&[3, 3, 1, 0])], 4, 3, 1.0, 0.9, 0.95);
+    assert!(s.skipped);
+    assert_eq!(s.step, 3, "a skipped step is not counted");
+    let named = StepsDisagree {
+        term: 0,
+        rank: 2,
+        steps: 1,
+        rank0_steps: 3,
+    };
+    assert_eq!(s.disagree, Some(named));
+    let shared = step_scalars(&[&at(&[5, 5]), &at(&[7, 2])], 2, 5, 1.0, 0.9, 0.95);
+    assert_eq!(
+        shared.disagree,
+        Some(StepsDisagree {
+            term: 1,
+            rank: 1,
+            steps: 2,
+            rank0_steps: 7,
+        })
+    );
+    let words = RankNorm {
+        sum: sum_of(&[2.0]),
+        steps: 41,
+    }
+    .words();
+    assert_eq!(
+        RankNorm::from_words(&words),
+        RankNorm {
+            sum: sum_of(&[2.0]),
+            steps: 41
+        }
+    );
 }

@@ -16,7 +16,7 @@ mod qk_clip;
 use std::sync::{Arc, Mutex};
 
 use crate::config::Dtype;
-use crate::numerics::SquareSum;
+use crate::numerics::RankNorm;
 use crate::numerics::muon::TpJob;
 use crate::numerics::step_args::ParamScales;
 
@@ -53,7 +53,7 @@ pub enum Op {
     DetachInit(u32),
     /// Compute stream: this rank's exact Σ x² over `counted` and the non-finite values of
     /// `counted` and `checked` ([`crate::numerics::SquareSum`]; a NaN or infinity in `checked`
-    /// makes the sum NaN).
+    /// makes the sum NaN), with the steps it has taken ([`crate::numerics::RankNorm`]).
     SquaredNorm { counted: Vec<Span>, checked: Vec<Span> },
     /// Comm stream: every rank's sum of `SquaredNorm`, kept in rank order for `FinishStep`.
     GatherNormSums,
@@ -245,10 +245,17 @@ pub enum Scalar {
     WeightDecay,
     AdamLr,
     AdamWeightDecay,
+    /// Ranks the norm is gathered over that have taken different numbers of steps (the step
+    /// is skipped): the optimizer of the shared step, 1 + the rank (0 when they agree), its
+    /// steps and its rank 0's ([`crate::numerics::StepsDisagree`]).
+    DisagreeTerm,
+    DisagreeRank,
+    DisagreeSteps,
+    DisagreeRank0Steps,
 }
 
 impl Scalar {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 15;
     pub const ALL: [Scalar; Scalar::COUNT] = [
         Scalar::GradNorm,
         Scalar::ClipCoef,
@@ -261,6 +268,10 @@ impl Scalar {
         Scalar::WeightDecay,
         Scalar::AdamLr,
         Scalar::AdamWeightDecay,
+        Scalar::DisagreeTerm,
+        Scalar::DisagreeRank,
+        Scalar::DisagreeSteps,
+        Scalar::DisagreeRank0Steps,
     ];
 
     /// The slot's index.
@@ -296,7 +307,7 @@ pub enum NormSums {
     /// The backend's own (the one running `finish_step`).
     Own,
     /// Another host backend's, read under its lock.
-    Host(Arc<Mutex<Vec<SquareSum>>>),
+    Host(Arc<Mutex<Vec<RankNorm>>>),
     /// Another cuda backend's receive slots on the same device and stream.
     Device(u64),
 }

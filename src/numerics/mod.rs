@@ -25,6 +25,46 @@ pub mod step_args;
 
 pub use square_sum::SquareSum;
 
+/// What each rank adds to a step's norm: the exact sum of squares of the mean gradients it
+/// owns, and the optimizer steps it has taken before this one, which every rank the norm is
+/// gathered over must agree on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankNorm {
+    pub sum: SquareSum,
+    pub steps: u64,
+}
+
+/// Words of a [`RankNorm`] as ranks gather it: the sum's words, then the steps as the bits of
+/// an f64 (the device's step slot, copied as is).
+pub const RANK_NORM_WORDS: usize = square_sum::SQUARE_SUM_WORDS + 1;
+
+impl RankNorm {
+    pub fn words(&self) -> [u64; RANK_NORM_WORDS] {
+        let mut words = [0; RANK_NORM_WORDS];
+        words[..square_sum::SQUARE_SUM_WORDS].copy_from_slice(&self.sum.words());
+        words[square_sum::SQUARE_SUM_WORDS] = (self.steps as f64).to_bits();
+        words
+    }
+
+    pub fn from_words(words: &[u64; RANK_NORM_WORDS]) -> Self {
+        let (sum, steps) = words.split_at(square_sum::SQUARE_SUM_WORDS);
+        RankNorm {
+            sum: SquareSum::from_words(sum.try_into().expect("SQUARE_SUM_WORDS words")),
+            steps: f64::from_bits(steps[0]) as u64,
+        }
+    }
+}
+
+/// Ranks a step's norm is gathered over that have taken different numbers of steps: the
+/// first rank of optimizer `term` (of a shared step) whose count differs from its rank 0's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepsDisagree {
+    pub term: usize,
+    pub rank: usize,
+    pub steps: u64,
+    pub rank0_steps: u64,
+}
+
 /// `Σ x²` accumulated in f64 (the Newton–Schulz inputs' Frobenius norms; the gradient norm
 /// is exact, [`SquareSum`]).
 ///
@@ -76,6 +116,8 @@ pub struct StepScalars {
     /// AdamW bias corrections at `step`.
     pub bc1: f32,
     pub bc2: f32,
+    /// Ranks at different step counts: the step is skipped on every rank.
+    pub disagree: Option<StepsDisagree>,
 }
 
 /// What the updates multiply a gradient summed over `dp` ranks by to get the mean (`1/dp` in
@@ -86,12 +128,14 @@ pub fn mean_scale(dp: usize) -> f32 {
 }
 
 /// The step's scalars from the gathered sums of every optimizer sharing the clip (one term,
-/// unless the step is shared; a term holds one sum per rank of the optimizer's norm group, each
-/// of the mean gradient's squares), this optimizer's data-parallel size `dp`, the steps taken
-/// before, and the clip and AdamW constants. Every sum is added exactly and the total rounded
-/// once: the same bits in any order, at any dp, layout and ownership.
+/// unless the step is shared; a term holds one [`RankNorm`] per rank of the optimizer's norm
+/// group, each sum of the mean gradient's squares), this optimizer's data-parallel size `dp`,
+/// the steps taken before, and the clip and AdamW constants. Every sum is added exactly and the
+/// total rounded once: the same bits in any order, at any dp, layout and ownership. A step
+/// whose ranks have taken different numbers of steps is skipped ([`StepsDisagree`]), as is one
+/// with a gradient that is not finite.
 pub fn step_scalars(
-    terms: &[&[SquareSum]],
+    terms: &[&[RankNorm]],
     dp: usize,
     previous_step: u64,
     clip_grad: f32,
@@ -99,9 +143,19 @@ pub fn step_scalars(
     beta2: f32,
 ) -> StepScalars {
     let mut sum = SquareSum::default();
-    terms.iter().flat_map(|t| t.iter()).for_each(|s| sum.merge(s));
+    terms.iter().flat_map(|t| t.iter()).for_each(|r| sum.merge(&r.sum));
     let total = sum.to_f64();
-    let skipped = !total.is_finite();
+    let disagree = terms.iter().enumerate().find_map(|(term, ranks)| {
+        let rank0_steps = ranks.first()?.steps;
+        let (rank, other) = ranks.iter().enumerate().find(|(_, r)| r.steps != rank0_steps)?;
+        Some(StepsDisagree {
+            term,
+            rank,
+            steps: other.steps,
+            rank0_steps,
+        })
+    });
+    let skipped = !total.is_finite() || disagree.is_some();
     let clip_coef = if skipped {
         1.0
     } else {
@@ -118,5 +172,6 @@ pub fn step_scalars(
         step,
         bc1,
         bc2,
+        disagree,
     }
 }

@@ -218,13 +218,31 @@ impl Runtime {
 
     /// Optimizer steps taken (skipped steps excluded). Waits for the compute stream.
     pub fn steps(&mut self) -> Result<u64> {
-        Ok(self.step_info()?.step)
+        Ok(self.backend.read_scalars()?[Scalar::Step.slot()] as u64)
     }
 
     /// What the last step did, read from the device: waits for the compute stream (the only
-    /// host synchronization of an iteration, and only when asked).
+    /// host synchronization of an iteration, and only when asked). An error when the ranks its
+    /// norm was gathered over had taken different numbers of steps (the step was skipped on
+    /// every rank).
     pub fn step_info(&mut self) -> Result<StepInfo> {
         let s = self.backend.read_scalars()?;
+        let rank = s[Scalar::DisagreeRank.slot()] as u64;
+        if rank != 0 {
+            let term = s[Scalar::DisagreeTerm.slot()] as u64;
+            let of = if term > 0 {
+                format!(" (of optimizer {term} of the shared step)")
+            } else {
+                String::new()
+            };
+            bail!(
+                PlanMismatch,
+                "step: the ranks the gradient norm is gathered over{of} are at different step counts: rank {} has taken {} steps, rank 0 {}; the step was skipped on every rank. Every rank of the data-parallel and norm groups must load the same checkpoint and step together",
+                rank - 1,
+                s[Scalar::DisagreeSteps.slot()] as u64,
+                s[Scalar::DisagreeRank0Steps.slot()] as u64
+            );
+        }
         Ok(StepInfo {
             grad_norm: s[Scalar::GradNorm.slot()],
             clip_coef: s[Scalar::ClipCoef.slot()] as f32,

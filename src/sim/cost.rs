@@ -399,9 +399,7 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         Kernel::Adamw => arg_u64(a, 5) * (24 + elem(a, 4)),
         // the scalar slots and one exact sum per rank (dp is argument 2)
         Kernel::StepScalars => {
-            (crate::backend::ops::Scalar::COUNT as u64
-                + crate::numerics::square_sum::SQUARE_SUM_WORDS as u64 * arg_u64(a, 2))
-                * 8
+            (crate::backend::ops::Scalar::COUNT as u64 + crate::numerics::RANK_NORM_WORDS as u64 * arg_u64(a, 2)) * 8
         }
         // bf16 in; rowwise and columnwise E4M3 out, one scale byte per 32 elements each
         Kernel::Mxfp8Quantize => {

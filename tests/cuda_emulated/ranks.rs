@@ -248,3 +248,43 @@ fn ranks_a_shared_step_of_two_optimizers() {
         }
     });
 }
+
+/// A rank at another step count (set alone): on the device as on the host, the step is skipped
+/// on every rank and its info names both ranks' counts.
+#[test]
+fn ranks_at_different_step_counts_are_refused_alike() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    const DP: usize = 2;
+    let cfg = config(MuonLayout::Compact, MuonOwnership::Balanced);
+    let specs = ranks_model();
+    let groups = HostGroup::new(DP, TIMEOUT).into_iter().zip(HostGroup::new(DP, TIMEOUT));
+    on_ranks(groups, |rank, (host, emulated)| {
+        let mut runs = pair(&cfg, &specs, rank, DP, host, emulated);
+        let outcomes = [0, 1].map(|k| {
+            let rt = &mut runs[k];
+            if rank == 1 {
+                rt.backend_mut().set_step_count(5).unwrap();
+            }
+            let values = |rt: &mut Runtime| -> Vec<Vec<u32>> {
+                (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect()
+            };
+            let before = values(rt);
+            backward(rt, rank, 0);
+            rt.step(Some(&ARGS)).unwrap();
+            for b in 0..rt.plan().buckets.len() as u32 {
+                rt.wait_params(b).unwrap();
+            }
+            let err = rt.step_info().unwrap_err();
+            assert!(values(rt) == before, "rank {rank}: the refused step changed params");
+            (err.kind, err.message)
+        });
+        assert_eq!(outcomes[0], outcomes[1], "rank {rank}: host and device");
+        assert!(
+            outcomes[1].1.contains("rank 1 has taken 5 steps, rank 0 0"),
+            "{}",
+            outcomes[1].1
+        );
+    });
+}

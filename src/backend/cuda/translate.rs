@@ -26,8 +26,8 @@ use crate::backend::cuda::action::{Action, Arg, Buf, DevPtr, Kernel, Launch, Ncc
 use crate::backend::ops::{MemoryLayout, NormSums, NormTerm, Op, Scalar, StreamKind};
 use crate::bail;
 use crate::error::Result;
+use crate::numerics::RANK_NORM_WORDS;
 use crate::numerics::muon::MuonOptions;
-use crate::numerics::square_sum::SQUARE_SUM_WORDS;
 use memory::WorkSizes;
 
 /// Threads per block of every 1-D kernel.
@@ -36,11 +36,12 @@ const THREADS: u32 = 256;
 const MAX_BLOCKS: u64 = 8192;
 /// Scalar slot of an exchange's send value, right after the step's scalars.
 const SEND_SLOT: u64 = Scalar::COUNT as u64;
-/// First of the [`SQUARE_SUM_WORDS`] slots of this rank's exact Σ g² (`muon_norm_partials`).
+/// First of the [`RANK_NORM_WORDS`] slots of this rank's part of the norm: its exact Σ g²
+/// (`muon_norm_partials`) and its steps (`numerics::RankNorm`).
 const NORM_SUM_SLOT: u64 = SEND_SLOT + 1;
-/// First of the receive slots: an exchange's values, or the gathered Σ g² of the step
-/// ([`SQUARE_SUM_WORDS`] per rank).
-const RECEIVE_SLOTS: u64 = NORM_SUM_SLOT + SQUARE_SUM_WORDS as u64;
+/// First of the receive slots: an exchange's values, or every rank's part of the step's norm
+/// ([`RANK_NORM_WORDS`] per rank).
+const RECEIVE_SLOTS: u64 = NORM_SUM_SLOT + RANK_NORM_WORDS as u64;
 
 /// Translates the ops of one rank.
 #[derive(Debug)]
@@ -155,7 +156,7 @@ impl Translator {
     /// per rank of an exchange, or every rank's Σ g²).
     pub fn setup(&self) -> Vec<Action> {
         let exchange = self.dp.max(self.norm_ranks()).max(self.tp_ranks());
-        let receive = exchange.max(self.norm_ranks() * SQUARE_SUM_WORDS) as u64;
+        let receive = exchange.max(self.norm_ranks() * RANK_NORM_WORDS) as u64;
         vec![
             Action::Alloc {
                 buf: Buf::Scalars,
@@ -214,7 +215,7 @@ impl Translator {
                 vec![NcclCall::AllGather {
                     send: self.slot(NORM_SUM_SLOT)?,
                     recv: self.slot(RECEIVE_SLOTS)?,
-                    send_count: SQUARE_SUM_WORDS as u64,
+                    send_count: RANK_NORM_WORDS as u64,
                     dtype: NcclType::U64,
                 }],
             )]),

@@ -18,7 +18,7 @@ use crate::bail;
 use crate::comm::{Communicator, Transport};
 use crate::config::{CommMode, Dtype};
 use crate::error::{Error, ErrorKind, Result};
-use crate::numerics::SquareSum;
+use crate::numerics::RankNorm;
 use crate::numerics::bf16::bf16_to_f32;
 use crate::numerics::muon::{MuonOptions, MuonWorkspace};
 use crate::numerics::mxfp8::{Input, QuantizedMut, ScaleLayout, quantize_both};
@@ -142,11 +142,12 @@ pub struct HostBackend {
     threads: usize,
     scratch: Vec<f32>,
     scalars: Arc<Mutex<HostScalars>>,
-    /// This rank's Σ g² (the device's accumulator words after `muon_norm_partials`).
-    own_sum: Arc<Mutex<SquareSum>>,
+    /// This rank's part of the norm: its Σ g² and its steps (the device's words after
+    /// `muon_norm_partials` and the copy of its step slot).
+    own_sum: Arc<Mutex<RankNorm>>,
     /// Every rank's Σ g², which the comm stream gathers and the compute stream (of this
     /// backend, or of another optimizer's sharing the clip) reads after an event.
-    rank_sums: Arc<Mutex<Vec<SquareSum>>>,
+    rank_sums: Arc<Mutex<Vec<RankNorm>>>,
     /// The group whose ranks' Σ g² make the global norm (the data-parallel group when None).
     norm_group: Option<Arc<Communicator>>,
     /// The tensor-parallel group TP shards are orthogonalized over (duplicated or distributed).

@@ -5,7 +5,7 @@
 use super::memory::Resolved;
 use super::{NORM_SUM_SLOT, RECEIVE_SLOTS, THREADS, Translator, launch, to_u32};
 use crate::backend::cuda::action::{Action, Arg, DevPtr, Kernel, Launch, Work};
-use crate::backend::ops::{MAX_NORM_TERMS, NormSums, NormTerm, Span, StepConstants, StreamKind};
+use crate::backend::ops::{MAX_NORM_TERMS, NormSums, NormTerm, Scalar, Span, StepConstants, StreamKind};
 use crate::bail;
 use crate::error::Result;
 use crate::numerics::mean_scale;
@@ -111,7 +111,8 @@ impl Translator {
     }
 
     /// This rank's exact Σ (g/dp)² over `counted` and the non-finite counts of `counted` and
-    /// `checked`: the sum zeroed, then one `muon_norm_partials` launch per 32 spans adding to it.
+    /// `checked`: the sum zeroed, then one `muon_norm_partials` launch per 32 spans adding to it;
+    /// then the steps taken, copied beside it (`numerics::RankNorm`).
     pub(super) fn squared_norm(&self, counted: &[Span], checked: &[Span]) -> Result<Vec<Action>> {
         let mark = |check_only: bool| {
             move |s: &Span| -> Result<SumSpan> {
@@ -152,6 +153,12 @@ impl Translator {
                 ],
             }));
         }
+        actions.push(Action::CopyDevice {
+            dst: sum + SQUARE_SUM_WORDS as u64 * 8,
+            src: self.scalar(Scalar::Step)?,
+            bytes: 8,
+            stream: StreamKind::Compute,
+        });
         Ok(actions)
     }
 

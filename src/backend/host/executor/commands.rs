@@ -16,8 +16,7 @@ use crate::numerics::adamw::{AdamWArgs, adamw_update};
 use crate::numerics::bf16::f32_to_bf16_rne;
 use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded};
 use crate::numerics::mxfp8::{Direction, scale_shape};
-use crate::numerics::square_sum::SQUARE_SUM_WORDS;
-use crate::numerics::{SquareSum, mean_scale, step_scalars};
+use crate::numerics::{RANK_NORM_WORDS, RankNorm, SquareSum, mean_scale, step_scalars};
 
 impl HostBackend {
     /// Runs the command `op` ([`crate::backend::Backend::execute`]).
@@ -183,7 +182,8 @@ impl HostBackend {
             Ok(())
         })();
         self.scratch = scratch;
-        *self.own_sum.lock().unwrap_or_else(PoisonError::into_inner) = sum;
+        let steps = self.scalars().get(Scalar::Step) as u64;
+        *self.own_sum.lock().unwrap_or_else(PoisonError::into_inner) = RankNorm { sum, steps };
         result
     }
 
@@ -195,8 +195,8 @@ impl HostBackend {
             let local = own_sum.lock().unwrap_or_else(PoisonError::into_inner).words();
             let words = Self::host_comm(&comm).all_gather_words(&local)?;
             *rank_sums.lock().unwrap_or_else(PoisonError::into_inner) = words
-                .chunks_exact(SQUARE_SUM_WORDS)
-                .map(|w| SquareSum::from_words(w.try_into().expect("chunks of SQUARE_SUM_WORDS")))
+                .chunks_exact(RANK_NORM_WORDS)
+                .map(|w| RankNorm::from_words(w.try_into().expect("chunks of RANK_NORM_WORDS")))
                 .collect();
             Ok(())
         })
@@ -217,7 +217,7 @@ impl HostBackend {
                 Ok(sums.lock().unwrap_or_else(PoisonError::into_inner).clone())
             })
             .collect::<Result<Vec<_>>>()?;
-        let terms: Vec<&[SquareSum]> = gathered.iter().map(Vec::as_slice).collect();
+        let terms: Vec<&[RankNorm]> = gathered.iter().map(Vec::as_slice).collect();
         let mut scalars = self.scalars();
         let previous = scalars.get(Scalar::Step) as u64;
         let s = step_scalars(
@@ -236,8 +236,19 @@ impl HostBackend {
             (Scalar::Step, s.step as f64),
             (Scalar::Bc1, f64::from(s.bc1)),
             (Scalar::Bc2, f64::from(s.bc2)),
+            (Scalar::DisagreeRank, 0.0),
         ] {
             scalars.values[slot.slot()] = value;
+        }
+        if let Some(d) = s.disagree {
+            for (slot, value) in [
+                (Scalar::DisagreeTerm, d.term as f64),
+                (Scalar::DisagreeRank, (d.rank + 1) as f64),
+                (Scalar::DisagreeSteps, d.steps as f64),
+                (Scalar::DisagreeRank0Steps, d.rank0_steps as f64),
+            ] {
+                scalars.values[slot.slot()] = value;
+            }
         }
         Ok(())
     }
