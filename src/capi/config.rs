@@ -131,32 +131,35 @@ pub struct muon_config_t {
 /// rejected, the fields after it take their defaults.
 pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, host_threads);
 
-/// `sizeof(muon_config_t)` of every released layout — the first ABI, then one per appended
-/// field (`host_threads`, `muon_tp_mode`, `muon_ns_eps`, `muon_ns_method`, `muon_ownership`) — as a C compiler
-/// reports it: the last field's end rounded up to the struct's alignment (8). Any other size
-/// below the current one is a torn or hand-computed struct_size, whose last field would be
-/// read in part.
+/// Every released `muon_config_t` layout, oldest first: its last field and `sizeof` as a C
+/// compiler reports it (the last field's end rounded up to the struct's alignment, 8). The
+/// list is the ABI's history: appending a field appends a row (a test checks the list against
+/// the struct, and that no two rows share a size but the pair below).
 ///
-/// A released size names one layout only when every field it carries ends inside it and no
-/// later layout has that size. The `host_threads` and `muon_tp_mode` layouts are both 112
-/// bytes: a 112-byte struct is read as the later one (its `muon_tp_mode` is the earlier one's
-/// padding, which `muon_config_init()` of that release left unspecified). Since then an
-/// appended field that would end inside the last layout's tail padding is preceded by a
-/// `reserved` `uint32_t` filling that padding (as before `muon_ns_method`, 120 → 128 bytes, and
-/// `muon_ownership`, 128 → 136),
-/// so every later layout has a size of its own and an older caller's padding is never read as
-/// a field.
+/// The `host_threads` and `muon_tp_mode` layouts are both 112 bytes (the second field filled
+/// the first's tail padding), and both were released as version 0.1.0, so no mark tells them
+/// apart: a 112-byte struct is read as the later one, and a `muon_tp_mode` word that is no tp
+/// mode — the earlier layout's padding, which its `muon_config_init()` left unspecified — is
+/// refused as ABI_MISMATCH naming both layouts. Since then a field that would end inside the
+/// last layout's tail padding is preceded by a `reserved` `uint32_t` filling it (as before
+/// `muon_ns_method`, 120 → 128 bytes, and `muon_ownership`, 128 → 136), so every later layout
+/// has a size of its own.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 6] = [
+    ("host_comm_mode", 104),
+    ("host_threads", 112),
+    ("muon_tp_mode", 112),
+    ("muon_ns_eps", 120),
+    ("muon_ns_method", 128),
+    ("muon_ownership", 136),
+];
+
+/// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
+pub(crate) const AMBIGUOUS_CONFIG_SIZE: usize = 112;
+
+/// The distinct sizes of [`RELEASED_CONFIG_LAYOUTS`]: any other size below the current one is
+/// a torn or hand-computed struct_size, whose last field would be read in part.
 pub(crate) fn released_config_sizes() -> Vec<usize> {
-    let align = std::mem::align_of::<muon_config_t>();
-    let ends = [
-        MIN_CONFIG_SIZE,
-        std::mem::offset_of!(muon_config_t, muon_tp_mode),
-        std::mem::offset_of!(muon_config_t, muon_ns_eps),
-        std::mem::offset_of!(muon_config_t, reserved),
-        std::mem::offset_of!(muon_config_t, reserved2),
-        std::mem::size_of::<muon_config_t>(),
-    ];
-    let mut sizes: Vec<usize> = ends.iter().map(|e| e.next_multiple_of(align)).collect();
+    let mut sizes: Vec<usize> = RELEASED_CONFIG_LAYOUTS.iter().map(|&(_, size)| size).collect();
     sizes.dedup();
     sizes
 }
@@ -272,6 +275,13 @@ pub unsafe fn read_config(ptr: *const muon_config_t) -> Result<Config> {
     let n = size.min(std::mem::size_of::<muon_config_t>());
     // SAFETY: the caller guarantees `size` readable bytes; we copy at most our own size.
     unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut raw as *mut muon_config_t).cast::<u8>(), n) };
+    if size == AMBIGUOUS_CONFIG_SIZE && TpMode::from_code("muon_tp_mode", raw.muon_tp_mode).is_err() {
+        crate::bail!(
+            AbiMismatch,
+            "cfg->struct_size: {size} bytes is both the host_threads and the muon_tp_mode layout of muon_config_t, and its muon_tp_mode word holds {}, no tp mode: a caller compiled against the host_threads layout has unspecified padding there; recompile against this header (or zero the struct before muon_config_init)",
+            raw.muon_tp_mode
+        );
+    }
     let major = raw.abi_version / 10_000;
     if major != MUON_VERSION_CODE / 10_000 {
         crate::bail!(

@@ -296,3 +296,61 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
         assert!(message.starts_with("muon_config_validate: "), "{message}");
     }
 }
+
+/// The released layouts are the ABI's history: each row's size is its last field's end
+/// rounded up to the struct's alignment, the current struct is the last row, and no two rows
+/// share a size but the documented host_threads / muon_tp_mode pair — so a field appended into
+/// the last layout's tail padding without a reserved word before it fails here.
+#[test]
+fn every_released_config_layout_has_a_size_of_its_own() {
+    use std::mem::offset_of;
+    let end = |field: &str| -> usize {
+        4 + match field {
+            "host_comm_mode" => offset_of!(muon_config_t, host_comm_mode),
+            "host_threads" => offset_of!(muon_config_t, host_threads),
+            "muon_tp_mode" => offset_of!(muon_config_t, muon_tp_mode),
+            "muon_ns_eps" => offset_of!(muon_config_t, muon_ns_eps),
+            "muon_ns_method" => offset_of!(muon_config_t, muon_ns_method),
+            "muon_ownership" => offset_of!(muon_config_t, muon_ownership),
+            other => panic!("no field {other}"),
+        }
+    };
+    let align = std::mem::align_of::<muon_config_t>();
+    for (field, size) in RELEASED_CONFIG_LAYOUTS {
+        assert_eq!(end(field).next_multiple_of(align), size, "the layout ending at {field}");
+    }
+    let (last, last_size) = RELEASED_CONFIG_LAYOUTS[RELEASED_CONFIG_LAYOUTS.len() - 1];
+    assert_eq!(
+        std::mem::size_of::<muon_config_t>(),
+        last_size,
+        "muon_config_t grew past the {last} layout: add its row to RELEASED_CONFIG_LAYOUTS"
+    );
+    for pair in RELEASED_CONFIG_LAYOUTS.windows(2) {
+        let ((a, a_size), (b, b_size)) = (pair[0], pair[1]);
+        let known = (a, b) == ("host_threads", "muon_tp_mode") && a_size == AMBIGUOUS_CONFIG_SIZE;
+        assert!(
+            b_size > a_size || known,
+            "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
+        );
+    }
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136]);
+}
+
+/// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode
+/// (the host_threads layout's padding) is ABI_MISMATCH naming both layouts, not a bad enum.
+#[test]
+fn the_ambiguous_112_byte_config_refuses_padding_read_as_a_tp_mode() {
+    let mut cfg = default_config();
+    cfg.struct_size = AMBIGUOUS_CONFIG_SIZE as u32;
+    cfg.muon_tp_mode = MUON_TP_MODE_DUPLICATED;
+    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS);
+    cfg.muon_tp_mode = 0xdead_beef;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_ABI_MISMATCH, "{message}");
+    assert!(
+        message.contains("both the host_threads and the muon_tp_mode layout") && message.contains("3735928559"),
+        "{message}"
+    );
+    cfg.struct_size = std::mem::size_of::<muon_config_t>() as u32;
+    assert_eq!(validate(&cfg).0, MUON_STATUS_INVALID_ENUM_VALUE);
+}
