@@ -109,3 +109,48 @@ fn readme_quotes_mxfp8_memory_and_contiguous_ownership() {
         ],
     );
 }
+
+/// The row of `muon-opt simulate --scenario JOB --ownership OWNERSHIP` with MXFP8 off: its
+/// AdamW ms, Muon ms and busiest Newton–Schulz ms columns.
+fn scenario_row(job: &str, ownership: &str) -> (f64, f64, f64) {
+    let out = Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args(["simulate", "--scenario", job, "--ownership", ownership])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{job}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.contains("| off |"))
+        .unwrap_or_else(|| panic!("{job}: no MXFP8-off row in\n{text}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    let number = |i: usize| cells[i].parse::<f64>().unwrap_or_else(|_| panic!("{job}: column {i} of {row}"));
+    (number(4), number(5), number(8))
+}
+
+#[test]
+fn design_md_quotes_contiguous_ownership_on_the_named_jobs() {
+    let job = "llama3-70b tp8 dp64 ib";
+    let ((adamw, balanced, ns_balanced), (_, contiguous, ns_contiguous)) =
+        (scenario_row(job, "balanced"), scenario_row(job, "contiguous"));
+    let mut figures = vec![format!(
+        "its iteration from {balanced:.1} to {contiguous:.1} ms (AdamW: {adamw:.1}), at {:.2} × balanced's busiest Newton–Schulz ({ns_balanced:.1} → {ns_contiguous:.1} ms)",
+        ns_contiguous / ns_balanced
+    )];
+    for (job, quoted) in [
+        ("llama3-70b tp8 dp8 ib", "llama3-70b TP=8 dp=8 InfiniBand"),
+        ("llama3-8b dp64 nvlink", "llama3-8b dp=64 NVLink"),
+        ("llama3-8b dp8 nvlink", "llama3-8b dp=8 NVLink"),
+        ("deepseek-v3-like pp16 ep64 dp64 nvlink", "deepseek-v3-like"),
+    ] {
+        let (b, c) = (scenario_row(job, "balanced").1, scenario_row(job, "contiguous").1);
+        figures.push(format!("{quoted} {b:.1} → {c:.1} ms"));
+    }
+    let text = read("docs/design.md").replace(['\n', ' '], "");
+    for figure in figures {
+        assert!(
+            text.contains(&figure.replace(['\n', ' '], "")),
+            "docs/design.md does not quote '{figure}'"
+        );
+    }
+}
