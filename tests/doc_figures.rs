@@ -124,7 +124,11 @@ fn scenario_row(job: &str, ownership: &str) -> (f64, f64, f64) {
         .find(|l| l.contains("| off |"))
         .unwrap_or_else(|| panic!("{job}: no MXFP8-off row in\n{text}"));
     let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-    let number = |i: usize| cells[i].parse::<f64>().unwrap_or_else(|_| panic!("{job}: column {i} of {row}"));
+    let number = |i: usize| {
+        cells[i]
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("{job}: column {i} of {row}"))
+    };
     (number(4), number(5), number(8))
 }
 

@@ -36,6 +36,9 @@ const LAST_BIT_EXPONENT: i64 = -298;
 /// so a u64 bucket takes 2^16 of them.
 const BUCKET_CAPACITY: usize = 1 << 16;
 
+/// Bucket sets of [`SquareSum::add`].
+const LANES: usize = 8;
+
 /// An exact Σ x² of f32 values plus their non-finite counts (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SquareSum {
@@ -46,21 +49,6 @@ impl Default for SquareSum {
     fn default() -> Self {
         SquareSum {
             words: [0; SQUARE_SUM_WORDS],
-        }
-    }
-}
-
-/// `x` as `(M², bit position)`, or None when it is not finite.
-fn square_at(x: f32) -> Option<(u64, u32)> {
-    let bits = x.to_bits();
-    let exponent = (bits >> 23) & 0xff;
-    let fraction = u64::from(bits & 0x7f_ffff);
-    match exponent {
-        0xff => None,
-        0 => Some((fraction * fraction, 0)),
-        e => {
-            let m = fraction | 1 << 23;
-            Some((m * m, 2 * e - 2))
         }
     }
 }
@@ -104,27 +92,50 @@ impl SquareSum {
     /// it) when `counted`; otherwise only counts their non-finite values (gradients another
     /// rank of the norm group counts, still checked for the skip).
     pub fn add(&mut self, values: &[f32], scale: f32, counted: bool) {
-        let mut buckets = [0u64; 256];
-        for chunk in values.chunks(BUCKET_CAPACITY) {
-            for &x in chunk {
-                let x = x * scale;
-                match square_at(x) {
-                    Some((square, position)) => {
-                        if counted {
-                            buckets[(position / 2) as usize] += square;
-                        }
-                    }
-                    None => self.count_non_finite(x, counted),
+        if !counted {
+            for &x in values.iter().filter(|x| !(*x * scale).is_finite()) {
+                self.count_non_finite(x * scale, false);
+            }
+            return;
+        }
+        // Eight bucket sets, element i into set i mod 8: consecutive squares of one exponent
+        // land in different memory, so the additions do not wait on each other.
+        let mut buckets = [[0u64; 256]; LANES];
+        for chunk in values.chunks((BUCKET_CAPACITY - 1) * LANES) {
+            let groups = chunk.chunks_exact(LANES);
+            let rest = groups.remainder();
+            for group in groups {
+                for (lane, &x) in group.iter().enumerate() {
+                    self.add_square(&mut buckets[lane], x * scale);
                 }
             }
-            for (half_position, bucket) in buckets.iter_mut().enumerate() {
-                if *bucket != 0 {
-                    self.add_at(*bucket, 2 * half_position as u32);
-                    *bucket = 0;
+            for (lane, &x) in rest.iter().enumerate() {
+                self.add_square(&mut buckets[lane], x * scale);
+            }
+            for lane in buckets.iter_mut() {
+                for (half_position, bucket) in lane.iter_mut().enumerate() {
+                    if *bucket != 0 {
+                        self.add_at(*bucket, 2 * half_position as u32);
+                        *bucket = 0;
+                    }
                 }
             }
             self.carry();
         }
+    }
+
+    /// `x²` into the bucket of its bit position (`2·(exponent field − 1)`, subnormals with the
+    /// smallest normals), or `x` counted when it is not finite.
+    #[inline(always)]
+    fn add_square(&mut self, buckets: &mut [u64; 256], x: f32) {
+        let bits = x.to_bits();
+        let exponent = (bits >> 23) & 0xff;
+        if exponent == 0xff {
+            self.count_non_finite(x, true);
+            return;
+        }
+        let m = u64::from(bits & 0x7f_ffff) | (u64::from(exponent != 0) << 23);
+        buckets[exponent.saturating_sub(1) as usize] += m * m;
     }
 
     /// Adds another sum (another rank's, another span's): exact, in any order.
