@@ -70,3 +70,20 @@ TEST(ParamView, AStructOfTheOlderLayoutGetsItsOwnBytesOnly) {
     view.struct_size = offsetof(muon_param_view_t, dtype) - 8;
     EXPECT_EQ(muon_optimizer_param_view(opt.get(), id, &view), MUON_STATUS_ABI_MISMATCH);
 }
+
+TEST(ParamView, ParamScalesChangeAfterFinalizeAndRefuseBadValues) {
+    auto comms = muon::Comm::host_group(1);
+    muon::Optimizer opt(muon::default_config(), comms[0]);
+    const uint32_t id = add_bf16_matrix(opt);
+    EXPECT_THROW(opt.set_param_scales(id, 0.5f, 1.0f), muon::Error);  // before finalize
+    opt.finalize();
+    opt.set_param_scales(id, 0.5f, 0.0f);
+    try {
+        opt.set_param_scales(id, -1.0f, 1.0f);
+        FAIL() << "a negative lr_scale was accepted";
+    } catch (const muon::Error &e) {
+        EXPECT_EQ(e.status(), MUON_STATUS_OUT_OF_RANGE);
+        EXPECT_NE(std::string(e.what()).find("lr_scale -1 must be finite and >= 0"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(opt.set_param_scales(id + 1, 1.0f, 1.0f), muon::Error);
+}

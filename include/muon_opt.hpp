@@ -319,6 +319,11 @@ public:
         check(muon_optimizer_param_route(handle_, param_id, &route));
         return route;
     }
+    /// After finalize: param_id's multipliers of its route's learning rate and weight decay
+    /// for the later steps (muon_optimizer_set_param_scales).
+    void set_param_scales(uint32_t param_id, float lr_scale, float wd_scale) {
+        check(muon_optimizer_set_param_scales(handle_, param_id, lr_scale, wd_scale));
+    }
     /// Collective: plans the layout and verifies every rank planned the same.
     void finalize() { check(muon_optimizer_finalize(handle_)); }
     /// The plan and its report as JSON.

@@ -541,6 +541,14 @@ impl Optimizer {
         self.with_runtime("wait_params", |rt| rt.wait_params(bucket))
     }
 
+    /// Param `id`'s multipliers of its route's learning rate and weight decay from the next
+    /// step on ([`Runtime::set_param_scales`]).
+    pub fn set_param_scales(&mut self, id: u32, lr_scale: f32, wd_scale: f32) -> Result<()> {
+        self.with_runtime("set_param_scales", |rt| {
+            rt.set_param_scales(id as usize, lr_scale, wd_scale)
+        })
+    }
+
     /// Backward hook for param `id`.
     pub fn grad_ready(&mut self, id: u32) -> Result<()> {
         self.with_runtime("grad_ready", |rt| rt.grad_ready(id))

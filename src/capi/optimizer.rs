@@ -212,6 +212,31 @@ pub unsafe extern "C" fn muon_optimizer_param_route(
     })
 }
 
+/// @brief Change a finalized param's multipliers of its route's learning rate and weight decay
+///        (its muon_param_desc_t lr_scale and wd_scale) for the steps enqueued after this call:
+///        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale, as at registration — e.g. a
+///        framework whose param groups share a route but follow schedules of their own passes
+///        lr = 1 in the step args and each group's current rate here (the same bits as that
+///        rate in the args). Every rank makes the same change before the same step; a step
+///        captured in a CUDA graph keeps the scales it was captured with. The plan and a
+///        checkpoint do not depend on the scales.
+/// @param[in] param_id The id muon_optimizer_add_param returned.
+/// @return MUON_STATUS_INVALID_STATE before finalize; MUON_STATUS_INVALID_ARGUMENT for an
+///         unknown param_id; MUON_STATUS_OUT_OF_RANGE for a scale that is negative or not
+///         finite (the message names it); nothing changes on failure.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_set_param_scales(
+    opt: *mut muon_optimizer_t,
+    param_id: u32,
+    lr_scale: f32,
+    wd_scale: f32,
+) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_set_param_scales", opt, "opt", |o| {
+        o.set_param_scales(param_id, lr_scale, wd_scale)
+    })
+}
+
 /// @brief Plan the layout and verify every rank planned the same. Collective: every rank of
 ///        the communicator calls it.
 /// @return MUON_STATUS_PLAN_MISMATCH on every rank when the ranks registered different params

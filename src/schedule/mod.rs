@@ -251,6 +251,30 @@ impl Runtime {
         })
     }
 
+    /// Param `p`'s multipliers of its route's learning rate and weight decay, for the steps
+    /// enqueued after this call (the registration's `lr_scale` and `wd_scale`: finite, ≥ 0).
+    pub fn set_param_scales(&mut self, p: usize, lr_scale: f32, wd_scale: f32) -> Result<()> {
+        let count = self.params.len();
+        let Some(spec) = self.params.get_mut(p) else {
+            bail!(
+                InvalidArgument,
+                "set_param_scales: param {p} is not registered ({count} are)"
+            );
+        };
+        for (field, value) in [("lr_scale", lr_scale), ("wd_scale", wd_scale)] {
+            if !(value.is_finite() && value >= 0.0) {
+                bail!(
+                    OutOfRange,
+                    "set_param_scales: param '{}': {field} {value} must be finite and >= 0",
+                    spec.name
+                );
+            }
+        }
+        spec.lr_scale = lr_scale;
+        spec.wd_scale = wd_scale;
+        Ok(())
+    }
+
     /// Marks the grad buffer for zeroing: each bucket's memset is ordered after everything
     /// that still reads its grad bytes — its gradient collective and, when MXFP8 params are
     /// staged on it, their param gather and quantize. A bucket of staged params that the last

@@ -507,6 +507,11 @@ class Optimizer(_Owner):
         lib().muon_optimizer_param_route(self._handle, param_id, byref(route))
         return Route(route.value)
 
+    def set_param_scales(self, param_id, lr_scale, wd_scale):
+        """After :meth:`finalize`: param ``param_id``'s multipliers of its route's learning rate
+        and weight decay for the later steps (finite, >= 0; the same change on every rank)."""
+        lib().muon_optimizer_set_param_scales(self._handle, param_id, lr_scale, wd_scale)
+
     def finalize(self):
         """Collective: plans the layout and checks every rank planned the same."""
         lib().muon_optimizer_finalize(self._handle)

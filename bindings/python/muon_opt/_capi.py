@@ -331,6 +331,7 @@ PROTOTYPES = {
     "muon_optimizer_add_param": (muon_status_t, [_opt, POINTER(muon_param_desc_t), POINTER(c_uint32)]),
     "muon_optimizer_set_norm_group": (muon_status_t, [_opt, _comm]),
     "muon_optimizer_param_route": (muon_status_t, [_opt, c_uint32, POINTER(c_uint32)]),
+    "muon_optimizer_set_param_scales": (muon_status_t, [_opt, c_uint32, c_float, c_float]),
     "muon_optimizer_finalize": (muon_status_t, [_opt]),
     "muon_optimizer_num_buckets": (muon_status_t, [_opt, POINTER(c_uint32)]),
     "muon_optimizer_plan_json": (muon_status_t, [_opt, POINTER(c_char), c_size_t, POINTER(c_size_t)]),

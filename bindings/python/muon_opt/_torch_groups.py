@@ -1,16 +1,13 @@
 """Param groups of :class:`muon_opt.torch.Muon`: torch's ``param_groups`` mapped onto the
-library's step, which takes one learning rate and one weight decay per route (Muon, AdamW)
-and a fixed per-param ``lr_scale`` / ``wd_scale`` (``muon_param_desc_t``).
+library's step, which multiplies its route's learning rate and weight decay (Muon, AdamW) by
+each param's ``lr_scale`` / ``wd_scale`` (``muon_optimizer_set_param_scales``).
 
-A group's ``lr`` and ``weight_decay`` are what a ``torch.optim.lr_scheduler`` drives. Within a
-route the group with the largest value at construction is the reference: the step passes its
-value, and every other group of the route has its params registered with
-``scale = value / reference`` times the group's own ``lr_scale`` / ``wd_scale``. Schedulers
-scale every group by the same factor, so these ratios hold; a group whose value no longer
-has its ratio is refused at ``step()``, naming the group (the library cannot give it another
-factor without re-registering its params). ``momentum`` / ``nesterov`` (Muon) and ``betas`` /
-``eps`` (AdamW), in every group, are the config's, fixed at construction, and refused when
-changed.
+A group's ``lr`` and ``weight_decay`` are what a ``torch.optim.lr_scheduler`` drives, each group
+on its own schedule: the step passes lr = weight decay = 1 and gives every param its group's
+current rates times the group's own ``lr_scale`` / ``wd_scale`` as its scales (``1 · rate`` is
+the rate's f32 bits, so the update is the one the rate in the step args would give).
+``momentum`` / ``nesterov`` (Muon) and ``betas`` / ``eps`` (AdamW), in every group, are the
+config's, fixed at construction, and refused when changed.
 """
 
 import ctypes
@@ -73,37 +70,10 @@ def normalize(param_groups, named, defaults):
     return groups, group_of
 
 
-def ratios(groups, key):
-    """Per group: (reference group index of its route, value / reference value) for ``key``."""
-    out = []
-    for group in groups:
-        same = [j for j, g in enumerate(groups) if g["use_muon"] == group["use_muon"]]
-        ref = max(same, key=lambda j: abs(groups[j][key]))
-        value, reference = group[key], groups[ref][key]
-        out.append((ref, value / reference if reference else 1.0))
-    return out
-
-
-def step_values(groups, lr_ratios, wd_ratios):
-    """(lr, weight_decay, adam_lr, adam_weight_decay) of this step; ValueError naming a group
-    whose lr or weight_decay lost the ratio to its route's reference group."""
-    values = {True: (0.0, 0.0), False: (0.0, 0.0)}
-    for i, group in enumerate(groups):
-        for key, table in (("lr", lr_ratios), ("weight_decay", wd_ratios)):
-            ref, ratio = table[i]
-            want = ratio * groups[ref][key]
-            if not math.isclose(group[key], want, rel_tol=1e-6, abs_tol=0.0):
-                raise ValueError(
-                    f"param_groups[{i}]['{key}'] is {group[key]!r}, but the library steps every "
-                    f"{'Muon' if group['use_muon'] else 'AdamW'} param with param_groups[{ref}]'s {key} "
-                    f"({groups[ref][key]!r}) times a factor fixed at construction ({ratio!r} here, so "
-                    f"{want!r}): schedule the groups of a route by the same factor"
-                )
-    for use_muon in (True, False):
-        members = [i for i, g in enumerate(groups) if g["use_muon"] == use_muon]
-        if members:
-            values[use_muon] = (groups[lr_ratios[members[0]][0]]["lr"], groups[wd_ratios[members[0]][0]]["weight_decay"])
-    return values[True] + values[False]
+def rates(group):
+    """A group's (lr, weight_decay) as its params' library scales: its rates times its own
+    ``lr_scale`` / ``wd_scale``, rounded to f32 as the library keeps them."""
+    return _f32(group["lr"] * group["lr_scale"]), _f32(group["weight_decay"] * group["wd_scale"])
 
 
 def check_fixed(groups, fixed):

@@ -42,9 +42,9 @@ Param groups: by default a ``"muon"`` group (``lr``, ``weight_decay``) and an ``
 (``adam_lr``, ``adam_weight_decay``, default ``lr`` and ``weight_decay``), each driven by any
 ``torch.optim.lr_scheduler``; or ``param_groups=[{"params": [...], "use_muon": True|False,
 "lr": …, "weight_decay": …, "lr_scale": …, "wd_scale": …}]`` (params as tensors or names, each
-in one group; ``use_muon`` as in KellerJordan/Muon's ``MuonWithAuxAdam``). Within a route the
-groups keep the ratios of their lrs and weight decays they had at construction (schedulers
-scale every group alike; other changes are refused at ``step()``, naming the group), see
+in one group; ``use_muon`` as in KellerJordan/Muon's ``MuonWithAuxAdam``). Every group follows
+its own schedule: each step gives every param its group's current ``lr`` and ``weight_decay``
+(times the group's ``lr_scale`` / ``wd_scale``) through ``muon_optimizer_set_param_scales``, see
 ``_torch_groups.py``. ``momentum``, ``nesterov``, ``betas`` and ``eps`` are the config's, fixed.
 
 Defaults (Moonlight's convention, "Muon is Scalable for LLM Training", arXiv:2502.16982): the
@@ -259,7 +259,6 @@ class Muon(torch.optim.Optimizer):
         user_groups = None
         if param_groups is not None:
             user_groups, group_of = _groups.normalize(param_groups, named, defaults)
-            lr_ratios, wd_ratios = _groups.ratios(user_groups, "lr"), _groups.ratios(user_groups, "weight_decay")
 
         self.config = config  # the Config the library optimizer was created with
         self._opt = Optimizer(config, comm, stream)
@@ -283,8 +282,7 @@ class Muon(torch.optim.Optimizer):
                     g = group_of[id(p)]
                     if not user_groups[g]["use_muon"]:
                         flags |= ParamFlag.NO_MUON
-                    scales = dict(lr_scale=lr_ratios[g][1] * user_groups[g]["lr_scale"],
-                                  wd_scale=wd_ratios[g][1] * user_groups[g]["wd_scale"])
+                    scales = dict(zip(("lr_scale", "wd_scale"), _groups.rates(user_groups[g])))
                 ids[id(p)] = self._register(name, p, flags, scales)
                 routes[id(p)] = self._opt.param_route(ids[id(p)])
                 if user_groups is not None and user_groups[group_of[id(p)]]["use_muon"] and routes[id(p)] != Route.MUON:
@@ -302,8 +300,8 @@ class Muon(torch.optim.Optimizer):
                     for use_muon in (True, False)
                 ]
                 user_groups = [g for g in user_groups if g["params"]]
-                lr_ratios, wd_ratios = _groups.ratios(user_groups, "lr"), _groups.ratios(user_groups, "weight_decay")
-            self._lr_ratios, self._wd_ratios = lr_ratios, wd_ratios
+            # Each param's (lr_scale, wd_scale) as the library holds them.
+            self._scales = {ids[id(p)]: None for _, p in named}
             self._fixed = _groups.fixed_values(config)
             for group in user_groups:
                 group.update(self._fixed)
@@ -460,15 +458,25 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         _groups.check_fixed(self.param_groups, self._fixed)
-        lr, weight_decay, adam_lr, adam_weight_decay = _groups.step_values(
-            self.param_groups, self._lr_ratios, self._wd_ratios
-        )
+        self._set_rates()
         self._check_grads()
         self._request_qk_clips()
-        info = self._opt.step(lr=lr, weight_decay=weight_decay, adam_lr=adam_lr, adam_weight_decay=adam_weight_decay)
+        info = self._opt.step(lr=1.0, weight_decay=1.0, adam_lr=1.0, adam_weight_decay=1.0)
         self._reported = {}
         self.last_info = info
         return loss if closure is not None else info
+
+    def _set_rates(self):
+        """Every param's group rates as its library scales (changed ones only): the step passes
+        lr = weight decay = 1, so each group follows its own schedule."""
+        pid_of = {id(p): pid for pid, p in enumerate(self._params)}
+        for group in self.param_groups:
+            rates = _groups.rates(group)
+            for p in group["params"]:
+                pid = pid_of[id(p)]
+                if self._scales[pid] != rates:
+                    self._opt.set_param_scales(pid, *rates)
+                    self._scales[pid] = rates
 
     def set_max_logits(self, name, max_logits):
         """The per-head max pre-softmax logits of parameter ``name`` (listed in ``qk_clip``) for

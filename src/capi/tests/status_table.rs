@@ -219,6 +219,41 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_param_route(o, 7, &mut 0)
         ),
         row!(
+            "muon_optimizer_set_param_scales",
+            "NULL opt",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_set_param_scales(o, 0, 1.0, 1.0)
+        ),
+        row!(
+            "muon_optimizer_set_param_scales",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_set_param_scales(o, 0, 1.0, 1.0)
+        ),
+        row!(
+            "muon_optimizer_set_param_scales",
+            "unknown id",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizer_set_param_scales(o, 7, 1.0, 1.0)
+        ),
+        row!(
+            "muon_optimizer_set_param_scales",
+            "a negative lr_scale",
+            Finalized,
+            MUON_STATUS_OUT_OF_RANGE,
+            |o| muon_optimizer_set_param_scales(o, 0, -1.0, 1.0)
+        ),
+        row!(
+            "muon_optimizer_set_param_scales",
+            "a NaN wd_scale",
+            Finalized,
+            MUON_STATUS_OUT_OF_RANGE,
+            |o| muon_optimizer_set_param_scales(o, 0, 1.0, f32::NAN)
+        ),
+        row!(
             "muon_optimizer_finalize",
             "NULL opt",
             None,
