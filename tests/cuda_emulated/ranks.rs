@@ -17,7 +17,6 @@ use muon_opt::backend::cuda::translate::Translator;
 use muon_opt::backend::host::comm::{HostComm, HostGroup};
 use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::QkMaxima;
-use muon_opt::backend::ops::{Mem, Span};
 use muon_opt::comm::{Communicator, Transport};
 use muon_opt::config::{CommMode, Config, MuonLayout, MuonOwnership, NsMethod, NsPrecision};
 use muon_opt::model::{ParamFlags, ParamSpec};
@@ -26,10 +25,10 @@ use muon_opt::schedule::{Runtime, StepInfo, step_shared};
 
 use super::emulator::{Emulator, SMALL_TILE};
 use super::kernels_cpu;
-use super::support::cuda::runtime;
+use super::support::cuda::{backward, runtime};
 use super::support::qk_clip::grouped_qkv_request;
 use super::support::ranks::on_ranks;
-use super::support::training::{ARGS, bits, model, rank_grad};
+use super::support::training::{ARGS, bits, model};
 
 const STEPS: u64 = 2;
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -80,22 +79,6 @@ fn pair(cfg: &Config, specs: &[ParamSpec], rank: usize, dp: usize, host: HostCom
         runtime(cfg, specs, rank, dp, Box::new(host)),
         runtime(cfg, specs, rank, dp, Box::new(emulated)),
     ]
-}
-
-/// Gradients in, for every param of `rt` (rank `rank`'s data at `step`), in backward order.
-fn backward(rt: &mut Runtime, rank: usize, step: u64) {
-    rt.zero_grad().unwrap();
-    for b in 0..rt.plan().buckets.len() as u32 {
-        rt.wait_params(b).unwrap();
-    }
-    for p in (0..rt.plan().params.len()).rev() {
-        let seen = rt.param_values(p).unwrap();
-        let grad = rank_grad(step, rank, p, &seen);
-        let placement = &rt.plan().params[p];
-        let span = Span::new(Mem::Grad(placement.buffer), placement.offset, placement.numel);
-        rt.backend_mut().upload(span, &grad).unwrap();
-        rt.grad_ready(p as u32).unwrap();
-    }
 }
 
 fn forward(rt: &mut Runtime) -> StepInfo {
@@ -158,7 +141,7 @@ fn compare(label: &str, cfg: &Config, dp: usize, qk_clip: bool) {
         for step in 0..STEPS {
             let infos = [0, 1].map(|k| {
                 let rt = &mut runs[k];
-                backward(rt, rank, step);
+                backward(rt, rank, step, false);
                 if qk_clip {
                     clip(rt, &specs, k == 1);
                 }
@@ -236,7 +219,7 @@ fn ranks_a_shared_step_of_two_optimizers() {
         for step in 0..STEPS {
             let infos = [0, 1].map(|k| {
                 for run in runs.iter_mut() {
-                    backward(&mut run[k], rank, step);
+                    backward(&mut run[k], rank, step, false);
                 }
                 step_shared(2, Some(&[ARGS, ARGS]), |m, f| f(&mut runs[m][k])).unwrap();
                 runs.iter_mut().map(|run| forward(&mut run[k])).collect::<Vec<_>>()
@@ -271,7 +254,7 @@ fn ranks_at_different_step_counts_are_refused_alike() {
                 (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect()
             };
             let before = values(rt);
-            backward(rt, rank, 0);
+            backward(rt, rank, 0, false);
             rt.step(Some(&ARGS)).unwrap();
             for b in 0..rt.plan().buckets.len() as u32 {
                 rt.wait_params(b).unwrap();

@@ -75,9 +75,9 @@ pub fn runtime(cfg: &Config, specs: &[ParamSpec], rank: usize, dp: usize, backen
     .unwrap()
 }
 
-/// One iteration: zero_grad, forward waits, every gradient uploaded in backward order
-/// (with a NaN in param 0's gradient on rank 0 when `nan`), grad_ready, step, forward waits.
-pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo {
+/// zero_grad, forward waits, every gradient uploaded in backward order (with a NaN in param
+/// 0's gradient on rank 0 when `nan`) and announced with grad_ready.
+pub fn backward(rt: &mut Runtime, rank: usize, step: u64, nan: bool) {
     rt.zero_grad().unwrap();
     let buckets = rt.plan().buckets.len() as u32;
     for b in 0..buckets {
@@ -94,8 +94,13 @@ pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo 
         rt.backend_mut().upload(span, &grad).unwrap();
         rt.grad_ready(p as u32).unwrap();
     }
+}
+
+/// One iteration: [`backward`], step, forward waits; what the step did.
+pub fn iterate(rt: &mut Runtime, rank: usize, step: u64, nan: bool) -> StepInfo {
+    backward(rt, rank, step, nan);
     rt.step(Some(&ARGS)).unwrap();
-    for b in 0..buckets {
+    for b in 0..rt.plan().buckets.len() as u32 {
         rt.wait_params(b).unwrap();
     }
     rt.step_info().unwrap()
