@@ -158,3 +158,22 @@ fn design_md_quotes_contiguous_ownership_on_the_named_jobs() {
         );
     }
 }
+
+#[test]
+fn newton_schulz_md_quotes_the_simulated_methods() {
+    let mut rows = Vec::new();
+    for args in [
+        "--model llama3-8b --dp 8",
+        "--model llama3-70b --tp 8 --dp 8 --hardware h100-ib",
+        "--model deepseek-v3-like --dp 64",
+    ] {
+        for method in ["standard", "gram"] {
+            let run = simulate(&format!("{args} --ns-method {method}"));
+            rows.push(format!(
+                "| {method} | {:.2} | {:.2} |",
+                run["of which Newton–Schulz"], run["exposed optimizer ms"]
+            ));
+        }
+    }
+    assert_quotes("docs/newton-schulz.md", &rows);
+}
