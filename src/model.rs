@@ -101,6 +101,13 @@ pub(crate) fn element_count(shape: &[u64]) -> Option<u64> {
         .filter(|&n| n <= 1 << 48)
 }
 
+/// The first of a param's `lr_scale` and `wd_scale` that is negative or not finite, named.
+pub fn invalid_scale(lr_scale: f32, wd_scale: f32) -> Option<(&'static str, f32)> {
+    [("lr_scale", lr_scale), ("wd_scale", wd_scale)]
+        .into_iter()
+        .find(|&(_, value)| !(value.is_finite() && value >= 0.0))
+}
+
 impl ParamSpec {
     /// A plain parameter with default flags and scales.
     pub fn new(name: impl Into<String>, shape: &[u64], dtype: Dtype) -> Self {
@@ -242,10 +249,8 @@ impl ParamSpec {
         self.validate_tp_shard()?;
         self.validate_splits()?;
         self.validate_mxfp8()?;
-        for (field, value) in [("lr_scale", self.lr_scale), ("wd_scale", self.wd_scale)] {
-            if !(value.is_finite() && value >= 0.0) {
-                bail!(InvalidParam, "param '{name}': {field} {value} must be finite and >= 0");
-            }
+        if let Some((field, value)) = invalid_scale(self.lr_scale, self.wd_scale) {
+            bail!(InvalidParam, "param '{name}': {field} {value} must be finite and >= 0");
         }
         Ok(())
     }

@@ -134,9 +134,6 @@ fn emulated_ragged_and_tiny_shapes_launch_every_kernel() {
         flags: ParamFlags(flags),
         ..ParamSpec::new(name, shape, dtype)
     };
-    let mut qkv = ParamSpec::new("grouped.qkv.weight", &[48, 32], Dtype::Bf16);
-    qkv.split_sizes = vec![8, 4, 4];
-    qkv.split_groups = 3;
     let specs = vec![
         flagged("tiny.bias", &[1], Dtype::F32, 0),
         flagged("tiny.scale", &[1], Dtype::Bf16, 0),
@@ -146,7 +143,7 @@ fn emulated_ragged_and_tiny_shapes_launch_every_kernel() {
         flagged("ragged.wide.weight", &[17, 45], Dtype::Bf16, 0),
         flagged("one.block.mx.weight", &[32, 32], Dtype::Bf16, ParamFlags::MXFP8),
         flagged("replica.norm", &[5], Dtype::F32, ParamFlags::NORM_REPLICA),
-        qkv,
+        support::cuda::grouped_qkv(),
     ];
     let base = Config {
         bucket_size: 256,

@@ -261,14 +261,12 @@ impl Runtime {
                 "set_param_scales: param {p} is not registered ({count} are)"
             );
         };
-        for (field, value) in [("lr_scale", lr_scale), ("wd_scale", wd_scale)] {
-            if !(value.is_finite() && value >= 0.0) {
-                bail!(
-                    OutOfRange,
-                    "set_param_scales: param '{}': {field} {value} must be finite and >= 0",
-                    spec.name
-                );
-            }
+        if let Some((field, value)) = crate::model::invalid_scale(lr_scale, wd_scale) {
+            bail!(
+                OutOfRange,
+                "set_param_scales: param '{}': {field} {value} must be finite and >= 0",
+                spec.name
+            );
         }
         spec.lr_scale = lr_scale;
         spec.wd_scale = wd_scale;

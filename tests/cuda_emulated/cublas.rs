@@ -41,10 +41,8 @@ impl Emulator {
     /// The `rows × cols` matrix at `ptr` with leading dimension `ld` (elements of `elem` bytes):
     /// inside one allocation, aligned, its window of that allocation.
     fn window(&self, what: &str, ptr: DevPtr, rows: u64, cols: u64, ld: u64, elem: u64) -> Window {
-        let (&allocation, block) = self
-            .allocations
-            .range(..=ptr)
-            .next_back()
+        let (allocation, len) = self
+            .allocation_of(ptr)
             .unwrap_or_else(|| panic!("GEMM {what} at {ptr:#x} is below every allocation"));
         assert!(
             ptr.is_multiple_of(elem),
@@ -57,7 +55,7 @@ impl Emulator {
             (cols - 1) * ld + rows
         };
         assert!(
-            (offset + last) * elem <= block.len() as u64 * 8,
+            (offset + last) * elem <= len as u64,
             "GEMM {what} ({rows} × {cols}, ld {ld}) runs past its allocation"
         );
         Window {

@@ -62,27 +62,30 @@ impl Emulator {
         self
     }
 
+    /// The allocation holding `ptr`: its address and length in bytes.
+    fn allocation_of(&self, ptr: DevPtr) -> Option<(DevPtr, usize)> {
+        let (&start, block) = self.allocations.range(..=ptr).next_back()?;
+        Some((start, block.len() * 8))
+    }
+
+    /// Where the `bytes` at `ptr` are: their allocation and offset in it (inside it, or a panic).
+    fn locate(&self, ptr: DevPtr, bytes: usize) -> (DevPtr, usize) {
+        let (start, len) = self.allocation_of(ptr).expect("an address below every allocation");
+        let offset = (ptr - start) as usize;
+        assert!(offset + bytes <= len, "access outside an allocation");
+        (start, offset)
+    }
+
     /// The `bytes` at `ptr`, inside one allocation.
     fn span(&self, ptr: DevPtr, bytes: usize) -> &[u8] {
-        let (&start, block) = self
-            .allocations
-            .range(..=ptr)
-            .next_back()
-            .expect("an address below every allocation");
-        let (offset, len) = ((ptr - start) as usize, block.len() * 8);
-        assert!(offset + bytes <= len, "access outside an allocation");
-        // SAFETY: `offset + bytes` bytes lie inside `block`, which lives as long as `self`.
-        unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<u8>().add(offset), bytes) }
+        let (start, offset) = self.locate(ptr, bytes);
+        // SAFETY: `offset + bytes` bytes lie inside the block, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.allocations[&start].as_ptr().cast::<u8>().add(offset), bytes) }
     }
 
     fn span_mut(&mut self, ptr: DevPtr, bytes: usize) -> &mut [u8] {
-        let (&start, block) = self
-            .allocations
-            .range_mut(..=ptr)
-            .next_back()
-            .expect("an address below every allocation");
-        let (offset, len) = ((ptr - start) as usize, block.len() * 8);
-        assert!(offset + bytes <= len, "access outside an allocation");
+        let (start, offset) = self.locate(ptr, bytes);
+        let block = self.allocations.get_mut(&start).expect("located above");
         // SAFETY: as in `span`, and `self` is borrowed mutably.
         unsafe { std::slice::from_raw_parts_mut(block.as_mut_ptr().cast::<u8>().add(offset), bytes) }
     }

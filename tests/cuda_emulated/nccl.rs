@@ -281,10 +281,9 @@ impl Emulator {
         calls
             .iter()
             .map(|call| match **call {
-                NcclCall::AllReduce { send, count, dtype, .. } | NcclCall::Reduce { send, count, dtype, .. } => {
-                    (Staged::read(self, send, count, dtype), Staged::zeros(count, dtype))
-                }
-                NcclCall::Broadcast { send, count, dtype, .. } => {
+                NcclCall::AllReduce { send, count, dtype, .. }
+                | NcclCall::Reduce { send, count, dtype, .. }
+                | NcclCall::Broadcast { send, count, dtype, .. } => {
                     (Staged::read(self, send, count, dtype), Staged::zeros(count, dtype))
                 }
                 NcclCall::ReduceScatter {

@@ -25,7 +25,7 @@ use muon_opt::schedule::{Runtime, StepInfo, step_shared};
 
 use super::emulator::{Emulator, SMALL_TILE};
 use super::kernels_cpu;
-use super::support::cuda::{backward, runtime};
+use super::support::cuda::{backward, grouped_qkv, mxfp8_params, runtime};
 use super::support::qk_clip::grouped_qkv_request;
 use super::support::ranks::on_ranks;
 use super::support::training::{ARGS, bits, model};
@@ -37,17 +37,8 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// grouped QKV the QK-clip runs on.
 fn ranks_model() -> Vec<ParamSpec> {
     let mut specs = model();
-    let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
-    fc.flags = ParamFlags(ParamFlags::MXFP8);
-    fc.split_sizes = vec![32, 32];
-    specs.push(fc);
-    let mut router = ParamSpec::new("mx.router.weight", &[32, 64], muon_opt::config::Dtype::Bf16);
-    router.flags = ParamFlags(ParamFlags::MXFP8 | ParamFlags::NO_MUON);
-    specs.push(router);
-    let mut qkv = ParamSpec::new("grouped.qkv.weight", &[48, 32], muon_opt::config::Dtype::Bf16);
-    qkv.split_sizes = vec![8, 4, 4];
-    qkv.split_groups = 3;
-    specs.push(qkv);
+    specs.extend(mxfp8_params());
+    specs.push(grouped_qkv());
     specs
 }
 

@@ -30,11 +30,7 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     let mut tall = ParamSpec::new("fused.tall.weight", &[112, 16], muon_opt::config::Dtype::Bf16);
     tall.split_sizes = vec![48, 48, 16];
     params.push(tall);
-    // Megatron's fused QKV of 3 query groups ([8 q | 4 k | 4 v] rows each), split per group.
-    let mut qkv = ParamSpec::new("grouped.qkv.weight", &[48, 32], muon_opt::config::Dtype::Bf16);
-    qkv.split_sizes = vec![8, 4, 4];
-    qkv.split_groups = 3;
-    params.push(qkv);
+    params.push(grouped_qkv());
     // Order 64 (64 rows, 80 columns): the symmetric products by 4 tiles a side with tiles of
     // 16 (`numerics::gemm::SymmetricTiles`); the model's order-32 matrices by 2.
     params.push(ParamSpec::new("deep.weight", &[64, 80], muon_opt::config::Dtype::Bf16));
@@ -43,18 +39,31 @@ pub fn cuda_model() -> Vec<ParamSpec> {
     let mut gdn = ParamSpec::new("gdn.in_proj.weight", &[104, 32], muon_opt::config::Dtype::Bf16);
     gdn.split_sizes = vec![16, 16, 32, 32, 4, 4];
     params.push(gdn);
-    let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
-    fc.flags = ParamFlags(ParamFlags::MXFP8);
-    fc.split_sizes = vec![32, 32];
-    params.push(fc);
-    let mut router = ParamSpec::new("mx.router.weight", &[32, 64], muon_opt::config::Dtype::Bf16);
-    router.flags = ParamFlags(ParamFlags::MXFP8 | ParamFlags::NO_MUON);
-    params.push(router);
+    params.extend(mxfp8_params());
     // A tensor-parallel duplicate another rank counts in the norm: checked, not counted.
     let mut replica = ParamSpec::new("tp.duplicate.norm.weight", &[64], muon_opt::config::Dtype::F32);
     replica.flags = ParamFlags(ParamFlags::NORM_REPLICA);
     params.push(replica);
     params
+}
+
+/// Megatron's fused QKV of 3 query groups ([8 q | 4 k | 4 v] rows each), split per group (the
+/// param `support::qk_clip::grouped_qkv_request` clips).
+pub fn grouped_qkv() -> ParamSpec {
+    let mut qkv = ParamSpec::new("grouped.qkv.weight", &[48, 32], muon_opt::config::Dtype::Bf16);
+    qkv.split_sizes = vec![8, 4, 4];
+    qkv.split_groups = 3;
+    qkv
+}
+
+/// MXFP8 params: a fused Muon matrix and an AdamW matrix.
+pub fn mxfp8_params() -> [ParamSpec; 2] {
+    let mut fc = ParamSpec::new("mx.fc.weight", &[64, 32], muon_opt::config::Dtype::Bf16);
+    fc.flags = ParamFlags(ParamFlags::MXFP8);
+    fc.split_sizes = vec![32, 32];
+    let mut router = ParamSpec::new("mx.router.weight", &[32, 64], muon_opt::config::Dtype::Bf16);
+    router.flags = ParamFlags(ParamFlags::MXFP8 | ParamFlags::NO_MUON);
+    [fc, router]
 }
 
 /// Rank `rank` of `dp`'s runtime on `backend`, initialised with `training::init_values`.

@@ -311,6 +311,7 @@ class Muon(torch.optim.Optimizer):
             self._opt.finalize()
             self.views = [self._opt.param_view(i) for i in range(len(named))]
             self._params = [p for _, p in named]
+            self._pid_of = {id(p): pid for pid, p in enumerate(self._params)}
             self._grads = []
             self._hooks = []
             for (name, p), view in zip(named, self.views):
@@ -469,11 +470,10 @@ class Muon(torch.optim.Optimizer):
     def _set_rates(self):
         """Every param's group rates as its library scales (changed ones only): the step passes
         lr = weight decay = 1, so each group follows its own schedule."""
-        pid_of = {id(p): pid for pid, p in enumerate(self._params)}
         for group in self.param_groups:
             rates = _groups.rates(group)
             for p in group["params"]:
-                pid = pid_of[id(p)]
+                pid = self._pid_of[id(p)]
                 if self._scales[pid] != rates:
                     self._opt.set_param_scales(pid, *rates)
                     self._scales[pid] = rates
