@@ -173,6 +173,10 @@ pub unsafe extern "C" fn muon_optimizer_set_tp_group(
 ///        last param registered is first in its buffer. A framework whose own flat buffer
 ///        should alias the library's (zero copy) lays it out the same way, or reads every
 ///        param's offset from muon_optimizer_param_view after finalize.
+///        An f32 param has no separate fp32 master: the part of its buffer a rank owns is the
+///        master the step updates in place, so writing into it between steps changes the
+///        training state (and the checkpoint); another dtype's buffer holds a cast of the
+///        master, which the next step overwrites.
 /// @param[in,out] opt      Optimizer handle.
 /// @param[in]     desc     Description; every pointer in it is read during this call only.
 /// @param[out]    param_id Id of the new param (its registration index); may be NULL.

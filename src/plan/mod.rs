@@ -43,8 +43,8 @@ use crate::model::{ParamSpec, Route};
 pub use ownership::OwnershipMethod;
 pub use queries::{AdamwShard, OwnedUnit, ShardPiece};
 pub use report::{
-    ADAMW_STATE_BYTES_PER_ELEMENT, BucketTraffic, Collective, CollectiveMix, MUON_STATE_BYTES_PER_ELEMENT, RankStats,
-    Report, RouteElements,
+    ADAMW_MOMENT_BYTES_PER_ELEMENT, BucketTraffic, Collective, CollectiveMix, MASTER_BYTES_PER_ELEMENT,
+    MUON_MOMENT_BYTES_PER_ELEMENT, RankStats, Report, RouteElements,
 };
 pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan};
 

@@ -35,7 +35,7 @@
 //! reverse registration order), averaged over every element and divided by the model's
 //! elements: 0 would be a collective per param as its gradient lands.
 
-use crate::config::{Config, MuonLayout};
+use crate::config::{Config, Dtype, MuonLayout};
 use crate::model::{ParamSpec, Route};
 
 use super::Layout;
@@ -44,10 +44,22 @@ use super::ownership::OwnershipMethod;
 use super::queries::shard_pieces;
 use super::types::BucketSplit;
 
-/// Muon: fp32 master + fp32 momentum.
-pub const MUON_STATE_BYTES_PER_ELEMENT: u64 = 8;
-/// AdamW: fp32 master + m + v.
-pub const ADAMW_STATE_BYTES_PER_ELEMENT: u64 = 12;
+/// Muon: fp32 momentum.
+pub const MUON_MOMENT_BYTES_PER_ELEMENT: u64 = 4;
+/// AdamW: fp32 m + v.
+pub const ADAMW_MOMENT_BYTES_PER_ELEMENT: u64 = 8;
+/// The fp32 master of a param that is not f32 (an f32 param is its own master).
+pub const MASTER_BYTES_PER_ELEMENT: u64 = 4;
+
+/// Optimizer-state bytes per element of `spec` with `moment_bytes` of moments.
+fn state_bytes_per_element(spec: &ParamSpec, moment_bytes: u64) -> u64 {
+    let master = if spec.dtype == Dtype::F32 {
+        0
+    } else {
+        MASTER_BYTES_PER_ELEMENT
+    };
+    moment_bytes + master
+}
 
 /// A per-rank quantity with its maximum and mean.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -149,7 +161,8 @@ pub struct Report {
     pub grad_buffer_bytes: u64,
     /// Muon elements owned per rank (the memory cap is 1.3 × the mean).
     pub muon_elements: RankStats<u64>,
-    /// Optimizer state per rank: 8 B per owned Muon element, 12 B per AdamW shard element.
+    /// Optimizer state per rank: 4 B per owned Muon element, 8 B per AdamW shard element, and
+    /// 4 B more per element of a param that is not f32 (its fp32 master).
     pub optimizer_state_bytes: RankStats<u64>,
     /// Newton–Schulz cost per rank, `T·(4m²n + 2m³)` summed over owned matrices.
     pub ns_cost: RankStats<f64>,
@@ -188,23 +201,23 @@ impl Report {
     ) -> Report {
         let mut elements = RouteElements { muon: 0, adamw: 0 };
         let mut muon_elements = vec![0u64; dp];
+        let mut state = vec![0u64; dp];
         for (spec, placement) in params.iter().zip(&layout.params) {
             match placement.route {
                 Route::Muon => elements.muon += spec.numel(),
                 Route::Adamw => elements.adamw += spec.numel(),
             }
+            let per_element = state_bytes_per_element(spec, MUON_MOMENT_BYTES_PER_ELEMENT);
             for &r in &placement.unit_owners {
                 muon_elements[r as usize] += placement.unit_numel;
+                state[r as usize] += placement.unit_numel * per_element;
             }
         }
-        let mut state: Vec<u64> = muon_elements
-            .iter()
-            .map(|&n| n * MUON_STATE_BYTES_PER_ELEMENT)
-            .collect();
         for bucket in layout.buckets.iter().filter(|b| b.route == Route::Adamw) {
             for &p in &bucket.params {
+                let per_element = state_bytes_per_element(&params[p as usize], ADAMW_MOMENT_BYTES_PER_ELEMENT);
                 for (rank, piece) in shard_pieces(bucket, p, &layout.params[p as usize]) {
-                    state[rank] += piece.param_range.len() * ADAMW_STATE_BYTES_PER_ELEMENT;
+                    state[rank] += piece.param_range.len() * per_element;
                 }
             }
         }

@@ -49,7 +49,7 @@ impl Runtime {
     }
 
     /// Casts param `p`'s initial values into `storage` and into the masters of the Muon units
-    /// and AdamW pieces of it this rank owns.
+    /// and AdamW pieces of it this rank owns (an f32 param's masters are its storage).
     fn write_param_initial_values(&mut self, p: u32, values: InitValues<'_>, storage: Span) -> Result<()> {
         let numel = self.params[p as usize].numel();
         if values.numel != numel {
@@ -63,12 +63,23 @@ impl Runtime {
         let init = |start: u64, len: u64| Span::new(Mem::Init(p), start, len);
         self.backend.cast(init(0, numel), storage)?;
         let offset = self.plan.params[p as usize].offset;
-        for slot in self.layout.muon.iter().filter(|s| s.unit.param == p) {
+        let separate = |master: Span| master.mem == Mem::Master;
+        for slot in self
+            .layout
+            .muon
+            .iter()
+            .filter(|s| s.unit.param == p && separate(s.master()))
+        {
             let range = slot.unit.range;
             self.backend
                 .cast(init(range.start - offset, range.len()), slot.master())?;
         }
-        for slot in self.layout.adamw.iter().filter(|s| s.piece.param == p) {
+        for slot in self
+            .layout
+            .adamw
+            .iter()
+            .filter(|s| s.piece.param == p && separate(s.master()))
+        {
             let range = slot.piece.param_range;
             self.backend.cast(init(range.start, range.len()), slot.master())?;
         }

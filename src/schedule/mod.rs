@@ -606,7 +606,7 @@ impl Runtime {
             // Each unit of the batch is one component (split further by the fused splits), so
             // the update is exactly the per-unit update.
             let job = MuonJob {
-                master: Span::new(Mem::Master, first.state, len),
+                master: Span::new(first.master.mem, first.master.start, len),
                 momentum: Span::new(Mem::Momentum, first.state, len),
                 grad: Span::new(Mem::Grad(first.unit.buffer), range.start, len),
                 rows: batch.count * matrix.rows as usize,
@@ -632,7 +632,7 @@ impl Runtime {
                 timed(&mut profile.muon, || self.backend.qk_clip(clip))?;
             }
             let destination = self.param_destination(first.unit.param, first.unit.bucket, range)?;
-            timed(&mut profile.casts, || self.backend.cast(master, destination))?;
+            timed(&mut profile.casts, || self.write_master(master, destination))?;
         }
         Ok(())
     }
@@ -656,9 +656,18 @@ impl Runtime {
             };
             timed(&mut profile.adamw, || self.backend.adamw_update(job))?;
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;
-            timed(&mut profile.casts, || self.backend.cast(slot.master(), destination))?;
+            timed(&mut profile.casts, || self.write_master(slot.master(), destination))?;
         }
         Ok(())
+    }
+
+    /// An owner's new value into its param's storage: a cast from the master, or nothing when
+    /// the master is that storage (an f32 param).
+    fn write_master(&mut self, master: Span, destination: Span) -> Result<()> {
+        if master == destination {
+            return Ok(());
+        }
+        self.backend.cast(master, destination)
     }
 
     /// Blocks until every enqueued operation finished.

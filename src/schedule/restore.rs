@@ -92,11 +92,11 @@ impl Runtime {
         self.backend.synchronize()?;
         for slot in self.layout.muon.clone() {
             let destination = self.param_destination(slot.unit.param, slot.unit.bucket, slot.unit.range)?;
-            self.backend.cast(slot.master(), destination)?;
+            self.write_master(slot.master(), destination)?;
         }
         for slot in self.layout.adamw.clone() {
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;
-            self.backend.cast(slot.master(), destination)?;
+            self.write_master(slot.master(), destination)?;
         }
         for b in 0..self.plan.buckets.len() {
             self.launch_param_sync(b)?;

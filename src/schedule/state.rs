@@ -1,33 +1,54 @@
 //! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
-//! AdamW pieces of its shards, packed in plan order.
+//! AdamW pieces of its shards, packed in plan order. The master of an f32 param is the param
+//! itself (its range of the param buffer): a copy would hold the same bits.
 
 use crate::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span, TpComponent};
-use crate::config::{Config, TpMode};
+use crate::config::{Config, Dtype, TpMode};
 use crate::model::ParamFlags;
 use crate::model::ParamSpec;
 use crate::numerics::mxfp8::ScaleLayout;
 use crate::numerics::newton_schulz::NsOptions;
 use crate::plan::Plan;
-use crate::plan::{OwnedUnit, ShardPiece};
+use crate::plan::{ElemRange, OwnedUnit, ShardPiece};
 
-/// One owned Muon unit and the offset of its state.
+/// One owned Muon unit and where its state is.
 #[derive(Debug, Clone, Copy)]
 pub struct MuonSlot {
     pub unit: OwnedUnit,
-    /// Offset in `Mem::Master` and `Mem::Momentum`.
+    /// Offset in `Mem::Momentum`.
     pub state: u64,
+    /// Its fp32 master: in `Mem::Master`, or the unit's range of an f32 param buffer.
+    pub master: Span,
 }
 
-/// One owned AdamW piece and the offsets of its state.
+/// One owned AdamW piece and where its state is.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamwSlot {
     pub bucket: u32,
     pub buffer: u32,
     pub piece: ShardPiece,
-    /// Offset in `Mem::Master`.
-    pub master: u64,
+    /// Its fp32 master: in `Mem::Master`, or the piece's range of an f32 param buffer.
+    pub master: Span,
     /// Offset in `Mem::ExpAvg` and `Mem::ExpAvgSq`.
     pub moments: u64,
+}
+
+/// Where the master of `range` (elements of bucket `bucket`'s buffer) lives: the param storage
+/// itself when the buffer is f32, else the next `range.len()` elements of `Mem::Master` from
+/// `*offset` (which advances).
+fn master_span(plan: &Plan, bucket: u32, range: ElemRange, offset: &mut u64) -> Span {
+    let bucket = &plan.buckets[bucket as usize];
+    let in_place = (plan.buffers[bucket.buffer as usize].dtype == Dtype::F32)
+        .then(|| bucket.param_range(range))
+        .flatten();
+    match in_place {
+        Some(r) => Span::new(Mem::Param(bucket.buffer), r.start, r.len()),
+        None => {
+            let span = Span::new(Mem::Master, *offset, range.len());
+            *offset += range.len();
+            span
+        }
+    }
 }
 
 /// A rank's state layout.
@@ -76,13 +97,17 @@ fn batch_units(muon: &[MuonSlot]) -> Vec<MuonBatch> {
 impl StateLayout {
     /// Lays out the state of `rank`.
     pub fn new(plan: &Plan, params: &[ParamSpec], cfg: &Config, rank: usize) -> Self {
-        let mut offset = 0u64;
+        let (mut momentum, mut master) = (0u64, 0u64);
         let muon: Vec<MuonSlot> = plan
             .muon_units_of(rank)
             .into_iter()
             .map(|unit| {
-                let slot = MuonSlot { unit, state: offset };
-                offset += unit.range.len();
+                let slot = MuonSlot {
+                    unit,
+                    state: momentum,
+                    master: master_span(plan, unit.bucket, unit.range, &mut master),
+                };
+                momentum += unit.range.len();
                 slot
             })
             .collect();
@@ -126,7 +151,6 @@ impl StateLayout {
             tp_components.sort_by_key(|c| (c.rows, c.cols, c.dim));
             tp_components.dedup();
         }
-        let momentum = offset;
         let mut moments = 0u64;
         let mut adamw = Vec::new();
         for shard in plan.adamw_shards_of(rank) {
@@ -135,10 +159,9 @@ impl StateLayout {
                     bucket: shard.bucket,
                     buffer: shard.buffer,
                     piece,
-                    master: offset,
+                    master: master_span(plan, shard.bucket, piece.buffer_range, &mut master),
                     moments,
                 });
-                offset += piece.param_range.len();
                 moments += piece.param_range.len();
             }
         }
@@ -153,7 +176,7 @@ impl StateLayout {
                 })
                 .collect(),
             grad_dtype: cfg.grad_dtype,
-            master: offset,
+            master,
             momentum,
             adam_moments: moments,
             max_component,
@@ -189,7 +212,7 @@ impl StateLayout {
 
 impl MuonSlot {
     pub fn master(&self) -> Span {
-        Span::new(Mem::Master, self.state, self.unit.range.len())
+        self.master
     }
     pub fn momentum(&self) -> Span {
         Span::new(Mem::Momentum, self.state, self.unit.range.len())
@@ -208,7 +231,7 @@ impl AdamwSlot {
         self.piece.buffer_range.len()
     }
     pub fn master(&self) -> Span {
-        Span::new(Mem::Master, self.master, self.len())
+        self.master
     }
     pub fn exp_avg(&self) -> Span {
         Span::new(Mem::ExpAvg, self.moments, self.len())
