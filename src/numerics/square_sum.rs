@@ -32,12 +32,15 @@ const DIGIT: u64 = 0xffff_ffff;
 /// Weight of the fixed-point number's last bit: the square of f32's smallest subnormal.
 const LAST_BIT_EXPONENT: i64 = -298;
 
-/// Squares per exponent bucket before the buckets are carried into the limbs: `M² < 2^48`,
-/// so a u64 bucket takes 2^16 of them.
-const BUCKET_CAPACITY: usize = 1 << 16;
+/// Values per block of [`SquareSum::add`]'s windowed sum.
+const BLOCK: usize = 512;
 
-/// Bucket sets of [`SquareSum::add`].
-const LANES: usize = 8;
+/// Binades below a block's largest exponent whose squares the windowed sum adds: a square
+/// shifted by up to `2·WINDOW` bits, split at bit 32, stays exact in two u64 sums per block.
+const WINDOW: u32 = 16;
+
+/// Blocks between carries: a block adds below `(BLOCK + 2)·2^32` to a limb.
+const BLOCKS_PER_CARRY: usize = 1 << 12;
 
 /// An exact Σ x² of f32 values plus their non-finite counts (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,44 +101,95 @@ impl SquareSum {
             }
             return;
         }
-        // Eight bucket sets, element i into set i mod 8: consecutive squares of one exponent
-        // land in different memory, so the additions do not wait on each other.
-        let mut buckets = [[0u64; 256]; LANES];
-        for chunk in values.chunks((BUCKET_CAPACITY - 1) * LANES) {
-            let groups = chunk.chunks_exact(LANES);
-            let rest = groups.remainder();
-            for group in groups {
-                for (lane, &x) in group.iter().enumerate() {
-                    self.add_square(&mut buckets[lane], x * scale);
-                }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports every feature `add_counted_avx512` is compiled with.
+                return unsafe { self.add_counted_avx512(values, scale) };
             }
-            for (lane, &x) in rest.iter().enumerate() {
-                self.add_square(&mut buckets[lane], x * scale);
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports every feature `add_counted_avx2` is compiled with.
+                return unsafe { self.add_counted_avx2(values, scale) };
             }
-            for lane in buckets.iter_mut() {
-                for (half_position, bucket) in lane.iter_mut().enumerate() {
-                    if *bucket != 0 {
-                        self.add_at(*bucket, 2 * half_position as u32);
-                        *bucket = 0;
-                    }
-                }
+        }
+        self.add_counted(values, scale);
+    }
+
+    /// [`SquareSum::add_counted`] compiled with AVX-512 F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2")]
+    fn add_counted_avx512(&mut self, values: &[f32], scale: f32) {
+        self.add_counted(values, scale);
+    }
+
+    /// [`SquareSum::add_counted`] compiled with AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn add_counted_avx2(&mut self, values: &[f32], scale: f32) {
+        self.add_counted(values, scale);
+    }
+
+    /// The counted sum by blocks of [`BLOCK`] values, carried every [`BLOCKS_PER_CARRY`].
+    #[inline(always)]
+    fn add_counted(&mut self, values: &[f32], scale: f32) {
+        for carried in values.chunks(BLOCK * BLOCKS_PER_CARRY) {
+            for block in carried.chunks(BLOCK) {
+                self.add_block(block, scale);
             }
             self.carry();
         }
     }
 
-    /// `x²` into the bucket of its bit position (`2·(exponent field − 1)`, subnormals with the
-    /// smallest normals), or `x` counted when it is not finite.
+    /// One block's squares. Each is `m² < 2^48` at bit `2f` (`f` = [`half_position`]); those
+    /// within [`WINDOW`] binades of the block's largest `f` are summed exactly as
+    /// `m²·2^(2(f − base))` split at bit 32 into two u64 sums, in a loop without branches that
+    /// vectorizes, and added to the limbs at bit `2·base`; the rest (rare: below 2^−16 of the
+    /// block's largest magnitude) and blocks with a non-finite value go one by one.
     #[inline(always)]
-    fn add_square(&mut self, buckets: &mut [u64; 256], x: f32) {
+    fn add_block(&mut self, block: &[f32], scale: f32) {
+        let top = block
+            .iter()
+            .fold(0u32, |top, &x| top.max(exponent_field((x * scale).to_bits())));
+        if top == 0xff {
+            for &x in block {
+                self.add_one(x * scale);
+            }
+            return;
+        }
+        let base = half_position(top).saturating_sub(WINDOW);
+        let (mut high, mut low, mut below) = (0u64, 0u64, false);
+        for &x in block {
+            let bits = (x * scale).to_bits();
+            let f = half_position(exponent_field(bits));
+            let inside = f >= base;
+            let shift = if inside { 2 * (f - base) } else { 0 };
+            let keep = if inside { u64::MAX } else { 0 };
+            let square = significand_square(bits);
+            high += (square >> (32 - shift)) & keep;
+            low += (square << shift) & DIGIT & keep;
+            below |= !inside;
+        }
+        if below {
+            for &x in block {
+                let y = x * scale;
+                if half_position(exponent_field(y.to_bits())) < base {
+                    self.add_one(y);
+                }
+            }
+        }
+        self.add_at(high, 2 * base + 32);
+        self.add_at(low, 2 * base);
+    }
+
+    /// `x²` at its bit, or `x` counted when it is not finite.
+    fn add_one(&mut self, x: f32) {
         let bits = x.to_bits();
-        let exponent = (bits >> 23) & 0xff;
+        let exponent = exponent_field(bits);
         if exponent == 0xff {
             self.count_non_finite(x, true);
             return;
         }
-        let m = u64::from(bits & 0x7f_ffff) | (u64::from(exponent != 0) << 23);
-        buckets[exponent.saturating_sub(1) as usize] += m * m;
+        self.add_at(significand_square(bits), 2 * half_position(exponent));
     }
 
     /// Adds another sum (another rank's, another span's): exact, in any order.
@@ -183,9 +237,91 @@ impl SquareSum {
     }
 }
 
+/// The biased exponent field of the f32 with bits `bits`.
+#[inline(always)]
+fn exponent_field(bits: u32) -> u32 {
+    (bits >> 23) & 0xff
+}
+
+/// Half the bit at which the square of a finite f32 with exponent field `exponent` sits:
+/// `exponent − 1`, subnormals (field 0) with the smallest normals.
+#[inline(always)]
+fn half_position(exponent: u32) -> u32 {
+    exponent.max(1) - 1
+}
+
+/// `m²` for the integer significand `m < 2^24` of the finite f32 with bits `bits`.
+#[inline(always)]
+fn significand_square(bits: u32) -> u64 {
+    let m = (bits & 0x7f_ffff) | (u32::from(exponent_field(bits) != 0) << 23);
+    u64::from(m) * u64::from(m)
+}
+
 /// `mantissa · 2^exponent`, exact: `mantissa ≤ 2^53` and the result is a normal f64 (the
 /// exponents of a sum of squares lie in [−362, 620]).
 fn scaled(mantissa: u64, exponent: i64) -> f64 {
     let power = f64::from_bits(((exponent + 1023) as u64) << 52);
     mantissa as f64 * power
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    /// Values whose blocks exercise every path: a narrow range (all in the window), every
+    /// exponent (most below it), subnormals and zeros, and blocks with infinities or NaNs.
+    fn values(rng: &mut SplitMix64) -> Vec<f32> {
+        let mut v = Vec::new();
+        for block in 0..24 {
+            for _ in 0..BLOCK + block * 7 {
+                let bits = rng.next_u64() as u32;
+                v.push(match block % 4 {
+                    0 => f32::from_bits(bits & 0x807f_ffff | 0x3e00_0000 | (bits & 0x0380_0000)),
+                    1 => f32::from_bits(bits & 0xff7f_ffff),
+                    2 => f32::from_bits(bits & 0x80ff_ffff),
+                    _ => f32::from_bits(bits),
+                });
+            }
+        }
+        v
+    }
+
+    /// Each square added alone: the exact sum the windowed blocks must equal.
+    fn one_by_one(values: &[f32], scale: f32) -> SquareSum {
+        let mut sum = SquareSum::default();
+        for &x in values {
+            sum.add_one(x * scale);
+        }
+        sum.carry();
+        sum
+    }
+
+    #[test]
+    fn every_compiled_variant_equals_adding_each_square_alone() {
+        let mut rng = SplitMix64::new(7);
+        let data = values(&mut rng);
+        for scale in [1.0f32, 0.25, 1.0 / 3.0] {
+            let expected = one_by_one(&data, scale);
+            let mut portable = SquareSum::default();
+            portable.add_counted(&data, scale);
+            assert_eq!(portable, expected, "portable, scale {scale}");
+            let mut dispatched = SquareSum::default();
+            dispatched.add(&data, scale, true);
+            assert_eq!(dispatched, expected, "dispatched, scale {scale}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    let mut avx2 = SquareSum::default();
+                    unsafe { avx2.add_counted_avx2(&data, scale) };
+                    assert_eq!(avx2, expected, "avx2, scale {scale}");
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    let mut avx512 = SquareSum::default();
+                    unsafe { avx512.add_counted_avx512(&data, scale) };
+                    assert_eq!(avx512, expected, "avx512, scale {scale}");
+                }
+            }
+        }
+    }
 }
