@@ -51,14 +51,32 @@ pub fn cast_bf16_to_f32(src: &[u16], dst: &mut [f32]) {
     }
 }
 
-/// Writes `round_through_bf16(src[i])` into `dst[i]`.
+/// `rounded` ← every element of `src` rounded to the nearest bf16 value and `copy` ← `src`, in
+/// one pass over `src`.
 ///
 /// # Panics
 /// If the slices differ in length.
-pub fn round_slice_through_bf16(src: &[f32], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "round_slice_through_bf16: length mismatch");
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = round_through_bf16(s);
+pub fn round_and_copy_through_bf16(src: &[f32], rounded: &mut [f32], copy: &mut [f32]) {
+    assert!(
+        src.len() == rounded.len() && src.len() == copy.len(),
+        "round_and_copy_through_bf16: length mismatch"
+    );
+    for ((r, c), &s) in rounded.iter_mut().zip(copy.iter_mut()).zip(src) {
+        *r = round_through_bf16(s);
+        *c = s;
+    }
+}
+
+/// `copy` ← `data`, then every element of `data` rounded to the nearest bf16 value in place, in
+/// one pass.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn copy_then_round_through_bf16(data: &mut [f32], copy: &mut [f32]) {
+    assert_eq!(data.len(), copy.len(), "copy_then_round_through_bf16: length mismatch");
+    for (d, c) in data.iter_mut().zip(copy.iter_mut()) {
+        *c = *d;
+        *d = round_through_bf16(*d);
     }
 }
 

@@ -36,7 +36,9 @@
 use crate::bail;
 use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsMethod, NsPrecision};
 use crate::error::Result;
-use crate::numerics::bf16::{round_slice_through_bf16, round_slice_through_bf16_in_place, round_through_bf16};
+use crate::numerics::bf16::{
+    copy_then_round_through_bf16, round_and_copy_through_bf16, round_slice_through_bf16_in_place, round_through_bf16,
+};
 use crate::numerics::gemm::{Output, Strides, gemm};
 use crate::numerics::squared_norm;
 
@@ -294,10 +296,13 @@ impl NsWorkspace {
         let (wide, square) = (Strides::row_major(m, n), Strides::row_major(m, m));
         for step in 0..opts.steps as usize {
             let [a, b, c] = ns_coefficients(opts.coefficients, step);
+            // The next X starts as X (the last product adds to a·X); in bf16 the products read
+            // X rounded, made in the same pass.
             let x_operand: &[f32] = if bf16 {
-                round_slice_through_bf16(&x[..mn], &mut x_bf16[..mn]);
+                round_and_copy_through_bf16(&x[..mn], &mut x_bf16[..mn], &mut x_next[..mn]);
                 &x_bf16[..mn]
             } else {
+                x_next[..mn].copy_from_slice(&x[..mn]);
                 &x[..mn]
             };
             let (xs, gram, poly) = ((x_operand, wide), &mut gram[..mm], &mut poly[..mm]);
@@ -318,9 +323,10 @@ impl NsWorkspace {
             if stored_bf16 {
                 round_slice_through_bf16_in_place(gram);
             }
-            poly.copy_from_slice(gram);
             if bf16 {
-                round_slice_through_bf16_in_place(gram);
+                copy_then_round_through_bf16(gram, poly);
+            } else {
+                poly.copy_from_slice(gram);
             }
             let gram: &[f32] = gram;
             gemm(
@@ -337,7 +343,6 @@ impl NsWorkspace {
             if bf16 || stored_bf16 {
                 round_slice_through_bf16_in_place(poly);
             }
-            x_next[..mn].copy_from_slice(&x[..mn]);
             let poly: &[f32] = poly;
             gemm(
                 1.0,
