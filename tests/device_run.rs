@@ -28,6 +28,7 @@ use muon_opt::schedule::{Runtime, StepArgs};
 use muon_opt::sim::cost::CostModel;
 use muon_opt::sim::profile::{Hardware, builtin};
 use muon_opt::sim::work::Work;
+use support::docs::assert_quotes;
 use support::tempdir::TempDir;
 
 /// A stand-in device: virtual addresses, and one clock per stream that each work action
@@ -440,16 +441,18 @@ fn cli_measures_compares_and_calibrates() {
     assert!(text.contains("(ratio 1.000)"), "{text}");
 }
 
+/// A committed run of `bench/device/`: `2026-11-28-NAME.json`.
+fn committed_run(name: &str) -> DeviceRun {
+    let path = format!("{}/bench/device/2026-11-28-{name}.json", env!("CARGO_MANIFEST_DIR"));
+    DeviceRun::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
 /// docs/device-run.md quotes the committed H200 runs as `simulate --device-run` prices them.
 #[test]
 fn the_docs_quote_the_committed_h200_runs() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/device-run.md")).unwrap();
-    let run = |name: &str| {
-        let path = format!("{}/bench/device/2026-11-28-{name}.json", env!("CARGO_MANIFEST_DIR"));
-        DeviceRun::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    let priced = |name: &str, profile: &str| {
+        compare(&committed_run(name), &CostModel::new(builtin(profile).unwrap(), 1)).unwrap()
     };
-    let priced =
-        |name: &str, profile: &str| compare(&run(name), &CostModel::new(builtin(profile).unwrap(), 1)).unwrap();
     let ratio = |name: &str, class: &str, digits: usize| {
         let row = priced(name, "h100-nvlink")
             .classes
@@ -458,29 +461,134 @@ fn the_docs_quote_the_committed_h200_runs() {
             .unwrap();
         format!("{:.digits$}×", row.ratio.unwrap())
     };
-    let step = |name: &str, profile: &str| {
+    let measured = |name: &str| format!("{:.1}", priced(name, "h100-nvlink").step_measured_ms);
+    let step_ratio = |name: &str, profile: &str| {
         let cmp = priced(name, profile);
-        (
-            format!("{:.1}", cmp.step_measured_ms),
-            format!("{:.2}×", cmp.step_measured_ms / cmp.step_predicted_ms),
-        )
+        format!("{:.2}×", cmp.step_measured_ms / cmp.step_predicted_ms)
     };
-    let mut quoted = vec![
-        ratio("h200", "kernel muon_ns_normalize", 1),
-        ratio("h200", "kernel muon_ns_symmetrize", 1),
-        ratio("h200-2", "kernel muon_ns_normalize", 1),
-        ratio("h200-2", "kernel muon_ns_symmetrize", 1),
-        ratio("h200", "kernel muon_apply", 2),
-        ratio("h200-2", "kernel muon_apply", 2),
-        step("h200", "h100-nvlink").1,
+    let [normalize, symmetrize] = ["kernel muon_ns_normalize", "kernel muon_ns_symmetrize"];
+    let quotes = [
+        format!(
+            "`muon_ns_normalize` ({} its model) and `muon_ns_symmetrize` ({})",
+            ratio("h200", normalize, 1),
+            ratio("h200", symmetrize, 1)
+        ),
+        format!(
+            "they run {} and {} (`muon_apply` {} → {}), the step {} → {} ms and with Gram \
+             Newton–Schulz {} → {} ms.",
+            ratio("h200-2", normalize, 1),
+            ratio("h200-2", symmetrize, 1),
+            ratio("h200", "kernel muon_apply", 2),
+            ratio("h200-2", "kernel muon_apply", 2),
+            measured("h200"),
+            measured("h200-2"),
+            measured("h200-gram"),
+            measured("h200-2-gram"),
+        ),
+        format!(
+            "its achievable fractions calibrated from the second run) prices that run's step at {} \
+             (Gram {}, f32 {}:",
+            step_ratio("h200-2", "h200-nvlink"),
+            step_ratio("h200-2-gram", "h200-nvlink"),
+            step_ratio("h200-2-f32", "h200-nvlink"),
+        ),
+        format!(
+            "`h100-nvlink` priced the first run at {}.",
+            step_ratio("h200", "h100-nvlink")
+        ),
+        "**Sanitizers**: memcheck and synccheck are clean over the library's kernels.".to_string(),
     ];
-    for name in ["h200", "h200-2", "h200-gram", "h200-2-gram"] {
-        quoted.push(step(name, "h100-nvlink").0);
+    assert_quotes("docs/device-run.md", &quotes);
+    for tool in ["memcheck", "synccheck"] {
+        let result = committed_run("h200-2")
+            .sanitizer
+            .into_iter()
+            .find(|r| r.tool == tool)
+            .unwrap();
+        assert_eq!((result.status.as_str(), result.errors), ("clean", 0), "{tool}");
     }
-    for name in ["h200-2", "h200-2-gram", "h200-2-f32"] {
-        quoted.push(step(name, "h200-nvlink").1);
-    }
-    for figure in quoted {
-        assert!(doc.contains(&figure), "docs/device-run.md does not quote {figure}");
-    }
+    let sources = builtin("h200-nvlink").unwrap().sources;
+    assert!(
+        sources["measured"].starts_with("bench/device/2026-11-28-h200-2.json "),
+        "h200-nvlink is not calibrated from the second run: {}",
+        sources["measured"]
+    );
+}
+
+/// docs/device-run.md's JSON is an excerpt of the second H200 run, numbers rounded.
+#[test]
+fn the_docs_json_is_an_excerpt_of_the_second_h200_run() {
+    let run = committed_run("h200-2");
+    let (device, workload, step) = (run.device.unwrap(), run.workload.unwrap(), run.step.unwrap());
+    let (class, reference, test, sanitizer) =
+        (&run.op_classes[0], &run.references[0], &run.tests[0], &run.sanitizer[0]);
+    let (layer, shape) = &workload.layer_params[0];
+    let runs_ms: Vec<String> = step.runs_ms.iter().map(|ms| format!("{ms:.1}")).collect();
+    let work = &class.works[0];
+    let quotes = [
+        format!(r#""schema_version": {},"date": "{}","#, run.schema_version, run.date),
+        format!(r#""status": "{}","#, run.status),
+        format!(
+            r#""device": {{"name": "{}", "compute_capability": "{}", "sms": {}, "memory_gib": {:.1}, "driver_cuda": "{}"}},"#,
+            device.name, device.compute_capability, device.sms, device.memory_gib, device.driver_cuda
+        ),
+        format!(
+            r#""workload": {{"layers": {}, "layer_params": [["{layer}", {shape:?}], …], "other_params": […],
+               "elements": {}, "ns_precision": "{}", "ns_method": "{}", "grad_dtype": "{}", "warmup_steps": {}, "whole_steps": {}}},"#,
+            workload.layers,
+            workload.elements,
+            workload.ns_precision,
+            workload.ns_method,
+            workload.grad_dtype,
+            workload.warmup_steps,
+            workload.whole_steps
+        ),
+        format!(r#""predicted_with": "{}","#, run.predicted_with),
+        format!(
+            r#""step": {{"measured_ms": {:.1}, "runs_ms": [{}], "host_issue_ms": {:.1}, "work_actions": {}, "event_actions": {}, "predicted_ms": {:.1}}},"#,
+            step.measured_ms,
+            runs_ms.join(", "),
+            step.host_issue_ms,
+            step.work_actions,
+            step.event_actions,
+            step.predicted_ms
+        ),
+        format!(
+            r#"{{"class": "{}", "count": {}, "measured_ms": {:.1}, "predicted_ms": {:.1}, "ratio": {:.3},"#,
+            class.class,
+            class.count,
+            class.measured_ms,
+            class.predicted_ms.unwrap(),
+            class.ratio.unwrap()
+        ),
+        format!(
+            r#""works": [{{"work": {}, "count": {}, "measured_ms": {:.1}}}]}},"#,
+            serde_json::to_string(&work.work).unwrap(),
+            work.count,
+            work.measured_ms
+        ),
+        format!(
+            r#""references": [{{"name": "{}", "work": {{…}}, "repetitions": {}, "measured_ms": {:.2}, "predicted_ms": {:.2}, "achieved": {:.1}, "unit": "{}"}}, …],"#,
+            reference.name,
+            reference.repetitions,
+            reference.measured_ms,
+            reference.predicted_ms.unwrap(),
+            reference.achieved,
+            reference.unit
+        ),
+        format!(
+            r#""environment": {{"gpu": "{}", …, "libnccl.so.2": "{}", …}},"#,
+            run.environment["gpu"], run.environment["libnccl.so.2"]
+        ),
+        format!(
+            r#""tests": [{{"suite": "{}", "name": "{}", "status": "{}"}}, …],"#,
+            test.suite, test.name, test.status
+        ),
+        format!(
+            r#""sanitizer": [{{"tool": "{}", "status": "{}", "errors": {},"#,
+            sanitizer.tool, sanitizer.status, sanitizer.errors
+        ),
+        format!(r#""summary": "{}"}}, …]"#, sanitizer.summary),
+    ];
+    assert_quotes("docs/device-run.md", &quotes);
 }

@@ -2,12 +2,13 @@
 //! docs/performance.md): each is produced by the command the text names, run here, and must
 //! appear in the text as the command prints it (rounded as quoted).
 
+mod support;
+
 use std::collections::HashMap;
 use std::process::Command;
 
-fn read(doc: &str) -> String {
-    std::fs::read_to_string(format!("{}/{doc}", env!("CARGO_MANIFEST_DIR"))).unwrap()
-}
+use muon_opt::sim::profile::builtin;
+use support::docs::assert_quotes;
 
 /// The `label   value` lines `muon-opt simulate ARGS` prints, by label.
 fn simulate(args: &str) -> HashMap<String, f64> {
@@ -31,55 +32,67 @@ fn simulate(args: &str) -> HashMap<String, f64> {
         .collect()
 }
 
-fn assert_quotes(doc: &str, figures: &[String]) {
-    let text = read(doc);
-    for figure in figures {
-        assert!(text.contains(figure.as_str()), "{doc} does not quote '{figure}'");
-    }
+/// A run's iteration ms, exposed optimizer ms and device GB per rank.
+fn iteration_exposed_memory(run: &HashMap<String, f64>) -> (f64, f64, f64) {
+    (
+        run["iteration ms"],
+        run["exposed optimizer ms"],
+        run["device GB / rank"],
+    )
 }
 
 #[test]
 fn simulate_md_quotes_the_tensor_parallel_modes() {
-    let mut figures = Vec::new();
-    for (mode, first) in [("blockwise", true), ("duplicated", false), ("distributed", false)] {
-        let run = simulate(&format!("--model llama3-8b --dp 8 --tp 8 --tp-mode {mode}"));
-        let (iteration, exposed, gb) = (
-            run["iteration ms"],
-            run["exposed optimizer ms"],
-            run["device GB / rank"],
-        );
-        figures.push(if first {
-            format!("{mode} {iteration:.1} ms per\niteration ({exposed:.1} exposed, {gb:.2} GB per\nrank)")
+    let (dp, tp) = (8u32, 8u32);
+    // The data-parallel ring's nodes: a node holds `dp_ranks_per_node / tp` of its ranks.
+    let per_node = builtin("h100-nvlink").unwrap().dp_ranks_per_node;
+    let nodes = |tp: u32| match dp.div_ceil((per_node / tp).max(1)) {
+        1 => "one node".to_string(),
+        n => format!("{n} nodes"),
+    };
+    let mut quote = format!(
+        "llama3-8b, dp {dp} × tp {tp} ({} GPUs, the data-parallel ring across {}), h100-nvlink \
+         (`muon-opt simulate --model llama3-8b --dp {dp} --tp {tp} --tp-mode MODE`):",
+        dp * tp,
+        nodes(tp)
+    );
+    for mode in ["blockwise", "duplicated", "distributed"] {
+        let run = simulate(&format!("--model llama3-8b --dp {dp} --tp {tp} --tp-mode {mode}"));
+        let (iteration, exposed, gb) = iteration_exposed_memory(&run);
+        quote += &if mode == "blockwise" {
+            format!(" {mode} {iteration:.1} ms per iteration ({exposed:.1} exposed, {gb:.2} GB per rank)")
         } else {
-            format!("{mode} {iteration:.1} ({exposed:.1}, {gb:.2} GB)")
-        });
+            format!(", {mode} {iteration:.1} ({exposed:.1}, {gb:.2} GB)")
+        };
     }
-    let dense = simulate("--model llama3-8b --dp 8");
-    figures.push(format!(
-        "{:.1} ({:.1}, {:.2} GB)",
-        dense["iteration ms"], dense["exposed optimizer ms"], dense["device GB / rank"]
-    ));
-    let text = read("docs/simulate.md").replace(['\n', ' '], "");
-    for figure in figures {
-        let figure = figure.replace(['\n', ' '], "");
-        assert!(text.contains(&figure), "docs/simulate.md does not quote '{figure}'");
-    }
+    let (iteration, exposed, gb) = iteration_exposed_memory(&simulate(&format!("--model llama3-8b --dp {dp}")));
+    quote += &format!(
+        "; without TP (`--dp {dp}` alone, {}) {iteration:.1} ({exposed:.1}, {gb:.2} GB).",
+        nodes(1)
+    );
+    assert_quotes("docs/simulate.md", &[quote]);
 }
 
 #[test]
-fn design_md_quotes_the_cost_of_qk_clip() {
+fn design_md_and_the_readme_quote_the_cost_of_qk_clip() {
     let (off, on) = (
         simulate("--model llama3-70b --dp 8 --tp 8"),
         simulate("--model llama3-70b --dp 8 --tp 8 --qk-clip"),
     );
     let (a, b) = (off["iteration ms"], on["iteration ms"]);
+    let (added, percent) = (b - a, (b - a) / a * 100.0);
     let launches = on["launches / step"] - off["launches / step"];
     assert_quotes(
         "docs/design.md",
         &[format!(
-            "from {a:.2} to {b:.2} ms (+{:.2} ms, {:.2} %), {launches} more launches",
-            b - a,
-            (b - a) / a * 100.0
+            "from {a:.2} to {b:.2} ms (+{added:.2} ms, {percent:.2} %), {launches} more launches"
+        )],
+    );
+    assert_quotes(
+        "README.md",
+        &[format!(
+            "llama3-70b tp 8 dp 8 simulated +{added:.2} ms ({percent:.2} %) \
+             (`muon-opt simulate --model llama3-70b --dp 8 --tp 8 [--qk-clip]`;"
         )],
     );
 }
@@ -150,30 +163,34 @@ fn design_md_quotes_contiguous_ownership_on_the_named_jobs() {
         let (b, c) = (scenario_row(job, "balanced").1, scenario_row(job, "contiguous").1);
         figures.push(format!("{quoted} {b:.1} → {c:.1} ms"));
     }
-    let text = read("docs/design.md").replace(['\n', ' '], "");
-    for figure in figures {
-        assert!(
-            text.contains(&figure.replace(['\n', ' '], "")),
-            "docs/design.md does not quote '{figure}'"
-        );
-    }
+    assert_quotes("docs/design.md", &figures);
 }
 
 #[test]
-fn newton_schulz_md_quotes_the_simulated_methods() {
-    let mut rows = Vec::new();
+fn newton_schulz_md_and_the_readme_quote_the_simulated_methods() {
+    let (mut rows, mut readme) = (Vec::new(), Vec::new());
     for args in [
         "--model llama3-8b --dp 8",
         "--model llama3-70b --tp 8 --dp 8 --hardware h100-ib",
         "--model deepseek-v3-like --dp 64",
     ] {
+        let mut ns = Vec::new();
         for method in ["standard", "gram"] {
             let run = simulate(&format!("{args} --ns-method {method}"));
+            ns.push(run["of which Newton–Schulz"]);
             rows.push(format!(
                 "| {method} | {:.2} | {:.2} |",
                 run["of which Newton–Schulz"], run["exposed optimizer ms"]
             ));
         }
+        if args == "--model llama3-8b --dp 8" {
+            readme.push(format!(
+                "llama3-8b dp 8 simulated NS {:.1} → {:.1} ms against the standard iteration \
+                 (`muon-opt simulate {args} --ns-method standard\\|gram`;",
+                ns[0], ns[1]
+            ));
+        }
     }
     assert_quotes("docs/newton-schulz.md", &rows);
+    assert_quotes("README.md", &readme);
 }

@@ -6,6 +6,7 @@ use muon_opt::config::{CoefficientSet, Config, NsPrecision, ScaleMode};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_scale, muon_update};
 use muon_opt::numerics::step_args::ParamScales;
+use support::docs::assert_quotes;
 use support::numerics::{max_abs_diff, ns_reference_f64, to_f64};
 use support::rng::Rng;
 
@@ -259,7 +260,8 @@ fn split_components_match_separate_updates_and_f64() {
 /// with 4 query groups of 2 q-heads, component Q is the q rows of every group stacked in
 /// group order. The grouped update equals gathering Q, K and V by that formula, updating each
 /// as a matrix of its own and writing the rows back — bit for bit — and differs from the
-/// consecutive split of the same sizes by far more than rounding.
+/// consecutive split of the same sizes by far more than rounding (by how much, docs/megatron.md
+/// quotes).
 #[test]
 fn per_group_splits_match_the_megatron_view_split_formula() {
     let mut rng = Rng::new(26);
@@ -339,6 +341,15 @@ fn per_group_splits_match_the_megatron_view_split_formula() {
     assert!(
         relative > 0.3,
         "the interleaved split is another update: relative difference {relative}"
+    );
+    assert_quotes(
+        "docs/megatron.md",
+        &[format!(
+            "differs from the consecutive split by {:.0} % relative in `tests/numerics_muon.rs` \
+             ({groups} groups of [{} q \\| {head} k \\| {head} v] rows, random gradients;",
+            relative * 100.0,
+            heads_per_group * head
+        )],
     );
 
     let uneven = MuonShape {

@@ -7,6 +7,7 @@
 pub mod capi;
 pub mod checkpoint;
 pub mod cuda;
+pub mod docs;
 pub mod golden;
 pub mod mxfp8;
 pub mod numerics;
