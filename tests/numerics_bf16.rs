@@ -4,8 +4,8 @@
 mod support;
 
 use muon_opt::numerics::bf16::{
-    bf16_to_f32, cast_bf16_to_f32, cast_f32_to_bf16, copy_then_round_through_bf16, f32_to_bf16_rne,
-    round_and_copy_through_bf16, round_slice_through_bf16_in_place, round_through_bf16,
+    bf16_to_f32, cast_bf16_to_f32, cast_f32_to_bf16, f32_to_bf16_rne, round_slice_through_bf16_in_place,
+    round_through_bf16, round_through_bf16_and_scale, scale_then_round_through_bf16,
 };
 use support::rng::Rng;
 
@@ -169,19 +169,20 @@ fn slice_helpers_match_the_scalar_conversion() {
     cast_f32_to_bf16(&src, &mut bits);
     let mut back = vec![0.0f32; src.len()];
     cast_bf16_to_f32(&bits, &mut back);
-    let (mut rounded, mut copy) = (vec![0.0f32; src.len()], vec![0.0f32; src.len()]);
-    round_and_copy_through_bf16(&src, &mut rounded, &mut copy);
+    const FACTOR: f32 = -3.4445;
+    let (mut rounded, mut scaled) = (vec![0.0f32; src.len()], vec![0.0f32; src.len()]);
+    round_through_bf16_and_scale(&src, &mut rounded, &mut scaled, FACTOR);
     let mut in_place = src.clone();
     round_slice_through_bf16_in_place(&mut in_place);
-    let (mut rounded_in_place, mut copied_first) = (src.clone(), vec![0.0f32; src.len()]);
-    copy_then_round_through_bf16(&mut rounded_in_place, &mut copied_first);
+    let (mut rounded_in_place, mut scaled_first) = (src.clone(), vec![0.0f32; src.len()]);
+    scale_then_round_through_bf16(&mut rounded_in_place, &mut scaled_first, FACTOR);
     for i in 0..src.len() {
         assert_eq!(bits[i], f32_to_bf16_rne(src[i]));
         assert_eq!(back[i].to_bits(), bf16_to_f32(bits[i]).to_bits());
         assert_eq!(rounded[i].to_bits(), round_through_bf16(src[i]).to_bits());
         assert_eq!(in_place[i].to_bits(), rounded[i].to_bits());
         assert_eq!(rounded_in_place[i].to_bits(), rounded[i].to_bits());
-        assert_eq!(copy[i].to_bits(), src[i].to_bits());
-        assert_eq!(copied_first[i].to_bits(), src[i].to_bits());
+        assert_eq!(scaled[i].to_bits(), (FACTOR * src[i]).to_bits());
+        assert_eq!(scaled_first[i].to_bits(), (FACTOR * src[i]).to_bits());
     }
 }

@@ -51,31 +51,35 @@ pub fn cast_bf16_to_f32(src: &[u16], dst: &mut [f32]) {
     }
 }
 
-/// `rounded` ← every element of `src` rounded to the nearest bf16 value and `copy` ← `src`, in
-/// one pass over `src`.
+/// `rounded` ← every element of `src` rounded to the nearest bf16 value and `scaled` ←
+/// `factor·src` (each product rounded to f32), in one pass over `src`.
 ///
 /// # Panics
 /// If the slices differ in length.
-pub fn round_and_copy_through_bf16(src: &[f32], rounded: &mut [f32], copy: &mut [f32]) {
+pub fn round_through_bf16_and_scale(src: &[f32], rounded: &mut [f32], scaled: &mut [f32], factor: f32) {
     assert!(
-        src.len() == rounded.len() && src.len() == copy.len(),
-        "round_and_copy_through_bf16: length mismatch"
+        src.len() == rounded.len() && src.len() == scaled.len(),
+        "round_through_bf16_and_scale: length mismatch"
     );
-    for ((r, c), &s) in rounded.iter_mut().zip(copy.iter_mut()).zip(src) {
+    for ((r, c), &s) in rounded.iter_mut().zip(scaled.iter_mut()).zip(src) {
         *r = round_through_bf16(s);
-        *c = s;
+        *c = factor * s;
     }
 }
 
-/// `copy` ← `data`, then every element of `data` rounded to the nearest bf16 value in place, in
-/// one pass.
+/// `scaled` ← `factor·data` (each product rounded to f32), then every element of `data`
+/// rounded to the nearest bf16 value in place, in one pass.
 ///
 /// # Panics
 /// If the slices differ in length.
-pub fn copy_then_round_through_bf16(data: &mut [f32], copy: &mut [f32]) {
-    assert_eq!(data.len(), copy.len(), "copy_then_round_through_bf16: length mismatch");
-    for (d, c) in data.iter_mut().zip(copy.iter_mut()) {
-        *c = *d;
+pub fn scale_then_round_through_bf16(data: &mut [f32], scaled: &mut [f32], factor: f32) {
+    assert_eq!(
+        data.len(),
+        scaled.len(),
+        "scale_then_round_through_bf16: length mismatch"
+    );
+    for (d, c) in data.iter_mut().zip(scaled.iter_mut()) {
+        *c = factor * *d;
         *d = round_through_bf16(*d);
     }
 }

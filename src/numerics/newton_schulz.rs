@@ -37,7 +37,7 @@ use crate::bail;
 use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsMethod, NsPrecision};
 use crate::error::Result;
 use crate::numerics::bf16::{
-    copy_then_round_through_bf16, round_and_copy_through_bf16, round_slice_through_bf16_in_place, round_through_bf16,
+    round_slice_through_bf16_in_place, round_through_bf16, round_through_bf16_and_scale, scale_then_round_through_bf16,
 };
 use crate::numerics::gemm::{Output, Strides, gemm};
 use crate::numerics::squared_norm;
@@ -296,13 +296,14 @@ impl NsWorkspace {
         let (wide, square) = (Strides::row_major(m, n), Strides::row_major(m, m));
         for step in 0..opts.steps as usize {
             let [a, b, c] = ns_coefficients(opts.coefficients, step);
-            // The next X starts as X (the last product adds to a·X); in bf16 the products read
-            // X rounded, made in the same pass.
+            // The next X starts as a·X (the last product adds B·X to it, as gemm's β = a pass
+            // would scale it: the same f32 products); in bf16 the products read X rounded, made
+            // in the same pass.
             let x_operand: &[f32] = if bf16 {
-                round_and_copy_through_bf16(&x[..mn], &mut x_bf16[..mn], &mut x_next[..mn]);
+                round_through_bf16_and_scale(&x[..mn], &mut x_bf16[..mn], &mut x_next[..mn], a);
                 &x_bf16[..mn]
             } else {
-                x_next[..mn].copy_from_slice(&x[..mn]);
+                scale_into(&x[..mn], &mut x_next[..mn], a);
                 &x[..mn]
             };
             let (xs, gram, poly) = ((x_operand, wide), &mut gram[..mm], &mut poly[..mm]);
@@ -323,17 +324,18 @@ impl NsWorkspace {
             if stored_bf16 {
                 round_slice_through_bf16_in_place(gram);
             }
+            // B starts as b·A (likewise gemm's β = b pass, made here).
             if bf16 {
-                copy_then_round_through_bf16(gram, poly);
+                scale_then_round_through_bf16(gram, poly, b);
             } else {
-                poly.copy_from_slice(gram);
+                scale_into(gram, poly, b);
             }
             let gram: &[f32] = gram;
             gemm(
                 c,
                 (gram, square),
                 (gram, square),
-                b,
+                prescaled(b),
                 (poly, square),
                 Output::SymmetricLower {
                     tile: opts.symmetric_tile,
@@ -348,7 +350,7 @@ impl NsWorkspace {
                 1.0,
                 (poly, square),
                 xs,
-                a,
+                prescaled(a),
                 (&mut x_next[..mn], wide),
                 Output::Full,
                 threads,
@@ -521,6 +523,19 @@ impl NsWorkspace {
             output.copy_from_slice(x);
         }
     }
+}
+
+/// `dst` ← `factor·src`, each product rounded to f32.
+fn scale_into(src: &[f32], dst: &mut [f32], factor: f32) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = factor * s;
+    }
+}
+
+/// The `β` of a product whose output was scaled by `coefficient` beforehand: 1 (add to it), or
+/// 0 (overwrite it) for a zero coefficient, as a `β = 0` product overwrites its output.
+fn prescaled(coefficient: f32) -> f32 {
+    if coefficient == 0.0 { 0.0 } else { 1.0 }
 }
 
 fn grow(buffer: &mut Vec<f32>, len: usize) {
