@@ -32,7 +32,7 @@ use muon_opt::config::{Config, Dtype};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::gemm::{Output, Strides, gemm};
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::StepArgs;
+use muon_opt::schedule::{StepArgs, StepOverrides};
 
 const LAYERS: usize = 8;
 const HIDDEN: u64 = 1024;
@@ -44,6 +44,7 @@ const ARGS: StepArgs = StepArgs {
     weight_decay: 0.01,
     adam_lr: 1e-3,
     adam_weight_decay: 0.01,
+    overrides: StepOverrides::NONE,
 };
 
 fn model(adamw_only: bool) -> Vec<ParamSpec> {

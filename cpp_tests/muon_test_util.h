@@ -24,6 +24,19 @@ inline muon_param_desc_t make_desc(const char *name, std::vector<int64_t> shape)
     return d;
 }
 
+// Step args with struct_size set and no overrides of the config (muon::step_args of
+// muon_opt.hpp, for the tests of the C header alone).
+inline muon_step_args_t make_step_args(float lr, float weight_decay, float adam_lr, float adam_weight_decay) {
+    muon_step_args_t a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = sizeof a;
+    a.lr = lr;
+    a.weight_decay = weight_decay;
+    a.adam_lr = adam_lr;
+    a.adam_weight_decay = adam_weight_decay;
+    return a;
+}
+
 inline std::vector<muon_comm_t *> make_host_group(uint32_t n) {
     std::vector<muon_comm_t *> comms(n, nullptr);
     if (muon_host_group_create(n, comms.data()) != MUON_STATUS_SUCCESS) comms.clear();

@@ -76,7 +76,7 @@ std::vector<std::vector<uint16_t>> train_rank(muon_comm_t *comm, int rank, int r
             }
             EXPECT_EQ(muon_optimizer_grad_ready(opt, static_cast<uint32_t>(p)), MUON_STATUS_SUCCESS) << last_error();
         }
-        muon_step_args_t args{sizeof(muon_step_args_t), 0.02f, 0.1f, 0.003f, 0.01f};
+        muon_step_args_t args = make_step_args(0.02f, 0.1f, 0.003f, 0.01f);
         muon_step_info_t info{};
         info.struct_size = sizeof info;
         EXPECT_EQ(muon_optimizer_step(opt, &args, &info), MUON_STATUS_SUCCESS) << last_error();

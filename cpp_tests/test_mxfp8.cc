@@ -50,7 +50,7 @@ Result train(muon_comm_t *comm, int rank, bool mxfp8) {
         auto *g = static_cast<float *>(v.grad);
         for (size_t i = 0; i < init.size(); ++i) g[i] = noise((uint64_t(step) << 40) ^ (uint64_t(rank) << 32) ^ i);
         EXPECT_EQ(muon_optimizer_grad_ready(opt, 0), MUON_STATUS_SUCCESS) << last_error();
-        muon_step_args_t args{sizeof(muon_step_args_t), 0.02f, 0.1f, 0.003f, 0.01f};
+        muon_step_args_t args = make_step_args(0.02f, 0.1f, 0.003f, 0.01f);
         EXPECT_EQ(muon_optimizer_step(opt, &args, nullptr), MUON_STATUS_SUCCESS) << last_error();
         EXPECT_EQ(muon_optimizer_zero_grad(opt), MUON_STATUS_SUCCESS);
         EXPECT_EQ(muon_optimizer_wait_params(opt, v.bucket), MUON_STATUS_SUCCESS);

@@ -254,6 +254,26 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_TP_WHOLE_GROUPS (1 << 9)
 
 /**
+ * muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
+ */
+#define MUON_STEP_OVERRIDE_MUON_MOMENTUM (1 << 0)
+
+/**
+ * muon_step_args_t.overrides: the step's AdamW β1 is muon_step_args_t.adam_beta1.
+ */
+#define MUON_STEP_OVERRIDE_ADAM_BETA1 (1 << 1)
+
+/**
+ * muon_step_args_t.overrides: the step's AdamW β2 is muon_step_args_t.adam_beta2.
+ */
+#define MUON_STEP_OVERRIDE_ADAM_BETA2 (1 << 2)
+
+/**
+ * muon_step_args_t.overrides: the step's AdamW ε is muon_step_args_t.adam_eps.
+ */
+#define MUON_STEP_OVERRIDE_ADAM_EPS (1 << 3)
+
+/**
  * MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
  */
 #define MUON_MXFP8_SCALES_COMPACT 0
@@ -645,7 +665,9 @@ typedef struct muon_config_t {
 } muon_config_t;
 
 /**
- * Learning rates and weight decays of one step.
+ * Learning rates and weight decays of one step, and the config values it overrides (a
+ * scheduler's momentum and betas). Every rank of the data-parallel group passes the same
+ * values, as it does the learning rates (they are not compared across ranks).
  */
 typedef struct muon_step_args_t {
   /**
@@ -668,6 +690,36 @@ typedef struct muon_step_args_t {
    * AdamW decoupled weight decay.
    */
   float adam_weight_decay;
+  /**
+   * The fields below that this step uses in place of the config's: MUON_STEP_OVERRIDE_* bits
+   * (0 = none, the config's values; a bit no MUON_STEP_OVERRIDE_* defines is
+   * MUON_STATUS_INVALID_ARGUMENT). A field whose bit is clear is ignored; one whose bit is set
+   * and whose value breaks its rule is MUON_STATUS_OUT_OF_RANGE naming it, and nothing is
+   * enqueued. An override is for this step's route (every Muon matrix, every AdamW param),
+   * and a step given its args leaves the set ones in place (muon_optimizer_step), overrides
+   * included: like the learning rates they are device data, so a step captured in a CUDA
+   * graph reads the values last set. A caller compiled against the 20-byte layout (which
+   * ended at adam_weight_decay) overrides nothing.
+   */
+  uint32_t overrides;
+  /**
+   * Muon momentum μ in [0, 1), with MUON_STEP_OVERRIDE_MUON_MOMENTUM (else
+   * muon_config_t.muon_momentum).
+   */
+  float muon_momentum;
+  /**
+   * AdamW β1 in [0, 1), with MUON_STEP_OVERRIDE_ADAM_BETA1. The bias corrections are
+   * torch.optim.AdamW's with a scheduled beta: 1 − β^t with this step's β and step count t.
+   */
+  float adam_beta1;
+  /**
+   * AdamW β2 in [0, 1), with MUON_STEP_OVERRIDE_ADAM_BETA2.
+   */
+  float adam_beta2;
+  /**
+   * AdamW ε, finite and > 0, with MUON_STEP_OVERRIDE_ADAM_EPS.
+   */
+  float adam_eps;
 } muon_step_args_t;
 
 /**
@@ -1113,7 +1165,8 @@ muon_status_t muon_optimizer_grad_ready(struct muon_optimizer_t *opt,
  *        With @p info NULL the call only enqueues work on the streams and never waits for the
  *        device (the arguments reach the device by an asynchronous copy from pinned memory);
  *        read what the step did later with muon_optimizer_step_info.
- * @param[in]  args Learning rates and weight decays for this step only, or NULL to use the
+ * @param[in]  args Learning rates and weight decays (and overrides of the config's momentum
+ *             and betas, muon_step_args_t.overrides) for this step only, or NULL to use the
  *             ones last set with muon_optimizer_set_step_args (then the step copies nothing
  *             from the host: a step captured in a CUDA graph reads them from device memory at
  *             every replay; MUON_STATUS_INVALID_STATE if none were set — a step's own args
@@ -1176,11 +1229,12 @@ muon_status_t muon_optimizers_step(struct muon_optimizer_t *const *opts,
                                    const struct muon_step_args_t *args);
 
 /**
- * @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
- *        ordered on the caller's stream before any later step; never waits. Every later step
- *        without args of its own uses them until the next call (steps given their own args
- *        do not replace them). With muon_optimizer_step(opt, NULL, NULL) captured in a CUDA
- *        graph, call this before each replay to change the learning rate.
+ * @brief Copy the arguments of the next steps (learning rates, weight decays, overrides of the
+ *        config's momentum and betas) to the device, ordered on the caller's stream before
+ *        any later step; never waits. Every later step without args of its own uses them
+ *        until the next call (steps given their own args do not replace them). With
+ *        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
+ *        replay to change the learning rate, the momentum or the betas.
  */
 MUON_API
 MUON_NODISCARD

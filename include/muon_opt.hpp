@@ -119,6 +119,30 @@ inline muon_step_args_t step_args(float lr, float weight_decay, float adam_lr, f
     return a;
 }
 
+/// @p args with the step's Muon momentum in place of the config's (a scheduler's value, e.g. a
+/// momentum warmup): MUON_STEP_OVERRIDE_MUON_MOMENTUM.
+inline muon_step_args_t with_muon_momentum(muon_step_args_t args, float momentum) noexcept {
+    args.overrides |= MUON_STEP_OVERRIDE_MUON_MOMENTUM;
+    args.muon_momentum = momentum;
+    return args;
+}
+
+/// @p args with the step's AdamW betas in place of the config's (e.g. a cycled β1):
+/// MUON_STEP_OVERRIDE_ADAM_BETA1 and _BETA2.
+inline muon_step_args_t with_adam_betas(muon_step_args_t args, float beta1, float beta2) noexcept {
+    args.overrides |= MUON_STEP_OVERRIDE_ADAM_BETA1 | MUON_STEP_OVERRIDE_ADAM_BETA2;
+    args.adam_beta1 = beta1;
+    args.adam_beta2 = beta2;
+    return args;
+}
+
+/// @p args with the step's AdamW ε in place of the config's: MUON_STEP_OVERRIDE_ADAM_EPS.
+inline muon_step_args_t with_adam_eps(muon_step_args_t args, float eps) noexcept {
+    args.overrides |= MUON_STEP_OVERRIDE_ADAM_EPS;
+    args.adam_eps = eps;
+    return args;
+}
+
 /// Shapes of the E8M0 scale arrays of a [rows, cols] MXFP8 tensor:
 /// {rowwise rows, rowwise cols, columnwise rows, columnwise cols}.
 /// One attention matrix to QK-clip (muon_qk_clip_t): @p kind is MUON_QK_KIND_*, @p max_logits

@@ -1,18 +1,22 @@
 // Element-wise AdamW on fp32 masters (src/numerics/adamw.rs). The step's scalars (gradient
-// scale and clip, bias corrections, learning rate and weight decay, the skip flag) are read from device
-// memory (muon_step_scalars); lr = adam_lr * lr_scale, wd = adam_wd * wd_scale and
+// scale and clip, bias corrections, learning rate and weight decay, betas and eps, the skip flag)
+// are read from device memory (muon_step_scalars); 1 - beta1, 1 - beta2,
+// lr = adam_lr * lr_scale, wd = adam_wd * wd_scale and
 // decay = 1 - lr * wd are the host's f32 products. Per element, each operation one f32 rounding, in the host's order
 // (--fmad=false, IEEE division and square root). Launch: block 256, any 1-D grid.
 
 #include "muon_common.cuh"
 
 extern "C" __global__ void muon_adamw(float *w, float *exp_avg, float *exp_avg_sq, const void *grad, int grad_bf16,
-                                      muon_u64 n, float beta1, float beta2, float one_minus_beta1,
-                                      float one_minus_beta2, float eps, float lr_scale, float wd_scale,
-                                      const double *scalars) {
+                                      muon_u64 n, float lr_scale, float wd_scale, const double *scalars) {
     if (muon_step_skipped(scalars)) {
         return;
     }
+    const float beta1 = muon_scalar(scalars, MUON_SCALAR_ADAM_BETA1);
+    const float beta2 = muon_scalar(scalars, MUON_SCALAR_ADAM_BETA2);
+    const float one_minus_beta1 = 1.0f - beta1;
+    const float one_minus_beta2 = 1.0f - beta2;
+    const float eps = muon_scalar(scalars, MUON_SCALAR_ADAM_EPS);
     const float mean_scale = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
     const float clip = muon_scalar(scalars, MUON_SCALAR_CLIP_COEF);
     const float bc1 = muon_scalar(scalars, MUON_SCALAR_BC1);

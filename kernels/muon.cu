@@ -5,16 +5,18 @@
 
 #include "muon_common.cuh"
 
-// g = (grad * grad_scale) * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m. Without
-// Nesterov `update` may be `momentum` itself (u = m): then nothing more is stored.
+// g = (grad * grad_scale) * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m, with the
+// step's mu (and 1 - mu one f32 subtraction, as on the host). Without Nesterov `update` may be
+// `momentum` itself (u = m): then nothing more is stored.
 extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
-                                         muon_u64 n, float mu, float one_minus_mu, const double *scalars,
-                                         int nesterov) {
+                                         muon_u64 n, const double *scalars, int nesterov) {
     if (muon_step_skipped(scalars)) {
         return;
     }
     const float mean_scale = muon_scalar(scalars, MUON_SCALAR_GRAD_SCALE);
     const float clip = muon_scalar(scalars, MUON_SCALAR_CLIP_COEF);
+    const float mu = muon_scalar(scalars, MUON_SCALAR_MUON_MOMENTUM);
+    const float one_minus_mu = 1.0f - mu;
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
         const float g = muon_scaled_grad(grad, grad_bf16, i, mean_scale, clip);
         const float m = mu * momentum[i] + one_minus_mu * g;

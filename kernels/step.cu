@@ -140,9 +140,11 @@ __device__ bool muon_steps_disagree(double *scalars, const struct muon_norm_term
     return false;
 }
 
-// This optimizer's gradients are summed over `dp` ranks (the updates scale them by 1/dp).
+// This optimizer's gradients are summed over `dp` ranks (the updates scale them by 1/dp). The
+// bias corrections take the step's betas (its arguments, copied in before this launch) and the
+// new step count, as torch.optim.AdamW does when a scheduler changes the betas.
 extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_terms terms, muon_u32 dp,
-                                             float clip_grad, float beta1, float beta2) {
+                                             float clip_grad) {
     if (blockIdx.x != 0u) {
         return;
     }
@@ -164,6 +166,8 @@ extern "C" __global__ void muon_step_scalars(double *scalars, struct muon_norm_t
     scalars[MUON_SCALAR_GRAD_SCALE] = (double)grad_scale;
     scalars[MUON_SCALAR_SKIP] = skipped ? 1.0 : 0.0;
     scalars[MUON_SCALAR_STEP] = (double)step;
+    const float beta1 = muon_scalar(scalars, MUON_SCALAR_ADAM_BETA1);
+    const float beta2 = muon_scalar(scalars, MUON_SCALAR_ADAM_BETA2);
     scalars[MUON_SCALAR_BC1] = (double)(1.0f - muon_powi_f32(beta1, step));
     scalars[MUON_SCALAR_BC2] = (double)(1.0f - muon_powi_f32(beta2, step));
 }

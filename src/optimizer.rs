@@ -562,9 +562,11 @@ impl Optimizer {
     }
 
     /// One optimizer step, enqueued on the streams without waiting for the device (the
-    /// norm, clip and skip decision stay on the device).
+    /// norm, clip and skip decision stay on the device). `args.overrides` replace the config's
+    /// Muon momentum and AdamW β1, β2, ε for this step (a scheduler's values); values out of
+    /// range are refused naming the field, before anything is enqueued.
     pub fn step_async(&mut self, args: &StepArgs) -> Result<()> {
-        Self::check_args(args, "args->")?;
+        args.check("args->")?;
         self.with_runtime("step", |rt| rt.step(Some(args)))
     }
 
@@ -629,7 +631,7 @@ impl Optimizer {
                 );
             }
             for (k, a) in args.iter().enumerate() {
-                Self::check_args(a, &format!("args[{k}]."))?;
+                a.check(&format!("args[{k}]."))?;
             }
         }
         let first = &members[0];
@@ -671,23 +673,8 @@ impl Optimizer {
     /// Copies the arguments of the next steps to the device, ordered on the caller's stream
     /// (no host wait).
     pub fn set_step_args(&mut self, args: &StepArgs) -> Result<()> {
-        Self::check_args(args, "args->")?;
+        args.check("args->")?;
         self.with_runtime("set_step_args", |rt| rt.set_step_args(args))
-    }
-
-    /// Checks the values of `args`, named `{arg}{field}` in messages (`args->`, `args[1].`).
-    fn check_args(args: &StepArgs, arg: &str) -> Result<()> {
-        for (field, value) in [
-            ("lr", args.lr),
-            ("weight_decay", args.weight_decay),
-            ("adam_lr", args.adam_lr),
-            ("adam_weight_decay", args.adam_weight_decay),
-        ] {
-            if !(value.is_finite() && value >= 0.0) {
-                bail!(OutOfRange, "step: {arg}{field} {value} must be finite and >= 0");
-            }
-        }
-        Ok(())
     }
 
     /// What the last step did (all zeros before the first); waits for the compute stream.

@@ -36,9 +36,10 @@ use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::ParamSpec;
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::numerics::mxfp8::ScaleLayout;
-use support::cuda::{cuda_model, elementwise_script, host_backend, iterate, runtime};
+use muon_opt::schedule::{Runtime, StepArgs, StepInfo, StepOverrides};
+use support::cuda::{backward, cuda_model, elementwise_script, host_backend, iterate, runtime};
 use support::ranks::on_ranks;
-use support::training::bits;
+use support::training::{ARGS, bits};
 
 use emulator::{Emulator, SMALL_TILE, emulated_backend, part_sizes};
 
@@ -54,6 +55,18 @@ fn compare_runs(label: &str, cfg: &Config, specs: &[ParamSpec]) {
 /// [`compare_runs`], with a QK-clip of the grouped QKV at every step when `qk_clip`; returns
 /// the names of the kernels the emulated device launched.
 fn compare_clipped_runs(label: &str, cfg: &Config, specs: &[ParamSpec], qk_clip: bool) -> BTreeSet<&'static str> {
+    compare_stepped_runs(label, cfg, specs, qk_clip, &|rt, step| iterate(rt, 0, step, step == 2))
+}
+
+/// [`compare_clipped_runs`] with each iteration `iteration(runtime, step)` (gradients, step,
+/// params waited for; the step 2 of the others has a NaN gradient and is skipped).
+fn compare_stepped_runs(
+    label: &str,
+    cfg: &Config,
+    specs: &[ParamSpec],
+    qk_clip: bool,
+    iteration: &dyn Fn(&mut Runtime, u64) -> StepInfo,
+) -> BTreeSet<&'static str> {
     let mut host = runtime(cfg, specs, 0, 1, Box::new(host_backend(cfg)));
     let mut emu = runtime(
         cfg,
@@ -63,12 +76,11 @@ fn compare_clipped_runs(label: &str, cfg: &Config, specs: &[ParamSpec], qk_clip:
         Box::new(emulated_backend(MuonOptions::from_config(cfg))),
     );
     for step in 0..4 {
-        let nan = step == 2;
         if qk_clip {
             ranks::clip(&mut host, specs, false);
             ranks::clip(&mut emu, specs, true);
         }
-        let (a, b) = (iterate(&mut host, 0, step, nan), iterate(&mut emu, 0, step, nan));
+        let (a, b) = (iteration(&mut host, step), iteration(&mut emu, step));
         assert_eq!((a.skipped, a.step), (b.skipped, b.step), "{label}: step {step}");
         assert_eq!(
             a.grad_norm.to_bits(),
@@ -193,6 +205,60 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
         ..cfg
     };
     compare_runs("f32 NS, padded, bf16 grads, nesterov, clipping", &cfg, &cuda_model());
+}
+
+/// A step's overrides of the config's momentum and betas (a scheduler's, new every step) reach
+/// the kernels through the device's scalars: given with the step (steps 0 and 1) or set
+/// beforehand for a step that copies nothing (steps 2 and 3, the form a CUDA graph captures:
+/// no per-step value is a launch argument), the emulated device equals the host bit for bit,
+/// with Nesterov and bf16 grads too.
+#[test]
+fn emulated_step_overrides_match_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    let iteration = |rt: &mut Runtime, step: u64| {
+        backward(rt, 0, step, false);
+        let args = StepArgs {
+            overrides: StepOverrides {
+                muon_momentum: Some(0.8 + 0.05 * step as f32),
+                adam_beta1: Some(0.85 - 0.1 * step as f32),
+                adam_beta2: (step != 1).then_some(0.95 + 0.01 * step as f32),
+                adam_eps: Some(1e-6 / (1 + step) as f32),
+            },
+            ..ARGS
+        };
+        if step < 2 {
+            rt.step(Some(&args)).unwrap();
+        } else {
+            rt.set_step_args(&args).unwrap();
+            rt.step(None).unwrap();
+        }
+        for b in 0..rt.plan().buckets.len() as u32 {
+            rt.wait_params(b).unwrap();
+        }
+        rt.step_info().unwrap()
+    };
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    compare_stepped_runs("overrides, f32 NS", &cfg, &cuda_model(), false, &iteration);
+    let cfg = Config {
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        ..cfg
+    };
+    compare_stepped_runs(
+        "overrides, nesterov, bf16 grads",
+        &cfg,
+        &cuda_model(),
+        false,
+        &iteration,
+    );
 }
 
 #[test]

@@ -361,7 +361,6 @@ fn newton_schulz_matches_the_golden_vectors() {
         .flat_map(|run| [muon_opt::config::DEFAULT_SYMMETRIC_TILE, 16].map(|tile| (run, tile)));
         for ((precision, tolerance), symmetric_tile) in runs {
             let muon = MuonOptions {
-                momentum: 0.0,
                 nesterov: false,
                 ns: NsOptions {
                     coefficients,
@@ -412,19 +411,18 @@ fn newton_schulz_matches_the_golden_vectors() {
                     wd_scale: 1.0,
                 },
             };
-            // The step's scalars as a step derives them: lr 1, no decay, no clip (scale 1).
-            backend.set_step_args([1.0, 0.0, 0.0, 0.0]).unwrap();
+            // The step's scalars as a step derives them: lr 1, no decay, no clip (scale 1),
+            // momentum 0.
+            backend
+                .set_step_args([1.0, 0.0, 0.0, 0.0, 0.0, 0.9, 0.999, 1e-8])
+                .unwrap();
             backend.squared_norm(vec![job.grad], Vec::new()).unwrap();
             backend.record(StreamKind::Compute, EventId(0)).unwrap();
             backend.wait(StreamKind::Comm, EventId(0)).unwrap();
             backend.gather_norm_sums().unwrap();
             backend.record(StreamKind::Comm, EventId(1)).unwrap();
             backend.wait(StreamKind::Compute, EventId(1)).unwrap();
-            let constants = StepConstants {
-                clip_grad: 0.0,
-                beta1: 0.9,
-                beta2: 0.999,
-            };
+            let constants = StepConstants { clip_grad: 0.0 };
             let own = NormTerm {
                 sums: NormSums::Own,
                 ..backend.norm_term().unwrap()

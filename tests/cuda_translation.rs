@@ -503,11 +503,7 @@ fn a_norm_group_gathers_on_its_own_communicator() {
     use muon_opt::backend::cuda::translate::Translator;
     use muon_opt::backend::ops::{NormSums, NormTerm, StepConstants};
     let muon = MuonOptions::from_config(&Config::default());
-    let constants = StepConstants {
-        clip_grad: 1.0,
-        beta1: 0.9,
-        beta2: 0.999,
-    };
+    let constants = StepConstants { clip_grad: 1.0 };
     for (group, comm, count) in [(Some(8), NcclComm::Norm, 8u32), (None, NcclComm::Data, 2)] {
         let translator = Translator::new(1, 2, muon);
         let translator = match group {
@@ -583,17 +579,25 @@ fn a_norm_group_gathers_on_its_own_communicator() {
 /// (ordered on the stream), then `step(None)`, which copies nothing from the host — its
 /// translation holds no host-to-device copy at all, the argument copy is the one action of
 /// `set_step_args`, and the params equal those of steps given their arguments, bit for bit,
-/// also when the learning rate changes every step.
+/// also when the learning rate, the momentum and the betas change every step; every preset
+/// step after the first (which waits for no earlier iteration) translates to the same actions
+/// (no per-step value is a launch argument), so one captured graph replays them all.
 #[test]
 fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
-    use muon_opt::schedule::StepArgs;
+    use muon_opt::schedule::{StepArgs, StepOverrides};
     let (cfg, specs) = (cases()[0].1.clone(), cuda_model());
     let args = |step: u64| StepArgs {
         lr: 0.02 / (1.0 + step as f32),
+        overrides: StepOverrides {
+            muon_momentum: Some(0.9 - 0.1 * step as f32),
+            adam_beta1: Some(0.8 + 0.05 * step as f32),
+            adam_beta2: Some(0.95),
+            adam_eps: Some(1e-6 * (1 + step) as f32),
+        },
         ..ARGS
     };
     type DryLog = Vec<(Op, muon_opt::error::Result<Translated>)>;
-    let run = |preset: bool| -> (Vec<Vec<f32>>, DryLog) {
+    let run = |preset: bool| -> (Vec<Vec<f32>>, Vec<DryLog>) {
         let dry = Arc::new(Mutex::new(DryRun::new(0, 1, MuonOptions::from_config(&cfg))));
         let comm = Communicator::new(Transport::Host(HostGroup::new(1, Duration::from_secs(20)).remove(0)));
         let host = HostBackend::new(comm, cfg.host_comm_mode, MuonOptions::from_config(&cfg)).unwrap();
@@ -621,8 +625,7 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
             } else {
                 rt.step(Some(&args(step))).unwrap();
             }
-            let log = dry.lock().unwrap().log[mark..].to_vec();
-            step_log.extend(log);
+            step_log.push(dry.lock().unwrap().log[mark..].to_vec());
         }
         rt.synchronize().unwrap();
         let params = (0..specs.len()).map(|p| rt.param_values(p).unwrap()).collect();
@@ -633,8 +636,13 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
     for (p, (a, b)) in given.iter().zip(&preset).enumerate() {
         assert!(bits(a) == bits(b), "param {p} differs");
     }
-    let copies = |log: &DryLog| {
+    assert!(
+        format!("{:?}", preset_log[1]) == format!("{:?}", preset_log[2]),
+        "every preset step translates alike"
+    );
+    let copies = |log: &[DryLog]| {
         log.iter()
+            .flatten()
             .filter_map(|(_, t)| match t {
                 Ok(Translated::Actions(a)) => {
                     Some(a.iter().filter(|x| matches!(x, Action::CopyInAsync { .. })).count())

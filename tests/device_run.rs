@@ -24,7 +24,7 @@ use muon_opt::measure::{DeviceInfo, DeviceRun, Reference, StepTime, Workload, op
 use muon_opt::model::{ParamFlags, ParamSpec, Registry};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::plan::build_plan;
-use muon_opt::schedule::{Runtime, StepArgs};
+use muon_opt::schedule::{Runtime, StepArgs, StepOverrides};
 use muon_opt::sim::cost::CostModel;
 use muon_opt::sim::profile::{Hardware, builtin};
 use muon_opt::sim::work::Work;
@@ -90,6 +90,7 @@ const ARGS: StepArgs = StepArgs {
     weight_decay: 0.1,
     adam_lr: 3e-4,
     adam_weight_decay: 0.1,
+    overrides: StepOverrides::NONE,
 };
 
 /// One timed step on the stand-in; returns the timed (work, seconds) pairs, the issued counts

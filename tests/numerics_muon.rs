@@ -12,7 +12,6 @@ use support::rng::Rng;
 
 fn options(scale_mode: ScaleMode, nesterov: bool, extra: f32) -> MuonOptions {
     let cfg = Config {
-        muon_momentum: 0.9,
         muon_nesterov: nesterov,
         muon_coefficient_set: CoefficientSet::Quintic,
         muon_num_ns_steps: 5,
@@ -32,6 +31,7 @@ fn args() -> MuonStepArgs {
             lr_scale: 1.5,
             wd_scale: 0.5,
         },
+        momentum: 0.9,
         grad_scale: 1.0 / 3.0,
         clip_coef: 0.8,
     }
@@ -60,7 +60,7 @@ fn muon_step_f64(
     a: &MuonStepArgs,
     o: &MuonOptions,
 ) -> (Vec<f64>, Vec<f64>) {
-    let mu = f64::from(o.momentum);
+    let mu = f64::from(a.momentum);
     let (scale, clip) = (f64::from(a.grad_scale), f64::from(a.clip_coef));
     let g: Vec<f64> = g.iter().map(|&v| f64::from(v) * scale * clip).collect();
     let m_new: Vec<f64> = m.iter().zip(&g).map(|(m, g)| mu * m + (1.0 - mu) * g).collect();
@@ -154,7 +154,7 @@ fn momentum_follows_the_documented_f32_order_bit_for_bit() {
         split_groups: 1,
     };
     muon_update(&mut w, &mut m, &g, &shape, &a, &o, &mut MuonWorkspace::default()).unwrap();
-    let mu = o.momentum;
+    let mu = a.momentum;
     for i in 0..g.len() {
         let gi = (g[i] * a.grad_scale) * a.clip_coef;
         let expected = mu * start.m[i] + (1.0 - mu) * gi;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use muon_opt::config::{Config, NsPrecision};
 use muon_opt::init_data::InitData;
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::StepArgs;
+use muon_opt::schedule::{StepArgs, StepOverrides};
 use support::ranks::optimizers;
 use support::training::{bits, init_values, model, rank_grad};
 
@@ -62,6 +62,7 @@ fn rates_as_param_scales_step_like_rates_in_the_args() {
         weight_decay: 1.0,
         adam_lr: 1.0,
         adam_weight_decay: 1.0,
+        overrides: StepOverrides::NONE,
     };
     for step in 0..4u64 {
         // A schedule: the rates halve after two steps.
@@ -71,6 +72,7 @@ fn rates_as_param_scales_step_like_rates_in_the_args() {
             weight_decay: 0.1,
             adam_lr: 0.003 * decay,
             adam_weight_decay: 0.01,
+            overrides: StepOverrides::NONE,
         };
         for (p, spec) in specs.iter().enumerate() {
             let muon = by_scales.route(p as u32).unwrap() == muon_opt::model::Route::Muon;

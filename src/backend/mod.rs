@@ -11,7 +11,8 @@ use std::ffi::c_void;
 
 use crate::error::Result;
 use ops::{
-    AdamwJob, CollOp, EventId, InitValues, MemoryLayout, MuonJob, NormTerm, Op, Scalar, Span, StepConstants, StreamKind,
+    AdamwJob, CollOp, EventId, InitValues, MemoryLayout, MuonJob, NormTerm, Op, STEP_ARGS, Scalar, Span, StepConstants,
+    StreamKind,
 };
 
 /// What the schedule needs from a backend: [`Backend::execute`] runs every command (an [`Op`]
@@ -91,7 +92,7 @@ pub trait Backend: Send {
         })
     }
     /// [`Op::SetStepArgs`] of `args`.
-    fn set_step_args(&mut self, args: [f32; 4]) -> Result<()> {
+    fn set_step_args(&mut self, args: [f32; STEP_ARGS]) -> Result<()> {
         self.execute(&Op::set_step_args(args))
     }
     /// [`Op::SetStepCount`].

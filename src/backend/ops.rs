@@ -64,10 +64,10 @@ pub enum Op {
         constants: StepConstants,
         terms: Vec<NormTerm>,
     },
-    /// Compute stream, without blocking the host: the step's arguments (f32 bits) into
-    /// [`Scalar::Lr`], [`Scalar::WeightDecay`], [`Scalar::AdamLr`] and
-    /// [`Scalar::AdamWeightDecay`].
-    SetStepArgs([u32; 4]),
+    /// Compute stream, without blocking the host: the step's arguments (f32 bits) into the
+    /// [`STEP_ARGS`] slots from [`Scalar::Lr`] to [`Scalar::AdamEps`]
+    /// ([`crate::schedule::StepArgs::slots`]).
+    SetStepArgs([u32; STEP_ARGS]),
     /// Compute stream: [`Scalar::Step`] = the count (a loaded checkpoint's).
     SetStepCount(u64),
     /// Query, compute stream, host-synchronizing: every scalar, indexed by [`Scalar::slot`].
@@ -132,7 +132,7 @@ impl Op {
     }
 
     /// `Op::SetStepArgs` of `args`.
-    pub fn set_step_args(args: [f32; 4]) -> Op {
+    pub fn set_step_args(args: [f32; STEP_ARGS]) -> Op {
         Op::SetStepArgs(args.map(f32::to_bits))
     }
 }
@@ -237,14 +237,20 @@ pub enum Scalar {
     Skip,
     /// Optimizer steps taken (skipped steps excluded), the AdamW `t`.
     Step,
-    /// AdamW bias corrections `1 − β1^t`, `1 − β2^t`.
+    /// AdamW bias corrections `1 − β1^t`, `1 − β2^t`, with the step's β1 and β2.
     Bc1,
     Bc2,
-    /// The step's arguments (`StepArgs`), copied in asynchronously at the start of the step.
+    /// The step's arguments (`StepArgs::slots`), copied in asynchronously at the start of the
+    /// step: the learning rates and weight decays, then the Muon momentum and the AdamW β1,
+    /// β2 and ε (a step's overrides, else the config's).
     Lr,
     WeightDecay,
     AdamLr,
     AdamWeightDecay,
+    MuonMomentum,
+    AdamBeta1,
+    AdamBeta2,
+    AdamEps,
     /// Ranks the norm is gathered over that have taken different numbers of steps (the step
     /// is skipped): the optimizer of the shared step, 1 + the rank (0 when they agree), its
     /// steps and its rank 0's ([`crate::numerics::StepsDisagree`]).
@@ -255,7 +261,7 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 19;
     pub const ALL: [Scalar; Scalar::COUNT] = [
         Scalar::GradNorm,
         Scalar::ClipCoef,
@@ -268,6 +274,10 @@ impl Scalar {
         Scalar::WeightDecay,
         Scalar::AdamLr,
         Scalar::AdamWeightDecay,
+        Scalar::MuonMomentum,
+        Scalar::AdamBeta1,
+        Scalar::AdamBeta2,
+        Scalar::AdamEps,
         Scalar::DisagreeTerm,
         Scalar::DisagreeRank,
         Scalar::DisagreeSteps,
@@ -280,12 +290,16 @@ impl Scalar {
     }
 }
 
-/// The constants the step's scalars are derived with ([`crate::numerics::step_scalars`]).
+/// Scalars of a step's arguments ([`Op::SetStepArgs`]): the slots from [`Scalar::Lr`] to
+/// [`Scalar::AdamEps`].
+pub const STEP_ARGS: usize = 8;
+
+/// The constants the step's scalars are derived with ([`crate::numerics::step_scalars`]; the
+/// AdamW betas of the bias corrections are the step's, [`Scalar::AdamBeta1`] and
+/// [`Scalar::AdamBeta2`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepConstants {
     pub clip_grad: f32,
-    pub beta1: f32,
-    pub beta2: f32,
 }
 
 /// Most optimizers one step can share a clip between ([`NormTerm`]s of one `finish_step`; the
@@ -324,16 +338,6 @@ impl PartialEq for NormSums {
     }
 }
 
-/// Per-parameter constants of an AdamW update; the learning rate, weight decay, gradient
-/// scale and bias corrections come from the step's scalars.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamwParamArgs {
-    pub scales: ParamScales,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-}
-
 /// One Muon matrix update (docs/design.md §6) on fp32 state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MuonJob {
@@ -363,5 +367,7 @@ pub struct AdamwJob {
     pub exp_avg_sq: Span,
     /// The reduced gradient (grad dtype).
     pub grad: Span,
-    pub args: AdamwParamArgs,
+    /// The multipliers of the step's learning rate and weight decay (the betas, ε, gradient
+    /// scale and bias corrections come from the step's scalars too).
+    pub scales: ParamScales,
 }

@@ -110,6 +110,15 @@ pub const MUON_PARAM_FLAG_TP_SHARD_COLS: u32 = 1 << 8;
 /// split_sizes (no expert stack).
 pub const MUON_PARAM_FLAG_TP_WHOLE_GROUPS: u32 = 1 << 9;
 
+/// muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
+pub const MUON_STEP_OVERRIDE_MUON_MOMENTUM: u32 = 1 << 0;
+/// muon_step_args_t.overrides: the step's AdamW β1 is muon_step_args_t.adam_beta1.
+pub const MUON_STEP_OVERRIDE_ADAM_BETA1: u32 = 1 << 1;
+/// muon_step_args_t.overrides: the step's AdamW β2 is muon_step_args_t.adam_beta2.
+pub const MUON_STEP_OVERRIDE_ADAM_BETA2: u32 = 1 << 2;
+/// muon_step_args_t.overrides: the step's AdamW ε is muon_step_args_t.adam_eps.
+pub const MUON_STEP_OVERRIDE_ADAM_EPS: u32 = 1 << 3;
+
 /// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
 pub const MUON_MXFP8_SCALES_COMPACT: u32 = 0;
 /// MXFP8 scales in the cuBLAS / tcgen05 swizzled order.

@@ -5,6 +5,10 @@ use crate::backend::ops::MAX_NORM_TERMS;
 use crate::bail;
 use crate::capi::boundary::{checked_size, fail, non_null, run};
 use crate::capi::config::{muon_config_t, read_config};
+use crate::capi::constants::{
+    MUON_STEP_OVERRIDE_ADAM_BETA1, MUON_STEP_OVERRIDE_ADAM_BETA2, MUON_STEP_OVERRIDE_ADAM_EPS,
+    MUON_STEP_OVERRIDE_MUON_MOMENTUM,
+};
 use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
@@ -12,12 +16,14 @@ use crate::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_TILE, NsMe
 use crate::error::{Error, ErrorKind};
 use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
 use crate::optimizer::Optimizer;
-use crate::schedule::StepArgs;
+use crate::schedule::{StepArgs, StepOverrides};
 
-/// Learning rates and weight decays of one step.
+/// Learning rates and weight decays of one step, and the config values it overrides (a
+/// scheduler's momentum and betas). Every rank of the data-parallel group passes the same
+/// values, as it does the learning rates (they are not compared across ranks).
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct muon_step_args_t {
     /// sizeof(muon_step_args_t) as compiled by the caller.
     pub struct_size: u32,
@@ -29,6 +35,65 @@ pub struct muon_step_args_t {
     pub adam_lr: f32,
     /// AdamW decoupled weight decay.
     pub adam_weight_decay: f32,
+    /// The fields below that this step uses in place of the config's: MUON_STEP_OVERRIDE_* bits
+    /// (0 = none, the config's values; a bit no MUON_STEP_OVERRIDE_* defines is
+    /// MUON_STATUS_INVALID_ARGUMENT). A field whose bit is clear is ignored; one whose bit is set
+    /// and whose value breaks its rule is MUON_STATUS_OUT_OF_RANGE naming it, and nothing is
+    /// enqueued. An override is for this step's route (every Muon matrix, every AdamW param),
+    /// and a step given its args leaves the set ones in place (muon_optimizer_step), overrides
+    /// included: like the learning rates they are device data, so a step captured in a CUDA
+    /// graph reads the values last set. A caller compiled against the 20-byte layout (which
+    /// ended at adam_weight_decay) overrides nothing.
+    pub overrides: u32,
+    /// Muon momentum μ in [0, 1), with MUON_STEP_OVERRIDE_MUON_MOMENTUM (else
+    /// muon_config_t.muon_momentum).
+    pub muon_momentum: f32,
+    /// AdamW β1 in [0, 1), with MUON_STEP_OVERRIDE_ADAM_BETA1. The bias corrections are
+    /// torch.optim.AdamW's with a scheduled beta: 1 − β^t with this step's β and step count t.
+    pub adam_beta1: f32,
+    /// AdamW β2 in [0, 1), with MUON_STEP_OVERRIDE_ADAM_BETA2.
+    pub adam_beta2: f32,
+    /// AdamW ε, finite and > 0, with MUON_STEP_OVERRIDE_ADAM_EPS.
+    pub adam_eps: f32,
+}
+
+/// Every released `muon_step_args_t` layout, oldest first: its last field and `sizeof` (every
+/// field is 4 bytes, so no layout has padding). Appending a field appends a row (a test checks
+/// the list against the struct). A struct_size below the current one and not listed is
+/// refused (a torn or hand-computed size); the first layout's overrides nothing.
+pub(crate) const RELEASED_STEP_ARGS_LAYOUTS: [(&str, usize); 2] = [("adam_weight_decay", 20), ("adam_eps", 40)];
+
+/// Every MUON_STEP_OVERRIDE_* bit.
+const STEP_OVERRIDE_BITS: u32 = MUON_STEP_OVERRIDE_MUON_MOMENTUM
+    | MUON_STEP_OVERRIDE_ADAM_BETA1
+    | MUON_STEP_OVERRIDE_ADAM_BETA2
+    | MUON_STEP_OVERRIDE_ADAM_EPS;
+
+impl muon_step_args_t {
+    /// The step's arguments: each override whose bit is set; unknown bits are refused, named
+    /// `{arg}overrides` (`args->`, `args[1].`). The values are checked by the step.
+    pub fn to_args(&self, arg: &str) -> crate::error::Result<StepArgs> {
+        let unknown = self.overrides & !STEP_OVERRIDE_BITS;
+        if unknown != 0 {
+            bail!(
+                InvalidArgument,
+                "{arg}overrides: unknown bits 0x{unknown:x} (the MUON_STEP_OVERRIDE_* bits are 0x{STEP_OVERRIDE_BITS:x})"
+            );
+        }
+        let field = |bit: u32, value: f32| (self.overrides & bit != 0).then_some(value);
+        Ok(StepArgs {
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            adam_lr: self.adam_lr,
+            adam_weight_decay: self.adam_weight_decay,
+            overrides: StepOverrides {
+                muon_momentum: field(MUON_STEP_OVERRIDE_MUON_MOMENTUM, self.muon_momentum),
+                adam_beta1: field(MUON_STEP_OVERRIDE_ADAM_BETA1, self.adam_beta1),
+                adam_beta2: field(MUON_STEP_OVERRIDE_ADAM_BETA2, self.adam_beta2),
+                adam_eps: field(MUON_STEP_OVERRIDE_ADAM_EPS, self.adam_eps),
+            },
+        })
+    }
 }
 
 /// What a step did.
@@ -91,7 +156,8 @@ pub unsafe extern "C" fn muon_optimizer_grad_ready(opt: *mut muon_optimizer_t, p
 ///        With @p info NULL the call only enqueues work on the streams and never waits for the
 ///        device (the arguments reach the device by an asynchronous copy from pinned memory);
 ///        read what the step did later with muon_optimizer_step_info.
-/// @param[in]  args Learning rates and weight decays for this step only, or NULL to use the
+/// @param[in]  args Learning rates and weight decays (and overrides of the config's momentum
+///             and betas, muon_step_args_t.overrides) for this step only, or NULL to use the
 ///             ones last set with muon_optimizer_set_step_args (then the step copies nothing
 ///             from the host: a step captured in a CUDA graph reads them from device memory at
 ///             every replay; MUON_STATUS_INVALID_STATE if none were set — a step's own args
@@ -120,7 +186,7 @@ pub unsafe extern "C" fn muon_optimizer_step(
         if args.is_null() {
             o.step_with_set_args()?;
         } else {
-            o.step_async(&unsafe { read_step_args(args) }?)?;
+            o.step_async(&unsafe { read_step_args(args, "args->") }?)?;
         }
         if !info.is_null() {
             write_step_info(info, o.step_info()?);
@@ -201,8 +267,8 @@ pub unsafe extern "C" fn muon_optimizers_step(
 /// # Safety
 /// `args` points to `count` readable `muon_step_args_t` of the caller's size.
 unsafe fn read_step_args_array(args: *const muon_step_args_t, count: usize) -> crate::error::Result<Vec<StepArgs>> {
-    checked_size(args, "args")?;
-    // SAFETY: checked above: non-NULL, starts with a u32.
+    non_null(args, "args")?;
+    // SAFETY: non-NULL, starts with a u32.
     let stride = unsafe { std::ptr::read_unaligned(args.cast::<u32>()) } as usize;
     (0..count)
         .map(|k| {
@@ -215,16 +281,17 @@ unsafe fn read_step_args_array(args: *const muon_step_args_t, count: usize) -> c
                     "args[{k}].struct_size: {size} differs from args[0]'s {stride}; set every element's to sizeof(muon_step_args_t)"
                 );
             }
-            unsafe { read_step_args(element) }
+            unsafe { read_step_args(element, &format!("args[{k}].")) }
         })
         .collect()
 }
 
-/// @brief Copy the arguments of the next steps (learning rates, weight decays) to the device,
-///        ordered on the caller's stream before any later step; never waits. Every later step
-///        without args of its own uses them until the next call (steps given their own args
-///        do not replace them). With muon_optimizer_step(opt, NULL, NULL) captured in a CUDA
-///        graph, call this before each replay to change the learning rate.
+/// @brief Copy the arguments of the next steps (learning rates, weight decays, overrides of the
+///        config's momentum and betas) to the device, ordered on the caller's stream before
+///        any later step; never waits. Every later step without args of its own uses them
+///        until the next call (steps given their own args do not replace them). With
+///        muon_optimizer_step(opt, NULL, NULL) captured in a CUDA graph, call this before each
+///        replay to change the learning rate, the momentum or the betas.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_set_step_args(
@@ -232,24 +299,40 @@ pub unsafe extern "C" fn muon_optimizer_set_step_args(
     args: *const muon_step_args_t,
 ) -> muon_status_t {
     with_mut::<Optimizer>("muon_optimizer_set_step_args", opt, "opt", |o| {
-        o.set_step_args(&unsafe { read_step_args(args) }?)
+        o.set_step_args(&unsafe { read_step_args(args, "args->") }?)
     })
 }
 
-/// The caller's step arguments, NULL and `struct_size` checked.
+/// The caller's step arguments, named `{arg}…` (`args->`, `args[1].`): NULL and
+/// `struct_size` checked (a released layout's size, or larger: a newer header's), then
+/// `min(struct_size, sizeof)` bytes read over no overrides, as [`read_config`] reads a config.
 ///
 /// # Safety
-/// `args` is NULL or points to a readable `muon_step_args_t` of at least the checked size.
-unsafe fn read_step_args(args: *const muon_step_args_t) -> crate::error::Result<StepArgs> {
-    checked_size(args, "args")?;
-    // SAFETY: non-NULL and of the checked size.
-    let a = unsafe { std::ptr::read_unaligned(args) };
-    Ok(StepArgs {
-        lr: a.lr,
-        weight_decay: a.weight_decay,
-        adam_lr: a.adam_lr,
-        adam_weight_decay: a.adam_weight_decay,
-    })
+/// `args` is NULL or points to `struct_size` readable bytes.
+pub(crate) unsafe fn read_step_args(args: *const muon_step_args_t, arg: &str) -> crate::error::Result<StepArgs> {
+    non_null(args, "args")?;
+    // SAFETY: non-NULL; the struct starts with a u32.
+    let size = unsafe { std::ptr::read_unaligned(args.cast::<u32>()) } as usize;
+    let current = std::mem::size_of::<muon_step_args_t>();
+    let released = RELEASED_STEP_ARGS_LAYOUTS.map(|(_, size)| size);
+    if size < current && !released.contains(&size) {
+        let list: Vec<String> = released.iter().map(usize::to_string).collect();
+        bail!(
+            AbiMismatch,
+            "{arg}struct_size: {size} is not the size of a released muon_step_args_t ({} bytes, or more from a newer header); set it to sizeof(muon_step_args_t)",
+            list.join(", ")
+        );
+    }
+    let mut raw = muon_step_args_t::default();
+    // SAFETY: the caller guarantees `size` readable bytes; we copy at most our own size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            args.cast::<u8>(),
+            (&mut raw as *mut muon_step_args_t).cast::<u8>(),
+            size.min(current),
+        )
+    };
+    raw.to_args(arg)
 }
 
 /// @brief What the last step did (all zeros before the first step): grad norm, clip

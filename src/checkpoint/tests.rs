@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec};
 use crate::optimizer::Optimizer;
 use crate::rng::SplitMix64;
-use crate::schedule::{OwnedState, StepArgs};
+use crate::schedule::{OwnedState, StepArgs, StepOverrides};
 use crate::tempdir::TempDir;
 
 const DP: usize = 2;
@@ -110,6 +110,7 @@ fn train_step(opt: &mut Optimizer, rank: usize) {
         weight_decay: 0.1,
         adam_lr: 0.01,
         adam_weight_decay: 0.01,
+        overrides: StepOverrides::NONE,
     };
     assert!(!opt.step(&args).unwrap().skipped);
 }

@@ -29,7 +29,7 @@ use crate::model::{ParamFlags, ParamSpec, Registry};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::build_plan;
 use crate::rng::SplitMix64;
-use crate::schedule::{Runtime, StepArgs};
+use crate::schedule::{Runtime, StepArgs, StepOverrides};
 use crate::sim::cost::CostModel;
 use crate::sim::profile::Hardware;
 use crate::sim::work::Work;
@@ -56,6 +56,7 @@ const ARGS: StepArgs = StepArgs {
     weight_decay: 0.1,
     adam_lr: 3e-4,
     adam_weight_decay: 0.1,
+    overrides: StepOverrides::NONE,
 };
 
 /// Host waits of the measurement (a whole 8b-like step takes well under a second).

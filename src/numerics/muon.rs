@@ -29,11 +29,9 @@ use crate::numerics::newton_schulz::{
 };
 use crate::numerics::step_args::{ParamScales, param_rates};
 
-/// The Muon fields of a configuration.
+/// The Muon fields of a configuration (the momentum μ is the step's: [`MuonStepArgs`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MuonOptions {
-    /// EMA momentum coefficient μ.
-    pub momentum: f32,
     /// Nesterov momentum.
     pub nesterov: bool,
     /// The Newton–Schulz iteration.
@@ -45,11 +43,10 @@ pub struct MuonOptions {
 }
 
 impl MuonOptions {
-    /// Takes `muon_momentum`, `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode` and
+    /// Takes `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode` and
     /// `muon_extra_scale_factor` from `cfg`.
     pub fn from_config(cfg: &Config) -> Self {
         MuonOptions {
-            momentum: cfg.muon_momentum,
             nesterov: cfg.muon_nesterov,
             ns: NsOptions::from_config(cfg),
             scale_mode: cfg.muon_scale_mode,
@@ -67,6 +64,9 @@ pub struct MuonStepArgs {
     pub weight_decay: f32,
     /// The parameter's multipliers of both.
     pub scales: ParamScales,
+    /// EMA momentum coefficient μ at this step (the config's `muon_momentum`, or the step's
+    /// override).
+    pub momentum: f32,
     /// What the summed gradient is multiplied by first: `1/dp`, its mean (1 for a gradient
     /// that is the mean already).
     pub grad_scale: f32,
@@ -281,7 +281,7 @@ pub fn muon_update_sharded(
         ws.update.resize(len, 0.0);
     }
     let update = &mut ws.update[..len];
-    let mu = opts.momentum;
+    let mu = args.momentum;
     let one_minus_mu = 1.0 - mu;
     let (scale, clip) = (args.grad_scale, args.clip_coef);
     for ((u, m), &g) in update.iter_mut().zip(momentum.iter_mut()).zip(grad) {

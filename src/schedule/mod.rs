@@ -6,6 +6,7 @@
 //! (comm: b's gradient collective done), `PARAM_READY` (compute: owners wrote b's new values),
 //! `PARAM_SYNCED` (comm: b's param collective done).
 
+mod args;
 mod collectives;
 mod events;
 mod initial;
@@ -17,8 +18,7 @@ pub mod state;
 
 use crate::backend::Backend;
 use crate::backend::ops::{
-    AdamwJob, AdamwParamArgs, EventId, InitValues, Mem, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants,
-    StreamKind,
+    AdamwJob, EventId, InitValues, Mem, MuonJob, NormSums, NormTerm, Scalar, Span, StepConstants, StreamKind,
 };
 use crate::bail;
 use crate::config::{Config, TpMode};
@@ -29,6 +29,7 @@ use crate::plan::ElemRange;
 use crate::plan::Plan;
 use state::StateLayout;
 
+pub use args::{StepArgs, StepOverrides};
 pub use inspect::OwnedState;
 pub use profile::StepProfile;
 use profile::timed;
@@ -64,15 +65,6 @@ pub fn step_shared(
         with(k, &mut |rt| rt.finish_step(&own))?;
     }
     Ok(())
-}
-
-/// Learning rates and weight decays of one step.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StepArgs {
-    pub lr: f32,
-    pub weight_decay: f32,
-    pub adam_lr: f32,
-    pub adam_weight_decay: f32,
 }
 
 /// What a step did.
@@ -496,8 +488,6 @@ impl Runtime {
             self.backend.finish_step(
                 &StepConstants {
                     clip_grad: self.cfg.clip_grad,
-                    beta1: self.cfg.adam_beta1,
-                    beta2: self.cfg.adam_beta2,
                 },
                 terms,
             )
@@ -531,10 +521,10 @@ impl Runtime {
         Ok(())
     }
 
-    /// Copies `args` into the device's argument slots, on the compute stream.
+    /// Copies `args` into the device's argument slots, on the compute stream, each override
+    /// resolved against the config ([`StepArgs::slots`]).
     fn copy_args(&mut self, args: &StepArgs) -> Result<()> {
-        self.backend
-            .set_step_args([args.lr, args.weight_decay, args.adam_lr, args.adam_weight_decay])
+        self.backend.set_step_args(args.slots(&self.cfg))
     }
 
     /// Arguments were set with [`Runtime::set_step_args`], so a step may omit them.
@@ -647,12 +637,7 @@ impl Runtime {
                 exp_avg: slot.exp_avg(),
                 exp_avg_sq: slot.exp_avg_sq(),
                 grad: slot.grad(),
-                args: AdamwParamArgs {
-                    scales: spec.scales(),
-                    beta1: self.cfg.adam_beta1,
-                    beta2: self.cfg.adam_beta2,
-                    eps: self.cfg.adam_eps,
-                },
+                scales: spec.scales(),
             };
             timed(&mut profile.adamw, || self.backend.adamw_update(job))?;
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;

@@ -19,7 +19,7 @@ use crate::model::{ParamFlags, ParamSpec};
 use crate::numerics::muon::MuonOptions;
 use crate::plan::Plan;
 use crate::schedule::step_shared;
-use crate::schedule::{QkClipRequest, Runtime, StepArgs};
+use crate::schedule::{QkClipRequest, Runtime, StepArgs, StepOverrides};
 
 use super::cost::{Cost, CostModel};
 use super::engine::{Call, Class, Item, Label};
@@ -225,6 +225,7 @@ const STEP_ARGS: StepArgs = StepArgs {
     weight_decay: 0.1,
     adam_lr: 3e-4,
     adam_weight_decay: 0.1,
+    overrides: StepOverrides::NONE,
 };
 
 /// What the trainer does besides calling the runtime.

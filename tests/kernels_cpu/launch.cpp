@@ -136,9 +136,8 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
     if (k == "muon_adamw") {
         kernel = [&] {
             muon_adamw(arg<float *>(a, 0), arg<float *>(a, 1), arg<float *>(a, 2), arg<const void *>(a, 3),
-                       arg<int>(a, 4), arg<muon_u64>(a, 5), arg<float>(a, 6), arg<float>(a, 7), arg<float>(a, 8),
-                       arg<float>(a, 9), arg<float>(a, 10), arg<float>(a, 11), arg<float>(a, 12),
-                       arg<const double *>(a, 13));
+                       arg<int>(a, 4), arg<muon_u64>(a, 5), arg<float>(a, 6), arg<float>(a, 7),
+                       arg<const double *>(a, 8));
         };
     } else if (k == "muon_cast_f32_to_bf16") {
         kernel = [&] { muon_cast_f32_to_bf16(arg<const float *>(a, 0), arg<muon_u16 *>(a, 1), arg<muon_u64>(a, 2)); };
@@ -149,8 +148,7 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
     } else if (k == "muon_momentum") {
         kernel = [&] {
             muon_momentum(arg<const void *>(a, 0), arg<int>(a, 1), arg<float *>(a, 2), arg<float *>(a, 3),
-                          arg<muon_u64>(a, 4), arg<float>(a, 5), arg<float>(a, 6), arg<const double *>(a, 7),
-                          arg<int>(a, 8));
+                          arg<muon_u64>(a, 4), arg<const double *>(a, 5), arg<int>(a, 6));
         };
     } else if (k == "muon_ns_normalize") {
         kernel = [&] {
@@ -198,8 +196,7 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         kernel = [&] { muon_norm_partials(arg<muon_sumsq_spans>(a, 0), arg<float>(a, 1), arg<muon_u64 *>(a, 2)); };
     } else if (k == "muon_step_scalars") {
         kernel = [&] {
-            muon_step_scalars(arg<double *>(a, 0), arg<muon_norm_terms>(a, 1), arg<muon_u32>(a, 2), arg<float>(a, 3),
-                              arg<float>(a, 4), arg<float>(a, 5));
+            muon_step_scalars(arg<double *>(a, 0), arg<muon_norm_terms>(a, 1), arg<muon_u32>(a, 2), arg<float>(a, 3));
         };
     } else {
         return 1;

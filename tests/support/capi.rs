@@ -120,5 +120,6 @@ pub fn step_args(lr: f32) -> muon_opt::capi::iteration::muon_step_args_t {
         weight_decay: 0.0,
         adam_lr: lr,
         adam_weight_decay: 0.0,
+        ..Default::default()
     }
 }

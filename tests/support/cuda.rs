@@ -165,11 +165,10 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         sums: muon_opt::backend::ops::NormSums::Own,
         ..backend.norm_term().unwrap()
     };
-    let constants = muon_opt::backend::ops::StepConstants {
-        clip_grad: 0.0,
-        beta1: 0.9,
-        beta2: 0.95,
-    };
+    backend
+        .set_step_args([0.02, 0.1, 3e-3, 0.01, 0.9, 0.9, 0.95, 1e-8])
+        .unwrap();
+    let constants = muon_opt::backend::ops::StepConstants { clip_grad: 0.0 };
     backend.finish_step(&constants, &[own]).unwrap();
     let norm = backend.read_scalars().unwrap()[muon_opt::backend::ops::Scalar::GradNorm.slot()];
     let out = [Mem::Param(0), Mem::Param(1), Mem::Grad(0), Mem::Grad(1), Mem::Master]

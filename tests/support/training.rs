@@ -8,7 +8,7 @@ use muon_opt::config::{Config, Dtype};
 use muon_opt::init_data::InitData;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
-use muon_opt::schedule::{OwnedState, StepArgs};
+use muon_opt::schedule::{OwnedState, StepArgs, StepOverrides};
 
 use super::ranks::{on_ranks, optimizers};
 use super::rng::noise;
@@ -77,6 +77,7 @@ pub const ARGS: StepArgs = StepArgs {
     weight_decay: 0.1,
     adam_lr: 0.003,
     adam_weight_decay: 0.01,
+    overrides: StepOverrides::NONE,
 };
 
 /// Everything observable after a step: every rank's params and the assembled owned state.
@@ -136,8 +137,22 @@ pub fn train(cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
 
 /// [`train`] on the params `specs`.
 pub fn train_model(specs: &[ParamSpec], cfg: &Config, dp: usize, data: Data, steps: u64) -> Vec<Snapshot> {
+    train_with(specs, cfg, dp, data, steps, &|_| ARGS)
+}
+
+/// [`train_model`] stepping with `args(step)` at each step (0-based).
+pub fn train_with(
+    specs: &[ParamSpec],
+    cfg: &Config,
+    dp: usize,
+    data: Data,
+    steps: u64,
+    args: &(dyn Fn(u64) -> StepArgs + Sync),
+) -> Vec<Snapshot> {
     let opts = optimizers(cfg, dp, Duration::from_secs(20));
-    let per_rank: Vec<RankHistory> = on_ranks(opts, |rank, mut opt| run_rank(&mut opt, specs, rank, dp, data, steps));
+    let per_rank: Vec<RankHistory> = on_ranks(opts, |rank, mut opt| {
+        run_rank(&mut opt, specs, rank, (dp, data), steps, args)
+    });
     (0..steps as usize)
         .map(|s| Snapshot {
             params: per_rank.iter().map(|r| r[s].0.clone()).collect(),
@@ -146,7 +161,14 @@ pub fn train_model(specs: &[ParamSpec], cfg: &Config, dp: usize, data: Data, ste
         .collect()
 }
 
-fn run_rank(opt: &mut Optimizer, specs: &[ParamSpec], rank: usize, dp: usize, data: Data, steps: u64) -> RankHistory {
+fn run_rank(
+    opt: &mut Optimizer,
+    specs: &[ParamSpec],
+    rank: usize,
+    (dp, data): (usize, Data),
+    steps: u64,
+    args: &(dyn Fn(u64) -> StepArgs + Sync),
+) -> RankHistory {
     for (p, spec) in specs.iter().enumerate() {
         opt.add_param(spec.clone(), Some(InitData::from_f32(&init_values(p, spec.numel()))))
             .unwrap();
@@ -182,7 +204,7 @@ fn run_rank(opt: &mut Optimizer, specs: &[ParamSpec], rank: usize, dp: usize, da
                 opt.grad_ready(p as u32).unwrap();
             }
         }
-        let info = opt.step(&ARGS).unwrap();
+        let info = opt.step(&args(step)).unwrap();
         assert!(!info.skipped);
         for b in 0..num_buckets {
             opt.wait_params(b).unwrap();

@@ -61,6 +61,15 @@ ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
 QkKind = _enum("QkKind", "MUON_QK_KIND_")
 
+# The muon_step_args_t fields a step may use in place of the config's, with their
+# MUON_STEP_OVERRIDE_* bits (the keyword arguments of Optimizer.step and set_step_args).
+STEP_OVERRIDES = {
+    "muon_momentum": _capi.MUON_STEP_OVERRIDE_MUON_MOMENTUM,
+    "adam_beta1": _capi.MUON_STEP_OVERRIDE_ADAM_BETA1,
+    "adam_beta2": _capi.MUON_STEP_OVERRIDE_ADAM_BETA2,
+    "adam_eps": _capi.MUON_STEP_OVERRIDE_ADAM_EPS,
+}
+
 
 def _status(code):
     try:
@@ -557,30 +566,47 @@ class Optimizer(_Owner):
         lib().muon_optimizer_grad_ready(self._handle, param_id)
 
     @staticmethod
-    def _step_args(lr, adam_lr, weight_decay, adam_weight_decay):
-        return _capi.muon_step_args_t(
+    def _step_args(lr, adam_lr, weight_decay, adam_weight_decay, overrides=None):
+        """A ``muon_step_args_t``; ``overrides`` maps ``muon_momentum``, ``adam_beta1``,
+        ``adam_beta2``, ``adam_eps`` to a value (None: the config's)."""
+        args = _capi.muon_step_args_t(
             ctypes.sizeof(_capi.muon_step_args_t), lr, weight_decay, adam_lr, adam_weight_decay
         )
+        overrides = dict(overrides or {})
+        unknown = set(overrides) - set(STEP_OVERRIDES)
+        if unknown:
+            raise TypeError(f"step args: unknown overrides {sorted(unknown)}; they are {list(STEP_OVERRIDES)}")
+        for name, value in overrides.items():
+            if value is not None:
+                args.overrides |= STEP_OVERRIDES[name]
+                setattr(args, name, value)
+        return args
 
-    def set_step_args(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0):
+    def set_step_args(self, *, lr, adam_lr, weight_decay=0.0, adam_weight_decay=0.0, **overrides):
         """The arguments of the next steps called without ``lr``: copied to the device in
-        stream order, never waits (the form a CUDA-graph-captured step replays with)."""
-        args = self._step_args(lr, adam_lr, weight_decay, adam_weight_decay)
+        stream order, never waits (the form a CUDA-graph-captured step replays with). The
+        overrides of :meth:`step` are set with them."""
+        args = self._step_args(lr, adam_lr, weight_decay, adam_weight_decay, overrides)
         lib().muon_optimizer_set_step_args(self._handle, byref(args))
 
-    def step(self, *, lr=None, adam_lr=None, weight_decay=0.0, adam_weight_decay=0.0, wait=True):
+    def step(self, *, lr=None, adam_lr=None, weight_decay=0.0, adam_weight_decay=0.0, wait=True, **overrides):
         """One optimizer step (Muon lr and decay, AdamW lr and decay); returns StepInfo. Without
         ``lr`` and ``adam_lr`` the step uses the arguments of :meth:`set_step_args` and copies
         nothing from the host. With ``wait=False`` the step is only enqueued (it never waits
-        for the device) and returns None; :meth:`step_info` reads what it did later."""
+        for the device) and returns None; :meth:`step_info` reads what it did later.
+
+        ``muon_momentum``, ``adam_beta1``, ``adam_beta2``, ``adam_eps`` (keywords, default None:
+        the config's) override the config for this step only (a scheduler's values; AdamW's
+        bias corrections are ``1 - beta**t`` with this step's beta, as torch.optim.AdamW's);
+        a value out of range raises MuonError (``OUT_OF_RANGE``) naming it, and nothing changes."""
         if (lr is None) != (adam_lr is None):
             raise ValueError("step: give both lr and adam_lr, or neither to use set_step_args")
         if lr is None:
-            if weight_decay or adam_weight_decay:
-                raise ValueError("step: weight decays without lr; pass them to set_step_args")
+            if weight_decay or adam_weight_decay or any(v is not None for v in overrides.values()):
+                raise ValueError("step: weight decays or overrides without lr; pass them to set_step_args")
             args = None
         else:
-            args = byref(self._step_args(lr, adam_lr, weight_decay, adam_weight_decay))
+            args = byref(self._step_args(lr, adam_lr, weight_decay, adam_weight_decay, overrides))
         if not wait:
             lib().muon_optimizer_step(self._handle, args, None)
             return None
@@ -666,7 +692,8 @@ def step_shared(optimizers, args=None):
     """One step of several optimizers of this rank with one gradient norm, clip coefficient and
     skip decision (``muon_optimizers_step``; e.g. a dense and an expert optimizer). ``args`` is
     None (each uses its :meth:`Optimizer.set_step_args`) or one dict per optimizer with
-    ``lr``, ``adam_lr`` and optionally ``weight_decay``, ``adam_weight_decay``. Every rank
+    ``lr``, ``adam_lr`` and optionally ``weight_decay``, ``adam_weight_decay`` and the
+    overrides of :meth:`Optimizer.step` (``muon_momentum``, ``adam_beta1``, …). Every rank
     passes its optimizers in the same order. Enqueues only; :meth:`Optimizer.step_info` of any
     of them reads what the step did."""
     optimizers = list(optimizers)
@@ -679,7 +706,8 @@ def step_shared(optimizers, args=None):
         array = (_capi.muon_step_args_t * len(args))(
             *[
                 Optimizer._step_args(
-                    a["lr"], a["adam_lr"], a.get("weight_decay", 0.0), a.get("adam_weight_decay", 0.0)
+                    a["lr"], a["adam_lr"], a.get("weight_decay", 0.0), a.get("adam_weight_decay", 0.0),
+                    {k: v for k, v in a.items() if k not in ("lr", "adam_lr", "weight_decay", "adam_weight_decay")},
                 )
                 for a in args
             ]
@@ -714,5 +742,6 @@ __all__ = [
     "newton_schulz_host",
     "mxfp8_scale_shape",
     "step_shared",
+    "STEP_OVERRIDES",
     "lib",
 ] + sorted(_constants())

@@ -95,6 +95,11 @@ MUON_QK_KIND_KEY = 3
 MUON_QK_KIND_MLA_QUERY = 4
 MUON_QK_KIND_MLA_KEY_VALUE = 5
 
+MUON_STEP_OVERRIDE_MUON_MOMENTUM = 1 << 0
+MUON_STEP_OVERRIDE_ADAM_BETA1 = 1 << 1
+MUON_STEP_OVERRIDE_ADAM_BETA2 = 1 << 2
+MUON_STEP_OVERRIDE_ADAM_EPS = 1 << 3
+
 MUON_MXFP8_SCALES_COMPACT = 0
 MUON_MXFP8_SCALES_SWIZZLED = 1
 
@@ -207,6 +212,11 @@ class muon_step_args_t(Structure):
         ("weight_decay", c_float),
         ("adam_lr", c_float),
         ("adam_weight_decay", c_float),
+        ("overrides", c_uint32),
+        ("muon_momentum", c_float),
+        ("adam_beta1", c_float),
+        ("adam_beta2", c_float),
+        ("adam_eps", c_float),
     ]
 
 

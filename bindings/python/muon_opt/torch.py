@@ -45,7 +45,21 @@ Param groups: by default a ``"muon"`` group (``lr``, ``weight_decay``) and an ``
 in one group; ``use_muon`` as in KellerJordan/Muon's ``MuonWithAuxAdam``). Every group follows
 its own schedule: each step gives every param its group's current ``lr`` and ``weight_decay``
 (times the group's ``lr_scale`` / ``wd_scale``) through ``muon_optimizer_set_param_scales``, see
-``_torch_groups.py``. ``momentum``, ``nesterov``, ``betas`` and ``eps`` are the config's, fixed.
+``_torch_groups.py``.
+
+Momentum and betas: every step also passes the Muon groups' ``momentum`` and the AdamW groups'
+``betas`` and ``eps`` as the step's overrides of the config's (``muon_step_args_t.overrides``),
+so a scheduler or the training loop may change them every step — OneCycleLR or CyclicLR with
+``cycle_momentum=True``, a Muon momentum warmup as Moonlight and Kimi K2 schedule it
+(``for g in opt.param_groups: if g["use_muon"]: g["momentum"] = ...``). AdamW's bias corrections
+follow torch.optim.AdamW: ``1 - β**t`` with the step's β and step count ``t``. The library steps
+every param of a route with one momentum (one β1, β2, ε): groups of a route with different
+values are refused (ValueError naming both). In every group ``momentum`` and ``betas[0]`` are
+one value, the group's first-moment coefficient (μ for Muon, β1 for AdamW; a group starts with
+its route's value from the config): OneCycleLR and CyclicLR cycle ``betas[0]`` of every group
+(this optimizer's defaults carry ``betas``), which thus drives Muon's momentum and AdamW's β1
+alike; the step takes whichever of the two changed and sets the other to it. ``nesterov`` is
+the config's, fixed. ``state_dict`` keeps the groups' values, so a resumed run steps with them.
 
 Defaults (Moonlight's convention, "Muon is Scalable for LLM Training", arXiv:2502.16982): the
 Muon update is ``lr · 0.2 · √max(m, n) · NS(M)`` (the library's spectral scale with
@@ -302,12 +316,14 @@ class Muon(torch.optim.Optimizer):
                 user_groups = [g for g in user_groups if g["params"]]
             # Each param's (lr_scale, wd_scale) as the library holds them.
             self._scales = {ids[id(p)]: None for _, p in named}
-            self._fixed = _groups.fixed_values(config)
+            self._nesterov = bool(config.muon_nesterov)
             for group in user_groups:
-                group.update(self._fixed)
+                group.update(_groups.group_values(config, group["use_muon"]))
             self._constructing = True
-            super().__init__(user_groups, dict(self._fixed))
+            super().__init__(user_groups, _groups.optimizer_defaults(config))
             self._constructing = False
+            # Each group's momentum (= betas[0]) at the last step, to tell which a scheduler set.
+            self._first_moments = _groups.first_moments(self.param_groups)
             self._opt.finalize()
             self.views = [self._opt.param_view(i) for i in range(len(named))]
             self._params = [p for _, p in named]
@@ -452,17 +468,21 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """One optimizer step with the groups' hyperparameters; returns the closure's loss if
-        given, else the :class:`muon_opt.StepInfo` (also kept in ``last_info``)."""
+        """One optimizer step with the groups' hyperparameters as they are now (``lr``,
+        ``weight_decay``, ``momentum``, ``betas``, ``eps``: see the module's docstring); returns the
+        closure's loss if given, else the :class:`muon_opt.StepInfo` (also kept in
+        ``last_info``)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        _groups.check_fixed(self.param_groups, self._fixed)
+        _groups.check_nesterov(self.param_groups, self._nesterov)
+        self._first_moments = _groups.sync_first_moments(self.param_groups, self._first_moments)
+        overrides = _groups.step_overrides(self.param_groups)
         self._set_rates()
         self._check_grads()
         self._request_qk_clips()
-        info = self._opt.step(lr=1.0, weight_decay=1.0, adam_lr=1.0, adam_weight_decay=1.0)
+        info = self._opt.step(lr=1.0, weight_decay=1.0, adam_lr=1.0, adam_weight_decay=1.0, **overrides)
         self._reported = {}
         self.last_info = info
         return loss if closure is not None else info

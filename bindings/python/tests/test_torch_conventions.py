@@ -324,24 +324,6 @@ class Groups(unittest.TestCase):
                     Muon(make_model(), group[0], config(), param_groups=groups)
                 self.assertIn(words, str(ctx.exception))
 
-    def test_momentum_is_fixed(self):
-        with mo.HostGroup(1) as group:
-            model = make_model()
-            opt = Muon(model, group[0], config())
-            torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=10)  # cycles betas to 0.95
-            with self.assertRaises(ValueError) as ctx:
-                plain(model, opt, 0)
-            self.assertIn("param_groups[0]['betas']", str(ctx.exception))
-            self.assertIn("cycle_momentum=False", str(ctx.exception))
-            opt.close()
-        with mo.HostGroup(1) as group:  # the first model's params keep that optimizer's claim
-            model = make_model()
-            opt = Muon(model, group[0], config())
-            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.01, total_steps=10, cycle_momentum=False)
-            plain(model, opt, 0)
-            sched.step()
-            opt.close()
-
 
 @unittest.skipIf(torch is None, "torch is not installed")
 class Ownership(unittest.TestCase):

@@ -220,6 +220,7 @@ impl Translator {
                 }],
             )]),
             Op::FinishStep { constants, terms } => self.finish_step(constants, terms),
+            // The slots from Lr on (`StepArgs::slots`): a captured step reads them at replay.
             Op::SetStepArgs(bits) => Ok(vec![Action::CopyInAsync {
                 dst: self.scalar(Scalar::Lr)?,
                 bytes: bits

@@ -5,6 +5,7 @@ mod abi;
 mod handles;
 mod registration;
 mod status_table;
+mod step_args;
 mod stepping;
 
 use std::ffi::CStr;

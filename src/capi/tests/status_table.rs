@@ -47,6 +47,7 @@ fn args() -> muon_step_args_t {
         weight_decay: 0.0,
         adam_lr: 1e-3,
         adam_weight_decay: 0.0,
+        ..Default::default()
     }
 }
 

@@ -46,6 +46,7 @@ fn step_info_is_read_on_demand() {
         weight_decay: 0.0,
         adam_lr: 1e-3,
         adam_weight_decay: 0.0,
+        ..Default::default()
     };
     for step in 1..=2u64 {
         assert_eq!(unsafe { muon_optimizer_zero_grad(opt) }, MUON_STATUS_SUCCESS);
@@ -135,6 +136,7 @@ fn optimizers_step_shares_one_norm() {
             weight_decay: 0.0,
             adam_lr: 1e-3,
             adam_weight_decay: 0.0,
+            ..Default::default()
         },
         extra: 0,
     };
@@ -178,6 +180,7 @@ fn array_arguments_name_the_element() {
         weight_decay: 0.0,
         adam_lr: 1e-3,
         adam_weight_decay: 0.0,
+        ..Default::default()
     };
     let array = [args(0.02), args(0.02)];
     assert_eq!(

@@ -8,7 +8,6 @@ use crate::error::Result;
 
 impl Translator {
     pub(super) fn adamw_update(&self, job: &AdamwJob) -> Result<Vec<Action>> {
-        let args = &job.args;
         let master = self.resolve_f32(job.master)?;
         let m = self.resolve_f32(job.exp_avg)?;
         let v = self.resolve_f32(job.exp_avg_sq)?;
@@ -34,13 +33,8 @@ impl Translator {
                 Arg::Ptr(grad.ptr),
                 Arg::I32(grad.is_bf16()),
                 Arg::U64(master.len),
-                Arg::F32(args.beta1),
-                Arg::F32(args.beta2),
-                Arg::F32(1.0 - args.beta1),
-                Arg::F32(1.0 - args.beta2),
-                Arg::F32(args.eps),
-                Arg::F32(args.scales.lr_scale),
-                Arg::F32(args.scales.wd_scale),
+                Arg::F32(job.scales.lr_scale),
+                Arg::F32(job.scales.wd_scale),
                 Arg::Ptr(self.slot(0)?),
             ],
         )])

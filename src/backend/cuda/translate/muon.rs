@@ -242,8 +242,6 @@ impl Translator {
                 Arg::Ptr(momentum.ptr),
                 Arg::Ptr(momentum_out),
                 Arg::U64(len),
-                Arg::F32(opts.momentum),
-                Arg::F32(1.0 - opts.momentum),
                 Arg::Ptr(scalars),
                 Arg::I32(i32::from(opts.nesterov)),
             ],

@@ -174,8 +174,6 @@ impl Translator {
                 Arg::Words(self.norm_terms(terms)?),
                 Arg::U32(to_u32("dp", self.dp as u64)?),
                 Arg::F32(constants.clip_grad),
-                Arg::F32(constants.beta1),
-                Arg::F32(constants.beta2),
             ],
         )])
     }

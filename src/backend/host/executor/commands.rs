@@ -6,7 +6,7 @@ use std::sync::PoisonError;
 
 use super::{HostBackend, Mxfp8Storage, Mxfp8Target, Storage};
 use crate::backend::ops::{
-    AdamwJob, CollOp, EventId, InitSource, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Op, Scalar, Span,
+    AdamwJob, CollOp, EventId, InitSource, Mem, MemoryLayout, MuonJob, NormSums, NormTerm, Op, STEP_ARGS, Scalar, Span,
     StepConstants, StreamKind,
 };
 use crate::bail;
@@ -225,8 +225,8 @@ impl HostBackend {
             self.comm.size(),
             previous,
             constants.clip_grad,
-            constants.beta1,
-            constants.beta2,
+            scalars.f32(Scalar::AdamBeta1),
+            scalars.f32(Scalar::AdamBeta2),
         );
         for (slot, value) in [
             (Scalar::GradNorm, s.grad_norm),
@@ -253,13 +253,11 @@ impl HostBackend {
         Ok(())
     }
 
-    fn run_set_step_args(&mut self, bits: [u32; 4]) -> Result<()> {
+    fn run_set_step_args(&mut self, bits: [u32; STEP_ARGS]) -> Result<()> {
+        let first = Scalar::Lr.slot();
         let mut scalars = self.scalars();
-        for (slot, value) in [Scalar::Lr, Scalar::WeightDecay, Scalar::AdamLr, Scalar::AdamWeightDecay]
-            .into_iter()
-            .zip(bits)
-        {
-            scalars.values[slot.slot()] = f64::from(f32::from_bits(value));
+        for (slot, value) in scalars.values[first..first + STEP_ARGS].iter_mut().zip(bits) {
+            *slot = f64::from(f32::from_bits(value));
         }
         Ok(())
     }
@@ -284,6 +282,7 @@ impl HostBackend {
                 lr: s.f32(Scalar::Lr),
                 weight_decay: s.f32(Scalar::WeightDecay),
                 scales: job.scales,
+                momentum: s.f32(Scalar::MuonMomentum),
                 grad_scale: s.f32(Scalar::GradScale),
                 clip_coef: s.f32(Scalar::ClipCoef),
             };
@@ -348,10 +347,10 @@ impl HostBackend {
             AdamWArgs {
                 lr: s.f32(Scalar::AdamLr),
                 weight_decay: s.f32(Scalar::AdamWeightDecay),
-                scales: job.args.scales,
-                beta1: job.args.beta1,
-                beta2: job.args.beta2,
-                eps: job.args.eps,
+                scales: job.scales,
+                beta1: s.f32(Scalar::AdamBeta1),
+                beta2: s.f32(Scalar::AdamBeta2),
+                eps: s.f32(Scalar::AdamEps),
                 step: s.get(Scalar::Step) as u64,
                 grad_scale: s.f32(Scalar::GradScale),
                 clip_coef: s.f32(Scalar::ClipCoef),

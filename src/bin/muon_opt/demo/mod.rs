@@ -16,7 +16,7 @@ use run::run_demo;
 use muon_opt::config::{Config, NsPrecision, ScaleMode};
 use muon_opt::model::Route;
 use muon_opt::plan::Plan;
-use muon_opt::schedule::StepArgs;
+use muon_opt::schedule::{StepArgs, StepOverrides};
 
 use model::Dims;
 
@@ -70,6 +70,7 @@ impl Default for DemoConfig {
                 weight_decay: 0.0,
                 adam_lr: 0.02,
                 adam_weight_decay: 0.0,
+                overrides: StepOverrides::NONE,
             },
         }
     }
