@@ -24,7 +24,7 @@ use muon_opt::config::{Config, Dtype};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
 use muon_opt::rng::SplitMix64;
-use muon_opt::schedule::StepArgs;
+use muon_opt::schedule::{StepArgs, StepOverrides};
 
 const VOCAB: u64 = 8192;
 const CONTEXT: u64 = 1024;
@@ -36,6 +36,7 @@ const ARGS: StepArgs = StepArgs {
     weight_decay: 0.0,
     adam_lr: 3e-4,
     adam_weight_decay: 0.1,
+    overrides: StepOverrides::NONE,
 };
 
 fn model() -> Vec<ParamSpec> {

@@ -110,15 +110,15 @@ fn owned_work(opt: &Optimizer, specs: &[ParamSpec]) -> (f64, f64, f64) {
 /// The bytes rank `rank` of `dp` adds to the machine's traffic at the least. The gradient
 /// collective reads every rank's gradient buffer and writes the sums once: `G` per rank plus
 /// `G / dp`. The param collective reads the new values once and writes every other rank's
-/// copy: `P` per rank. Each owned element is updated once: AdamW reads grad, master and two
-/// moments and writes master, two moments and the param (8 × 4 bytes); Muon reads grad,
-/// master and momentum, writes master, momentum and the param, and moves the Newton–Schulz
-/// input in and the result out (8 × 4 bytes).
+/// copy: `P` per rank. Each owned element is updated once, and the model's params are f32, so
+/// each is its own master: AdamW reads grad, param and two moments and writes param and two
+/// moments (7 × 4 bytes); Muon reads grad, param and momentum, writes param and momentum, and
+/// moves the Newton–Schulz input in and the result out (7 × 4 bytes).
 fn step_bytes(opt: &Optimizer, muon: f64, adamw: f64) -> f64 {
     let report = &opt.plan().expect("finalized").report;
     let dp = opt.dp() as f64;
     let (grads, params) = (report.grad_buffer_bytes as f64, report.param_buffer_bytes as f64);
-    grads * (1.0 + 1.0 / dp) + params + (muon + adamw) * 32.0
+    grads * (1.0 + 1.0 / dp) + params + (muon + adamw) * 28.0
 }
 
 fn run(dp: usize, adamw_only: bool) -> Measured {

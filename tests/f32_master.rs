@@ -6,7 +6,7 @@ mod support;
 
 use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership};
 use muon_opt::model::ParamSpec;
-use muon_opt::schedule::StepArgs;
+use muon_opt::schedule::{StepArgs, StepOverrides};
 use support::checkpoint::{Group, config, model};
 use support::training::bits;
 
@@ -93,6 +93,7 @@ fn a_write_into_an_f32_params_buffer_is_its_new_master() {
         weight_decay: 0.0,
         adam_lr: 0.0,
         adam_weight_decay: 0.0,
+        overrides: StepOverrides::NONE,
     };
     group.run(|_, opt| {
         for (p, spec) in model().iter().enumerate() {

@@ -4,7 +4,9 @@
 mod support;
 
 use muon_opt::error::ErrorKind;
-use muon_opt::numerics::adamw::{AdamWArgs, adamw_bias_corrections, adamw_update, powi_f32};
+use muon_opt::numerics::adamw::{
+    AdamWArgs, MIN_ELEMENTS_PER_THREAD, adamw_bias_corrections, adamw_update, adamw_update_split, powi_f32,
+};
 use muon_opt::numerics::step_args::ParamScales;
 use support::rng::Rng;
 
@@ -204,4 +206,34 @@ fn rejects_bad_arguments_without_touching_state() {
     let err = adamw_update(&mut w, &mut m[..3], &mut v, &g, &args(1)).unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
     assert_eq!((w, m, v), (vec![1.0; 4], vec![2.0; 4], vec![3.0; 4]));
+}
+
+#[test]
+fn split_among_threads_gives_the_same_bits() {
+    let mut rng = Rng::new(43);
+    let n = 3 * MIN_ELEMENTS_PER_THREAD + 5;
+    let w0 = rng.normal_vec(n, 1.0);
+    let mut reference = (w0.clone(), vec![0.0f32; n], vec![0.0f32; n]);
+    let mut split = reference.clone();
+    for t in 1..=3u64 {
+        let g = rng.normal_vec(n, 0.01);
+        adamw_update(&mut reference.0, &mut reference.1, &mut reference.2, &g, &args(t)).unwrap();
+        adamw_update_split(&mut split.0, &mut split.1, &mut split.2, &g, &args(t), 1 + t as usize).unwrap();
+    }
+    for (a, b) in [
+        (&reference.0, &split.0),
+        (&reference.1, &split.1),
+        (&reference.2, &split.2),
+    ] {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    let mut short = vec![0.0f32; n - 1];
+    let error = adamw_update_split(&mut split.0, &mut split.1, &mut short, &vec![0.0; n], &args(4), 2).unwrap_err();
+    assert_eq!(error.kind, ErrorKind::InvalidArgument);
+    for (a, b) in [(&reference.0, &split.0), (&reference.1, &split.1)] {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "nothing changes on refusal"
+        );
+    }
 }

@@ -71,6 +71,42 @@ pub fn adamw_bias_corrections(beta1: f32, beta2: f32, step: u64) -> (f32, f32) {
     (1.0 - powi_f32(beta1, step), 1.0 - powi_f32(beta2, step))
 }
 
+/// The fewest elements a worker of [`adamw_update_split`] takes.
+pub const MIN_ELEMENTS_PER_THREAD: usize = 1 << 16;
+
+/// [`adamw_update`] with the elements split among up to `threads` workers of the process's
+/// thread pool (at least [`MIN_ELEMENTS_PER_THREAD`] each): element-wise, so the same bits.
+///
+/// # Errors
+/// As [`adamw_update`]; nothing is modified on error.
+pub fn adamw_update_split(
+    master: &mut [f32],
+    exp_avg: &mut [f32],
+    exp_avg_sq: &mut [f32],
+    grad: &[f32],
+    args: &AdamWArgs,
+    threads: usize,
+) -> Result<()> {
+    check(master.len(), exp_avg.len(), exp_avg_sq.len(), grad.len(), args)?;
+    let workers = threads.min(master.len() / MIN_ELEMENTS_PER_THREAD).max(1);
+    let chunk = master.len().div_ceil(workers).max(1);
+    let parts = master
+        .chunks_mut(chunk)
+        .zip(exp_avg.chunks_mut(chunk))
+        .zip(exp_avg_sq.chunks_mut(chunk))
+        .zip(grad.chunks(chunk));
+    if workers == 1 {
+        parts.for_each(|(((w, m), v), g)| apply(w, m, v, g, args));
+        return Ok(());
+    }
+    rayon::in_place_scope(|scope| {
+        for (((w, m), v), g) in parts {
+            scope.spawn(move |_| apply(w, m, v, g, args));
+        }
+    });
+    Ok(())
+}
+
 /// Applies one AdamW step to `master` with moments `exp_avg` (m) and `exp_avg_sq` (v) from
 /// `grad`, element by element; the exact operation order is in the module documentation.
 ///
@@ -84,19 +120,27 @@ pub fn adamw_update(
     grad: &[f32],
     args: &AdamWArgs,
 ) -> Result<()> {
+    check(master.len(), exp_avg.len(), exp_avg_sq.len(), grad.len(), args)?;
+    apply(master, exp_avg, exp_avg_sq, grad, args);
+    Ok(())
+}
+
+/// The refusals of [`adamw_update`].
+fn check(len: usize, exp_avg: usize, exp_avg_sq: usize, grad: usize, args: &AdamWArgs) -> Result<()> {
     if args.step == 0 {
         bail!(OutOfRange, "adamw_update: step must be >= 1 (1-based), got 0");
     }
-    let len = master.len();
-    if exp_avg.len() != len || exp_avg_sq.len() != len || grad.len() != len {
+    if exp_avg != len || exp_avg_sq != len || grad != len {
         bail!(
             InvalidArgument,
-            "adamw_update: lengths differ (master {len}, exp_avg {}, exp_avg_sq {}, grad {})",
-            exp_avg.len(),
-            exp_avg_sq.len(),
-            grad.len()
+            "adamw_update: lengths differ (master {len}, exp_avg {exp_avg}, exp_avg_sq {exp_avg_sq}, grad {grad})"
         );
     }
+    Ok(())
+}
+
+/// The element loop of [`adamw_update`] on checked slices.
+fn apply(master: &mut [f32], exp_avg: &mut [f32], exp_avg_sq: &mut [f32], grad: &[f32], args: &AdamWArgs) {
     let (bc1, bc2) = adamw_bias_corrections(args.beta1, args.beta2, args.step);
     let (b1, b2) = (args.beta1, args.beta2);
     let (one_minus_b1, one_minus_b2) = (1.0 - b1, 1.0 - b2);
@@ -116,5 +160,4 @@ pub fn adamw_update(
         let vhat = *v / bc2;
         *w = *w * decay - lr * mhat / (vhat.sqrt() + eps);
     }
-    Ok(())
 }

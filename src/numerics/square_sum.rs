@@ -39,6 +39,9 @@ const BLOCK: usize = 512;
 /// shifted by up to `2·WINDOW` bits, split at bit 32, stays exact in two u64 sums per block.
 const WINDOW: u32 = 16;
 
+/// The fewest values a worker of [`SquareSum::add_split`] takes.
+pub const MIN_VALUES_PER_THREAD: usize = 1 << 16;
+
 /// Blocks between carries: a block adds below `(BLOCK + 2)·2^32` to a limb.
 const BLOCKS_PER_CARRY: usize = 1 << 12;
 
@@ -113,6 +116,25 @@ impl SquareSum {
             }
         }
         self.add_counted(values, scale);
+    }
+
+    /// [`SquareSum::add`] with `values` split among up to `threads` workers of the process's
+    /// thread pool (at least [`MIN_VALUES_PER_THREAD`] each): the same words, as the sum is
+    /// exact.
+    pub fn add_split(&mut self, values: &[f32], scale: f32, counted: bool, threads: usize) {
+        let workers = threads.min(values.len() / MIN_VALUES_PER_THREAD).max(1);
+        if workers == 1 {
+            return self.add(values, scale, counted);
+        }
+        let mut parts = vec![SquareSum::default(); workers];
+        rayon::in_place_scope(|scope| {
+            for (part, values) in parts.iter_mut().zip(values.chunks(values.len().div_ceil(workers))) {
+                scope.spawn(move |_| part.add(values, scale, counted));
+            }
+        });
+        for part in &parts {
+            self.merge(part);
+        }
     }
 
     /// [`SquareSum::add_counted`] compiled with AVX-512 F.
@@ -295,6 +317,29 @@ mod tests {
         }
         sum.carry();
         sum
+    }
+
+    #[test]
+    fn a_split_sum_has_the_words_of_one_sum() {
+        let mut rng = SplitMix64::new(11);
+        let data: Vec<f32> = (0..3 * MIN_VALUES_PER_THREAD + 77)
+            .map(|i| {
+                if i % 100_003 == 5 {
+                    f32::INFINITY
+                } else {
+                    rng.uniform() * 1e-3
+                }
+            })
+            .collect();
+        for counted in [true, false] {
+            let mut whole = SquareSum::default();
+            whole.add(&data, 0.5, counted);
+            for threads in [2, 3, 8] {
+                let mut split = SquareSum::default();
+                split.add_split(&data, 0.5, counted, threads);
+                assert_eq!(split.words(), whole.words(), "{threads} threads, counted {counted}");
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::backend::ops::{
 use crate::bail;
 use crate::config::Dtype;
 use crate::error::Result;
-use crate::numerics::adamw::{AdamWArgs, adamw_update};
+use crate::numerics::adamw::{AdamWArgs, adamw_update_split};
 use crate::numerics::bf16::f32_to_bf16_rne;
 use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded};
 use crate::numerics::mxfp8::{Direction, scale_shape};
@@ -176,7 +176,7 @@ impl HostBackend {
         let result = (|| {
             for (spans, counts) in [(counted, true), (checked, false)] {
                 for span in spans {
-                    sum.add(self.read_as_f32(*span, &mut scratch)?, scale, counts);
+                    sum.add_split(self.read_as_f32(*span, &mut scratch)?, scale, counts, self.threads);
                 }
             }
             Ok(())
@@ -362,7 +362,7 @@ impl HostBackend {
             let master = unsafe { self.f32s(job.master) }?;
             let m = unsafe { self.f32s(job.exp_avg) }?;
             let v = unsafe { self.f32s(job.exp_avg_sq) }?;
-            adamw_update(master, m, v, grad, &args)
+            adamw_update_split(master, m, v, grad, &args, self.threads)
         })();
         self.scratch = scratch;
         result
