@@ -133,6 +133,70 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
     }
 }
 
+/// The device runs one product per tile (and one for the strip): the host computes a column's
+/// tiles as one product, which must give every tile the bits of its own product, whatever the
+/// thread count, with a β term too.
+#[test]
+fn a_symmetric_output_has_the_bits_of_its_tiles_computed_one_by_one() {
+    let mut rng = Rng::new(9);
+    for (m, k, tile) in [(454, 300, 128), (70, 33, 16), (256, 1000, 128)] {
+        let x = rng.normal_vec(m * k, 1.0);
+        let c0 = rng.normal_vec(m * m, 1.0);
+        let c0: Vec<f32> = (0..m * m)
+            .map(|e| c0[(e / m).max(e % m) * m + (e / m).min(e % m)])
+            .collect();
+        let (wide, square) = (Strides::row_major(m, k), Strides::row_major(m, m));
+        let tiles = m / tile;
+        let mut by_tile = c0.clone();
+        for j in 0..tiles {
+            for i in j..tiles {
+                let mut block = vec![0.0f32; tile * tile];
+                for r in 0..tile {
+                    block[r * tile..(r + 1) * tile].copy_from_slice(&c0[(i * tile + r) * m + j * tile..][..tile]);
+                }
+                gemm(
+                    0.75,
+                    (&x[i * tile * k..(i + 1) * tile * k], Strides::row_major(tile, k)),
+                    (
+                        &x[j * tile * k..(j + 1) * tile * k],
+                        Strides::row_major(tile, k).transposed(),
+                    ),
+                    -1.5,
+                    (&mut block, Strides::row_major(tile, tile)),
+                    Output::Full,
+                    1,
+                );
+                for r in 0..tile {
+                    by_tile[(i * tile + r) * m + j * tile..][..tile].copy_from_slice(&block[r * tile..(r + 1) * tile]);
+                }
+            }
+        }
+        for threads in [1, 2, 3] {
+            let mut got = c0.clone();
+            gemm(
+                0.75,
+                (&x, wide),
+                (&x, wide.transposed()),
+                -1.5,
+                (&mut got, square),
+                Output::SymmetricLower { tile },
+                threads,
+            );
+            for i in 0..tiles * tile {
+                for j in 0..=i.min(tiles * tile - 1) {
+                    if j / tile <= i / tile {
+                        assert_eq!(
+                            got[i * m + j].to_bits(),
+                            by_tile[i * m + j].to_bits(),
+                            "m {m}, tile {tile}, {threads} threads: ({i}, {j})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn mismatched_dimensions_panic_before_any_write() {
     let (a, b, mut c) = (vec![1.0f32; 6], vec![1.0f32; 4], vec![7.0f32; 4]);

@@ -9,8 +9,8 @@
 //! [`DEFAULT_SYMMETRIC_TILE`], the rows past the last whole tile as one strip), and the
 //! strict lower triangle is then mirrored into the upper one, so the result is exactly
 //! symmetric: `(T + 1)/(2T)` of the full product's flops for `T` tiles a side (33/64 at
-//! order 4096). Each tile and the strip is one product on one thread (the threads share the
-//! tiles); the CUDA backend issues one batched GEMM over the tiles (one cuBLAS product per
+//! order 4096). The tiles of a column are one product and the strip another, each on one
+//! thread (the threads share them); the CUDA backend issues one batched GEMM over the tiles (one cuBLAS product per
 //! tile) and one for the strip and reads only the lower triangle afterwards, so the emulated
 //! device reproduces these bits.
 //!
@@ -215,11 +215,16 @@ pub fn gemm(
     }
 }
 
-/// The tiles and the strip of `tiles` (see [`SymmetricTiles`]; at least two tiles a side), each
-/// one product on one thread, as the device runs one cuBLAS product per tile: a row of tiles
-/// computed as one product on 2 threads gave other bits than on 1 (a 257 × 513 iterate in f32,
-/// `result_does_not_depend_on_the_number_of_threads`), one tile per thread never does.
-/// `threads` workers share the products.
+/// The tiles and the strip of `tiles` (see [`SymmetricTiles`]; at least two tiles a side). The
+/// tiles of one column are one product (rows `j·size` to the strip, columns `j·size ..` of one
+/// tile): a sequential faer product gives every element the same bits whatever rows and
+/// columns it is computed with (its sums run over `k` alone), so a column's tiles computed
+/// together are the tiles computed one by one, as the device runs them (one cuBLAS product per
+/// tile), with one packing of the column's panel and the CPU kernel's row blocks filled (128
+/// rows are 96 + 32 on AVX-512). Each product runs on one thread: a row of tiles computed as
+/// one product on 2 threads gave other bits than on 1 (a 257 × 513 iterate in f32,
+/// `result_does_not_depend_on_the_number_of_threads`), one product per thread never does.
+/// `threads` workers share the products, the largest first to the least loaded.
 fn symmetric_lower(
     dst: MatMut<'_, f32>,
     alpha: f32,
@@ -230,32 +235,46 @@ fn symmetric_lower(
     threads: usize,
 ) {
     let (m, size, strip) = (dst.nrows(), tiles.size, tiles.strip_start());
-    // (first row, first column, rows, columns) of each product; the strip, the largest, first.
+    // (first row, first column, rows, columns) of each product; the strip first.
     let strip = (strip < m).then_some([strip, 0, m - strip, m]);
-    let tiles = tiles.positions().map(|(i, j)| [i * size, j * size, size, size]);
-    let products: Vec<[usize; 4]> = strip.into_iter().chain(tiles).collect();
+    let columns = (0..tiles.rows).map(|j| [j * size, j * size, (tiles.rows - j) * size, size]);
+    let products: Vec<[usize; 4]> = strip.into_iter().chain(columns).collect();
     let out = SharedOutput {
         ptr: dst.as_ptr_mut(),
         row_stride: dst.row_stride(),
         col_stride: dst.col_stride(),
     };
-    let run = |[row, col, rows, cols]: [usize; 4]| {
+    let run = |&[row, col, rows, cols]: &[usize; 4]| {
         // SAFETY: the products cover disjoint blocks of `dst`, which is borrowed mutably for
-        // this call; each block is inside `dst` (tiles and strip lie within `m × m`).
+        // this call; each block is inside `dst` (columns of tiles and strip lie within `m × m`).
         let block = unsafe { out.block(row, col, rows, cols) };
         product(block, alpha, a.subrows(row, rows), b.subcols(col, cols), beta, Par::Seq);
     };
     let workers = threads.clamp(1, products.len().max(1));
     if workers == 1 {
-        products.into_iter().for_each(run);
+        products.iter().for_each(run);
         return;
     }
+    let shares = shares(&products, workers);
     rayon::in_place_scope(|scope| {
-        for worker in 0..workers {
-            let (products, run) = (&products, &run);
-            scope.spawn(move |_| products.iter().skip(worker).step_by(workers).for_each(|&p| run(p)));
+        for share in &shares {
+            let run = &run;
+            scope.spawn(move |_| share.iter().for_each(run));
         }
     });
+}
+
+/// `products` dealt to `workers`: each, largest first (by elements), to the least loaded.
+fn shares(products: &[[usize; 4]], workers: usize) -> Vec<Vec<[usize; 4]>> {
+    let mut order: Vec<&[usize; 4]> = products.iter().collect();
+    order.sort_by_key(|p| std::cmp::Reverse(p[2] * p[3]));
+    let mut shares: Vec<(usize, Vec<[usize; 4]>)> = vec![(0, Vec::new()); workers];
+    for p in order {
+        let least = shares.iter_mut().min_by_key(|(load, _)| *load).expect("workers >= 1");
+        least.0 += p[2] * p[3];
+        least.1.push(*p);
+    }
+    shares.into_iter().map(|(_, share)| share).collect()
 }
 
 /// The output of [`symmetric_lower`], shared by its workers, each writing its own blocks.
