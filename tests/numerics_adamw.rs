@@ -4,9 +4,8 @@
 mod support;
 
 use muon_opt::error::ErrorKind;
-use muon_opt::numerics::adamw::{
-    AdamWArgs, MIN_ELEMENTS_PER_THREAD, adamw_bias_corrections, adamw_update, adamw_update_split, powi_f32,
-};
+use muon_opt::numerics::MIN_ELEMENTS_PER_THREAD;
+use muon_opt::numerics::adamw::{AdamWArgs, adamw_bias_corrections, adamw_update, adamw_update_split, powi_f32};
 use muon_opt::numerics::step_args::ParamScales;
 use support::rng::Rng;
 

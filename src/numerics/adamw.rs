@@ -24,6 +24,7 @@
 
 use crate::bail;
 use crate::error::Result;
+use crate::numerics::split_workers;
 use crate::numerics::step_args::{ParamScales, param_rates};
 
 /// The scalars of one AdamW step for one parameter group.
@@ -71,11 +72,8 @@ pub fn adamw_bias_corrections(beta1: f32, beta2: f32, step: u64) -> (f32, f32) {
     (1.0 - powi_f32(beta1, step), 1.0 - powi_f32(beta2, step))
 }
 
-/// The fewest elements a worker of [`adamw_update_split`] takes.
-pub const MIN_ELEMENTS_PER_THREAD: usize = 1 << 16;
-
 /// [`adamw_update`] with the elements split among up to `threads` workers of the process's
-/// thread pool (at least [`MIN_ELEMENTS_PER_THREAD`] each): element-wise, so the same bits.
+/// thread pool ([`split_workers`]): element-wise, so the same bits.
 ///
 /// # Errors
 /// As [`adamw_update`]; nothing is modified on error.
@@ -88,7 +86,7 @@ pub fn adamw_update_split(
     threads: usize,
 ) -> Result<()> {
     check(master.len(), exp_avg.len(), exp_avg_sq.len(), grad.len(), args)?;
-    let workers = threads.min(master.len() / MIN_ELEMENTS_PER_THREAD).max(1);
+    let workers = split_workers(master.len(), threads);
     let chunk = master.len().div_ceil(workers).max(1);
     let parts = master
         .chunks_mut(chunk)

@@ -25,6 +25,16 @@ pub mod step_args;
 
 pub use square_sum::SquareSum;
 
+/// The fewest elements a worker of an element-wise pass split among threads takes
+/// ([`adamw::adamw_update_split`], [`SquareSum::add_split`]).
+pub const MIN_ELEMENTS_PER_THREAD: usize = 1 << 16;
+
+/// The workers an element-wise pass over `len` elements is split among on `threads` threads:
+/// at most `threads`, each with at least [`MIN_ELEMENTS_PER_THREAD`], at least one.
+pub fn split_workers(len: usize, threads: usize) -> usize {
+    threads.min(len / MIN_ELEMENTS_PER_THREAD).max(1)
+}
+
 /// What each rank adds to a step's norm: the exact sum of squares of the mean gradients it
 /// owns, and the optimizer steps it has taken before this one, which every rank the norm is
 /// gathered over must agree on.

@@ -19,6 +19,8 @@
 //! `kernels/reduce.cu` (`muon_norm_partials`) accumulates the same limbs on the device and
 //! `kernels/step.cu` rounds them as [`SquareSum::to_f64`] does.
 
+use crate::numerics::split_workers;
+
 /// Limbs of 32-bit digits.
 pub const SQUARE_SUM_LIMBS: usize = 20;
 
@@ -38,9 +40,6 @@ const BLOCK: usize = 512;
 /// Binades below a block's largest exponent whose squares the windowed sum adds: a square
 /// shifted by up to `2·WINDOW` bits, split at bit 32, stays exact in two u64 sums per block.
 const WINDOW: u32 = 16;
-
-/// The fewest values a worker of [`SquareSum::add_split`] takes.
-pub const MIN_VALUES_PER_THREAD: usize = 1 << 16;
 
 /// Blocks between carries: a block adds below `(BLOCK + 2)·2^32` to a limb.
 const BLOCKS_PER_CARRY: usize = 1 << 12;
@@ -119,10 +118,10 @@ impl SquareSum {
     }
 
     /// [`SquareSum::add`] with `values` split among up to `threads` workers of the process's
-    /// thread pool (at least [`MIN_VALUES_PER_THREAD`] each): the same words, as the sum is
+    /// thread pool ([`split_workers`]): the same words, as the sum is
     /// exact.
     pub fn add_split(&mut self, values: &[f32], scale: f32, counted: bool, threads: usize) {
-        let workers = threads.min(values.len() / MIN_VALUES_PER_THREAD).max(1);
+        let workers = split_workers(values.len(), threads);
         if workers == 1 {
             return self.add(values, scale, counted);
         }
@@ -289,6 +288,7 @@ fn scaled(mantissa: u64, exponent: i64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numerics::MIN_ELEMENTS_PER_THREAD;
     use crate::rng::SplitMix64;
 
     /// Values whose blocks exercise every path: a narrow range (all in the window), every
@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn a_split_sum_has_the_words_of_one_sum() {
         let mut rng = SplitMix64::new(11);
-        let data: Vec<f32> = (0..3 * MIN_VALUES_PER_THREAD + 77)
+        let data: Vec<f32> = (0..3 * MIN_ELEMENTS_PER_THREAD + 77)
             .map(|i| {
                 if i % 100_003 == 5 {
                     f32::INFINITY
