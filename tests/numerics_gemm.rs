@@ -103,7 +103,7 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
             (&x, wide.transposed()),
             0.0,
             (&mut gram, square),
-            Output::SymmetricLower { tile: 16 },
+            Output::SymmetricLower,
             2,
         );
         let xt: Vec<f32> = (0..n * m).map(|e| x[(e % m) * n + e / m]).collect();
@@ -115,7 +115,7 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
             (&gram, square),
             2.0,
             (&mut poly, square),
-            Output::SymmetricLower { tile: 16 },
+            Output::SymmetricLower,
             1,
         );
         close(
@@ -133,13 +133,84 @@ fn symmetric_outputs_are_exactly_symmetric_and_match_the_full_product() {
     }
 }
 
-/// The device runs one product per tile (and one for the strip): the host computes a column's
-/// tiles as one product, which must give every tile the bits of its own product, whatever the
-/// thread count, with a β term too.
+/// Every element of a symmetric output's lower triangle has the bits of one sequential full
+/// product, at every order (whatever blocks the host splits it into), on 1–4 threads, with
+/// and without a β term (faer's own triangular product failed this with `β = 1`).
+#[test]
+fn a_symmetric_output_has_the_bits_of_one_full_product_at_every_order() {
+    let mut rng = Rng::new(10);
+    for m in (1..=70).chain([95, 128, 129, 161, 200, 257]) {
+        let k = m + 3;
+        let x = rng.normal_vec(m * k, 1.0);
+        let (wide, square) = (Strides::row_major(m, k), Strides::row_major(m, m));
+        let c0: Vec<f32> = (0..m * m)
+            .map(|e| ((e / m).max(e % m) * 31 + (e / m).min(e % m)) as f32 * 1e-3)
+            .collect();
+        for (alpha, beta) in [(1.0f32, 0.0f32), (0.75, 1.0), (0.75, -1.5)] {
+            let mut gram = c0.clone();
+            gemm(
+                alpha,
+                (&x, wide),
+                (&x, wide.transposed()),
+                beta,
+                (&mut gram, square),
+                Output::Full,
+                1,
+            );
+            let mut poly = c0.clone();
+            gemm(
+                alpha,
+                (&gram, square),
+                (&gram, square),
+                beta,
+                (&mut poly, square),
+                Output::Full,
+                1,
+            );
+            for threads in 1..=4 {
+                let mut got = c0.clone();
+                gemm(
+                    alpha,
+                    (&x, wide),
+                    (&x, wide.transposed()),
+                    beta,
+                    (&mut got, square),
+                    Output::SymmetricLower,
+                    threads,
+                );
+                let mut got_poly = c0.clone();
+                gemm(
+                    alpha,
+                    (&gram, square),
+                    (&gram, square),
+                    beta,
+                    (&mut got_poly, square),
+                    Output::SymmetricLower,
+                    threads,
+                );
+                for (what, full, got) in [("X·Xᵀ", &gram, &got), ("A·A", &poly, &got_poly)] {
+                    for i in 0..m {
+                        for j in 0..=i {
+                            assert_eq!(
+                                got[i * m + j].to_bits(),
+                                full[i * m + j].to_bits(),
+                                "{what}, order {m}, α {alpha}, β {beta}, {threads} threads: ({i}, {j})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The device runs one product per tile (and one for the strip): the host computes the lower
+/// triangle in column panels, which must give every tile the bits of its own product, and the
+/// strip the bits of one full product, whatever the thread count, with a β term too.
 #[test]
 fn a_symmetric_output_has_the_bits_of_its_tiles_computed_one_by_one() {
     let mut rng = Rng::new(9);
-    for (m, k, tile) in [(454, 300, 128), (70, 33, 16), (256, 1000, 128)] {
+    for (m, k, tile) in [(454, 300, 128), (70, 33, 16), (256, 1000, 128), (600, 40, 128)] {
         let x = rng.normal_vec(m * k, 1.0);
         let c0 = rng.normal_vec(m * m, 1.0);
         let c0: Vec<f32> = (0..m * m)
@@ -171,7 +242,17 @@ fn a_symmetric_output_has_the_bits_of_its_tiles_computed_one_by_one() {
                 }
             }
         }
-        for threads in [1, 2, 3] {
+        let mut full = c0.clone();
+        gemm(
+            0.75,
+            (&x, wide),
+            (&x, wide.transposed()),
+            -1.5,
+            (&mut full, square),
+            Output::Full,
+            1,
+        );
+        for threads in [1, 2, 3, 8] {
             let mut got = c0.clone();
             gemm(
                 0.75,
@@ -179,7 +260,7 @@ fn a_symmetric_output_has_the_bits_of_its_tiles_computed_one_by_one() {
                 (&x, wide.transposed()),
                 -1.5,
                 (&mut got, square),
-                Output::SymmetricLower { tile },
+                Output::SymmetricLower,
                 threads,
             );
             for i in 0..tiles * tile {
@@ -191,6 +272,15 @@ fn a_symmetric_output_has_the_bits_of_its_tiles_computed_one_by_one() {
                             "m {m}, tile {tile}, {threads} threads: ({i}, {j})"
                         );
                     }
+                }
+            }
+            for i in 0..m {
+                for j in 0..=i {
+                    assert_eq!(
+                        got[i * m + j].to_bits(),
+                        full[i * m + j].to_bits(),
+                        "m {m}, {threads} threads: ({i}, {j}) against one full product"
+                    );
                 }
             }
         }

@@ -4,23 +4,29 @@
 //! One call is `C ← α·A·B + β·C` on strided f32 matrices, computed as two passes: `C ← β·C`
 //! element by element (skipped when `β = 0`, which overwrites `C` instead), then faer's
 //! `C ← C + α·A·B`. With [`Output::SymmetricLower`] (an `m × m` product that is symmetric by
-//! construction: `X·Xᵀ`, or `A·A` with `A` symmetric) only the tiles on and below the
-//! diagonal are computed ([`SymmetricTiles`]: `t × t` tiles, 128 by default,
-//! [`DEFAULT_SYMMETRIC_TILE`], the rows past the last whole tile as one strip), and the
-//! strict lower triangle is then mirrored into the upper one, so the result is exactly
-//! symmetric: `(T + 1)/(2T)` of the full product's flops for `T` tiles a side (33/64 at
-//! order 4096). The tiles of a column are one product and the strip another, each on one
-//! thread (the threads share them); the CUDA backend issues one batched GEMM over the tiles (one cuBLAS product per
-//! tile) and one for the strip and reads only the lower triangle afterwards, so the emulated
-//! device reproduces these bits.
+//! construction: `X·Xᵀ`, or `A·A` with `A` symmetric) only the lower triangle is computed,
+//! in column panels of equal work (one per thread, each by sequential faer products: its
+//! top block's lower triangle by halves down to blocks of `32..64`, the rows below it as one
+//! product), and the strict lower triangle is then mirrored into the upper one, so the result
+//! is exactly symmetric.
+//!
+//! A sequential faer product gives every element of its output the same bits whatever rows
+//! and columns it is computed with: its sum runs over `k` alone, in blocks of 512 (faer's
+//! x86 kernels, `private-gemm-x86` 0.1.22 `kc = min(depth, 512)`), whatever the shape. So
+//! the panels' lower triangle has the bits of the CUDA backend's tiles ([`SymmetricTiles`]:
+//! one cuBLAS product per `t × t` tile on and below the diagonal and one for the strip of
+//! rows past the last whole tile), as the emulated device computes them, one product each;
+//! tested for every thread count.
 //!
 //! faer splits the output of the full products (the shapes Newton–Schulz runs), not their
-//! sums, between threads, and every tile of a symmetric product runs on one thread: the result
-//! does not depend on the number of threads (checked by the same tests). That is what lets dp ranks on
-//! one thread each agree bitwise with one rank on every core.
+//! sums, between threads, and every panel of a symmetric product runs on one thread: the
+//! result does not depend on the number of threads (checked by the same tests). That is what
+//! lets dp ranks on one thread each agree bitwise with one rank on every core.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
+
+use crate::numerics::transpose::mirror_lower;
 
 /// The default side of the tiles of a symmetric product ([`SymmetricTiles`]): a GPU GEMM's
 /// output tile (128 × 128 on H100, the simulator's `gemm_tile`), so the tiles on and below the
@@ -75,9 +81,8 @@ pub fn parallelism(threads: usize) -> Par {
 pub enum Output {
     /// Every element.
     Full,
-    /// The tiles on and below the diagonal ([`SymmetricTiles`] of this side), then the lower
-    /// triangle mirrored into the upper one; the product must be symmetric.
-    SymmetricLower { tile: usize },
+    /// The lower triangle, then mirrored into the upper one; the product must be symmetric.
+    SymmetricLower,
 }
 
 /// A strided matrix view: `rows × cols` elements, element `(i, j)` at
@@ -197,84 +202,107 @@ pub fn gemm(
         c_shape.rows,
         c_shape.cols
     );
-    let mut dst = c_shape.view_mut(c_data);
+    let dst = c_shape.view_mut(c_data);
     let par = parallelism(threads);
     match output {
         Output::Full => product(dst, alpha, a, b, beta, par),
-        Output::SymmetricLower { tile } => {
+        Output::SymmetricLower => {
             let m = c_shape.rows;
             assert_eq!(m, c_shape.cols, "gemm: a symmetric output must be square");
-            let tiles = SymmetricTiles::of(m, tile);
-            if tiles.rows == 0 {
-                product(dst.as_mut(), alpha, a, b, beta, par);
-            } else {
-                symmetric_lower(dst.as_mut(), alpha, a, b, beta, tiles, threads);
-            }
-            mirror_lower(dst);
+            symmetric_lower(dst, alpha, a, b, beta, threads);
+            mirror_lower(c_data, m, c_shape.row_stride, c_shape.col_stride);
         }
     }
 }
 
-/// The tiles and the strip of `tiles` (see [`SymmetricTiles`]; at least two tiles a side). The
-/// tiles of one column are one product (rows `j·size` to the strip, columns `j·size ..` of one
-/// tile): a sequential faer product gives every element the same bits whatever rows and
-/// columns it is computed with (its sums run over `k` alone), so a column's tiles computed
-/// together are the tiles computed one by one, as the device runs them (one cuBLAS product per
-/// tile), with one packing of the column's panel and the CPU kernel's row blocks filled (128
-/// rows are 96 + 32 on AVX-512). Each product runs on one thread: a row of tiles computed as
-/// one product on 2 threads gave other bits than on 1 (a 257 × 513 iterate in f32,
-/// `result_does_not_depend_on_the_number_of_threads`), one product per thread never does.
-/// `threads` workers share the products, the largest first to the least loaded.
+/// The lower triangle of `dst ← α·a·b + β·dst` (see the module documentation) in column
+/// panels of equal work, one per worker of `threads`: panel `[c0, c1)` is its `[c0, c1)²`
+/// block's lower triangle ([`lower_block`]) and rows `c1..` of its columns (one product), each
+/// sequential.
 fn symmetric_lower(
-    dst: MatMut<'_, f32>,
+    mut dst: MatMut<'_, f32>,
     alpha: f32,
     a: MatRef<'_, f32>,
     b: MatRef<'_, f32>,
     beta: f32,
-    tiles: SymmetricTiles,
     threads: usize,
 ) {
-    let (m, size, strip) = (dst.nrows(), tiles.size, tiles.strip_start());
-    // (first row, first column, rows, columns) of each product; the strip first.
-    let strip = (strip < m).then_some([strip, 0, m - strip, m]);
-    let columns = (0..tiles.rows).map(|j| [j * size, j * size, (tiles.rows - j) * size, size]);
-    let products: Vec<[usize; 4]> = strip.into_iter().chain(columns).collect();
+    let accum = prepare(dst.as_mut(), beta);
+    let m = dst.nrows();
     let out = SharedOutput {
         ptr: dst.as_ptr_mut(),
         row_stride: dst.row_stride(),
         col_stride: dst.col_stride(),
     };
-    let run = |&[row, col, rows, cols]: &[usize; 4]| {
-        // SAFETY: the products cover disjoint blocks of `dst`, which is borrowed mutably for
-        // this call; each block is inside `dst` (columns of tiles and strip lie within `m × m`).
-        let block = unsafe { out.block(row, col, rows, cols) };
-        product(block, alpha, a.subrows(row, rows), b.subcols(col, cols), beta, Par::Seq);
+    let run = |&(c0, c1): &(usize, usize)| {
+        let w = c1 - c0;
+        // SAFETY: the panels cover disjoint column ranges of `dst`, which is borrowed mutably
+        // for this call, and each block lies within `m × m`.
+        let (top, below) = unsafe { (out.block(c0, c0, w, w), out.block(c1, c0, m - c1, w)) };
+        lower_block(top, accum, a.subrows(c0, w), b.subcols(c0, w), alpha);
+        matmul(below, accum, a.subrows(c1, m - c1), b.subcols(c0, w), alpha, Par::Seq);
     };
-    let workers = threads.clamp(1, products.len().max(1));
-    if workers == 1 {
-        products.iter().for_each(run);
-        return;
+    let panels = panels(m, threads);
+    if panels.len() == 1 {
+        return run(&panels[0]);
     }
-    let shares = shares(&products, workers);
     rayon::in_place_scope(|scope| {
-        for share in &shares {
+        for panel in &panels {
             let run = &run;
-            scope.spawn(move |_| share.iter().for_each(run));
+            scope.spawn(move |_| run(panel));
         }
     });
 }
 
-/// `products` dealt to `workers`: each, largest first (by elements), to the least loaded.
-fn shares(products: &[[usize; 4]], workers: usize) -> Vec<Vec<[usize; 4]>> {
-    let mut order: Vec<&[usize; 4]> = products.iter().collect();
-    order.sort_by_key(|p| std::cmp::Reverse(p[2] * p[3]));
-    let mut shares: Vec<(usize, Vec<[usize; 4]>)> = vec![(0, Vec::new()); workers];
-    for p in order {
-        let least = shares.iter_mut().min_by_key(|(load, _)| *load).expect("workers >= 1");
-        least.0 += p[2] * p[3];
-        least.1.push(*p);
+/// Square blocks narrower than this [`lower_block`] computes whole; it splits wider ones into
+/// halves of at least 32.
+const LEAF: usize = 64;
+
+/// The lower triangle of the square block `dst` (and the upper part of the blocks of
+/// `32..64` on its diagonal) by sequential products: halves, the lower-left quarter one
+/// product. Every product is at least `32 × 8 × k`, so faer runs each in its blocked kernels
+/// (it sends products of at most `16³` multiply-adds, and vectors, to other kernels whose
+/// sums may run in another order), and faer's own triangular product, which adds a `β = 1`
+/// term in another order than its full products on small blocks, is not used.
+fn lower_block(mut dst: MatMut<'_, f32>, accum: Accum, a: MatRef<'_, f32>, b: MatRef<'_, f32>, alpha: f32) {
+    let w = dst.nrows();
+    if w < LEAF {
+        return matmul(dst, accum, a, b, alpha, Par::Seq);
     }
-    shares.into_iter().map(|(_, share)| share).collect()
+    let h = w / 2 / 16 * 16;
+    let (top, _, bottom_left, bottom) = dst.as_mut().split_at_mut(h, h);
+    lower_block(top, accum, a.subrows(0, h), b.subcols(0, h), alpha);
+    matmul(
+        bottom_left,
+        accum,
+        a.subrows(h, w - h),
+        b.subcols(0, h),
+        alpha,
+        Par::Seq,
+    );
+    lower_block(bottom, accum, a.subrows(h, w - h), b.subcols(h, w - h), alpha);
+}
+
+/// Order of a symmetric product per worker at the least.
+const ORDER_PER_WORKER: usize = 64;
+
+/// Column ranges `[c0, c1)` of an order-`m` lower triangle, one per worker (at most
+/// `threads`, and one per [`ORDER_PER_WORKER`] of order), of about equal area: the triangle's
+/// area left of column `c` is `c·m − c²/2`, so the `k`-th of `p` boundaries is
+/// `m·(1 − √(1 − k/p))`, rounded to a multiple of 16 (whole cache lines of f32). The first
+/// panel, the narrowest, is about `m/(2p)` ≥ 32 wide, and the rows below the last but one,
+/// `m/√p` ≥ 64, so every product is one faer runs in its blocked kernels.
+fn panels(m: usize, threads: usize) -> Vec<(usize, usize)> {
+    let p = threads.min(m / ORDER_PER_WORKER).max(1);
+    let mut bounds: Vec<usize> = (0..=p)
+        .map(|k| {
+            let c = m as f64 * (1.0 - (1.0 - k as f64 / p as f64).sqrt());
+            ((c / 16.0).round() as usize * 16).min(m)
+        })
+        .collect();
+    bounds[p] = m;
+    bounds.dedup();
+    bounds.windows(2).map(|w| (w[0], w[1])).collect()
 }
 
 /// The output of [`symmetric_lower`], shared by its workers, each writing its own blocks.
@@ -305,17 +333,22 @@ impl SharedOutput {
     }
 }
 
-/// `dst ← α·a·b + β·dst`: the β pass (none when `β` is 0 or 1), then faer's product.
+/// `dst ← α·a·b + β·dst`: the β pass, then faer's product.
 fn product(mut dst: MatMut<'_, f32>, alpha: f32, a: MatRef<'_, f32>, b: MatRef<'_, f32>, beta: f32, par: Par) {
-    let accum = if beta == 0.0 {
-        Accum::Replace
-    } else {
-        if beta != 1.0 {
-            scale(dst.as_mut(), beta);
-        }
-        Accum::Add
-    };
+    let accum = prepare(dst.as_mut(), beta);
     matmul(dst, accum, a, b, alpha, par);
+}
+
+/// The β pass of `dst ← α·a·b + β·dst` (none when `β` is 0 or 1) and how the product then
+/// writes `dst`: over it for `β = 0`, added to it otherwise.
+fn prepare(dst: MatMut<'_, f32>, beta: f32) -> Accum {
+    if beta == 0.0 {
+        return Accum::Replace;
+    }
+    if beta != 1.0 {
+        scale(dst, beta);
+    }
+    Accum::Add
 }
 
 /// `C ← β·C`, walking the unit-stride dimension innermost.
@@ -333,26 +366,6 @@ fn scale(mut dst: MatMut<'_, f32>, beta: f32) {
             unsafe {
                 let v = ptr.offset(o as isize * outer_stride + i as isize * inner_stride);
                 *v *= beta;
-            }
-        }
-    }
-}
-
-/// Copies the strict lower triangle into the upper one, in tiles.
-fn mirror_lower(mut dst: MatMut<'_, f32>) {
-    const TILE: usize = 64;
-    let n = dst.nrows();
-    let (rs, cs) = (dst.row_stride(), dst.col_stride());
-    let ptr = dst.as_mut().as_ptr_mut();
-    let at = |i: usize, j: usize| i as isize * rs + j as isize * cs;
-    for j0 in (0..n).step_by(TILE) {
-        for i0 in (j0..n).step_by(TILE) {
-            for i in i0..(i0 + TILE).min(n) {
-                for j in j0..(j0 + TILE).min(n).min(i) {
-                    // SAFETY: (i, j) and (j, i) are elements of the square `dst`, borrowed
-                    // mutably here; the strides map them to distinct addresses for i != j.
-                    unsafe { *ptr.offset(at(j, i)) = *ptr.offset(at(i, j)) };
-                }
             }
         }
     }

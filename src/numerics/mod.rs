@@ -20,8 +20,10 @@ pub mod muon;
 pub mod mxfp8;
 pub mod newton_schulz;
 pub mod qk_clip;
+pub mod simd;
 pub mod square_sum;
 pub mod step_args;
+pub mod transpose;
 
 pub use square_sum::SquareSum;
 

@@ -13,10 +13,10 @@
 //! Every matrix product is [`gemm`] (`C ← α·A·B + β·C`, faer): `A` is formed as
 //! `gemm(α = 1, X, Xᵀ, β = 0)`, `B` as `gemm(α = c, A, A, β = b, C = copy of A)` and the new
 //! `X` as `gemm(α = 1, B, X, β = a, C = copy of X)`. `A` and `B` are symmetric, so only their
-//! tiles on and below the diagonal are computed and then mirrored
-//! ([`Output::SymmetricLower`], tiles of side `symmetric_tile`, 128 by default): at order
-//! 4096, `(2 + 33/32)·m²·n + (33/32)·m³` flops per step instead of `4·m²·n + 2·m³` (the
-//! bound with exact triangles is `3·m²·n + m³`). The CUDA backend computes the same tiles.
+//! lower triangles are computed and then mirrored ([`Output::SymmetricLower`]): about
+//! `3·m²·n + m³` flops per step instead of `4·m²·n + 2·m³`. The CUDA backend computes the
+//! tiles of side `symmetric_tile` (128 by default) on and below the diagonal, which gives
+//! the lower triangle the same bits: at order 4096, `(2 + 33/32)·m²·n + (33/32)·m³` flops.
 //! The products use the workspace's thread count ([`NsWorkspace::with_threads`]); the result
 //! does not depend on it.
 //!
@@ -40,7 +40,9 @@ use crate::numerics::bf16::{
     round_slice_through_bf16_in_place, round_through_bf16, round_through_bf16_and_scale, scale_then_round_through_bf16,
 };
 use crate::numerics::gemm::{Output, Strides, gemm};
+use crate::numerics::simd;
 use crate::numerics::squared_norm;
+use crate::numerics::transpose::transpose_map;
 
 mod coefficients;
 
@@ -58,7 +60,9 @@ pub struct NsOptions {
     pub precision: NsPrecision,
     /// Floor of the input's Frobenius norm in the normalization (`muon_ns_eps`).
     pub eps: f32,
-    /// Side of the tiles of the symmetric products (`numerics::gemm::SymmetricTiles`).
+    /// Side of the CUDA backend's tiles of the symmetric products
+    /// (`numerics::gemm::SymmetricTiles`); the host's products have the same bits whatever it
+    /// is.
     pub symmetric_tile: usize,
     /// The iteration: standard, or Gram where [`gram_applies`] holds.
     pub method: NsMethod,
@@ -267,9 +271,11 @@ impl NsWorkspace {
         if transpose {
             transpose_map(input, rows, cols, x, |v| v / norm);
         } else {
-            for (d, &s) in x.iter_mut().zip(input) {
-                *d = s / norm;
-            }
+            simd::widest(|| {
+                for (d, &s) in x.iter_mut().zip(input) {
+                    *d = s / norm;
+                }
+            });
         }
         if opts.precision == NsPrecision::Bf16Iterate {
             round_slice_through_bf16_in_place(x);
@@ -313,9 +319,7 @@ impl NsWorkspace {
                 (x_operand, wide.transposed()),
                 0.0,
                 (gram, square),
-                Output::SymmetricLower {
-                    tile: opts.symmetric_tile,
-                },
+                Output::SymmetricLower,
                 threads,
             );
             if let Some(sums) = sums.as_deref_mut() {
@@ -337,9 +341,7 @@ impl NsWorkspace {
                 (gram, square),
                 prescaled(b),
                 (poly, square),
-                Output::SymmetricLower {
-                    tile: opts.symmetric_tile,
-                },
+                Output::SymmetricLower,
                 threads,
             );
             if bf16 || stored_bf16 {
@@ -423,9 +425,7 @@ impl NsWorkspace {
                 round_slice_through_bf16_in_place(values);
             }
         };
-        let symmetric = Output::SymmetricLower {
-            tile: opts.symmetric_tile,
-        };
+        let symmetric = Output::SymmetricLower;
         // out ← α·lhs·rhs + β·out, a symmetric product of square matrices, stored.
         let square_product = |alpha: f32, lhs: &[f32], rhs: &[f32], beta: f32, out: &mut [f32]| {
             gemm(
@@ -525,11 +525,13 @@ impl NsWorkspace {
     }
 }
 
-/// `dst` ← `factor·src`, each product rounded to f32.
+/// `dst` ← `factor·src`, each product rounded to f32 ([`simd::widest`]).
 fn scale_into(src: &[f32], dst: &mut [f32], factor: f32) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = factor * s;
-    }
+    simd::widest(|| {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = factor * s;
+        }
+    });
 }
 
 /// The `β` of a product whose output was scaled by `coefficient` beforehand: 1 (add to it), or
@@ -541,21 +543,6 @@ fn prescaled(coefficient: f32) -> f32 {
 fn grow(buffer: &mut Vec<f32>, len: usize) {
     if buffer.len() < len {
         buffer.resize(len, 0.0);
-    }
-}
-
-/// `dst[j][i] = f(src[i][j])` for row-major `src` (`rows × cols`) and `dst` (`cols × rows`),
-/// in 32 × 32 tiles.
-fn transpose_map(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], f: impl Fn(f32) -> f32) {
-    const TILE: usize = 32;
-    for i0 in (0..rows).step_by(TILE) {
-        for j0 in (0..cols).step_by(TILE) {
-            for i in i0..(i0 + TILE).min(rows) {
-                for j in j0..(j0 + TILE).min(cols) {
-                    dst[j * rows + i] = f(src[i * cols + j]);
-                }
-            }
-        }
     }
 }
 
