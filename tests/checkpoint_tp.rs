@@ -684,7 +684,8 @@ fn a_tp_checkpoint_loads_in_a_tp_group_only_with_its_tp_mode() {
     let tmp = TempDir::new("ckpt_tp_mode");
     let saved: Vec<PathBuf> = (0..2).map(|t| tmp.join(&format!("rank{t}"))).collect();
     models(job(2, 1, &[Phase::Train(1), Phase::Save(&saved)]));
-    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(saved[0].join("index.json")).unwrap()).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(saved[0].join("index.json")).unwrap()).unwrap();
     assert_eq!(index["index"]["muon_tp_mode"], "duplicated");
     let copy = |label: &str, mode: Option<&str>| -> Vec<PathBuf> {
         (0..2)
@@ -707,7 +708,9 @@ fn a_tp_checkpoint_loads_in_a_tp_group_only_with_its_tp_mode() {
     };
     let blockwise = copy("blockwise", Some("blockwise"));
     for (rank, result) in job(2, 1, &[Phase::LoadOwn(&blockwise)]).into_iter().enumerate() {
-        let err = result.err().unwrap_or_else(|| panic!("rank {rank} must refuse another tp mode"));
+        let err = result
+            .err()
+            .unwrap_or_else(|| panic!("rank {rank} must refuse another tp mode"));
         assert_eq!(err.kind, ErrorKind::CheckpointMismatch, "{}", err.message);
         assert!(
             err.message.contains(

@@ -38,7 +38,11 @@ fn snapshot() -> Value {
 /// A *Megatron default* cell as the snapshot writes it: its first word, backticks removed
 /// (`off (split)` is `off`).
 fn stated_default(cell: &str) -> String {
-    cell.replace('`', "").split_whitespace().next().unwrap_or("").to_string()
+    cell.replace('`', "")
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string()
 }
 
 #[test]
@@ -88,7 +92,8 @@ fn the_megatron_table_states_the_code_defaults() {
 /// choice. Every row that does name a flag must state the snapshot's default.
 fn missing_rows(rows: &[Vec<String>], snapshot: &Value) -> Vec<String> {
     let commit = snapshot["commit"].as_str().unwrap();
-    let named = |flag: &str| -> Vec<&Vec<String>> { rows.iter().filter(|cells| code(&cells[1]) == Some(flag)).collect() };
+    let named =
+        |flag: &str| -> Vec<&Vec<String>> { rows.iter().filter(|cells| code(&cells[1]) == Some(flag)).collect() };
     let mut missing = Vec::new();
     for entry in snapshot["flags"].as_array().unwrap() {
         let flag = entry["flag"].as_str().unwrap();
@@ -132,7 +137,13 @@ fn every_megatron_muon_flag_has_a_row_with_megatrons_default() {
     assert!(snapshot["source"].as_str().unwrap().ends_with("NVIDIA/Megatron-LM"));
     let flags = snapshot["flags"].as_array().unwrap();
     let known: Vec<&str> = flags.iter().map(|e| e["flag"].as_str().unwrap()).collect();
-    for flag in ["--muon-tp-mode", "--muon-fp32-matmul-prec", "--qk-clip-threshold", "--decoupled-lr", "--optimizer"] {
+    for flag in [
+        "--muon-tp-mode",
+        "--muon-fp32-matmul-prec",
+        "--qk-clip-threshold",
+        "--decoupled-lr",
+        "--optimizer",
+    ] {
         assert!(known.contains(&flag), "the snapshot lost {flag}: {known:?}");
     }
     let rows = rows();

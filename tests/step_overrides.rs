@@ -128,12 +128,19 @@ fn the_decoupled_lr_steps_the_embedding_and_output_params_alone() {
             let state = |s: &Snapshot| s.state[p].iter().map(|v| bits(v)).collect::<Vec<_>>();
             assert!(state(a) == state(b), "'{}' after step {step}", spec.name);
             for rank in 0..2 {
-                assert!(bits(&a.params[rank][p]) == bits(&b.params[rank][p]), "'{}' on rank {rank}", spec.name);
+                assert!(
+                    bits(&a.params[rank][p]) == bits(&b.params[rank][p]),
+                    "'{}' on rank {rank}",
+                    spec.name
+                );
             }
         }
     }
     assert!(embeddings > 0, "the test model has an embedding");
-    assert!(bitwise(&plain) != bitwise(&at_decoupled), "the rates must differ in the run");
+    assert!(
+        bitwise(&plain) != bitwise(&at_decoupled),
+        "the rates must differ in the run"
+    );
 }
 
 /// Deterministic gradient of param `p` at `step`.

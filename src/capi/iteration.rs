@@ -344,7 +344,8 @@ pub(crate) unsafe fn read_step_args(args: *const muon_step_args_t, arg: &str) ->
             size.min(current),
         )
     };
-    if raw.overrides & MUON_STEP_OVERRIDE_DECOUPLED_LR != 0 && size < std::mem::offset_of!(muon_step_args_t, decoupled_lr) + 4
+    if raw.overrides & MUON_STEP_OVERRIDE_DECOUPLED_LR != 0
+        && size < std::mem::offset_of!(muon_step_args_t, decoupled_lr) + 4
     {
         bail!(
             InvalidArgument,

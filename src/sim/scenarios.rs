@@ -5,7 +5,7 @@
 //! table.
 
 use crate::bail;
-use crate::config::{Config, Dtype};
+use crate::config::{Dtype, TpMode};
 use crate::error::Result;
 use crate::plan::presets::preset;
 
@@ -117,7 +117,9 @@ impl Job {
         Ok(Scenario {
             mxfp8,
             grad_dtype: Dtype::Bf16,
-            tp: self.tp.map(|ranks| (ranks, Config::default().muon_tp_mode)),
+            // Per shard, as these jobs were first priced and as Megatron-LM ran them before its
+            // PR #6380; the library's default (duplicated) is `simulate --tp-mode`'s.
+            tp: self.tp.map(|ranks| (ranks, TpMode::Blockwise)),
             norm_group: (model_parallel > 1).then_some(model_parallel * self.dp),
             pipeline: self.pipeline,
             expert_parallel: self.expert_parallel,

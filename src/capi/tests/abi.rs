@@ -161,8 +161,14 @@ fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged
     assert_eq!(std::mem::offset_of!(muon_config_t, weight_decay_rule), 136);
     assert_eq!(std::mem::size_of::<muon_config_t>(), 144);
     let cfg = default_config();
-    assert_eq!((cfg.weight_decay_rule, cfg.reserved3), (MUON_WEIGHT_DECAY_RULE_MEGATRON, 0));
-    for code in [MUON_WEIGHT_DECAY_RULE_MEGATRON, MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM] {
+    assert_eq!(
+        (cfg.weight_decay_rule, cfg.reserved3),
+        (MUON_WEIGHT_DECAY_RULE_MEGATRON, 0)
+    );
+    for code in [
+        MUON_WEIGHT_DECAY_RULE_MEGATRON,
+        MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM,
+    ] {
         older_sizes_read_the_default(
             |c, v| c.weight_decay_rule = v,
             code,

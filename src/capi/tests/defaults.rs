@@ -141,7 +141,11 @@ fn weight_decay_follows_megatron_for_1d_params_and_biases_unless_flagged() {
         ("layers.0.proj.bias", &[8], 0),
         ("layers.0.adapter.bias", &[4, 8], 0),
         ("layers.0.self_attention.q_layernorm.weight", &[8], 0),
-        ("embedding.word_embeddings.weight", &[32, 8], MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT),
+        (
+            "embedding.word_embeddings.weight",
+            &[32, 8],
+            MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT,
+        ),
     ];
     let mut cfg = default_config();
     assert_eq!(decayed(&cfg, &model).unwrap(), [true, false, false, false, false, true]);
@@ -152,7 +156,11 @@ fn weight_decay_follows_megatron_for_1d_params_and_biases_unless_flagged() {
     let mut old = default_config();
     old.struct_size = 136;
     old.weight_decay_rule = MUON_WEIGHT_DECAY_RULE_MEGATRON;
-    assert_eq!(decayed(&old, &model).unwrap(), [true; 6], "the 136-byte layout reads flagged");
+    assert_eq!(
+        decayed(&old, &model).unwrap(),
+        [true; 6],
+        "the 136-byte layout reads flagged"
+    );
     let mut flagged = model.clone();
     flagged[1].2 = MUON_PARAM_FLAG_WEIGHT_DECAY;
     flagged[5].2 |= MUON_PARAM_FLAG_NO_WEIGHT_DECAY;

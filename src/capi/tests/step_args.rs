@@ -127,7 +127,10 @@ fn the_first_step_args_layout_overrides_nothing() {
     );
     args.overrides &= !MUON_STEP_OVERRIDE_DECOUPLED_LR;
     let read = unsafe { read_step_args(&args, "args->") }.unwrap();
-    assert_eq!((read.overrides.adam_eps, read.overrides.decoupled_lr), (Some(1e-6), None));
+    assert_eq!(
+        (read.overrides.adam_eps, read.overrides.decoupled_lr),
+        (Some(1e-6), None)
+    );
     args.struct_size = std::mem::size_of::<muon_step_args_t>() as u32;
     args.overrides = 1 << 5;
     let err = unsafe { read_step_args(&args, "args[1].") }.unwrap_err();
