@@ -873,7 +873,10 @@ typedef struct muon_param_desc_t {
    */
   float lr_scale;
   /**
-   * Multiplier on the weight decay of this param (default 1).
+   * Multiplier on the weight decay of this param (default 1); none is applied to a param
+   * flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY or spared by muon_config_t.weight_decay_rule
+   * (by default every 1-D param and every `*.bias`, unless flagged
+   * MUON_PARAM_FLAG_WEIGHT_DECAY).
    */
   float wd_scale;
   /**
@@ -1560,7 +1563,9 @@ muon_status_t muon_optimizer_param_route(const struct muon_optimizer_t *opt,
 /**
  * @brief Change a finalized param's multipliers of its route's learning rate and weight decay
  *        (its muon_param_desc_t lr_scale and wd_scale) for the steps enqueued after this call:
- *        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale, as at registration — e.g. a
+ *        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale (0 for a param flagged
+ *        MUON_PARAM_FLAG_NO_WEIGHT_DECAY or spared by the config's weight_decay_rule), as at
+ *        registration — e.g. a
  *        framework whose param groups share a route but follow schedules of their own passes
  *        lr = 1 in the step args and each group's current rate here (the same bits as that
  *        rate in the args). Every rank makes the same change before the same step; a step
