@@ -41,6 +41,10 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.reserved2, b.reserved2);
     EXPECT_EQ(a.muon_ownership, b.muon_ownership);
     EXPECT_EQ(a.muon_ownership, MUON_OWNERSHIP_BALANCED);
+    EXPECT_EQ(a.reserved3, b.reserved3);
+    EXPECT_EQ(a.weight_decay_rule, b.weight_decay_rule);
+    EXPECT_EQ(a.weight_decay_rule, MUON_WEIGHT_DECAY_RULE_MEGATRON);
+    EXPECT_EQ(a.muon_tp_mode, MUON_TP_MODE_DUPLICATED);
 }
 
 struct BadField {
@@ -73,6 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_ns_eps", [](muon_config_t &c) { c.muon_ns_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_ns_method", [](muon_config_t &c) { c.muon_ns_method = MUON_NS_METHOD_GRAM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ownership", [](muon_config_t &c) { c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"weight_decay_rule", [](muon_config_t &c) { c.weight_decay_rule = MUON_WEIGHT_DECAY_RULE_FLAGGED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ownership", [](muon_config_t &c) {
             c.muon_layout = MUON_LAYOUT_PADDED;
             c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;

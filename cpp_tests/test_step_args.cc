@@ -2,7 +2,7 @@
 // one host rank: the helpers set each MUON_STEP_OVERRIDE_* bit with its value; a caller
 // compiled against the first, 20-byte muon_step_args_t overrides nothing whatever follows it;
 // an override moves the params; a bad one throws muon::Error OUT_OF_RANGE naming the field and
-// changes nothing.
+// changes nothing. The decoupled learning rate steps the embedding and output params only.
 #include "muon_opt.hpp"
 #include "muon_test_util.h"
 
@@ -35,7 +35,46 @@ std::vector<float> two_steps(const muon_step_args_t &args) {
     return std::vector<float>(view.data_span<float>().begin(), view.data_span<float>().end());
 }
 
+// An embedding (EMBEDDING_OR_OUTPUT) and a bias after two steps with `args`: {embedding, bias}.
+std::vector<std::vector<float>> embedding_and_bias(const muon_step_args_t &args) {
+    auto comms = muon::Comm::host_group(1);
+    muon::Optimizer opt(muon::default_config(), comms[0]);
+    muon_param_desc_t e = muon::param_desc("embedding.weight", {32, kCols});
+    e.dtype = MUON_DTYPE_F32;
+    e.flags = MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT;
+    muon_param_desc_t b = muon::param_desc("layer.bias", {kCols});
+    b.dtype = MUON_DTYPE_F32;
+    const uint32_t ids[] = {opt.add_param(e), opt.add_param(b)};
+    opt.finalize();
+    const muon::ParamView views[] = {opt.param_view(ids[0]), opt.param_view(ids[1])};
+    for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        for (const muon::ParamView &view : views) {
+            auto grad = view.grad_span<float>();
+            for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>((i + step) % 5) - 2.0f;
+        }
+        opt.step(args);
+    }
+    std::vector<std::vector<float>> out;
+    for (const muon::ParamView &view : views) out.emplace_back(view.data_span<float>().begin(), view.data_span<float>().end());
+    return out;
+}
+
 }  // namespace
+
+TEST(StepArgs, TheDecoupledLrStepsTheEmbeddingAlone) {
+    const muon_step_args_t plain = muon::step_args(0.02f, 0.1f, 1e-3f, 0.1f);
+    const muon_step_args_t decoupled = muon::with_decoupled_lr(plain, 3e-2f);
+    EXPECT_EQ(decoupled.overrides, MUON_STEP_OVERRIDE_DECOUPLED_LR);
+    EXPECT_EQ(decoupled.decoupled_lr, 3e-2f);
+    const auto got = embedding_and_bias(decoupled);
+    const auto at_adam_lr = embedding_and_bias(plain);
+    const auto at_decoupled_lr = embedding_and_bias(muon::step_args(0.02f, 0.1f, 3e-2f, 0.1f));
+    EXPECT_EQ(got[0], at_decoupled_lr[0]) << "the embedding steps with decoupled_lr";
+    EXPECT_NE(got[0], at_adam_lr[0]);
+    EXPECT_EQ(got[1], at_adam_lr[1]) << "the bias steps with adam_lr";
+    EXPECT_NE(got[1], at_decoupled_lr[1]);
+}
 
 TEST(StepArgs, HelpersSetTheOverrideBitsAndValues) {
     const muon_step_args_t plain = muon::step_args(0.02f, 0.1f, 3e-4f, 0.1f);

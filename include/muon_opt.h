@@ -145,13 +145,14 @@ struct ncclComm;
 #define MUON_SCALE_UNIT_RMS_NORM 2
 
 /**
- * Each tensor-parallel rank orthogonalizes its own shard (default; Megatron's `blockwise`).
+ * Each tensor-parallel rank orthogonalizes its own shard (Megatron's `blockwise`; the default
+ * of headers before muon_config_t.weight_decay_rule).
  */
 #define MUON_TP_MODE_BLOCKWISE 0
 
 /**
  * The owner gathers a TP-sharded matrix whole over the TP group, orthogonalizes it and keeps
- * its shard (Megatron's `duplicated`).
+ * its shard (default; Megatron's `duplicated`, its default since its PR #6380).
  */
 #define MUON_TP_MODE_DUPLICATED 1
 
@@ -160,6 +161,24 @@ struct ncclComm;
  * (Megatron's `distributed`).
  */
 #define MUON_TP_MODE_DISTRIBUTED 2
+
+/**
+ * No weight decay for 1-D params and params named `*.bias` unless flagged
+ * MUON_PARAM_FLAG_WEIGHT_DECAY (default; Megatron-LM's rule).
+ */
+#define MUON_WEIGHT_DECAY_RULE_MEGATRON 0
+
+/**
+ * MUON_WEIGHT_DECAY_RULE_MEGATRON, but names containing `q_layernorm.` or `k_layernorm.` are
+ * decayed (Megatron-LM's `--apply-wd-to-qk-layernorm`).
+ */
+#define MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM 1
+
+/**
+ * Every param decayed unless flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY (the rule of headers
+ * before muon_config_t.weight_decay_rule).
+ */
+#define MUON_WEIGHT_DECAY_RULE_FLAGGED 2
 
 /**
  * Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
@@ -207,7 +226,7 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_MXFP8 (1 << 3)
 
 /**
- * No weight decay.
+ * No weight decay, whatever muon_config_t.weight_decay_rule says.
  */
 #define MUON_PARAM_FLAG_NO_WEIGHT_DECAY (1 << 4)
 
@@ -254,6 +273,12 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_TP_WHOLE_GROUPS (1 << 9)
 
 /**
+ * Weight decay for a param muon_config_t.weight_decay_rule exempts (a 1-D param or one named
+ * `*.bias` under the Megatron rules); not with MUON_PARAM_FLAG_NO_WEIGHT_DECAY.
+ */
+#define MUON_PARAM_FLAG_WEIGHT_DECAY (1 << 10)
+
+/**
  * muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
  */
 #define MUON_STEP_OVERRIDE_MUON_MOMENTUM (1 << 0)
@@ -272,6 +297,12 @@ struct ncclComm;
  * muon_step_args_t.overrides: the step's AdamW ε is muon_step_args_t.adam_eps.
  */
 #define MUON_STEP_OVERRIDE_ADAM_EPS (1 << 3)
+
+/**
+ * muon_step_args_t.overrides: the AdamW params flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT step
+ * with muon_step_args_t.decoupled_lr in place of adam_lr (Megatron-LM's `--decoupled-lr`).
+ */
+#define MUON_STEP_OVERRIDE_DECOUPLED_LR (1 << 4)
 
 /**
  * MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
@@ -614,8 +645,12 @@ typedef struct muon_config_t {
    */
   uint32_t host_threads;
   /**
-   * Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default), _DUPLICATED or
-   * _DISTRIBUTED.
+   * Muon on tensor-parallel shards: MUON_TP_MODE_DUPLICATED (default, Megatron-LM's since
+   * its PR #6380: the owner orthogonalizes the whole matrix, the update of the unsharded
+   * model), MUON_TP_MODE_BLOCKWISE (each TP rank's shard alone, the default before) or
+   * MUON_TP_MODE_DISTRIBUTED. The codes never change meaning: a caller compiled against an
+   * older header whose MUON_CONFIG_INIT wrote MUON_TP_MODE_BLOCKWISE keeps blockwise, and
+   * the 104-byte layout, which has no such field, reads as blockwise.
    */
   uint32_t muon_tp_mode;
   /**
@@ -662,6 +697,23 @@ typedef struct muon_config_t {
    * cluster (docs/performance.md). A caller compiled against an older header gets balanced.
    */
   uint32_t muon_ownership;
+  /**
+   * Padding that ended the 136-byte layout (after muon_ownership), named so the next field
+   * makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved3;
+  /**
+   * Which AdamW params get no weight decay without a flag: MUON_WEIGHT_DECAY_RULE_MEGATRON
+   * (default; Megatron-LM's: every 1-D param and every param whose name ends in `.bias` —
+   * biases, norms — unless flagged MUON_PARAM_FLAG_WEIGHT_DECAY),
+   * MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM (Megatron-LM's `--apply-wd-to-qk-layernorm`:
+   * the same, but names containing `q_layernorm.` or `k_layernorm.` are decayed) or
+   * MUON_WEIGHT_DECAY_RULE_FLAGGED (only params flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY are
+   * exempt). MUON_PARAM_FLAG_NO_WEIGHT_DECAY always exempts a param. A caller compiled
+   * against an older header (a struct_size of 136 bytes or less) gets _FLAGGED, the rule it
+   * was built with.
+   */
+  uint32_t weight_decay_rule;
 } muon_config_t;
 
 /**
@@ -720,6 +772,17 @@ typedef struct muon_step_args_t {
    * AdamW ε, finite and > 0, with MUON_STEP_OVERRIDE_ADAM_EPS.
    */
   float adam_eps;
+  /**
+   * With MUON_STEP_OVERRIDE_DECOUPLED_LR: the learning rate, finite and >= 0, of the AdamW
+   * params flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT, in place of adam_lr (times each
+   * param's lr_scale) — Megatron-LM's `--decoupled-lr`, which applies to its embedding and
+   * output params (`is_embedding_or_output_parameter`) and is scheduled like `--lr` (the
+   * same warmup and decay) from `--decoupled-lr` down to `--decoupled-min-lr` (else
+   * `--min-lr`): the caller's scheduler computes it every step. Without the bit those params
+   * step with adam_lr, as every AdamW param does; a caller compiled against an older layout
+   * (20 or 40 bytes) has no such field, and the bit is refused there.
+   */
+  float decoupled_lr;
 } muon_step_args_t;
 
 /**
@@ -810,7 +873,10 @@ typedef struct muon_param_desc_t {
    */
   float lr_scale;
   /**
-   * Multiplier on the weight decay of this param (default 1).
+   * Multiplier on the weight decay of this param (default 1); none is applied to a param
+   * flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY or spared by muon_config_t.weight_decay_rule
+   * (by default every 1-D param and every `*.bias`, unless flagged
+   * MUON_PARAM_FLAG_WEIGHT_DECAY).
    */
   float wd_scale;
   /**
@@ -1106,7 +1172,11 @@ bool muon_cuda_available(void);
 
 /**
  * @brief Fill @p cfg with the defaults and set struct_size and abi_version.
- * @param[out] cfg Config to initialise; NULL is ignored.
+ * @param[out] cfg Config to initialise; NULL is ignored. Writes sizeof(muon_config_t) of this
+ *            library: a program compiled against an older header (a smaller muon_config_t)
+ *            initialises its struct with that header's MUON_CONFIG_INIT, whose defaults it then
+ *            keeps (a header whose muon_config_t has no weight_decay_rule wrote
+ *            MUON_TP_MODE_BLOCKWISE).
  */
 MUON_API
 void muon_config_init(struct muon_config_t *cfg);
@@ -1493,7 +1563,9 @@ muon_status_t muon_optimizer_param_route(const struct muon_optimizer_t *opt,
 /**
  * @brief Change a finalized param's multipliers of its route's learning rate and weight decay
  *        (its muon_param_desc_t lr_scale and wd_scale) for the steps enqueued after this call:
- *        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale, as at registration — e.g. a
+ *        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale (0 for a param flagged
+ *        MUON_PARAM_FLAG_NO_WEIGHT_DECAY or spared by the config's weight_decay_rule), as at
+ *        registration — e.g. a
  *        framework whose param groups share a route but follow schedules of their own passes
  *        lr = 1 in the step args and each group's current rate here (the same bits as that
  *        rate in the args). Every rank makes the same change before the same step; a step
@@ -1658,4 +1730,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_BLOCKWISE, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_BALANCED }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_BALANCED, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON }

@@ -143,6 +143,15 @@ inline muon_step_args_t with_adam_eps(muon_step_args_t args, float eps) noexcept
     return args;
 }
 
+/// @p args with the learning rate of the params flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT in
+/// place of adam_lr (Megatron-LM's `--decoupled-lr`, scheduled by the caller like `--lr`, down
+/// to `--decoupled-min-lr`): MUON_STEP_OVERRIDE_DECOUPLED_LR.
+inline muon_step_args_t with_decoupled_lr(muon_step_args_t args, float lr) noexcept {
+    args.overrides |= MUON_STEP_OVERRIDE_DECOUPLED_LR;
+    args.decoupled_lr = lr;
+    return args;
+}
+
 /// Shapes of the E8M0 scale arrays of a [rows, cols] MXFP8 tensor:
 /// {rowwise rows, rowwise cols, columnwise rows, columnwise cols}.
 /// One attention matrix to QK-clip (muon_qk_clip_t): @p kind is MUON_QK_KIND_*, @p max_logits

@@ -1,14 +1,16 @@
 // Element-wise AdamW on fp32 masters (src/numerics/adamw.rs). The step's scalars (gradient
 // scale and clip, bias corrections, learning rate and weight decay, betas and eps, the skip flag)
 // are read from device memory (muon_step_scalars); 1 - beta1, 1 - beta2,
-// lr = adam_lr * lr_scale, wd = adam_wd * wd_scale and
+// lr = the scalar of slot lr_slot (MUON_SCALAR_ADAM_LR, or MUON_SCALAR_DECOUPLED_LR for an
+// embedding or output param) * lr_scale, wd = adam_wd * wd_scale and
 // decay = 1 - lr * wd are the host's f32 products. Per element, each operation one f32 rounding, in the host's order
 // (--fmad=false, IEEE division and square root). Launch: block 256, any 1-D grid.
 
 #include "muon_common.cuh"
 
 extern "C" __global__ void muon_adamw(float *w, float *exp_avg, float *exp_avg_sq, const void *grad, int grad_bf16,
-                                      muon_u64 n, float lr_scale, float wd_scale, const double *scalars) {
+                                      muon_u64 n, float lr_scale, float wd_scale, const double *scalars,
+                                      int lr_slot) {
     if (muon_step_skipped(scalars)) {
         return;
     }
@@ -21,7 +23,7 @@ extern "C" __global__ void muon_adamw(float *w, float *exp_avg, float *exp_avg_s
     const float clip = muon_scalar(scalars, MUON_SCALAR_CLIP_COEF);
     const float bc1 = muon_scalar(scalars, MUON_SCALAR_BC1);
     const float bc2 = muon_scalar(scalars, MUON_SCALAR_BC2);
-    const float lr = muon_scalar(scalars, MUON_SCALAR_ADAM_LR) * lr_scale;
+    const float lr = muon_scalar(scalars, lr_slot) * lr_scale;
     const float wd = muon_scalar(scalars, MUON_SCALAR_ADAM_WEIGHT_DECAY) * wd_scale;
     const float decay = 1.0f - lr * wd;
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {

@@ -53,7 +53,7 @@ __device__ __forceinline__ muon_u64 muon_grid_stride() {
 
 // Slots of the step's scalars (f64 each; src/backend/ops.rs `Scalar`, same order): the step
 // writes them on the device and the update kernels read them, so no host round trip. LR to
-// ADAM_EPS are the step's arguments (the momentum and betas a scheduler may change every step:
+// DECOUPLED_LR are the step's arguments (the momentum and betas a scheduler may change every step:
 // read here, never baked into a launch, so a captured step replays with new ones).
 #define MUON_SCALAR_GRAD_NORM 0
 #define MUON_SCALAR_CLIP_COEF 1
@@ -70,10 +70,11 @@ __device__ __forceinline__ muon_u64 muon_grid_stride() {
 #define MUON_SCALAR_ADAM_BETA1 12
 #define MUON_SCALAR_ADAM_BETA2 13
 #define MUON_SCALAR_ADAM_EPS 14
-#define MUON_SCALAR_DISAGREE_TERM 15
-#define MUON_SCALAR_DISAGREE_RANK 16
-#define MUON_SCALAR_DISAGREE_STEPS 17
-#define MUON_SCALAR_DISAGREE_RANK0_STEPS 18
+#define MUON_SCALAR_DECOUPLED_LR 15
+#define MUON_SCALAR_DISAGREE_TERM 16
+#define MUON_SCALAR_DISAGREE_RANK 17
+#define MUON_SCALAR_DISAGREE_STEPS 18
+#define MUON_SCALAR_DISAGREE_RANK0_STEPS 19
 
 // The exact sum of squares of the gradient norm (src/numerics/square_sum.rs): 20 limbs of
 // 32-bit digits of a fixed-point number whose last bit weighs 2^-298, each limb in a u64, then

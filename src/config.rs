@@ -171,14 +171,50 @@ coded_enum! {
     /// Muon on tensor-parallel shards (`MUON_PARAM_FLAG_TP_SHARD_ROWS` / `_COLS`), Megatron's
     /// `--muon-tp-mode`.
     TpMode {
-        /// Each TP rank orthogonalizes its own shard (Megatron's default).
+        /// Each TP rank orthogonalizes its own shard, so the update depends on the TP size
+        /// (Megatron-LM's default until its PR #6380, and ours until 0.1.0's `muon_config_t`
+        /// grew `weight_decay_rule`: a caller of an older layout keeps it, see
+        /// `capi::config::read_config`).
         Blockwise = 0 => "blockwise",
         /// The owner gathers the whole matrix over its TP group, orthogonalizes it and keeps
-        /// its shard (the same update as the unsharded model).
+        /// its shard (the same update as the unsharded model): the default, Megatron-LM's
+        /// since its PR #6380 (commit bb47df54, 2026-08-21, `--muon-tp-mode` in
+        /// `megatron/training/arguments.py`).
         Duplicated = 1 => "duplicated",
         /// Newton–Schulz runs on the shards, the norm and every `X·Xᵀ` summed over the TP
         /// group (the unsharded model's update up to the order of those sums).
         Distributed = 2 => "distributed",
+    }
+}
+
+coded_enum! {
+    /// Which params AdamW leaves undecayed without a flag (`MUON_PARAM_FLAG_NO_WEIGHT_DECAY`
+    /// exempts one, `MUON_PARAM_FLAG_WEIGHT_DECAY` decays one the rule exempts).
+    WeightDecayRule {
+        /// Megatron-LM's: a 1-D param or one whose name ends in `.bias` gets no weight decay
+        /// (`get_standard_config_overrides` in `megatron/core/optimizer/__init__.py`, commit
+        /// d98e8a64: `wd_mult` 0 for `len(param.shape) == 1` or a name matching `*.bias`).
+        Megatron = 0 => "megatron",
+        /// Megatron-LM's with `--apply-wd-to-qk-layernorm`: the same, except that params whose
+        /// name contains `q_layernorm.` or `k_layernorm.` are decayed.
+        MegatronQkLayernorm = 1 => "megatron_qk_layernorm",
+        /// Every param is decayed unless flagged `NO_WEIGHT_DECAY` (the rule of every
+        /// `muon_config_t` layout older than the one with `weight_decay_rule`).
+        Flagged = 2 => "flagged",
+    }
+}
+
+impl WeightDecayRule {
+    /// Whether the rule exempts a param named `name` of `ndim` dimensions from weight decay.
+    pub fn exempts(self, name: &str, ndim: usize) -> bool {
+        let megatron = ndim == 1 || name.ends_with(".bias");
+        match self {
+            WeightDecayRule::Megatron => megatron,
+            WeightDecayRule::MegatronQkLayernorm => {
+                megatron && !(name.contains("q_layernorm.") || name.contains("k_layernorm."))
+            }
+            WeightDecayRule::Flagged => false,
+        }
     }
 }
 
@@ -238,6 +274,8 @@ pub struct Config {
     pub muon_tp_mode: TpMode,
     /// Floor of the Frobenius norm the Newton–Schulz input is divided by.
     pub muon_ns_eps: f32,
+    /// Which params AdamW leaves undecayed without a flag.
+    pub weight_decay_rule: WeightDecayRule,
     /// Side of the tiles of the symmetric Newton–Schulz products
     /// (`numerics::gemm::SymmetricTiles`); not in `muon_config_t`: the C API always uses the
     /// default, tests lower it to tile small matrices too.
@@ -271,8 +309,9 @@ impl Default for Config {
             collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_comm_mode: CommMode::FromEnv,
             host_threads: 0,
-            muon_tp_mode: TpMode::Blockwise,
+            muon_tp_mode: TpMode::Duplicated,
             muon_ns_eps: DEFAULT_NS_EPS,
+            weight_decay_rule: WeightDecayRule::Megatron,
             muon_ns_symmetric_tile: DEFAULT_SYMMETRIC_TILE as u32,
         }
     }

@@ -22,7 +22,7 @@ impl ParamFlags {
     pub const EXPERT_STACK: u32 = 1 << 2;
     /// Persistent MXFP8 storage instead of a model-dtype copy.
     pub const MXFP8: u32 = 1 << 3;
-    /// No weight decay for this parameter.
+    /// No weight decay for this parameter, whatever the config's `weight_decay_rule`.
     pub const NO_WEIGHT_DECAY: u32 = 1 << 4;
     /// Allow a Muon-routed parameter to have a dimension equal to `vocab_size`.
     pub const ALLOW_VOCAB_DIM: u32 = 1 << 5;
@@ -40,8 +40,11 @@ impl ParamFlags {
     /// every component (SwiGLU's gate|up, GDN's q|k|v|z|β|α). Places the shard in checkpoints
     /// (docs/checkpoint.md, "Tensor parallelism"); the update does not depend on it.
     pub const TP_WHOLE_GROUPS: u32 = 1 << 9;
+    /// Weight decay for a parameter the config's `weight_decay_rule` exempts (a 1-D param or
+    /// a `*.bias` under Megatron's rule); not with `NO_WEIGHT_DECAY`.
+    pub const WEIGHT_DECAY: u32 = 1 << 10;
     /// Every defined bit.
-    pub const ALL: u32 = (1 << 10) - 1;
+    pub const ALL: u32 = (1 << 11) - 1;
 
     pub fn has(self, bit: u32) -> bool {
         self.0 & bit != 0
@@ -244,6 +247,12 @@ impl ParamSpec {
                 InvalidParam,
                 "param '{name}': EXPERT_STACK needs a 3-D [E, m, n] shape, got ndim {}",
                 self.shape.len()
+            );
+        }
+        if self.flags.has(ParamFlags::NO_WEIGHT_DECAY) && self.flags.has(ParamFlags::WEIGHT_DECAY) {
+            bail!(
+                InvalidParam,
+                "param '{name}': NO_WEIGHT_DECAY and WEIGHT_DECAY both set; a param is decayed or not"
             );
         }
         self.validate_tp_shard()?;
@@ -472,8 +481,11 @@ impl Registry {
         self.tensor_parallel = tp;
     }
 
-    pub fn add(&mut self, spec: ParamSpec, cfg: &Config) -> Result<u32> {
+    pub fn add(&mut self, mut spec: ParamSpec, cfg: &Config) -> Result<u32> {
         spec.validate()?;
+        if cfg.weight_decay_rule.exempts(&spec.name, spec.shape.len()) && !spec.flags.has(ParamFlags::WEIGHT_DECAY) {
+            spec.flags.0 |= ParamFlags::NO_WEIGHT_DECAY;
+        }
         if let Some(&other) = self.by_name.get(&spec.name) {
             bail!(
                 DuplicateName,

@@ -675,6 +675,56 @@ fn tp_checkpoints_that_do_not_fit_together_are_refused() {
     }
 }
 
+/// A TP checkpoint records its `muon_tp_mode` (the default changed from blockwise to
+/// duplicated, and the mode changes every update of a TP shard): loaded in a TP group with
+/// another mode it is refused on every rank, naming both; at TP 1, where the modes coincide,
+/// and from a checkpoint older than the record, it loads.
+#[test]
+fn a_tp_checkpoint_loads_in_a_tp_group_only_with_its_tp_mode() {
+    let tmp = TempDir::new("ckpt_tp_mode");
+    let saved: Vec<PathBuf> = (0..2).map(|t| tmp.join(&format!("rank{t}"))).collect();
+    models(job(2, 1, &[Phase::Train(1), Phase::Save(&saved)]));
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(saved[0].join("index.json")).unwrap()).unwrap();
+    assert_eq!(index["index"]["muon_tp_mode"], "duplicated");
+    let copy = |label: &str, mode: Option<&str>| -> Vec<PathBuf> {
+        (0..2)
+            .map(|t| {
+                let dir = tmp.join(&format!("{label}{t}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                for file in std::fs::read_dir(&saved[t]).unwrap() {
+                    let file = file.unwrap();
+                    std::fs::copy(file.path(), dir.join(file.file_name())).unwrap();
+                }
+                edit_index(&dir, |index, _| match mode {
+                    Some(mode) => index["muon_tp_mode"] = serde_json::json!(mode),
+                    None => {
+                        index.as_object_mut().unwrap().remove("muon_tp_mode");
+                    }
+                });
+                dir
+            })
+            .collect()
+    };
+    let blockwise = copy("blockwise", Some("blockwise"));
+    for (rank, result) in job(2, 1, &[Phase::LoadOwn(&blockwise)]).into_iter().enumerate() {
+        let err = result
+            .err()
+            .unwrap_or_else(|| panic!("rank {rank} must refuse another tp mode"));
+        assert_eq!(err.kind, ErrorKind::CheckpointMismatch, "{}", err.message);
+        assert!(
+            err.message.contains(
+                "config field muon_tp_mode: this optimizer has duplicated but the checkpoint was saved with blockwise by the ranks of a TP group of 2"
+            ),
+            "{}",
+            err.message
+        );
+    }
+    models(job(2, 1, &[Phase::LoadOwn(&copy("unrecorded", None)), Phase::Snapshot]));
+    models(job(1, 1, &[Phase::LoadUnion(&blockwise), Phase::Snapshot]));
+    models(job(2, 1, &[Phase::LoadOwn(&saved), Phase::Snapshot]));
+}
+
 /// The ranks of a data-parallel group save one index for all of them, so they must sit at one
 /// rank of TP groups of one size: finalize refuses it otherwise, before any TP exchange.
 #[test]

@@ -207,8 +207,10 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
     compare_runs("f32 NS, padded, bf16 grads, nesterov, clipping", &cfg, &cuda_model());
 }
 
-/// A step's overrides of the config's momentum and betas (a scheduler's, new every step) reach
-/// the kernels through the device's scalars: given with the step (steps 0 and 1) or set
+/// A step's overrides of the config's momentum and betas (a scheduler's, new every step) and
+/// the decoupled learning rate of the embedding (MUON_STEP_OVERRIDE_DECOUPLED_LR, the AdamW
+/// kernel's learning-rate slot) reach the kernels through the device's scalars: given with the
+/// step (steps 0 and 1) or set
 /// beforehand for a step that copies nothing (steps 2 and 3, the form a CUDA graph captures:
 /// no per-step value is a launch argument), the emulated device equals the host bit for bit,
 /// with Nesterov and bf16 grads too.
@@ -225,6 +227,7 @@ fn emulated_step_overrides_match_the_host_backend_bitwise() {
                 adam_beta1: Some(0.85 - 0.1 * step as f32),
                 adam_beta2: (step != 1).then_some(0.95 + 0.01 * step as f32),
                 adam_eps: Some(1e-6 / (1 + step) as f32),
+                decoupled_lr: (step != 2).then_some(2e-3 * (1 + step) as f32),
             },
             ..ARGS
         };

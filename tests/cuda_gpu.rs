@@ -414,7 +414,7 @@ fn newton_schulz_matches_the_golden_vectors() {
             // The step's scalars as a step derives them: lr 1, no decay, no clip (scale 1),
             // momentum 0.
             backend
-                .set_step_args([1.0, 0.0, 0.0, 0.0, 0.0, 0.9, 0.999, 1e-8])
+                .set_step_args([1.0, 0.0, 0.0, 0.0, 0.0, 0.9, 0.999, 1e-8, 0.0])
                 .unwrap();
             backend.squared_norm(vec![job.grad], Vec::new()).unwrap();
             backend.record(StreamKind::Compute, EventId(0)).unwrap();

@@ -593,6 +593,7 @@ fn steps_with_preset_arguments_copy_nothing_and_match_bitwise() {
             adam_beta1: Some(0.8 + 0.05 * step as f32),
             adam_beta2: Some(0.95),
             adam_eps: Some(1e-6 * (1 + step) as f32),
+            decoupled_lr: Some(1e-3 * (2 + step) as f32),
         },
         ..ARGS
     };

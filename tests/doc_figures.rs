@@ -76,8 +76,8 @@ fn simulate_md_quotes_the_tensor_parallel_modes() {
 #[test]
 fn design_md_and_the_readme_quote_the_cost_of_qk_clip() {
     let (off, on) = (
-        simulate("--model llama3-70b --dp 8 --tp 8"),
-        simulate("--model llama3-70b --dp 8 --tp 8 --qk-clip"),
+        simulate("--model llama3-70b --dp 8 --tp 8 --tp-mode blockwise"),
+        simulate("--model llama3-70b --dp 8 --tp 8 --tp-mode blockwise --qk-clip"),
     );
     let (a, b) = (off["iteration ms"], on["iteration ms"]);
     let (added, percent) = (b - a, (b - a) / a * 100.0);
@@ -92,7 +92,7 @@ fn design_md_and_the_readme_quote_the_cost_of_qk_clip() {
         "README.md",
         &[format!(
             "llama3-70b tp 8 dp 8 simulated +{added:.2} ms ({percent:.2} %) \
-             (`muon-opt simulate --model llama3-70b --dp 8 --tp 8 [--qk-clip]`;"
+             (`muon-opt simulate --model llama3-70b --dp 8 --tp 8 --tp-mode blockwise [--qk-clip]`;"
         )],
     );
 }
@@ -103,7 +103,7 @@ fn readme_quotes_mxfp8_memory_and_contiguous_ownership() {
         simulate("--model llama3-8b --dp 8"),
         simulate("--model llama3-8b --dp 8 --mxfp8"),
     );
-    let ib = "--model llama3-70b --dp 64 --tp 8 --hardware h100-ib --grad-dtype bf16 --baseline adamw --ownership";
+    let ib = "--model llama3-70b --dp 64 --tp 8 --tp-mode blockwise --hardware h100-ib --grad-dtype bf16 --baseline adamw --ownership";
     let (balanced, contiguous) = (
         simulate(&format!("{ib} balanced")),
         simulate(&format!("{ib} contiguous")),
@@ -171,7 +171,7 @@ fn newton_schulz_md_and_the_readme_quote_the_simulated_methods() {
     let (mut rows, mut readme) = (Vec::new(), Vec::new());
     for args in [
         "--model llama3-8b --dp 8",
-        "--model llama3-70b --tp 8 --dp 8 --hardware h100-ib",
+        "--model llama3-70b --tp 8 --tp-mode blockwise --dp 8 --hardware h100-ib",
         "--model deepseek-v3-like --dp 64",
     ] {
         let mut ns = Vec::new();

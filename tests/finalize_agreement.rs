@@ -9,7 +9,7 @@ use std::time::Duration;
 use muon_opt::backend::cuda::CallerStream;
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{Config, Dtype};
+use muon_opt::config::{Config, Dtype, WeightDecayRule};
 use muon_opt::error::{Error, ErrorKind};
 use muon_opt::model::ParamSpec;
 use muon_opt::optimizer::Optimizer;
@@ -72,6 +72,21 @@ fn a_differing_numerics_setting_is_named() {
         ..Config::default()
     };
     assert_mismatch(&finalize([Config::default(), other], None, false), &["'clip_grad'"]);
+    // Which params are decayed: a rank keeping the rule of an older header (flagged) and one
+    // on Megatron-LM's would decay the shards of one bias apart.
+    let other = Config {
+        weight_decay_rule: WeightDecayRule::Flagged,
+        ..Config::default()
+    };
+    let results = finalize([Config::default(), other], None, false);
+    assert_mismatch(&results, &["config field 'weight_decay_rule'"]);
+    assert!(
+        results[1]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("is \"flagged\" on rank 1")
+    );
 }
 
 #[test]

@@ -80,7 +80,7 @@ fn cli_ownership_plans_contiguous_owners_where_the_layout_takes_them() {
 }
 
 /// `simulate --ownership auto` runs both ownerships and keeps the one with the shorter
-/// iteration, naming it in the JSON and in the table: contiguous on llama3-70b TP8 dp 64 over
+/// iteration, naming it in the JSON and in the table: contiguous on llama3-70b TP8 (blockwise) dp 64 over
 /// InfiniBand, where balanced ownership's many rooted collectives are latency-bound; named jobs
 /// (`--scenario`) run under auto unless `--ownership` names one.
 #[test]
@@ -92,6 +92,8 @@ fn cli_simulate_ownership_auto_keeps_the_faster() {
             "llama3-70b",
             "--tp",
             "8",
+            "--tp-mode",
+            "blockwise",
             "--dp",
             "64",
             "--hardware",

@@ -3,7 +3,8 @@
 //! for bit, a run of an optimizer configured with those values; values changed mid-run follow
 //! a reference computed step by step with the host numerics (AdamW's bias corrections with the
 //! step's β and step count, torch.optim.AdamW's convention); a bad override is refused naming
-//! the field and changes nothing.
+//! the field and changes nothing. The decoupled learning rate (Megatron-LM's `--decoupled-lr`)
+//! steps the embedding and output params alone.
 
 mod support;
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 use muon_opt::config::{Config, Dtype, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::init_data::InitData;
-use muon_opt::model::ParamSpec;
+use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::adamw::{AdamWArgs, adamw_update};
 use muon_opt::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_update};
 use muon_opt::optimizer::Optimizer;
@@ -53,6 +54,7 @@ fn a_step_with_overrides_equals_an_optimizer_configured_with_them() {
         adam_beta1: Some(0.85),
         adam_beta2: Some(0.95),
         adam_eps: Some(1e-6),
+        decoupled_lr: None,
     };
     let configured = Config {
         muon_momentum: 0.8,
@@ -74,6 +76,7 @@ fn a_step_with_overrides_equals_an_optimizer_configured_with_them() {
         adam_beta1: Some(0.9),
         adam_beta2: Some(0.999),
         adam_eps: Some(1e-8),
+        decoupled_lr: None,
     };
     assert!(bitwise(&train_with(&specs, &config(), 2, data, STEPS, &|_| with(same))) == plain);
 }
@@ -93,7 +96,51 @@ fn schedule(step: u64) -> StepOverrides {
         adam_beta1,
         adam_beta2,
         adam_eps,
+        decoupled_lr: None,
     }
+}
+
+/// At dp 2 on the test model (its embedding flagged EMBEDDING_OR_OUTPUT and sharded over both
+/// ranks): with a decoupled learning rate the embedding's state and values equal, bit for bit,
+/// those of a run whose adam_lr is that rate, and every other param's those of the run without
+/// it — Megatron-LM's rule: `--decoupled-lr` for `is_embedding_or_output_parameter` alone.
+#[test]
+fn the_decoupled_lr_steps_the_embedding_and_output_params_alone() {
+    let specs = model();
+    let data = Data::ranks(2);
+    let decoupled_lr = 4e-3;
+    let run = |args: StepArgs| train_with(&specs, &config(), 2, data, STEPS, &|_| args);
+    let got = run(with(StepOverrides {
+        decoupled_lr: Some(decoupled_lr),
+        ..StepOverrides::NONE
+    }));
+    let plain = run(ARGS);
+    let at_decoupled = run(StepArgs {
+        adam_lr: decoupled_lr,
+        ..ARGS
+    });
+    let mut embeddings = 0;
+    for (p, spec) in specs.iter().enumerate() {
+        let embedding = spec.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT);
+        embeddings += usize::from(embedding);
+        let reference = if embedding { &at_decoupled } else { &plain };
+        for (step, (a, b)) in got.iter().zip(reference).enumerate() {
+            let state = |s: &Snapshot| s.state[p].iter().map(|v| bits(v)).collect::<Vec<_>>();
+            assert!(state(a) == state(b), "'{}' after step {step}", spec.name);
+            for rank in 0..2 {
+                assert!(
+                    bits(&a.params[rank][p]) == bits(&b.params[rank][p]),
+                    "'{}' on rank {rank}",
+                    spec.name
+                );
+            }
+        }
+    }
+    assert!(embeddings > 0, "the test model has an embedding");
+    assert!(
+        bitwise(&plain) != bitwise(&at_decoupled),
+        "the rates must differ in the run"
+    );
 }
 
 /// Deterministic gradient of param `p` at `step`.
@@ -117,11 +164,12 @@ fn run(specs: &[ParamSpec], cfg: &Config, steps: u64, args: impl Fn(u64) -> Step
         .collect()
 }
 
+/// A Muon matrix and a 1-D AdamW param, flagged WEIGHT_DECAY so that its decay takes part in
+/// what is compared (the default rule, Megatron-LM's, exempts 1-D params).
 fn specs() -> Vec<ParamSpec> {
-    vec![
-        ParamSpec::new("w", &[24, 16], Dtype::F32),
-        ParamSpec::new("b", &[40], Dtype::F32),
-    ]
+    let mut b = ParamSpec::new("b", &[40], Dtype::F32);
+    b.flags = ParamFlags(ParamFlags::WEIGHT_DECAY);
+    vec![ParamSpec::new("w", &[24, 16], Dtype::F32), b]
 }
 
 fn init(p: usize, n: usize) -> Vec<f32> {

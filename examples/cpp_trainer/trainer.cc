@@ -96,7 +96,9 @@ struct ParamInfo {
 //  - 2-D hidden matrices (fc1, fc2) go to Muon, each owned whole by one rank;
 //  - the embedding and the output head are flagged EMBEDDING_OR_OUTPUT, so they go to AdamW
 //    (never to Muon, even though they are 2-D);
-//  - 1-D biases go to AdamW; NO_WEIGHT_DECAY exempts them from decay.
+//  - 1-D biases go to AdamW, not decayed: the default weight_decay_rule is Megatron-LM's
+//    (1-D params and *.bias spared); NO_WEIGHT_DECAY says so explicitly, WEIGHT_DECAY would
+//    decay one anyway.
 //  - This trainer stores the tied embedding twice, as a pipeline-parallel framework does with
 //    the embedding on its first stage and the head on its last (or a multi-token-prediction
 //    stage with its own copy). Both copies share tie_group 1, and the library refuses

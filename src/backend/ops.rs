@@ -65,7 +65,7 @@ pub enum Op {
         terms: Vec<NormTerm>,
     },
     /// Compute stream, without blocking the host: the step's arguments (f32 bits) into the
-    /// [`STEP_ARGS`] slots from [`Scalar::Lr`] to [`Scalar::AdamEps`]
+    /// [`STEP_ARGS`] slots from [`Scalar::Lr`] to [`Scalar::DecoupledLr`]
     /// ([`crate::schedule::StepArgs::slots`]).
     SetStepArgs([u32; STEP_ARGS]),
     /// Compute stream: [`Scalar::Step`] = the count (a loaded checkpoint's).
@@ -242,7 +242,8 @@ pub enum Scalar {
     Bc2,
     /// The step's arguments (`StepArgs::slots`), copied in asynchronously at the start of the
     /// step: the learning rates and weight decays, then the Muon momentum and the AdamW β1,
-    /// β2 and ε (a step's overrides, else the config's).
+    /// β2 and ε (a step's overrides, else the config's), then the learning rate of the AdamW
+    /// params flagged `EMBEDDING_OR_OUTPUT` (the step's decoupled one, else the AdamW one).
     Lr,
     WeightDecay,
     AdamLr,
@@ -251,6 +252,7 @@ pub enum Scalar {
     AdamBeta1,
     AdamBeta2,
     AdamEps,
+    DecoupledLr,
     /// Ranks the norm is gathered over that have taken different numbers of steps (the step
     /// is skipped): the optimizer of the shared step, 1 + the rank (0 when they agree), its
     /// steps and its rank 0's ([`crate::numerics::StepsDisagree`]).
@@ -261,7 +263,7 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 20;
     pub const ALL: [Scalar; Scalar::COUNT] = [
         Scalar::GradNorm,
         Scalar::ClipCoef,
@@ -278,6 +280,7 @@ impl Scalar {
         Scalar::AdamBeta1,
         Scalar::AdamBeta2,
         Scalar::AdamEps,
+        Scalar::DecoupledLr,
         Scalar::DisagreeTerm,
         Scalar::DisagreeRank,
         Scalar::DisagreeSteps,
@@ -291,8 +294,8 @@ impl Scalar {
 }
 
 /// Scalars of a step's arguments ([`Op::SetStepArgs`]): the slots from [`Scalar::Lr`] to
-/// [`Scalar::AdamEps`].
-pub const STEP_ARGS: usize = 8;
+/// [`Scalar::DecoupledLr`].
+pub const STEP_ARGS: usize = 9;
 
 /// The constants the step's scalars are derived with ([`crate::numerics::step_scalars`]; the
 /// AdamW betas of the bias corrections are the step's, [`Scalar::AdamBeta1`] and
@@ -370,4 +373,7 @@ pub struct AdamwJob {
     /// The multipliers of the step's learning rate and weight decay (the betas, ε, gradient
     /// scale and bias corrections come from the step's scalars too).
     pub scales: ParamScales,
+    /// The step's learning rate: [`Scalar::AdamLr`], or [`Scalar::DecoupledLr`] for an
+    /// embedding or output param.
+    pub lr: Scalar,
 }

@@ -5,6 +5,7 @@ use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
 use crate::config::{
     CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ScaleMode, TpMode,
+    WeightDecayRule,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -88,8 +89,12 @@ pub struct muon_config_t {
     /// (a process running several groups sets cores / all its ranks). Results do not depend
     /// on it.
     pub host_threads: u32,
-    /// Muon on tensor-parallel shards: MUON_TP_MODE_BLOCKWISE (default), _DUPLICATED or
-    /// _DISTRIBUTED.
+    /// Muon on tensor-parallel shards: MUON_TP_MODE_DUPLICATED (default, Megatron-LM's since
+    /// its PR #6380: the owner orthogonalizes the whole matrix, the update of the unsharded
+    /// model), MUON_TP_MODE_BLOCKWISE (each TP rank's shard alone, the default before) or
+    /// MUON_TP_MODE_DISTRIBUTED. The codes never change meaning: a caller compiled against an
+    /// older header whose MUON_CONFIG_INIT wrote MUON_TP_MODE_BLOCKWISE keeps blockwise, and
+    /// the 104-byte layout, which has no such field, reads as blockwise.
     pub muon_tp_mode: u32,
     /// Newton–Schulz normalization X = U / max(‖U‖_F, muon_ns_eps); finite, > 0; default
     /// 1e-7 (Megatron-LM's: Emerging-Optimizers v0.3.0, which it pins; 1e-15 matches
@@ -125,6 +130,19 @@ pub struct muon_config_t {
     /// MUON_LAYOUT_PADDED. `muon-opt simulate --ownership auto` picks the faster for a modelled
     /// cluster (docs/performance.md). A caller compiled against an older header gets balanced.
     pub muon_ownership: u32,
+    /// Padding that ended the 136-byte layout (after muon_ownership), named so the next field
+    /// makes a layout of another size: ignored, written as 0.
+    pub reserved3: u32,
+    /// Which AdamW params get no weight decay without a flag: MUON_WEIGHT_DECAY_RULE_MEGATRON
+    /// (default; Megatron-LM's: every 1-D param and every param whose name ends in `.bias` —
+    /// biases, norms — unless flagged MUON_PARAM_FLAG_WEIGHT_DECAY),
+    /// MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM (Megatron-LM's `--apply-wd-to-qk-layernorm`:
+    /// the same, but names containing `q_layernorm.` or `k_layernorm.` are decayed) or
+    /// MUON_WEIGHT_DECAY_RULE_FLAGGED (only params flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY are
+    /// exempt). MUON_PARAM_FLAG_NO_WEIGHT_DECAY always exempts a param. A caller compiled
+    /// against an older header (a struct_size of 136 bytes or less) gets _FLAGGED, the rule it
+    /// was built with.
+    pub weight_decay_rule: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -142,15 +160,16 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// mode — the earlier layout's padding, which its `muon_config_init()` left unspecified — is
 /// refused as ABI_MISMATCH naming both layouts. Since then a field that would end inside the
 /// last layout's tail padding is preceded by a `reserved` `uint32_t` filling it (as before
-/// `muon_ns_method`, 120 → 128 bytes, and `muon_ownership`, 128 → 136), so every later layout
-/// has a size of its own.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 6] = [
+/// `muon_ns_method`, 120 → 128 bytes, `muon_ownership`, 128 → 136, and `weight_decay_rule`,
+/// 136 → 144), so every later layout has a size of its own.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 7] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
     ("muon_ns_eps", 120),
     ("muon_ns_method", 128),
     ("muon_ownership", 136),
+    ("weight_decay_rule", 144),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -209,7 +228,26 @@ impl muon_config_t {
             muon_ns_method: cfg.muon_ns_method.code(),
             reserved2: 0,
             muon_ownership: cfg.muon_ownership.code(),
+            reserved3: 0,
+            weight_decay_rule: cfg.weight_decay_rule.code(),
         }
+    }
+
+    /// The values a struct of `size` bytes (a released layout, or larger) starts from before
+    /// the caller's bytes are copied over it: today's defaults, except the defaults a field
+    /// appended later changed. A layout without `weight_decay_rule` keeps the rule it was
+    /// built with, `flagged`; one without `muon_tp_mode` the mode, `blockwise` (a layout that
+    /// has it holds the caller's code, whose meaning never changes).
+    fn defaults_for_size(size: usize) -> Self {
+        let ends_after = |offset: usize| size >= offset + 4;
+        let mut cfg = Config::default();
+        if !ends_after(std::mem::offset_of!(muon_config_t, weight_decay_rule)) {
+            cfg.weight_decay_rule = WeightDecayRule::Flagged;
+        }
+        if !ends_after(std::mem::offset_of!(muon_config_t, muon_tp_mode)) {
+            cfg.muon_tp_mode = TpMode::Blockwise;
+        }
+        muon_config_t::from_config(&cfg)
     }
 
     /// Decodes and validates every field.
@@ -241,6 +279,7 @@ impl muon_config_t {
             muon_ns_eps: self.muon_ns_eps,
             muon_ns_method: NsMethod::from_code("muon_ns_method", self.muon_ns_method)?,
             muon_ownership: MuonOwnership::from_code("muon_ownership", self.muon_ownership)?,
+            weight_decay_rule: WeightDecayRule::from_code("weight_decay_rule", self.weight_decay_rule)?,
             ..Config::default()
         };
         cfg.validate()?;
@@ -249,7 +288,8 @@ impl muon_config_t {
 }
 
 /// Reads a caller's config: checks `struct_size` and `abi_version`, copies
-/// `min(struct_size, sizeof)` bytes over the defaults, decodes and validates.
+/// `min(struct_size, sizeof)` bytes over the defaults of that layout
+/// (`muon_config_t::defaults_for_size`), decodes and validates.
 ///
 /// # Safety
 /// `ptr` must be NULL or point to at least `struct_size` readable bytes.
@@ -271,7 +311,7 @@ pub unsafe fn read_config(ptr: *const muon_config_t) -> Result<Config> {
             list.join(", ")
         );
     }
-    let mut raw = muon_config_t::from_config(&Config::default());
+    let mut raw = muon_config_t::defaults_for_size(size);
     let n = size.min(std::mem::size_of::<muon_config_t>());
     // SAFETY: the caller guarantees `size` readable bytes; we copy at most our own size.
     unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut raw as *mut muon_config_t).cast::<u8>(), n) };
@@ -295,7 +335,11 @@ pub unsafe fn read_config(ptr: *const muon_config_t) -> Result<Config> {
 }
 
 /// @brief Fill @p cfg with the defaults and set struct_size and abi_version.
-/// @param[out] cfg Config to initialise; NULL is ignored.
+/// @param[out] cfg Config to initialise; NULL is ignored. Writes sizeof(muon_config_t) of this
+///            library: a program compiled against an older header (a smaller muon_config_t)
+///            initialises its struct with that header's MUON_CONFIG_INIT, whose defaults it then
+///            keeps (a header whose muon_config_t has no weight_decay_rule wrote
+///            MUON_TP_MODE_BLOCKWISE).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_config_init(cfg: *mut muon_config_t) {
     run_or("muon_config_init", (), || {

@@ -51,14 +51,25 @@ pub const MUON_SCALE_SHAPE_SCALING: u32 = 1;
 /// √(m/n).
 pub const MUON_SCALE_UNIT_RMS_NORM: u32 = 2;
 
-/// Each tensor-parallel rank orthogonalizes its own shard (default; Megatron's `blockwise`).
+/// Each tensor-parallel rank orthogonalizes its own shard (Megatron's `blockwise`; the default
+/// of headers before muon_config_t.weight_decay_rule).
 pub const MUON_TP_MODE_BLOCKWISE: u32 = 0;
 /// The owner gathers a TP-sharded matrix whole over the TP group, orthogonalizes it and keeps
-/// its shard (Megatron's `duplicated`).
+/// its shard (default; Megatron's `duplicated`, its default since its PR #6380).
 pub const MUON_TP_MODE_DUPLICATED: u32 = 1;
 /// Newton–Schulz on the shards, the norm and every X·Xᵀ all-reduced over the TP group
 /// (Megatron's `distributed`).
 pub const MUON_TP_MODE_DISTRIBUTED: u32 = 2;
+
+/// No weight decay for 1-D params and params named `*.bias` unless flagged
+/// MUON_PARAM_FLAG_WEIGHT_DECAY (default; Megatron-LM's rule).
+pub const MUON_WEIGHT_DECAY_RULE_MEGATRON: u32 = 0;
+/// MUON_WEIGHT_DECAY_RULE_MEGATRON, but names containing `q_layernorm.` or `k_layernorm.` are
+/// decayed (Megatron-LM's `--apply-wd-to-qk-layernorm`).
+pub const MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM: u32 = 1;
+/// Every param decayed unless flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY (the rule of headers
+/// before muon_config_t.weight_decay_rule).
+pub const MUON_WEIGHT_DECAY_RULE_FLAGGED: u32 = 2;
 
 /// Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
 pub const MUON_COMM_MODE_FROM_ENV: u32 = 0;
@@ -80,7 +91,7 @@ pub const MUON_PARAM_FLAG_NO_MUON: u32 = 1 << 1;
 pub const MUON_PARAM_FLAG_EXPERT_STACK: u32 = 1 << 2;
 /// Persistent MXFP8 storage (dims multiples of 32, dtype bf16).
 pub const MUON_PARAM_FLAG_MXFP8: u32 = 1 << 3;
-/// No weight decay.
+/// No weight decay, whatever muon_config_t.weight_decay_rule says.
 pub const MUON_PARAM_FLAG_NO_WEIGHT_DECAY: u32 = 1 << 4;
 /// Allow a Muon matrix with a dimension equal to vocab_size.
 pub const MUON_PARAM_FLAG_ALLOW_VOCAB_DIM: u32 = 1 << 5;
@@ -109,6 +120,9 @@ pub const MUON_PARAM_FLAG_TP_SHARD_COLS: u32 = 1 << 8;
 /// slice of every component. Only where checkpoints place the shard; needs TP_SHARD_ROWS and
 /// split_sizes (no expert stack).
 pub const MUON_PARAM_FLAG_TP_WHOLE_GROUPS: u32 = 1 << 9;
+/// Weight decay for a param muon_config_t.weight_decay_rule exempts (a 1-D param or one named
+/// `*.bias` under the Megatron rules); not with MUON_PARAM_FLAG_NO_WEIGHT_DECAY.
+pub const MUON_PARAM_FLAG_WEIGHT_DECAY: u32 = 1 << 10;
 
 /// muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
 pub const MUON_STEP_OVERRIDE_MUON_MOMENTUM: u32 = 1 << 0;
@@ -118,6 +132,9 @@ pub const MUON_STEP_OVERRIDE_ADAM_BETA1: u32 = 1 << 1;
 pub const MUON_STEP_OVERRIDE_ADAM_BETA2: u32 = 1 << 2;
 /// muon_step_args_t.overrides: the step's AdamW ε is muon_step_args_t.adam_eps.
 pub const MUON_STEP_OVERRIDE_ADAM_EPS: u32 = 1 << 3;
+/// muon_step_args_t.overrides: the AdamW params flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT step
+/// with muon_step_args_t.decoupled_lr in place of adam_lr (Megatron-LM's `--decoupled-lr`).
+pub const MUON_STEP_OVERRIDE_DECOUPLED_LR: u32 = 1 << 4;
 
 /// MXFP8 scales row-major in TransformerEngine's padded compact shape (default).
 pub const MUON_MXFP8_SCALES_COMPACT: u32 = 0;
@@ -142,6 +159,7 @@ mod tests {
     use super::*;
     use crate::config::{
         CoefficientSet, CommMode, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ScaleMode, TpMode,
+        WeightDecayRule,
     };
     use crate::model::ParamFlags;
 
@@ -178,6 +196,13 @@ mod tests {
         assert_eq!(ParamFlags::TP_SHARD_ROWS, MUON_PARAM_FLAG_TP_SHARD_ROWS);
         assert_eq!(ParamFlags::TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_COLS);
         assert_eq!(ParamFlags::TP_WHOLE_GROUPS, MUON_PARAM_FLAG_TP_WHOLE_GROUPS);
+        assert_eq!(ParamFlags::WEIGHT_DECAY, MUON_PARAM_FLAG_WEIGHT_DECAY);
+        assert_eq!(WeightDecayRule::Megatron.code(), MUON_WEIGHT_DECAY_RULE_MEGATRON);
+        assert_eq!(
+            WeightDecayRule::MegatronQkLayernorm.code(),
+            MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM
+        );
+        assert_eq!(WeightDecayRule::Flagged.code(), MUON_WEIGHT_DECAY_RULE_FLAGGED);
         assert_eq!(MuonOwnership::Balanced.code(), MUON_OWNERSHIP_BALANCED);
         assert_eq!(MuonOwnership::Contiguous.code(), MUON_OWNERSHIP_CONTIGUOUS);
         assert_eq!(TpMode::Blockwise.code(), MUON_TP_MODE_BLOCKWISE);

@@ -7,7 +7,7 @@ use crate::capi::boundary::{checked_size, fail, non_null, run};
 use crate::capi::config::{muon_config_t, read_config};
 use crate::capi::constants::{
     MUON_STEP_OVERRIDE_ADAM_BETA1, MUON_STEP_OVERRIDE_ADAM_BETA2, MUON_STEP_OVERRIDE_ADAM_EPS,
-    MUON_STEP_OVERRIDE_MUON_MOMENTUM,
+    MUON_STEP_OVERRIDE_DECOUPLED_LR, MUON_STEP_OVERRIDE_MUON_MOMENTUM,
 };
 use crate::capi::handle::{with_mut, with_mut_each};
 use crate::capi::optimizer::muon_optimizer_t;
@@ -55,19 +55,30 @@ pub struct muon_step_args_t {
     pub adam_beta2: f32,
     /// AdamW ε, finite and > 0, with MUON_STEP_OVERRIDE_ADAM_EPS.
     pub adam_eps: f32,
+    /// With MUON_STEP_OVERRIDE_DECOUPLED_LR: the learning rate, finite and >= 0, of the AdamW
+    /// params flagged MUON_PARAM_FLAG_EMBEDDING_OR_OUTPUT, in place of adam_lr (times each
+    /// param's lr_scale) — Megatron-LM's `--decoupled-lr`, which applies to its embedding and
+    /// output params (`is_embedding_or_output_parameter`) and is scheduled like `--lr` (the
+    /// same warmup and decay) from `--decoupled-lr` down to `--decoupled-min-lr` (else
+    /// `--min-lr`): the caller's scheduler computes it every step. Without the bit those params
+    /// step with adam_lr, as every AdamW param does; a caller compiled against an older layout
+    /// (20 or 40 bytes) has no such field, and the bit is refused there.
+    pub decoupled_lr: f32,
 }
 
 /// Every released `muon_step_args_t` layout, oldest first: its last field and `sizeof` (every
 /// field is 4 bytes, so no layout has padding). Appending a field appends a row (a test checks
 /// the list against the struct). A struct_size below the current one and not listed is
 /// refused (a torn or hand-computed size); the first layout's overrides nothing.
-pub(crate) const RELEASED_STEP_ARGS_LAYOUTS: [(&str, usize); 2] = [("adam_weight_decay", 20), ("adam_eps", 40)];
+pub(crate) const RELEASED_STEP_ARGS_LAYOUTS: [(&str, usize); 3] =
+    [("adam_weight_decay", 20), ("adam_eps", 40), ("decoupled_lr", 44)];
 
 /// Every MUON_STEP_OVERRIDE_* bit.
 const STEP_OVERRIDE_BITS: u32 = MUON_STEP_OVERRIDE_MUON_MOMENTUM
     | MUON_STEP_OVERRIDE_ADAM_BETA1
     | MUON_STEP_OVERRIDE_ADAM_BETA2
-    | MUON_STEP_OVERRIDE_ADAM_EPS;
+    | MUON_STEP_OVERRIDE_ADAM_EPS
+    | MUON_STEP_OVERRIDE_DECOUPLED_LR;
 
 impl muon_step_args_t {
     /// The step's arguments: each override whose bit is set; unknown bits are refused, named
@@ -91,6 +102,7 @@ impl muon_step_args_t {
                 adam_beta1: field(MUON_STEP_OVERRIDE_ADAM_BETA1, self.adam_beta1),
                 adam_beta2: field(MUON_STEP_OVERRIDE_ADAM_BETA2, self.adam_beta2),
                 adam_eps: field(MUON_STEP_OVERRIDE_ADAM_EPS, self.adam_eps),
+                decoupled_lr: field(MUON_STEP_OVERRIDE_DECOUPLED_LR, self.decoupled_lr),
             },
         })
     }
@@ -332,6 +344,14 @@ pub(crate) unsafe fn read_step_args(args: *const muon_step_args_t, arg: &str) ->
             size.min(current),
         )
     };
+    if raw.overrides & MUON_STEP_OVERRIDE_DECOUPLED_LR != 0
+        && size < std::mem::offset_of!(muon_step_args_t, decoupled_lr) + 4
+    {
+        bail!(
+            InvalidArgument,
+            "{arg}overrides: MUON_STEP_OVERRIDE_DECOUPLED_LR is set, but a {size}-byte muon_step_args_t has no decoupled_lr; set struct_size to sizeof(muon_step_args_t)"
+        );
+    }
     raw.to_args(arg)
 }
 

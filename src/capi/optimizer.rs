@@ -218,7 +218,9 @@ pub unsafe extern "C" fn muon_optimizer_param_route(
 
 /// @brief Change a finalized param's multipliers of its route's learning rate and weight decay
 ///        (its muon_param_desc_t lr_scale and wd_scale) for the steps enqueued after this call:
-///        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale, as at registration — e.g. a
+///        lr_eff = lr · lr_scale and wd_eff = wd · wd_scale (0 for a param flagged
+///        MUON_PARAM_FLAG_NO_WEIGHT_DECAY or spared by the config's weight_decay_rule), as at
+///        registration — e.g. a
 ///        framework whose param groups share a route but follow schedules of their own passes
 ///        lr = 1 in the step args and each group's current rate here (the same bits as that
 ///        rate in the args). Every rank makes the same change before the same step; a step

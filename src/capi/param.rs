@@ -51,7 +51,10 @@ pub struct muon_param_desc_t {
     pub init_dtype: u32,
     /// Multiplier on the learning rate of this param (default 1).
     pub lr_scale: f32,
-    /// Multiplier on the weight decay of this param (default 1).
+    /// Multiplier on the weight decay of this param (default 1); none is applied to a param
+    /// flagged MUON_PARAM_FLAG_NO_WEIGHT_DECAY or spared by muon_config_t.weight_decay_rule
+    /// (by default every 1-D param and every `*.bias`, unless flagged
+    /// MUON_PARAM_FLAG_WEIGHT_DECAY).
     pub wd_scale: f32,
     /// How many times split_sizes repeats along dim 0 (0 or 1 = once: consecutive
     /// components). Megatron's fused QKV `[groups·(q + k + v), hidden]` is split_sizes

@@ -12,7 +12,9 @@ use sha2::{Digest, Sha256};
 use super::components::{Component, StateKind, components, split_by_component, tensor_key};
 use super::tp::{Block, Placement, TpRank, TpSplit, block_items, block_text, held_blocks};
 use crate::bail;
-use crate::config::{CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode};
+use crate::config::{
+    CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode, TpMode,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::{ElemRange, Plan};
@@ -201,6 +203,12 @@ pub struct Index {
     /// version 2); absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp: Option<TpRank>,
+    /// The `muon_tp_mode` of ranks saving in such a group, where it changes every Muon update
+    /// of a TP shard (blockwise orthogonalizes the shard, duplicated and distributed the whole
+    /// matrix); absent without one, and in checkpoints saved before it was recorded, which then
+    /// load in any mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub muon_tp_mode: Option<TpMode>,
     pub config: NumericsConfig,
     /// One per rank, in rank order.
     pub files: Vec<FileEntry>,
@@ -327,6 +335,7 @@ impl Index {
             layout: plan.layout,
             step,
             tp,
+            muon_tp_mode: tp.map(|_| cfg.muon_tp_mode),
             config: NumericsConfig::of(cfg),
             files,
             params,
@@ -502,6 +511,28 @@ impl Index {
             bail!(
                 CheckpointMismatch,
                 "config field {field}: the checkpoint was saved with {value} but this optimizer has the default; the field changes numerics, so it must be equal"
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks that a checkpoint saved by the ranks of a TP group of more than one rank loads
+    /// into an optimizer at `tp` — also in such a group — with its `muon_tp_mode` (like the
+    /// numerics of [`Index::check_config`]: the mode changes the update, and its default
+    /// changed from blockwise to duplicated). At one TP rank the modes coincide, so a
+    /// checkpoint of either side without a TP group loads in any mode.
+    pub fn check_tp_mode(&self, cfg: &Config, tp: Option<TpRank>) -> Result<()> {
+        if let (Some(saved), Some(ours)) = (self.muon_tp_mode, tp)
+            && saved != cfg.muon_tp_mode
+        {
+            bail!(
+                CheckpointMismatch,
+                "config field muon_tp_mode: this optimizer has {} but the checkpoint was saved with {} by the ranks of a TP group of {} (this one has {}); the mode changes every Muon update of a TP shard, so it must be equal: set muon_tp_mode to {} to resume",
+                cfg.muon_tp_mode.name(),
+                saved.name(),
+                self.tp.map_or(0, |t| t.size),
+                ours.size,
+                saved.name()
             );
         }
         Ok(())

@@ -70,11 +70,13 @@ pub(super) fn open_sources(dirs: &[&Path]) -> Result<(Vec<Source>, u64)> {
 }
 
 /// Per param of `globals` (the registered params, unsharded), the sources to read it from
-/// with its entry in each ([`sources_of`]), checking `coverage`, the params and the numerics.
+/// with its entry in each ([`sources_of`]), checking `coverage`, the params and the numerics
+/// (the TP mode too when this rank, at `tp`, and the checkpoint's are in TP groups).
 pub(super) fn holders<'a>(
     sources: &'a [Source],
     globals: &[ParamSpec],
     cfg: &Config,
+    tp: Option<TpRank>,
     coverage: Coverage,
 ) -> Result<Vec<Vec<(usize, &'a ParamEntry)>>> {
     if coverage == Coverage::Exact {
@@ -82,6 +84,7 @@ pub(super) fn holders<'a>(
     }
     for source in sources {
         source.index.check_config(cfg)?;
+        source.index.check_tp_mode(cfg, tp)?;
         if source.index.step != sources[0].index.step {
             bail!(
                 CheckpointMismatch,

@@ -412,7 +412,7 @@ fn read_owned_state(
     let placements = placements(runtime.params(), tp)?;
     let globals: Vec<ParamSpec> = placements.iter().map(|p| p.global.clone()).collect();
     let (sources, identity) = open_sources(dirs)?;
-    let holders = holders(&sources, &globals, runtime.config(), coverage)?;
+    let holders = holders(&sources, &globals, runtime.config(), tp, coverage)?;
     let (mut pieces, reads) = plan_reads(runtime, &placements, tp, &sources, &holders)?;
     execute_reads(&sources, reads, &mut pieces)?;
     Ok((identity, sources[0].index.step, pieces))

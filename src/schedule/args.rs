@@ -1,7 +1,8 @@
 //! A step's arguments: the learning rates and weight decays of both routes, and what the step
 //! uses in place of the config's Muon momentum and AdamW β1, β2 and ε ([`StepOverrides`], for
 //! the schedules a caller drives: torch's `OneCycleLR` with `cycle_momentum`, a Muon momentum
-//! warmup). They reach the device as [`STEP_ARGS`] scalars ([`StepArgs::slots`]), so a step
+//! warmup) and of the AdamW learning rate for the embedding and output params (Megatron-LM's
+//! `--decoupled-lr`). They reach the device as [`STEP_ARGS`] scalars ([`StepArgs::slots`]), so a step
 //! captured in a CUDA graph reads every one of them at each replay.
 
 use crate::backend::ops::STEP_ARGS;
@@ -33,6 +34,13 @@ pub struct StepOverrides {
     pub adam_beta2: Option<f32>,
     /// AdamW ε, finite and > 0.
     pub adam_eps: Option<f32>,
+    /// The learning rate of the AdamW params flagged `EMBEDDING_OR_OUTPUT`, finite and >= 0,
+    /// in place of `adam_lr`: Megatron-LM's decoupled learning rate, which
+    /// `get_standard_config_overrides` (`megatron/core/optimizer/__init__.py`, commit d98e8a64)
+    /// gives the params with `is_embedding_or_output_parameter` as their group's `max_lr`
+    /// (`--decoupled-lr`) and `min_lr` (`--decoupled-min-lr`, else `--min-lr`), scheduled like
+    /// `--lr` by the one `OptimizerParamScheduler` — so the caller's schedule computes it.
+    pub decoupled_lr: Option<f32>,
 }
 
 impl StepOverrides {
@@ -42,12 +50,14 @@ impl StepOverrides {
         adam_beta1: None,
         adam_beta2: None,
         adam_eps: None,
+        decoupled_lr: None,
     };
 }
 
 impl StepArgs {
     /// Checks every value, each named `{arg}{field}` in the message (`args->`, `args[1].`):
-    /// rates and decays finite and >= 0, momentum and betas in [0, 1), ε finite and > 0.
+    /// rates (the decoupled one too) and decays finite and >= 0, momentum and betas in [0, 1),
+    /// ε finite and > 0.
     pub fn check(&self, arg: &str) -> Result<()> {
         for (field, value) in [
             ("lr", self.lr),
@@ -72,11 +82,15 @@ impl StepArgs {
         if let Some(eps) = o.adam_eps.filter(|e| !(e.is_finite() && *e > 0.0)) {
             bail!(OutOfRange, "step: {arg}adam_eps {eps} must be finite and > 0");
         }
+        if let Some(lr) = o.decoupled_lr.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+            bail!(OutOfRange, "step: {arg}decoupled_lr {lr} must be finite and >= 0");
+        }
         Ok(())
     }
 
     /// The step's scalars in slot order from [`crate::backend::ops::Scalar::Lr`]: the rates and
-    /// decays, then the Muon momentum, AdamW β1, β2 and ε, each the override or `cfg`'s value.
+    /// decays, then the Muon momentum, AdamW β1, β2 and ε, each the override or `cfg`'s value,
+    /// then the embedding and output params' learning rate (the decoupled one, else `adam_lr`).
     pub fn slots(&self, cfg: &Config) -> [f32; STEP_ARGS] {
         let o = &self.overrides;
         [
@@ -88,6 +102,7 @@ impl StepArgs {
             o.adam_beta1.unwrap_or(cfg.adam_beta1),
             o.adam_beta2.unwrap_or(cfg.adam_beta2),
             o.adam_eps.unwrap_or(cfg.adam_eps),
+            o.decoupled_lr.unwrap_or(self.adam_lr),
         ]
     }
 }
@@ -107,16 +122,17 @@ mod tests {
     #[test]
     fn slots_take_the_overrides_else_the_config() {
         let cfg = Config::default();
-        assert_eq!(ARGS.slots(&cfg), [0.02, 0.1, 3e-4, 0.01, 0.95, 0.9, 0.999, 1e-8]);
+        assert_eq!(ARGS.slots(&cfg), [0.02, 0.1, 3e-4, 0.01, 0.95, 0.9, 0.999, 1e-8, 3e-4]);
         let args = StepArgs {
             overrides: StepOverrides {
                 muon_momentum: Some(0.5),
                 adam_beta2: Some(0.95),
+                decoupled_lr: Some(5e-5),
                 ..StepOverrides::NONE
             },
             ..ARGS
         };
-        assert_eq!(args.slots(&cfg), [0.02, 0.1, 3e-4, 0.01, 0.5, 0.9, 0.95, 1e-8]);
+        assert_eq!(args.slots(&cfg), [0.02, 0.1, 3e-4, 0.01, 0.5, 0.9, 0.95, 1e-8, 5e-5]);
     }
 
     /// Every bad override is refused naming the field and its rule; the bounds pass.
@@ -166,6 +182,20 @@ mod tests {
                 },
                 "args->adam_eps inf must be finite and > 0",
             ),
+            (
+                StepOverrides {
+                    decoupled_lr: Some(-1e-4),
+                    ..StepOverrides::NONE
+                },
+                "args->decoupled_lr -0.0001 must be finite and >= 0",
+            ),
+            (
+                StepOverrides {
+                    decoupled_lr: Some(f32::NAN),
+                    ..StepOverrides::NONE
+                },
+                "args->decoupled_lr NaN must be finite and >= 0",
+            ),
         ] {
             let err = with(overrides).check("args->").unwrap_err();
             assert_eq!(err.kind, crate::error::ErrorKind::OutOfRange, "{err}");
@@ -176,6 +206,7 @@ mod tests {
             adam_beta1: Some(0.0),
             adam_beta2: Some(0.999_999_9),
             adam_eps: Some(f32::MIN_POSITIVE),
+            decoupled_lr: Some(0.0),
         };
         with(bounds).check("args->").unwrap();
     }

@@ -638,6 +638,11 @@ impl Runtime {
                 exp_avg_sq: slot.exp_avg_sq(),
                 grad: slot.grad(),
                 scales: spec.scales(),
+                lr: if spec.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) {
+                    Scalar::DecoupledLr
+                } else {
+                    Scalar::AdamLr
+                },
             };
             timed(&mut profile.adamw, || self.backend.adamw_update(job))?;
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;

@@ -117,6 +117,8 @@ impl Job {
         Ok(Scenario {
             mxfp8,
             grad_dtype: Dtype::Bf16,
+            // Per shard, as these jobs were first priced and as Megatron-LM ran them before its
+            // PR #6380; the library's default (duplicated) is `simulate --tp-mode`'s.
             tp: self.tp.map(|ranks| (ranks, TpMode::Blockwise)),
             norm_group: (model_parallel > 1).then_some(model_parallel * self.dp),
             pipeline: self.pipeline,

@@ -137,7 +137,7 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         kernel = [&] {
             muon_adamw(arg<float *>(a, 0), arg<float *>(a, 1), arg<float *>(a, 2), arg<const void *>(a, 3),
                        arg<int>(a, 4), arg<muon_u64>(a, 5), arg<float>(a, 6), arg<float>(a, 7),
-                       arg<const double *>(a, 8));
+                       arg<const double *>(a, 8), arg<int>(a, 9));
         };
     } else if (k == "muon_cast_f32_to_bf16") {
         kernel = [&] { muon_cast_f32_to_bf16(arg<const float *>(a, 0), arg<muon_u16 *>(a, 1), arg<muon_u64>(a, 2)); };

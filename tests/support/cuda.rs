@@ -166,7 +166,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         ..backend.norm_term().unwrap()
     };
     backend
-        .set_step_args([0.02, 0.1, 3e-3, 0.01, 0.9, 0.9, 0.95, 1e-8])
+        .set_step_args([0.02, 0.1, 3e-3, 0.01, 0.9, 0.9, 0.95, 1e-8, 3e-3])
         .unwrap();
     let constants = muon_opt::backend::ops::StepConstants { clip_grad: 0.0 };
     backend.finish_step(&constants, &[own]).unwrap();

@@ -56,18 +56,21 @@ Ownership = _enum("Ownership", "MUON_OWNERSHIP_")
 ScaleMode = _enum("ScaleMode", "MUON_SCALE_")
 CommMode = _enum("CommMode", "MUON_COMM_MODE_")
 TpMode = _enum("TpMode", "MUON_TP_MODE_")
+WeightDecayRule = _enum("WeightDecayRule", "MUON_WEIGHT_DECAY_RULE_")
 Route = _enum("Route", "MUON_ROUTE_")
 ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
 QkKind = _enum("QkKind", "MUON_QK_KIND_")
 
-# The muon_step_args_t fields a step may use in place of the config's, with their
-# MUON_STEP_OVERRIDE_* bits (the keyword arguments of Optimizer.step and set_step_args).
+# The muon_step_args_t fields a step may use in place of the config's (decoupled_lr: in place
+# of adam_lr for the params flagged EMBEDDING_OR_OUTPUT, Megatron-LM's --decoupled-lr), with
+# their MUON_STEP_OVERRIDE_* bits (the keyword arguments of Optimizer.step and set_step_args).
 STEP_OVERRIDES = {
     "muon_momentum": _capi.MUON_STEP_OVERRIDE_MUON_MOMENTUM,
     "adam_beta1": _capi.MUON_STEP_OVERRIDE_ADAM_BETA1,
     "adam_beta2": _capi.MUON_STEP_OVERRIDE_ADAM_BETA2,
     "adam_eps": _capi.MUON_STEP_OVERRIDE_ADAM_EPS,
+    "decoupled_lr": _capi.MUON_STEP_OVERRIDE_DECOUPLED_LR,
 }
 
 
@@ -568,7 +571,8 @@ class Optimizer(_Owner):
     @staticmethod
     def _step_args(lr, adam_lr, weight_decay, adam_weight_decay, overrides=None):
         """A ``muon_step_args_t``; ``overrides`` maps ``muon_momentum``, ``adam_beta1``,
-        ``adam_beta2``, ``adam_eps`` to a value (None: the config's)."""
+        ``adam_beta2``, ``adam_eps`` to a value (None: the config's) and ``decoupled_lr`` to the
+        embedding and output params' learning rate (None: ``adam_lr``)."""
         args = _capi.muon_step_args_t(
             ctypes.sizeof(_capi.muon_step_args_t), lr, weight_decay, adam_lr, adam_weight_decay
         )
@@ -598,7 +602,10 @@ class Optimizer(_Owner):
         ``muon_momentum``, ``adam_beta1``, ``adam_beta2``, ``adam_eps`` (keywords, default None:
         the config's) override the config for this step only (a scheduler's values; AdamW's
         bias corrections are ``1 - beta**t`` with this step's beta, as torch.optim.AdamW's);
-        a value out of range raises MuonError (``OUT_OF_RANGE``) naming it, and nothing changes."""
+        a value out of range raises MuonError (``OUT_OF_RANGE``) naming it, and nothing changes.
+        ``decoupled_lr`` (default None: ``adam_lr``) is the learning rate of the params flagged
+        ``ParamFlag.EMBEDDING_OR_OUTPUT`` for this step, Megatron-LM's ``--decoupled-lr`` (the
+        caller schedules it like ``lr``, down to ``--decoupled-min-lr``)."""
         if (lr is None) != (adam_lr is None):
             raise ValueError("step: give both lr and adam_lr, or neither to use set_step_args")
         if lr is None:
@@ -727,6 +734,7 @@ __all__ = [
     "ScaleMode",
     "CommMode",
     "TpMode",
+    "WeightDecayRule",
     "Route",
     "ParamFlag",
     "Mxfp8Scales",

@@ -71,6 +71,10 @@ MUON_TP_MODE_BLOCKWISE = 0
 MUON_TP_MODE_DUPLICATED = 1
 MUON_TP_MODE_DISTRIBUTED = 2
 
+MUON_WEIGHT_DECAY_RULE_MEGATRON = 0
+MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM = 1
+MUON_WEIGHT_DECAY_RULE_FLAGGED = 2
+
 MUON_COMM_MODE_FROM_ENV = 0
 MUON_COMM_MODE_EAGER = 1
 MUON_COMM_MODE_LAZY = 2
@@ -88,6 +92,7 @@ MUON_PARAM_FLAG_NORM_REPLICA = 1 << 6
 MUON_PARAM_FLAG_TP_SHARD_ROWS = 1 << 7
 MUON_PARAM_FLAG_TP_SHARD_COLS = 1 << 8
 MUON_PARAM_FLAG_TP_WHOLE_GROUPS = 1 << 9
+MUON_PARAM_FLAG_WEIGHT_DECAY = 1 << 10
 
 MUON_QK_KIND_FUSED_QKV = 1
 MUON_QK_KIND_QUERY = 2
@@ -99,6 +104,7 @@ MUON_STEP_OVERRIDE_MUON_MOMENTUM = 1 << 0
 MUON_STEP_OVERRIDE_ADAM_BETA1 = 1 << 1
 MUON_STEP_OVERRIDE_ADAM_BETA2 = 1 << 2
 MUON_STEP_OVERRIDE_ADAM_EPS = 1 << 3
+MUON_STEP_OVERRIDE_DECOUPLED_LR = 1 << 4
 
 MUON_MXFP8_SCALES_COMPACT = 0
 MUON_MXFP8_SCALES_SWIZZLED = 1
@@ -202,6 +208,8 @@ class muon_config_t(Structure):
         ("muon_ns_method", c_uint32),
         ("reserved2", c_uint32),
         ("muon_ownership", c_uint32),
+        ("reserved3", c_uint32),
+        ("weight_decay_rule", c_uint32),
     ]
 
 
@@ -217,6 +225,7 @@ class muon_step_args_t(Structure):
         ("adam_beta1", c_float),
         ("adam_beta2", c_float),
         ("adam_eps", c_float),
+        ("decoupled_lr", c_float),
     ]
 
 

@@ -26,9 +26,10 @@ What the constructor does, once every rank has built the same model:
    buckets) and a post-accumulate-grad hook on every parameter (``grad_ready``).
 
 Routing: ``nn.Embedding`` weights and the names in ``embedding_or_output`` are flagged
-``EMBEDDING_OR_OUTPUT`` (AdamW); parameters of fewer than 2 dimensions (biases, norms) get no
-weight decay unless ``no_weight_decay`` says otherwise; the library routes every other 2-D
-matrix to Muon. An output head not tied to the embedding must be named in
+``EMBEDDING_OR_OUTPUT`` (AdamW); the library routes every other 2-D matrix to Muon. Weight decay
+follows the config's ``weight_decay_rule``, by default Megatron-LM's: 1-D parameters and those
+named ``*.bias`` (biases, norms) get none; ``no_weight_decay(name, param) -> bool`` decides every
+parameter instead (``NO_WEIGHT_DECAY`` or ``WEIGHT_DECAY`` flags). An output head not tied to the embedding must be named in
 ``embedding_or_output``: with ``vocab_size`` 0 (the default) the library takes the
 embeddings' rows as the vocabulary, and finalize refuses a Muon-routed matrix with that many
 rows, naming it (``MuonError``, ``ROUTING_CONFLICT``).
@@ -39,8 +40,11 @@ the sizes repeat ``groups`` times along the rows (Megatron's QKV per query group
 ``((q_per_group, k_per_group, v_per_group), query_groups)``; SwiGLU's gate|up: ``(ffn, ffn)``).
 
 Param groups: by default a ``"muon"`` group (``lr``, ``weight_decay``) and an ``"adamw"`` group
-(``adam_lr``, ``adam_weight_decay``, default ``lr`` and ``weight_decay``), each driven by any
-``torch.optim.lr_scheduler``; or ``param_groups=[{"params": [...], "use_muon": True|False,
+(``adam_lr``, ``adam_weight_decay``, default ``lr`` and ``weight_decay``), and with
+``decoupled_lr`` a ``"decoupled"`` AdamW group of the embedding and output params at that
+``lr`` (Megatron-LM's ``--decoupled-lr``, which applies to its params with
+``is_embedding_or_output_parameter``; its ``--decoupled-min-lr`` is that group's floor in the
+scheduler, e.g. a per-group ``LambdaLR``), each driven by any ``torch.optim.lr_scheduler``; or ``param_groups=[{"params": [...], "use_muon": True|False,
 "lr": …, "weight_decay": …, "lr_scale": …, "wd_scale": …}]`` (params as tensors or names, each
 in one group; ``use_muon`` as in KellerJordan/Muon's ``MuonWithAuxAdam``). Every group follows
 its own schedule: each step gives every param its group's current ``lr`` and ``weight_decay``
@@ -182,6 +186,27 @@ def _qk_layout(name, layout):
     return layout
 
 
+def _default_groups(named, routes, defaults, decoupled_lr, embedding_or_output, embedding_weights):
+    """The groups without ``param_groups``: "muon" and "adamw", and with ``decoupled_lr`` the
+    "decoupled" group of the params flagged ``EMBEDDING_OR_OUTPUT`` (AdamW, at ``decoupled_lr``);
+    empty ones left out."""
+
+    def group_of(name, p):
+        if routes[id(p)] == Route.MUON:
+            return "muon"
+        if decoupled_lr is not None and (id(p) in embedding_weights or name in embedding_or_output):
+            return "decoupled"
+        return "adamw"
+
+    groups = []
+    for group, use_muon in (("muon", True), ("adamw", False), ("decoupled", False)):
+        values = dict(defaults[use_muon], lr=decoupled_lr) if group == "decoupled" else defaults[use_muon]
+        params = [p for name, p in named if group_of(name, p) == group]
+        if params:
+            groups.append(dict(values, use_muon=use_muon, name=group, lr_scale=1.0, wd_scale=1.0, params=params))
+    return groups
+
+
 def _owner(p):
     """The open Muon training ``p``, or None."""
     ref = getattr(p, "_muon_opt_owner", None)
@@ -210,6 +235,7 @@ class Muon(torch.optim.Optimizer):
         weight_decay=0.1,
         adam_lr=None,
         adam_weight_decay=None,
+        decoupled_lr=None,
         param_groups=None,
         embedding_or_output=(),
         no_weight_decay=None,
@@ -258,7 +284,10 @@ class Muon(torch.optim.Optimizer):
             if unknown:
                 raise ValueError(f"{argument} names no parameter of the module: {sorted(unknown)}")
         embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
-        no_decay = no_weight_decay if no_weight_decay is not None else (lambda name, p: p.dim() < 2)
+        if decoupled_lr is not None and param_groups is not None:
+            raise ValueError(
+                "decoupled_lr: with param_groups, put the embedding and output params in a group of their own with that lr"
+            )
         self._splits = {name: _split_of(name, spec) for name, spec in dict(splits or {}).items()}
         self._qk_layouts = {name: _qk_layout(name, layout) for name, layout in dict(qk_clip or {}).items()}
         self.qk_clip_threshold = qk_clip_threshold
@@ -290,8 +319,8 @@ class Muon(torch.optim.Optimizer):
                 flags, scales = 0, {}
                 if id(p) in embedding_weights or name in embedding_or_output:
                     flags |= ParamFlag.EMBEDDING_OR_OUTPUT
-                if no_decay(name, p):
-                    flags |= ParamFlag.NO_WEIGHT_DECAY
+                if no_weight_decay is not None:
+                    flags |= ParamFlag.NO_WEIGHT_DECAY if no_weight_decay(name, p) else ParamFlag.WEIGHT_DECAY
                 if user_groups is not None:
                     g = group_of[id(p)]
                     if not user_groups[g]["use_muon"]:
@@ -308,12 +337,7 @@ class Muon(torch.optim.Optimizer):
             self._ids = {name: ids[id(p)] for name, p in named}
             self._check_qk_layouts(dict(named), routes)
             if user_groups is None:
-                user_groups = [
-                    dict(defaults[use_muon], use_muon=use_muon, name="muon" if use_muon else "adamw", lr_scale=1.0,
-                         wd_scale=1.0, params=[p for _, p in named if (routes[id(p)] == Route.MUON) == use_muon])
-                    for use_muon in (True, False)
-                ]
-                user_groups = [g for g in user_groups if g["params"]]
+                user_groups = _default_groups(named, routes, defaults, decoupled_lr, embedding_or_output, embedding_weights)
             # Each param's (lr_scale, wd_scale) as the library holds them.
             self._scales = {ids[id(p)]: None for _, p in named}
             self._nesterov = bool(config.muon_nesterov)

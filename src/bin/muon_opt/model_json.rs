@@ -18,7 +18,7 @@
 //! - `name` (required, unique), `shape` (required, 1 to 4 dims);
 //! - `dtype`: `"bf16"` (default) or `"f32"`;
 //! - `flags`: any of `embedding_or_output`, `no_muon`, `expert_stack`, `mxfp8`,
-//!   `no_weight_decay`, `allow_vocab_dim` (default none);
+//!   `no_weight_decay`, `allow_vocab_dim`, `weight_decay` (default none);
 //! - `tie_group`: copies of one logical weight share a non-zero group (default 0);
 //! - `split_sizes`: fused components along the matrix row dimension (default none);
 //! - `split_groups`: how many times `split_sizes` repeats along the rows (Megatron's QKV per
@@ -45,6 +45,7 @@ pub const FLAG_NAMES: &[(&str, u32)] = &[
     ("mxfp8", ParamFlags::MXFP8),
     ("no_weight_decay", ParamFlags::NO_WEIGHT_DECAY),
     ("allow_vocab_dim", ParamFlags::ALLOW_VOCAB_DIM),
+    ("weight_decay", ParamFlags::WEIGHT_DECAY),
 ];
 
 #[derive(Deserialize)]

@@ -77,8 +77,9 @@ pub struct SimulateArgs {
     /// (qkv, fc1) and row-parallel (proj, fc2) matrices; their collectives run over NVLink.
     #[arg(long, value_name = "N")]
     tp: Option<usize>,
-    /// How TP-sharded Muon matrices are orthogonalized (muon_tp_mode).
-    #[arg(long, value_enum, default_value_t = TpModeChoice::Blockwise)]
+    /// How TP-sharded Muon matrices are orthogonalized (muon_tp_mode; the library's default,
+    /// duplicated, unless given).
+    #[arg(long, value_enum, default_value_t = TpModeChoice::Duplicated)]
     tp_mode: TpModeChoice,
     /// QK-clip (MuonClip, muon_optimizer_qk_clip) of every fused QKV before every step.
     #[arg(long)]

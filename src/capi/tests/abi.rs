@@ -54,6 +54,8 @@ fn defaults_validate_and_match_the_design() {
     assert_eq!(cfg.muon_scale_mode, MUON_SCALE_SPECTRAL);
     assert_eq!(cfg.muon_coefficient_set, MUON_COEFFICIENTS_QUINTIC);
     assert_eq!(cfg.host_threads, 0);
+    assert_eq!(cfg.muon_tp_mode, MUON_TP_MODE_DUPLICATED);
+    assert_eq!(cfg.weight_decay_rule, MUON_WEIGHT_DECAY_RULE_MEGATRON);
 }
 
 /// A caller compiled against the first ABI passes a struct that ends at host_comm_mode: it is
@@ -75,7 +77,7 @@ fn a_config_of_the_first_abi_defaults_the_appended_fields() {
 
 /// A field appended behind a reserved word: set to `code` in a current struct it is read
 /// (`is_default` fails); at every `older` struct_size the default is read whatever the field and
-/// both reserved words hold, an invalid code too (they lie beyond or in the padding of that
+/// the reserved words hold, an invalid code too (they lie beyond or in the padding of that
 /// older struct).
 fn older_sizes_read_the_default(
     set: impl Fn(&mut muon_config_t, u32),
@@ -85,7 +87,7 @@ fn older_sizes_read_the_default(
 ) {
     let mut cfg = default_config();
     set(&mut cfg, code);
-    (cfg.reserved, cfg.reserved2) = (0xABAB_ABAB, 0xABAB_ABAB);
+    (cfg.reserved, cfg.reserved2, cfg.reserved3) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert!(!is_default(&read), "code {code} is read at the current size");
     set(&mut cfg, 0xABAB_ABAB);
@@ -123,7 +125,6 @@ fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced()
     use crate::config::MuonOwnership;
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved2), 124);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_ownership), 128);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 136);
     let mut cfg = default_config();
     assert_eq!((cfg.muon_ownership, cfg.reserved2), (MUON_OWNERSHIP_BALANCED, 0));
     older_sizes_read_the_default(
@@ -147,6 +148,67 @@ fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced()
         message.contains("muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout"),
         "{message}"
     );
+}
+
+/// weight_decay_rule follows the released 136-byte layout (which ended at muon_ownership) after
+/// a third reserved word filling that layout's padding: 144 bytes, and a caller compiled
+/// against any older header gets the flagged rule it was built with (only NO_WEIGHT_DECAY
+/// exempts a param), whatever lies beyond its struct; the current layout reads every rule.
+#[test]
+fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged() {
+    use crate::config::WeightDecayRule;
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved3), 132);
+    assert_eq!(std::mem::offset_of!(muon_config_t, weight_decay_rule), 136);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 144);
+    let cfg = default_config();
+    assert_eq!(
+        (cfg.weight_decay_rule, cfg.reserved3),
+        (MUON_WEIGHT_DECAY_RULE_MEGATRON, 0)
+    );
+    for code in [
+        MUON_WEIGHT_DECAY_RULE_MEGATRON,
+        MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM,
+    ] {
+        older_sizes_read_the_default(
+            |c, v| c.weight_decay_rule = v,
+            code,
+            |r| r.weight_decay_rule == WeightDecayRule::Flagged,
+            &[136, 128, 120, 112, 104],
+        );
+    }
+    for &rule in WeightDecayRule::ALL {
+        let raw = muon_config_t::from_config(&crate::config::Config {
+            weight_decay_rule: rule,
+            ..Default::default()
+        });
+        let read = unsafe { crate::capi::config::read_config(&raw) }.unwrap();
+        assert_eq!(read.weight_decay_rule, rule, "{}", rule.name());
+    }
+}
+
+/// muon_tp_mode's default is duplicated (Megatron-LM's since its PR #6380) in the current
+/// layout; the codes keep their meaning, so a struct of an older layout holding the
+/// MUON_TP_MODE_BLOCKWISE its header's MUON_CONFIG_INIT wrote reads blockwise, one holding
+/// duplicated reads duplicated, and the 104-byte layout, which has no muon_tp_mode, reads
+/// blockwise whatever lies beyond it.
+#[test]
+fn older_layouts_keep_the_blockwise_tp_mode_they_meant() {
+    use crate::config::TpMode;
+    let read = |cfg: &muon_config_t| unsafe { crate::capi::config::read_config(cfg) }.unwrap().muon_tp_mode;
+    let mut cfg = default_config();
+    assert_eq!(read(&cfg), TpMode::Duplicated);
+    for size in [136, 128, 120, 112] {
+        cfg.struct_size = size;
+        cfg.muon_tp_mode = MUON_TP_MODE_BLOCKWISE;
+        assert_eq!(read(&cfg), TpMode::Blockwise, "struct_size {size}");
+        cfg.muon_tp_mode = MUON_TP_MODE_DUPLICATED;
+        assert_eq!(read(&cfg), TpMode::Duplicated, "struct_size {size}");
+    }
+    cfg.struct_size = 104;
+    for word in [MUON_TP_MODE_DUPLICATED, MUON_TP_MODE_DISTRIBUTED, 0xABAB_ABAB] {
+        cfg.muon_tp_mode = word;
+        assert_eq!(read(&cfg), TpMode::Blockwise, "word {word}");
+    }
 }
 
 /// Every method and ownership survives the C struct both ways: Config → muon_config_t → Config.
@@ -191,7 +253,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -238,6 +300,11 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             |c| c.muon_ns_method = 2,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "muon_ns_method: unknown value 2; valid values are 0 (standard), 1 (gram)",
+        ),
+        (
+            |c| c.weight_decay_rule = 3,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "weight_decay_rule: unknown value 3; valid values are 0 (megatron), 1 (megatron_qk_layernorm), 2 (flagged)",
         ),
         (
             |c| c.host_comm_mode = 3,
@@ -312,6 +379,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "muon_ns_eps" => offset_of!(muon_config_t, muon_ns_eps),
             "muon_ns_method" => offset_of!(muon_config_t, muon_ns_method),
             "muon_ownership" => offset_of!(muon_config_t, muon_ownership),
+            "weight_decay_rule" => offset_of!(muon_config_t, weight_decay_rule),
             other => panic!("no field {other}"),
         }
     };
@@ -333,7 +401,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136]);
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144]);
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode

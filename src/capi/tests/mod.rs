@@ -2,6 +2,7 @@
 //! handles made and destroyed through the exports.
 
 mod abi;
+mod defaults;
 mod handles;
 mod registration;
 mod status_table;

@@ -1,6 +1,7 @@
 //! The versioned step arguments: the released layouts, the first one (20 bytes) overriding
-//! nothing whatever lies beyond it, torn sizes and unknown override bits refused, and a step's
-//! overrides through the exports — bad values named and refused before anything changes.
+//! nothing whatever lies beyond it, the second (40 bytes) refusing the decoupled learning rate
+//! it has no field for, torn sizes and unknown override bits refused, and a step's overrides
+//! through the exports — bad values named and refused before anything changes.
 
 use std::ptr::null_mut;
 
@@ -24,11 +25,13 @@ fn overriding() -> muon_step_args_t {
         overrides: MUON_STEP_OVERRIDE_MUON_MOMENTUM
             | MUON_STEP_OVERRIDE_ADAM_BETA1
             | MUON_STEP_OVERRIDE_ADAM_BETA2
-            | MUON_STEP_OVERRIDE_ADAM_EPS,
+            | MUON_STEP_OVERRIDE_ADAM_EPS
+            | MUON_STEP_OVERRIDE_DECOUPLED_LR,
         muon_momentum: 0.5,
         adam_beta1: 0.8,
         adam_beta2: 0.95,
         adam_eps: 1e-6,
+        decoupled_lr: 5e-4,
     }
 }
 
@@ -41,6 +44,7 @@ fn every_released_step_args_layout_has_a_size_of_its_own() {
         4 + match field {
             "adam_weight_decay" => offset_of!(muon_step_args_t, adam_weight_decay),
             "adam_eps" => offset_of!(muon_step_args_t, adam_eps),
+            "decoupled_lr" => offset_of!(muon_step_args_t, decoupled_lr),
             other => panic!("no field {other}"),
         }
     };
@@ -54,7 +58,7 @@ fn every_released_step_args_layout_has_a_size_of_its_own() {
         "muon_step_args_t grew past the {last} layout: add its row to RELEASED_STEP_ARGS_LAYOUTS"
     );
     assert!(RELEASED_STEP_ARGS_LAYOUTS.windows(2).all(|p| p[0].1 < p[1].1));
-    assert_eq!(RELEASED_STEP_ARGS_LAYOUTS.map(|(_, size)| size), [20, 40]);
+    assert_eq!(RELEASED_STEP_ARGS_LAYOUTS.map(|(_, size)| size), [20, 40, 44]);
 }
 
 /// A caller compiled against the first layout (struct_size 20) overrides nothing, whatever the
@@ -72,6 +76,7 @@ fn the_first_step_args_layout_overrides_nothing() {
             adam_beta1: Some(0.8),
             adam_beta2: Some(0.95),
             adam_eps: Some(1e-6),
+            decoupled_lr: Some(5e-4),
         }
     );
     args.struct_size = 20;
@@ -100,22 +105,37 @@ fn the_first_step_args_layout_overrides_nothing() {
             ..StepOverrides::NONE
         }
     );
-    for torn in [0u32, 16, 24, 38] {
+    for torn in [0u32, 16, 24, 38, 42] {
         args.struct_size = torn;
         let err = unsafe { read_step_args(&args, "args->") }.unwrap_err();
         assert_eq!(err.kind, ErrorKind::AbiMismatch, "{torn}: {err}");
         assert!(
             err.message.contains(&format!(
-                "args->struct_size: {torn} is not the size of a released muon_step_args_t (20, 40 bytes"
+                "args->struct_size: {torn} is not the size of a released muon_step_args_t (20, 40, 44 bytes"
             )),
             "{err}"
         );
     }
+    args.struct_size = 40;
+    let err = unsafe { read_step_args(&args, "args->") }.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    assert!(
+        err.message.contains(
+            "args->overrides: MUON_STEP_OVERRIDE_DECOUPLED_LR is set, but a 40-byte muon_step_args_t has no decoupled_lr"
+        ),
+        "{err}"
+    );
+    args.overrides &= !MUON_STEP_OVERRIDE_DECOUPLED_LR;
+    let read = unsafe { read_step_args(&args, "args->") }.unwrap();
+    assert_eq!(
+        (read.overrides.adam_eps, read.overrides.decoupled_lr),
+        (Some(1e-6), None)
+    );
     args.struct_size = std::mem::size_of::<muon_step_args_t>() as u32;
-    args.overrides = 1 << 4;
+    args.overrides = 1 << 5;
     let err = unsafe { read_step_args(&args, "args[1].") }.unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidArgument);
-    assert!(err.message.contains("args[1].overrides: unknown bits 0x10"), "{err}");
+    assert!(err.message.contains("args[1].overrides: unknown bits 0x20"), "{err}");
 }
 
 /// The bf16 bits of param `w` (16×8) of a one-param optimizer after two steps with `args` on
@@ -201,6 +221,11 @@ fn a_step_of_the_first_layout_uses_the_config_and_bad_overrides_are_refused() {
             |a| a.adam_eps = 0.0,
             MUON_STATUS_OUT_OF_RANGE,
             "args->adam_eps 0 must be finite and > 0",
+        ),
+        (
+            |a| a.decoupled_lr = f32::INFINITY,
+            MUON_STATUS_OUT_OF_RANGE,
+            "args->decoupled_lr inf must be finite and >= 0",
         ),
         (
             |a| a.overrides = 1 << 31,

@@ -36,6 +36,7 @@ impl Translator {
                 Arg::F32(job.scales.lr_scale),
                 Arg::F32(job.scales.wd_scale),
                 Arg::Ptr(self.slot(0)?),
+                Arg::I32(job.lr.slot() as i32),
             ],
         )])
     }

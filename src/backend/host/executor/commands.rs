@@ -345,7 +345,7 @@ impl HostBackend {
                 return Ok(());
             }
             AdamWArgs {
-                lr: s.f32(Scalar::AdamLr),
+                lr: s.f32(job.lr),
                 weight_decay: s.f32(Scalar::AdamWeightDecay),
                 scales: job.scales,
                 beta1: s.f32(Scalar::AdamBeta1),

@@ -78,7 +78,10 @@ fn markdown(rows: &[Row]) -> String {
          default), 8192 tokens per GPU. The profiles' achievable figures are estimates until a\n\
          device run calibrates them (`docs/device-run.md`). Tensor- and pipeline-parallel jobs:\n\
          TP inside a node, a norm group over TP × PP × DP, each simulated rank holding TP rank\n\
-         0's shards.\n\
+         0's shards, each orthogonalized alone (`muon_tp_mode` `blockwise`). The library's default,\n\
+         `duplicated` (Megatron-LM's since its PR #6380), orthogonalizes every whole matrix on its\n\
+         owner: `muon-opt simulate --model llama3-70b --dp 8 --tp 8 --hardware h100-ib --grad-dtype\n\
+         bf16` prices it (`--tp-mode blockwise` these rows).\n\
          The deepseek-v3-like job is DeepSeek-V3's layout (its report, §3.2: 16-way pipeline,\n\
          64-way expert parallelism over 8 nodes, ZeRO-1 data parallelism) on 1024 GPUs: each\n\
          simulated rank holds pipeline stage 8 of 16 (MoE layers 30–33) and 4 of the 256 experts\n\
