@@ -4,9 +4,11 @@
 //!   orders) still issue their gradient collectives in one order: the translated NCCL call
 //!   sequence is identical on every rank, and the params equal bitwise those of a run where
 //!   every rank used the backward order.
-//! - The step updates buckets in the order the next forward uses them and starts each bucket's
-//!   param collective right after its own updates: param collectives are issued in forward
-//!   order, interleaved with the updates of later buckets.
+//! - The step updates buckets in the order the next forward uses them and releases each
+//!   bucket (`PARAM_READY`) right after its own updates; the param collectives follow in
+//!   forward order, every one issued after every update, so no update's tensor-parallel
+//!   collective queues on the comm stream behind a param collective that waits for another
+//!   rank.
 
 mod support;
 
@@ -253,5 +255,15 @@ fn the_step_updates_and_releases_buckets_in_forward_order() {
     assert!(
         interleaved >= 3,
         "updates and releases interleave ({interleaved} buckets with updates)"
+    );
+
+    let last_update = step
+        .iter()
+        .rposition(|op| matches!(op, Op::MuonUpdate(_) | Op::AdamwUpdate(_)))
+        .unwrap();
+    let first_collective = step.iter().position(|op| matches!(op, Op::Collectives(_))).unwrap();
+    assert!(
+        last_update < first_collective,
+        "a param collective (op {first_collective}) is issued before the last update (op {last_update})"
     );
 }

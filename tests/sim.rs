@@ -650,3 +650,24 @@ fn optimizer_spans(timeline: &engine::Timeline) -> Vec<(f64, f64)> {
         .map(|s| (s.start, s.end))
         .collect()
 }
+
+/// The data-parallel owners' Newton–Schulz runs side by side under duplicated TP: a step
+/// issues its TP gathers before any param collective, so none queues on the comm stream
+/// behind a broadcast waiting for another owner (which made the owners' Newton–Schulz run one
+/// after another: exposed time about dp times its bound).
+#[test]
+fn owners_orthogonalize_side_by_side_under_duplicated_tensor_parallelism() {
+    use muon_opt::config::TpMode;
+    let sim = simulate(&Scenario {
+        tp: Some((8, TpMode::Duplicated)),
+        ..Scenario::new(preset("llama3-8b").unwrap(), 8, h100())
+    })
+    .unwrap();
+    let f = &sim.figures;
+    assert!(
+        f.exposed_ms < 2.0 * f.lower_bound_ms,
+        "exposed {} ms against a lower bound of {} ms",
+        f.exposed_ms,
+        f.lower_bound_ms
+    );
+}

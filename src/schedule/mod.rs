@@ -494,10 +494,20 @@ impl Runtime {
         })?;
         self.norm = NormStage::Idle;
         self.end_iteration();
+        // Every update (and its tensor-parallel collectives, on the comm stream) is issued
+        // before any param collective: a collective waits there for its bucket's owner, which
+        // is another rank, so a tensor-parallel gather issued after it would hold this rank's
+        // Newton–Schulz until that owner's was done, and the owners' Newton–Schulz would run
+        // one after another. The comm stream still starts bucket b's collective as soon as b's
+        // owners wrote it.
         for i in 0..self.forward_order.len() {
             let b = self.forward_order[i];
             self.update_muon(b, &mut profile)?;
             self.update_adamw(b, &mut profile)?;
+            self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
+        }
+        for i in 0..self.forward_order.len() {
+            let b = self.forward_order[i];
             timed(&mut profile.param_collectives, || self.launch_param_sync(b))?;
         }
         self.clear_qk_clips();
@@ -537,7 +547,8 @@ impl Runtime {
         self.profile
     }
 
-    /// Comm stream, after the owners wrote bucket `b`'s new values: the param collective(s),
+    /// Comm stream, after the owners wrote bucket `b`'s new values (`ParamReady`, which the
+    /// caller records on the compute stream): the param collective(s),
     /// then every rank quantizes the bucket's MXFP8 params from the gathered bf16; when params
     /// are staged on the bucket's grad bytes, those bytes are zeroed right after the quantize
     /// read them, on the same stream (the next `zero_grad` then skips the bucket).
@@ -561,7 +572,6 @@ impl Runtime {
             })
             .collect::<Result<_>>()?;
         let staged_grads = (!staged.is_empty()).then(|| Self::bucket_span(bucket, Mem::Grad(bucket.buffer)));
-        self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
         self.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
         self.backend.collectives(ops)?;
         for (src, p) in quantize {

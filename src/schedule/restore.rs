@@ -1,7 +1,8 @@
 //! What a checkpoint load needs from the runtime: the owned ranges, replacing the owned state
 //! and the step count, and bringing every rank's param buffer back in line with the masters.
 
-use super::{OwnedState, Runtime};
+use super::{Ev, OwnedState, Runtime, event};
+use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::Config;
 use crate::error::Result;
@@ -99,6 +100,7 @@ impl Runtime {
             self.write_master(slot.master(), destination)?;
         }
         for b in 0..self.plan.buckets.len() {
+            self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
             self.launch_param_sync(b)?;
         }
         self.backend.synchronize()
