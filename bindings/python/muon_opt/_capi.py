@@ -63,6 +63,7 @@ MUON_NS_METHOD_STANDARD = 0
 MUON_NS_METHOD_GRAM = 1
 MUON_OWNERSHIP_BALANCED = 0
 MUON_OWNERSHIP_CONTIGUOUS = 1
+MUON_OWNERSHIP_AUTO = 2
 
 MUON_SCALE_SPECTRAL = 0
 MUON_SCALE_SHAPE_SCALING = 1
@@ -170,6 +171,15 @@ class muon_optimizer_t(Structure):
 # --- structs ---------------------------------------------------------------------------------
 
 
+class muon_network_t(Structure):
+    _fields_ = [
+        ("declared", c_uint32),
+        ("reserved", c_uint32),
+        ("hop_latency_us", c_double),
+        ("bus_bandwidth_gbps", c_double),
+    ]
+
+
 class muon_config_t(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -202,6 +212,8 @@ class muon_config_t(Structure):
         ("muon_ns_method", c_uint32),
         ("reserved2", c_uint32),
         ("muon_ownership", c_uint32),
+        ("network", muon_network_t),
+        ("expert_network", muon_network_t),
     ]
 
 

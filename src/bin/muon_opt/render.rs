@@ -147,7 +147,9 @@ pub fn choice_table(plan: &Plan) -> String {
         "ownership", "group window", "wire / rank", "modelled exposed ms"
     );
     for (i, a) in c.alternatives.iter().enumerate() {
-        let exposed = a.modelled_exposed_ms.map_or_else(|| "-".to_string(), |ms| format!("{ms:.2}"));
+        let exposed = a
+            .modelled_exposed_ms
+            .map_or_else(|| "-".to_string(), |ms| format!("{ms:.2}"));
         let _ = writeln!(
             out,
             "{} {:<16}{:<14}{:>16}{:>22}",

@@ -56,7 +56,7 @@ pub struct SimulateArgs {
     ownership: Option<OwnershipChoice>,
     /// The network the library is told it runs on: `LATENCY_US,BANDWIDTH_GBPS`, or `none`
     /// (undeclared: the fewest bytes win) [default: the profile's data-parallel ring].
-    #[arg(long, value_name = "LATENCY_US,BANDWIDTH_GBPS|none")]
+    #[arg(long, value_name = "LATENCY_US,BANDWIDTH_GBPS|none", allow_hyphen_values = true)]
     network: Option<String>,
     /// Store the Muon matrices as MXFP8 and gather them as bf16.
     #[arg(long)]
