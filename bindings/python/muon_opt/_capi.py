@@ -301,6 +301,7 @@ class muon_qk_clip_t(Structure):
 STRUCTS = {
     cls.__name__: cls
     for cls in (
+        muon_network_t,
         muon_config_t,
         muon_step_args_t,
         muon_step_info_t,

@@ -314,7 +314,7 @@ class TorchAdapter(unittest.TestCase):
             self.assertIn("ns_method", str(ctx.exception))
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], ownership="wrapped")
-            self.assertIn("ownership: expected one of ['balanced', 'contiguous']", str(ctx.exception))
+            self.assertIn("ownership: expected one of ['auto', 'balanced', 'contiguous']", str(ctx.exception))
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], mo.Config(grad_dtype=mo.Dtype.BF16))
             self.assertIn("grad_dtype", str(ctx.exception))

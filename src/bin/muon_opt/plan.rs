@@ -33,7 +33,12 @@ pub struct PlanArgs {
     /// The ring the data-parallel collectives run on, as muon_config_t.network declares it:
     /// per-hop latency (µs) and bus bandwidth (GB/s), e.g. `14,45`; without it (or
     /// --hardware) nothing is declared and the fewest bytes win.
-    #[arg(long, value_name = "LATENCY_US,BANDWIDTH_GBPS", conflicts_with = "hardware", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        value_name = "LATENCY_US,BANDWIDTH_GBPS",
+        conflicts_with = "hardware",
+        allow_hyphen_values = true
+    )]
     network: Option<String>,
     /// Declare a simulator profile's data-parallel ring at this dp (h100-nvlink, h100-ib,
     /// h200-nvlink, b200-nvlink, or a profile JSON file), the figures `simulate` plans with.
