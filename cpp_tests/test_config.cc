@@ -1,4 +1,5 @@
 // Config defaults and validation through the header.
+#include "muon_opt.hpp"
 #include "muon_test_util.h"
 
 #include <gtest/gtest.h>
