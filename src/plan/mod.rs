@@ -14,6 +14,10 @@
 //! - **Muon buckets**: `compact` and `allreduce` (`ownership.rs`, `compact.rs`): each rank's
 //!   owned elements in a bucket form one contiguous range; `padded` (`padded.rs`): Megatron-LM's
 //!   shard-aligned layer-wise layout.
+//! - **Choice** (`choice.rs`): compact's group window and, under `muon_ownership = auto`, the
+//!   ownership, among candidates laid out in full: the fewest bytes with no network declared,
+//!   else the least modelled exposed time on the declared ring (`network.rs`: the ring formula
+//!   the simulator prices collectives with).
 //! - **Report** ([`Report`], with the communication cost model) and **hash** (FNV-1a over a
 //!   canonical encoding, `hash.rs`).
 //! - Models to plan without a framework: the [`presets`] (the `muon-opt` tools, the simulator,
