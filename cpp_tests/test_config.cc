@@ -1,4 +1,5 @@
 // Config defaults and validation through the header.
+#include "muon_opt.hpp"
 #include "muon_test_util.h"
 
 #include <gtest/gtest.h>
@@ -40,11 +41,29 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.muon_ns_method, MUON_NS_METHOD_STANDARD);
     EXPECT_EQ(a.reserved2, b.reserved2);
     EXPECT_EQ(a.muon_ownership, b.muon_ownership);
-    EXPECT_EQ(a.muon_ownership, MUON_OWNERSHIP_BALANCED);
+    EXPECT_EQ(a.muon_ownership, MUON_OWNERSHIP_AUTO);
     EXPECT_EQ(a.reserved3, b.reserved3);
     EXPECT_EQ(a.weight_decay_rule, b.weight_decay_rule);
     EXPECT_EQ(a.weight_decay_rule, MUON_WEIGHT_DECAY_RULE_MEGATRON);
     EXPECT_EQ(a.muon_tp_mode, MUON_TP_MODE_DUPLICATED);
+    for (const auto &pair : {std::make_pair(a.network, b.network), std::make_pair(a.expert_network, b.expert_network)}) {
+        EXPECT_EQ(pair.first.declared, 0u);
+        EXPECT_EQ(pair.first.declared, pair.second.declared);
+        EXPECT_EQ(pair.first.hop_latency_us, pair.second.hop_latency_us);
+        EXPECT_EQ(pair.first.bus_bandwidth_gbps, pair.second.bus_bandwidth_gbps);
+    }
+}
+
+TEST(Config, ADeclaredNetworkValidatesAndAnOlderStructSizeIgnoresIt) {
+    muon_config_t cfg = default_config();
+    cfg.network = muon::network(14.0, 45.0);
+    cfg.expert_network = muon::network(3.4, 360.0);
+    EXPECT_EQ(muon_config_validate(&cfg), MUON_STATUS_SUCCESS) << last_error();
+    cfg.network.bus_bandwidth_gbps = 0.0;
+    EXPECT_EQ(muon_config_validate(&cfg), MUON_STATUS_OUT_OF_RANGE);
+    // A caller compiled against the 144-byte header never declares a network.
+    cfg.struct_size = 144;
+    EXPECT_EQ(muon_config_validate(&cfg), MUON_STATUS_SUCCESS) << last_error();
 }
 
 struct BadField {
@@ -76,10 +95,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_tp_mode", [](muon_config_t &c) { c.muon_tp_mode = 3; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ns_eps", [](muon_config_t &c) { c.muon_ns_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_ns_method", [](muon_config_t &c) { c.muon_ns_method = MUON_NS_METHOD_GRAM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
-        BadField{"muon_ownership", [](muon_config_t &c) { c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_ownership", [](muon_config_t &c) { c.muon_ownership = MUON_OWNERSHIP_AUTO + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"weight_decay_rule", [](muon_config_t &c) { c.weight_decay_rule = MUON_WEIGHT_DECAY_RULE_FLAGGED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ownership", [](muon_config_t &c) {
             c.muon_layout = MUON_LAYOUT_PADDED;
             c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
         }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
+        BadField{"network.hop_latency_us", [](muon_config_t &c) { c.network = muon::network(-1.0, 45.0); }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"network.bus_bandwidth_gbps", [](muon_config_t &c) { c.network = muon::network(14.0, 0.0); }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"expert_network.bus_bandwidth_gbps", [](muon_config_t &c) {
+            c.expert_network = muon::network(3.4, -360.0);
+        }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"network.declared", [](muon_config_t &c) {
+            c.network = muon::network(14.0, 45.0);
+            c.network.declared = 2;
+        }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

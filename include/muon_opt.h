@@ -119,7 +119,7 @@ struct ncclComm;
 #define MUON_NS_METHOD_GRAM 1
 
 /**
- * Muon owners balanced by Newton–Schulz cost (default; muon_config_t.muon_ownership).
+ * Muon owners balanced by Newton–Schulz cost (muon_config_t.muon_ownership).
  */
 #define MUON_OWNERSHIP_BALANCED 0
 
@@ -128,6 +128,13 @@ struct ncclComm;
  * one broadcast per bucket (muon_config_t.muon_ownership).
  */
 #define MUON_OWNERSHIP_CONTIGUOUS 1
+
+/**
+ * Balanced or contiguous, whichever the planner's model exposes less on the declared network
+ * (muon_config_t.network); balanced when none is declared (default;
+ * muon_config_t.muon_ownership).
+ */
+#define MUON_OWNERSHIP_AUTO 2
 
 /**
  * √max(m, n) (default).
@@ -518,6 +525,32 @@ typedef struct muon_comm_t muon_comm_t;
 typedef struct muon_optimizer_t muon_optimizer_t;
 
 /**
+ * A data-parallel ring as the planner prices it (docs/design.md §4): declared = 1 with its
+ * per-hop latency and bus bandwidth, or declared = 0 (undeclared: the other fields are
+ * ignored). nccl-tests measures both on the group's ranks: the bus bandwidth (`busbw`) of a
+ * large reduce-scatter or all-gather, and the per-hop latency as a small message's time over
+ * its ring steps (n − 1 for an all-gather over n ranks).
+ */
+typedef struct muon_network_t {
+  /**
+   * 1 = the figures below describe the ring; 0 (default) = undeclared.
+   */
+  uint32_t declared;
+  /**
+   * Ignored; written as 0.
+   */
+  uint32_t reserved;
+  /**
+   * Latency of one ring step, µs: finite, >= 0.
+   */
+  double hop_latency_us;
+  /**
+   * Bus bandwidth, GB/s (1e9 bytes): finite, > 0.
+   */
+  double bus_bandwidth_gbps;
+} muon_network_t;
+
+/**
  * Optimizer configuration. Initialise with muon_config_init() (or MUON_CONFIG_INIT), then
  * change fields. Enumerations are `uint32_t` codes of the `MUON_*` constants; booleans are
  * `uint32_t` 0 or 1. Fields are append-only: the library reads `struct_size` bytes and
@@ -686,15 +719,18 @@ typedef struct muon_config_t {
   uint32_t reserved2;
   /**
    * How the compact, compact_rooted and allreduce layouts give Muon matrices owners:
-   * MUON_OWNERSHIP_BALANCED (default; Newton–Schulz cost balanced over the ranks, a bucket
+   * MUON_OWNERSHIP_AUTO (default: balanced or contiguous, whichever the planner's model
+   * exposes less on the declared `network`; balanced when none is declared),
+   * MUON_OWNERSHIP_BALANCED (Newton–Schulz cost balanced over the ranks, a bucket
    * spread over several owners) or MUON_OWNERSHIP_CONTIGUOUS (each rank owns one run of
    * consecutive matrices in backward order and buckets are cut where the owner changes, so
    * a bucket is one reduce to its owner and one broadcast back: for data-parallel groups
    * whose collectives are latency-bound, such as many nodes with one rank each; Newton–Schulz
    * balance may be worse, by at most the largest matrix). Each run is cut into the whole
-   * number of buckets of at least bucket_size (one when shorter). Not with
-   * MUON_LAYOUT_PADDED. `muon-opt simulate --ownership auto` picks the faster for a modelled
-   * cluster (docs/performance.md). A caller compiled against an older header gets balanced.
+   * number of buckets of at least bucket_size (one when shorter). Contiguous not with
+   * MUON_LAYOUT_PADDED (which keeps Megatron-LM's owners; auto leaves them too). A caller
+   * compiled against a header before contiguous gets auto, which without a declared
+   * network is balanced.
    */
   uint32_t muon_ownership;
   /**
@@ -714,6 +750,23 @@ typedef struct muon_config_t {
    * was built with.
    */
   uint32_t weight_decay_rule;
+  /**
+   * The ring the data-parallel collectives run on (default: undeclared). Declared, the
+   * planner chooses compact's group window and, under MUON_OWNERSHIP_AUTO, the ownership by
+   * the modelled exposed time of each candidate plan on it; undeclared, the plan that moves
+   * the fewest bytes per rank, with balanced ownership (docs/design.md §4). Part of the plan
+   * hash: every rank must declare the same figures (finalize fails with
+   * MUON_STATUS_PLAN_MISMATCH naming the field otherwise). `muon-opt plan --hardware
+   * PROFILE` prints a simulator profile's figures. A caller compiled against an older
+   * header gets undeclared.
+   */
+  struct muon_network_t network;
+  /**
+   * The expert data-parallel group's ring, where it differs from `network`: an optimizer
+   * whose every Muon-routed param is an expert stack (the expert optimizer of a dense +
+   * expert pair sharing one config) plans on it; undeclared (default): on `network`.
+   */
+  struct muon_network_t expert_network;
 } muon_config_t;
 
 /**
@@ -1730,4 +1783,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_BALANCED, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 } }

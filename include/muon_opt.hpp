@@ -91,6 +91,17 @@ inline muon_config_t default_config() noexcept {
     return cfg;
 }
 
+/// A declared data-parallel ring for muon_config_t.network / expert_network: per-hop latency
+/// (µs) and bus bandwidth (GB/s), as nccl-tests measures them. The library checks the figures
+/// when it reads the config (finite, latency >= 0, bandwidth > 0), naming the field.
+inline muon_network_t network(double hop_latency_us, double bus_bandwidth_gbps) noexcept {
+    muon_network_t n{};
+    n.declared = 1;
+    n.hop_latency_us = hop_latency_us;
+    n.bus_bandwidth_gbps = bus_bandwidth_gbps;
+    return n;
+}
+
 /// Throws muon::Error naming the first invalid field or combination of @p cfg.
 inline void validate(const muon_config_t &cfg) { check(muon_config_validate(&cfg)); }
 

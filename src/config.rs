@@ -3,6 +3,7 @@
 
 use crate::bail;
 use crate::error::Result;
+pub use crate::plan::network::Network;
 
 /// Declares a `u32`-coded enumeration whose decoding names the config field on failure.
 macro_rules! coded_enum {
@@ -83,6 +84,9 @@ coded_enum! {
         /// reduce and one broadcast per bucket, for data-parallel groups whose collectives
         /// are latency-bound (many nodes, one rank each).
         Contiguous = 1 => "contiguous",
+        /// Balanced or contiguous, whichever exposes less on the declared network
+        /// ([`Config::network`]); balanced when none is declared (the default).
+        Auto = 2 => "auto",
     }
 }
 
@@ -280,6 +284,12 @@ pub struct Config {
     /// (`numerics::gemm::SymmetricTiles`); not in `muon_config_t`: the C API always uses the
     /// default, tests lower it to tile small matrices too.
     pub muon_ns_symmetric_tile: u32,
+    /// The ring the data-parallel collectives run on; `None` (default): undeclared, and the
+    /// planner takes the plan that moves the fewest bytes (docs/design.md §4).
+    pub network: Option<Network>,
+    /// The expert data-parallel group's ring, where it differs: an optimizer whose every
+    /// Muon-routed param is an expert stack plans on it (`None`: on `network`).
+    pub expert_network: Option<Network>,
 }
 
 impl Default for Config {
@@ -287,7 +297,7 @@ impl Default for Config {
         Config {
             bucket_size: 0,
             muon_layout: MuonLayout::Compact,
-            muon_ownership: MuonOwnership::Balanced,
+            muon_ownership: MuonOwnership::Auto,
             overlap_grad_reduce: true,
             overlap_param_gather: true,
             grad_dtype: Dtype::F32,
@@ -313,6 +323,8 @@ impl Default for Config {
             muon_ns_eps: DEFAULT_NS_EPS,
             weight_decay_rule: WeightDecayRule::Megatron,
             muon_ns_symmetric_tile: DEFAULT_SYMMETRIC_TILE as u32,
+            network: None,
+            expert_network: None,
         }
     }
 }
@@ -370,6 +382,11 @@ impl Config {
                 IncompatibleOptions,
                 "muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout; padded keeps Megatron-LM's per-bucket owners"
             );
+        }
+        for (field, network) in [("network", &self.network), ("expert_network", &self.expert_network)] {
+            if let Some(network) = network {
+                network.validate(field)?;
+            }
         }
         if self.collective_timeout_ms == 0 {
             bail!(OutOfRange, "collective_timeout_ms: must be > 0");

@@ -533,6 +533,21 @@ impl Registry {
     }
 }
 
+/// Params whose forward is a table lookup rather than a GEMM (no `6·numel·tokens` flops): the
+/// input embeddings (`…embeddings…`, flagged as embedding) of a model that has an output layer
+/// of its own. A word embedding tied to the output (GPT-2) is also the output GEMM and is
+/// charged as one; position embeddings are lookups either way.
+pub fn lookups(params: &[ParamSpec]) -> Vec<bool> {
+    let embedding = |s: &ParamSpec| s.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && s.name.contains("embeddings");
+    let own_output = params
+        .iter()
+        .any(|s| s.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && !s.name.contains("embeddings"));
+    params
+        .iter()
+        .map(|s| embedding(s) && (own_output || s.name.contains("position")))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -194,3 +194,28 @@ fn newton_schulz_md_and_the_readme_quote_the_simulated_methods() {
     assert_quotes("docs/newton-schulz.md", &rows);
     assert_quotes("README.md", &readme);
 }
+
+/// docs/design.md §4's cost of wrong network figures: llama3-70b TP=8 on InfiniBand at dp 8 and
+/// 64, planned with the profile's figures, with none, with NVLink's and with a 10 GB/s ring.
+#[test]
+fn design_md_quotes_what_wrong_network_figures_cost() {
+    let mut quote = String::new();
+    for dp in [8, 64] {
+        let run = |network: &str| {
+            simulate(&format!(
+                "--model llama3-70b --tp 8 --tp-mode blockwise --dp {dp} --norm-group {} --hardware h100-ib --grad-dtype bf16 {network}",
+                8 * dp
+            ))["iteration ms"]
+        };
+        let profile = run("");
+        let percent = |ms: f64| format!("{ms:.1} ({:+.1} %)", (ms / profile - 1.0) * 100.0);
+        quote += &format!(
+            "dp {dp}: the profile's figures (14 µs, 45 GB/s) {profile:.1}; nothing declared {}; NVLink's (3.4 µs, 360 GB/s) {}; a 10 GB/s ring at 14 µs {}{}",
+            percent(run("--network none")),
+            percent(run("--network 3.4,360")),
+            percent(run("--network 14,10")),
+            if dp == 8 { ". " } else { "." }
+        );
+    }
+    assert_quotes("docs/design.md", &[quote]);
+}

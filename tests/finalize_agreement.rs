@@ -9,7 +9,7 @@ use std::time::Duration;
 use muon_opt::backend::cuda::CallerStream;
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{Config, Dtype, WeightDecayRule};
+use muon_opt::config::{Config, Dtype, Network, WeightDecayRule};
 use muon_opt::error::{Error, ErrorKind};
 use muon_opt::model::ParamSpec;
 use muon_opt::optimizer::Optimizer;
@@ -87,6 +87,58 @@ fn a_differing_numerics_setting_is_named() {
             .message
             .contains("is \"flagged\" on rank 1")
     );
+}
+
+/// The declared network is part of the agreement: a rank that declares other figures, or none
+/// where another declares some, or another expert network, fails every rank naming the field;
+/// ranks that declare the same figures finalize and plan alike.
+#[test]
+fn a_differing_network_is_named() {
+    let ib = Network {
+        hop_latency_us: 14.0,
+        bus_bandwidth_gbps: 45.0,
+    };
+    let declared = Config {
+        network: Some(ib),
+        ..Config::default()
+    };
+    let slower = Config {
+        network: Some(Network {
+            bus_bandwidth_gbps: 25.0,
+            ..ib
+        }),
+        ..Config::default()
+    };
+    let results = finalize([declared.clone(), slower], None, false);
+    assert_mismatch(&results, &["config field 'network'"]);
+    assert!(
+        results[0]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("\"bus_bandwidth_gbps\":45.0")
+    );
+    assert!(
+        results[1]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("\"bus_bandwidth_gbps\":25.0")
+    );
+    assert_mismatch(
+        &finalize([declared.clone(), Config::default()], None, false),
+        &["config field 'network'"],
+    );
+    let expert = Config {
+        expert_network: Some(ib),
+        ..declared.clone()
+    };
+    assert_mismatch(
+        &finalize([declared.clone(), expert], None, false),
+        &["config field 'expert_network'"],
+    );
+    let results = finalize([declared.clone(), declared], None, false);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
 }
 
 #[test]

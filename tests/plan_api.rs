@@ -1,11 +1,11 @@
 //! The planner's public API on small hand-checked models, its errors, and the figures it must
 //! reach on the presets.
 
-use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership};
+use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership, Network};
 use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec, Registry, Route};
 use muon_opt::plan::presets::{PRESET_NAMES, preset};
-use muon_opt::plan::{BucketSplit, ElemRange, OwnershipMethod, Plan, ShardPiece, build_plan, build_plans};
+use muon_opt::plan::{BucketSplit, ElemRange, GroupWindow, OwnershipMethod, Plan, ShardPiece, build_plan, build_plans};
 
 fn register(specs: Vec<ParamSpec>) -> Registry {
     let mut registry = Registry::default();
@@ -339,20 +339,138 @@ fn equal_matrices_are_grouped_one_per_rank_into_unpadded_shards() {
     assert_eq!(traffic, p.report.wire_bytes_per_rank);
 }
 
+/// The group window is the planner's choice: 24 layers at dp=4, where an up/down group spans
+/// 1.4 layers and a group of four proj matrices three. Undeclared, the fewest bytes win: every
+/// class is grouped (the unbounded window). The candidates are in the report: a twelfth of
+/// backward (two layers) groups up/down only and moves more bytes; rooted moves the most.
 #[test]
-fn a_matrix_waits_for_its_group_at_most_a_twelfth_of_backward() {
-    // 24 layers at dp=4: an up/down group spans 1.4 layers (under a twelfth of backward, two
-    // layers) and forms; a group of four proj matrices would span three layers: they are rooted.
+fn the_group_window_is_chosen_among_laid_out_candidates() {
     let p = plan(&layers(24), &Config::default(), 4);
-    let grouped = |name: &str| {
+    let grouped = |p: &Plan, name: &str| {
         p.buckets
             .iter()
             .filter(|b| b.shard_size().is_some())
             .flat_map(|b| &b.params)
             .any(|&q| q % 3 == if name == "proj" { 2 } else { 0 })
     };
-    assert!(grouped("up"));
-    assert!(!grouped("proj"));
+    assert!(grouped(&p, "up") && grouped(&p, "proj"));
+    let choice = &p.report.choice;
+    assert_eq!(choice.network, None);
+    let windows: Vec<GroupWindow> = choice.alternatives.iter().map(|a| a.group_window).collect();
+    assert_eq!(windows, GroupWindow::CANDIDATES);
+    assert_eq!(choice.alternatives[choice.chosen].group_window, GroupWindow::Unbounded);
+    let bytes = |w: GroupWindow| {
+        let a = choice.alternatives.iter().find(|a| a.group_window == w).unwrap();
+        assert_eq!(a.modelled_exposed_ms, None, "nothing is modelled undeclared");
+        a.wire_bytes_per_rank
+    };
+    assert_eq!(bytes(GroupWindow::Unbounded), p.report.wire_bytes_per_rank);
+    assert!(bytes(GroupWindow::Unbounded) < bytes(GroupWindow::Fraction(12)));
+    assert!(bytes(GroupWindow::Fraction(12)) < bytes(GroupWindow::Rooted));
+}
+
+/// Nothing declared: `compact` never moves more bytes per rank than `padded` — Megatron-LM's
+/// own layer-wise layout, element for element — at any power-of-two dp of any preset, with no
+/// padding at all, and owners are balanced (`auto` is balanced without a network).
+#[test]
+fn undeclared_compact_never_moves_more_bytes_than_megatron() {
+    for &name in PRESET_NAMES {
+        let model = preset(name).unwrap();
+        let cfg = Config {
+            vocab_size: model.vocab_size,
+            ..Config::default()
+        };
+        assert_eq!((cfg.muon_ownership, cfg.network), (MuonOwnership::Auto, None));
+        for dp in [2usize, 4, 8, 16, 32, 64, 128, 256] {
+            let plans = build_plans(&model, &cfg, dp, &[MuonLayout::Compact, MuonLayout::Padded]).unwrap();
+            let (compact, padded) = (&plans[0].report, &plans[1].report);
+            assert!(
+                compact.wire_bytes_per_rank <= padded.wire_bytes_per_rank,
+                "{name} dp {dp}: compact {} bytes, padded {}",
+                compact.wire_bytes_per_rank,
+                padded.wire_bytes_per_rank
+            );
+            assert_eq!(compact.padding_elements, 0, "{name} dp {dp}");
+            assert_ne!(compact.ownership, OwnershipMethod::Contiguous, "{name} dp {dp}");
+        }
+    }
+}
+
+/// Issue 38's figure: llama3-8b at dp 4, Megatron-LM's layout moves 38.9 GB per rank; compact
+/// with a twelfth of backward as its window moved 46.6 GB; undeclared it takes the fewest bytes,
+/// 36.1 GB.
+#[test]
+fn llama3_8b_at_dp_4_moves_fewer_bytes_than_megatron() {
+    let model = preset("llama3-8b").unwrap();
+    let cfg = Config {
+        vocab_size: model.vocab_size,
+        ..Config::default()
+    };
+    let plans = build_plans(&model, &cfg, 4, &[MuonLayout::Compact, MuonLayout::Padded]).unwrap();
+    let gb = |p: &Plan| (p.report.wire_bytes_per_rank / 1e8).round() / 10.0;
+    assert_eq!((gb(&plans[0]), gb(&plans[1])), (36.1, 38.9));
+    let twelfth = plans[0]
+        .report
+        .choice
+        .alternatives
+        .iter()
+        .find(|a| a.group_window == GroupWindow::Fraction(12))
+        .unwrap();
+    assert_eq!((twelfth.wire_bytes_per_rank / 1e8).round() / 10.0, 46.6);
+}
+
+/// A declared network is priced: every candidate carries its modelled exposed time, the plan
+/// taken has the least, the report names the network, and the figures are part of the plan
+/// hash. The expert network applies to an optimizer whose Muon params are all expert stacks.
+#[test]
+fn a_declared_network_chooses_by_modelled_exposure_and_changes_the_hash() {
+    let registry = layers(24);
+    let ib = Network {
+        hop_latency_us: 14.0,
+        bus_bandwidth_gbps: 45.0,
+    };
+    let declared = Config {
+        network: Some(ib),
+        ..Config::default()
+    };
+    let p = plan(&registry, &declared, 4);
+    let choice = &p.report.choice;
+    assert_eq!(choice.network, Some(ib));
+    let exposed: Vec<f64> = choice
+        .alternatives
+        .iter()
+        .map(|a| a.modelled_exposed_ms.unwrap())
+        .collect();
+    assert_eq!(exposed.len(), GroupWindow::CANDIDATES.len() + 1, "auto adds contiguous");
+    let least = exposed.iter().copied().fold(f64::INFINITY, f64::min);
+    assert_eq!(exposed[choice.chosen], least);
+    let undeclared = plan(&registry, &Config::default(), 4);
+    assert_ne!(p.hash, undeclared.hash);
+    let slower = plan(
+        &registry,
+        &Config {
+            network: Some(Network {
+                bus_bandwidth_gbps: 40.0,
+                ..ib
+            }),
+            ..Config::default()
+        },
+        4,
+    );
+    assert_ne!(
+        p.hash, slower.hash,
+        "the figures are hashed, not only whether one is declared"
+    );
+    let experts = register(vec![stack("a", &[8, 128, 128]), stack("b", &[8, 128, 128])]);
+    let both = Config {
+        expert_network: Some(Network {
+            hop_latency_us: 3.4,
+            bus_bandwidth_gbps: 360.0,
+        }),
+        ..declared.clone()
+    };
+    assert_eq!(plan(&experts, &both, 4).report.choice.network, both.expert_network);
+    assert_eq!(plan(&registry, &both, 4).report.choice.network, Some(ib));
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod support;
 
 use std::process::{Command, Output};
 
-use muon_opt::config::{Config, MuonLayout, MuonOwnership};
+use muon_opt::config::{Config, MuonLayout, MuonOwnership, Network};
 use muon_opt::plan::presets::preset;
 use muon_opt::plan::{Plan, build_plans};
 use support::tempdir::TempDir;
@@ -36,8 +36,7 @@ fn cli_output_is_deterministic_unless_timing_is_asked() {
 }
 
 /// `--ownership contiguous` plans the rooted layouts with contiguous owners (the JSON names the
-/// method, the buckets match the library's plan) while padded keeps Megatron-LM's; `auto` needs
-/// a cluster model and is refused with exit code 2.
+/// method, the buckets match the library's plan) while padded keeps Megatron-LM's.
 #[test]
 fn cli_ownership_plans_contiguous_owners_where_the_layout_takes_them() {
     let out = muon_opt(&[
@@ -74,9 +73,83 @@ fn cli_ownership_plans_contiguous_owners_where_the_layout_takes_them() {
         );
         assert_eq!(plan["hash"], format!("{:#018x}", library.hash), "{}", layout.name());
     }
-    let auto = muon_opt(&["plan", "--model", "llama3-8b", "--dp", "8", "--ownership", "auto"]);
-    assert_eq!(auto.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&auto.stderr).contains("--ownership auto: only simulate can choose"));
+}
+
+/// `plan --network LAT,BW` and `--hardware PROFILE` declare the ring the planner prices its
+/// choices on: the plan (and its hash) is the library's with that network, `--hardware` gives
+/// the profile's figures at the dp, the table shows every candidate with its modelled exposed
+/// time and marks the one taken; the default `--ownership auto` without a network is balanced;
+/// bad figures are refused naming the field, with exit code 2.
+#[test]
+fn cli_plan_declares_a_network_and_shows_the_choice() {
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = muon_opt(args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let base = [
+        "plan",
+        "--model",
+        "llama3-70b",
+        "--dp",
+        "64",
+        "--layout",
+        "compact",
+        "--json",
+    ];
+    let ib = json(&[&base[..], &["--network", "14,45"]].concat());
+    let profile = json(&[&base[..], &["--hardware", "h100-ib"]].concat());
+    assert_eq!(ib["plans"][0]["hash"], profile["plans"][0]["hash"]);
+    let report = &ib["plans"][0]["report"];
+    assert_eq!(
+        report["choice"]["network"],
+        serde_json::json!({"hop_latency_us": 14.0, "bus_bandwidth_gbps": 45.0})
+    );
+    let model = preset("llama3-70b").unwrap();
+    let cfg = Config {
+        vocab_size: model.vocab_size,
+        network: Some(Network {
+            hop_latency_us: 14.0,
+            bus_bandwidth_gbps: 45.0,
+        }),
+        ..Config::default()
+    };
+    let library = &build_plans(&model, &cfg, 64, &[MuonLayout::Compact]).unwrap()[0];
+    assert_eq!(ib["plans"][0]["hash"], format!("{:#018x}", library.hash));
+    let undeclared = json(&base);
+    assert_eq!(
+        undeclared["plans"][0]["report"]["choice"]["network"],
+        serde_json::Value::Null
+    );
+    assert_eq!(undeclared["plans"][0]["report"]["ownership"], "lpt_stack_fill");
+    let text = muon_opt(&[
+        "plan",
+        "--model",
+        "llama3-70b",
+        "--dp",
+        "64",
+        "--layout",
+        "compact",
+        "--network",
+        "14,45",
+    ]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("planned for a ring of 14 µs per hop, 45 GB/s bus bandwidth"),
+        "{text}"
+    );
+    assert!(text.contains("modelled exposed ms"), "{text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("* ")).count(), 1, "{text}");
+    for (network, needle) in [
+        ("14,0", "network.bus_bandwidth_gbps: 0 must be finite and > 0"),
+        ("-2,45", "network.hop_latency_us: -2 must be finite and >= 0"),
+        ("NaN,45", "network.hop_latency_us: NaN"),
+        ("14", "expected LATENCY_US,BANDWIDTH_GBPS"),
+    ] {
+        let out = muon_opt(&["plan", "--model", "gpt2-124m", "--dp", "4", "--network", network]);
+        assert_eq!(out.status.code(), Some(2), "{network}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(needle), "{network}");
+    }
 }
 
 /// `simulate --ownership auto` runs both ownerships and keeps the one with the shorter

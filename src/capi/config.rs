@@ -4,10 +4,62 @@ use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
 use crate::config::{
-    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ScaleMode, TpMode,
-    WeightDecayRule,
+    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, ScaleMode,
+    TpMode, WeightDecayRule,
 };
 use crate::error::{Error, ErrorKind, Result};
+
+/// A data-parallel ring as the planner prices it (docs/design.md §4): declared = 1 with its
+/// per-hop latency and bus bandwidth, or declared = 0 (undeclared: the other fields are
+/// ignored). nccl-tests measures both on the group's ranks: the bus bandwidth (`busbw`) of a
+/// large reduce-scatter or all-gather, and the per-hop latency as a small message's time over
+/// its ring steps (n − 1 for an all-gather over n ranks).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct muon_network_t {
+    /// 1 = the figures below describe the ring; 0 (default) = undeclared.
+    pub declared: u32,
+    /// Ignored; written as 0.
+    pub reserved: u32,
+    /// Latency of one ring step, µs: finite, >= 0.
+    pub hop_latency_us: f64,
+    /// Bus bandwidth, GB/s (1e9 bytes): finite, > 0.
+    pub bus_bandwidth_gbps: f64,
+}
+
+impl muon_network_t {
+    /// The C struct of `network` (`None`: undeclared, zeros).
+    pub fn from_network(network: Option<Network>) -> Self {
+        match network {
+            Some(n) => muon_network_t {
+                declared: 1,
+                reserved: 0,
+                hop_latency_us: n.hop_latency_us,
+                bus_bandwidth_gbps: n.bus_bandwidth_gbps,
+            },
+            None => muon_network_t {
+                declared: 0,
+                reserved: 0,
+                hop_latency_us: 0.0,
+                bus_bandwidth_gbps: 0.0,
+            },
+        }
+    }
+
+    /// The declared network, checked (errors name `field` and the figure), or `None`.
+    pub fn to_network(&self, field: &str) -> Result<Option<Network>> {
+        if !flag(&format!("{field}.declared"), self.declared)? {
+            return Ok(None);
+        }
+        let network = Network {
+            hop_latency_us: self.hop_latency_us,
+            bus_bandwidth_gbps: self.bus_bandwidth_gbps,
+        };
+        network.validate(field)?;
+        Ok(Some(network))
+    }
+}
 
 /// Optimizer configuration. Initialise with muon_config_init() (or MUON_CONFIG_INIT), then
 /// change fields. Enumerations are `uint32_t` codes of the `MUON_*` constants; booleans are
@@ -120,15 +172,18 @@ pub struct muon_config_t {
     /// makes a layout of another size: ignored, written as 0.
     pub reserved2: u32,
     /// How the compact, compact_rooted and allreduce layouts give Muon matrices owners:
-    /// MUON_OWNERSHIP_BALANCED (default; Newton–Schulz cost balanced over the ranks, a bucket
+    /// MUON_OWNERSHIP_AUTO (default: balanced or contiguous, whichever the planner's model
+    /// exposes less on the declared `network`; balanced when none is declared),
+    /// MUON_OWNERSHIP_BALANCED (Newton–Schulz cost balanced over the ranks, a bucket
     /// spread over several owners) or MUON_OWNERSHIP_CONTIGUOUS (each rank owns one run of
     /// consecutive matrices in backward order and buckets are cut where the owner changes, so
     /// a bucket is one reduce to its owner and one broadcast back: for data-parallel groups
     /// whose collectives are latency-bound, such as many nodes with one rank each; Newton–Schulz
     /// balance may be worse, by at most the largest matrix). Each run is cut into the whole
-    /// number of buckets of at least bucket_size (one when shorter). Not with
-    /// MUON_LAYOUT_PADDED. `muon-opt simulate --ownership auto` picks the faster for a modelled
-    /// cluster (docs/performance.md). A caller compiled against an older header gets balanced.
+    /// number of buckets of at least bucket_size (one when shorter). Contiguous not with
+    /// MUON_LAYOUT_PADDED (which keeps Megatron-LM's owners; auto leaves them too). A caller
+    /// compiled against a header before contiguous gets auto, which without a declared
+    /// network is balanced.
     pub muon_ownership: u32,
     /// Padding that ended the 136-byte layout (after muon_ownership), named so the next field
     /// makes a layout of another size: ignored, written as 0.
@@ -143,6 +198,19 @@ pub struct muon_config_t {
     /// against an older header (a struct_size of 136 bytes or less) gets _FLAGGED, the rule it
     /// was built with.
     pub weight_decay_rule: u32,
+    /// The ring the data-parallel collectives run on (default: undeclared). Declared, the
+    /// planner chooses compact's group window and, under MUON_OWNERSHIP_AUTO, the ownership by
+    /// the modelled exposed time of each candidate plan on it; undeclared, the plan that moves
+    /// the fewest bytes per rank, with balanced ownership (docs/design.md §4). Part of the plan
+    /// hash: every rank must declare the same figures (finalize fails with
+    /// MUON_STATUS_PLAN_MISMATCH naming the field otherwise). `muon-opt plan --hardware
+    /// PROFILE` prints a simulator profile's figures. A caller compiled against an older
+    /// header gets undeclared.
+    pub network: muon_network_t,
+    /// The expert data-parallel group's ring, where it differs from `network`: an optimizer
+    /// whose every Muon-routed param is an expert stack (the expert optimizer of a dense +
+    /// expert pair sharing one config) plans on it; undeclared (default): on `network`.
+    pub expert_network: muon_network_t,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -161,8 +229,9 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// refused as ABI_MISMATCH naming both layouts. Since then a field that would end inside the
 /// last layout's tail padding is preceded by a `reserved` `uint32_t` filling it (as before
 /// `muon_ns_method`, 120 → 128 bytes, `muon_ownership`, 128 → 136, and `weight_decay_rule`,
-/// 136 → 144), so every later layout has a size of its own.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 7] = [
+/// 136 → 144), so every later layout has a size of its own; `network` and `expert_network`
+/// (two 24-byte `muon_network_t`, 8-byte aligned, starting at the 144-byte end) make 192.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 8] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
@@ -170,6 +239,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 7] = [
     ("muon_ns_method", 128),
     ("muon_ownership", 136),
     ("weight_decay_rule", 144),
+    ("expert_network", 192),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -230,6 +300,8 @@ impl muon_config_t {
             muon_ownership: cfg.muon_ownership.code(),
             reserved3: 0,
             weight_decay_rule: cfg.weight_decay_rule.code(),
+            network: muon_network_t::from_network(cfg.network),
+            expert_network: muon_network_t::from_network(cfg.expert_network),
         }
     }
 
@@ -280,6 +352,8 @@ impl muon_config_t {
             muon_ns_method: NsMethod::from_code("muon_ns_method", self.muon_ns_method)?,
             muon_ownership: MuonOwnership::from_code("muon_ownership", self.muon_ownership)?,
             weight_decay_rule: WeightDecayRule::from_code("weight_decay_rule", self.weight_decay_rule)?,
+            network: self.network.to_network("network")?,
+            expert_network: self.expert_network.to_network("expert_network")?,
             ..Config::default()
         };
         cfg.validate()?;

@@ -38,11 +38,15 @@ pub const MUON_NS_METHOD_STANDARD: u32 = 0;
 /// Gram Newton–Schulz on the m×m X·Xᵀ with a restart where it applies (muon_config_t.muon_ns_method).
 pub const MUON_NS_METHOD_GRAM: u32 = 1;
 
-/// Muon owners balanced by Newton–Schulz cost (default; muon_config_t.muon_ownership).
+/// Muon owners balanced by Newton–Schulz cost (muon_config_t.muon_ownership).
 pub const MUON_OWNERSHIP_BALANCED: u32 = 0;
 /// One run of consecutive Muon matrices per rank, buckets cut at owner changes: one reduce and
 /// one broadcast per bucket (muon_config_t.muon_ownership).
 pub const MUON_OWNERSHIP_CONTIGUOUS: u32 = 1;
+/// Balanced or contiguous, whichever the planner's model exposes less on the declared network
+/// (muon_config_t.network); balanced when none is declared (default;
+/// muon_config_t.muon_ownership).
+pub const MUON_OWNERSHIP_AUTO: u32 = 2;
 
 /// √max(m, n) (default).
 pub const MUON_SCALE_SPECTRAL: u32 = 0;
@@ -205,6 +209,7 @@ mod tests {
         assert_eq!(WeightDecayRule::Flagged.code(), MUON_WEIGHT_DECAY_RULE_FLAGGED);
         assert_eq!(MuonOwnership::Balanced.code(), MUON_OWNERSHIP_BALANCED);
         assert_eq!(MuonOwnership::Contiguous.code(), MUON_OWNERSHIP_CONTIGUOUS);
+        assert_eq!(MuonOwnership::Auto.code(), MUON_OWNERSHIP_AUTO);
         assert_eq!(TpMode::Blockwise.code(), MUON_TP_MODE_BLOCKWISE);
         assert_eq!(TpMode::Duplicated.code(), MUON_TP_MODE_DUPLICATED);
         assert_eq!(TpMode::Distributed.code(), MUON_TP_MODE_DISTRIBUTED);

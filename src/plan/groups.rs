@@ -17,9 +17,10 @@
 //! must start 64-aligned), other stacks, and pool members that waited longer than the **group
 //! window**. A second walk keeps the groups of the first and roots every other matrix where it
 //! stands, so rooted buckets keep backward order instead of collecting matrices late when they
-//! leave a pool. The window is the overlap cost model: a gradient whose group completes later
-//! than `window` elements of backward after it would hold its collective back for longer than
-//! grouping saves (the window and its measurement: docs/design.md §4).
+//! leave a pool. The window trades bytes for overlap: a group's collective waits for its last
+//! member, so a long wait holds gradients back; the planner (`choice.rs`) lays out every
+//! [`GroupWindow::CANDIDATES`] and keeps the fewest bytes, or on a declared network the least
+//! modelled exposure (docs/design.md §4).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -68,18 +69,49 @@ struct Waiting {
     position: u64,
 }
 
-/// The group window is this fraction of the buffer's backward: `total / GROUP_WINDOW_DIVISOR`.
-/// Measured with `muon-opt simulate` (docs/design.md §4), same constants throughout: with no
-/// window, groups of llama3-70b at dp=64 span 64 of 80 layers and the exposed step time grows
-/// 4.2× over the rooted layout. With a third, `compact` lost to `compact_rooted` on InfiniBand
-/// wherever the gradient collectives fill the backward (llama3-8b dp=8: 1144.2 vs 1092.9 ms,
-/// llama3-70b TP=8 dp=8: 1423.2 vs 1398.1 ms; llama3-70b dp=16 NVLink 9774.9 vs 9736.6 ms):
-/// the last groups' reduce-scatters start late and outlast the backward pass. With a twelfth,
-/// groups form where they save the most bytes (dp ≤ 4: a reduce-scatter moves (dp−1)/dp of
-/// what reduces to owners move) and `compact` was within 0.5 % of the faster of `compact_rooted`
-/// and `padded` on every llama3 preset and named job at dp 2–64, NVLink and InfiniBand, in a
-/// sweep by hand (`simulate --layout all`); `tests/sim_model.rs` holds 1 % on every named job.
-const GROUP_WINDOW_DIVISOR: u64 = 12;
+/// How long a matrix may wait for its group, in backward: the planner tries each of these
+/// (`choice.rs`) and keeps the one that moves the fewest bytes, or, with a declared network,
+/// the one whose collectives expose the least (docs/design.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupWindow {
+    /// Any wait: every matrix with dp − 1 partners of its class is grouped.
+    Unbounded,
+    /// At most `1/divisor` of the buffer's backward (elements walked).
+    Fraction(u64),
+    /// No groups: every bucket rooted (what `compact_rooted` always does).
+    Rooted,
+}
+
+impl GroupWindow {
+    /// The windows the planner tries for `compact`, widest first.
+    pub const CANDIDATES: [GroupWindow; 6] = [
+        GroupWindow::Unbounded,
+        GroupWindow::Fraction(3),
+        GroupWindow::Fraction(6),
+        GroupWindow::Fraction(12),
+        GroupWindow::Fraction(24),
+        GroupWindow::Rooted,
+    ];
+
+    /// How it reads in tables: `unbounded`, `1/12`, `rooted`.
+    pub fn label(self) -> String {
+        match self {
+            GroupWindow::Unbounded => "unbounded".to_string(),
+            GroupWindow::Fraction(d) => format!("1/{d}"),
+            GroupWindow::Rooted => "rooted".to_string(),
+        }
+    }
+
+    /// The wait allowed in a buffer of `total` elements of backward.
+    fn elements(self, total: u64) -> u64 {
+        match self {
+            GroupWindow::Unbounded => u64::MAX,
+            GroupWindow::Fraction(divisor) => total / divisor,
+            GroupWindow::Rooted => 0,
+        }
+    }
+}
 
 /// One compact Muon buffer to lay out: its params (`ids`, registration order) and settings.
 pub(crate) struct CompactBuffer<'a> {
@@ -90,6 +122,7 @@ pub(crate) struct CompactBuffer<'a> {
     /// Newton–Schulz steps (the class of a matrix includes its cost).
     pub steps: u32,
     pub grouping: Grouping,
+    pub window: GroupWindow,
 }
 
 impl CompactBuffer<'_> {
@@ -117,12 +150,13 @@ impl CompactBuffer<'_> {
             dp,
             steps,
             grouping,
+            window,
         } = *self;
         let total: u64 = ids.iter().map(|&p| params[p as usize].numel()).sum();
         let mut builder = Builder {
             dp,
             bucket_size,
-            window: total / GROUP_WINDOW_DIVISOR,
+            window: window.elements(total),
             pools: BTreeMap::new(),
             shards: vec![Vec::new(); dp],
             shards_numel: 0,

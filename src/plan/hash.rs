@@ -12,7 +12,7 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// Version tag of the encoding; bump when the encoding changes.
-const ENCODING: &str = "muon_opt.plan.v1";
+const ENCODING: &str = "muon_opt.plan.v2";
 
 /// FNV-1a 64-bit hasher.
 pub(crate) struct Fnv1a(u64);
@@ -81,6 +81,12 @@ pub(crate) fn plan_hash(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp
     h.u64(cfg.overlap_grad_reduce as u64);
     h.u64(cfg.muon_num_ns_steps as u64);
     h.u64(cfg.grad_dtype.code() as u64);
+    for network in [cfg.network, cfg.expert_network] {
+        match network {
+            Some(n) => h.list([1, n.hop_latency_us.to_bits(), n.bus_bandwidth_gbps.to_bits()].into_iter()),
+            None => h.list([0].into_iter()),
+        }
+    }
     h.u64(params.len() as u64);
     for (spec, &route) in params.iter().zip(routes) {
         h.param(spec, route);

@@ -14,6 +14,10 @@
 //! - **Muon buckets**: `compact` and `allreduce` (`ownership.rs`, `compact.rs`): each rank's
 //!   owned elements in a bucket form one contiguous range; `padded` (`padded.rs`): Megatron-LM's
 //!   shard-aligned layer-wise layout.
+//! - **Choice** (`choice.rs`): compact's group window and, under `muon_ownership = auto`, the
+//!   ownership, among candidates laid out in full: the fewest bytes with no network declared,
+//!   else the least modelled exposed time on the declared ring (`network.rs`: the ring formula
+//!   the simulator prices collectives with).
 //! - **Report** ([`Report`], with the communication cost model) and **hash** (FNV-1a over a
 //!   canonical encoding, `hash.rs`).
 //! - Models to plan without a framework: the [`presets`] (the `muon-opt` tools, the simulator,
@@ -21,11 +25,13 @@
 
 mod adamw;
 mod buckets;
+mod choice;
 mod compact;
 mod contiguous;
 mod cost;
 mod groups;
 pub(crate) mod hash;
+pub mod network;
 mod ownership;
 mod padded;
 pub mod presets;
@@ -40,13 +46,15 @@ use crate::config::{Config, MuonLayout, MuonOwnership};
 use crate::error::Result;
 use crate::model::{ParamSpec, Route};
 
+pub use choice::{Alternative, Choice, EXPOSURE_COMPUTE_OVER_GATHER};
+pub use groups::GroupWindow;
 pub use ownership::OwnershipMethod;
 pub use queries::{AdamwShard, OwnedUnit, ShardPiece};
 pub use report::{
     ADAMW_MOMENT_BYTES_PER_ELEMENT, BucketTraffic, Collective, CollectiveMix, MASTER_BYTES_PER_ELEMENT,
     MUON_MOMENT_BYTES_PER_ELEMENT, RankStats, Report, RouteElements,
 };
-pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan};
+pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan, forward_order};
 
 use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};
 use cost::NsLoads;
@@ -68,13 +76,10 @@ pub(crate) struct Layout {
 pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usize) -> Result<Plan> {
     let started = Instant::now();
     check_inputs(params, routes, cfg, dp)?;
-    let (layout, ownership) = match (cfg.muon_layout, cfg.muon_ownership) {
-        (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
-        (_, MuonOwnership::Contiguous) => lay_out_contiguous(params, routes, cfg, dp)?,
-        (MuonLayout::Compact, MuonOwnership::Balanced) => lay_out_grouped(params, routes, cfg, dp)?,
-        (_, MuonOwnership::Balanced) => lay_out(params, routes, cfg, dp, Grouping::Nothing)?,
-    };
-    let mut report = Report::of(params, cfg, dp, &layout, ownership);
+    let chosen = choice::choose(params, routes, cfg, dp)?;
+    let layout = chosen.layout;
+    let mut report = Report::of(params, cfg, dp, &layout, chosen.method);
+    report.choice = chosen.choice;
     let hash = hash::plan_hash(params, routes, cfg, dp, &layout);
     report.planning_time_ms = started.elapsed().as_secs_f64() * 1e3;
     Ok(Plan {
@@ -88,20 +93,39 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
     })
 }
 
-/// Lays out the `compact` mode: groups of stacks and matrices, unless grouping unbalances
-/// Newton–Schulz (see [`NS_TOLERANCE`]) or breaks the ownership guarantee
-/// (`ownership.rs`); then groups of matrices only, then none.
+/// Lays out a plan of one ownership and (`compact`, balanced) group window: see
+/// [`lay_out_grouped`] and [`lay_out_contiguous`]; padded keeps Megatron-LM's owners.
+pub(crate) fn lay_out_with(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+    ownership: MuonOwnership,
+    window: GroupWindow,
+) -> Result<(Layout, OwnershipMethod)> {
+    match (cfg.muon_layout, ownership) {
+        (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing, window),
+        (_, MuonOwnership::Contiguous) => lay_out_contiguous(params, routes, cfg, dp),
+        (MuonLayout::Compact, _) if window != GroupWindow::Rooted => lay_out_grouped(params, routes, cfg, dp, window),
+        _ => lay_out(params, routes, cfg, dp, Grouping::Nothing, window),
+    }
+}
+
+/// Lays out the `compact` mode with group window `window`: groups of stacks and matrices,
+/// unless grouping unbalances Newton–Schulz (see [`NS_TOLERANCE`]) or breaks the ownership
+/// guarantee (`ownership.rs`); then groups of matrices only, then none.
 fn lay_out_grouped(
     params: &[ParamSpec],
     routes: &[Route],
     cfg: &Config,
     dp: usize,
+    window: GroupWindow,
 ) -> Result<(Layout, OwnershipMethod)> {
     let steps = cfg.muon_num_ns_steps;
-    let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing)?;
+    let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing, window)?;
     let limit = NsLoads::of(params, &rooted.0.params, dp, steps).makespan as f64 * (1.0 + NS_TOLERANCE);
     for grouping in [Grouping::Everything, Grouping::MatricesOnly] {
-        let candidate = lay_out(params, routes, cfg, dp, grouping)?;
+        let candidate = lay_out(params, routes, cfg, dp, grouping, window)?;
         let loads = NsLoads::of(params, &candidate.0.params, dp, steps);
         if loads.makespan as f64 <= limit && loads.within_guarantee(dp) {
             return Ok(candidate);
@@ -116,13 +140,14 @@ fn lay_out_grouped(
 /// evenly, against 1.001 when the stacks fill around the dense matrices).
 const NS_TOLERANCE: f64 = 0.01;
 
-/// Lays out every buffer with the given grouping of compact Muon buffers.
+/// Lays out every buffer with the given grouping and group window of compact Muon buffers.
 fn lay_out(
     params: &[ParamSpec],
     routes: &[Route],
     cfg: &Config,
     dp: usize,
     grouping: Grouping,
+    window: GroupWindow,
 ) -> Result<(Layout, OwnershipMethod)> {
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
@@ -141,6 +166,7 @@ fn lay_out(
                 dp,
                 steps: cfg.muon_num_ns_steps,
                 grouping,
+                window,
             }
             .buckets(),
             _ => Vec::new(),

@@ -39,6 +39,7 @@ use crate::config::{Config, Dtype, MuonLayout};
 use crate::model::{ParamSpec, Route};
 
 use super::Layout;
+use super::choice::Choice;
 use super::cost::NsLoads;
 use super::ownership::OwnershipMethod;
 use super::queries::shard_pieces;
@@ -180,6 +181,9 @@ pub struct Report {
     /// How long a gradient waits for the rest of its bucket, as a fraction of backward (module
     /// docs).
     pub grad_wait_fraction: f64,
+    /// What the planner chose among (group window, ownership) and why: every candidate's bytes
+    /// and, on a declared network, its modelled exposed time (`choice.rs`).
+    pub choice: Choice,
     /// Wall time of `build_plan`; the only field that differs between runs, so it is not
     /// part of the JSON (the plan command shows it with `--timing`).
     #[serde(skip)]
@@ -261,9 +265,18 @@ impl Report {
             collective_mix,
             traffic,
             grad_wait_fraction: grad_wait_fraction(params, layout),
+            choice: Choice::default(),
             planning_time_ms: 0.0,
         }
     }
+}
+
+/// The bytes each rank sends per step under `layout` (module docs).
+pub(crate) fn wire_bytes_per_rank(cfg: &Config, dp: usize, layout: &Layout) -> f64 {
+    bucket_traffic(cfg, dp, layout)
+        .iter()
+        .map(|t| t.grad_bytes_per_rank + t.param_bytes_per_rank)
+        .sum()
 }
 
 /// Every bucket's collectives and the bytes each rank sends in them (module docs).

@@ -131,6 +131,16 @@ impl Bucket {
     }
 }
 
+/// Buckets in the order the forward first uses them: by the smallest registration index of
+/// their params (registration order is forward order). The schedule issues param collectives
+/// in this order and gradient collectives in its reverse (docs/design.md §5).
+pub fn forward_order(buckets: &[Bucket]) -> Vec<usize> {
+    let first_use = |b: &Bucket| b.params.iter().copied().min().unwrap_or(u32::MAX);
+    let mut order: Vec<usize> = (0..buckets.len()).collect();
+    order.sort_by_key(|&b| (first_use(&buckets[b]), b));
+    order
+}
+
 /// Where one param lives and who owns it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ParamPlacement {

@@ -178,7 +178,7 @@ impl Runtime {
             ready: vec![false; params.len()],
             launched: vec![false; plan.buckets.len()],
             zeroed_by_param_sync: vec![false; plan.buckets.len()],
-            forward_order: forward_order(&plan),
+            forward_order: crate::plan::forward_order(&plan.buckets),
             next_grad_sync: 0,
             bucket_batches,
             bucket_adamw,
@@ -676,15 +676,6 @@ impl Runtime {
         self.forget_events();
         Ok(())
     }
-}
-
-/// Buckets in the order the forward first uses them: by the smallest registration index of
-/// their params (registration order is forward order).
-fn forward_order(plan: &Plan) -> Vec<usize> {
-    let first_use = |b: &crate::plan::Bucket| b.params.iter().copied().min().unwrap_or(u32::MAX);
-    let mut order: Vec<usize> = (0..plan.buckets.len()).collect();
-    order.sort_by_key(|&b| (first_use(&plan.buckets[b]), b));
-    order
 }
 
 impl Drop for Runtime {

@@ -7,16 +7,16 @@
 //!   well their output tiles fill the last wave of SMs (a small matrix leaves SMs idle), and
 //!   never faster than their operand bytes at HBM bandwidth (a listed batch of tiles reads
 //!   each operand panel once);
-//! - NCCL: ring α–β per call: `base + steps·hop + traffic / bandwidth`, where a reduce-scatter or
-//!   all-gather moves `(n−1)/n` of the buffer per rank in `n−1` steps, an all-reduce `2(n−1)/n`
-//!   in `2(n−1)` steps, a reduce or broadcast the whole buffer (pipelined chain) in `n−1` steps;
-//!   the bandwidth is NVLink's while the group fits in one node, the NIC's once it crosses nodes;
+//! - NCCL: ring α–β per call, `base + steps·hop + traffic / bandwidth`, by the planner's formula
+//!   (`crate::plan::network`, one definition for both); the bandwidth is NVLink's while the
+//!   group fits in one node, the NIC's once it crosses nodes;
 //! - host↔device copies: a fixed latency plus bytes at PCIe bandwidth, and the host waits.
 
 use crate::backend::cuda::action::{
     Action, Arg, Gemm, GemmInputs, Kernel, Launch, Matrices, NcclCall, NcclComm, NcclType,
 };
 use crate::backend::ops::StreamKind;
+use crate::plan::network::{Network, Ring, RingCollective};
 
 use super::profile::Hardware;
 
@@ -275,40 +275,41 @@ impl CostModel {
     }
 
     /// A ring inside one node: NVLink's hop latency and bandwidth.
-    fn nvlink_ring(&self) -> (f64, f64) {
-        let bw = self.hw.nvlink_gbps * GB * self.hw.nvlink_efficiency;
-        (self.hw.nccl_hop_latency_nvlink_us, bw)
+    fn nvlink_ring(&self) -> Ring {
+        Ring {
+            hop_latency_us: self.hw.nccl_hop_latency_nvlink_us,
+            bytes_per_second: self.hw.nvlink_gbps * GB * self.hw.nvlink_efficiency,
+        }
     }
 
-    /// `call` over `ranks` ranks on a ring of (hop latency µs, bandwidth bytes/s) `ring`.
-    fn nccl_on(&self, call: &NcclCall, ranks: u32, ring: (f64, f64)) -> f64 {
-        let n = u64::from(ranks);
-        if n <= 1 {
-            return 0.0;
-        }
-        let (buffer, steps, traffic) = match *call {
-            NcclCall::ReduceScatter { recv_count, dtype, .. } => {
-                let s = recv_count * n * nccl_size(dtype);
-                (s, n - 1, s as f64 * (n - 1) as f64 / n as f64)
-            }
-            NcclCall::AllGather { send_count, dtype, .. } => {
-                let s = send_count * n * nccl_size(dtype);
-                (s, n - 1, s as f64 * (n - 1) as f64 / n as f64)
-            }
-            NcclCall::AllReduce { count, dtype, .. } => {
-                let s = count * nccl_size(dtype);
-                (s, 2 * (n - 1), 2.0 * s as f64 * (n - 1) as f64 / n as f64)
-            }
-            NcclCall::Reduce { count, dtype, .. } | NcclCall::Broadcast { count, dtype, .. } => {
-                let s = count * nccl_size(dtype);
-                (s, n - 1, s as f64)
-            }
+    /// `call` over `ranks` ranks on `ring`: the planner's ring formula
+    /// ([`crate::plan::network`]) with this profile's base latency.
+    fn nccl_on(&self, call: &NcclCall, ranks: u32, ring: Ring) -> f64 {
+        let (collective, bytes) = match *call {
+            NcclCall::ReduceScatter { recv_count, dtype, .. } => (
+                RingCollective::ReduceScatter,
+                recv_count * u64::from(ranks) * nccl_size(dtype),
+            ),
+            NcclCall::AllGather { send_count, dtype, .. } => (
+                RingCollective::AllGather,
+                send_count * u64::from(ranks) * nccl_size(dtype),
+            ),
+            NcclCall::AllReduce { count, dtype, .. } => (RingCollective::AllReduce, count * nccl_size(dtype)),
+            NcclCall::Reduce { count, dtype, .. } => (RingCollective::Reduce, count * nccl_size(dtype)),
+            NcclCall::Broadcast { count, dtype, .. } => (RingCollective::Broadcast, count * nccl_size(dtype)),
         };
-        if buffer == 0 {
-            return 0.0;
+        ring.seconds(collective, bytes, u64::from(ranks), self.hw.nccl_base_latency_us)
+    }
+
+    /// The declared network that describes this profile's data-parallel ring (its hop latency
+    /// and bandwidth at this dp and placement): what a job on this cluster declares in
+    /// `muon_config_t.network`, and what `simulate` plans every run with.
+    pub fn network(&self) -> Network {
+        let ring = self.ring(self.dp);
+        Network {
+            hop_latency_us: ring.hop_latency_us,
+            bus_bandwidth_gbps: ring.bytes_per_second / GB,
         }
-        let (hop, bandwidth) = ring;
-        (self.hw.nccl_base_latency_us + steps as f64 * hop) * US + traffic / bandwidth
     }
 
     /// Nodes the data-parallel group spans.
@@ -331,7 +332,7 @@ impl CostModel {
     /// network `nodes` times per turn. With several of the group's ranks per node, NCCL runs one
     /// ring per NIC at once (multi-rail): the network bandwidth of `min(nics_per_node, ranks
     /// per node)` NICs, capped by NVLink's, which every ring also crosses inside the nodes.
-    fn ring(&self, ranks: u32) -> (f64, f64) {
+    fn ring(&self, ranks: u32) -> Ring {
         let n = f64::from(ranks);
         let nodes = self.nodes();
         if nodes <= 1 {
@@ -343,7 +344,10 @@ impl CostModel {
             / n;
         let rails = f64::from(self.hw.nics_per_node.min(self.hw.dp_ranks_per_node));
         let network = self.hw.network_gbps * GB * self.hw.network_efficiency * rails;
-        (hop, network.min(self.nvlink_ring().1))
+        Ring {
+            hop_latency_us: hop,
+            bytes_per_second: network.min(self.nvlink_ring().bytes_per_second),
+        }
     }
 
     /// Seconds of the framework's forward (`share` = 1/3) or backward (2/3) over `params`

@@ -15,7 +15,8 @@ use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::Config;
 use crate::error::Result;
-use crate::model::{ParamFlags, ParamSpec};
+use crate::model::ParamSpec;
+pub use crate::model::lookups;
 use crate::numerics::muon::MuonOptions;
 use crate::plan::Plan;
 use crate::schedule::step_shared;
@@ -308,21 +309,6 @@ pub fn train_shared(
         step_shared(runtimes.len(), Some(&args), |k, f| f(runtimes[k]))?;
     }
     Ok(())
-}
-
-/// Params whose forward is a table lookup rather than a GEMM (no `6·numel·tokens` flops): the
-/// input embeddings (`…embeddings…`, flagged as embedding) of a model that has an output layer
-/// of its own. A word embedding tied to the output (GPT-2) is also the output GEMM and is
-/// charged as one; position embeddings are lookups either way.
-pub fn lookups(params: &[ParamSpec]) -> Vec<bool> {
-    let embedding = |s: &ParamSpec| s.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && s.name.contains("embeddings");
-    let own_output = params
-        .iter()
-        .any(|s| s.flags.has(ParamFlags::EMBEDDING_OR_OUTPUT) && !s.name.contains("embeddings"));
-    params
-        .iter()
-        .map(|s| embedding(s) && (own_output || s.name.contains("position")))
-        .collect()
 }
 
 /// What [`record_rank`] keeps besides the host program, and what its trainer requests.

@@ -20,7 +20,7 @@ pub mod work;
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, TpMode};
+use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::presets::ModelDesc;
@@ -74,6 +74,21 @@ pub struct Scenario {
     /// Expert parallelism: each rank holds `1/ep` of every expert stack, optimized by a second
     /// optimizer over the expert data-parallel group, stepped with the dense one.
     pub expert_parallel: Option<ExpertParallel>,
+    /// The network the library is told it runs on (`muon_config_t.network`): the profile's
+    /// figures by default, as a job on this cluster would declare them.
+    pub plan_network: PlanNetwork,
+}
+
+/// What a simulated job declares as its network ([`Config::network`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PlanNetwork {
+    /// The profile's data-parallel ring at the job's dp and placement
+    /// ([`CostModel::network`]), and the expert data-parallel group's for the expert optimizer.
+    Profile,
+    /// Nothing: the planner takes the plan that moves the fewest bytes.
+    Undeclared,
+    /// Figures of the caller's (another cluster's, or wrong ones: docs/design.md §4).
+    Declared(Network),
 }
 
 /// Expert parallelism over the data-parallel ranks (Megatron-LM's and DeepSeek-V3's placement:
@@ -92,14 +107,14 @@ pub struct ExpertParallel {
 }
 
 impl Scenario {
-    /// Defaults: compact layout, bf16 standard Newton–Schulz, 8192 tokens per GPU, 3
-    /// iterations, overlap on.
+    /// Defaults: the library's layout and ownership (compact, auto), the profile's network
+    /// declared, bf16 standard Newton–Schulz, 8192 tokens per GPU, 3 iterations, overlap on.
     pub fn new(model: ModelDesc, dp: usize, hardware: Hardware) -> Self {
         Scenario {
             model,
             dp,
-            layout: MuonLayout::Compact,
-            ownership: MuonOwnership::Balanced,
+            layout: Config::default().muon_layout,
+            ownership: Config::default().muon_ownership,
             mxfp8: false,
             ns_precision: NsPrecision::Bf16,
             ns_method: NsMethod::Standard,
@@ -116,6 +131,7 @@ impl Scenario {
             qk_clip: false,
             pipeline: None,
             expert_parallel: None,
+            plan_network: PlanNetwork::Profile,
         }
     }
 
@@ -320,6 +336,31 @@ pub fn rank_optimizers(scenario: &Scenario) -> Result<RankSetup> {
             }
         }
     }
+    let costs: Vec<CostModel> = groups
+        .iter()
+        .map(|&dp| {
+            let mut cost = CostModel::new(scenario.hardware.clone(), dp);
+            if let Some(ranks) = scenario.norm_group {
+                cost = cost.with_norm_group(ranks);
+            }
+            if let Some((ranks, _)) = scenario.tp {
+                cost = cost.with_tp_group(ranks);
+            }
+            cost
+        })
+        .collect();
+    let cfg = Config {
+        network: match scenario.plan_network {
+            PlanNetwork::Profile => Some(costs[0].network()),
+            PlanNetwork::Undeclared => None,
+            PlanNetwork::Declared(network) => Some(network),
+        },
+        expert_network: match (scenario.plan_network, costs.get(1)) {
+            (PlanNetwork::Profile, Some(expert)) => Some(expert.network()),
+            _ => None,
+        },
+        ..cfg
+    };
     let experts = scenario.expert_parallel.is_some();
     let mut parts: Vec<Vec<ParamSpec>> = vec![Vec::new(); groups.len()];
     let mut order = Vec::with_capacity(model.params.len());
@@ -329,7 +370,7 @@ pub fn rank_optimizers(scenario: &Scenario) -> Result<RankSetup> {
         parts[k].push(spec);
     }
     let mut optimizers = Vec::with_capacity(groups.len());
-    for (params, dp) in parts.into_iter().zip(groups) {
+    for ((params, dp), cost) in parts.into_iter().zip(groups).zip(costs) {
         let desc = ModelDesc {
             name: scenario.model.name.clone(),
             vocab_size: scenario.model.vocab_size,
@@ -337,13 +378,6 @@ pub fn rank_optimizers(scenario: &Scenario) -> Result<RankSetup> {
         };
         let registry = desc.registry(&cfg)?;
         let plan = build_plan(registry.params(), registry.routes(), &cfg, dp)?;
-        let mut cost = CostModel::new(scenario.hardware.clone(), dp);
-        if let Some(ranks) = scenario.norm_group {
-            cost = cost.with_norm_group(ranks);
-        }
-        if let Some((ranks, _)) = scenario.tp {
-            cost = cost.with_tp_group(ranks);
-        }
         optimizers.push(RankOptimizer {
             params: registry.params().to_vec(),
             plan,
@@ -407,14 +441,15 @@ pub fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
     muon
 }
 
-/// `scenario` under every `muon_ownership` its layout takes
-/// ([`MuonLayout::takes_contiguous_ownership`]), each against the AdamW baseline run `adamw`
-/// when given ([`simulate_adamw_baseline`]): the run with the shortest iteration, balanced on a
-/// tie. What `muon-opt simulate --ownership auto` recommends for the modelled cluster, and how
-/// the named jobs choose (the library's default stays balanced).
+/// `scenario` under balanced and contiguous ownership (balanced only where the layout takes
+/// no other, [`MuonLayout::takes_contiguous_ownership`]), each against the AdamW baseline run
+/// `adamw` when given ([`simulate_adamw_baseline`]): the run with the shortest iteration,
+/// balanced on a tie. What `muon-opt simulate --ownership auto` finds fastest on the modelled
+/// cluster, and how the named jobs choose; the library's `auto` is one of these two runs,
+/// chosen by the planner's model instead (`tests/sim_model.rs` holds it within 1 %).
 pub fn simulate_best_ownership(scenario: &Scenario, adamw: Option<&Simulation>) -> Result<Simulation> {
     let mut best: Option<Simulation> = None;
-    for &ownership in MuonOwnership::ALL {
+    for ownership in [MuonOwnership::Balanced, MuonOwnership::Contiguous] {
         if ownership == MuonOwnership::Contiguous && !scenario.layout.takes_contiguous_ownership() {
             continue;
         }

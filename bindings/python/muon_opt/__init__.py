@@ -143,10 +143,22 @@ def mxfp8_scale_shape(rows, cols):
     return tuple(shapes)
 
 
+class Network(NamedTuple):
+    """A declared data-parallel ring (``muon_network_t``): the planner chooses compact's group
+    window and, under ``Ownership.AUTO``, the ownership by its modelled cost on it
+    (docs/design.md §4). nccl-tests gives both figures: the bus bandwidth of a large
+    reduce-scatter, the latency of a small one over its n − 1 ring steps."""
+
+    hop_latency_us: float
+    bus_bandwidth_gbps: float
+
+
 class Config:
     """A ``muon_config_t`` holding muon_config_init() defaults; fields are attributes.
 
     ``Config(bucket_size=4096, muon_layout=Layout.PADDED)``; unknown names raise AttributeError.
+    ``network`` and ``expert_network`` read and take a :class:`Network` (or a
+    ``(hop_latency_us, bus_bandwidth_gbps)`` pair), or None for undeclared.
     """
 
     _FIELDS = dict(_capi.muon_config_t._fields_)
@@ -158,15 +170,20 @@ class Config:
             setattr(self, name, value)
 
     def __getattr__(self, name):
-        if name in Config._FIELDS:
-            return getattr(self.struct, name)
-        raise AttributeError(f"muon_config_t has no field '{name}'")
+        if name not in Config._FIELDS:
+            raise AttributeError(f"muon_config_t has no field '{name}'")
+        value = getattr(self.struct, name)
+        if Config._FIELDS[name] is _capi.muon_network_t:
+            return Network(value.hop_latency_us, value.bus_bandwidth_gbps) if value.declared else None
+        return value
 
     def __setattr__(self, name, value):
         ctype = Config._FIELDS.get(name)
         if ctype is None:
             raise AttributeError(f"muon_config_t has no field '{name}'")
-        if ctype is not c_float:
+        if ctype is _capi.muon_network_t:
+            value = _network_struct(value, f"muon_config_t.{name}")
+        elif ctype is not c_float:
             value = _capi.check_integer(ctype, value, f"muon_config_t.{name}")
         setattr(self.struct, name, value)
 
@@ -175,10 +192,22 @@ class Config:
         lib().muon_config_validate(byref(self.struct))
 
     def as_dict(self):
-        return {name: getattr(self.struct, name) for name, _ in _capi.muon_config_t._fields_}
+        return {name: getattr(self, name) for name, _ in _capi.muon_config_t._fields_}
 
     def __repr__(self):
         return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+
+def _network_struct(value, field):
+    """A muon_network_t of a Network, a (hop_latency_us, bus_bandwidth_gbps) pair or None; the
+    library checks the figures (finite, latency >= 0, bandwidth > 0) and names the field."""
+    if value is None:
+        return _capi.muon_network_t()
+    try:
+        latency, bandwidth = value
+        return _capi.muon_network_t(1, 0, float(latency), float(bandwidth))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{field}: expected None or (hop_latency_us, bus_bandwidth_gbps), got {value!r}") from e
 
 
 class _Owner:
@@ -731,6 +760,7 @@ __all__ = [
     "NsPrecision",
     "NsMethod",
     "Ownership",
+    "Network",
     "ScaleMode",
     "CommMode",
     "TpMode",

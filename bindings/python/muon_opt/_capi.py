@@ -63,6 +63,7 @@ MUON_NS_METHOD_STANDARD = 0
 MUON_NS_METHOD_GRAM = 1
 MUON_OWNERSHIP_BALANCED = 0
 MUON_OWNERSHIP_CONTIGUOUS = 1
+MUON_OWNERSHIP_AUTO = 2
 
 MUON_SCALE_SPECTRAL = 0
 MUON_SCALE_SHAPE_SCALING = 1
@@ -176,6 +177,15 @@ class muon_optimizer_t(Structure):
 # --- structs ---------------------------------------------------------------------------------
 
 
+class muon_network_t(Structure):
+    _fields_ = [
+        ("declared", c_uint32),
+        ("reserved", c_uint32),
+        ("hop_latency_us", c_double),
+        ("bus_bandwidth_gbps", c_double),
+    ]
+
+
 class muon_config_t(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -210,6 +220,8 @@ class muon_config_t(Structure):
         ("muon_ownership", c_uint32),
         ("reserved3", c_uint32),
         ("weight_decay_rule", c_uint32),
+        ("network", muon_network_t),
+        ("expert_network", muon_network_t),
     ]
 
 
@@ -298,6 +310,7 @@ class muon_qk_clip_t(Structure):
 STRUCTS = {
     cls.__name__: cls
     for cls in (
+        muon_network_t,
         muon_config_t,
         muon_step_args_t,
         muon_step_info_t,

@@ -152,7 +152,10 @@ def _split_of(name, spec):
 
 _CHOICES = {
     "ns_method": ("muon_ns_method", {"standard": NsMethod.STANDARD, "gram": NsMethod.GRAM}),
-    "ownership": ("muon_ownership", {"balanced": Ownership.BALANCED, "contiguous": Ownership.CONTIGUOUS}),
+    "ownership": (
+        "muon_ownership",
+        {"balanced": Ownership.BALANCED, "contiguous": Ownership.CONTIGUOUS, "auto": Ownership.AUTO},
+    ),
 }
 
 
@@ -220,8 +223,10 @@ class Muon(torch.optim.Optimizer):
     :class:`muon_opt.Config` (default: the library's defaults with ``grad_dtype`` equal to the
     model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree — and
     ``muon_extra_scale_factor`` 0.2, Moonlight's convention); ``ns_method``: ``"standard"`` or
-    ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"balanced"`` or
-    ``"contiguous"``, in place of its ``muon_ownership`` (the config passed is not changed).
+    ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"auto"``,
+    ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership``; ``network`` and
+    ``expert_network``: ``(hop_latency_us, bus_bandwidth_gbps)`` of the data-parallel (and
+    expert data-parallel) ring, in place of the config's (the config passed is not changed).
     See the module's docstring for the groups, the grads, ``state_dict`` and the defaults.
     """
 
@@ -246,6 +251,8 @@ class Muon(torch.optim.Optimizer):
         qk_clip_alpha=0.5,
         ns_method=None,
         ownership=None,
+        network=None,
+        expert_network=None,
         overlap_grad_reduce=False,
         state_dir=None,
     ):
@@ -271,6 +278,9 @@ class Muon(torch.optim.Optimizer):
         for argument, value in (("ns_method", ns_method), ("ownership", ownership)):
             if value is not None:
                 config = _with_choice(config, argument, value)
+        for field, value in (("network", network), ("expert_network", expert_network)):
+            if value is not None:
+                config = type(config)(**dict(config.as_dict(), **{field: value}))
         for name, p in named:
             if _DTYPES[p.dtype] != config.grad_dtype:
                 raise ValueError(

@@ -150,6 +150,52 @@ class TwoRanksOnThreads(unittest.TestCase):
         self.assertEqual(ctx.exception.status, mo.Status.INCOMPATIBLE_OPTIONS)
         self.assertIn("muon_ownership: contiguous needs a compact", str(ctx.exception))
 
+    def test_a_declared_network_plans_by_cost_agrees_across_ranks_and_is_checked(self):
+        cfg = config()
+        self.assertEqual((cfg.muon_ownership, cfg.network, cfg.expert_network), (mo.Ownership.AUTO, None, None))
+        cfg.network = (14.0, 45.0)
+        self.assertEqual(cfg.network, mo.Network(14.0, 45.0))
+        self.assertEqual(mo.Config(**cfg.as_dict()).network, mo.Network(14.0, 45.0))
+
+        def choice(comm, network):
+            with mo.Optimizer(config(network=network), comm) as opt:
+                for name, shape, flags, tie in MODEL:
+                    opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie)
+                opt.finalize()
+                return opt.plan()["report"]["choice"]
+
+        declared = run_ranks(2, lambda comm: choice(comm, mo.Network(14.0, 45.0)))
+        self.assertEqual(declared[0], declared[1])
+        self.assertEqual(declared[0]["network"], {"hop_latency_us": 14.0, "bus_bandwidth_gbps": 45.0})
+        self.assertTrue(all(a["modelled_exposed_ms"] is not None for a in declared[0]["alternatives"]))
+        undeclared = run_ranks(1, lambda comm: choice(comm, None))[0]
+        self.assertIsNone(undeclared["network"])
+        self.assertTrue(all(a["modelled_exposed_ms"] is None for a in undeclared["alternatives"]))
+
+        def mismatched(comm):
+            network = (14.0, 45.0) if comm.rank == 0 else (14.0, 50.0)
+            with mo.Optimizer(config(network=network), comm) as opt:
+                for name, shape, flags, tie in MODEL:
+                    opt.add_param(name, shape, dtype=mo.Dtype.F32, flags=flags, tie_group=tie)
+                with self.assertRaises(mo.MuonError) as ctx:
+                    opt.finalize()
+                return ctx.exception.status, str(ctx.exception)
+
+        for status, message in run_ranks(2, mismatched):
+            self.assertIs(status, mo.Status.PLAN_MISMATCH)
+            self.assertIn("config field 'network'", message)
+        for network, needle in (((-1.0, 45.0), "network.hop_latency_us"), ((14.0, 0.0), "network.bus_bandwidth_gbps"),
+                                ((float("nan"), 45.0), "network.hop_latency_us")):
+            with self.assertRaises(mo.MuonError) as ctx:
+                config(network=network).validate()
+            self.assertIs(ctx.exception.status, mo.Status.OUT_OF_RANGE)
+            self.assertIn(needle, str(ctx.exception))
+        with self.assertRaises(mo.MuonError) as ctx:
+            config(expert_network=(1.0, -2.0)).validate()
+        self.assertIn("expert_network.bus_bandwidth_gbps", str(ctx.exception))
+        with self.assertRaises(TypeError):
+            config(network=45.0)
+
     def test_routes_owners_and_plan(self):
         def body(comm):
             with mo.Optimizer(config(), comm) as opt:

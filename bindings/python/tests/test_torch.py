@@ -251,8 +251,24 @@ class TorchAdapter(unittest.TestCase):
             opt.close()
             return method
 
-        for ownership, method in (("balanced", "lpt_stack_fill"), ("contiguous", "contiguous")):
+        for ownership, method in (("balanced", "lpt_stack_fill"), ("contiguous", "contiguous"),
+                                  ("auto", "lpt_stack_fill")):
             self.assertEqual(run_ranks(2, lambda comm, world: planned(comm, world, ownership)), [method] * 2)
+
+    def test_network_keywords_reach_the_plan(self):
+        """``network=(latency, bandwidth)`` declares the ring the planner prices its choices on."""
+
+        def planned(comm, world, network):
+            opt = Muon(make_model(), comm, config(mo.CommMode.EAGER), network=network, expert_network=(3.4, 360.0))
+            report = opt._opt.plan()["report"]
+            opt.close()
+            return report["choice"]["network"]
+
+        got = run_ranks(2, lambda comm, world: planned(comm, world, (14.0, 45.0)))
+        self.assertEqual(got, [{"hop_latency_us": 14.0, "bus_bandwidth_gbps": 45.0}] * 2)
+        with self.assertRaises(mo.MuonError) as ctx:
+            run_ranks(1, lambda comm, world: planned(comm, world, (14.0, 0.0)))
+        self.assertIn("network.bus_bandwidth_gbps", str(ctx.exception))
 
     def test_gram_ns_method(self):
         """``ns_method="gram"``: the wide (24 × 8 weight: 8 × 24 iterate) and tall matrices take
@@ -298,7 +314,7 @@ class TorchAdapter(unittest.TestCase):
             self.assertIn("ns_method", str(ctx.exception))
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], ownership="wrapped")
-            self.assertIn("ownership: expected one of ['balanced', 'contiguous']", str(ctx.exception))
+            self.assertIn("ownership: expected one of ['auto', 'balanced', 'contiguous']", str(ctx.exception))
             with self.assertRaises(ValueError) as ctx:
                 Muon(make_model(), group[0], mo.Config(grad_dtype=mo.Dtype.BF16))
             self.assertIn("grad_dtype", str(ctx.exception))

@@ -4,13 +4,15 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use muon_opt::config::Config;
+use muon_opt::config::{Config, Network};
 use muon_opt::plan::build_plans;
+use muon_opt::sim::cost::CostModel;
 use muon_opt::sim::device::device_bytes;
 use muon_opt::sim::metrics::DeviceBytes;
 
 use crate::render;
 use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
+use crate::simulate::load_hardware;
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -23,10 +25,25 @@ pub struct PlanArgs {
     /// Muon layout to plan; `all` shows every layout side by side.
     #[arg(long, value_enum, default_value_t = LayoutChoice::All)]
     layout: LayoutChoice,
-    /// How the rooted layouts give Muon matrices owners (muon_ownership); padded keeps
-    /// Megatron-LM's.
-    #[arg(long, value_enum, default_value_t = OwnershipChoice::Balanced)]
+    /// How the rooted layouts give Muon matrices owners (muon_ownership; `auto`, the library's
+    /// default: the planner chooses by the declared network, balanced without one); padded
+    /// keeps Megatron-LM's.
+    #[arg(long, value_enum, default_value_t = OwnershipChoice::Auto)]
     ownership: OwnershipChoice,
+    /// The ring the data-parallel collectives run on, as muon_config_t.network declares it:
+    /// per-hop latency (µs) and bus bandwidth (GB/s), e.g. `14,45`; without it (or
+    /// --hardware) nothing is declared and the fewest bytes win.
+    #[arg(
+        long,
+        value_name = "LATENCY_US,BANDWIDTH_GBPS",
+        conflicts_with = "hardware",
+        allow_hyphen_values = true
+    )]
+    network: Option<String>,
+    /// Declare a simulator profile's data-parallel ring at this dp (h100-nvlink, h100-ib,
+    /// h200-nvlink, b200-nvlink, or a profile JSON file), the figures `simulate` plans with.
+    #[arg(long, value_name = "PROFILE")]
+    hardware: Option<String>,
     /// Elements per bucket [default: max(40M, 1M·dp)].
     #[arg(long)]
     bucket_size: Option<u64>,
@@ -48,19 +65,42 @@ pub struct PlanArgs {
     experts_as_params: bool,
 }
 
+/// `--network LATENCY_US,BANDWIDTH_GBPS`, checked as muon_config_t.network is.
+pub fn parse_network(text: &str) -> Result<Network, String> {
+    let figures: Vec<&str> = text.split(',').map(str::trim).collect();
+    let [latency, bandwidth] = figures[..] else {
+        return Err(format!(
+            "--network '{text}': expected LATENCY_US,BANDWIDTH_GBPS (two numbers, e.g. 14,45)"
+        ));
+    };
+    let number = |figure: &str, what: &str| {
+        figure
+            .parse::<f64>()
+            .map_err(|e| format!("--network '{text}': {what} '{figure}' is not a number: {e}"))
+    };
+    let network = Network {
+        hop_latency_us: number(latency, "the latency")?,
+        bus_bandwidth_gbps: number(bandwidth, "the bandwidth")?,
+    };
+    network
+        .validate("network")
+        .map_err(|e| format!("--network '{text}': {e}"))?;
+    Ok(network)
+}
+
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let model = load_model(&args.model, args.experts_as_params)?;
+    let network = match (&args.network, &args.hardware) {
+        (Some(text), _) => Some(parse_network(text)?),
+        (None, Some(profile)) => Some(CostModel::new(load_hardware(profile)?, args.dp).network()),
+        (None, None) => None,
+    };
     let cfg = Config {
         bucket_size: args.bucket_size.unwrap_or(0),
         vocab_size: model.vocab_size,
+        network,
         ..Config::default()
     };
-    if args.ownership == OwnershipChoice::Auto {
-        return Err(
-            "--ownership auto: only simulate can choose (it needs a cluster model); plan takes balanced or contiguous"
-                .to_string(),
-        );
-    }
     let mut plans = Vec::new();
     for layout in args.layout.layouts() {
         let cfg = Config {
@@ -110,6 +150,9 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         print!("{}", render::bytes_row(&format!("  {kind}"), &values));
     }
     println!();
+    for plan in &plans {
+        print!("{}", render::choice_table(plan));
+    }
     if args.buckets {
         for plan in &plans {
             println!("{} layout, {} buckets", plan.layout.name(), plan.buckets.len());

@@ -109,12 +109,57 @@ pub fn table(model: &str, plans: &[Plan], timing: bool) -> String {
         format!("{:.4}", p.report.grad_wait_fraction)
     });
     row(&mut out, "ownership", plans, |p| p.report.ownership.name().to_string());
+    row(&mut out, "group window", plans, |p| {
+        let c = &p.report.choice;
+        c.alternatives
+            .get(c.chosen)
+            .map_or_else(String::new, |a| a.group_window.label())
+    });
     if timing {
         row(&mut out, "planning time", plans, |p| {
             format!("{:.2} ms", p.report.planning_time_ms)
         });
     }
     row(&mut out, "plan hash", plans, |p| format!("{:#018x}", p.hash));
+    out
+}
+
+/// What the planner chose for one plan and why: the network it planned for and every candidate
+/// it laid out, with its bytes per rank and, on a declared network, its modelled exposed time;
+/// `*` marks the plan taken.
+pub fn choice_table(plan: &Plan) -> String {
+    let c = &plan.report.choice;
+    let mut out = match c.network {
+        Some(n) => format!(
+            "{} layout: planned for a ring of {} µs per hop, {} GB/s bus bandwidth; least modelled exposed time wins\n",
+            plan.layout.name(),
+            n.hop_latency_us,
+            n.bus_bandwidth_gbps
+        ),
+        None => format!(
+            "{} layout: no network declared; fewest bytes per rank wins (balanced ownership)\n",
+            plan.layout.name()
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "  {:<16}{:<14}{:>16}{:>22}",
+        "ownership", "group window", "wire / rank", "modelled exposed ms"
+    );
+    for (i, a) in c.alternatives.iter().enumerate() {
+        let exposed = a
+            .modelled_exposed_ms
+            .map_or_else(|| "-".to_string(), |ms| format!("{ms:.2}"));
+        let _ = writeln!(
+            out,
+            "{} {:<16}{:<14}{:>16}{:>22}",
+            if i == c.chosen { '*' } else { ' ' },
+            a.ownership.name(),
+            a.group_window.label(),
+            bytes(a.wire_bytes_per_rank),
+            exposed
+        );
+    }
     out
 }
 

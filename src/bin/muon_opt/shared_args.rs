@@ -34,16 +34,18 @@ impl LayoutChoice {
 pub enum OwnershipChoice {
     Balanced,
     Contiguous,
-    /// `simulate` only: each ownership simulated, the faster kept.
+    /// The library's `auto`: the planner chooses by the declared network (`plan`); `simulate`
+    /// simulates balanced and contiguous and keeps the faster.
     Auto,
 }
 
 impl OwnershipChoice {
     /// The `muon_ownership` of a `layout` plan or run: `contiguous` where the layout takes it
-    /// (padded keeps Megatron-LM's owners), else balanced.
+    /// (padded keeps Megatron-LM's owners), `auto` as asked, else balanced.
     pub fn for_layout(self, layout: MuonLayout) -> MuonOwnership {
         match self {
             OwnershipChoice::Contiguous if layout.takes_contiguous_ownership() => MuonOwnership::Contiguous,
+            OwnershipChoice::Auto => MuonOwnership::Auto,
             _ => MuonOwnership::Balanced,
         }
     }

@@ -9,10 +9,13 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use muon_opt::config::{Dtype, NsMethod, NsPrecision, TpMode};
+use muon_opt::config::{Dtype, MuonOwnership, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
-use muon_opt::sim::{Scenario, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline};
+use muon_opt::sim::{
+    PlanNetwork, Scenario, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline,
+};
 
+use crate::plan::parse_network;
 use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
 
 #[derive(Args)]
@@ -46,11 +49,15 @@ pub struct SimulateArgs {
     #[arg(long, value_enum, default_value_t = LayoutChoice::Compact)]
     layout: LayoutChoice,
     /// How the rooted layouts give Muon matrices owners (muon_ownership): `contiguous` cuts
-    /// buckets at owner changes, one reduce and one broadcast each; `auto` simulates each and
-    /// keeps the faster (padded keeps Megatron's owners) [default: balanced; with --scenario:
-    /// auto].
+    /// buckets at owner changes, one reduce and one broadcast each; `auto` simulates balanced
+    /// and contiguous and keeps the faster (padded keeps Megatron's owners) [default: the
+    /// library's auto, the planner's choice on the declared network; with --scenario: auto].
     #[arg(long, value_enum)]
     ownership: Option<OwnershipChoice>,
+    /// The network the library is told it runs on: `LATENCY_US,BANDWIDTH_GBPS`, or `none`
+    /// (undeclared: the fewest bytes win) [default: the profile's data-parallel ring].
+    #[arg(long, value_name = "LATENCY_US,BANDWIDTH_GBPS|none", allow_hyphen_values = true)]
+    network: Option<String>,
     /// Store the Muon matrices as MXFP8 and gather them as bf16.
     #[arg(long)]
     mxfp8: bool,
@@ -181,14 +188,19 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     };
     let model = load_model(model, args.experts_as_params)?;
     let hardware = load_hardware(&args.hardware)?;
-    let ownership = args.ownership.unwrap_or(OwnershipChoice::Balanced);
+    let plan_network = match args.network.as_deref() {
+        None => PlanNetwork::Profile,
+        Some("none") => PlanNetwork::Undeclared,
+        Some(text) => PlanNetwork::Declared(parse_network(text)?),
+    };
     let mut sims = Vec::new();
     // The AdamW baseline has no Muon layout: one run serves every layout.
     let mut adamw: Option<Simulation> = None;
     for layout in args.layout.layouts() {
         let scenario = Scenario {
             layout,
-            ownership: ownership.for_layout(layout),
+            ownership: args.ownership.map_or(MuonOwnership::Auto, |o| o.for_layout(layout)),
+            plan_network,
             mxfp8: args.mxfp8,
             ns_precision: args.ns_precision.precision(),
             ns_method: args.ns_method.method(),
@@ -213,8 +225,8 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
         if matches!(args.baseline, Some(BaselineChoice::Adamw)) && adamw.is_none() {
             adamw = Some(simulate_adamw_baseline(&scenario).map_err(|e| e.to_string())?);
         }
-        let sim = match ownership {
-            OwnershipChoice::Auto => simulate_best_ownership(&scenario, adamw.as_ref()),
+        let sim = match args.ownership {
+            Some(OwnershipChoice::Auto) => simulate_best_ownership(&scenario, adamw.as_ref()),
             _ => simulate(&scenario).map(|sim| match &adamw {
                 Some(adamw) => with_baseline(sim, adamw),
                 None => sim,

@@ -118,26 +118,29 @@ fn muon_ns_method_appends_a_layout_of_its_own_size_and_older_ones_get_standard()
 
 /// muon_ownership follows the released 128-byte layout (which ended at muon_ns_method) after a
 /// second reserved word filling that layout's padding: 136 bytes, and a caller compiled against
-/// any older header gets balanced ownership. An invalid code at the current size, and
-/// contiguous with the padded layout, are refused naming the field.
+/// any older header gets the default, auto (balanced without a declared network, which no older
+/// header can declare). An invalid code at the current size, and contiguous with the padded
+/// layout, are refused naming the field.
 #[test]
-fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_balanced() {
+fn muon_ownership_appends_a_layout_of_its_own_size_and_older_ones_get_auto() {
     use crate::config::MuonOwnership;
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved2), 124);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_ownership), 128);
     let mut cfg = default_config();
-    assert_eq!((cfg.muon_ownership, cfg.reserved2), (MUON_OWNERSHIP_BALANCED, 0));
+    assert_eq!((cfg.muon_ownership, cfg.reserved2), (MUON_OWNERSHIP_AUTO, 0));
     older_sizes_read_the_default(
         |c, v| c.muon_ownership = v,
         MUON_OWNERSHIP_CONTIGUOUS,
-        |r| r.muon_ownership == MuonOwnership::Balanced,
+        |r| r.muon_ownership == MuonOwnership::Auto,
         &[128, 120, 112, 104],
     );
     cfg.muon_ownership = 0xABAB_ABAB;
     let (status, message) = validate(&cfg);
     assert_eq!(status, MUON_STATUS_INVALID_ENUM_VALUE);
     assert!(
-        message.contains("muon_ownership: unknown value 2880154539; valid values are 0 (balanced), 1 (contiguous)"),
+        message.contains(
+            "muon_ownership: unknown value 2880154539; valid values are 0 (balanced), 1 (contiguous), 2 (auto)"
+        ),
         "{message}"
     );
     cfg.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;
@@ -159,7 +162,10 @@ fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged
     use crate::config::WeightDecayRule;
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved3), 132);
     assert_eq!(std::mem::offset_of!(muon_config_t, weight_decay_rule), 136);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 144);
+    assert_eq!(
+        (std::mem::offset_of!(muon_config_t, weight_decay_rule) + 4).next_multiple_of(8),
+        144
+    );
     let cfg = default_config();
     assert_eq!(
         (cfg.weight_decay_rule, cfg.reserved3),
@@ -212,14 +218,132 @@ fn older_layouts_keep_the_blockwise_tp_mode_they_meant() {
 }
 
 /// Every method and ownership survives the C struct both ways: Config → muon_config_t → Config.
+/// network and expert_network (two muon_network_t) follow the 144-byte layout: 192 bytes. A
+/// caller compiled against any older header gets both undeclared whatever lies beyond its
+/// struct_size; a declared network with a negative or NaN latency, or a zero, negative or
+/// infinite bandwidth, or a declared word other than 0 or 1, is refused naming the field;
+/// undeclared figures are ignored.
 #[test]
-fn muon_ns_method_and_ownership_round_trip_through_the_c_struct() {
-    use crate::config::{Config, MuonOwnership, NsMethod};
+fn the_networks_append_a_layout_of_their_own_size_older_ones_are_undeclared_and_bad_figures_are_named() {
+    assert_eq!(std::mem::offset_of!(muon_config_t, network), 144);
+    assert_eq!(std::mem::offset_of!(muon_config_t, expert_network), 168);
+    assert_eq!(std::mem::size_of::<muon_network_t>(), 24);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 192);
+    let declared = muon_network_t {
+        declared: 1,
+        reserved: 0,
+        hop_latency_us: 14.0,
+        bus_bandwidth_gbps: 45.0,
+    };
+    let mut cfg = default_config();
+    assert_eq!((cfg.network.declared, cfg.expert_network.declared), (0, 0));
+    cfg.network = declared;
+    cfg.expert_network = muon_network_t {
+        hop_latency_us: 3.4,
+        bus_bandwidth_gbps: 360.0,
+        ..declared
+    };
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        read.network.map(|n| (n.hop_latency_us, n.bus_bandwidth_gbps)),
+        Some((14.0, 45.0))
+    );
+    assert_eq!(read.expert_network.map(|n| n.bus_bandwidth_gbps), Some(360.0));
+    for size in [144, 136, 128, 120, 112, 104] {
+        cfg.struct_size = size;
+        let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+        assert_eq!((read.network, read.expert_network), (None, None), "struct_size {size}");
+    }
+    let bad: [(&str, f64, f64, &str); 6] = [
+        (
+            "network",
+            -1.0,
+            45.0,
+            "network.hop_latency_us: -1 must be finite and >= 0",
+        ),
+        (
+            "network",
+            f64::NAN,
+            45.0,
+            "network.hop_latency_us: NaN must be finite and >= 0",
+        ),
+        (
+            "network",
+            14.0,
+            0.0,
+            "network.bus_bandwidth_gbps: 0 must be finite and > 0",
+        ),
+        (
+            "expert_network",
+            14.0,
+            -3.0,
+            "expert_network.bus_bandwidth_gbps: -3 must be finite and > 0",
+        ),
+        (
+            "expert_network",
+            14.0,
+            f64::INFINITY,
+            "expert_network.bus_bandwidth_gbps: inf must be finite",
+        ),
+        (
+            "expert_network",
+            14.0,
+            f64::NAN,
+            "expert_network.bus_bandwidth_gbps: NaN must be finite",
+        ),
+    ];
+    for (field, hop, bandwidth, expected) in bad {
+        let mut cfg = default_config();
+        let network = muon_network_t {
+            hop_latency_us: hop,
+            bus_bandwidth_gbps: bandwidth,
+            ..declared
+        };
+        if field == "network" {
+            cfg.network = network;
+        } else {
+            cfg.expert_network = network;
+        }
+        let (status, message) = validate(&cfg);
+        assert_eq!(status, MUON_STATUS_OUT_OF_RANGE, "{field} {hop} {bandwidth}");
+        assert!(message.contains(expected), "{message}");
+    }
+    let mut cfg = default_config();
+    cfg.network = muon_network_t {
+        declared: 2,
+        ..declared
+    };
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_OUT_OF_RANGE);
+    assert!(message.contains("network.declared: 2 is not a boolean"), "{message}");
+    cfg.network = muon_network_t {
+        declared: 0,
+        hop_latency_us: f64::NAN,
+        bus_bandwidth_gbps: -1.0,
+        ..declared
+    };
+    assert_eq!(validate(&cfg).0, MUON_STATUS_SUCCESS, "undeclared figures are ignored");
+}
+
+/// Every method, ownership and network survives the C struct both ways: Config →
+/// muon_config_t → Config.
+#[test]
+fn muon_ns_method_ownership_and_networks_round_trip_through_the_c_struct() {
+    use crate::config::{Config, MuonOwnership, Network, NsMethod};
+    let ib = Network {
+        hop_latency_us: 14.0,
+        bus_bandwidth_gbps: 45.0,
+    };
     for &method in NsMethod::ALL {
         for &ownership in MuonOwnership::ALL {
             let cfg = Config {
                 muon_ns_method: method,
                 muon_ownership: ownership,
+                network: (ownership != MuonOwnership::Balanced).then_some(ib),
+                expert_network: (ownership == MuonOwnership::Auto).then_some(Network {
+                    hop_latency_us: 0.0,
+                    ..ib
+                }),
                 ..Config::default()
             };
             let raw = muon_config_t::from_config(&cfg);
@@ -229,13 +353,13 @@ fn muon_ns_method_and_ownership_round_trip_through_the_c_struct() {
             );
             assert_eq!(raw.to_config().unwrap(), cfg, "{} {}", method.name(), ownership.name());
             let read = unsafe { crate::capi::config::read_config(&raw) }.unwrap();
-            assert_eq!((read.muon_ns_method, read.muon_ownership), (method, ownership));
+            assert_eq!(read, cfg);
         }
     }
 }
 
 /// Only the sizes of released layouts are accepted: a struct_size cutting a field in half
-/// (sizeof − 2 cuts muon_ownership) is ABI_MISMATCH naming the size; every released size and a
+/// (sizeof − 2 and − 4 cut expert_network) is ABI_MISMATCH naming the size; every released size and a
 /// larger one (a newer header) pass.
 #[test]
 fn a_torn_config_struct_size_is_refused() {
@@ -253,7 +377,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -372,14 +496,16 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
 fn every_released_config_layout_has_a_size_of_its_own() {
     use std::mem::offset_of;
     let end = |field: &str| -> usize {
-        4 + match field {
-            "host_comm_mode" => offset_of!(muon_config_t, host_comm_mode),
-            "host_threads" => offset_of!(muon_config_t, host_threads),
-            "muon_tp_mode" => offset_of!(muon_config_t, muon_tp_mode),
-            "muon_ns_eps" => offset_of!(muon_config_t, muon_ns_eps),
-            "muon_ns_method" => offset_of!(muon_config_t, muon_ns_method),
-            "muon_ownership" => offset_of!(muon_config_t, muon_ownership),
-            "weight_decay_rule" => offset_of!(muon_config_t, weight_decay_rule),
+        let word = 4;
+        match field {
+            "host_comm_mode" => word + offset_of!(muon_config_t, host_comm_mode),
+            "host_threads" => word + offset_of!(muon_config_t, host_threads),
+            "muon_tp_mode" => word + offset_of!(muon_config_t, muon_tp_mode),
+            "muon_ns_eps" => word + offset_of!(muon_config_t, muon_ns_eps),
+            "muon_ns_method" => word + offset_of!(muon_config_t, muon_ns_method),
+            "muon_ownership" => word + offset_of!(muon_config_t, muon_ownership),
+            "weight_decay_rule" => word + offset_of!(muon_config_t, weight_decay_rule),
+            "expert_network" => std::mem::size_of::<muon_network_t>() + offset_of!(muon_config_t, expert_network),
             other => panic!("no field {other}"),
         }
     };
@@ -401,7 +527,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144]);
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192]);
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode

@@ -75,7 +75,8 @@ fn markdown(rows: &[Row]) -> String {
          cluster of `docs/simulate.md`, once with Muon and once with every param on distributed\n\
          AdamW (Megatron's DistributedOptimizer: the same buckets, reduce-scatter of gradients,\n\
          all-gather of params), with the same constants, gradients reduced in bf16 (Megatron's\n\
-         default), 8192 tokens per GPU. The profiles' achievable figures are estimates until a\n\
+         default), 8192 tokens per GPU, planned as the library plans on that cluster (the\n\
+         profile's data-parallel ring declared as `muon_config_t.network`). The profiles' achievable figures are estimates until a\n\
          device run calibrates them (`docs/device-run.md`). Tensor- and pipeline-parallel jobs:\n\
          TP inside a node, a norm group over TP × PP × DP, each simulated rank holding TP rank\n\
          0's shards, each orthogonalized alone (`muon_tp_mode` `blockwise`). The library's default,\n\
