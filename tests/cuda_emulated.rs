@@ -457,6 +457,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
                 grad_dtype: Dtype::F32,
                 master: 0,
                 momentum: 0,
+                moment2: 0,
                 adam_moments: 0,
                 max_component: (0, 0),
                 muon_work: MuonWork::default(),

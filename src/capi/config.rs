@@ -4,8 +4,8 @@ use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
 use crate::config::{
-    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ScaleMode, TpMode,
-    WeightDecayRule,
+    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, MuonVariant, NsMethod, NsPrecision, ScaleMode,
+    TpMode, WeightDecayRule,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -143,6 +143,21 @@ pub struct muon_config_t {
     /// against an older header (a struct_size of 136 bytes or less) gets _FLAGGED, the rule it
     /// was built with.
     pub weight_decay_rule: u32,
+    /// The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon) or
+    /// MUON_VARIANT_NORMUON (NorMuon, Megatron-LM's `--optimizer adaptive_muon` with
+    /// `adaptive_muon_moment2_method = "normuon"`, Emerging-Optimizers' `AdaptiveMuon`: a
+    /// second moment per line of the orthogonalized update along its longer side, one f32 per
+    /// line of every matrix, docs/design.md §6). Every rank of the data-parallel and TP groups
+    /// must use the same variant (finalize checks it); a checkpoint loads only with the variant
+    /// it was saved with. A caller compiled against an older header gets standard.
+    pub muon_variant: u32,
+    /// NorMuon's second-moment EMA coefficient β2 in [0, 1); default 0.95 (Megatron-LM's
+    /// `adaptive_muon_beta2`). Read only with MUON_VARIANT_NORMUON.
+    pub adaptive_muon_beta2: f32,
+    /// NorMuon's ε (finite, > 0): floor of the second moment and of the normalized update's
+    /// Frobenius norm; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
+    /// MUON_VARIANT_NORMUON.
+    pub adaptive_muon_eps: f32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -162,7 +177,7 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// last layout's tail padding is preceded by a `reserved` `uint32_t` filling it (as before
 /// `muon_ns_method`, 120 → 128 bytes, `muon_ownership`, 128 → 136, and `weight_decay_rule`,
 /// 136 → 144), so every later layout has a size of its own.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 7] = [
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 8] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
@@ -170,6 +185,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 7] = [
     ("muon_ns_method", 128),
     ("muon_ownership", 136),
     ("weight_decay_rule", 144),
+    ("adaptive_muon_eps", 160),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -230,6 +246,9 @@ impl muon_config_t {
             muon_ownership: cfg.muon_ownership.code(),
             reserved3: 0,
             weight_decay_rule: cfg.weight_decay_rule.code(),
+            muon_variant: cfg.muon_variant.code(),
+            adaptive_muon_beta2: cfg.adaptive_muon_beta2,
+            adaptive_muon_eps: cfg.adaptive_muon_eps,
         }
     }
 
@@ -280,6 +299,9 @@ impl muon_config_t {
             muon_ns_method: NsMethod::from_code("muon_ns_method", self.muon_ns_method)?,
             muon_ownership: MuonOwnership::from_code("muon_ownership", self.muon_ownership)?,
             weight_decay_rule: WeightDecayRule::from_code("weight_decay_rule", self.weight_decay_rule)?,
+            muon_variant: MuonVariant::from_code("muon_variant", self.muon_variant)?,
+            adaptive_muon_beta2: self.adaptive_muon_beta2,
+            adaptive_muon_eps: self.adaptive_muon_eps,
             ..Config::default()
         };
         cfg.validate()?;

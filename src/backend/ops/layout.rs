@@ -103,6 +103,8 @@ pub struct MemoryLayout {
     pub grad_dtype: Dtype,
     pub master: u64,
     pub momentum: u64,
+    /// Elements of the NorMuon second moment ([`super::Mem::Moment2`]; 0 for standard Muon).
+    pub moment2: u64,
     pub adam_moments: u64,
     /// Bounds of every single matrix Newton–Schulz orthogonalizes on this rank (a fused
     /// component, an expert): (elements, shorter side), for a workspace that takes them one at

@@ -186,6 +186,46 @@ fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged
     }
 }
 
+/// muon_variant, adaptive_muon_beta2 and adaptive_muon_eps follow the released 144-byte layout
+/// (which ended at weight_decay_rule, no padding): 160 bytes, and a caller compiled against
+/// any older header gets standard Muon whatever lies beyond its struct; the current layout
+/// reads NorMuon with its β2 and ε.
+#[test]
+fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
+    use crate::config::{DEFAULT_ADAPTIVE_MUON_BETA2, DEFAULT_ADAPTIVE_MUON_EPS, MuonVariant};
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_variant), 144);
+    assert_eq!(std::mem::offset_of!(muon_config_t, adaptive_muon_eps), 152);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 160);
+    let cfg = default_config();
+    assert_eq!(
+        (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps),
+        (MUON_VARIANT_STANDARD, 0.95, 1e-8)
+    );
+    older_sizes_read_the_default(
+        |c, v| c.muon_variant = v,
+        MUON_VARIANT_NORMUON,
+        |r| r.muon_variant == MuonVariant::Standard,
+        &[144, 136, 128, 120, 112, 104],
+    );
+    let mut cfg = default_config();
+    (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps) = (MUON_VARIANT_NORMUON, 0.9, 1e-6);
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        (read.muon_variant, read.adaptive_muon_beta2, read.adaptive_muon_eps),
+        (MuonVariant::Normuon, 0.9, 1e-6)
+    );
+    cfg.struct_size = 144;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        (read.muon_variant, read.adaptive_muon_beta2, read.adaptive_muon_eps),
+        (
+            MuonVariant::Standard,
+            DEFAULT_ADAPTIVE_MUON_BETA2,
+            DEFAULT_ADAPTIVE_MUON_EPS
+        )
+    );
+}
+
 /// muon_tp_mode's default is duplicated (Megatron-LM's since its PR #6380) in the current
 /// layout; the codes keep their meaning, so a struct of an older layout holding the
 /// MUON_TP_MODE_BLOCKWISE its header's MUON_CONFIG_INIT wrote reads blockwise, one holding
@@ -307,6 +347,21 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "weight_decay_rule: unknown value 3; valid values are 0 (megatron), 1 (megatron_qk_layernorm), 2 (flagged)",
         ),
         (
+            |c| c.muon_variant = 2,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_variant: unknown value 2; valid values are 0 (standard), 1 (normuon)",
+        ),
+        (
+            |c| c.adaptive_muon_beta2 = 1.0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "adaptive_muon_beta2: 1 is outside [0, 1)",
+        ),
+        (
+            |c| c.adaptive_muon_eps = f32::INFINITY,
+            MUON_STATUS_OUT_OF_RANGE,
+            "adaptive_muon_eps: inf must be finite and > 0",
+        ),
+        (
             |c| c.host_comm_mode = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "host_comm_mode",
@@ -380,6 +435,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "muon_ns_method" => offset_of!(muon_config_t, muon_ns_method),
             "muon_ownership" => offset_of!(muon_config_t, muon_ownership),
             "weight_decay_rule" => offset_of!(muon_config_t, weight_decay_rule),
+            "adaptive_muon_eps" => offset_of!(muon_config_t, adaptive_muon_eps),
             other => panic!("no field {other}"),
         }
     };

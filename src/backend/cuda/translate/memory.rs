@@ -100,7 +100,7 @@ impl Translator {
                 Some(sizes) => (span.mem, sizes.dtype),
                 None => bail!(Internal, "{:?} is not allocated", span.mem),
             },
-            Mem::Master | Mem::Momentum | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
+            Mem::Master | Mem::Momentum | Mem::Moment2 | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
             Mem::Init(p) => (span.mem, self.init_dtype(p)?),
         };
         let (ptr, bytes) = self.buffer(Buf::Mem(mem))?;
@@ -143,6 +143,9 @@ impl Translator {
         }
         alloc(Buf::Mem(Mem::Master), layout.master * 4);
         alloc(Buf::Mem(Mem::Momentum), layout.momentum * 4);
+        if layout.moment2 > 0 {
+            alloc(Buf::Mem(Mem::Moment2), layout.moment2 * 4);
+        }
         alloc(Buf::Mem(Mem::ExpAvg), layout.adam_moments * 4);
         alloc(Buf::Mem(Mem::ExpAvgSq), layout.adam_moments * 4);
         for t in &layout.mxfp8 {
