@@ -212,7 +212,7 @@ impl Report {
                 Route::Adamw => elements.adamw += spec.numel(),
             }
             let per_element = state_bytes_per_element(spec, MUON_MOMENT_BYTES_PER_ELEMENT);
-            let moment2 = if cfg.muon_variant == MuonVariant::Normuon {
+            let moment2 = if placement.route == Route::Muon && cfg.muon_variant == MuonVariant::Normuon {
                 spec.normuon_lines() * MUON_MOMENT2_BYTES_PER_LINE
             } else {
                 0
