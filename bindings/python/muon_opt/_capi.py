@@ -75,6 +75,9 @@ MUON_WEIGHT_DECAY_RULE_MEGATRON = 0
 MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM = 1
 MUON_WEIGHT_DECAY_RULE_FLAGGED = 2
 
+MUON_VARIANT_STANDARD = 0
+MUON_VARIANT_NORMUON = 1
+
 MUON_COMM_MODE_FROM_ENV = 0
 MUON_COMM_MODE_EAGER = 1
 MUON_COMM_MODE_LAZY = 2
@@ -210,6 +213,9 @@ class muon_config_t(Structure):
         ("muon_ownership", c_uint32),
         ("reserved3", c_uint32),
         ("weight_decay_rule", c_uint32),
+        ("muon_variant", c_uint32),
+        ("adaptive_muon_beta2", c_float),
+        ("adaptive_muon_eps", c_float),
     ]
 
 
