@@ -523,6 +523,14 @@ impl Index {
 
     /// Checks that the checkpoint was saved with `cfg`'s numerics.
     pub fn check_config(&self, cfg: &Config) -> Result<()> {
+        if self.config.muon_variant != cfg.muon_variant {
+            bail!(
+                CheckpointMismatch,
+                "config field muon_variant: this optimizer has \"{}\" but the checkpoint was saved with \"{}\"; the variant decides which state the Muon matrices have, so it must be equal",
+                cfg.muon_variant.name(),
+                self.config.muon_variant.name()
+            );
+        }
         let (saved, ours) = (self.config.fields(), NumericsConfig::of(cfg).fields());
         for (field, value) in ours.clone() {
             if saved.get(&field) != Some(&value) {
