@@ -45,6 +45,7 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.weight_decay_rule, b.weight_decay_rule);
     EXPECT_EQ(a.weight_decay_rule, MUON_WEIGHT_DECAY_RULE_MEGATRON);
     EXPECT_EQ(a.muon_tp_mode, MUON_TP_MODE_DUPLICATED);
+    EXPECT_EQ(a.reserved4, b.reserved4);
     EXPECT_EQ(a.muon_variant, b.muon_variant);
     EXPECT_EQ(a.muon_variant, MUON_VARIANT_STANDARD);
     EXPECT_EQ(a.adaptive_muon_beta2, b.adaptive_muon_beta2);

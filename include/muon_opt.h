@@ -726,6 +726,11 @@ typedef struct muon_config_t {
    */
   uint32_t weight_decay_rule;
   /**
+   * Padding that ended the 144-byte layout (after weight_decay_rule), named so the next
+   * field makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved4;
+  /**
    * The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon) or
    * MUON_VARIANT_NORMUON (NorMuon, Megatron-LM's `--optimizer adaptive_muon` with
    * `adaptive_muon_moment2_method = "normuon"`, Emerging-Optimizers' `AdaptiveMuon`: a
@@ -1762,4 +1767,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_BALANCED, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, MUON_VARIANT_STANDARD, 0.95f, 1e-8f }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_BALANCED, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, 0, MUON_VARIANT_STANDARD, 0.95f, 1e-8f }

@@ -143,6 +143,9 @@ pub struct muon_config_t {
     /// against an older header (a struct_size of 136 bytes or less) gets _FLAGGED, the rule it
     /// was built with.
     pub weight_decay_rule: u32,
+    /// Padding that ended the 144-byte layout (after weight_decay_rule), named so the next
+    /// field makes a layout of another size: ignored, written as 0.
+    pub reserved4: u32,
     /// The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon) or
     /// MUON_VARIANT_NORMUON (NorMuon, Megatron-LM's `--optimizer adaptive_muon` with
     /// `adaptive_muon_moment2_method = "normuon"`, Emerging-Optimizers' `AdaptiveMuon`: a
@@ -175,8 +178,8 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// mode — the earlier layout's padding, which its `muon_config_init()` left unspecified — is
 /// refused as ABI_MISMATCH naming both layouts. Since then a field that would end inside the
 /// last layout's tail padding is preceded by a `reserved` `uint32_t` filling it (as before
-/// `muon_ns_method`, 120 → 128 bytes, `muon_ownership`, 128 → 136, and `weight_decay_rule`,
-/// 136 → 144), so every later layout has a size of its own.
+/// `muon_ns_method`, 120 → 128 bytes, `muon_ownership`, 128 → 136, `weight_decay_rule`,
+/// 136 → 144, and `muon_variant`, 144 → 160), so every later layout has a size of its own.
 pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 8] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
@@ -246,6 +249,7 @@ impl muon_config_t {
             muon_ownership: cfg.muon_ownership.code(),
             reserved3: 0,
             weight_decay_rule: cfg.weight_decay_rule.code(),
+            reserved4: 0,
             muon_variant: cfg.muon_variant.code(),
             adaptive_muon_beta2: cfg.adaptive_muon_beta2,
             adaptive_muon_eps: cfg.adaptive_muon_eps,

@@ -213,6 +213,7 @@ class muon_config_t(Structure):
         ("muon_ownership", c_uint32),
         ("reserved3", c_uint32),
         ("weight_decay_rule", c_uint32),
+        ("reserved4", c_uint32),
         ("muon_variant", c_uint32),
         ("adaptive_muon_beta2", c_float),
         ("adaptive_muon_eps", c_float),

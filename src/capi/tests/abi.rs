@@ -87,7 +87,7 @@ fn older_sizes_read_the_default(
 ) {
     let mut cfg = default_config();
     set(&mut cfg, code);
-    (cfg.reserved, cfg.reserved2, cfg.reserved3) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
+    (cfg.reserved, cfg.reserved2, cfg.reserved3, cfg.reserved4) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert!(!is_default(&read), "code {code} is read at the current size");
     set(&mut cfg, 0xABAB_ABAB);
@@ -159,7 +159,7 @@ fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged
     use crate::config::WeightDecayRule;
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved3), 132);
     assert_eq!(std::mem::offset_of!(muon_config_t, weight_decay_rule), 136);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 144);
+    assert!(crate::capi::config::RELEASED_CONFIG_LAYOUTS.contains(&("weight_decay_rule", 144)));
     let cfg = default_config();
     assert_eq!(
         (cfg.weight_decay_rule, cfg.reserved3),
@@ -187,19 +187,21 @@ fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged
 }
 
 /// muon_variant, adaptive_muon_beta2 and adaptive_muon_eps follow the released 144-byte layout
-/// (which ended at weight_decay_rule, no padding): 160 bytes, and a caller compiled against
+/// (which ended at weight_decay_rule) after a fourth reserved word filling that layout's
+/// padding: 160 bytes, and a caller compiled against
 /// any older header gets standard Muon whatever lies beyond its struct; the current layout
 /// reads NorMuon with its β2 and ε.
 #[test]
 fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
     use crate::config::{DEFAULT_ADAPTIVE_MUON_BETA2, DEFAULT_ADAPTIVE_MUON_EPS, MuonVariant};
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved4), 140);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_variant), 144);
     assert_eq!(std::mem::offset_of!(muon_config_t, adaptive_muon_eps), 152);
     assert_eq!(std::mem::size_of::<muon_config_t>(), 160);
     let cfg = default_config();
     assert_eq!(
-        (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps),
-        (MUON_VARIANT_STANDARD, 0.95, 1e-8)
+        (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps, cfg.reserved4),
+        (MUON_VARIANT_STANDARD, 0.95, 1e-8, 0)
     );
     older_sizes_read_the_default(
         |c, v| c.muon_variant = v,
@@ -293,7 +295,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 160]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -457,7 +459,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144]);
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 160]);
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode
