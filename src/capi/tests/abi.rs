@@ -200,7 +200,12 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
     assert_eq!(std::mem::size_of::<muon_config_t>(), 160);
     let cfg = default_config();
     assert_eq!(
-        (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps, cfg.reserved4),
+        (
+            cfg.muon_variant,
+            cfg.adaptive_muon_beta2,
+            cfg.adaptive_muon_eps,
+            cfg.reserved4
+        ),
         (MUON_VARIANT_STANDARD, 0.95, 1e-8, 0)
     );
     older_sizes_read_the_default(
