@@ -52,6 +52,12 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
         EXPECT_EQ(pair.first.hop_latency_us, pair.second.hop_latency_us);
         EXPECT_EQ(pair.first.bus_bandwidth_gbps, pair.second.bus_bandwidth_gbps);
     }
+    EXPECT_EQ(a.muon_variant, b.muon_variant);
+    EXPECT_EQ(a.muon_variant, MUON_VARIANT_STANDARD);
+    EXPECT_EQ(a.adaptive_muon_beta2, b.adaptive_muon_beta2);
+    EXPECT_EQ(a.adaptive_muon_eps, b.adaptive_muon_eps);
+    EXPECT_EQ(a.adaptive_muon_beta2, 0.95f);
+    EXPECT_EQ(a.adaptive_muon_eps, 1e-8f);
 }
 
 TEST(Config, ADeclaredNetworkValidatesAndAnOlderStructSizeIgnoresIt) {
@@ -97,6 +103,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_ns_method", [](muon_config_t &c) { c.muon_ns_method = MUON_NS_METHOD_GRAM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ownership", [](muon_config_t &c) { c.muon_ownership = MUON_OWNERSHIP_AUTO + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"weight_decay_rule", [](muon_config_t &c) { c.weight_decay_rule = MUON_WEIGHT_DECAY_RULE_FLAGGED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_variant", [](muon_config_t &c) { c.muon_variant = MUON_VARIANT_NORMUON + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"adaptive_muon_beta2", [](muon_config_t &c) { c.adaptive_muon_beta2 = 1.0f; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"adaptive_muon_eps", [](muon_config_t &c) { c.adaptive_muon_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_ownership", [](muon_config_t &c) {
             c.muon_layout = MUON_LAYOUT_PADDED;
             c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;

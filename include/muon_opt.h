@@ -188,6 +188,17 @@ struct ncclComm;
 #define MUON_WEIGHT_DECAY_RULE_FLAGGED 2
 
 /**
+ * Muon on the Muon matrices (default; muon_config_t.muon_variant).
+ */
+#define MUON_VARIANT_STANDARD 0
+
+/**
+ * NorMuon: Megatron-LM's `--optimizer adaptive_muon` with `moment2_method` "normuon"
+ * (Emerging-Optimizers' `AdaptiveMuon`; muon_config_t.muon_variant).
+ */
+#define MUON_VARIANT_NORMUON 1
+
+/**
  * Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
  */
 #define MUON_COMM_MODE_FROM_ENV 0
@@ -767,6 +778,27 @@ typedef struct muon_config_t {
    * expert pair sharing one config) plans on it; undeclared (default): on `network`.
    */
   struct muon_network_t expert_network;
+  /**
+   * The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon) or
+   * MUON_VARIANT_NORMUON (NorMuon, Megatron-LM's `--optimizer adaptive_muon` with
+   * `adaptive_muon_moment2_method = "normuon"`, Emerging-Optimizers' `AdaptiveMuon`: a
+   * second moment per line of the orthogonalized update along its longer side, one f32 per
+   * line of every matrix, docs/design.md §6). Every rank of the data-parallel and TP groups
+   * must use the same variant (finalize checks it); a checkpoint loads only with the variant
+   * it was saved with. A caller compiled against an older header gets standard.
+   */
+  uint32_t muon_variant;
+  /**
+   * NorMuon's second-moment EMA coefficient β2 in [0, 1); default 0.95 (Megatron-LM's
+   * `adaptive_muon_beta2`). Read only with MUON_VARIANT_NORMUON.
+   */
+  float adaptive_muon_beta2;
+  /**
+   * NorMuon's ε (finite, > 0): floor of the second moment and of the normalized update's
+   * Frobenius norm; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
+   * MUON_VARIANT_NORMUON.
+   */
+  float adaptive_muon_eps;
 } muon_config_t;
 
 /**
@@ -1783,4 +1815,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 } }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f }

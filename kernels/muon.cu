@@ -188,15 +188,87 @@ extern "C" __global__ void muon_ns_add_identity(const float *src, float *dst, fl
     }
 }
 
+// NorMuon (src/numerics/normuon.rs): the sum of squares of every line of `batch` matrices of
+// `lines` lines of n elements each, in f64 (each square exact) added in element order:
+// sums[k * lines + l] = sum over i < n of x[k * matrix + l * line_stride + i * element_stride]^2.
+// One thread per line (grid-stride over every line of the batch).
+extern "C" __global__ void muon_normuon_line_sums(const float *x, double *sums, muon_u32 batch, muon_u32 lines,
+                                                  muon_u32 n, muon_u64 matrix, muon_u64 line_stride,
+                                                  muon_u64 element_stride, const double *scalars) {
+    if (muon_step_skipped(scalars)) {
+        return;
+    }
+    const muon_u64 total = (muon_u64)batch * lines;
+    for (muon_u64 e = muon_first_index(); e < total; e += muon_grid_stride()) {
+        const muon_u64 k = e / lines;
+        const float *line = x + k * matrix + (e - k * lines) * line_stride;
+        double s = 0.0;
+        for (muon_u32 i = 0u; i < n; ++i) {
+            const double v = (double)line[i * element_stride];
+            s += v * v;
+        }
+        sums[e] = s;
+    }
+}
+
+// NorMuon's second moment and norm ratio of matrix k (one block of 256 threads per matrix,
+// blocks striding over the batch), in the host's order: line l of sums[k * lines ..] gives
+// mean = f32(s / n), V = beta2 * V + (1 - beta2) * mean, inv = 1 / sqrt(max(V, eps)); thread t
+// adds s and inv^2 * s of lines t, t + 256, ... in f64, the lanes are added by a halving tree,
+// and ratio[k] = f32(sqrt(sum s)) / max(f32(sqrt(sum inv^2 s)), eps) (stored as f64, exact).
+extern "C" __global__ void muon_normuon_moments(const double *sums, float *moment2, double *ratio,
+                                                muon_u32 batch, muon_u32 lines, muon_u32 n, float beta2,
+                                                float eps, const double *scalars) {
+    __shared__ double x_lanes[256];
+    __shared__ double y_lanes[256];
+    if (muon_step_skipped(scalars)) {
+        return;
+    }
+    const float one_minus_beta2 = 1.0f - beta2;
+    for (muon_u64 k = blockIdx.x; k < batch; k += gridDim.x) {
+        double xs = 0.0;
+        double ys = 0.0;
+        for (muon_u64 l = threadIdx.x; l < lines; l += blockDim.x) {
+            const double s = sums[k * lines + l];
+            const float mean = __double2float_rn(s / (double)n);
+            const float v = beta2 * moment2[k * lines + l] + one_minus_beta2 * mean;
+            moment2[k * lines + l] = v;
+            const double inv = (double)(1.0f / sqrtf(fmaxf(v, eps)));
+            xs += s;
+            ys += inv * inv * s;
+        }
+        x_lanes[threadIdx.x] = xs;
+        y_lanes[threadIdx.x] = ys;
+        __syncthreads();
+        for (muon_u32 width = 128u; width > 0u; width >>= 1) {
+            if (threadIdx.x < width) {
+                x_lanes[threadIdx.x] += x_lanes[threadIdx.x + width];
+                y_lanes[threadIdx.x] += y_lanes[threadIdx.x + width];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0u) {
+            const float x_norm = __double2float_rn(sqrt(x_lanes[0]));
+            const float y_norm = __double2float_rn(sqrt(y_lanes[0]));
+            ratio[k] = (double)(x_norm / fmaxf(y_norm, eps));
+        }
+        __syncthreads();
+    }
+}
+
 // W = W * decay - step * X for `batch` consecutive rows x cols matrices of w, X read transposed
 // (cols x rows) when `transposed` is set (the host's transpose back, then the update), each of
 // its stored rows `x_ld` elements apart (cols, or rows when transposed, unless X is a block of
 // a wider matrix: this rank's chunk of a gathered tensor-parallel matrix), with
 // lr_eff = lr * lr_scale, decay = 1 - lr_eff * (wd * wd_scale), step = lr_eff * scale: the
-// host's f32 products, lr and wd read from the step's scalars.
+// host's f32 products, lr and wd read from the step's scalars. With NorMuon (`moment2` not
+// NULL: the matrices' second moments, `rows` values each when `per_row`, else `cols`; `ratio`
+// one per matrix, from muon_normuon_moments) X is first (x * inv) * ratio with
+// inv = 1 / sqrt(max(V, eps)) of its line.
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
                                       int transposed, muon_u32 x_ld, const double *scalars, float lr_scale,
-                                      float wd_scale, float scale) {
+                                      float wd_scale, float scale, const float *moment2, int per_row,
+                                      const double *ratio, float eps) {
     __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     if (muon_step_skipped(scalars)) {
         return;
@@ -207,9 +279,12 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
     const float step = lr_eff * scale;
     const muon_u64 size = (muon_u64)rows * cols;
     const muon_u64 c0 = (muon_u64)blockIdx.x * MUON_TILE;
+    const muon_u64 lines = per_row ? rows : cols;
     for (muon_u64 k = blockIdx.z; k < batch; k += gridDim.z) {
         float *wk = w + k * size;
         const float *xk = x + k * size;
+        const float *vk = moment2 ? moment2 + k * lines : moment2;
+        const float ratio_k = moment2 ? (float)ratio[k] : 1.0f;
         for (muon_u64 r0 = (muon_u64)blockIdx.y * MUON_TILE; r0 < rows; r0 += (muon_u64)gridDim.y * MUON_TILE) {
             if (transposed) {
                 // Tile (c0, r0) of X (cols x rows) staged, so both X and W are read along rows.
@@ -226,7 +301,11 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
                 const muon_u64 r = r0 + dy;
                 const muon_u64 c = c0 + threadIdx.x;
                 if (r < rows && c < cols) {
-                    const float xv = transposed ? tile[threadIdx.x][dy] : xk[r * x_ld + c];
+                    float xv = transposed ? tile[threadIdx.x][dy] : xk[r * x_ld + c];
+                    if (vk) {
+                        const float inv = 1.0f / sqrtf(fmaxf(vk[per_row ? r : c], eps));
+                        xv = (xv * inv) * ratio_k;
+                    }
                     wk[r * cols + c] = wk[r * cols + c] * decay - step * xv;
                 }
             }

@@ -160,6 +160,22 @@ coded_enum! {
 }
 
 coded_enum! {
+    /// Which Muon update the Muon matrices take (Megatron-LM's `--optimizer muon` or
+    /// `--optimizer adaptive_muon`, docs/design.md §6).
+    MuonVariant {
+        /// Muon: the orthogonalized momentum, scaled.
+        Standard = 0 => "standard",
+        /// NorMuon as Emerging-Optimizers' `AdaptiveMuon(moment2_method="normuon")` computes it
+        /// (v0.3.0, b309e2f0, `orthogonalized_optimizers/adaptive_muon.py`; Megatron-LM's
+        /// `--optimizer adaptive_muon` with `adaptive_muon_moment2_method = "normuon"`): an EMA
+        /// of the mean square of each line of the orthogonalized update along its longer side
+        /// (rows when rows >= cols, else columns), the update divided by the root of it and
+        /// brought back to its own Frobenius norm before the scale (`numerics::normuon`).
+        Normuon = 1 => "normuon",
+    }
+}
+
+coded_enum! {
     /// When the host backend's comm stream runs its queue.
     CommMode {
         /// Take the mode from `MUON_HOST_COMM_MODE` (`eager` or `lazy`), else eager.
@@ -234,6 +250,15 @@ pub const DEFAULT_NS_EPS: f32 = 1e-7;
 
 pub use crate::numerics::gemm::DEFAULT_SYMMETRIC_TILE;
 
+/// The default `adaptive_muon_beta2`: Megatron-LM's `OptimizerConfig.adaptive_muon_beta2`
+/// (`megatron/core/optimizer/optimizer_config.py`, commit d98e8a64) and Emerging-Optimizers'
+/// `AdaptiveMuon` `beta2` (v0.3.0).
+pub const DEFAULT_ADAPTIVE_MUON_BETA2: f32 = 0.95;
+
+/// The default `adaptive_muon_eps`: Megatron-LM's `OptimizerConfig.adaptive_muon_eps` and
+/// Emerging-Optimizers' `AdaptiveMuon` `eps` (same sources).
+pub const DEFAULT_ADAPTIVE_MUON_EPS: f32 = 1e-8;
+
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
 
@@ -280,6 +305,12 @@ pub struct Config {
     pub muon_ns_eps: f32,
     /// Which params AdamW leaves undecayed without a flag.
     pub weight_decay_rule: WeightDecayRule,
+    /// Muon or NorMuon on the Muon matrices.
+    pub muon_variant: MuonVariant,
+    /// NorMuon: EMA coefficient of the second moment (`normuon` only).
+    pub adaptive_muon_beta2: f32,
+    /// NorMuon: floor of the second moment and of the normalized update's norm.
+    pub adaptive_muon_eps: f32,
     /// Side of the tiles of the symmetric Newton–Schulz products
     /// (`numerics::gemm::SymmetricTiles`); not in `muon_config_t`: the C API always uses the
     /// default, tests lower it to tile small matrices too.
@@ -322,6 +353,9 @@ impl Default for Config {
             muon_tp_mode: TpMode::Duplicated,
             muon_ns_eps: DEFAULT_NS_EPS,
             weight_decay_rule: WeightDecayRule::Megatron,
+            muon_variant: MuonVariant::Standard,
+            adaptive_muon_beta2: DEFAULT_ADAPTIVE_MUON_BETA2,
+            adaptive_muon_eps: DEFAULT_ADAPTIVE_MUON_EPS,
             muon_ns_symmetric_tile: DEFAULT_SYMMETRIC_TILE as u32,
             network: None,
             expert_network: None,
@@ -363,6 +397,8 @@ impl Config {
         check_positive_finite("adam_eps", self.adam_eps)?;
         check_positive_finite("muon_extra_scale_factor", self.muon_extra_scale_factor)?;
         check_positive_finite("muon_ns_eps", self.muon_ns_eps)?;
+        check_unit_interval("adaptive_muon_beta2", self.adaptive_muon_beta2)?;
+        check_positive_finite("adaptive_muon_eps", self.adaptive_muon_eps)?;
         if self.muon_num_ns_steps == 0 || self.muon_num_ns_steps > MAX_NS_STEPS {
             bail!(
                 OutOfRange,

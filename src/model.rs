@@ -178,6 +178,12 @@ impl ParamSpec {
         }
     }
 
+    /// NorMuon's second-moment values of one unit (`muon_variant = normuon`): one per line of
+    /// the longer side of each of its [`ParamSpec::unit_components`] (`numerics::normuon`).
+    pub fn normuon_lines(&self) -> u64 {
+        self.unit_components().iter().map(|c| c.rows.max(c.cols)).sum()
+    }
+
     /// The Newton–Schulz problems inside one unit: one per fused component (its blocks of
     /// every split group stacked), else the unit.
     pub fn unit_components(&self) -> Vec<MatrixShape> {

@@ -17,7 +17,7 @@ use crate::backend::{Backend, PeerGroup};
 use crate::bail;
 use crate::checkpoint::{self, TpRank};
 use crate::comm::{Claim, Communicator, Transport};
-use crate::config::{Config, TpMode};
+use crate::config::{Config, MuonVariant, TpMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::init_data::InitData;
 use crate::model::{ParamSpec, Registry, Route};
@@ -411,7 +411,16 @@ impl Optimizer {
     /// param sharded on one rank only is named against `(none)`) and its owners.
     fn verify_tp(&self, plan: &Plan, tp_rank: usize, exchange: &mut agreement::Exchange) -> Result<()> {
         let (cfg, mode) = (&self.cfg, self.cfg.muon_tp_mode);
-        let mut settings = vec![Setting::new("muon_tp_mode", mode.name())];
+        let mut settings = vec![
+            Setting::new("muon_tp_mode", mode.name()),
+            Setting::new("muon_variant", cfg.muon_variant.name()),
+        ];
+        if cfg.muon_variant == MuonVariant::Normuon {
+            settings.extend([
+                Setting::new("adaptive_muon_beta2", cfg.adaptive_muon_beta2),
+                Setting::new("adaptive_muon_eps", cfg.adaptive_muon_eps),
+            ]);
+        }
         if mode != TpMode::Blockwise {
             settings.extend([
                 Setting::new("muon_ns_method", cfg.muon_ns_method.name()),
@@ -443,7 +452,7 @@ impl Optimizer {
         agreement::verify_settings(
             &settings,
             ("TP", tp_rank),
-            "every TP rank must use the same muon_tp_mode, the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
+            "every TP rank must use the same muon_tp_mode and muon_variant (with NorMuon the same adaptive_muon_beta2 and adaptive_muon_eps), the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
             exchange,
         )?;
         if mode != TpMode::Blockwise {

@@ -127,7 +127,7 @@ fn shard_bounds_inside_a_component_are_saved_as_partial_pieces() {
             let numel: u64 = component.shape.iter().product();
             for piece in &component.pieces {
                 let partial = piece.end - piece.start != numel;
-                for (k, &kind) in StateKind::of(entry.route).iter().enumerate() {
+                for (k, &kind) in StateKind::of(entry.route, index.config.muon_variant).iter().enumerate() {
                     let key = &piece.keys[&kind];
                     assert!(key.ends_with(&format!("@{}:{}", piece.start, piece.end)), "{key}");
                     let (shape, values) = tensor(&dir, &piece.file, key);

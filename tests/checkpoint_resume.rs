@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use muon_opt::checkpoint::{INDEX_FILE, Index, StateKind};
-use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership, NsMethod};
+use muon_opt::config::{Config, Dtype, MuonLayout, MuonOwnership, MuonVariant, NsMethod};
 use muon_opt::model::{ParamFlags, ParamSpec, Route};
 use muon_opt::numerics::mxfp8::{Direction, scale_shape};
 use safetensors::SafeTensors;
@@ -141,7 +141,7 @@ fn read_back(dir: &std::path::Path) -> (Index, BTreeMap<(String, StateKind), Vec
     let mut out = BTreeMap::new();
     for param in &index.params {
         let numel = param.shape.iter().product::<u64>() as usize;
-        for &kind in StateKind::of(param.route) {
+        for &kind in StateKind::of(param.route, index.config.muon_variant) {
             let mut values = vec![f32::NAN; numel];
             for component in &param.components {
                 for piece in &component.pieces {
@@ -171,7 +171,7 @@ fn every_rank_file_holds_its_masters_momenta_and_moments() {
         assert_eq!((index.dp as usize, index.step), (dp, 2));
         assert_eq!(index.files.len(), dp);
         for (p, spec) in model().iter().enumerate() {
-            let kinds = StateKind::of(spec.route());
+            let kinds = StateKind::of(spec.route(), MuonVariant::Standard);
             for (k, &kind) in kinds.iter().enumerate() {
                 let from_files = &tensors[&(spec.name.clone(), kind)];
                 assert!(

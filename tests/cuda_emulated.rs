@@ -31,7 +31,7 @@ use muon_opt::backend::cuda::{CudaBackend, Executor};
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::backend::ops::{Mem, StreamKind};
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsPrecision};
+use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, MuonVariant, NsPrecision};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::ParamSpec;
 use muon_opt::numerics::muon::MuonOptions;
@@ -133,7 +133,8 @@ fn compare_stepped_runs(
 /// symmetric tiles of 16) and tiny problems — one element, one row, one MXFP8 block — each
 /// launched on the grid the translator picks for it (a block of 256 threads for one element,
 /// a whole tile for one row), compared with the host bit for bit under f32 standard and bf16
-/// Gram Newton–Schulz, with MXFP8 gathered and local and a QK-clip every step; together the
+/// Gram Newton–Schulz (the second with NorMuon), with MXFP8 gathered and local and a QK-clip
+/// every step; together the
 /// runs launch every kernel of `kernels/`.
 #[test]
 fn emulated_ragged_and_tiny_shapes_launch_every_kernel() {
@@ -170,11 +171,12 @@ fn emulated_ragged_and_tiny_shapes_launch_every_kernel() {
         muon_ns_precision: NsPrecision::Bf16,
         mxfp8_param_gather: true,
         grad_dtype: Dtype::Bf16,
+        muon_variant: MuonVariant::Normuon,
         ..base.clone()
     };
     let mut launched = compare_clipped_runs("ragged, f32 standard", &base, &specs, true);
     launched.extend(compare_clipped_runs(
-        "ragged, bf16 Gram, MXFP8 gathered",
+        "ragged, bf16 Gram, MXFP8 gathered, NorMuon",
         &gram,
         &specs,
         true,
@@ -205,6 +207,44 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
         ..cfg
     };
     compare_runs("f32 NS, padded, bf16 grads, nesterov, clipping", &cfg, &cuda_model());
+}
+
+/// NorMuon (`muon_variant = normuon`) on the emulated device equals the host bit for bit —
+/// params, masters, momenta and the second moments — on every shape of the model (tall and
+/// wide components, so per-row and per-column statistics, transposed Newton–Schulz outputs,
+/// batched experts, per-group splits), with f32 and bf16 products, Nesterov, bf16 grads and
+/// clipping, a skipped step leaving the second moments as they were.
+#[test]
+fn emulated_normuon_matches_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        muon_variant: MuonVariant::Normuon,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    let launched = compare_clipped_runs("normuon, f32 NS, compact", &cfg, &cuda_model(), false);
+    for kernel in ["muon_normuon_line_sums", "muon_normuon_moments", "muon_apply"] {
+        assert!(launched.contains(kernel), "{kernel} did not run: {launched:?}");
+    }
+    let cfg = Config {
+        muon_layout: MuonLayout::Padded,
+        muon_ns_precision: NsPrecision::Bf16,
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        clip_grad: 0.05,
+        adaptive_muon_beta2: 0.9,
+        ..cfg
+    };
+    compare_runs(
+        "normuon, bf16 NS, padded, bf16 grads, nesterov, clipping",
+        &cfg,
+        &cuda_model(),
+    );
 }
 
 /// A step's overrides of the config's momentum and betas (a scheduler's, new every step) and
@@ -457,6 +497,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
                 grad_dtype: Dtype::F32,
                 master: 0,
                 momentum: 0,
+                moment2: 0,
                 adam_moments: 0,
                 max_component: (0, 0),
                 muon_work: MuonWork::default(),
@@ -532,24 +573,44 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
         shard("mlp.wide.weight", &[32, 64], ParamFlags::TP_SHARD_COLS),
         shard("attn.tall.weight", &[96, 16], ParamFlags::TP_SHARD_ROWS),
     ];
+    let standard = MuonVariant::Standard;
     let mut runs = vec![
-        (NsPrecision::F32, TpMode::Duplicated, NsMethod::Standard),
-        (NsPrecision::Bf16, TpMode::Duplicated, NsMethod::Standard),
-        (NsPrecision::F32, TpMode::Distributed, NsMethod::Standard),
-        (NsPrecision::Bf16Iterate, TpMode::Distributed, NsMethod::Standard),
+        (NsPrecision::F32, TpMode::Duplicated, NsMethod::Standard, standard),
+        (NsPrecision::Bf16, TpMode::Duplicated, NsMethod::Standard, standard),
+        (NsPrecision::F32, TpMode::Distributed, NsMethod::Standard, standard),
+        (
+            NsPrecision::Bf16Iterate,
+            TpMode::Distributed,
+            NsMethod::Standard,
+            standard,
+        ),
+        // NorMuon's statistics of each rank's shard of the orthogonalized matrix.
+        (
+            NsPrecision::F32,
+            TpMode::Duplicated,
+            NsMethod::Standard,
+            MuonVariant::Normuon,
+        ),
+        (
+            NsPrecision::Bf16,
+            TpMode::Distributed,
+            NsMethod::Standard,
+            MuonVariant::Normuon,
+        ),
     ];
     for precision in [NsPrecision::F32, NsPrecision::Bf16, NsPrecision::Bf16Iterate] {
         for mode in [TpMode::Duplicated, TpMode::Distributed] {
-            runs.push((precision, mode, NsMethod::Gram));
+            runs.push((precision, mode, NsMethod::Gram, standard));
         }
     }
-    for (precision, mode, method) in runs {
+    for (precision, mode, method, variant) in runs {
         let cfg = Config {
             bucket_size: 4096,
             muon_ns_symmetric_tile: SMALL_TILE,
             muon_ns_precision: precision,
             muon_ns_method: method,
             muon_tp_mode: mode,
+            muon_variant: variant,
             host_comm_mode: CommMode::Eager,
             ..Config::default()
         };
@@ -571,9 +632,15 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
                 for (x, y) in host.owned_state().unwrap().iter().zip(&emu.owned_state().unwrap()) {
                     let name = &specs[x.param as usize].name;
                     assert!(
-                        bits(&x.master) == bits(&y.master),
-                        "{mode:?} {precision:?} {method:?} TP rank {t} step {step}: {name} master differs"
+                        bits(&x.master) == bits(&y.master) && x.moments.len() == y.moments.len(),
+                        "{mode:?} {precision:?} {method:?} {variant:?} TP rank {t} step {step}: {name} master differs"
                     );
+                    for (m, n) in x.moments.iter().zip(&y.moments) {
+                        assert!(
+                            bits(m) == bits(n),
+                            "{variant:?} TP rank {t} step {step}: {name} state differs"
+                        );
+                    }
                 }
             }
         });

@@ -372,6 +372,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                 },
                 scale_mode: ScaleMode::Spectral,
                 extra_scale_factor: 1.0,
+                ..MuonOptions::from_config(&Config::default())
             };
             let n = (rows * cols) as u64;
             let mut backend = CudaBackend::new(
@@ -388,6 +389,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     grad_dtype: Dtype::F32,
                     master: n,
                     momentum: n,
+                    moment2: 0,
                     adam_moments: 0,
                     max_component: (rows * cols, rows.min(cols)),
                     muon_work: MuonWork::of_job(&[rows], cols, 1, &muon.ns),
@@ -400,6 +402,7 @@ fn newton_schulz_matches_the_golden_vectors() {
             let job = MuonJob {
                 master: Span::new(Mem::Master, 0, n),
                 momentum: Span::new(Mem::Momentum, 0, n),
+                moment2: Span::new(Mem::Moment2, 0, 0),
                 grad: Span::new(Mem::Grad(0), 0, n),
                 rows,
                 cols,

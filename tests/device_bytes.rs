@@ -2,7 +2,7 @@
 //! here they are checked against the planner's report (buffers, optimizer state per rank) and
 //! against what the simulator's full run allocates.
 
-use muon_opt::config::{Config, MuonLayout};
+use muon_opt::config::{Config, MuonLayout, MuonVariant};
 use muon_opt::model::{ParamFlags, Registry, Route};
 use muon_opt::plan::build_plan;
 use muon_opt::plan::presets::preset;
@@ -14,10 +14,12 @@ use muon_opt::sim::{Scenario, simulate};
 fn the_translator_allocates_what_the_plan_report_counts() {
     for name in ["gpt2-124m", "deepseek-v3-like"] {
         let model = preset(name).unwrap();
-        for &muon_layout in MuonLayout::ALL {
+        let layouts = MuonLayout::ALL.iter().map(|&l| (l, MuonVariant::Standard));
+        for (muon_layout, muon_variant) in layouts.chain([(MuonLayout::Compact, MuonVariant::Normuon)]) {
             let cfg = Config {
                 vocab_size: model.vocab_size,
                 muon_layout,
+                muon_variant,
                 ..Config::default()
             };
             let registry = model.registry(&cfg).unwrap();
@@ -26,16 +28,33 @@ fn the_translator_allocates_what_the_plan_report_counts() {
             let r = &plan.report;
             for rank in 0..dp {
                 let d = rank_device_bytes(&plan, registry.params(), &cfg, rank).unwrap();
-                let label = format!("{name} {} rank {rank}", muon_layout.name());
+                let label = format!("{name} {} {} rank {rank}", muon_layout.name(), muon_variant.name());
                 assert_eq!(d.params, r.param_buffer_bytes, "{label}: param buffers");
                 assert_eq!(d.grads, r.grad_buffer_bytes, "{label}: grad buffers");
                 assert_eq!(
-                    d.masters + d.momenta + d.adam_moments,
+                    d.masters + d.momenta + d.muon_moment2 + d.adam_moments,
                     r.optimizer_state_bytes.per_rank[rank],
                     "{label}: optimizer state"
                 );
                 assert!(d.workspaces > 0 && d.mxfp8 == 0, "{label}: {d:?}");
-                let parts = d.params + d.grads + d.masters + d.momenta + d.adam_moments + d.mxfp8 + d.workspaces;
+                // One f32 per line of every owned Muon matrix's components with NorMuon.
+                let lines: u64 = (plan.muon_units_of(rank).iter())
+                    .map(|u| registry.params()[u.param as usize].normuon_lines())
+                    .sum();
+                let moment2 = if muon_variant == MuonVariant::Normuon {
+                    4 * lines
+                } else {
+                    0
+                };
+                assert_eq!(d.muon_moment2, moment2, "{label}: NorMuon second moments");
+                let parts = d.params
+                    + d.grads
+                    + d.masters
+                    + d.momenta
+                    + d.muon_moment2
+                    + d.adam_moments
+                    + d.mxfp8
+                    + d.workspaces;
                 assert_eq!(d.total, parts, "{label}");
             }
         }

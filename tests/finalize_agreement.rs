@@ -9,7 +9,7 @@ use std::time::Duration;
 use muon_opt::backend::cuda::CallerStream;
 use muon_opt::backend::host::comm::HostGroup;
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{Config, Dtype, Network, WeightDecayRule};
+use muon_opt::config::{Config, Dtype, MuonVariant, Network, WeightDecayRule};
 use muon_opt::error::{Error, ErrorKind};
 use muon_opt::model::ParamSpec;
 use muon_opt::optimizer::Optimizer;
@@ -87,6 +87,29 @@ fn a_differing_numerics_setting_is_named() {
             .message
             .contains("is \"flagged\" on rank 1")
     );
+    // Muon on one rank and NorMuon on the other would give one matrix two updates.
+    let other = Config {
+        muon_variant: MuonVariant::Normuon,
+        ..Config::default()
+    };
+    let results = finalize([Config::default(), other], None, false);
+    assert_mismatch(&results, &["config field 'muon_variant'"]);
+    assert!(
+        results[1]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("is \"normuon\" on rank 1")
+    );
+    let normuon = Config {
+        muon_variant: MuonVariant::Normuon,
+        ..Config::default()
+    };
+    let other = Config {
+        adaptive_muon_beta2: 0.9,
+        ..normuon.clone()
+    };
+    assert_mismatch(&finalize([normuon, other], None, false), &["'adaptive_muon_beta2'"]);
 }
 
 /// The declared network is part of the agreement: a rank that declares other figures, or none

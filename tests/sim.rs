@@ -517,7 +517,7 @@ fn the_figures_count_host_syncs_launches_and_device_bytes() {
     let d = sim.device_bytes;
     assert_eq!(
         d.total,
-        d.params + d.grads + d.masters + d.momenta + d.adam_moments + d.mxfp8 + d.workspaces
+        d.params + d.grads + d.masters + d.momenta + d.muon_moment2 + d.adam_moments + d.mxfp8 + d.workspaces
     );
     // bf16 params and f32 grads of every element, at least.
     let numel: u64 = preset("gpt2-124m").unwrap().params.iter().map(|p| p.numel()).sum();

@@ -148,6 +148,9 @@ pub enum Mem {
     Master,
     /// fp32 Muon momentum of the owned units (same layout as the Muon part of `Master`).
     Momentum,
+    /// fp32 NorMuon second moment of the owned units (`muon_variant = normuon`): per unit, per
+    /// component, one value per line of its longer side (`numerics::normuon`).
+    Moment2,
     /// fp32 AdamW first moment of the owned pieces.
     ExpAvg,
     /// fp32 AdamW second moment of the owned pieces.
@@ -346,6 +349,9 @@ impl PartialEq for NormSums {
 pub struct MuonJob {
     pub master: Span,
     pub momentum: Span,
+    /// The NorMuon second moment of the job's units (`MuonOptions::moment2_len` values; empty
+    /// for standard Muon).
+    pub moment2: Span,
     /// The reduced gradient (grad dtype).
     pub grad: Span,
     pub rows: usize,

@@ -4,8 +4,8 @@ use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
 use crate::config::{
-    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, ScaleMode,
-    TpMode, WeightDecayRule,
+    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, MuonVariant, Network, NsMethod, NsPrecision,
+    ScaleMode, TpMode, WeightDecayRule,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -211,6 +211,21 @@ pub struct muon_config_t {
     /// whose every Muon-routed param is an expert stack (the expert optimizer of a dense +
     /// expert pair sharing one config) plans on it; undeclared (default): on `network`.
     pub expert_network: muon_network_t,
+    /// The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon) or
+    /// MUON_VARIANT_NORMUON (NorMuon, Megatron-LM's `--optimizer adaptive_muon` with
+    /// `adaptive_muon_moment2_method = "normuon"`, Emerging-Optimizers' `AdaptiveMuon`: a
+    /// second moment per line of the orthogonalized update along its longer side, one f32 per
+    /// line of every matrix, docs/design.md §6). Every rank of the data-parallel and TP groups
+    /// must use the same variant (finalize checks it); a checkpoint loads only with the variant
+    /// it was saved with. A caller compiled against an older header gets standard.
+    pub muon_variant: u32,
+    /// NorMuon's second-moment EMA coefficient β2 in [0, 1); default 0.95 (Megatron-LM's
+    /// `adaptive_muon_beta2`). Read only with MUON_VARIANT_NORMUON.
+    pub adaptive_muon_beta2: f32,
+    /// NorMuon's ε (finite, > 0): floor of the second moment and of the normalized update's
+    /// Frobenius norm; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
+    /// MUON_VARIANT_NORMUON.
+    pub adaptive_muon_eps: f32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -230,8 +245,10 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// last layout's tail padding is preceded by a `reserved` `uint32_t` filling it (as before
 /// `muon_ns_method`, 120 → 128 bytes, `muon_ownership`, 128 → 136, and `weight_decay_rule`,
 /// 136 → 144), so every later layout has a size of its own; `network` and `expert_network`
-/// (two 24-byte `muon_network_t`, 8-byte aligned, starting at the 144-byte end) make 192.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 8] = [
+/// (two 24-byte `muon_network_t`, 8-byte aligned, starting at the 144-byte end) make 192, which
+/// ends on the struct's alignment, and `muon_variant`, `adaptive_muon_beta2` and
+/// `adaptive_muon_eps` follow it: 208.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 9] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
@@ -240,6 +257,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 8] = [
     ("muon_ownership", 136),
     ("weight_decay_rule", 144),
     ("expert_network", 192),
+    ("adaptive_muon_eps", 208),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -302,6 +320,9 @@ impl muon_config_t {
             weight_decay_rule: cfg.weight_decay_rule.code(),
             network: muon_network_t::from_network(cfg.network),
             expert_network: muon_network_t::from_network(cfg.expert_network),
+            muon_variant: cfg.muon_variant.code(),
+            adaptive_muon_beta2: cfg.adaptive_muon_beta2,
+            adaptive_muon_eps: cfg.adaptive_muon_eps,
         }
     }
 
@@ -354,6 +375,9 @@ impl muon_config_t {
             weight_decay_rule: WeightDecayRule::from_code("weight_decay_rule", self.weight_decay_rule)?,
             network: self.network.to_network("network")?,
             expert_network: self.expert_network.to_network("expert_network")?,
+            muon_variant: MuonVariant::from_code("muon_variant", self.muon_variant)?,
+            adaptive_muon_beta2: self.adaptive_muon_beta2,
+            adaptive_muon_eps: self.adaptive_muon_eps,
             ..Config::default()
         };
         cfg.validate()?;

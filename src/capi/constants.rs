@@ -75,6 +75,12 @@ pub const MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM: u32 = 1;
 /// before muon_config_t.weight_decay_rule).
 pub const MUON_WEIGHT_DECAY_RULE_FLAGGED: u32 = 2;
 
+/// Muon on the Muon matrices (default; muon_config_t.muon_variant).
+pub const MUON_VARIANT_STANDARD: u32 = 0;
+/// NorMuon: Megatron-LM's `--optimizer adaptive_muon` with `moment2_method` "normuon"
+/// (Emerging-Optimizers' `AdaptiveMuon`; muon_config_t.muon_variant).
+pub const MUON_VARIANT_NORMUON: u32 = 1;
+
 /// Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
 pub const MUON_COMM_MODE_FROM_ENV: u32 = 0;
 /// Host comm worker runs work as soon as it can.
@@ -162,8 +168,8 @@ pub fn route_code(route: Route) -> u32 {
 mod tests {
     use super::*;
     use crate::config::{
-        CoefficientSet, CommMode, Dtype, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ScaleMode, TpMode,
-        WeightDecayRule,
+        CoefficientSet, CommMode, Dtype, MuonLayout, MuonOwnership, MuonVariant, NsMethod, NsPrecision, ScaleMode,
+        TpMode, WeightDecayRule,
     };
     use crate::model::ParamFlags;
 
@@ -207,6 +213,8 @@ mod tests {
             MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM
         );
         assert_eq!(WeightDecayRule::Flagged.code(), MUON_WEIGHT_DECAY_RULE_FLAGGED);
+        assert_eq!(MuonVariant::Standard.code(), MUON_VARIANT_STANDARD);
+        assert_eq!(MuonVariant::Normuon.code(), MUON_VARIANT_NORMUON);
         assert_eq!(MuonOwnership::Balanced.code(), MUON_OWNERSHIP_BALANCED);
         assert_eq!(MuonOwnership::Contiguous.code(), MUON_OWNERSHIP_CONTIGUOUS);
         assert_eq!(MuonOwnership::Auto.code(), MUON_OWNERSHIP_AUTO);

@@ -14,6 +14,7 @@
 //!   contiguous; Muon orthogonalizes part c of every group together.
 
 use crate::bail;
+use crate::config::MuonVariant;
 use crate::error::Result;
 use crate::model::{ParamSpec, Route};
 use crate::plan::ElemRange;
@@ -35,6 +36,10 @@ pub enum StateKind {
     Master,
     /// Muon momentum.
     Momentum,
+    /// NorMuon second moment (`muon_variant = normuon`), stored per item: every item holds the
+    /// value of its line (the row or column of its component the statistic belongs to,
+    /// `numerics::normuon`), so it reshards like the momentum.
+    Moment2,
     /// AdamW first moment.
     ExpAvg,
     /// AdamW second moment.
@@ -42,12 +47,13 @@ pub enum StateKind {
 }
 
 impl StateKind {
-    /// The kinds of a route, in the order of [`crate::schedule::OwnedState`]: the master, then
-    /// each moment.
-    pub fn of(route: Route) -> &'static [StateKind] {
-        match route {
-            Route::Muon => &[StateKind::Master, StateKind::Momentum],
-            Route::Adamw => &[StateKind::Master, StateKind::ExpAvg, StateKind::ExpAvgSq],
+    /// The kinds of a route under `variant`, in the order of [`crate::schedule::OwnedState`]:
+    /// the master, then each moment.
+    pub fn of(route: Route, variant: MuonVariant) -> &'static [StateKind] {
+        match (route, variant) {
+            (Route::Muon, MuonVariant::Standard) => &[StateKind::Master, StateKind::Momentum],
+            (Route::Muon, MuonVariant::Normuon) => &[StateKind::Master, StateKind::Momentum, StateKind::Moment2],
+            (Route::Adamw, _) => &[StateKind::Master, StateKind::ExpAvg, StateKind::ExpAvgSq],
         }
     }
 
@@ -55,6 +61,7 @@ impl StateKind {
         match self {
             StateKind::Master => "master",
             StateKind::Momentum => "momentum",
+            StateKind::Moment2 => "moment2",
             StateKind::ExpAvg => "exp_avg",
             StateKind::ExpAvgSq => "exp_avg_sq",
         }

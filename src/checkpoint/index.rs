@@ -13,7 +13,7 @@ use super::components::{Component, StateKind, components, split_by_component, te
 use super::tp::{Block, Placement, TpRank, TpSplit, block_items, block_text, held_blocks};
 use crate::bail;
 use crate::config::{
-    CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, NsMethod, NsPrecision, ScaleMode, TpMode,
+    CoefficientSet, Config, DEFAULT_NS_EPS, Dtype, MuonLayout, MuonVariant, NsMethod, NsPrecision, ScaleMode, TpMode,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::{ParamFlags, ParamSpec, Route};
@@ -59,6 +59,24 @@ pub struct NumericsConfig {
     /// optimizer with the same method.
     #[serde(default = "standard_method", skip_serializing_if = "is_standard_method")]
     pub muon_ns_method: NsMethod,
+    /// Written only when it is not `standard` (older checkpoints read as `standard`): a NorMuon
+    /// checkpoint holds a second moment a standard optimizer has no place for, and a standard
+    /// one none to resume NorMuon from, so a checkpoint loads only with its variant.
+    #[serde(default = "standard_variant", skip_serializing_if = "is_standard_variant")]
+    pub muon_variant: MuonVariant,
+    /// NorMuon's β2 and ε, written with `normuon` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_muon_beta2: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_muon_eps: Option<f32>,
+}
+
+fn standard_variant() -> MuonVariant {
+    MuonVariant::Standard
+}
+
+fn is_standard_variant(value: &MuonVariant) -> bool {
+    *value == MuonVariant::Standard
 }
 
 fn standard_method() -> NsMethod {
@@ -101,6 +119,9 @@ impl NumericsConfig {
             clip_grad: cfg.clip_grad,
             muon_ns_eps: cfg.muon_ns_eps,
             muon_ns_method: cfg.muon_ns_method,
+            muon_variant: cfg.muon_variant,
+            adaptive_muon_beta2: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_beta2),
+            adaptive_muon_eps: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_eps),
         }
     }
 }
@@ -305,7 +326,7 @@ impl Index {
         for rank in 0..plan.dp as usize {
             for (param, range) in rank_ranges(plan, rank) {
                 let (p, entry) = (param as usize, &mut params[param as usize]);
-                let kinds = StateKind::of(entry.route);
+                let kinds = StateKind::of(entry.route, cfg.muon_variant);
                 for (c, part) in split_by_component(&comps[p], range) {
                     let (global, block) = &placements[p].parts[c];
                     let component = &mut entry.components[*global];
@@ -450,7 +471,12 @@ impl Index {
                     return Err(format!("component '{}' starts at {}", component.name, component.offset));
                 }
                 next_offset += component.shape.iter().product::<u64>();
-                check_pieces(param.route, component, held.as_ref(), &names)?;
+                check_pieces(
+                    StateKind::of(param.route, self.config.muon_variant),
+                    component,
+                    held.as_ref(),
+                    &names,
+                )?;
             }
             if next_offset != param.shape.iter().product::<u64>() {
                 return Err(format!("param '{}': components cover {next_offset} items", param.name));
@@ -497,6 +523,14 @@ impl Index {
 
     /// Checks that the checkpoint was saved with `cfg`'s numerics.
     pub fn check_config(&self, cfg: &Config) -> Result<()> {
+        if self.config.muon_variant != cfg.muon_variant {
+            bail!(
+                CheckpointMismatch,
+                "config field muon_variant: this optimizer has \"{}\" but the checkpoint was saved with \"{}\"; the variant decides which state the Muon matrices have, so it must be equal",
+                cfg.muon_variant.name(),
+                self.config.muon_variant.name()
+            );
+        }
         let (saved, ours) = (self.config.fields(), NumericsConfig::of(cfg).fields());
         for (field, value) in ours.clone() {
             if saved.get(&field) != Some(&value) {
@@ -626,16 +660,15 @@ impl ParamEntry {
     }
 }
 
-/// The pieces of `component` are in order, disjoint, carry a key per state kind of `route`,
+/// The pieces of `component` are in order, disjoint, carry a key per state kind of `kinds`,
 /// name a file of `files` and cover exactly `held`: None = nothing, Some(None) = the whole
 /// component, Some(Some(block)) = that block of it.
 fn check_pieces(
-    route: Route,
+    kinds: &[StateKind],
     component: &ComponentEntry,
     held: Option<&Option<Block>>,
     files: &HashMap<&str, ()>,
 ) -> std::result::Result<(), String> {
-    let kinds = StateKind::of(route);
     let (block, items) = match held {
         None => (None, 0),
         Some(None) => (None, component.shape.iter().product()),

@@ -81,7 +81,7 @@ pub fn inspect(dir: &Path) -> Result<Summary> {
                 route,
                 params: params.len(),
                 items,
-                bytes: items * 4 * StateKind::of(route).len() as u64,
+                bytes: items * 4 * StateKind::of(route, index.config.muon_variant).len() as u64,
             }
         })
         .collect();

@@ -220,7 +220,7 @@ pub(super) fn plan_reads<'a>(
         let p = param as usize;
         let (spec, placement) = (&runtime.params()[p], &placements[p]);
         let saved = &holders[p];
-        let kinds = StateKind::of(saved[0].1.route);
+        let kinds = StateKind::of(saved[0].1.route, runtime.config().muon_variant);
         let len = range.len() as usize;
         pieces.push(OwnedState {
             param,

@@ -241,6 +241,7 @@ fn write_rank_file(runtime: &mut Runtime, rank: usize, placements: &[Placement],
     let comps: Vec<Vec<Component>> = runtime.params().iter().map(components).collect();
     let globals: Vec<Vec<Component>> = placements.iter().map(|p| components(&p.global)).collect();
     let routes: Vec<_> = runtime.plan().params.iter().map(|p| p.route).collect();
+    let variant = runtime.config().muon_variant;
     let mut tensors = Vec::new();
     for piece in runtime.owned_state()? {
         let p = piece.param as usize;
@@ -257,7 +258,7 @@ fn write_rank_file(runtime: &mut Runtime, rank: usize, placements: &[Placement],
             };
             let within = part.shifted_down(piece.range.start);
             let within = within.start as usize..within.end as usize;
-            for (&kind, values) in StateKind::of(routes[p]).iter().zip(&values) {
+            for (&kind, values) in StateKind::of(routes[p], variant).iter().zip(&values) {
                 let key = tensor_key(name, kind, block.as_deref(), local);
                 tensors.push(Tensor::new(key, shape.clone(), &values[within.clone()]));
             }

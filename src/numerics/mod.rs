@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod muon;
 pub mod mxfp8;
 pub mod newton_schulz;
+pub mod normuon;
 pub mod qk_clip;
 pub mod simd;
 pub mod square_sum;

@@ -14,7 +14,12 @@
 //!    over the TP ranks, orthogonalizes it and keeps this rank's chunk; `distributed` mode runs
 //!    Newton–Schulz on the shard with the norm and every `X·Xᵀ` summed over the ranks; both
 //!    scale by the whole component's shape;
-//! 4. `W = W·decay − (lr_eff·scale_k)·X_k`.
+//! 4. with `muon_variant = normuon`, `X_k` is normalized by its second moment first
+//!    ([`normuon`](super::normuon): statistics per line of the longer side of the component
+//!    as this rank holds it — a TP shard's own, as Megatron-LM's `TensorParallelAdaptiveMuon`
+//!    keeps them — each component with its `lines` values of the param's moment2 state, in
+//!    component order);
+//! 5. `W = W·decay − (lr_eff·scale_k)·X_k`.
 //!
 //! Step 4 fuses Megatron's decoupled weight decay `p.mul_(1 − lr·wd)` (done before the
 //! update there) with the update; it is the same `W ← W − lr·wd·W − lr·scale·X`. The scale is
@@ -22,11 +27,12 @@
 //! QKV components one by one through `scaled_orthogonalize_fn`.
 
 use crate::bail;
-use crate::config::{Config, NsPrecision, ScaleMode, TpMode};
+use crate::config::{Config, MuonVariant, NsPrecision, ScaleMode, TpMode};
 use crate::error::Result;
 use crate::numerics::newton_schulz::{
     NsOptions, NsWorkspace, ShardSums, newton_schulz_in_place, newton_schulz_sharded_in_place,
 };
+use crate::numerics::normuon::{self, NormuonOptions};
 use crate::numerics::step_args::{ParamScales, param_rates};
 
 /// The Muon fields of a configuration (the momentum μ is the step's: [`MuonStepArgs`]).
@@ -40,18 +46,42 @@ pub struct MuonOptions {
     pub scale_mode: ScaleMode,
     /// Extra multiplier of the update scale (0.2 matches AdamW's update RMS, Moonlight).
     pub extra_scale_factor: f32,
+    /// Muon or NorMuon.
+    pub variant: MuonVariant,
+    /// NorMuon's β2 and ε (read with [`MuonVariant::Normuon`] only).
+    pub normuon: NormuonOptions,
 }
 
 impl MuonOptions {
-    /// Takes `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode` and
-    /// `muon_extra_scale_factor` from `cfg`.
+    /// Takes `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode`,
+    /// `muon_extra_scale_factor`, `muon_variant` and NorMuon's constants from `cfg`.
     pub fn from_config(cfg: &Config) -> Self {
         MuonOptions {
             nesterov: cfg.muon_nesterov,
             ns: NsOptions::from_config(cfg),
             scale_mode: cfg.muon_scale_mode,
             extra_scale_factor: cfg.muon_extra_scale_factor,
+            variant: cfg.muon_variant,
+            normuon: NormuonOptions {
+                beta2: cfg.adaptive_muon_beta2,
+                eps: cfg.adaptive_muon_eps,
+            },
         }
+    }
+
+    /// The second-moment values of a job of `shape` (0 for standard Muon): per component,
+    /// [`normuon::lines`] of its rows and the columns.
+    pub fn moment2_len(&self, shape: &MuonShape<'_>) -> usize {
+        if self.variant != MuonVariant::Normuon {
+            return 0;
+        }
+        let whole = [shape.rows];
+        let components = if shape.split_rows.is_empty() {
+            &whole[..]
+        } else {
+            shape.split_rows
+        };
+        components.iter().map(|&rows| normuon::lines(rows, shape.cols)).sum()
     }
 }
 
@@ -240,7 +270,26 @@ pub fn muon_update(
     opts: &MuonOptions,
     ws: &mut MuonWorkspace,
 ) -> Result<()> {
-    muon_update_sharded(master, momentum, grad, shape, args, opts, ws, None)
+    muon_update_sharded(master, (momentum, &mut []), grad, shape, args, opts, ws, None)
+}
+
+/// [`muon_update`] with the NorMuon second moment `moment2` ([`MuonOptions::moment2_len`]
+/// values; empty for standard Muon).
+///
+/// # Errors
+/// As [`muon_update`], and `InvalidArgument` if `moment2` has the wrong length.
+#[allow(clippy::too_many_arguments)]
+pub fn muon_update_with_moment2(
+    master: &mut [f32],
+    momentum: &mut [f32],
+    moment2: &mut [f32],
+    grad: &[f32],
+    shape: &MuonShape<'_>,
+    args: &MuonStepArgs,
+    opts: &MuonOptions,
+    ws: &mut MuonWorkspace,
+) -> Result<()> {
+    muon_update_sharded(master, (momentum, moment2), grad, shape, args, opts, ws, None)
 }
 
 /// [`muon_update`] of a tensor-parallel shard: with `tp`, step 3 orthogonalizes each component
@@ -248,11 +297,12 @@ pub fn muon_update(
 /// along the partition dim, Newton–Schulz, keep this rank's chunk; distributed: Newton–Schulz
 /// on the shard with the sums completed over the ranks) and scales it by the whole
 /// component's shape (Megatron's `scale_factor_fn_tp`); without `tp` it is [`muon_update`].
-/// Every TP rank makes the same gathers in the same order.
+/// Every TP rank makes the same gathers in the same order. `state` is the momentum and the
+/// NorMuon second moment ([`MuonOptions::moment2_len`] values, of the shard).
 #[allow(clippy::too_many_arguments)]
 pub fn muon_update_sharded(
     master: &mut [f32],
-    momentum: &mut [f32],
+    (momentum, moment2): (&mut [f32], &mut [f32]),
     grad: &[f32],
     shape: &MuonShape<'_>,
     args: &MuonStepArgs,
@@ -276,6 +326,15 @@ pub fn muon_update_sharded(
         }
     }
     opts.ns.validate()?;
+    let moment2_len = opts.moment2_len(shape);
+    if moment2.len() != moment2_len {
+        bail!(
+            InvalidArgument,
+            "muon_update: moment2 has {} elements, expected {moment2_len} for {rows}×{cols} with muon_variant {}",
+            moment2.len(),
+            opts.variant.name()
+        );
+    }
 
     if ws.update.len() < len {
         ws.update.resize(len, 0.0);
@@ -307,7 +366,7 @@ pub fn muon_update_sharded(
         }
         update.copy_from_slice(&ws.grouped);
     }
-    let mut start = 0;
+    let (mut start, mut line) = (0, 0);
     for &comp_rows in components {
         let range = start..start + comp_rows * cols;
         start = range.end;
@@ -325,6 +384,11 @@ pub fn muon_update_sharded(
                 (comp_rows, cols)
             }
         };
+        if opts.variant == MuonVariant::Normuon {
+            let lines = normuon::lines(comp_rows, cols);
+            normuon::normalize(x, comp_rows, cols, &mut moment2[line..line + lines], &opts.normuon)?;
+            line += lines;
+        }
         let step = rates.lr * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
         let apply = |w: &mut [f32], x: &[f32]| {
             for (w, &x) in w.iter_mut().zip(x) {

@@ -35,7 +35,7 @@
 //! reverse registration order), averaged over every element and divided by the model's
 //! elements: 0 would be a collective per param as its gradient lands.
 
-use crate::config::{Config, Dtype, MuonLayout};
+use crate::config::{Config, Dtype, MuonLayout, MuonVariant};
 use crate::model::{ParamSpec, Route};
 
 use super::Layout;
@@ -47,6 +47,9 @@ use super::types::BucketSplit;
 
 /// Muon: fp32 momentum.
 pub const MUON_MOMENT_BYTES_PER_ELEMENT: u64 = 4;
+/// NorMuon (`muon_variant = normuon`): one fp32 second moment per line of the longer side of
+/// each component of a unit ([`ParamSpec::normuon_lines`]).
+pub const MUON_MOMENT2_BYTES_PER_LINE: u64 = 4;
 /// AdamW: fp32 m + v.
 pub const ADAMW_MOMENT_BYTES_PER_ELEMENT: u64 = 8;
 /// The fp32 master of a param that is not f32 (an f32 param is its own master).
@@ -163,7 +166,8 @@ pub struct Report {
     /// Muon elements owned per rank (the memory cap is 1.3 × the mean).
     pub muon_elements: RankStats<u64>,
     /// Optimizer state per rank: 4 B per owned Muon element, 8 B per AdamW shard element, and
-    /// 4 B more per element of a param that is not f32 (its fp32 master).
+    /// 4 B more per element of a param that is not f32 (its fp32 master); with NorMuon 4 B per
+    /// line of every owned Muon matrix's components (their longer sides).
     pub optimizer_state_bytes: RankStats<u64>,
     /// Newton–Schulz cost per rank, `T·(4m²n + 2m³)` summed over owned matrices.
     pub ns_cost: RankStats<f64>,
@@ -212,9 +216,14 @@ impl Report {
                 Route::Adamw => elements.adamw += spec.numel(),
             }
             let per_element = state_bytes_per_element(spec, MUON_MOMENT_BYTES_PER_ELEMENT);
+            let moment2 = if placement.route == Route::Muon && cfg.muon_variant == MuonVariant::Normuon {
+                spec.normuon_lines() * MUON_MOMENT2_BYTES_PER_LINE
+            } else {
+                0
+            };
             for &r in &placement.unit_owners {
                 muon_elements[r as usize] += placement.unit_numel;
-                state[r as usize] += placement.unit_numel * per_element;
+                state[r as usize] += placement.unit_numel * per_element + moment2;
             }
         }
         for bucket in layout.buckets.iter().filter(|b| b.route == Route::Adamw) {

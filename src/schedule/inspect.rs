@@ -39,7 +39,8 @@ pub struct OwnedState {
     /// Element range inside the param.
     pub range: ElemRange,
     pub master: Vec<f32>,
-    /// Muon: `[momentum]`; AdamW: `[exp_avg, exp_avg_sq]`.
+    /// Muon: `[momentum]`, with NorMuon `[momentum, moment2]` (the second moment as one value
+    /// per item, `state::moment2_to_items`); AdamW: `[exp_avg, exp_avg_sq]`.
     pub moments: Vec<Vec<f32>>,
 }
 
@@ -50,11 +51,19 @@ impl Runtime {
         let mut out = Vec::new();
         for slot in self.layout.muon.clone() {
             let offset = self.plan.params[slot.unit.param as usize].offset;
+            let mut moments = vec![self.backend.download(slot.momentum())?];
+            if slot.moment2.1 > 0 {
+                let lines = self.backend.download(slot.moment2())?;
+                moments.push(super::state::moment2_to_items(
+                    &self.params[slot.unit.param as usize],
+                    &lines,
+                ));
+            }
             out.push(OwnedState {
                 param: slot.unit.param,
                 range: slot.unit.range.shifted_down(offset),
                 master: self.backend.download(slot.master())?,
-                moments: vec![self.backend.download(slot.momentum())?],
+                moments,
             });
         }
         for slot in self.layout.adamw.clone() {

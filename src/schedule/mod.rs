@@ -608,6 +608,11 @@ impl Runtime {
             let job = MuonJob {
                 master: Span::new(first.master.mem, first.master.start, len),
                 momentum: Span::new(Mem::Momentum, first.state, len),
+                moment2: Span::new(
+                    Mem::Moment2,
+                    first.moment2.0,
+                    last.moment2.0 + last.moment2.1 - first.moment2.0,
+                ),
                 grad: Span::new(Mem::Grad(first.unit.buffer), range.start, len),
                 rows: batch.count * matrix.rows as usize,
                 cols: matrix.cols as usize,

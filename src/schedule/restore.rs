@@ -54,7 +54,10 @@ impl Runtime {
                 ranges.len()
             );
         }
-        let moments = |i: usize| if i < self.layout.muon.len() { 1 } else { 2 };
+        let moments = |i: usize| match self.layout.muon.get(i) {
+            Some(slot) => 1 + usize::from(slot.moment2.1 > 0),
+            None => 2,
+        };
         for (i, (piece, &(param, range))) in pieces.iter().zip(&ranges).enumerate() {
             let fits = piece.param == param
                 && piece.range == range
@@ -76,6 +79,10 @@ impl Runtime {
         for (slot, piece) in self.layout.muon.clone().iter().zip(muon) {
             self.backend.upload(slot.master(), &piece.master)?;
             self.backend.upload(slot.momentum(), &piece.moments[0])?;
+            if let Some(items) = piece.moments.get(1) {
+                let lines = super::state::moment2_from_items(&self.params[slot.unit.param as usize], items);
+                self.backend.upload(slot.moment2(), &lines)?;
+            }
         }
         for (slot, piece) in self.layout.adamw.clone().iter().zip(adamw) {
             self.backend.upload(slot.master(), &piece.master)?;

@@ -3,7 +3,7 @@
 //! itself (its range of the param buffer): a copy would hold the same bits.
 
 use crate::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span, TpComponent};
-use crate::config::{Config, Dtype, TpMode};
+use crate::config::{Config, Dtype, MuonVariant, TpMode};
 use crate::model::ParamFlags;
 use crate::model::ParamSpec;
 use crate::numerics::mxfp8::ScaleLayout;
@@ -17,6 +17,9 @@ pub struct MuonSlot {
     pub unit: OwnedUnit,
     /// Offset in `Mem::Momentum`.
     pub state: u64,
+    /// Offset in `Mem::Moment2` and length (0 for standard Muon): the NorMuon second moment of
+    /// the unit, [`moment2_lines`] values.
+    pub moment2: (u64, u64),
     /// Its fp32 master: in `Mem::Master`, or the unit's range of an f32 param buffer.
     pub master: Span,
 }
@@ -97,17 +100,20 @@ fn batch_units(muon: &[MuonSlot]) -> Vec<MuonBatch> {
 impl StateLayout {
     /// Lays out the state of `rank`.
     pub fn new(plan: &Plan, params: &[ParamSpec], cfg: &Config, rank: usize) -> Self {
-        let (mut momentum, mut master) = (0u64, 0u64);
+        let (mut momentum, mut master, mut moment2) = (0u64, 0u64, 0u64);
         let muon: Vec<MuonSlot> = plan
             .muon_units_of(rank)
             .into_iter()
             .map(|unit| {
+                let lines = moment2_lines(&params[unit.param as usize], cfg);
                 let slot = MuonSlot {
                     unit,
                     state: momentum,
+                    moment2: (moment2, lines),
                     master: master_span(plan, unit.bucket, unit.range, &mut master),
                 };
                 momentum += unit.range.len();
+                moment2 += lines;
                 slot
             })
             .collect();
@@ -178,6 +184,7 @@ impl StateLayout {
             grad_dtype: cfg.grad_dtype,
             master,
             momentum,
+            moment2,
             adam_moments: moments,
             max_component,
             muon_work,
@@ -217,6 +224,9 @@ impl MuonSlot {
     pub fn momentum(&self) -> Span {
         Span::new(Mem::Momentum, self.state, self.unit.range.len())
     }
+    pub fn moment2(&self) -> Span {
+        Span::new(Mem::Moment2, self.moment2.0, self.moment2.1)
+    }
     pub fn grad(&self) -> Span {
         Span::new(
             Mem::Grad(self.unit.buffer),
@@ -244,10 +254,66 @@ impl AdamwSlot {
     }
 }
 
+/// The NorMuon second-moment values of one unit of `spec` under `cfg`: 0 for standard Muon,
+/// else per component one per line of its longer side (`numerics::normuon::lines`, of the
+/// component as this rank holds it: a TP shard's own).
+pub fn moment2_lines(spec: &ParamSpec, cfg: &Config) -> u64 {
+    if cfg.muon_variant != MuonVariant::Normuon {
+        return 0;
+    }
+    spec.normuon_lines()
+}
+
 /// The rows of each component of a Muon job over `count` consecutive units of `spec`: every
 /// unit is one matrix, split further by the fused splits (a component of a per-group split
 /// holds its rows of every group).
 pub fn component_rows(spec: &ParamSpec, count: usize) -> Vec<usize> {
     let unit: Vec<usize> = spec.unit_components().iter().map(|c| c.rows as usize).collect();
     unit.repeat(count)
+}
+
+/// Calls `visit(item, line, first)` for every item of one unit of `spec` (row-major in the
+/// unit) with the index of its NorMuon line in the unit's [`moment2_lines`] values, and
+/// whether it is the first item of that line: per component (its rows in component order,
+/// `numerics::muon::component_row_order`), its lines are its rows when it has at least as
+/// many rows as columns, else its columns.
+fn visit_moment2_items(spec: &ParamSpec, mut visit: impl FnMut(usize, usize, bool)) {
+    let cols = spec.unit_matrix().cols as usize;
+    let rows = component_rows(spec, 1);
+    let order = crate::numerics::muon::component_row_order(&rows, spec.split_groups.max(1) as usize);
+    let (mut first_row, mut base) = (0, 0);
+    for &comp_rows in &rows {
+        let by_row = crate::numerics::normuon::per_row(comp_rows, cols);
+        for i in 0..comp_rows {
+            let row = order[first_row + i];
+            for j in 0..cols {
+                let (line, first) = if by_row { (i, j == 0) } else { (j, i == 0) };
+                visit(row * cols + j, base + line, first);
+            }
+        }
+        first_row += comp_rows;
+        base += crate::numerics::normuon::lines(comp_rows, cols);
+    }
+}
+
+/// One unit's NorMuon second moment (`lines`, [`moment2_lines`] values) as one value per item
+/// of the unit: each item holds its line's value (how checkpoints store it,
+/// `checkpoint::StateKind::Moment2`).
+pub fn moment2_to_items(spec: &ParamSpec, lines: &[f32]) -> Vec<f32> {
+    let mut items = vec![0.0; spec.unit_matrix().rows as usize * spec.unit_matrix().cols as usize];
+    visit_moment2_items(spec, |item, line, _| items[item] = lines[line]);
+    items
+}
+
+/// The inverse of [`moment2_to_items`]: each line takes the value of its first item (a
+/// checkpoint of another TP shard shape, whose lines differ, gives each line the statistic
+/// its first item had).
+pub fn moment2_from_items(spec: &ParamSpec, items: &[f32]) -> Vec<f32> {
+    let mut lines = vec![0.0; spec.normuon_lines() as usize];
+    visit_moment2_items(spec, |item, line, first| {
+        if first {
+            lines[line] = items[item];
+        }
+    });
+    lines
 }

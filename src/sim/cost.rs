@@ -399,6 +399,10 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         Kernel::NsAddIdentity => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 8,
         // (master, x, batch, rows, cols, t, scalars, …): master read+write, x read
         Kernel::MuonApply => arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * 12,
+        // (x, sums, batch, lines, n, …): x read, one f64 sum per line written
+        Kernel::NormuonLineSums => arg_u64(a, 2) * arg_u64(a, 3) * (arg_u64(a, 4) * 4 + 8),
+        // (sums, moment2, ratio, batch, lines, …): the sums read, the moments read and written
+        Kernel::NormuonMoments => arg_u64(a, 3) * arg_u64(a, 4) * 16,
         // master, exp_avg, exp_avg_sq read+write, grad read
         Kernel::Adamw => arg_u64(a, 5) * (24 + elem(a, 4)),
         // the scalar slots and one exact sum per rank (dp is argument 2)

@@ -72,6 +72,7 @@ fn what(action: &Action) -> &'static str {
             Kernel::NsAddIdentity => "ns add identity",
             Kernel::GemmTileTables => "ns tile tables",
             Kernel::MuonApply => "muon apply",
+            Kernel::NormuonLineSums | Kernel::NormuonMoments => "normuon moments",
             Kernel::Adamw => "adamw",
             Kernel::StepScalars => "step scalars",
             Kernel::Mxfp8Quantize => "mxfp8 quantize",

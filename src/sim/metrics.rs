@@ -16,6 +16,8 @@ pub struct DeviceBytes {
     pub grads: u64,
     pub masters: u64,
     pub momenta: u64,
+    /// NorMuon's second moments (`muon_variant = normuon`).
+    pub muon_moment2: u64,
     pub adam_moments: u64,
     pub mxfp8: u64,
     pub workspaces: u64,
@@ -24,12 +26,13 @@ pub struct DeviceBytes {
 
 impl DeviceBytes {
     /// Every kind with its name, in the order of the fields.
-    pub fn parts(&self) -> [(&'static str, u64); 7] {
+    pub fn parts(&self) -> [(&'static str, u64); 8] {
         [
             ("params", self.params),
             ("grads", self.grads),
             ("masters", self.masters),
             ("momenta", self.momenta),
+            ("muon moment2", self.muon_moment2),
             ("adam moments", self.adam_moments),
             ("mxfp8", self.mxfp8),
             ("workspaces", self.workspaces),
@@ -45,6 +48,7 @@ impl DeviceBytes {
                 Buf::Mem(Mem::Grad(_) | Mem::Staging(_)) => &mut d.grads,
                 Buf::Mem(Mem::Master) => &mut d.masters,
                 Buf::Mem(Mem::Momentum) => &mut d.momenta,
+                Buf::Mem(Mem::Moment2) => &mut d.muon_moment2,
                 Buf::Mem(Mem::ExpAvg | Mem::ExpAvgSq) => &mut d.adam_moments,
                 Buf::Mxfp8 { .. } => &mut d.mxfp8,
                 Buf::Work(_) | Buf::Scalars => &mut d.workspaces,

@@ -131,6 +131,7 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
     std::function<void()> kernel;
     // The kernels that meet at __syncthreads (their blocks' threads run concurrently).
     const bool barriers = k == "muon_ns_normalize" || k == "muon_ns_symmetrize" || k == "muon_apply" ||
+                          k == "muon_normuon_moments" ||
                           k == "muon_mxfp8_quantize_bf16" || k == "muon_sumsq_partials" || k == "muon_sumsq_finish" ||
                           k == "muon_norm_partials" || k == "muon_step_scalars";
     if (k == "muon_adamw") {
@@ -172,7 +173,20 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         kernel = [&] {
             muon_apply(arg<float *>(a, 0), arg<const float *>(a, 1), arg<muon_u32>(a, 2), arg<muon_u32>(a, 3),
                        arg<muon_u32>(a, 4), arg<int>(a, 5), arg<muon_u32>(a, 6), arg<const double *>(a, 7),
-                       arg<float>(a, 8), arg<float>(a, 9), arg<float>(a, 10));
+                       arg<float>(a, 8), arg<float>(a, 9), arg<float>(a, 10), arg<const float *>(a, 11),
+                       arg<int>(a, 12), arg<const double *>(a, 13), arg<float>(a, 14));
+        };
+    } else if (k == "muon_normuon_line_sums") {
+        kernel = [&] {
+            muon_normuon_line_sums(arg<const float *>(a, 0), arg<double *>(a, 1), arg<muon_u32>(a, 2),
+                                   arg<muon_u32>(a, 3), arg<muon_u32>(a, 4), arg<muon_u64>(a, 5),
+                                   arg<muon_u64>(a, 6), arg<muon_u64>(a, 7), arg<const double *>(a, 8));
+        };
+    } else if (k == "muon_normuon_moments") {
+        kernel = [&] {
+            muon_normuon_moments(arg<const double *>(a, 0), arg<float *>(a, 1), arg<double *>(a, 2),
+                                 arg<muon_u32>(a, 3), arg<muon_u32>(a, 4), arg<muon_u32>(a, 5), arg<float>(a, 6),
+                                 arg<float>(a, 7), arg<const double *>(a, 8));
         };
     } else if (k == "muon_mxfp8_quantize_bf16") {
         kernel = [&] {

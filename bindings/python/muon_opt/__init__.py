@@ -57,6 +57,7 @@ ScaleMode = _enum("ScaleMode", "MUON_SCALE_")
 CommMode = _enum("CommMode", "MUON_COMM_MODE_")
 TpMode = _enum("TpMode", "MUON_TP_MODE_")
 WeightDecayRule = _enum("WeightDecayRule", "MUON_WEIGHT_DECAY_RULE_")
+MuonVariant = _enum("MuonVariant", "MUON_VARIANT_")
 Route = _enum("Route", "MUON_ROUTE_")
 ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
@@ -765,6 +766,7 @@ __all__ = [
     "CommMode",
     "TpMode",
     "WeightDecayRule",
+    "MuonVariant",
     "Route",
     "ParamFlag",
     "Mxfp8Scales",

@@ -76,6 +76,9 @@ MUON_WEIGHT_DECAY_RULE_MEGATRON = 0
 MUON_WEIGHT_DECAY_RULE_MEGATRON_QK_LAYERNORM = 1
 MUON_WEIGHT_DECAY_RULE_FLAGGED = 2
 
+MUON_VARIANT_STANDARD = 0
+MUON_VARIANT_NORMUON = 1
+
 MUON_COMM_MODE_FROM_ENV = 0
 MUON_COMM_MODE_EAGER = 1
 MUON_COMM_MODE_LAZY = 2
@@ -222,6 +225,9 @@ class muon_config_t(Structure):
         ("weight_decay_rule", c_uint32),
         ("network", muon_network_t),
         ("expert_network", muon_network_t),
+        ("muon_variant", c_uint32),
+        ("adaptive_muon_beta2", c_float),
+        ("adaptive_muon_eps", c_float),
     ]
 
 

@@ -86,6 +86,13 @@ in bf16 also ≤ 5 steps and not ``polar_express``: ``muon_config_t.muon_ns_meth
 standard one elsewhere; ``"standard"`` (the default, Megatron-LM's) the standard one
 everywhere. The two agree up to rounding. It overrides ``config.muon_ns_method``.
 
+Variant: ``variant="normuon"`` trains the Muon params with NorMuon (Megatron-LM's
+``--optimizer adaptive_muon`` with ``moment2_method="normuon"``, Emerging-Optimizers'
+``AdaptiveMuon``): each orthogonalized update is divided by the root of an EMA (β2
+``config.adaptive_muon_beta2``, default 0.95) of its mean square per row or column (the longer
+side) and brought back to its own norm before the scale; its state holds one more float per
+row or column. ``"standard"`` (the default) is Muon. It overrides ``config.muon_variant``.
+
 Grads: every ``.grad`` is a view of the library's buffer. Torch setting it to None
 (``model.zero_grad()``) or replacing it (a hook, a scaler) is harmless: the grad hook and
 ``step()`` move the values into the buffer and rebind it. ``opt.zero_grad()`` zeroes the buffer
@@ -122,7 +129,7 @@ from pathlib import Path
 
 import torch
 
-from . import Dtype, NsMethod, Optimizer, Ownership, ParamFlag, QkClip, QkKind, Route
+from . import Dtype, MuonVariant, NsMethod, Optimizer, Ownership, ParamFlag, QkClip, QkKind, Route
 from . import _torch_groups as _groups
 from . import _torch_state as _state
 from ._qk_layout import check_maxima_count, expected_rows
@@ -156,6 +163,7 @@ _CHOICES = {
         "muon_ownership",
         {"balanced": Ownership.BALANCED, "contiguous": Ownership.CONTIGUOUS, "auto": Ownership.AUTO},
     ),
+    "variant": ("muon_variant", {"standard": MuonVariant.STANDARD, "normuon": MuonVariant.NORMUON}),
 }
 
 
@@ -224,7 +232,8 @@ class Muon(torch.optim.Optimizer):
     model's dtype — torch keeps ``.grad`` in the param's dtype, so the two must agree — and
     ``muon_extra_scale_factor`` 0.2, Moonlight's convention); ``ns_method``: ``"standard"`` or
     ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"auto"``,
-    ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership``; ``network`` and
+    ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership``; ``variant``:
+    ``"standard"`` or ``"normuon"``, in place of its ``muon_variant``; ``network`` and
     ``expert_network``: ``(hop_latency_us, bus_bandwidth_gbps)`` of the data-parallel (and
     expert data-parallel) ring, in place of the config's (the config passed is not changed).
     See the module's docstring for the groups, the grads, ``state_dict`` and the defaults.
@@ -253,6 +262,7 @@ class Muon(torch.optim.Optimizer):
         ownership=None,
         network=None,
         expert_network=None,
+        variant=None,
         overlap_grad_reduce=False,
         state_dir=None,
     ):
@@ -275,7 +285,7 @@ class Muon(torch.optim.Optimizer):
             config = Config(muon_extra_scale_factor=MOONLIGHT_SCALE)
             if len(dtypes) == 1:
                 config.grad_dtype = _DTYPES[dtypes.pop()]
-        for argument, value in (("ns_method", ns_method), ("ownership", ownership)):
+        for argument, value in (("ns_method", ns_method), ("ownership", ownership), ("variant", variant)):
             if value is not None:
                 config = _with_choice(config, argument, value)
         for field, value in (("network", network), ("expert_network", expert_network)):

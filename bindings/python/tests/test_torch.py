@@ -162,12 +162,12 @@ def gram_model():
         )
 
 
-def one_gram_step(ns_method):
+def one_gram_step(ns_method, variant=None):
     """One step of gram_model on one rank: (initial params, grads, params after)."""
     with mo.HostGroup(1) as group:
         model = gram_model()
         cfg = mo.Config(clip_grad=0.0, muon_ns_precision=mo.NsPrecision.F32, muon_coefficient_set=mo.Coefficients.SIMPLE)
-        opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, ns_method=ns_method)
+        opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, ns_method=ns_method, variant=variant)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.zero_grad()
         x = torch.linspace(-1.0, 1.0, 4 * 8).reshape(4, 8)
@@ -291,6 +291,28 @@ class TorchAdapter(unittest.TestCase):
                 torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5, msg=name)
             moved = float((standard[name] - before[name]).abs().max())
             self.assertLess(float((gram[name] - standard[name]).abs().max()), 1e-3 * moved, name)
+
+    def test_normuon_variant(self):
+        """``variant="normuon"``: from zero state the second moment is (1 − β2) times the mean
+        square of each line of the longer side of the orthogonalized update X (read off the
+        standard step), X divided by its root and brought back to X's norm, then scaled as
+        Muon's (Emerging-Optimizers' AdaptiveMuon, written here in float64)."""
+        before, grads, standard = one_gram_step("standard")
+        _, _, normuon = one_gram_step("standard", variant="normuon")
+        lr, wd, beta2 = 0.02, 0.1, 0.95
+        for name in before:
+            rows, cols = before[name].shape
+            scale = lr * max(rows, cols) ** 0.5
+            decayed = before[name].double() * (1 - lr * wd)
+            x = (decayed - standard[name].double()) / scale
+            v = (1 - beta2) * x.square().mean(dim=1 if rows >= cols else 0, keepdim=True)
+            y = x / v.clamp_min(1e-8).sqrt()
+            y = y * (x.norm() / y.norm())
+            want = decayed - scale * y
+            torch.testing.assert_close(normuon[name].double(), want, rtol=0, atol=1e-5, msg=name)
+            self.assertGreater(float((normuon[name] - standard[name]).abs().max()), 1e-4, name)
+        with self.assertRaises(ValueError):
+            one_gram_step("standard", variant="adamuon")
 
     def test_an_untied_output_head_must_be_named(self):
         class Untied(torch.nn.Module):

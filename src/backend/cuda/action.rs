@@ -55,6 +55,9 @@ pub enum Work {
     GramSpare,
     /// Squared Frobenius norms of the matrices of one batch (f64).
     Norms,
+    /// NorMuon: the line sums of squares of one batch, then its matrices' norm ratios (f64;
+    /// only with `muon_variant = normuon`).
+    Moment2Sums,
     /// Block partial sums of squares (f64).
     Partials,
     /// The pointer lists of the tiled symmetric products of one Newton–Schulz call
@@ -83,6 +86,8 @@ pub enum Kernel {
     NsAddIdentity,
     GemmTileTables,
     MuonApply,
+    NormuonLineSums,
+    NormuonMoments,
     StepScalars,
     Adamw,
     Mxfp8Quantize,
@@ -91,7 +96,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every kernel the backend loads.
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::CastF32ToBf16,
         Kernel::Cast,
         Kernel::SumsqPartials,
@@ -103,6 +108,8 @@ impl Kernel {
         Kernel::NsAddIdentity,
         Kernel::GemmTileTables,
         Kernel::MuonApply,
+        Kernel::NormuonLineSums,
+        Kernel::NormuonMoments,
         Kernel::Adamw,
         Kernel::StepScalars,
         Kernel::Mxfp8Quantize,
@@ -119,7 +126,9 @@ impl Kernel {
             | Kernel::NsSymmetrize
             | Kernel::NsAddIdentity
             | Kernel::GemmTileTables
-            | Kernel::MuonApply => "muon.cu",
+            | Kernel::MuonApply
+            | Kernel::NormuonLineSums
+            | Kernel::NormuonMoments => "muon.cu",
             Kernel::Adamw => "adamw.cu",
             Kernel::StepScalars => "step.cu",
             Kernel::Mxfp8Quantize => "mxfp8_quantize.cu",
@@ -141,6 +150,8 @@ impl Kernel {
             Kernel::NsAddIdentity => "muon_ns_add_identity",
             Kernel::GemmTileTables => "muon_gemm_tile_tables",
             Kernel::MuonApply => "muon_apply",
+            Kernel::NormuonLineSums => "muon_normuon_line_sums",
+            Kernel::NormuonMoments => "muon_normuon_moments",
             Kernel::Adamw => "muon_adamw",
             Kernel::StepScalars => "muon_step_scalars",
             Kernel::Mxfp8Quantize => "muon_mxfp8_quantize_bf16",

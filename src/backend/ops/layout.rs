@@ -28,6 +28,9 @@ pub struct MuonWork {
     /// Elements of the largest job whose components are interleaved in split groups (its
     /// update in component order); 0 when there is none.
     pub grouped: u64,
+    /// The most NorMuon lines of one run (`count · max(rows, cols)`), whose line sums a
+    /// NorMuon update holds at once.
+    pub lines: u64,
 }
 
 impl MuonWork {
@@ -49,6 +52,7 @@ impl MuonWork {
                 need.gram_iteration = need.gram_iteration.max(gram);
             }
             need.run = need.run.max(run.len() as u64);
+            need.lines = need.lines.max(run.len() as u64 * (run[0] as u64).max(cols));
         }
         need
     }
@@ -61,6 +65,7 @@ impl MuonWork {
             gram_iteration: self.gram_iteration.max(other.gram_iteration),
             run: self.run.max(other.run),
             grouped: self.grouped.max(other.grouped),
+            lines: self.lines.max(other.lines),
         }
     }
 }
@@ -103,6 +108,8 @@ pub struct MemoryLayout {
     pub grad_dtype: Dtype,
     pub master: u64,
     pub momentum: u64,
+    /// Elements of the NorMuon second moment ([`super::Mem::Moment2`]; 0 for standard Muon).
+    pub moment2: u64,
     pub adam_moments: u64,
     /// Bounds of every single matrix Newton–Schulz orthogonalizes on this rank (a fused
     /// component, an expert): (elements, shorter side), for a workspace that takes them one at

@@ -98,7 +98,10 @@ fn summary_text(summary: &Summary) -> String {
         ))
     );
     for (i, r) in summary.routes.iter().enumerate() {
-        let kinds: Vec<&str> = StateKind::of(r.route).iter().map(|k| k.name()).collect();
+        let kinds: Vec<&str> = StateKind::of(r.route, summary.config.muon_variant)
+            .iter()
+            .map(|k| k.name())
+            .collect();
         let _ = writeln!(
             out,
             "  {:<9} {:<5} {:>5} params {:>14} items {:>16} bytes ({})",

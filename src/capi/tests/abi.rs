@@ -192,6 +192,46 @@ fn weight_decay_rule_appends_a_layout_of_its_own_size_and_older_ones_get_flagged
     }
 }
 
+/// muon_variant, adaptive_muon_beta2 and adaptive_muon_eps follow the released 192-byte layout
+/// (which ended at expert_network, on the struct's alignment): 208 bytes, and a caller
+/// compiled against any older header gets standard Muon whatever lies beyond its struct; the
+/// current layout reads NorMuon with its β2 and ε.
+#[test]
+fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
+    use crate::config::{DEFAULT_ADAPTIVE_MUON_BETA2, DEFAULT_ADAPTIVE_MUON_EPS, MuonVariant};
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_variant), 192);
+    assert_eq!(std::mem::offset_of!(muon_config_t, adaptive_muon_eps), 200);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 208);
+    let cfg = default_config();
+    assert_eq!(
+        (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps),
+        (MUON_VARIANT_STANDARD, 0.95, 1e-8)
+    );
+    older_sizes_read_the_default(
+        |c, v| c.muon_variant = v,
+        MUON_VARIANT_NORMUON,
+        |r| r.muon_variant == MuonVariant::Standard,
+        &[192, 144, 136, 128, 120, 112, 104],
+    );
+    let mut cfg = default_config();
+    (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps) = (MUON_VARIANT_NORMUON, 0.9, 1e-6);
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        (read.muon_variant, read.adaptive_muon_beta2, read.adaptive_muon_eps),
+        (MuonVariant::Normuon, 0.9, 1e-6)
+    );
+    cfg.struct_size = 192;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        (read.muon_variant, read.adaptive_muon_beta2, read.adaptive_muon_eps),
+        (
+            MuonVariant::Standard,
+            DEFAULT_ADAPTIVE_MUON_BETA2,
+            DEFAULT_ADAPTIVE_MUON_EPS
+        )
+    );
+}
+
 /// muon_tp_mode's default is duplicated (Megatron-LM's since its PR #6380) in the current
 /// layout; the codes keep their meaning, so a struct of an older layout holding the
 /// MUON_TP_MODE_BLOCKWISE its header's MUON_CONFIG_INIT wrote reads blockwise, one holding
@@ -228,7 +268,6 @@ fn the_networks_append_a_layout_of_their_own_size_older_ones_are_undeclared_and_
     assert_eq!(std::mem::offset_of!(muon_config_t, network), 144);
     assert_eq!(std::mem::offset_of!(muon_config_t, expert_network), 168);
     assert_eq!(std::mem::size_of::<muon_network_t>(), 24);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 192);
     let declared = muon_network_t {
         declared: 1,
         reserved: 0,
@@ -377,7 +416,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -429,6 +468,21 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             |c| c.weight_decay_rule = 3,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "weight_decay_rule: unknown value 3; valid values are 0 (megatron), 1 (megatron_qk_layernorm), 2 (flagged)",
+        ),
+        (
+            |c| c.muon_variant = 2,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "muon_variant: unknown value 2; valid values are 0 (standard), 1 (normuon)",
+        ),
+        (
+            |c| c.adaptive_muon_beta2 = 1.0,
+            MUON_STATUS_OUT_OF_RANGE,
+            "adaptive_muon_beta2: 1 is outside [0, 1)",
+        ),
+        (
+            |c| c.adaptive_muon_eps = f32::INFINITY,
+            MUON_STATUS_OUT_OF_RANGE,
+            "adaptive_muon_eps: inf must be finite and > 0",
         ),
         (
             |c| c.host_comm_mode = 3,
@@ -505,6 +559,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "muon_ns_method" => word + offset_of!(muon_config_t, muon_ns_method),
             "muon_ownership" => word + offset_of!(muon_config_t, muon_ownership),
             "weight_decay_rule" => word + offset_of!(muon_config_t, weight_decay_rule),
+            "adaptive_muon_eps" => word + offset_of!(muon_config_t, adaptive_muon_eps),
             "expert_network" => std::mem::size_of::<muon_network_t>() + offset_of!(muon_config_t, expert_network),
             other => panic!("no field {other}"),
         }
@@ -527,7 +582,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192]);
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192, 208]);
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode

@@ -49,6 +49,9 @@ pub(super) struct WorkSizes {
     pub(super) gram_iteration: u64,
     /// f64 slots of `Norms`: the most matrices of one batch.
     pub(super) norms: u64,
+    /// NorMuon's f64 line sums of one batch (`Moment2Sums`, followed by `norms` ratios); 0
+    /// for standard Muon.
+    pub(super) lines: u64,
     /// Device pointers of `TileTables`: [`TILE_LISTS`] lists of three operands' tiles, each as
     /// many as the most tiles of one batch of symmetric products (`batch · T(T+1)/2 ≤
     /// batch · m² / tile² ≤ gram / tile²`); 0 when no product is tiled.
@@ -100,7 +103,7 @@ impl Translator {
                 Some(sizes) => (span.mem, sizes.dtype),
                 None => bail!(Internal, "{:?} is not allocated", span.mem),
             },
-            Mem::Master | Mem::Momentum | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
+            Mem::Master | Mem::Momentum | Mem::Moment2 | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
             Mem::Init(p) => (span.mem, self.init_dtype(p)?),
         };
         let (ptr, bytes) = self.buffer(Buf::Mem(mem))?;
@@ -143,6 +146,9 @@ impl Translator {
         }
         alloc(Buf::Mem(Mem::Master), layout.master * 4);
         alloc(Buf::Mem(Mem::Momentum), layout.momentum * 4);
+        if layout.moment2 > 0 {
+            alloc(Buf::Mem(Mem::Moment2), layout.moment2 * 4);
+        }
         alloc(Buf::Mem(Mem::ExpAvg), layout.adam_moments * 4);
         alloc(Buf::Mem(Mem::ExpAvgSq), layout.adam_moments * 4);
         for t in &layout.mxfp8 {
@@ -168,6 +174,7 @@ impl Translator {
             gram: need.gram,
             gram_iteration: need.gram_iteration,
             norms: need.run.max(1),
+            lines: if layout.moment2 > 0 { need.lines } else { 0 },
             tile_pointers: self.tile_pointers(need.gram),
         };
         // The update of a Nesterov step; without Nesterov it is the momentum itself, and the
@@ -201,6 +208,9 @@ impl Translator {
             }
         }
         alloc(Buf::Work(Work::Norms), work.norms * 8);
+        if work.lines > 0 {
+            alloc(Buf::Work(Work::Moment2Sums), (work.lines + work.norms) * 8);
+        }
         if work.tile_pointers > 0 {
             alloc(Buf::Work(Work::TileTables), work.tile_pointers * 8);
         }

@@ -3,15 +3,24 @@
 //! distributed, and the apply.
 
 use super::newton_schulz::Sharding;
-use super::{Translator, launch, launch_tiled, to_u32};
-use crate::backend::cuda::action::{Action, Arg, DevPtr, Kernel, NcclCall, NcclType, Work};
+use super::{MAX_BLOCKS, THREADS, Translator, launch, launch_tiled, to_u32};
+use crate::backend::cuda::action::{Action, Arg, DevPtr, Kernel, Launch, NcclCall, NcclType, Work};
 use crate::backend::cuda::translate::collectives::on_tp_comm;
 use crate::backend::ops::{MemoryLayout, MuonJob, MuonWork, StreamKind};
 use crate::bail;
-use crate::config::TpMode;
+use crate::config::{MuonVariant, TpMode};
 use crate::error::Result;
 use crate::numerics::muon::{MuonShape, TpDim, TpJob, muon_scale};
 use crate::numerics::newton_schulz::runs_gram;
+use crate::numerics::normuon;
+
+/// Where a NorMuon apply finds its second moments and norm ratios, and which side they run
+/// along.
+struct Moment2Args {
+    moment2: DevPtr,
+    per_row: bool,
+    ratio: DevPtr,
+}
 
 /// Copies between a per-group split matrix in param row order (`param`) and in component order
 /// (`ordered`), one copy per (component, group) block (`numerics::muon::component_row_order`);
@@ -187,6 +196,75 @@ impl Translator {
         }
     }
 
+    /// NorMuon's second moment of `batch` orthogonalized `rows × cols` matrices at `x` (stored
+    /// transposed, `cols × rows`, when `transposed`; stored rows `ld` elements apart), whose
+    /// state is at `moment2`: the line sums of squares, then the moments and norm ratios
+    /// (`numerics::normuon`), for the apply.
+    #[allow(clippy::too_many_arguments)]
+    fn normuon_moments(
+        &self,
+        actions: &mut Vec<Action>,
+        (x, transposed, ld): (DevPtr, bool, u64),
+        batch: u64,
+        (rows, cols): (u64, u64),
+        moment2: DevPtr,
+        scalars: DevPtr,
+    ) -> Result<Moment2Args> {
+        let per_row = normuon::per_row(rows as usize, cols as usize);
+        let lines = normuon::lines(rows as usize, cols as usize) as u64;
+        if batch * lines > self.work.lines || batch > self.work.norms {
+            bail!(
+                Internal,
+                "muon_update: {batch} NorMuon matrices of {lines} lines exceed the workspace sized at allocate for {} lines",
+                self.work.lines
+            );
+        }
+        // Element (r, c) of X is at r·row + c·col.
+        let (row, col) = if transposed { (1, ld) } else { (ld, 1) };
+        let (line_stride, element_stride, n) = if per_row { (row, col, cols) } else { (col, row, rows) };
+        let sums = self.work(Work::Moment2Sums)?;
+        let ratio = sums + self.work.lines * 8;
+        let (opts, matrix) = (&self.muon.normuon, rows * cols);
+        actions.push(launch(
+            Kernel::NormuonLineSums,
+            batch * lines,
+            StreamKind::Compute,
+            vec![
+                Arg::Ptr(x),
+                Arg::Ptr(sums),
+                Arg::U32(to_u32("batch", batch)?),
+                Arg::U32(to_u32("lines", lines)?),
+                Arg::U32(to_u32("line length", n)?),
+                Arg::U64(matrix),
+                Arg::U64(line_stride),
+                Arg::U64(element_stride),
+                Arg::Ptr(scalars),
+            ],
+        ));
+        actions.push(Action::Launch(Launch {
+            kernel: Kernel::NormuonMoments,
+            grid: [to_u32("batch", batch)?.min(MAX_BLOCKS as u32), 1, 1],
+            block: [THREADS, 1, 1],
+            stream: StreamKind::Compute,
+            args: vec![
+                Arg::Ptr(sums),
+                Arg::Ptr(moment2),
+                Arg::Ptr(ratio),
+                Arg::U32(to_u32("batch", batch)?),
+                Arg::U32(to_u32("lines", lines)?),
+                Arg::U32(to_u32("line length", n)?),
+                Arg::F32(opts.beta2),
+                Arg::F32(opts.eps),
+                Arg::Ptr(scalars),
+            ],
+        }));
+        Ok(Moment2Args {
+            moment2,
+            per_row,
+            ratio,
+        })
+    }
+
     pub(super) fn muon_update(&self, job: &MuonJob) -> Result<Vec<Action>> {
         self.muon.ns.validate()?;
         MuonShape {
@@ -224,6 +302,27 @@ impl Translator {
             );
         }
         let opts = &self.muon;
+        let moment2 = match opts.variant {
+            MuonVariant::Normuon => {
+                let shape = MuonShape {
+                    rows: job.rows,
+                    cols: job.cols,
+                    split_rows: &job.split_rows,
+                    split_groups: job.split_groups,
+                };
+                let r = self.resolve_f32(job.moment2)?;
+                if r.len != opts.moment2_len(&shape) as u64 {
+                    bail!(
+                        InvalidArgument,
+                        "muon_update: moment2 has {} elements, expected {} for {rows}×{cols}",
+                        r.len,
+                        opts.moment2_len(&shape)
+                    );
+                }
+                Some(r.ptr)
+            }
+            MuonVariant::Standard => None,
+        };
         // Without Nesterov the update is the new momentum: Newton–Schulz reads it where it is
         // (nothing writes the momentum before the next step).
         let momentum_out = if opts.nesterov {
@@ -259,7 +358,7 @@ impl Translator {
         };
         // Consecutive components of equal shape form one strided batch; a tensor-parallel
         // shard's components are gathered and orthogonalized whole, one at a time.
-        let mut start = 0u64;
+        let (mut start, mut line) = (0u64, 0u64);
         let mut i = 0;
         while i < split.len() {
             let comp_rows = split[i];
@@ -287,6 +386,21 @@ impl Translator {
                 scale_cols as usize,
                 opts.extra_scale_factor,
             );
+            let m2 = match moment2 {
+                Some(state) => {
+                    let m2 = self.normuon_moments(
+                        &mut actions,
+                        (x, transposed, ld),
+                        batch,
+                        (comp_rows, cols),
+                        state + line * 4,
+                        scalars,
+                    )?;
+                    line += batch * normuon::lines(comp_rows as usize, cols as usize) as u64;
+                    Some(m2)
+                }
+                None => None,
+            };
             actions.push(launch_tiled(
                 Kernel::MuonApply,
                 comp_rows,
@@ -304,6 +418,10 @@ impl Translator {
                     Arg::F32(job.scales.lr_scale),
                     Arg::F32(job.scales.wd_scale),
                     Arg::F32(scale),
+                    Arg::Ptr(m2.as_ref().map_or(0, |m| m.moment2)),
+                    Arg::I32(i32::from(m2.as_ref().is_some_and(|m| m.per_row))),
+                    Arg::Ptr(m2.as_ref().map_or(0, |m| m.ratio)),
+                    Arg::F32(opts.normuon.eps),
                 ],
             )?);
             start += batch * comp_rows * cols;

@@ -14,7 +14,7 @@ use crate::config::Dtype;
 use crate::error::Result;
 use crate::numerics::adamw::{AdamWArgs, adamw_update_split};
 use crate::numerics::bf16::f32_to_bf16_rne;
-use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update, muon_update_sharded};
+use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update_sharded};
 use crate::numerics::mxfp8::{Direction, scale_shape};
 use crate::numerics::{RANK_NORM_WORDS, RankNorm, SquareSum, mean_scale, step_scalars};
 
@@ -63,6 +63,7 @@ impl HostBackend {
         }
         mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
         mems.insert(Mem::Momentum, Storage::new(layout.momentum, Dtype::F32)?);
+        mems.insert(Mem::Moment2, Storage::new(layout.moment2, Dtype::F32)?);
         mems.insert(Mem::ExpAvg, Storage::new(layout.adam_moments, Dtype::F32)?);
         mems.insert(Mem::ExpAvgSq, Storage::new(layout.adam_moments, Dtype::F32)?);
         self.mems = mems;
@@ -297,6 +298,7 @@ impl HostBackend {
             let grad = self.read_as_f32(job.grad, &mut scratch)?;
             let master = unsafe { self.f32s(job.master) }?;
             let momentum = unsafe { self.f32s(job.momentum) }?;
+            let moment2 = unsafe { self.f32s(job.moment2) }?;
             let shape = MuonShape {
                 rows: job.rows,
                 cols: job.cols,
@@ -304,7 +306,16 @@ impl HostBackend {
                 split_groups: job.split_groups,
             };
             let Some((tp, group)) = &tp_group else {
-                return muon_update(master, momentum, grad, &shape, &args, &self.muon_opts, &mut workspace);
+                return muon_update_sharded(
+                    master,
+                    (momentum, moment2),
+                    grad,
+                    &shape,
+                    &args,
+                    &self.muon_opts,
+                    &mut workspace,
+                    None,
+                );
             };
             let mut gather = |shard: &[f32]| Self::gather_tp(group, shard);
             let mut shard = TpShard {
@@ -315,16 +326,16 @@ impl HostBackend {
             };
             // A skipped step changes no state, yet the TP peers gather whatever this rank
             // does: the update runs on copies, so every collective of it is joined.
-            let (mut master_copy, mut momentum_copy);
-            let (master, momentum) = if skipped {
-                (master_copy, momentum_copy) = (master.to_vec(), momentum.to_vec());
-                (&mut master_copy[..], &mut momentum_copy[..])
+            let (mut master_copy, mut momentum_copy, mut moment2_copy);
+            let (master, momentum, moment2) = if skipped {
+                (master_copy, momentum_copy, moment2_copy) = (master.to_vec(), momentum.to_vec(), moment2.to_vec());
+                (&mut master_copy[..], &mut momentum_copy[..], &mut moment2_copy[..])
             } else {
-                (master, momentum)
+                (master, momentum, moment2)
             };
             muon_update_sharded(
                 master,
-                momentum,
+                (momentum, moment2),
                 grad,
                 &shape,
                 &args,
