@@ -126,3 +126,67 @@ fn the_pipeline_bubble_is_p_minus_one_over_m_v_of_the_ideal_compute() {
     };
     assert!(flat.pipeline_bubble().is_err());
 }
+
+/// `simulate` with the batch, expert and pipeline flags is the named job: NVIDIA's
+/// Qwen3-30B-A3B run as one command gives the named scenario's figures.
+#[test]
+fn the_command_line_runs_the_named_job() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args([
+            "simulate",
+            "--model",
+            "qwen3-30b-a3b",
+            "--dp",
+            "8",
+            "--ep",
+            "8",
+            "--top-k",
+            "8",
+        ])
+        .args(["--global-batch", "512", "--micro-batch", "8", "--seq-len", "4096"])
+        .args([
+            "--hardware",
+            "gb300-nvl72",
+            "--mxfp8",
+            "--grad-dtype",
+            "bf16",
+            "--ownership",
+            "balanced",
+        ])
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run = &runs[0];
+    assert_eq!(
+        (run["tokens_per_gpu"].as_u64(), run["micro_batches"].as_u64()),
+        (Some(512 * 4096 / 8), Some(8))
+    );
+    let job = muon_opt::sim::scenarios::job("qwen3-30b-a3b ep8 dp8 gb300")
+        .unwrap()
+        .scenario(true)
+        .unwrap();
+    let named = simulate(&Scenario {
+        ownership: muon_opt::config::MuonOwnership::Balanced,
+        ..job
+    })
+    .unwrap();
+    assert_eq!(run["iteration_ms"].as_f64(), Some(named.figures.iteration_ms));
+    let uneven = std::process::Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args([
+            "simulate",
+            "--model",
+            "gpt2-124m",
+            "--dp",
+            "3",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "1024",
+        ])
+        .output()
+        .unwrap();
+    assert!(!uneven.status.success());
+    assert!(String::from_utf8_lossy(&uneven.stderr).contains("not a multiple"));
+}
