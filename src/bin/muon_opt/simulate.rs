@@ -134,8 +134,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     qk_clip: bool,
     /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
-    /// MoE layer.
-    #[arg(long)]
+    /// MoE layer (not with --ep, which splits the stacks).
+    #[arg(long, conflicts_with = "ep")]
     experts_as_params: bool,
     /// Print the figures as JSON.
     #[arg(long)]
