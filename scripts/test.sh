@@ -32,6 +32,10 @@ step "docs/performance.md is what 'muon-opt simulate --scenario all --markdown' 
 target/release/muon-opt simulate --scenario all --markdown | diff -u docs/performance.md - \
     || { echo "docs/performance.md is stale: regenerate it with the command above"; exit 1; }
 
+step "docs/validation.md is what 'muon-opt simulate --validation' prints"
+target/release/muon-opt simulate --validation | diff -u docs/validation.md - \
+    || { echo "docs/validation.md is stale: regenerate it with the command above"; exit 1; }
+
 step "exported symbols are muon_* only"
 bad=$(nm -D --defined-only target/release/libmuon_opt.so | awk '$2 ~ /^[TtWwDdBbRr]$/ {print $3}' | grep -v '^muon_' || true)
 [ -z "$bad" ] || { echo "unexpected exports:"; echo "$bad"; exit 1; }

@@ -142,7 +142,7 @@ fn scenario_row(job: &str, ownership: &str) -> (f64, f64, f64) {
             .parse::<f64>()
             .unwrap_or_else(|_| panic!("{job}: column {i} of {row}"))
     };
-    (number(4), number(5), number(8))
+    (number(5), number(6), number(9))
 }
 
 #[test]
@@ -218,4 +218,28 @@ fn design_md_quotes_what_wrong_network_figures_cost() {
         );
     }
     assert_quotes("docs/design.md", &[quote]);
+}
+
+/// docs/validation.md is what `muon-opt simulate --validation` prints: the published
+/// measurements beside the simulated predictions, regenerated here.
+#[test]
+fn validation_md_is_what_simulate_validation_prints() {
+    let out = Command::new(env!("CARGO_BIN_EXE_muon-opt"))
+        .args(["simulate", "--validation"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/validation.md")).unwrap();
+    assert_eq!(
+        printed, committed,
+        "docs/validation.md is stale: regenerate it with `muon-opt simulate --validation > docs/validation.md`"
+    );
+    for job in ["kimi-k2 pp4 vpp4 ep64 dp64 gb300", "qwen3-30b-a3b ep8 dp8 gb300"] {
+        assert!(printed.contains(&format!("| {job} |")), "{job}");
+    }
+    assert!(
+        printed.contains("| 2.14 % |") && printed.contains("| 3.94 % |"),
+        "{printed}"
+    );
 }

@@ -49,6 +49,19 @@ fn builtin_profiles_parse_validate_and_cite_sources() {
             hw.sources.contains_key("gpu") && hw.sources.contains_key("nccl_latency"),
             "{name}"
         );
+        for key in [
+            "memory",
+            "network",
+            "placement",
+            "achievable_fractions",
+            "model_efficiency",
+        ] {
+            assert!(hw.sources.contains_key(key), "{name}: no source for {key}");
+        }
+        if hw.measured.is_empty() {
+            // Nothing measured: every achievable fraction is named an estimate.
+            assert!(hw.sources["achievable_fractions"].contains("estimate"), "{name}");
+        }
         let text = serde_json::to_string(&hw).unwrap();
         assert_eq!(Hardware::from_json(&text).unwrap(), hw);
     }
@@ -61,6 +74,30 @@ fn builtin_profiles_parse_validate_and_cite_sources() {
     assert!(err.contains("hbm_efficiency"), "{err}");
     let unknown = r#"{"name": "x", "bogus": 1}"#;
     assert!(Hardware::from_json(unknown).is_err());
+}
+
+/// The datasheet peaks of the A100 and NVL72 profiles (their `sources.gpu`), and the NVL72
+/// placement: a data-parallel group of up to 72 ranks stays inside the NVLink domain.
+#[test]
+fn a100_and_nvl72_profiles_carry_their_datasheet_peaks_and_placement() {
+    let a100 = builtin("a100-nvlink").unwrap();
+    assert_eq!((a100.bf16_tflops, a100.hbm_gbps, a100.memory_gb), (312.0, 2039.0, 80.0));
+    assert_eq!((a100.nvlink_gbps, a100.network_gbps, a100.sms), (300.0, 25.0, 108));
+    let gb200 = builtin("gb200-nvl72").unwrap();
+    let gb300 = builtin("gb300-nvl72").unwrap();
+    for hw in [&gb200, &gb300] {
+        assert_eq!((hw.bf16_tflops, hw.hbm_gbps, hw.nvlink_gbps), (2500.0, 8000.0, 900.0));
+        assert_eq!(hw.dp_ranks_per_node, 72);
+        assert!(hw.sources["gpu"].contains("NVL72 datasheet"), "{}", hw.name);
+    }
+    assert_eq!((gb200.network_gbps, gb300.network_gbps), (50.0, 100.0));
+    assert_eq!((gb200.memory_gb, gb300.memory_gb), (186.0, 288.0));
+    let inside = CostModel::new(gb300.clone(), 64).network();
+    let nvlink = CostModel::new(gb300.clone(), 8).network();
+    assert_eq!(inside.bus_bandwidth_gbps, nvlink.bus_bandwidth_gbps);
+    let across = CostModel::new(gb300, 144).network();
+    assert!(across.bus_bandwidth_gbps <= inside.bus_bandwidth_gbps);
+    assert!(across.hop_latency_us > inside.hop_latency_us);
 }
 
 /// A strided batch at no address: the cost model prices the shape only.
@@ -444,11 +481,7 @@ fn the_simulated_actions_are_the_dry_run_translation_of_the_same_schedule_run() 
                     _ => Vec::new(),
                 })
                 .collect();
-            let trainer = Trainer {
-                tokens: 1024,
-                iterations: ITERATIONS,
-                experts_per_token: None,
-            };
+            let trainer = Trainer::new(1024, ITERATIONS);
             let cost = CostModel::new(h100(), DP);
             let recorded = record_rank(
                 &plan,

@@ -11,7 +11,7 @@ use muon_opt::config::Dtype;
 use muon_opt::model::ParamFlags;
 use muon_opt::plan::presets::preset;
 use muon_opt::sim::cost::CostModel;
-use muon_opt::sim::drive::{RecordOptions, Trainer, lookups, record_shared};
+use muon_opt::sim::drive::{RecordOptions, lookups, record_shared};
 use muon_opt::sim::engine::Item;
 use muon_opt::sim::metrics::NEWTON_SCHULZ_WORK;
 use muon_opt::sim::profile::{Hardware, builtin};
@@ -231,11 +231,7 @@ fn the_deepseek_job_runs_its_experts_on_a_second_optimizer_of_one_rank() {
     assert_eq!((layers[0], *layers.last().unwrap()), ("30", "33"));
     assert_eq!(setup.order.len(), dense.params.len() + experts.params.len());
 
-    let trainer = Trainer {
-        tokens: scenario.tokens_per_gpu,
-        iterations: scenario.iterations,
-        experts_per_token: Some(8),
-    };
+    let trainer = scenario.trainer().unwrap();
     let members: Vec<_> = setup.optimizers.iter().map(|o| o.member(5, 64)).collect();
     let recorded = record_shared(&members, &setup.order, trainer, RecordOptions::default()).unwrap();
     let mut optimizer = 0;
@@ -348,11 +344,7 @@ fn a_shared_step_overlaps_the_second_sum_of_squares_with_the_first_norm_gather()
         .scenario(false)
         .unwrap();
     let setup = rank_optimizers(&scenario).unwrap();
-    let trainer = Trainer {
-        tokens: scenario.tokens_per_gpu,
-        iterations: scenario.iterations,
-        experts_per_token: Some(8),
-    };
+    let trainer = scenario.trainer().unwrap();
     let members: Vec<_> = setup.optimizers.iter().map(|o| o.member(0, 64)).collect();
     let recorded = record_shared(&members, &setup.order, trainer, RecordOptions::default()).unwrap();
     let timeline = &muon_opt::sim::engine::run(vec![recorded.items]).unwrap()[0];

@@ -1,5 +1,6 @@
 //! Built-in model descriptions for `muon-opt plan` and the planner's benchmarks: GPT-2 124M,
-//! Llama 3 8B and 70B, and a DeepSeek-V3-like MoE. Shapes are `[out, in]` as in PyTorch;
+//! Llama 3 8B and 70B, a DeepSeek-V3-like MoE, Kimi K2 and Qwen3-30B-A3B (each from its
+//! Hugging Face `config.json`). Shapes are `[out, in]` as in PyTorch;
 //! every param is bf16. Fused matrices carry `split_sizes` (QKV as q|k|v, SwiGLU as gate|up)
 //! so Muon orthogonalizes each component.
 
@@ -163,7 +164,14 @@ impl ModelDesc {
 }
 
 /// Names accepted by [`preset`].
-pub const PRESET_NAMES: &[&str] = &["gpt2-124m", "llama3-8b", "llama3-70b", "deepseek-v3-like"];
+pub const PRESET_NAMES: &[&str] = &[
+    "gpt2-124m",
+    "llama3-8b",
+    "llama3-70b",
+    "deepseek-v3-like",
+    "kimi-k2",
+    "qwen3-30b-a3b",
+];
 
 /// The preset called `name`, if any.
 pub fn preset(name: &str) -> Option<ModelDesc> {
@@ -172,6 +180,8 @@ pub fn preset(name: &str) -> Option<ModelDesc> {
         "llama3-8b" => (LLAMA3_VOCAB, llama3(&LLAMA3_8B)),
         "llama3-70b" => (LLAMA3_VOCAB, llama3(&LLAMA3_70B)),
         "deepseek-v3-like" => (DSV3_VOCAB, deepseek_v3_like()),
+        "kimi-k2" => (KIMI_K2_VOCAB, kimi_k2()),
+        "qwen3-30b-a3b" => (QWEN3_VOCAB, qwen3_30b_a3b()),
         _ => return None,
     };
     Some(ModelDesc {
@@ -308,45 +318,80 @@ const DSV3_EXPERTS: u64 = 256;
 /// Tie group of the embedding and its copy on the multi-token-prediction stage.
 const DSV3_EMBEDDING_TIE: u32 = 1;
 
-/// One DeepSeek-V3 transformer layer: MLA attention and a dense or MoE MLP.
-fn deepseek_layer(p: &mut Params, l: &str, moe: bool) {
-    let h = DSV3_HIDDEN;
-    let (q_lora, kv_lora, rope, heads) = (1536, 512, 64, 128);
+/// A DeepSeek-V3-style model (multi-head latent attention, dense then MoE layers): the
+/// fields of its Hugging Face `config.json`.
+struct Mla {
+    hidden: u64,
+    heads: u64,
+    q_lora: u64,
+    kv_lora: u64,
+    /// `qk_rope_head_dim`, `qk_nope_head_dim`, `v_head_dim`.
+    rope: u64,
+    nope: u64,
+    v: u64,
+    /// `intermediate_size` (dense layers) and `moe_intermediate_size`.
+    dense_ffn: u64,
+    moe_ffn: u64,
+    experts: u64,
+    /// `n_shared_experts` (each of `moe_intermediate_size`).
+    shared: u64,
+}
+
+/// DeepSeek-V3 (deepseek-ai/DeepSeek-V3 config.json).
+const DSV3: Mla = Mla {
+    hidden: DSV3_HIDDEN,
+    heads: 128,
+    q_lora: 1536,
+    kv_lora: 512,
+    rope: 64,
+    nope: 128,
+    v: 128,
+    dense_ffn: 18432,
+    moe_ffn: 2048,
+    experts: DSV3_EXPERTS,
+    shared: 1,
+};
+
+/// One MLA transformer layer: its attention and a dense or MoE MLP.
+fn mla_layer(p: &mut Params, m: &Mla, l: &str, moe: bool) {
+    let h = m.hidden;
+    let heads = m.heads;
     p.vector(format!("{l}.input_layernorm.weight"), h);
-    p.matrix(format!("{l}.self_attention.q_a_proj.weight"), q_lora, h);
-    p.vector(format!("{l}.self_attention.q_a_layernorm.weight"), q_lora);
+    p.matrix(format!("{l}.self_attention.q_a_proj.weight"), m.q_lora, h);
+    p.vector(format!("{l}.self_attention.q_a_layernorm.weight"), m.q_lora);
     p.matrix(
         format!("{l}.self_attention.q_b_proj.weight"),
-        heads * (128 + rope),
-        q_lora,
+        heads * (m.nope + m.rope),
+        m.q_lora,
     );
-    p.fused(format!("{l}.self_attention.kv_a_proj.weight"), &[kv_lora, rope], h);
-    p.vector(format!("{l}.self_attention.kv_a_layernorm.weight"), kv_lora);
+    p.fused(format!("{l}.self_attention.kv_a_proj.weight"), &[m.kv_lora, m.rope], h);
+    p.vector(format!("{l}.self_attention.kv_a_layernorm.weight"), m.kv_lora);
     p.matrix(
         format!("{l}.self_attention.kv_b_proj.weight"),
-        heads * (128 + 128),
-        kv_lora,
+        heads * (m.nope + m.v),
+        m.kv_lora,
     );
-    p.matrix(format!("{l}.self_attention.o_proj.weight"), h, heads * 128);
+    p.matrix(format!("{l}.self_attention.o_proj.weight"), h, heads * m.v);
     p.vector(format!("{l}.pre_mlp_layernorm.weight"), h);
     if !moe {
-        let ffn = 18432;
+        let ffn = m.dense_ffn;
         p.fused(format!("{l}.mlp.fc1.weight"), &[ffn, ffn], h);
         p.matrix(format!("{l}.mlp.fc2.weight"), h, ffn);
         return;
     }
-    let ffn = 2048;
+    let ffn = m.moe_ffn;
     p.flagged(
         format!("{l}.mlp.router.weight"),
-        &[DSV3_EXPERTS, h],
+        &[m.experts, h],
         ParamFlags::NO_MUON,
         0,
     );
-    p.vector(format!("{l}.mlp.router.expert_bias"), DSV3_EXPERTS);
-    p.experts(format!("{l}.mlp.experts.fc1.weight"), DSV3_EXPERTS, &[ffn, ffn], h);
-    p.experts(format!("{l}.mlp.experts.fc2.weight"), DSV3_EXPERTS, &[h], ffn);
-    p.fused(format!("{l}.mlp.shared_experts.fc1.weight"), &[ffn, ffn], h);
-    p.matrix(format!("{l}.mlp.shared_experts.fc2.weight"), h, ffn);
+    p.vector(format!("{l}.mlp.router.expert_bias"), m.experts);
+    p.experts(format!("{l}.mlp.experts.fc1.weight"), m.experts, &[ffn, ffn], h);
+    p.experts(format!("{l}.mlp.experts.fc2.weight"), m.experts, &[h], ffn);
+    let shared = m.shared * ffn;
+    p.fused(format!("{l}.mlp.shared_experts.fc1.weight"), &[shared, shared], h);
+    p.matrix(format!("{l}.mlp.shared_experts.fc2.weight"), h, shared);
 }
 
 fn deepseek_v3_like() -> Vec<ParamSpec> {
@@ -360,7 +405,7 @@ fn deepseek_v3_like() -> Vec<ParamSpec> {
         DSV3_EMBEDDING_TIE,
     );
     for i in 0..DSV3_LAYERS {
-        deepseek_layer(&mut p, &format!("layers.{i}"), i >= DSV3_DENSE_LAYERS);
+        mla_layer(&mut p, &DSV3, &format!("layers.{i}"), i >= DSV3_DENSE_LAYERS);
     }
     p.vector("final_layernorm.weight".into(), h);
     p.flagged("output_layer.weight".into(), &[DSV3_VOCAB, h], emb, 0);
@@ -374,9 +419,96 @@ fn deepseek_v3_like() -> Vec<ParamSpec> {
     p.vector(format!("{mtp}.enorm.weight"), h);
     p.vector(format!("{mtp}.hnorm.weight"), h);
     p.matrix(format!("{mtp}.eh_proj.weight"), h, 2 * h);
-    deepseek_layer(&mut p, &format!("{mtp}.layer"), true);
+    mla_layer(&mut p, &DSV3, &format!("{mtp}.layer"), true);
     p.vector(format!("{mtp}.final_layernorm.weight"), h);
     p.0
+}
+
+/// Kimi K2 (moonshotai/Kimi-K2-Instruct config.json): DeepSeek-V3's architecture with 64
+/// heads, 384 routed experts (8 per token) and 1 shared expert, one dense first layer
+/// (`first_k_dense_replace` 1), a 163,840-token vocabulary, untied embeddings and no
+/// multi-token prediction.
+const KIMI_K2: Mla = Mla {
+    heads: 64,
+    experts: 384,
+    ..DSV3
+};
+const KIMI_K2_VOCAB: u64 = 163_840;
+const KIMI_K2_LAYERS: u64 = 61;
+
+fn kimi_k2() -> Vec<ParamSpec> {
+    let (h, emb) = (KIMI_K2.hidden, ParamFlags::EMBEDDING_OR_OUTPUT);
+    let mut p = Params::default();
+    p.flagged("embedding.word_embeddings.weight".into(), &[KIMI_K2_VOCAB, h], emb, 0);
+    for i in 0..KIMI_K2_LAYERS {
+        mla_layer(&mut p, &KIMI_K2, &format!("layers.{i}"), i >= 1);
+    }
+    p.vector("final_layernorm.weight".into(), h);
+    p.flagged("output_layer.weight".into(), &[KIMI_K2_VOCAB, h], emb, 0);
+    p.0
+}
+
+const QWEN3_VOCAB: u64 = 151_936;
+
+/// Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 48 layers, hidden 2048, GQA with 32 query
+/// and 4 key-value heads of `head_dim` 128 and QK RMSNorm, every layer MoE with 128 experts
+/// (8 per token) of `moe_intermediate_size` 768 and no shared expert, untied embeddings.
+fn qwen3_30b_a3b() -> Vec<ParamSpec> {
+    let (h, layers, experts, ffn) = (2048, 48, 128, 768);
+    let (q, kv, head) = (32 * 128, 4 * 128, 128);
+    let emb = ParamFlags::EMBEDDING_OR_OUTPUT;
+    let mut p = Params::default();
+    p.flagged("embedding.word_embeddings.weight".into(), &[QWEN3_VOCAB, h], emb, 0);
+    for i in 0..layers {
+        let l = format!("layers.{i}");
+        p.vector(format!("{l}.input_layernorm.weight"), h);
+        p.fused(format!("{l}.self_attention.qkv.weight"), &[q, kv, kv], h);
+        p.vector(format!("{l}.self_attention.q_layernorm.weight"), head);
+        p.vector(format!("{l}.self_attention.k_layernorm.weight"), head);
+        p.matrix(format!("{l}.self_attention.proj.weight"), h, q);
+        p.vector(format!("{l}.pre_mlp_layernorm.weight"), h);
+        p.flagged(format!("{l}.mlp.router.weight"), &[experts, h], ParamFlags::NO_MUON, 0);
+        p.experts(format!("{l}.mlp.experts.fc1.weight"), experts, &[ffn, ffn], h);
+        p.experts(format!("{l}.mlp.experts.fc2.weight"), experts, &[h], ffn);
+    }
+    p.vector("final_layernorm.weight".into(), h);
+    p.flagged("output_layer.weight".into(), &[QWEN3_VOCAB, h], emb, 0);
+    p.0
+}
+
+/// A model's attention, for its causal-attention FLOPs: query heads and the query-key and
+/// value head dimensions (MLA: `qk_nope + qk_rope` and `v_head_dim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attention {
+    pub heads: u64,
+    pub qk_head_dim: u64,
+    pub v_head_dim: u64,
+}
+
+impl Attention {
+    /// Whether `name` is the param that closes an attention layer (its output projection):
+    /// the layer's attention FLOPs are counted with it.
+    pub fn closes_layer(name: &str) -> bool {
+        name.ends_with(".self_attention.proj.weight") || name.ends_with(".self_attention.o_proj.weight")
+    }
+}
+
+/// The attention of the preset called `name` (its config's heads and head dimensions).
+pub fn attention(name: &str) -> Option<Attention> {
+    let (heads, qk_head_dim, v_head_dim) = match name {
+        "gpt2-124m" => (12, 64, 64),
+        "llama3-8b" => (LLAMA3_8B.heads, 128, 128),
+        "llama3-70b" => (LLAMA3_70B.heads, 128, 128),
+        "deepseek-v3-like" => (DSV3.heads, DSV3.nope + DSV3.rope, DSV3.v),
+        "kimi-k2" => (KIMI_K2.heads, KIMI_K2.nope + KIMI_K2.rope, KIMI_K2.v),
+        "qwen3-30b-a3b" => (32, 128, 128),
+        _ => return None,
+    };
+    Some(Attention {
+        heads,
+        qk_head_dim,
+        v_head_dim,
+    })
 }
 
 #[cfg(test)]
@@ -490,6 +622,9 @@ mod tests {
         assert!((8.02e9..8.04e9).contains(&(total("llama3-8b") as f64)));
         assert!((70.5e9..70.6e9).contains(&(total("llama3-70b") as f64)));
         assert!((670.5e9..671.5e9).contains(&(total_without_mtp("deepseek-v3-like") as f64)));
+        // Kimi K2: "1 trillion total parameters" (its model card); Qwen3-30B-A3B: 30.5B.
+        assert!((1.02e12..1.035e12).contains(&(total("kimi-k2") as f64)));
+        assert!((30.4e9..30.6e9).contains(&(total("qwen3-30b-a3b") as f64)));
         let mtp = total("deepseek-v3-like") - total_without_mtp("deepseek-v3-like");
         assert!(
             (12e9..13e9).contains(&(mtp as f64)),

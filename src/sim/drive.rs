@@ -19,6 +19,7 @@ use crate::model::ParamSpec;
 pub use crate::model::lookups;
 use crate::numerics::muon::MuonOptions;
 use crate::plan::Plan;
+use crate::plan::presets::Attention;
 use crate::schedule::step_shared;
 use crate::schedule::{QkClipRequest, Runtime, StepArgs, StepOverrides};
 
@@ -211,7 +212,8 @@ impl Executor for SimExecutor {
 /// The iterations a simulated trainer runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Trainer {
-    /// Tokens each rank processes per iteration (forward and backward cost).
+    /// Tokens each rank processes per iteration (forward and backward cost), over all its
+    /// micro-batches.
     pub tokens: u64,
     pub iterations: usize,
     /// With expert parallelism, the experts each token is routed to: an expert stack's
@@ -219,6 +221,29 @@ pub struct Trainer {
     /// over the expert-parallel group's experts (every expert of the stack counted: a dense
     /// upper bound, without).
     pub experts_per_token: Option<u64>,
+    /// Micro-batches per iteration (gradient accumulation, ≥ 1), `tokens` split evenly.
+    pub micro_batches: usize,
+    /// Causal attention of each layer, as the params whose `6 · params · tokens` matmul FLOPs
+    /// equal its score and value FLOPs (counted with the param that closes the layer,
+    /// [`crate::plan::presets::Attention::closes_layer`]); 0 = not counted.
+    pub attention_params: u64,
+    /// The pipeline bubble as a fraction of the iteration's ideal compute (1F1B:
+    /// `(p − 1) / (m · v)`); 0 without pipeline parallelism.
+    pub bubble: f64,
+}
+
+impl Trainer {
+    /// `iterations` of `tokens` per rank in one micro-batch, without attention FLOPs or bubble.
+    pub fn new(tokens: u64, iterations: usize) -> Trainer {
+        Trainer {
+            tokens,
+            iterations,
+            experts_per_token: None,
+            micro_batches: 1,
+            attention_params: 0,
+            bubble: 0.0,
+        }
+    }
 }
 
 /// Learning rates of the simulated steps (they change no timing).
@@ -237,8 +262,13 @@ pub enum TrainerEvent {
     Iteration,
     /// The API call about to be made.
     Call(Call),
-    /// The framework's forward or backward compute of param `param`.
+    /// The framework's forward or backward compute of param `param` for one micro-batch.
     Compute { param: usize, backward: bool },
+    /// Whole-model forwards and backwards of micro-batches that call no hook (gradient
+    /// accumulation between the first micro-batch's forward and the last one's backward).
+    Accumulate { forwards: usize, backwards: usize },
+    /// The pipeline's idle time, before the last micro-batch's backward.
+    Bubble,
 }
 
 /// The calls a trainer makes, `iterations` times: `zero_grad`; the forward, calling
@@ -254,7 +284,7 @@ pub fn train(
     hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
     let order: Vec<(usize, usize)> = (0..plan.params.len()).map(|p| (0, p)).collect();
-    train_shared(&mut [runtime], &[plan], &order, iterations, clips, hooks)
+    train_shared(&mut [runtime], &[plan], &order, (iterations, 1), clips, hooks)
 }
 
 /// [`train`] for several optimizers of a rank (dense and expert params) stepped together with
@@ -262,12 +292,15 @@ pub fn train(
 /// as (optimizer, param of its plan); every optimizer's `zero_grad`, the hooks of each param on
 /// its own optimizer, then one shared step (each optimizer gathers its Σ g², then each finishes
 /// with every optimizer's term). A `Compute` event's `param` is the position in `order`.
-/// `clips` go to optimizer 0.
+/// `clips` go to optimizer 0. Each of the `iterations` runs `micro_batches` micro-batches
+/// (Megatron's gradient accumulation, `no_sync` but for the last): the hooks wait for params
+/// in the first micro-batch's forward only and report gradients in the last one's backward
+/// only; the micro-batches in between call none ([`TrainerEvent::Accumulate`]).
 pub fn train_shared(
     runtimes: &mut [&mut Runtime],
     plans: &[&Plan],
     order: &[(usize, usize)],
-    iterations: usize,
+    (iterations, micro_batches): (usize, usize),
     clips: &[QkClipRequest],
     hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
@@ -290,6 +323,14 @@ pub fn train_shared(
                 backward: false,
             });
         }
+        let more = micro_batches.saturating_sub(1);
+        if more > 0 {
+            hooks(TrainerEvent::Accumulate {
+                forwards: more,
+                backwards: more,
+            });
+        }
+        hooks(TrainerEvent::Bubble);
         for (i, &(k, p)) in order.iter().enumerate().rev() {
             hooks(TrainerEvent::Compute {
                 param: i,
@@ -397,41 +438,66 @@ pub fn record_shared(
         .iter()
         .map(|&(k, p)| {
             let spec = &members[k].params[p];
-            match trainer.experts_per_token {
-                _ if lookup[k][p] => 0,
-                // The stack's experts share `tokens · routed` token-expert pairs: as many
-                // flops as one expert over every token `routed` times.
-                Some(routed) if spec.is_expert_stack() => spec.numel() / spec.shape[0] * routed,
-                _ => spec.numel(),
-            }
+            let attention = if Attention::closes_layer(&spec.name) {
+                trainer.attention_params
+            } else {
+                0
+            };
+            attention
+                + match trainer.experts_per_token {
+                    _ if lookup[k][p] => 0,
+                    // The stack's experts share `tokens · routed` token-expert pairs: as many
+                    // flops as one expert over every token `routed` times.
+                    Some(routed) if spec.is_expert_stack() => spec.numel() / spec.shape[0] * routed,
+                    _ => spec.numel(),
+                }
         })
         .collect();
+    let model_params: u64 = flops_params.iter().sum();
+    let micro_batches = trainer.micro_batches.max(1);
+    let micro_tokens = trainer.tokens / micro_batches as u64;
     let model_cost = members[0].cost.clone();
     let host = model_cost.hardware().launch_host_us * 1e-6;
+    let model = |r: &mut Recorder, device: f64, backward: bool, what: &'static str| {
+        let (call, class) = if backward {
+            (Call::Backward, Class::Backward)
+        } else {
+            (Call::Forward, Class::Forward)
+        };
+        r.out.items.push(Item::Work {
+            stream: StreamKind::Compute,
+            host,
+            device,
+            class,
+            label: Label { call, what },
+        });
+    };
     let mut hooks = |event: TrainerEvent| {
         let mut r = lock(&recorder);
         match event {
             TrainerEvent::Iteration => r.out.items.push(Item::IterationStart),
             TrainerEvent::Call(call) => r.call = call,
             TrainerEvent::Compute { param, backward } => {
-                let (call, class, share) = if backward {
-                    (Call::Backward, Class::Backward, 2.0 / 3.0)
-                } else {
-                    (Call::Forward, Class::Forward, 1.0 / 3.0)
-                };
-                r.out.items.push(Item::Work {
-                    stream: StreamKind::Compute,
-                    host,
-                    device: model_cost.model_compute(flops_params[param], trainer.tokens, share),
-                    class,
-                    label: Label { call, what: "model" },
-                });
+                let share = if backward { 2.0 / 3.0 } else { 1.0 / 3.0 };
+                let device = model_cost.model_compute(flops_params[param], micro_tokens, share);
+                model(&mut r, device, backward, "model");
             }
+            TrainerEvent::Accumulate { forwards, backwards } => {
+                let share = (forwards as f64 + 2.0 * backwards as f64) / 3.0;
+                let device = model_cost.model_compute(model_params, micro_tokens, share);
+                model(&mut r, device, true, "model (accumulated micro-batches)");
+            }
+            TrainerEvent::Bubble if trainer.bubble > 0.0 => {
+                let ideal = model_cost.model_compute(model_params, micro_tokens * micro_batches as u64, 1.0);
+                model(&mut r, trainer.bubble * ideal, true, "pipeline bubble");
+            }
+            TrainerEvent::Bubble => {}
         }
     };
     let plans: Vec<&Plan> = members.iter().map(|m| m.plan).collect();
     let mut refs: Vec<&mut Runtime> = runtimes.iter_mut().collect();
-    train_shared(&mut refs, &plans, order, trainer.iterations, clips, &mut hooks)?;
+    let runs = (trainer.iterations, micro_batches);
+    train_shared(&mut refs, &plans, order, runs, clips, &mut hooks)?;
     lock(&recorder).out.items.push(Item::Teardown);
     lock(&recorder).call = Call::Setup;
     for runtime in &mut runtimes {

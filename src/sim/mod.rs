@@ -23,7 +23,7 @@ use crate::bail;
 use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
-use crate::plan::presets::ModelDesc;
+use crate::plan::presets::{Attention, ModelDesc, attention};
 use crate::plan::{Plan, build_plan};
 
 use crate::backend::ops::StreamKind;
@@ -71,12 +71,32 @@ pub struct Scenario {
     /// Pipeline parallelism: (stages, stage): each simulated rank holds that stage's params
     /// ([`ModelDesc::pipeline_stage`]) and computes their forward and backward.
     pub pipeline: Option<(usize, usize)>,
+    /// Virtual stages per rank (interleaved 1F1B, Megatron's
+    /// `--num-layers-per-virtual-pipeline-stage`): only the bubble changes, `(p − 1) / (m · v)`;
+    /// the rank holds its stage's layers as one contiguous chunk.
+    pub virtual_stages: usize,
+    /// The batch as trained; None = `tokens_per_gpu` in one micro-batch, no attention FLOPs.
+    pub batch: Option<Batch>,
+    /// The model's attention (its causal FLOPs are counted with a batch's sequence length).
+    pub attention: Option<Attention>,
     /// Expert parallelism: each rank holds `1/ep` of every expert stack, optimized by a second
     /// optimizer over the expert data-parallel group, stepped with the dense one.
     pub expert_parallel: Option<ExpertParallel>,
     /// The network the library is told it runs on (`muon_config_t.network`): the profile's
     /// figures by default, as a job on this cluster would declare them.
     pub plan_network: PlanNetwork,
+}
+
+/// The batch as trained (Megatron-LM's `--global-batch-size`, `--micro-batch-size`,
+/// `--seq-length`): every data-parallel replica runs `global / (micro · dp)` micro-batches of
+/// `micro` sequences of `seq_len` tokens per iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Batch {
+    /// Sequences per iteration over all data-parallel replicas.
+    pub global: u64,
+    /// Sequences per micro-batch.
+    pub micro: u64,
+    pub seq_len: u64,
 }
 
 /// What a simulated job declares as its network ([`Config::network`]).
@@ -111,7 +131,6 @@ impl Scenario {
     /// declared, bf16 standard Newton–Schulz, 8192 tokens per GPU, 3 iterations, overlap on.
     pub fn new(model: ModelDesc, dp: usize, hardware: Hardware) -> Self {
         Scenario {
-            model,
             dp,
             layout: Config::default().muon_layout,
             ownership: Config::default().muon_ownership,
@@ -130,9 +149,86 @@ impl Scenario {
             adamw_only: false,
             qk_clip: false,
             pipeline: None,
+            virtual_stages: 1,
+            batch: None,
+            attention: attention(&model.name),
             expert_parallel: None,
             plan_network: PlanNetwork::Profile,
+            model,
         }
+    }
+
+    /// Micro-batches per iteration (1 without a batch).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `micro · dp` does not divide the global batch.
+    pub fn micro_batches(&self) -> Result<usize> {
+        let Some(Batch { global, micro, .. }) = self.batch else {
+            return Ok(1);
+        };
+        let per_step = micro * self.dp as u64;
+        if micro == 0 || global == 0 || !global.is_multiple_of(per_step) {
+            bail!(
+                InvalidArgument,
+                "simulate: global batch {global} is not a multiple of micro-batch {micro} x dp {} (>= 1)",
+                self.dp
+            );
+        }
+        Ok((global / per_step) as usize)
+    }
+
+    /// Tokens each rank processes per iteration: its micro-batches' (or `tokens_per_gpu`).
+    pub fn tokens(&self) -> Result<u64> {
+        Ok(match self.batch {
+            Some(Batch { micro, seq_len, .. }) => self.micro_batches()? as u64 * micro * seq_len,
+            None => self.tokens_per_gpu,
+        })
+    }
+
+    /// The pipeline bubble as a fraction of the ideal compute: `(p − 1) / (m · v)` for `p`
+    /// stages, `m` micro-batches and `v` virtual stages (Narayanan et al. 2021, "Efficient
+    /// Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", §2.2.1–2.2.2);
+    /// 0 without pipeline parallelism, and without a batch (`tokens_per_gpu` names no
+    /// micro-batches: the figures from before batches were modelled).
+    pub fn pipeline_bubble(&self) -> Result<f64> {
+        if self.virtual_stages == 0 || (self.virtual_stages > 1 && self.pipeline.is_none()) {
+            bail!(
+                InvalidArgument,
+                "simulate: {} virtual stages need >= 1 and pipeline parallelism beyond 1",
+                self.virtual_stages
+            );
+        }
+        Ok(match self.pipeline {
+            Some((stages, _)) if self.batch.is_some() => {
+                (stages as f64 - 1.0) / (self.micro_batches()? as f64 * self.virtual_stages as f64)
+            }
+            _ => 0.0,
+        })
+    }
+
+    /// The trainer of every simulated rank: its tokens in micro-batches, routed experts,
+    /// causal attention and pipeline bubble.
+    pub fn trainer(&self) -> Result<Trainer> {
+        // Causal attention per token per layer, forward and backward: 3 · T · H · (d_qk + d_v)
+        // FLOPs (PaLM, Chowdhery et al. 2022, appendix B: 6·N + 12·L·H·Q·T per token without
+        // the causal mask, halved with it, as Megatron-LM's `num_floating_point_operations`
+        // does), the same as `6 · params` of T · H · (d_qk + d_v) / 2 params; H / tp heads
+        // per tensor-parallel rank.
+        let attention_params = match (self.batch, self.attention) {
+            (Some(batch), Some(a)) => {
+                let heads = a.heads / self.tp.map_or(1, |(ranks, _)| ranks as u64);
+                batch.seq_len * heads * (a.qk_head_dim + a.v_head_dim) / 2
+            }
+            _ => 0,
+        };
+        Ok(Trainer {
+            tokens: self.tokens()?,
+            iterations: self.iterations,
+            experts_per_token: self.expert_parallel.map(|e| e.experts_per_token),
+            micro_batches: self.micro_batches()?,
+            attention_params,
+            bubble: self.pipeline_bubble()?,
+        })
     }
 
     fn config(&self) -> Config {
@@ -167,6 +263,12 @@ pub struct Simulation {
     pub ns_precision: String,
     pub ns_method: String,
     pub tokens_per_gpu: u64,
+    /// The batch as trained, when given, and the micro-batches per iteration it makes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Batch>,
+    pub micro_batches: usize,
+    /// The pipeline bubble's fraction of the ideal compute (0 without pipeline parallelism).
+    pub pipeline_bubble: f64,
     pub iterations: usize,
     pub grad_dtype: String,
     /// Every param on distributed AdamW (the baseline run itself).
@@ -199,11 +301,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         bail!(OutOfRange, "simulate: dp must be >= 1");
     }
     let setup = rank_optimizers(scenario)?;
-    let trainer = Trainer {
-        tokens: scenario.tokens_per_gpu,
-        iterations: scenario.iterations,
-        experts_per_token: scenario.expert_parallel.map(|e| e.experts_per_token),
-    };
+    let trainer = scenario.trainer()?;
     let mut programs = Vec::with_capacity(scenario.dp);
     let mut device_bytes = DeviceBytes::default();
     for rank in 0..scenario.dp {
@@ -243,7 +341,10 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         mxfp8: scenario.mxfp8,
         ns_precision: scenario.ns_precision.name().to_string(),
         ns_method: scenario.ns_method.name().to_string(),
-        tokens_per_gpu: scenario.tokens_per_gpu,
+        tokens_per_gpu: trainer.tokens,
+        batch: scenario.batch,
+        micro_batches: trainer.micro_batches,
+        pipeline_bubble: trainer.bubble,
         iterations: scenario.iterations,
         grad_dtype: scenario.grad_dtype.name().to_string(),
         adamw_only: scenario.adamw_only,

@@ -92,7 +92,15 @@ pub const ACHIEVABLE_FIGURES: &[&str] = &[
 ];
 
 /// Names of the built-in profiles.
-pub const HARDWARE_NAMES: &[&str] = &["h100-nvlink", "h100-ib", "h200-nvlink", "b200-nvlink"];
+pub const HARDWARE_NAMES: &[&str] = &[
+    "h100-nvlink",
+    "h100-ib",
+    "h200-nvlink",
+    "b200-nvlink",
+    "a100-nvlink",
+    "gb200-nvl72",
+    "gb300-nvl72",
+];
 
 /// The built-in profile called `name`, if any.
 pub fn builtin(name: &str) -> Option<Hardware> {
@@ -101,6 +109,9 @@ pub fn builtin(name: &str) -> Option<Hardware> {
         "h100-ib" => include_str!("hardware/h100-ib.json"),
         "h200-nvlink" => include_str!("hardware/h200-nvlink.json"),
         "b200-nvlink" => include_str!("hardware/b200-nvlink.json"),
+        "a100-nvlink" => include_str!("hardware/a100-nvlink.json"),
+        "gb200-nvl72" => include_str!("hardware/gb200-nvl72.json"),
+        "gb300-nvl72" => include_str!("hardware/gb300-nvl72.json"),
         _ => return None,
     };
     Some(serde_json::from_str(text).expect("built-in hardware profiles parse (tested)"))

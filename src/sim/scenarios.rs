@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::plan::presets::preset;
 
 use super::profile::builtin;
-use super::{ExpertParallel, Scenario};
+use super::{Batch, ExpertParallel, Scenario};
 
 /// One named job.
 #[derive(Debug, Clone, Copy)]
@@ -25,7 +25,11 @@ pub struct Job {
     /// Pipeline parallelism: (stages, the simulated stage), with a norm group over
     /// TP × PP × DP ranks.
     pub pipeline: Option<(usize, usize)>,
+    /// Virtual stages per rank (interleaved 1F1B).
+    pub virtual_stages: usize,
     pub expert_parallel: Option<ExpertParallel>,
+    /// The batch as trained; None = 8192 tokens per GPU in one micro-batch.
+    pub batch: Option<Batch>,
 }
 
 /// DeepSeek-V3's training layout (DeepSeek-V3 Technical Report, arXiv 2412.19437, §3.2:
@@ -56,7 +60,9 @@ pub const JOBS: &[Job] = &[
         dp: 8,
         tp: None,
         pipeline: None,
+        virtual_stages: 1,
         expert_parallel: None,
+        batch: None,
     },
     Job {
         name: "llama3-8b dp64 nvlink",
@@ -65,7 +71,9 @@ pub const JOBS: &[Job] = &[
         dp: 64,
         tp: None,
         pipeline: None,
+        virtual_stages: 1,
         expert_parallel: None,
+        batch: None,
     },
     Job {
         name: "llama3-70b tp8 dp8 ib",
@@ -74,7 +82,9 @@ pub const JOBS: &[Job] = &[
         dp: 8,
         tp: Some(8),
         pipeline: None,
+        virtual_stages: 1,
         expert_parallel: None,
+        batch: None,
     },
     Job {
         name: "llama3-70b tp8 dp64 ib",
@@ -83,7 +93,9 @@ pub const JOBS: &[Job] = &[
         dp: 64,
         tp: Some(8),
         pipeline: None,
+        virtual_stages: 1,
         expert_parallel: None,
+        batch: None,
     },
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
@@ -92,10 +104,85 @@ pub const JOBS: &[Job] = &[
         dp: DSV3_EXPERT_PARALLEL,
         tp: None,
         pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
+        virtual_stages: 1,
         expert_parallel: Some(ExpertParallel {
             ep: DSV3_EXPERT_PARALLEL,
             experts_per_token: DSV3_EXPERTS_PER_TOKEN,
         }),
+        batch: None,
+    },
+    // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72.
+    Job {
+        name: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",
+        model: "kimi-k2",
+        hardware: "gb300-nvl72",
+        dp: 64,
+        tp: None,
+        pipeline: Some((4, 2)),
+        virtual_stages: 4,
+        expert_parallel: Some(ExpertParallel {
+            ep: 64,
+            experts_per_token: KIMI_K2_EXPERTS_PER_TOKEN,
+        }),
+        batch: Some(Batch {
+            global: 4096,
+            micro: 1,
+            seq_len: 4096,
+        }),
+    },
+    Job {
+        name: "qwen3-30b-a3b ep8 dp8 gb300",
+        model: "qwen3-30b-a3b",
+        hardware: "gb300-nvl72",
+        dp: 8,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: Some(ExpertParallel {
+            ep: 8,
+            experts_per_token: QWEN3_EXPERTS_PER_TOKEN,
+        }),
+        batch: Some(Batch {
+            global: 512,
+            micro: 8,
+            seq_len: 4096,
+        }),
+    },
+];
+
+/// Routed experts per token: `num_experts_per_tok` of moonshotai/Kimi-K2-Instruct's and
+/// Qwen/Qwen3-30B-A3B's config.json.
+const KIMI_K2_EXPERTS_PER_TOKEN: u64 = 8;
+const QWEN3_EXPERTS_PER_TOKEN: u64 = 8;
+
+/// A published measurement of Muon's cost: a named job's model TFLOP/s per GPU under
+/// distributed AdamW and under layer-wise distributed Muon, MXFP8.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    pub job: &'static str,
+    pub adamw_tflops: f64,
+    pub muon_tflops: f64,
+    pub source: &'static str,
+}
+
+/// NVIDIA's Megatron measurements (the blog "Advancing Emerging Optimizers for Accelerated
+/// LLM Training with NVIDIA Megatron", Table 1, Megatron-Bridge 26.02): Kimi K2 on 256 GB300,
+/// PP 4 (VPP 4) × DP 64 × EP 64, MXFP8, global batch 4096 of 4096 tokens; Qwen3-30B-A3B on 8
+/// GB300, DP 8 × EP 8, MXFP8, global batch 512, micro-batch 8. The micro-batch of Kimi K2 (1)
+/// and the sequence length of Qwen3-30B-A3B (4096) are the Megatron-Bridge recipes' defaults,
+/// not stated in the table.
+pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
+    Measured {
+        job: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",
+        adamw_tflops: 1051.0,
+        muon_tflops: 1029.0,
+        source: "NVIDIA, Advancing Emerging Optimizers for Accelerated LLM Training with NVIDIA Megatron, Table 1",
+    },
+    Measured {
+        job: "qwen3-30b-a3b ep8 dp8 gb300",
+        adamw_tflops: 713.0,
+        muon_tflops: 686.0,
+        source: "NVIDIA, Advancing Emerging Optimizers for Accelerated LLM Training with NVIDIA Megatron, Table 1",
     },
 ];
 
@@ -122,6 +209,8 @@ impl Job {
             tp: self.tp.map(|ranks| (ranks, TpMode::Blockwise)),
             norm_group: (model_parallel > 1).then_some(model_parallel * self.dp),
             pipeline: self.pipeline,
+            virtual_stages: self.virtual_stages,
+            batch: self.batch,
             expert_parallel: self.expert_parallel,
             ..Scenario::new(model, self.dp, hardware)
         })

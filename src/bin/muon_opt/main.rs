@@ -37,7 +37,7 @@ enum Command {
     /// every param's full fp32 master weight.
     Export(checkpoint::ExportArgs),
     /// Simulate training iterations of the real schedule on a modelled GPU cluster.
-    Simulate(simulate::SimulateArgs),
+    Simulate(Box<simulate::SimulateArgs>),
     /// Time the optimizer's step on a GPU, op class by op class, beside the simulator's cost model.
     Measure(device::MeasureArgs),
     /// Calibrate a hardware profile from a device run (`measure --out`).

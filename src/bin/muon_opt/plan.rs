@@ -16,7 +16,8 @@ use crate::simulate::load_hardware;
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
+    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like, kimi-k2, qwen3-30b-a3b)
+    /// or a JSON parameter-list file.
     #[arg(long)]
     model: String,
     /// Data-parallel size.
@@ -41,7 +42,8 @@ pub struct PlanArgs {
     )]
     network: Option<String>,
     /// Declare a simulator profile's data-parallel ring at this dp (h100-nvlink, h100-ib,
-    /// h200-nvlink, b200-nvlink, or a profile JSON file), the figures `simulate` plans with.
+    /// h200-nvlink, b200-nvlink, a100-nvlink, gb200-nvl72, gb300-nvl72, or a profile JSON
+    /// file), the figures `simulate` plans with.
     #[arg(long, value_name = "PROFILE")]
     hardware: Option<String>,
     /// Elements per bucket [default: max(40M, 1M·dp)].

@@ -4,6 +4,7 @@
 mod performance;
 mod table;
 mod trace;
+mod validation;
 
 use std::path::PathBuf;
 
@@ -12,7 +13,8 @@ use clap::{Args, ValueEnum};
 use muon_opt::config::{Dtype, MuonOwnership, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{
-    PlanNetwork, Scenario, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline,
+    Batch, ExpertParallel, PlanNetwork, Scenario, Simulation, simulate, simulate_adamw_baseline,
+    simulate_best_ownership, with_baseline,
 };
 
 use crate::plan::parse_network;
@@ -20,11 +22,12 @@ use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
 
 #[derive(Args)]
 pub struct SimulateArgs {
-    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like) or a JSON parameter-list file.
-    #[arg(long, required_unless_present_any = ["device_run", "scenario"])]
+    /// A preset (gpt2-124m, llama3-8b, llama3-70b, deepseek-v3-like, kimi-k2, qwen3-30b-a3b)
+    /// or a JSON parameter-list file.
+    #[arg(long, required_unless_present_any = ["device_run", "scenario", "validation"])]
     model: Option<String>,
     /// Data-parallel size.
-    #[arg(long, required_unless_present_any = ["device_run", "scenario"])]
+    #[arg(long, required_unless_present_any = ["device_run", "scenario", "validation"])]
     dp: Option<usize>,
     /// Instead of --model/--dp: a named job people run (`all`: every one, MXFP8 off and on,
     /// each against its AdamW baseline), as a table (`--markdown`: docs/performance.md).
@@ -33,6 +36,10 @@ pub struct SimulateArgs {
     /// With --scenario: print docs/performance.md.
     #[arg(long, requires = "scenario")]
     markdown: bool,
+    /// Print docs/validation.md: published measurements of Muon's cost beside the simulated
+    /// prediction for the same jobs.
+    #[arg(long, conflicts_with_all = ["model", "dp", "device_run", "scenario"])]
+    validation: bool,
     /// Also run the scenario with every param on distributed AdamW (Megatron's
     /// DistributedOptimizer: same buckets, reduce-scatter grads, all-gather params) and report
     /// Muon's overhead over it.
@@ -67,12 +74,47 @@ pub struct SimulateArgs {
     /// Newton–Schulz iteration: `gram` where it applies (docs/newton-schulz.md), else standard.
     #[arg(long, value_enum, default_value_t = MethodChoice::Standard)]
     ns_method: MethodChoice,
-    /// A built-in profile (h100-nvlink, h100-ib, h200-nvlink, b200-nvlink) or a hardware JSON file.
+    /// A built-in profile (h100-nvlink, h100-ib, h200-nvlink, b200-nvlink, a100-nvlink, gb200-nvl72,
+    /// gb300-nvl72) or a hardware JSON file.
     #[arg(long, default_value = "h100-nvlink")]
     hardware: String,
-    /// Tokens per GPU per iteration (forward and backward cost).
+    /// Tokens per GPU per iteration (forward and backward cost) in one micro-batch, without
+    /// attention FLOPs; --global-batch replaces it.
     #[arg(long, default_value_t = 8192)]
     tokens_per_gpu: u64,
+    /// Sequences per iteration over every data-parallel replica (Megatron's
+    /// --global-batch-size): each rank runs global / (micro-batch · dp) micro-batches of
+    /// --micro-batch sequences of --seq-len tokens, causal attention counted.
+    #[arg(
+        long,
+        value_name = "SEQUENCES",
+        requires = "seq_len",
+        conflicts_with = "tokens_per_gpu"
+    )]
+    global_batch: Option<u64>,
+    /// Sequences per micro-batch (Megatron's --micro-batch-size).
+    #[arg(long, value_name = "SEQUENCES", default_value_t = 1, requires = "global_batch")]
+    micro_batch: u64,
+    /// Tokens per sequence (Megatron's --seq-length).
+    #[arg(long, value_name = "TOKENS", requires = "global_batch")]
+    seq_len: Option<u64>,
+    /// Pipeline parallelism of N stages, 1F1B: each rank holds --pp-stage's layers, and the
+    /// iteration carries the bubble (p − 1) / (m · v).
+    #[arg(long, value_name = "N")]
+    pp: Option<usize>,
+    /// The stage simulated [default: N / 2, a middle stage].
+    #[arg(long, value_name = "S", requires = "pp")]
+    pp_stage: Option<usize>,
+    /// Virtual stages per rank (interleaved 1F1B).
+    #[arg(long, value_name = "V", default_value_t = 1, requires = "pp")]
+    vpp: usize,
+    /// Expert parallelism of N ranks (N = --dp: each rank holds 1/N of every expert stack, in
+    /// a second optimizer); each token is routed to --top-k experts.
+    #[arg(long, value_name = "N", requires = "top_k")]
+    ep: Option<usize>,
+    /// Routed experts per token (the model config's num_experts_per_tok).
+    #[arg(long, value_name = "K", requires = "ep")]
+    top_k: Option<u64>,
     /// Iterations to simulate (>= 2; the figures are the last one's).
     #[arg(long, default_value_t = 3)]
     steps: usize,
@@ -92,8 +134,8 @@ pub struct SimulateArgs {
     #[arg(long)]
     qk_clip: bool,
     /// Register every expert stack as separate matrices, one per expert, as Megatron-LM sees a
-    /// MoE layer.
-    #[arg(long)]
+    /// MoE layer (not with --ep, which splits the stacks).
+    #[arg(long, conflicts_with = "ep")]
     experts_as_params: bool,
     /// Print the figures as JSON.
     #[arg(long)]
@@ -175,6 +217,9 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     if let Some(path) = &args.device_run {
         return crate::device::run_comparison(path, &args.hardware, args.json);
     }
+    if args.validation {
+        return validation::run();
+    }
     if let Some(name) = &args.scenario {
         return performance::run(
             name,
@@ -206,7 +251,10 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             ns_method: args.ns_method.method(),
             tokens_per_gpu: args.tokens_per_gpu,
             iterations: args.steps,
-            norm_group: args.norm_group,
+            // Pipeline stages step together: by default the norm group spans them.
+            norm_group: args
+                .norm_group
+                .or_else(|| args.pp.map(|stages| stages * args.tp.unwrap_or(1) * dp)),
             tp: args.tp.map(|ranks| {
                 let mode = match args.tp_mode {
                     TpModeChoice::Blockwise => TpMode::Blockwise,
@@ -220,6 +268,17 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
                 GradDtypeChoice::F32 => Dtype::F32,
             },
             qk_clip: args.qk_clip,
+            pipeline: args.pp.map(|stages| (stages, args.pp_stage.unwrap_or(stages / 2))),
+            virtual_stages: args.vpp,
+            batch: args.global_batch.map(|global| Batch {
+                global,
+                micro: args.micro_batch,
+                seq_len: args.seq_len.unwrap_or_default(),
+            }),
+            expert_parallel: args.ep.map(|ep| ExpertParallel {
+                ep,
+                experts_per_token: args.top_k.unwrap_or_default(),
+            }),
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
         if matches!(args.baseline, Some(BaselineChoice::Adamw)) && adamw.is_none() {

@@ -38,7 +38,7 @@ fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-const HEADER: &str = "| job | MXFP8 | ownership | AdamW ms | Muon ms | overhead | Muon − AdamW ms | NS ms | (Muon − AdamW) / NS | Muon exposed: optimizer compute / unhidden comm / contention ms | GB / rank (Muon, AdamW) | fits |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+const HEADER: &str = "| job | tokens / GPU (micro-batches) | MXFP8 | ownership | AdamW ms | Muon ms | overhead | Muon − AdamW ms | NS ms | (Muon − AdamW) / NS | Muon exposed: optimizer compute / unhidden comm / contention ms | GB / rank (Muon, AdamW) | fits |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 fn line(r: &Row) -> String {
     let f = &r.sim.figures;
@@ -48,8 +48,10 @@ fn line(r: &Row) -> String {
         .as_ref()
         .expect("every row is simulated against AdamW");
     format!(
-        "| {} | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} |\n",
+        "| {} | {} ({}) | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} |\n",
         r.job.name,
+        r.sim.tokens_per_gpu,
+        r.sim.micro_batches,
         if r.mxfp8 { "on" } else { "off" },
         r.sim.ownership,
         b.adamw_iteration_ms,
@@ -75,7 +77,8 @@ fn markdown(rows: &[Row]) -> String {
          cluster of `docs/simulate.md`, once with Muon and once with every param on distributed\n\
          AdamW (Megatron's DistributedOptimizer: the same buckets, reduce-scatter of gradients,\n\
          all-gather of params), with the same constants, gradients reduced in bf16 (Megatron's\n\
-         default), 8192 tokens per GPU, planned as the library plans on that cluster (the\n\
+         default), 8192 tokens per GPU in one micro-batch unless the job names its batch,\n\
+         planned as the library plans on that cluster (the\n\
          profile's data-parallel ring declared as `muon_config_t.network`). The profiles' achievable figures are estimates until a\n\
          device run calibrates them (`docs/device-run.md`). Tensor- and pipeline-parallel jobs:\n\
          TP inside a node, a norm group over TP × PP × DP, each simulated rank holding TP rank\n\
@@ -89,7 +92,11 @@ fn markdown(rows: &[Row]) -> String {
          of each expert stack, in a second optimizer over its expert data-parallel group (one\n\
          rank: no expert gradient collectives) stepped with the dense optimizer under one clip;\n\
          each expert stack computes the tokens routed to it (8 experts per token). The report's\n\
-         2048 GPUs give each expert 2 data-parallel ranks; 1024 hold the same params per rank.\n\n\
+         2048 GPUs give each expert 2 data-parallel ranks; 1024 hold the same params per rank.\n\
+         The gb300 jobs are NVIDIA's measured Megatron runs at their published batches\n\
+         (`docs/validation.md`): Kimi K2 (PP 4 × VPP 4, stage 2 simulated, EP 64 = DP 64, global\n\
+         batch 4096 of 4096 tokens, micro-batch 1) and Qwen3-30B-A3B (EP 8 = DP 8, global batch\n\
+         512, micro-batch 8, 4096 tokens), with causal attention FLOPs and the 1F1B bubble.\n\n\
          - **ownership**: the `muon_ownership` whose Muon iteration is shorter on this cluster\n\
          \x20 (`simulate --ownership auto`): `contiguous` where the data-parallel ring's latency\n\
          \x20 makes every extra (bucket, owner) collective expensive (docs/design.md §4);\n\
