@@ -89,6 +89,7 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
             gram: 2 * 4096 * 4096,
             run: 2,
             grouped: 0,
+            lines: 28672,
             ..MuonWork::default()
         }
     );
@@ -100,6 +101,7 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
             gram: 4096 * 4096,
             run: 1,
             grouped: 0,
+            lines: 14336,
             ..MuonWork::default()
         }
     );
@@ -113,6 +115,7 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
             gram: 32 * 32,
             run: 2,
             grouped: 0,
+            lines: 64,
             ..MuonWork::default()
         }
     );
@@ -139,6 +142,7 @@ fn the_muon_workspace_is_the_real_need_of_the_jobs() {
             gram: 16 * 32 * 32,
             run: 16,
             grouped: 0,
+            lines: 512,
             ..MuonWork::default()
         }
     );
