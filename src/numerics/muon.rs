@@ -270,7 +270,7 @@ pub fn muon_update(
     opts: &MuonOptions,
     ws: &mut MuonWorkspace,
 ) -> Result<()> {
-    muon_update_sharded(master, (momentum, &mut []), grad, shape, args, opts, ws, None)
+    muon_update_with_moment2(master, momentum, &mut [], grad, shape, args, opts, ws)
 }
 
 /// [`muon_update`] with the NorMuon second moment `moment2` ([`MuonOptions::moment2_len`]
