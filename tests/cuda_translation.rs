@@ -22,7 +22,7 @@ use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::Op;
 use muon_opt::backend::recording::{Observer, Recording};
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, NsMethod, NsPrecision};
+use muon_opt::config::{CommMode, Config, Dtype, MuonLayout, MuonVariant, NsMethod, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::MuonOptions;
@@ -41,7 +41,7 @@ type Log = Arc<Mutex<Vec<Op>>>;
 type Dry = Arc<Mutex<DryRun>>;
 
 /// The configurations the schedule is run with: every layout, both Newton–Schulz precisions,
-/// bf16 gradients, overlap off, MXFP8 storage with and without the gather.
+/// bf16 gradients, overlap off, MXFP8 storage with and without the gather, NorMuon.
 fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
     let base = Config {
         bucket_size: 4096,
@@ -80,6 +80,14 @@ fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
             Config {
                 muon_ns_method: NsMethod::Gram,
                 muon_ns_precision: NsPrecision::Bf16Iterate,
+                ..base.clone()
+            },
+            cuda_model(),
+        ),
+        (
+            "compact, NorMuon",
+            Config {
+                muon_variant: MuonVariant::Normuon,
                 ..base.clone()
             },
             cuda_model(),
