@@ -15,7 +15,7 @@
 //!    Newton–Schulz on the shard with the norm and every `X·Xᵀ` summed over the ranks; both
 //!    scale by the whole component's shape;
 //! 4. with `muon_variant = normuon`, `X_k` is normalized by its second moment first
-//!    ([`normuon`](super::normuon): statistics per line of the longer side of the component
+//!    ([`normuon`]: statistics per line of the longer side of the component
 //!    as this rank holds it — a TP shard's own, as Megatron-LM's `TensorParallelAdaptiveMuon`
 //!    keeps them — each component with its `lines` values of the param's moment2 state, in
 //!    component order);
