@@ -126,7 +126,7 @@ pub const JOBS: &[Job] = &[
         }),
         batch: Some(Batch {
             global: 4096,
-            micro: 1,
+            micro: KIMI_K2_MICRO_BATCH,
             seq_len: 4096,
         }),
     },
@@ -150,6 +150,12 @@ pub const JOBS: &[Job] = &[
     },
 ];
 
+/// Kimi K2's micro-batch on GB300: Megatron-Bridge v0.3.1 (2026-03-20, its first GB300 recipe)
+/// `scripts/performance/configs/kimi/kimi_workload_base_configs.py` line 36
+/// (`KIMI_K2_PRETRAIN_CONFIG_GB300`, `micro_batch_size=2`), kept at 067f987d
+/// (`src/megatron/bridge/perf_recipes/kimi/gb300/kimi_k2.py` line 159).
+const KIMI_K2_MICRO_BATCH: u64 = 2;
+
 /// Routed experts per token: `num_experts_per_tok` of moonshotai/Kimi-K2-Instruct's and
 /// Qwen/Qwen3-30B-A3B's config.json.
 const KIMI_K2_EXPERTS_PER_TOKEN: u64 = 8;
@@ -168,9 +174,9 @@ pub struct Measured {
 /// NVIDIA's Megatron measurements (the blog "Advancing Emerging Optimizers for Accelerated
 /// LLM Training with NVIDIA Megatron", Table 1, Megatron-Bridge 26.02): Kimi K2 on 256 GB300,
 /// PP 4 (VPP 4) × DP 64 × EP 64, MXFP8, global batch 4096 of 4096 tokens; Qwen3-30B-A3B on 8
-/// GB300, DP 8 × EP 8, MXFP8, global batch 512, micro-batch 8. The micro-batch of Kimi K2 (1)
-/// and the sequence length of Qwen3-30B-A3B (4096) are the Megatron-Bridge recipes' defaults,
-/// not stated in the table.
+/// GB300, DP 8 × EP 8, MXFP8, global batch 512, micro-batch 8. The micro-batch of Kimi K2
+/// ([`KIMI_K2_MICRO_BATCH`]) and the sequence length of Qwen3-30B-A3B (4096) are the
+/// Megatron-Bridge recipes', not stated in the table.
 pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
     Measured {
         job: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",

@@ -2,12 +2,14 @@
 //! simulator's prediction for the same job; writes `docs/validation.md`.
 
 use muon_opt::sim::scenarios::{Measured, NVIDIA_MEGATRON_MUON, job};
-use muon_opt::sim::{Simulation, simulate_adamw_baseline, simulate_best_ownership};
+use muon_opt::sim::{Schedule, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline};
 
-/// One measured job and its simulation (MXFP8, against its AdamW baseline).
+/// One measured job and its simulations (MXFP8, against its AdamW baseline): this library's
+/// schedule and Megatron's.
 struct Row {
     measured: Measured,
     sim: Simulation,
+    megatron: Simulation,
 }
 
 fn rows() -> Result<Vec<Row>, String> {
@@ -16,18 +18,23 @@ fn rows() -> Result<Vec<Row>, String> {
         let scenario = job(measured.job)
             .and_then(|j| j.scenario(true))
             .map_err(|e| e.to_string())?;
-        let sim = simulate_adamw_baseline(&scenario)
-            .and_then(|adamw| simulate_best_ownership(&scenario, Some(&adamw)))
+        let (sim, megatron) = simulate_adamw_baseline(&scenario)
+            .and_then(|adamw| {
+                let sim = simulate_best_ownership(&scenario, Some(&adamw))?;
+                let megatron = simulate(&scenario.with_schedule(Schedule::Megatron))?;
+                Ok((sim, with_baseline(megatron, &adamw)))
+            })
             .map_err(|e| format!("{}: {e}", measured.job))?;
         rows.push(Row {
             measured: *measured,
             sim,
+            megatron,
         });
     }
     Ok(rows)
 }
 
-const HEADER: &str = "| job | measured AdamW / Muon TFLOP/s per GPU | measured overhead | simulated tokens / GPU (micro-batches, bubble) | simulated AdamW / Muon ms | Muon − AdamW ms: simulated / measured overhead × simulated AdamW | predicted overhead (ours) | predicted / measured |\n|---|---|---|---|---|---|---|---|\n";
+const HEADER: &str = "| job | measured AdamW / Muon TFLOP/s per GPU | measured overhead | simulated tokens / GPU (micro-batches, bubble) | simulated AdamW / Muon ms | Muon − AdamW ms: simulated / measured overhead × simulated AdamW | predicted overhead (ours) | predicted / measured | Megatron's schedule: Muon ms, Muon − AdamW ms | predicted overhead (Megatron's schedule) | predicted / measured (Megatron's schedule) |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 fn line(r: &Row) -> String {
     let b = r
@@ -35,9 +42,14 @@ fn line(r: &Row) -> String {
         .adamw_baseline
         .as_ref()
         .expect("every row is simulated against AdamW");
+    let m = r
+        .megatron
+        .adamw_baseline
+        .as_ref()
+        .expect("every row is simulated against AdamW");
     let measured = r.measured.adamw_tflops / r.measured.muon_tflops - 1.0;
     format!(
-        "| {} | {:.0} / {:.0} | {:.2} % | {} ({}, {:.1} %) | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} % | {:.2} |\n",
+        "| {} | {:.0} / {:.0} | {:.2} % | {} ({}, {:.1} %) | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} % | {:.2} | {:.1}, {:.1} | {:.2} % | {:.2} |\n",
         r.measured.job,
         r.measured.adamw_tflops,
         r.measured.muon_tflops,
@@ -50,7 +62,11 @@ fn line(r: &Row) -> String {
         b.difference_ms,
         measured * b.adamw_iteration_ms,
         100.0 * b.muon_overhead,
-        b.muon_overhead / measured
+        b.muon_overhead / measured,
+        r.megatron.figures.iteration_ms,
+        m.difference_ms,
+        100.0 * m.muon_overhead,
+        m.muon_overhead / measured
     )
 }
 
