@@ -51,7 +51,26 @@ const DSV3_SIMULATED_STAGE: usize = 8;
 /// 8 experts" of 256).
 const DSV3_EXPERTS_PER_TOKEN: u64 = 8;
 
-/// Every named job, in table order.
+/// The Llama 3 batch: 16M tokens, 2048 sequences of 8192 tokens, micro-batch 1 (The Llama 3
+/// Herd of Models, arXiv 2407.21783, §3.4.1: 4M tokens of 4,096-token sequences at first, 8M
+/// of 8,192 after 252M tokens, 16M after 2.87T; stated for the 405B model, the only Llama 3
+/// batch the paper gives).
+const LLAMA3_BATCH: Batch = Batch {
+    global: 2048,
+    micro: 1,
+    seq_len: 8192,
+};
+/// DeepSeek-V3's batch: 15,360 sequences of 4K tokens, micro-batch 1 (DeepSeek-V3 Technical
+/// Report §4.2: the batch grows from 3072 to 15360 over the first 469B tokens and stays there;
+/// a maximum sequence length of 4K in pre-training).
+const DSV3_BATCH: Batch = Batch {
+    global: 15360,
+    micro: 1,
+    seq_len: 4096,
+};
+
+/// Every named job, in table order: the dense and DeepSeek-V3-like jobs at 8192 tokens per
+/// GPU and at their published batch, then NVIDIA's measured jobs at theirs.
 pub const JOBS: &[Job] = &[
     Job {
         name: "llama3-8b dp8 nvlink",
@@ -65,6 +84,17 @@ pub const JOBS: &[Job] = &[
         batch: None,
     },
     Job {
+        name: "llama3-8b dp8 nvlink, 2048 x 8192",
+        model: "llama3-8b",
+        hardware: "h100-nvlink",
+        dp: 8,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
+    },
+    Job {
         name: "llama3-8b dp64 nvlink",
         model: "llama3-8b",
         hardware: "h100-nvlink",
@@ -74,6 +104,17 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+    },
+    Job {
+        name: "llama3-8b dp64 nvlink, 2048 x 8192",
+        model: "llama3-8b",
+        hardware: "h100-nvlink",
+        dp: 64,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
     },
     Job {
         name: "llama3-70b tp8 dp8 ib",
@@ -87,6 +128,17 @@ pub const JOBS: &[Job] = &[
         batch: None,
     },
     Job {
+        name: "llama3-70b tp8 dp8 ib, 2048 x 8192",
+        model: "llama3-70b",
+        hardware: "h100-ib",
+        dp: 8,
+        tp: Some(8),
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
+    },
+    Job {
         name: "llama3-70b tp8 dp64 ib",
         model: "llama3-70b",
         hardware: "h100-ib",
@@ -96,6 +148,17 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+    },
+    Job {
+        name: "llama3-70b tp8 dp64 ib, 2048 x 8192",
+        model: "llama3-70b",
+        hardware: "h100-ib",
+        dp: 64,
+        tp: Some(8),
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
     },
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
@@ -110,6 +173,20 @@ pub const JOBS: &[Job] = &[
             experts_per_token: DSV3_EXPERTS_PER_TOKEN,
         }),
         batch: None,
+    },
+    Job {
+        name: "deepseek-v3-like pp16 ep64 dp64 nvlink, 15360 x 4096",
+        model: "deepseek-v3-like",
+        hardware: "h100-nvlink",
+        dp: DSV3_EXPERT_PARALLEL,
+        tp: None,
+        pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
+        virtual_stages: 1,
+        expert_parallel: Some(ExpertParallel {
+            ep: DSV3_EXPERT_PARALLEL,
+            experts_per_token: DSV3_EXPERTS_PER_TOKEN,
+        }),
+        batch: Some(DSV3_BATCH),
     },
     // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72.
     Job {

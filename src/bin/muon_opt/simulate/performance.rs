@@ -120,7 +120,13 @@ fn markdown(rows: &[Row]) -> String {
          The gb300 jobs are NVIDIA's measured Megatron runs at their published batches\n\
          (`docs/validation.md`): Kimi K2 (PP 4 × VPP 4, stage 2 simulated, EP 64 = DP 64, global\n\
          batch 4096 of 4096 tokens, micro-batch 2) and Qwen3-30B-A3B (EP 8 = DP 8, global batch\n\
-         512, micro-batch 8, 4096 tokens), with causal attention FLOPs and the 1F1B bubble.\n\n\
+         512, micro-batch 8, 4096 tokens), with causal attention FLOPs and the 1F1B bubble.\n\
+         Each llama3 and the deepseek-v3-like job also runs at its published batch, micro-batch 1,\n\
+         with causal attention FLOPs (and the bubble): `2048 x 8192`, the Llama 3 paper's 16M-token\n\
+         batch (arXiv 2407.21783 §3.4.1, stated for 405B, the only Llama 3 batch it gives), and\n\
+         `15360 x 4096`, DeepSeek-V3's (its report §4.2). Muon's cost is per step, so its share of\n\
+         the iteration falls as the tokens per step grow: the rows without a batch (8192 tokens\n\
+         per GPU) are the small batch beside them.\n\n\
          - **ownership**: the `muon_ownership` whose Muon iteration is shorter on this cluster\n\
          \x20 (`simulate --ownership auto`): `contiguous` where the data-parallel ring's latency\n\
          \x20 makes every extra (bucket, owner) collective expensive (docs/design.md §4);\n\
@@ -134,7 +140,9 @@ fn markdown(rows: &[Row]) -> String {
          - **Megatron's schedule**: the same job stepped as Megatron-LM's layer-wise optimizer\n\
          \x20 steps it in NVIDIA's Muon recipes (`simulate --schedule megatron`, `src/sim/megatron.rs`:\n\
          \x20 gradients all-reduced, each expert orthogonalized alone, the param all-gather after\n\
-         \x20 the whole step and waited for before the forward), against the same AdamW baseline.\n\n",
+         \x20 the whole step and waited for before the forward, bf16 params: with Muon its recipe\n\
+         \x20 turns the MXFP8 param gather off, so its Muon ms is the same with MXFP8 on), against\n\
+         \x20 the same AdamW baseline.\n\n",
     );
     out.push_str(HEADER);
     for r in rows {
