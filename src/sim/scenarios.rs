@@ -252,7 +252,7 @@ pub struct Measured {
 /// LLM Training with NVIDIA Megatron", Table 1, Megatron-Bridge 26.02): Kimi K2 on 256 GB300,
 /// PP 4 (VPP 4) × DP 64 × EP 64, MXFP8, global batch 4096 of 4096 tokens; Qwen3-30B-A3B on 8
 /// GB300, DP 8 × EP 8, MXFP8, global batch 512, micro-batch 8. The micro-batch of Kimi K2
-/// ([`KIMI_K2_MICRO_BATCH`]) and the sequence length of Qwen3-30B-A3B (4096) are the
+/// (2, `KIMI_K2_MICRO_BATCH`) and the sequence length of Qwen3-30B-A3B (4096) are the
 /// Megatron-Bridge recipes', not stated in the table.
 pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
     Measured {
