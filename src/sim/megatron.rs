@@ -3,8 +3,8 @@
 //! schedule runtime, translation, cost model and constants as this library's schedule.
 //!
 //! What its code does differently, as modelled (Megatron-LM d98e8a64, 2026-08-22;
-//! Megatron-Bridge v0.3.1, 2026-03-20, the first release with the Kimi K2 GB300 recipe, and 067f987d,
-//! 2026-08-22, which keeps every setting below):
+//! Megatron-Bridge v0.3.1, 2026-03-20, the first release with the Kimi K2 GB300 recipe, and
+//! 067f987d, 2026-08-22, which keeps every setting below):
 //!
 //! - **No distributed optimizer for the gradients**: the Kimi K2 recipe with Muon sets
 //!   `ddp.use_distributed_optimizer = False` and `ddp.overlap_param_gather = False` ("Muon
@@ -25,8 +25,8 @@
 //!   forward's quantization is the model compute's in both runs).
 //! - **Whole matrices per rank, updated one param at a time**: without a param layout the
 //!   layer-wise optimizer assigns whole params to ranks (`layer_wise_optimizer.py` line 643,
-//!   `_shard_params_ping_pong`, line 713) and each rank's Emerging-Optimizers `OrthogonalizedOptimizer`
-//!   steps its params in a loop, one Newton–Schulz per param
+//!   `_shard_params_ping_pong`, line 713) and each rank's Emerging-Optimizers
+//!   `OrthogonalizedOptimizer` steps its params in a loop, one Newton–Schulz per param
 //!   (`megatron/core/optimizer/emerging_optimizers.py` line 382, `orthogonalize(p, grad)` of
 //!   one param). A MoE layer's experts are separate params (one weight per expert), so each
 //!   expert is orthogonalized alone: here every expert stack `[E, m, n]` is registered as E
@@ -35,12 +35,14 @@
 //!   chained optimizer, then, without `overlap_param_gather`, calls `allgather_params`
 //!   (`layer_wise_optimizer.py` lines 964–990): one all-gather of every rank's updated params
 //!   (lines 817–868), which starts after the last update and which the next forward waits for
-//!   (`Runtime::sync_params_after_step`, with `overlap_param_gather` off).
-//!
+//!   (`Runtime::sync_params_after_step`, with `overlap_param_gather` off). The layer-wise
+//!   optimizer can defer the gather to the forward pre-hooks (lines 975–986), but only with
+//!   the distributed optimizer's param layout (`use_buffer_param_sync`, lines 552–558), which
+//!   the Muon recipes turn off with `overlap_param_gather` itself.
 //! - **Newton–Schulz iterates in bf16**: the recipe's optimizer is
-//!   `distributed_muon_with_cosine_annealing` (`kimi_k2.py` line 67), whose
-//!   `muon_fp32_matmul_prec` is `"medium"` (`src/megatron/bridge/recipes/utils/optimizer_utils.py`
-//!   line 25): Emerging-Optimizers then keeps the iterate in bf16, `bf16_iterate` here
+//!   `distributed_muon_with_cosine_annealing` (067f987d `recipes/kimi/h100/kimi_k2.py` line
+//!   67), whose `muon_fp32_matmul_prec` is `"medium"`
+//!   (`src/megatron/bridge/recipes/utils/optimizer_utils.py` line 25): Emerging-Optimizers then keeps the iterate in bf16, `bf16_iterate` here
 //!   (docs/megatron.md, `--muon-fp32-matmul-prec`).
 //!
 //! Not modelled (named in `docs/validation.md`): the ping-pong-by-numel owner assignment
