@@ -45,6 +45,9 @@
 //!   (`src/megatron/bridge/recipes/utils/optimizer_utils.py` line 25): Emerging-Optimizers then keeps the iterate in bf16, `bf16_iterate` here
 //!   (docs/megatron.md, `--muon-fp32-matmul-prec`).
 //!
+//! Megatron-Bridge has no Muon recipe of Qwen3-30B-A3B (v0.3.1, 067f987d): a job is stepped
+//! with the Kimi K2 recipe's Muon settings, which that recipe says Muon needs.
+//!
 //! Not modelled (named in `docs/validation.md`): the ping-pong-by-numel owner assignment
 //! (balanced by Newton–Schulz cost here), the all-gather of uneven sizes as one call (here the
 //! `allreduce` layout's broadcast per bucket and owner, the same bytes per rank), PyTorch's

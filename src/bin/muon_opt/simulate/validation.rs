@@ -102,7 +102,9 @@ fn markdown(rows: &[Row]) -> String {
          \x20 all-reduced under the backward (no distributed optimizer), bf16 params (no MXFP8\n\
          \x20 param gather with Muon), a bf16 Newton–Schulz iterate, each expert orthogonalized\n\
          \x20 alone, the param all-gather after the whole step and waited for by the next forward;\n\
-         \x20 against the same AdamW baseline (Megatron's distributed optimizer);\n\
+         \x20 against the same AdamW baseline (Megatron's distributed optimizer). Megatron-Bridge\n\
+         \x20 has no Muon recipe of Qwen3-30B-A3B (v0.3.1, 067f987d): its row takes the Kimi K2\n\
+         \x20 recipe's Muon settings, which that recipe says Muon needs;\n\
          - **predicted / measured**: 1 is exact; **within ±35 %**: issue 39's criterion.\n\n\
          Where they differ. Megatron's schedule predicts more than ours on both jobs: its\n\
          all-gather waits for the whole step and the forward waits for it, and its experts run one\n\
