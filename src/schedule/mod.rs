@@ -133,6 +133,9 @@ pub struct Runtime {
     next_grad_sync: usize,
     /// Per bucket: the Muon batches and AdamW slots whose params live in it.
     bucket_batches: Vec<Vec<usize>>,
+    /// Every param collective of a step waits for the step's last update instead of its own
+    /// bucket's ([`Runtime::sync_params_after_step`]).
+    params_after_step: bool,
     bucket_adamw: Vec<Vec<usize>>,
     profile: StepProfile,
     /// The arguments last set by [`Runtime::set_step_args`], which a step without arguments
@@ -195,6 +198,7 @@ impl Runtime {
             live,
             comm_unjoined: false,
             qk_clips: qk_clip::QkClips::default(),
+            params_after_step: false,
         };
         runtime.write_initial_values(init)?;
         Ok(runtime)
@@ -202,6 +206,14 @@ impl Runtime {
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// From the next step on, the param collectives start after the step's last update, not
+    /// as each bucket's owners are done: how Megatron-LM's layer-wise optimizer gathers
+    /// (`LayerWiseDistributedOptimizer.step_with_ready_grads`, its all-gather after the whole
+    /// step: `megatron/core/optimizer/layer_wise_optimizer.py` lines 964–990 at d98e8a64). `muon-opt simulate --schedule megatron` prices it; the library never sets it.
+    pub fn sync_params_after_step(&mut self) {
+        self.params_after_step = true;
     }
 
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
@@ -506,9 +518,11 @@ impl Runtime {
             self.update_adamw(b, &mut profile)?;
             self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
         }
+        let last = self.forward_order.last().copied();
         for i in 0..self.forward_order.len() {
             let b = self.forward_order[i];
-            timed(&mut profile.param_collectives, || self.launch_param_sync(b))?;
+            let after = if self.params_after_step { last.unwrap_or(b) } else { b };
+            timed(&mut profile.param_collectives, || self.launch_param_sync(b, after))?;
         }
         self.clear_qk_clips();
         if !self.cfg.overlap_param_gather {
@@ -547,12 +561,13 @@ impl Runtime {
         self.profile
     }
 
-    /// Comm stream, after the owners wrote bucket `b`'s new values (`ParamReady`, which the
-    /// caller records on the compute stream): the param collective(s),
+    /// Comm stream, after the owners wrote bucket `after`'s new values (`ParamReady`, which the
+    /// caller records on the compute stream; `after` is `b`, or the step's last bucket with
+    /// [`Runtime::sync_params_after_step`]): bucket `b`'s param collective(s),
     /// then every rank quantizes the bucket's MXFP8 params from the gathered bf16; when params
     /// are staged on the bucket's grad bytes, those bytes are zeroed right after the quantize
     /// read them, on the same stream (the next `zero_grad` then skips the bucket).
-    fn launch_param_sync(&mut self, b: usize) -> Result<()> {
+    fn launch_param_sync(&mut self, b: usize, after: usize) -> Result<()> {
         let bucket = &self.plan.buckets[b];
         let (staged, direct): (Vec<u32>, Vec<u32>) = bucket.params.iter().partition(|&&p| self.is_staged(p));
         let mut ops = Vec::new();
@@ -572,7 +587,7 @@ impl Runtime {
             })
             .collect::<Result<_>>()?;
         let staged_grads = (!staged.is_empty()).then(|| Self::bucket_span(bucket, Mem::Grad(bucket.buffer)));
-        self.wait(StreamKind::Comm, event(b, Ev::ParamReady))?;
+        self.wait(StreamKind::Comm, event(after, Ev::ParamReady))?;
         self.backend.collectives(ops)?;
         for (src, p) in quantize {
             self.backend.mxfp8_quantize(StreamKind::Comm, src, p)?;

@@ -108,7 +108,7 @@ impl Runtime {
         }
         for b in 0..self.plan.buckets.len() {
             self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
-            self.launch_param_sync(b)?;
+            self.launch_param_sync(b, b)?;
         }
         self.backend.synchronize()
     }

@@ -230,6 +230,14 @@ pub struct Trainer {
     /// The pipeline bubble as a fraction of the iteration's ideal compute (1F1B:
     /// `(p − 1) / (m · v)`); 0 without pipeline parallelism.
     pub bubble: f64,
+    /// The pieces each expert stack of the rank is registered as (1; Megatron's schedule: one
+    /// `[1, m, n]` piece per expert): a piece computes its share of the stack's routed tokens.
+    pub expert_pieces: u64,
+    /// Megatron-LM's step ([`super::Schedule::Megatron`]): every runtime starts its param
+    /// collectives after the step's last update ([`Runtime::sync_params_after_step`]), and
+    /// the optimizers finish their steps last to first, so the dense optimizer's gathers
+    /// (optimizer 0) also follow the expert optimizer's updates.
+    pub params_after_step: bool,
 }
 
 impl Trainer {
@@ -242,6 +250,8 @@ impl Trainer {
             micro_batches: 1,
             attention_params: 0,
             bubble: 0.0,
+            expert_pieces: 1,
+            params_after_step: false,
         }
     }
 }
@@ -284,7 +294,7 @@ pub fn train(
     hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
     let order: Vec<(usize, usize)> = (0..plan.params.len()).map(|p| (0, p)).collect();
-    train_shared(&mut [runtime], &[plan], &order, (iterations, 1), clips, hooks)
+    train_shared(&mut [runtime], &[plan], &order, (iterations, 1, false), clips, hooks)
 }
 
 /// [`train`] for several optimizers of a rank (dense and expert params) stepped together with
@@ -295,12 +305,14 @@ pub fn train(
 /// `clips` go to optimizer 0. Each of the `iterations` runs `micro_batches` micro-batches
 /// (Megatron's gradient accumulation, `no_sync` but for the last): the hooks wait for params
 /// in the first micro-batch's forward only and report gradients in the last one's backward
-/// only; the micro-batches in between call none ([`TrainerEvent::Accumulate`]).
+/// only; the micro-batches in between call none ([`TrainerEvent::Accumulate`]). With
+/// `last_first` the optimizers take the shared step's calls last to first
+/// ([`Trainer::params_after_step`]).
 pub fn train_shared(
     runtimes: &mut [&mut Runtime],
     plans: &[&Plan],
     order: &[(usize, usize)],
-    (iterations, micro_batches): (usize, usize),
+    (iterations, micro_batches, last_first): (usize, usize, bool),
     clips: &[QkClipRequest],
     hooks: &mut dyn FnMut(TrainerEvent),
 ) -> Result<()> {
@@ -347,8 +359,11 @@ pub fn train_shared(
             runtime.step(Some(&STEP_ARGS))?;
             continue;
         }
-        let args = vec![STEP_ARGS; runtimes.len()];
-        step_shared(runtimes.len(), Some(&args), |k, f| f(runtimes[k]))?;
+        let n = runtimes.len();
+        let args = vec![STEP_ARGS; n];
+        step_shared(n, Some(&args), |k, f| {
+            f(runtimes[if last_first { n - 1 - k } else { k }])
+        })?;
     }
     Ok(())
 }
@@ -423,14 +438,18 @@ pub fn record_shared(
             translator = translator.with_tp_group(ranks, 0);
         }
         let backend = CudaBackend::with_executor(translator, SimExecutor(Arc::clone(&recorder), k))?;
-        runtimes.push(Runtime::new(
+        let mut runtime = Runtime::new(
             Box::new(m.plan.clone()),
             m.params.to_vec(),
             m.cfg.clone(),
             m.rank,
             Box::new(backend),
             |_| None,
-        )?);
+        )?;
+        if trainer.params_after_step {
+            runtime.sync_params_after_step();
+        }
+        runtimes.push(runtime);
     }
     let lookup: Vec<Vec<bool>> = members.iter().map(|m| lookups(m.params)).collect();
     // The params whose flops the forward and backward of each param in `order` amount to.
@@ -447,8 +466,10 @@ pub fn record_shared(
                 + match trainer.experts_per_token {
                     _ if lookup[k][p] => 0,
                     // The stack's experts share `tokens · routed` token-expert pairs: as many
-                    // flops as one expert over every token `routed` times.
-                    Some(routed) if spec.is_expert_stack() => spec.numel() / spec.shape[0] * routed,
+                    // flops as one expert over every token `routed` times, shared by its pieces.
+                    Some(routed) if spec.is_expert_stack() => {
+                        spec.numel() / spec.shape[0] * routed / trainer.expert_pieces.max(1)
+                    }
                     _ => spec.numel(),
                 }
         })
@@ -496,7 +517,7 @@ pub fn record_shared(
     };
     let plans: Vec<&Plan> = members.iter().map(|m| m.plan).collect();
     let mut refs: Vec<&mut Runtime> = runtimes.iter_mut().collect();
-    let runs = (trainer.iterations, micro_batches);
+    let runs = (trainer.iterations, micro_batches, trainer.params_after_step);
     train_shared(&mut refs, &plans, order, runs, clips, &mut hooks)?;
     lock(&recorder).out.items.push(Item::Teardown);
     lock(&recorder).call = Call::Setup;

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod device;
 pub mod drive;
 pub mod engine;
+pub mod megatron;
 pub mod metrics;
 pub mod profile;
 pub mod qk_clip;
@@ -30,6 +31,7 @@ use crate::backend::ops::StreamKind;
 use cost::CostModel;
 use drive::{Member, RecordOptions, Trainer, record_shared};
 use engine::{Class, Item, Timeline};
+pub use megatron::Schedule;
 use metrics::{DeviceBytes, Figures};
 use profile::Hardware;
 
@@ -85,6 +87,9 @@ pub struct Scenario {
     /// The network the library is told it runs on (`muon_config_t.network`): the profile's
     /// figures by default, as a job on this cluster would declare them.
     pub plan_network: PlanNetwork,
+    /// Whose step: this library's, or Megatron-LM's as it runs the same job (set with
+    /// [`Scenario::with_schedule`], which also sets the layout and overlap it implies).
+    pub schedule: Schedule,
 }
 
 /// The batch as trained (Megatron-LM's `--global-batch-size`, `--micro-batch-size`,
@@ -154,6 +159,7 @@ impl Scenario {
             attention: attention(&model.name),
             expert_parallel: None,
             plan_network: PlanNetwork::Profile,
+            schedule: Schedule::Ours,
             model,
         }
     }
@@ -228,7 +234,23 @@ impl Scenario {
             micro_batches: self.micro_batches()?,
             attention_params,
             bubble: self.pipeline_bubble()?,
+            expert_pieces: match self.schedule {
+                Schedule::Megatron => self.local_experts(),
+                Schedule::Ours => 1,
+            },
+            params_after_step: self.schedule == Schedule::Megatron,
         })
+    }
+
+    /// Experts of an expert stack on each rank: `E / ep` with expert parallelism, else `E`
+    /// (1 without expert stacks).
+    fn local_experts(&self) -> u64 {
+        let ep = self.expert_parallel.map_or(1, |e| e.ep as u64);
+        self.model
+            .params
+            .iter()
+            .find(|p| p.is_expert_stack())
+            .map_or(1, |p| p.shape[0] / ep)
     }
 
     fn config(&self) -> Config {
@@ -262,6 +284,8 @@ pub struct Simulation {
     pub mxfp8: bool,
     pub ns_precision: String,
     pub ns_method: String,
+    /// Whose step ([`Schedule::name`]).
+    pub schedule: String,
     pub tokens_per_gpu: u64,
     /// The batch as trained, when given, and the micro-batches per iteration it makes.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -341,6 +365,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         mxfp8: scenario.mxfp8,
         ns_precision: scenario.ns_precision.name().to_string(),
         ns_method: scenario.ns_method.name().to_string(),
+        schedule: scenario.schedule.name().to_string(),
         tokens_per_gpu: trainer.tokens,
         batch: scenario.batch,
         micro_batches: trainer.micro_batches,
@@ -419,6 +444,9 @@ pub fn rank_optimizers(scenario: &Scenario) -> Result<RankSetup> {
         }
         model = model.with_expert_parallel(ep)?;
         groups.push(scenario.dp / ep);
+    }
+    if scenario.schedule == Schedule::Megatron {
+        model = megatron::split_expert_stacks(&model)?;
     }
     if scenario.mxfp8 || scenario.adamw_only {
         let registry = model.registry(&cfg)?;

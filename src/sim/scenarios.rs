@@ -51,7 +51,26 @@ const DSV3_SIMULATED_STAGE: usize = 8;
 /// 8 experts" of 256).
 const DSV3_EXPERTS_PER_TOKEN: u64 = 8;
 
-/// Every named job, in table order.
+/// The Llama 3 batch: 16M tokens, 2048 sequences of 8192 tokens, micro-batch 1 (The Llama 3
+/// Herd of Models, arXiv 2407.21783, §3.4.1: 4M tokens of 4,096-token sequences at first, 8M
+/// of 8,192 after 252M tokens, 16M after 2.87T; stated for the 405B model, the only Llama 3
+/// batch the paper gives).
+const LLAMA3_BATCH: Batch = Batch {
+    global: 2048,
+    micro: 1,
+    seq_len: 8192,
+};
+/// DeepSeek-V3's batch: 15,360 sequences of 4K tokens, micro-batch 1 (DeepSeek-V3 Technical
+/// Report §4.2: the batch grows from 3072 to 15360 over the first 469B tokens and stays there;
+/// a maximum sequence length of 4K in pre-training).
+const DSV3_BATCH: Batch = Batch {
+    global: 15360,
+    micro: 1,
+    seq_len: 4096,
+};
+
+/// Every named job, in table order: the dense and DeepSeek-V3-like jobs at 8192 tokens per
+/// GPU and at their published batch, then NVIDIA's measured jobs at theirs.
 pub const JOBS: &[Job] = &[
     Job {
         name: "llama3-8b dp8 nvlink",
@@ -65,6 +84,17 @@ pub const JOBS: &[Job] = &[
         batch: None,
     },
     Job {
+        name: "llama3-8b dp8 nvlink, 2048 x 8192",
+        model: "llama3-8b",
+        hardware: "h100-nvlink",
+        dp: 8,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
+    },
+    Job {
         name: "llama3-8b dp64 nvlink",
         model: "llama3-8b",
         hardware: "h100-nvlink",
@@ -74,6 +104,17 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+    },
+    Job {
+        name: "llama3-8b dp64 nvlink, 2048 x 8192",
+        model: "llama3-8b",
+        hardware: "h100-nvlink",
+        dp: 64,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
     },
     Job {
         name: "llama3-70b tp8 dp8 ib",
@@ -87,6 +128,17 @@ pub const JOBS: &[Job] = &[
         batch: None,
     },
     Job {
+        name: "llama3-70b tp8 dp8 ib, 2048 x 8192",
+        model: "llama3-70b",
+        hardware: "h100-ib",
+        dp: 8,
+        tp: Some(8),
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
+    },
+    Job {
         name: "llama3-70b tp8 dp64 ib",
         model: "llama3-70b",
         hardware: "h100-ib",
@@ -96,6 +148,17 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+    },
+    Job {
+        name: "llama3-70b tp8 dp64 ib, 2048 x 8192",
+        model: "llama3-70b",
+        hardware: "h100-ib",
+        dp: 64,
+        tp: Some(8),
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: Some(LLAMA3_BATCH),
     },
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
@@ -110,6 +173,20 @@ pub const JOBS: &[Job] = &[
             experts_per_token: DSV3_EXPERTS_PER_TOKEN,
         }),
         batch: None,
+    },
+    Job {
+        name: "deepseek-v3-like pp16 ep64 dp64 nvlink, 15360 x 4096",
+        model: "deepseek-v3-like",
+        hardware: "h100-nvlink",
+        dp: DSV3_EXPERT_PARALLEL,
+        tp: None,
+        pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
+        virtual_stages: 1,
+        expert_parallel: Some(ExpertParallel {
+            ep: DSV3_EXPERT_PARALLEL,
+            experts_per_token: DSV3_EXPERTS_PER_TOKEN,
+        }),
+        batch: Some(DSV3_BATCH),
     },
     // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72.
     Job {
@@ -126,7 +203,7 @@ pub const JOBS: &[Job] = &[
         }),
         batch: Some(Batch {
             global: 4096,
-            micro: 1,
+            micro: KIMI_K2_MICRO_BATCH,
             seq_len: 4096,
         }),
     },
@@ -150,6 +227,12 @@ pub const JOBS: &[Job] = &[
     },
 ];
 
+/// Kimi K2's micro-batch on GB300: Megatron-Bridge v0.3.1 (2026-03-20, its first GB300 recipe)
+/// `scripts/performance/configs/kimi/kimi_workload_base_configs.py` line 36
+/// (`KIMI_K2_PRETRAIN_CONFIG_GB300`, `micro_batch_size=2`), kept at 067f987d
+/// (`src/megatron/bridge/perf_recipes/kimi/gb300/kimi_k2.py` line 159).
+const KIMI_K2_MICRO_BATCH: u64 = 2;
+
 /// Routed experts per token: `num_experts_per_tok` of moonshotai/Kimi-K2-Instruct's and
 /// Qwen/Qwen3-30B-A3B's config.json.
 const KIMI_K2_EXPERTS_PER_TOKEN: u64 = 8;
@@ -168,9 +251,9 @@ pub struct Measured {
 /// NVIDIA's Megatron measurements (the blog "Advancing Emerging Optimizers for Accelerated
 /// LLM Training with NVIDIA Megatron", Table 1, Megatron-Bridge 26.02): Kimi K2 on 256 GB300,
 /// PP 4 (VPP 4) × DP 64 × EP 64, MXFP8, global batch 4096 of 4096 tokens; Qwen3-30B-A3B on 8
-/// GB300, DP 8 × EP 8, MXFP8, global batch 512, micro-batch 8. The micro-batch of Kimi K2 (1)
-/// and the sequence length of Qwen3-30B-A3B (4096) are the Megatron-Bridge recipes' defaults,
-/// not stated in the table.
+/// GB300, DP 8 × EP 8, MXFP8, global batch 512, micro-batch 8. The micro-batch of Kimi K2
+/// (2, `KIMI_K2_MICRO_BATCH`) and the sequence length of Qwen3-30B-A3B (4096) are the
+/// Megatron-Bridge recipes', not stated in the table.
 pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
     Measured {
         job: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",

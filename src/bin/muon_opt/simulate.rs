@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use muon_opt::config::{Dtype, MuonOwnership, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{
-    Batch, ExpertParallel, PlanNetwork, Scenario, Simulation, simulate, simulate_adamw_baseline,
+    Batch, ExpertParallel, PlanNetwork, Scenario, Schedule, Simulation, simulate, simulate_adamw_baseline,
     simulate_best_ownership, with_baseline,
 };
 
@@ -137,6 +137,12 @@ pub struct SimulateArgs {
     /// MoE layer (not with --ep, which splits the stacks).
     #[arg(long, conflicts_with = "ep")]
     experts_as_params: bool,
+    /// Whose step: this library's, or Megatron-LM's layer-wise optimizer as NVIDIA's Muon
+    /// recipes run the same job (gradients all-reduced, each expert orthogonalized alone, the
+    /// param all-gather after the step; src/sim/megatron.rs). Megatron's sets the layout and
+    /// ownership; --baseline adamw stays distributed AdamW.
+    #[arg(long, value_enum, default_value_t = ScheduleChoice::Ours, conflicts_with_all = ["layout", "ownership", "scenario", "validation", "device_run"])]
+    schedule: ScheduleChoice,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
@@ -151,6 +157,12 @@ pub struct SimulateArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum BaselineChoice {
     Adamw,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ScheduleChoice {
+    Ours,
+    Megatron,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -284,6 +296,10 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
         if matches!(args.baseline, Some(BaselineChoice::Adamw)) && adamw.is_none() {
             adamw = Some(simulate_adamw_baseline(&scenario).map_err(|e| e.to_string())?);
         }
+        let scenario = scenario.with_schedule(match args.schedule {
+            ScheduleChoice::Ours => Schedule::Ours,
+            ScheduleChoice::Megatron => Schedule::Megatron,
+        });
         let sim = match args.ownership {
             Some(OwnershipChoice::Auto) => simulate_best_ownership(&scenario, adamw.as_ref()),
             _ => simulate(&scenario).map(|sim| match &adamw {

@@ -2,15 +2,19 @@
 //! baseline; `--scenario all --markdown` writes `docs/performance.md`.
 
 use muon_opt::sim::scenarios::{JOBS, Job, job};
-use muon_opt::sim::{Scenario, Simulation, simulate_adamw_baseline, simulate_against_adamw, simulate_best_ownership};
+use muon_opt::sim::{
+    Scenario, Schedule, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline,
+};
 
 use crate::shared_args::OwnershipChoice;
 
-/// One row: a job, MXFP8 on or off, its Muon run with the AdamW baseline.
+/// One row: a job, MXFP8 on or off, its Muon run with the AdamW baseline, and the same job on
+/// Megatron's schedule against the same baseline.
 struct Row {
     job: Job,
     mxfp8: bool,
     sim: Simulation,
+    megatron: Simulation,
 }
 
 fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
@@ -23,22 +27,35 @@ fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
     for job in jobs {
         for mxfp8 in [false, true] {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
-            let sim = match ownership {
-                OwnershipChoice::Auto => simulate_adamw_baseline(&scenario)
-                    .and_then(|adamw| simulate_best_ownership(&scenario, Some(&adamw))),
-                _ => simulate_against_adamw(&Scenario {
-                    ownership: ownership.for_layout(scenario.layout),
-                    ..scenario
-                }),
+            let run = |adamw: &Simulation| {
+                let sim = match ownership {
+                    OwnershipChoice::Auto => simulate_best_ownership(&scenario, Some(adamw))?,
+                    _ => with_baseline(
+                        simulate(&Scenario {
+                            ownership: ownership.for_layout(scenario.layout),
+                            ..scenario.clone()
+                        })?,
+                        adamw,
+                    ),
+                };
+                let megatron = with_baseline(simulate(&scenario.with_schedule(Schedule::Megatron))?, adamw);
+                Ok((sim, megatron))
             };
-            let sim = sim.map_err(|e| format!("{}: {e}", job.name))?;
-            rows.push(Row { job, mxfp8, sim });
+            let (sim, megatron) = simulate_adamw_baseline(&scenario)
+                .and_then(|adamw| run(&adamw))
+                .map_err(|e: muon_opt::error::Error| format!("{}: {e}", job.name))?;
+            rows.push(Row {
+                job,
+                mxfp8,
+                sim,
+                megatron,
+            });
         }
     }
     Ok(rows)
 }
 
-const HEADER: &str = "| job | tokens / GPU (micro-batches) | MXFP8 | ownership | AdamW ms | Muon ms | overhead | Muon − AdamW ms | NS ms | (Muon − AdamW) / NS | Muon exposed: optimizer compute / unhidden comm / contention ms | GB / rank (Muon, AdamW) | fits |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+const HEADER: &str = "| job | tokens / GPU (micro-batches) | MXFP8 | ownership | AdamW ms | Muon ms | overhead | Muon − AdamW ms | NS ms | (Muon − AdamW) / NS | Muon exposed: optimizer compute / unhidden comm / contention ms | GB / rank (Muon, AdamW) | fits | Megatron's schedule: Muon ms, overhead |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 fn line(r: &Row) -> String {
     let f = &r.sim.figures;
@@ -47,8 +64,13 @@ fn line(r: &Row) -> String {
         .adamw_baseline
         .as_ref()
         .expect("every row is simulated against AdamW");
+    let m = r
+        .megatron
+        .adamw_baseline
+        .as_ref()
+        .expect("every row is simulated against AdamW");
     format!(
-        "| {} | {} ({}) | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} |\n",
+        "| {} | {} ({}) | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} | {:.1}, {:.2} % |\n",
         r.job.name,
         r.sim.tokens_per_gpu,
         r.sim.micro_batches,
@@ -65,7 +87,9 @@ fn line(r: &Row) -> String {
         f.contention_ms,
         r.sim.device_bytes.total as f64 / 1e9,
         b.adamw_device_bytes as f64 / 1e9,
-        if r.sim.fits { "yes" } else { "no" }
+        if r.sim.fits { "yes" } else { "no" },
+        r.megatron.figures.iteration_ms,
+        100.0 * m.muon_overhead
     )
 }
 
@@ -95,8 +119,14 @@ fn markdown(rows: &[Row]) -> String {
          2048 GPUs give each expert 2 data-parallel ranks; 1024 hold the same params per rank.\n\
          The gb300 jobs are NVIDIA's measured Megatron runs at their published batches\n\
          (`docs/validation.md`): Kimi K2 (PP 4 × VPP 4, stage 2 simulated, EP 64 = DP 64, global\n\
-         batch 4096 of 4096 tokens, micro-batch 1) and Qwen3-30B-A3B (EP 8 = DP 8, global batch\n\
-         512, micro-batch 8, 4096 tokens), with causal attention FLOPs and the 1F1B bubble.\n\n\
+         batch 4096 of 4096 tokens, micro-batch 2) and Qwen3-30B-A3B (EP 8 = DP 8, global batch\n\
+         512, micro-batch 8, 4096 tokens), with causal attention FLOPs and the 1F1B bubble.\n\
+         Each llama3 and the deepseek-v3-like job also runs at its published batch, micro-batch 1,\n\
+         with causal attention FLOPs (and the bubble): `2048 x 8192`, the Llama 3 paper's 16M-token\n\
+         batch (arXiv 2407.21783 §3.4.1, stated for 405B, the only Llama 3 batch it gives), and\n\
+         `15360 x 4096`, DeepSeek-V3's (its report §4.2). Muon's cost is per step, so its share of\n\
+         the iteration falls as the tokens per step grow: the rows without a batch (8192 tokens\n\
+         per GPU) are the small batch beside them.\n\n\
          - **ownership**: the `muon_ownership` whose Muon iteration is shorter on this cluster\n\
          \x20 (`simulate --ownership auto`): `contiguous` where the data-parallel ring's latency\n\
          \x20 makes every extra (bucket, owner) collective expensive (docs/design.md §4);\n\
@@ -106,7 +136,13 @@ fn markdown(rows: &[Row]) -> String {
          \x20 schedule exposes more (communication, waits), below 1 when NS hides under the forward\n\
          \x20 or AdamW's own step is longer;\n\
          - **GB / rank**: the library's allocations (params, grads, masters, moments, MXFP8,\n\
-         \x20 workspaces); activations come on top. **fits**: within the GPU's memory.\n\n",
+         \x20 workspaces); activations come on top. **fits**: within the GPU's memory;\n\
+         - **Megatron's schedule**: the same job stepped as Megatron-LM's layer-wise optimizer\n\
+         \x20 steps it in NVIDIA's Muon recipes (`simulate --schedule megatron`, `src/sim/megatron.rs`:\n\
+         \x20 gradients all-reduced, each expert orthogonalized alone, the param all-gather after\n\
+         \x20 the whole step and waited for before the forward, bf16 params: with Muon its recipe\n\
+         \x20 turns the MXFP8 param gather off, so its Muon ms is the same with MXFP8 on), against\n\
+         \x20 the same AdamW baseline.\n\n",
     );
     out.push_str(HEADER);
     for r in rows {

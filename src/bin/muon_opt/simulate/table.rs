@@ -13,6 +13,7 @@ pub fn table(sims: &[Simulation]) -> String {
     }
     type Row = (&'static str, Box<dyn Fn(&Simulation) -> String>);
     let rows: Vec<Row> = vec![
+        ("schedule", Box::new(|s| s.schedule.clone())),
         ("layout", Box::new(|s| s.layout.clone())),
         ("ownership", Box::new(|s| s.ownership.clone())),
         ("iteration ms", Box::new(|s| ms(s.figures.iteration_ms))),

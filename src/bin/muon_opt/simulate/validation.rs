@@ -2,12 +2,14 @@
 //! simulator's prediction for the same job; writes `docs/validation.md`.
 
 use muon_opt::sim::scenarios::{Measured, NVIDIA_MEGATRON_MUON, job};
-use muon_opt::sim::{Simulation, simulate_adamw_baseline, simulate_best_ownership};
+use muon_opt::sim::{Schedule, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline};
 
-/// One measured job and its simulation (MXFP8, against its AdamW baseline).
+/// One measured job and its simulations (MXFP8, against its AdamW baseline): this library's
+/// schedule and Megatron's.
 struct Row {
     measured: Measured,
     sim: Simulation,
+    megatron: Simulation,
 }
 
 fn rows() -> Result<Vec<Row>, String> {
@@ -16,18 +18,30 @@ fn rows() -> Result<Vec<Row>, String> {
         let scenario = job(measured.job)
             .and_then(|j| j.scenario(true))
             .map_err(|e| e.to_string())?;
-        let sim = simulate_adamw_baseline(&scenario)
-            .and_then(|adamw| simulate_best_ownership(&scenario, Some(&adamw)))
+        let (sim, megatron) = simulate_adamw_baseline(&scenario)
+            .and_then(|adamw| {
+                let sim = simulate_best_ownership(&scenario, Some(&adamw))?;
+                let megatron = simulate(&scenario.with_schedule(Schedule::Megatron))?;
+                Ok((sim, with_baseline(megatron, &adamw)))
+            })
             .map_err(|e| format!("{}: {e}", measured.job))?;
         rows.push(Row {
             measured: *measured,
             sim,
+            megatron,
         });
     }
     Ok(rows)
 }
 
-const HEADER: &str = "| job | measured AdamW / Muon TFLOP/s per GPU | measured overhead | simulated tokens / GPU (micro-batches, bubble) | simulated AdamW / Muon ms | Muon − AdamW ms: simulated / measured overhead × simulated AdamW | predicted overhead (ours) | predicted / measured |\n|---|---|---|---|---|---|---|---|\n";
+const HEADER: &str = "| job | measured AdamW / Muon TFLOP/s per GPU | measured overhead | simulated tokens / GPU (micro-batches, bubble) | simulated AdamW / Muon ms | Muon − AdamW ms: simulated / measured overhead × simulated AdamW | predicted overhead (ours) | predicted / measured | Megatron's schedule: Muon ms, Muon − AdamW ms | predicted overhead (Megatron's schedule) | predicted / measured (Megatron's schedule) | within ±35 % (ours, Megatron's) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+
+/// The issue's criterion (issue 39): a prediction within ±35 % of the measured overhead.
+const TOLERANCE: f64 = 0.35;
+
+fn within(ratio: f64) -> &'static str {
+    if (ratio - 1.0).abs() <= TOLERANCE { "yes" } else { "no" }
+}
 
 fn line(r: &Row) -> String {
     let b = r
@@ -35,9 +49,14 @@ fn line(r: &Row) -> String {
         .adamw_baseline
         .as_ref()
         .expect("every row is simulated against AdamW");
+    let m = r
+        .megatron
+        .adamw_baseline
+        .as_ref()
+        .expect("every row is simulated against AdamW");
     let measured = r.measured.adamw_tflops / r.measured.muon_tflops - 1.0;
     format!(
-        "| {} | {:.0} / {:.0} | {:.2} % | {} ({}, {:.1} %) | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} % | {:.2} |\n",
+        "| {} | {:.0} / {:.0} | {:.2} % | {} ({}, {:.1} %) | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} % | {:.2} | {:.1}, {:.1} | {:.2} % | {:.2} | {}, {} |\n",
         r.measured.job,
         r.measured.adamw_tflops,
         r.measured.muon_tflops,
@@ -50,7 +69,13 @@ fn line(r: &Row) -> String {
         b.difference_ms,
         measured * b.adamw_iteration_ms,
         100.0 * b.muon_overhead,
-        b.muon_overhead / measured
+        b.muon_overhead / measured,
+        r.megatron.figures.iteration_ms,
+        m.difference_ms,
+        100.0 * m.muon_overhead,
+        m.muon_overhead / measured,
+        within(b.muon_overhead / measured),
+        within(m.muon_overhead / measured)
     )
 }
 
@@ -71,14 +96,33 @@ fn markdown(rows: &[Row]) -> String {
          - **simulated**: this library's schedule, a middle pipeline stage,\n\
          \x20 causal attention FLOPs at the sequence length, the 1F1B bubble `(p − 1) / (m · v)`\n\
          \x20 (Narayanan et al. 2021), the expert stacks computing their routed tokens (top-8);\n\
-         - **predicted / measured**: 1 is exact.\n\n\
-         Where they differ: the measurement is Megatron-LM's layer-wise optimizer (its padded\n\
-         layout, the param all-gather after the step), not this schedule, which is not yet\n\
-         modelled as a variant (issue 39, `--schedule megatron`); the forward and backward run at\n\
-         the profile's estimated BF16 MFU (no MXFP8 GEMM speed-up, no expert all-to-all, no\n\
-         pipeline send/receive), so the AdamW iteration the overhead divides by is an estimate.\n\
-         The measured overhead over the simulated AdamW iteration is the time Muon would add if\n\
-         that estimate were right: the column beside the simulated difference.\n\n",
+         - **Megatron's schedule**: the same job stepped as Megatron-LM's layer-wise optimizer\n\
+         \x20 steps it with these recipes (`simulate --schedule megatron`, `src/sim/megatron.rs`,\n\
+         \x20 each behaviour cited from Megatron-LM d98e8a64 and Megatron-Bridge v0.3.1): gradients\n\
+         \x20 all-reduced under the backward (no distributed optimizer), bf16 params (no MXFP8\n\
+         \x20 param gather with Muon), a bf16 Newton–Schulz iterate, each expert orthogonalized\n\
+         \x20 alone, the param all-gather after the whole step and waited for by the next forward;\n\
+         \x20 against the same AdamW baseline (Megatron's distributed optimizer). Megatron-Bridge\n\
+         \x20 has no Muon recipe of Qwen3-30B-A3B (v0.3.1, 067f987d): its row takes the Kimi K2\n\
+         \x20 recipe's Muon settings, which that recipe says Muon needs;\n\
+         - **predicted / measured**: 1 is exact; **within ±35 %**: issue 39's criterion.\n\n\
+         Where they differ. Megatron's schedule predicts more than ours on both jobs: its\n\
+         all-gather waits for the whole step and the forward waits for it, and its experts run one\n\
+         Newton–Schulz each. What the model still leaves out (none fitted; (1)–(3) and the MFU\n\
+         below each make the measured overhead larger than predicted, (4) either way): (1) the AdamW baseline's MXFP8 param\n\
+         all-gather (NVIDIA's Adam run keeps `fp8_param_gather`, moving 8-bit params; the simulated\n\
+         baseline moves bf16, so its iteration is too long where the gather is exposed); (2)\n\
+         PyTorch's eager step: Emerging-Optimizers runs each Newton–Schulz operation as its own\n\
+         kernels with Python in between and copies gradients and params to and from fp32\n\
+         (`Float16OptimizerWithFloat16Params`), where the translator counts fused kernels; (3)\n\
+         Megatron's owners by ping-pong over param sizes, not balanced by Newton–Schulz cost; (4)\n\
+         its all-gather of uneven sizes as one call (priced as a broadcast per bucket and owner,\n\
+         the same bytes per rank). And the forward and backward run at the profile's estimated\n\
+         BF16 MFU (no MXFP8 GEMM speed-up, no expert all-to-all, no pipeline send/receive): a\n\
+         faster real forward and backward leave the same Muon time a larger share. The\n\
+         AdamW iteration the overhead divides by is an estimate: the measured overhead over the\n\
+         simulated AdamW iteration is the time Muon would add if that estimate were right, the\n\
+         column beside the simulated difference.\n\n",
     );
     out.push_str(HEADER);
     for r in rows {
