@@ -15,10 +15,12 @@
 //! way: k = dp / gcd(E, dp) stacks of one class (equal experts, expert shape and cost) laid out
 //! back to back make a shard bucket, each stack cut into gcd(E, dp) equal pieces of E/gcd(E, dp)
 //! consecutive experts, one piece per rank (k = 1 when the experts divide evenly among the
-//! ranks). Everything else is rooted: matrices whose element count is not 64-aligned (shards
-//! must start 64-aligned), stacks whose experts are not, params the planner releases from
-//! grouping (`mod.rs`: when the groups leave the rooted rest unable to balance Newton–Schulz),
-//! and pool members that waited longer than the **group window**. A second walk keeps the groups of the first and roots every other matrix where it
+//! ranks). Matrices still waiting at the end of backward are packed into shard buckets of dp
+//! equal shards of several whole matrices ([`pack`]). Everything else is rooted: matrices whose
+//! element count is not 64-aligned (shards must start 64-aligned), stacks whose experts are
+//! not, params the planner releases from grouping (`mod.rs`: when the groups leave the rooted
+//! rest unable to balance Newton–Schulz), and pool members that waited longer than the **group
+//! window**. A second walk keeps the groups of the first and roots every other matrix where it
 //! stands, so rooted buckets keep backward order instead of collecting matrices late when they
 //! leave a pool. The window trades bytes for overlap: a group's collective waits for its last
 //! member, so a long wait holds gradients back; the planner (`choice.rs`) lays out every
