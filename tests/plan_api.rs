@@ -369,11 +369,31 @@ fn the_group_window_is_chosen_among_laid_out_candidates() {
     assert!(bytes(GroupWindow::Fraction(12)) < bytes(GroupWindow::Rooted));
 }
 
+/// Elements of a plan's Muon buffers that hold no param (AdamW buckets always end padded to
+/// `lcm(dp, 128)`, in every layout alike).
+fn muon_padding(plan: &Plan) -> u64 {
+    let muon = |route: Route| route == Route::Muon;
+    let buffers: u64 = plan.buffers.iter().filter(|b| muon(b.route)).map(|b| b.numel).sum();
+    let params: u64 = plan.params.iter().filter(|p| muon(p.route)).map(|p| p.numel).sum();
+    buffers - params
+}
+
+/// Where `compact` cannot meet Megatron-LM's bytes with whole matrices in equal shards and
+/// Newton–Schulz balanced: gpt2-124m at dp 5. Its 144 units of 768² Muon elements (12 layers of
+/// a fused QKV of 3, a projection of 1 and two MLP matrices of 4) leave at least 4 units rooted
+/// (144 mod 5), which ties padded's one unit of padding, and the shard sets that root only 4
+/// units put a projection's Newton–Schulz on one rank above the 1 % tolerance; the planner
+/// roots 14 units instead (1.2 % more bytes than padded).
+const ABOVE_MEGATRON: &[(&str, usize, f64)] = &[("gpt2-124m", 5, 1.02)];
+
 /// Nothing declared: `compact` never moves more bytes per rank than `padded` — Megatron-LM's
-/// own layer-wise layout, element for element — at any power-of-two dp of any preset, with no
-/// padding at all, and owners are balanced (`auto` is balanced without a network).
+/// own layer-wise layout, element for element — at every dp from 2 to 64 and at larger ones up
+/// to 256, on every preset (save [`ABOVE_MEGATRON`]), with no padding in its Muon buffers, and
+/// owners are balanced (`auto` is balanced without a network).
 #[test]
 fn undeclared_compact_never_moves_more_bytes_than_megatron() {
+    let dps = (2usize..=64).chain([96, 100, 127, 128, 255, 256]);
+    let dps: Vec<usize> = dps.collect();
     for &name in PRESET_NAMES {
         let model = preset(name).unwrap();
         let cfg = Config {
@@ -381,24 +401,68 @@ fn undeclared_compact_never_moves_more_bytes_than_megatron() {
             ..Config::default()
         };
         assert_eq!((cfg.muon_ownership, cfg.network), (MuonOwnership::Auto, None));
-        for dp in [2usize, 4, 8, 16, 32, 64, 128, 256] {
+        for &dp in &dps {
             let plans = build_plans(&model, &cfg, dp, &[MuonLayout::Compact, MuonLayout::Padded]).unwrap();
             let (compact, padded) = (&plans[0].report, &plans[1].report);
+            let bound = ABOVE_MEGATRON
+                .iter()
+                .find(|e| (e.0, e.1) == (name, dp))
+                .map_or(1.0, |e| e.2);
             assert!(
-                compact.wire_bytes_per_rank <= padded.wire_bytes_per_rank,
+                compact.wire_bytes_per_rank <= bound * padded.wire_bytes_per_rank,
                 "{name} dp {dp}: compact {} bytes, padded {}",
                 compact.wire_bytes_per_rank,
                 padded.wire_bytes_per_rank
             );
-            assert_eq!(compact.padding_elements, 0, "{name} dp {dp}");
+            if bound > 1.0 {
+                assert!(
+                    compact.wire_bytes_per_rank > padded.wire_bytes_per_rank,
+                    "{name} dp {dp} meets it now"
+                );
+            }
+            assert_eq!(muon_padding(&plans[0]), 0, "{name} dp {dp}");
             assert_ne!(compact.ownership, OwnershipMethod::Contiguous, "{name} dp {dp}");
         }
     }
 }
 
+/// The cause of the bytes above Megatron-LM at dp 6 before the planner released groups and
+/// grouped expert stacks across layers: llama3-8b's 32 matrices of each class leave two of each
+/// rooted, too coarse to balance Newton–Schulz, so every matrix was rooted (47.1 GB against
+/// padded's 44.3); deepseek-v3-like's 256 experts do not divide among 6 ranks, so every stack
+/// was rooted. Now both group, and stacks three at a time split 128 experts per rank.
+#[test]
+fn odd_dp_groups_matrices_and_splits_stacks_across_layers() {
+    for name in ["llama3-8b", "deepseek-v3-like"] {
+        let model = preset(name).unwrap();
+        let cfg = Config {
+            vocab_size: model.vocab_size,
+            ..Config::default()
+        };
+        let plans = build_plans(&model, &cfg, 6, &[MuonLayout::Compact, MuonLayout::CompactRooted]).unwrap();
+        let (compact, rooted) = (&plans[0], &plans[1]);
+        assert!(
+            compact.report.wire_bytes_per_rank < 0.96 * rooted.report.wire_bytes_per_rank,
+            "{name}: compact {} rooted {}",
+            compact.report.wire_bytes_per_rank,
+            rooted.report.wire_bytes_per_rank
+        );
+        let registry = model.registry(&cfg).unwrap();
+        let stacks_split = compact.buckets.iter().any(|b| {
+            matches!(b.split, BucketSplit::EqualShards { .. })
+                && b.params.len() == 3
+                && b.params
+                    .iter()
+                    .all(|&p| registry.params()[p as usize].is_expert_stack())
+        });
+        assert_eq!(stacks_split, name == "deepseek-v3-like", "{name}");
+    }
+}
+
 /// Issue 38's figure: llama3-8b at dp 4, Megatron-LM's layout moves 38.9 GB per rank; compact
-/// with a twelfth of backward as its window moved 46.6 GB; undeclared it takes the fewest bytes,
-/// 36.1 GB.
+/// with a twelfth of backward as its window moved 46.6 GB (45.9 now that the matrices still
+/// waiting for partners at the end of backward are packed into equal shards); undeclared it
+/// takes the fewest bytes, 36.1 GB.
 #[test]
 fn llama3_8b_at_dp_4_moves_fewer_bytes_than_megatron() {
     let model = preset("llama3-8b").unwrap();
@@ -416,7 +480,7 @@ fn llama3_8b_at_dp_4_moves_fewer_bytes_than_megatron() {
         .iter()
         .find(|a| a.group_window == GroupWindow::Fraction(12))
         .unwrap();
-    assert_eq!((twelfth.wire_bytes_per_rank / 1e8).round() / 10.0, 46.6);
+    assert_eq!((twelfth.wire_bytes_per_rank / 1e8).round() / 10.0, 45.9);
 }
 
 /// A declared network is priced: every candidate carries its modelled exposed time, the plan

@@ -93,9 +93,12 @@ fn every_dp_layout_ownership_overlap_and_comm_mode_matches_dp1_bitwise() {
 #[test]
 fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
     // 13 layers: the group window (a twelfth of the Muon backward) spans more than one layer,
-    // so at dp=2 each matrix pairs with its twin of the next layer.
+    // so at dp=2 each matrix pairs with its twin of the next layer. At dp 3 and 6 the four
+    // experts of a stack do not divide among the ranks: three stacks make one shard bucket
+    // (dp 3: a whole stack per rank; dp 6: two experts). At dp 2 the QKV (3·32²), projection
+    // (32²) and fc2 (2·32²) left without a twin are packed into two shards of 3·32².
     let specs = layered_model(13);
-    for dp in [2usize, 4] {
+    for dp in [2usize, 3, 4, 6] {
         let reference = train_model(
             &specs,
             &config(MuonLayout::Compact, false, CommMode::Eager),
@@ -123,7 +126,25 @@ fn compact_groups_move_by_reduce_scatter_and_match_dp1_bitwise() {
                 })
             };
             assert!(shards_of(false), "dp={dp}: an expert stack split evenly");
+            let stacks_across_layers = plan.buckets.iter().any(|b| {
+                b.shard_size().is_some()
+                    && b.params.len() == 3
+                    && b.params.iter().all(|&p| specs[p as usize].is_expert_stack())
+            });
+            assert_eq!(
+                stacks_across_layers,
+                matches!(dp, 3 | 6),
+                "dp={dp}: three stacks in one bucket"
+            );
+            let packed = plan.buckets.iter().any(|b| {
+                b.route == Route::Muon
+                    && b.shard_size().is_some()
+                    && b.params
+                        .iter()
+                        .any(|&p| specs[p as usize].numel() != specs[b.params[0] as usize].numel())
+            });
             if dp == 2 {
+                assert!(packed, "dp=2: leftover matrices packed into equal shards");
                 assert!(shards_of(true), "dp=2: a group of equal matrices");
             }
             let run = train_model(&specs, &cfg, dp, Data::ranks(dp), STEPS);

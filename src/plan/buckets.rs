@@ -21,7 +21,7 @@ pub(crate) fn pad64(value: u64) -> u64 {
     pad_to(value, PARAM_ALIGN)
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
+pub(crate) fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 

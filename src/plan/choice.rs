@@ -4,7 +4,8 @@
 //!
 //! Every candidate is laid out in full. With no network declared the planner keeps the one
 //! that moves the fewest bytes per rank (widest window first on a tie), with balanced
-//! ownership: `compact` then never moves more than `padded`, Megatron-LM's layout. With a
+//! ownership: `compact` then moves no more than `padded`, Megatron-LM's layout, at every dp
+//! `tests/plan_api.rs` checks but one (gpt2-124m at dp 5, docs/design.md §4). With a
 //! declared network it keeps the one whose collectives the model exposes least (fewest bytes,
 //! then widest window, on a tie).
 //!

@@ -2,8 +2,9 @@
 //! by owner so that every rank's owned elements form one contiguous range.
 //!
 //! Shard buckets of `compact` (`groups.rs`) hold dp equal shards, shard r holding rank r's
-//! matrices back to back (every element count is 64-aligned, so there is no gap), or one
-//! expert stack with E/dp consecutive experts per rank. Rooted buckets are laid out as below.
+//! matrices back to back (every element count is 64-aligned, so there is no gap), or expert
+//! stacks back to back, each cut into equal pieces of consecutive experts, one piece per rank.
+//! Rooted buckets are laid out as below.
 //!
 //! For each rank r in order: [the tail of a stack begun on an earlier rank] [r's atomic
 //! matrices, in backward order] [stacks entirely owned by r] [the head of a stack continuing
@@ -195,7 +196,7 @@ pub(crate) fn layout_grouped(
         buckets.push(match bucket {
             CompactBucket::Rooted(chunk) => layout_compact_bucket(params, chunk, start, local, dp, key, placements)?,
             CompactBucket::Shards(shards) => layout_shards(params, shards, start, local, key, placements)?,
-            CompactBucket::Stack(param) => layout_split_stack(params, *param, start, local, dp, key, placements),
+            CompactBucket::Stacks(stacks) => layout_split_stacks(params, stacks, start, local, dp, key, placements)?,
         });
     }
     Ok(buckets)
@@ -232,26 +233,39 @@ fn layout_shards(
     Ok(key.bucket(local, start, cursor, order, BucketSplit::EqualShards { shard_size }))
 }
 
-/// A bucket holding one expert stack, E/dp consecutive experts per rank.
-fn layout_split_stack(
+/// A bucket of equal expert stacks back to back, `k·E/dp` consecutive experts per rank: with
+/// `k = dp / gcd(E, dp)` stacks that is `E / gcd(E, dp)` experts, so each rank's piece lies in
+/// one stack (`groups.rs`).
+fn layout_split_stacks(
     params: &[ParamSpec],
-    param: u32,
+    stacks: &[u32],
     start: u64,
     local: usize,
     dp: usize,
     key: BufferKey,
     placements: &mut [ParamPlacement],
-) -> Bucket {
+) -> Result<Bucket> {
     let id = key.first_bucket + local as u32;
-    let numel = params[param as usize].numel();
-    let per_rank = params[param as usize].num_units() / dp as u64;
-    let placement = &mut placements[param as usize];
-    key.place(placement, id, start);
-    for (unit, owner) in placement.unit_owners.iter_mut().enumerate() {
-        *owner = (unit as u64 / per_rank) as u32;
+    let units: u64 = stacks.iter().map(|&p| params[p as usize].num_units()).sum();
+    if !units.is_multiple_of(dp as u64) {
+        bail!(
+            Internal,
+            "plan: bucket {id}: {units} experts do not split among {dp} ranks"
+        );
+    }
+    let per_rank = units / dp as u64;
+    let (mut cursor, mut unit) = (start, 0u64);
+    for &param in stacks {
+        let placement = &mut placements[param as usize];
+        key.place(placement, id, cursor);
+        for owner in placement.unit_owners.iter_mut() {
+            *owner = (unit / per_rank) as u32;
+            unit += 1;
+        }
+        cursor += params[param as usize].numel();
     }
     let split = BucketSplit::EqualShards {
-        shard_size: numel / dp as u64,
+        shard_size: (cursor - start) / dp as u64,
     };
-    key.bucket(local, start, start + numel, vec![param], split)
+    Ok(key.bucket(local, start, cursor, stacks.to_vec(), split))
 }

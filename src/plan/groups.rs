@@ -11,10 +11,15 @@
 //!
 //! Params are walked in backward order (the order their gradients become ready). A matrix
 //! waits in its class's pool until the pool holds dp members; the completed group joins the
-//! open shard bucket, which closes once it spans the bucket size. An expert stack whose experts
-//! divide evenly among the ranks is a shard bucket on its own (E/dp consecutive experts per
-//! rank). Everything else is rooted: matrices whose element count is not 64-aligned (shards
-//! must start 64-aligned), other stacks, and pool members that waited longer than the **group
+//! open shard bucket, which closes once it spans the bucket size. Expert stacks group the same
+//! way: k = dp / gcd(E, dp) stacks of one class (equal experts, expert shape and cost) laid out
+//! back to back make a shard bucket, each stack cut into gcd(E, dp) equal pieces of E/gcd(E, dp)
+//! consecutive experts, one piece per rank (k = 1 when the experts divide evenly among the
+//! ranks). Matrices still waiting at the end of backward are packed into shard buckets of dp
+//! equal shards of several whole matrices ([`pack`]). Everything else is rooted: matrices whose
+//! element count is not 64-aligned (shards must start 64-aligned), stacks whose experts are
+//! not, params the planner releases from grouping (`mod.rs`: when the groups leave the rooted
+//! rest unable to balance Newton–Schulz), and pool members that waited longer than the **group
 //! window**. A second walk keeps the groups of the first and roots every other matrix where it
 //! stands, so rooted buckets keep backward order instead of collecting matrices late when they
 //! leave a pool. The window trades bytes for overlap: a group's collective waits for its last
@@ -26,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::model::ParamSpec;
 
-use super::buckets::PARAM_ALIGN;
+use super::buckets::{PARAM_ALIGN, gcd};
 use super::cost::ns_unit_cost;
 
 /// One compact Muon bucket before placement, in the order buckets complete in backward.
@@ -34,8 +39,9 @@ use super::cost::ns_unit_cost;
 pub(crate) enum CompactBucket {
     /// `dp` equal shards; shard r holds the matrices in `shards[r]`, all owned by rank r.
     Shards(Vec<Vec<u32>>),
-    /// One expert stack whose experts divide evenly among the ranks.
-    Stack(u32),
+    /// Expert stacks of one class back to back, each cut into equal pieces of consecutive
+    /// experts on consecutive ranks, one piece per rank (module docs).
+    Stacks(Vec<u32>),
     /// Matrices and stacks moved to and from their owners (ownership by `ownership.rs`).
     Rooted(Vec<u32>),
 }
@@ -45,7 +51,7 @@ impl CompactBucket {
     fn params(&self) -> Box<dyn Iterator<Item = &u32> + '_> {
         match self {
             CompactBucket::Shards(shards) => Box::new(shards.iter().flatten()),
-            CompactBucket::Stack(param) => Box::new(std::iter::once(param)),
+            CompactBucket::Stacks(ids) => Box::new(ids.iter()),
             CompactBucket::Rooted(ids) => Box::new(ids.iter()),
         }
     }
@@ -54,7 +60,7 @@ impl CompactBucket {
 /// What a compact Muon buffer may group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Grouping {
-    /// Evenly divisible expert stacks and equal matrices.
+    /// Equal expert stacks and equal matrices.
     Everything,
     /// Equal matrices; every stack is rooted.
     MatricesOnly,
@@ -123,6 +129,8 @@ pub(crate) struct CompactBuffer<'a> {
     pub steps: u32,
     pub grouping: Grouping,
     pub window: GroupWindow,
+    /// Params that are rooted whatever their class (released from grouping by the planner).
+    pub released: &'a BTreeSet<u32>,
 }
 
 impl CompactBuffer<'_> {
@@ -131,7 +139,7 @@ impl CompactBuffer<'_> {
         let grouped: BTreeSet<u32> = self
             .walk(None)
             .iter()
-            .filter(|bucket| matches!(bucket, CompactBucket::Shards(_)))
+            .filter(|bucket| !matches!(bucket, CompactBucket::Rooted(_)))
             .flat_map(CompactBucket::params)
             .copied()
             .collect();
@@ -151,6 +159,7 @@ impl CompactBuffer<'_> {
             steps,
             grouping,
             window,
+            released,
         } = *self;
         let total: u64 = ids.iter().map(|&p| params[p as usize].numel()).sum();
         let mut builder = Builder {
@@ -158,6 +167,7 @@ impl CompactBuffer<'_> {
             bucket_size,
             window: window.elements(total),
             pools: BTreeMap::new(),
+            stack_pools: BTreeMap::new(),
             shards: vec![Vec::new(); dp],
             shards_numel: 0,
             rooted: Vec::new(),
@@ -171,18 +181,16 @@ impl CompactBuffer<'_> {
             positions[param as usize] = position;
             let spec = &params[param as usize];
             builder.expire(position, builder.window);
+            let eligible = !released.contains(&param) && grouped.is_none_or(|g| g.contains(&param));
             if spec.is_expert_stack() {
-                let unit = spec.numel() / spec.num_units();
-                let even = spec.num_units().is_multiple_of(dp as u64) && unit.is_multiple_of(PARAM_ALIGN);
-                if even && grouping == Grouping::Everything {
-                    builder.out.push(CompactBucket::Stack(param));
+                let (units, unit) = (spec.num_units(), spec.numel() / spec.num_units());
+                if eligible && unit.is_multiple_of(PARAM_ALIGN) && grouping == Grouping::Everything {
+                    let class = (unit, ns_unit_cost(spec, steps), units);
+                    builder.wait_stack(class, Waiting { param, position });
                 } else {
                     builder.push_rooted(param);
                 }
-            } else if spec.numel().is_multiple_of(PARAM_ALIGN)
-                && grouping != Grouping::Nothing
-                && grouped.is_none_or(|g| g.contains(&param))
-            {
+            } else if eligible && spec.numel().is_multiple_of(PARAM_ALIGN) && grouping != Grouping::Nothing {
                 let class = (spec.numel(), ns_unit_cost(spec, steps));
                 builder.wait(class, Waiting { param, position });
             } else {
@@ -201,6 +209,8 @@ struct Builder<'a> {
     window: u64,
     /// Waiting matrices per class `(elements, Newton–Schulz cost)`, oldest first.
     pools: BTreeMap<(u64, u128), VecDeque<Waiting>>,
+    /// Waiting expert stacks per class `(expert elements, expert cost, experts)`, oldest first.
+    stack_pools: BTreeMap<(u64, u128, u64), VecDeque<Waiting>>,
     shards: Vec<Vec<u32>>,
     shards_numel: u64,
     rooted: Vec<u32>,
@@ -217,7 +227,7 @@ impl Builder<'_> {
     /// to the rooted buckets, oldest first.
     fn expire(&mut self, position: u64, window: u64) {
         let mut expired: Vec<Waiting> = Vec::new();
-        for pool in self.pools.values_mut() {
+        for pool in self.pools.values_mut().chain(self.stack_pools.values_mut()) {
             while pool.front().is_some_and(|w| position - w.position > window) {
                 expired.extend(pool.pop_front());
             }
@@ -238,6 +248,43 @@ impl Builder<'_> {
         self.shards_numel += class.0 * self.dp as u64;
         if self.closes(self.shards_numel) {
             self.close_shards();
+        }
+    }
+
+    /// A stack of `class` waits for the `dp / gcd(E, dp)` stacks that split evenly (module docs).
+    fn wait_stack(&mut self, class: (u64, u128, u64), waiting: Waiting) {
+        let needed = self.dp / gcd(class.2, self.dp as u64) as usize;
+        let pool = self.stack_pools.entry(class).or_default();
+        pool.push_back(waiting);
+        if pool.len() == needed {
+            let stacks = pool.drain(..).map(|w| w.param).collect();
+            self.out.push(CompactBucket::Stacks(stacks));
+        }
+    }
+
+    /// Packs the matrices still waiting at the end of backward, which no group of their class
+    /// took, into shard buckets of dp shards with equal elements, each shard one or more whole
+    /// matrices: gpt2-124m at dp 9 leaves three fused QKV, three projection and six MLP
+    /// matrices, and each QKV with a projection has as many elements as one MLP matrix. Shard
+    /// size: the largest waiting size for which [`pack`] fills dp shards, again until none does.
+    fn pack_leftovers(&mut self) {
+        loop {
+            let mut left: Vec<(u64, u32)> = self
+                .pools
+                .iter()
+                .flat_map(|(class, pool)| pool.iter().map(|w| (class.0, w.param)))
+                .collect();
+            left.sort_by_key(|&(numel, param)| (std::cmp::Reverse(numel), param));
+            let mut sizes: Vec<u64> = left.iter().map(|l| l.0).collect();
+            sizes.dedup();
+            let Some(shards) = sizes.into_iter().find_map(|size| pack(&left, size, self.dp)) else {
+                return;
+            };
+            let taken: BTreeSet<u32> = shards.iter().flatten().copied().collect();
+            for pool in self.pools.values_mut() {
+                pool.retain(|w| !taken.contains(&w.param));
+            }
+            self.out.push(CompactBucket::Shards(shards));
         }
     }
 
@@ -268,10 +315,33 @@ impl Builder<'_> {
     /// backward order, and the buckets are ordered by when their last gradient arrives.
     fn finish(mut self, positions: &[u64]) -> Vec<CompactBucket> {
         self.close_shards();
+        self.pack_leftovers();
         self.expire(u64::MAX, 0);
         self.close_rooted();
         self.out
             .sort_by_cached_key(|bucket| bucket.params().map(|&p| positions[p as usize]).max());
         self.out
     }
+}
+
+/// Fills `dp` shards of exactly `size` elements from `left` (elements, param; largest first),
+/// each shard taking the largest matrices that still fit; `None` if a shard cannot be filled.
+fn pack(left: &[(u64, u32)], size: u64, dp: usize) -> Option<Vec<Vec<u32>>> {
+    let mut used = vec![false; left.len()];
+    let mut shards = Vec::with_capacity(dp);
+    for _ in 0..dp {
+        let (mut room, mut shard) = (size, Vec::new());
+        for (i, &(numel, param)) in left.iter().enumerate() {
+            if !used[i] && numel <= room {
+                used[i] = true;
+                room -= numel;
+                shard.push(param);
+            }
+        }
+        if room != 0 {
+            return None;
+        }
+        shards.push(shard);
+    }
+    Some(shards)
 }

@@ -39,6 +39,7 @@ mod queries;
 mod report;
 mod types;
 
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use crate::bail;
@@ -60,6 +61,7 @@ use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};
 use cost::NsLoads;
 use groups::{CompactBucket, CompactBuffer, Grouping};
 use presets::ModelDesc;
+use report::wire_bytes_per_rank;
 
 /// The layout part of a plan, before the report and hash are added.
 pub(crate) struct Layout {
@@ -104,16 +106,21 @@ pub(crate) fn lay_out_with(
     window: GroupWindow,
 ) -> Result<(Layout, OwnershipMethod)> {
     match (cfg.muon_layout, ownership) {
-        (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing, window),
+        (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &BTreeSet::new()),
         (_, MuonOwnership::Contiguous) => lay_out_contiguous(params, routes, cfg, dp),
         (MuonLayout::Compact, _) if window != GroupWindow::Rooted => lay_out_grouped(params, routes, cfg, dp, window),
-        _ => lay_out(params, routes, cfg, dp, Grouping::Nothing, window),
+        _ => lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &BTreeSet::new()),
     }
 }
 
 /// Lays out the `compact` mode with group window `window`: groups of stacks and matrices,
 /// unless grouping unbalances Newton–Schulz (see [`NS_TOLERANCE`]) or breaks the ownership
-/// guarantee (`ownership.rs`); then groups of matrices only, then none.
+/// guarantee (`ownership.rs`); then groups of matrices only. Groups give every rank the same
+/// work, so they unbalance a plan only when the rooted rest is too coarse to even out
+/// (llama3-8b at dp 6: 32 of each matrix class leave two of each rooted, two fused MLP
+/// matrices among six ranks). If neither balances, the fewest grouped params are released to
+/// the rooted rest, cheapest Newton–Schulz first (they save the fewest bytes grouped and fill
+/// the gaps best), until it balances; releasing every group is the all-rooted plan.
 fn lay_out_grouped(
     params: &[ParamSpec],
     routes: &[Route],
@@ -122,16 +129,67 @@ fn lay_out_grouped(
     window: GroupWindow,
 ) -> Result<(Layout, OwnershipMethod)> {
     let steps = cfg.muon_num_ns_steps;
-    let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing, window)?;
+    let none = BTreeSet::new();
+    let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &none)?;
     let limit = NsLoads::of(params, &rooted.0.params, dp, steps).makespan as f64 * (1.0 + NS_TOLERANCE);
-    for grouping in [Grouping::Everything, Grouping::MatricesOnly] {
-        let candidate = lay_out(params, routes, cfg, dp, grouping, window)?;
+    let balanced = |candidate: &(Layout, OwnershipMethod)| {
         let loads = NsLoads::of(params, &candidate.0.params, dp, steps);
-        if loads.makespan as f64 <= limit && loads.within_guarantee(dp) {
-            return Ok(candidate);
+        loads.makespan as f64 <= limit && loads.within_guarantee(dp)
+    };
+    let everything = lay_out(params, routes, cfg, dp, Grouping::Everything, window, &none)?;
+    if balanced(&everything) {
+        return Ok(everything);
+    }
+    let matrices = lay_out(params, routes, cfg, dp, Grouping::MatricesOnly, window, &none)?;
+    if balanced(&matrices) {
+        return Ok(matrices);
+    }
+    let order = release_order(params, &everything.0, steps);
+    let release = |n: usize| {
+        let released: BTreeSet<u32> = order[..n].iter().copied().collect();
+        lay_out(params, routes, cfg, dp, Grouping::Everything, window, &released)
+    };
+    // The fewest released params that balance: doubling, then bisection between the last
+    // count that did not balance and the first that did.
+    let (mut failed, mut passed) = (0, None);
+    let mut n = 1;
+    while passed.is_none() && failed < order.len() {
+        n = n.min(order.len());
+        let candidate = release(n)?;
+        if balanced(&candidate) {
+            passed = Some((n, candidate));
+        } else {
+            failed = n;
+            n *= 2;
         }
     }
-    Ok(rooted)
+    let Some((mut enough, mut best)) = passed else {
+        return Ok(rooted);
+    };
+    while enough - failed > 1 {
+        let mid = (failed + enough) / 2;
+        let candidate = release(mid)?;
+        if balanced(&candidate) {
+            (enough, best) = (mid, candidate);
+        } else {
+            failed = mid;
+        }
+    }
+    let bytes = |c: &(Layout, OwnershipMethod)| wire_bytes_per_rank(cfg, dp, &c.0);
+    Ok(if bytes(&best) < bytes(&rooted) { best } else { rooted })
+}
+
+/// The grouped Muon params of a compact layout (those in equal-shard buckets), cheapest
+/// Newton–Schulz unit first (ties: registration order): the order they are released in.
+fn release_order(params: &[ParamSpec], layout: &Layout, steps: u32) -> Vec<u32> {
+    let mut grouped: Vec<u32> = layout
+        .buckets
+        .iter()
+        .filter(|b| b.route == Route::Muon && matches!(b.split, BucketSplit::EqualShards { .. }))
+        .flat_map(|b| b.params.iter().copied())
+        .collect();
+    grouped.sort_by_key(|&p| (cost::ns_unit_cost(&params[p as usize], steps), p));
+    grouped
 }
 
 /// How much longer the slowest rank's Newton–Schulz may get for grouping to be kept: groups
@@ -148,6 +206,7 @@ fn lay_out(
     dp: usize,
     grouping: Grouping,
     window: GroupWindow,
+    released: &BTreeSet<u32>,
 ) -> Result<(Layout, OwnershipMethod)> {
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
@@ -167,6 +226,7 @@ fn lay_out(
                 steps: cfg.muon_num_ns_steps,
                 grouping,
                 window,
+                released,
             }
             .buckets(),
             _ => Vec::new(),
