@@ -58,6 +58,7 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.adaptive_muon_eps, b.adaptive_muon_eps);
     EXPECT_EQ(a.adaptive_muon_beta2, 0.95f);
     EXPECT_EQ(a.adaptive_muon_eps, 1e-8f);
+    EXPECT_EQ(a.reserved4, b.reserved4);
     EXPECT_EQ(a.param_sharding, b.param_sharding);
     EXPECT_EQ(a.param_sharding, MUON_PARAM_SHARDING_REPLICATED);
     EXPECT_EQ(a.reshard_after_forward, b.reshard_after_forward);

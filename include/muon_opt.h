@@ -810,6 +810,11 @@ typedef struct muon_config_t {
    */
   float adaptive_muon_eps;
   /**
+   * Padding that ended the 208-byte layout (after adaptive_muon_eps), named so the next
+   * field makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved4;
+  /**
    * MUON_PARAM_SHARDING_REPLICATED (default: every rank holds every param and a full
    * gradient buffer) or MUON_PARAM_SHARDING_SHARDED (ZeRO-3 / FSDP style with whole-matrix
    * owners: a rank keeps persistently only what it owns, its Muon matrices whole and its
@@ -1851,4 +1856,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, MUON_PARAM_SHARDING_REPLICATED, 1, 1 }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, 0, MUON_PARAM_SHARDING_REPLICATED, 1, 1 }

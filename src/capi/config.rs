@@ -226,6 +226,9 @@ pub struct muon_config_t {
     /// Frobenius norm; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
     /// MUON_VARIANT_NORMUON.
     pub adaptive_muon_eps: f32,
+    /// Padding that ended the 208-byte layout (after adaptive_muon_eps), named so the next
+    /// field makes a layout of another size: ignored, written as 0.
+    pub reserved4: u32,
     /// MUON_PARAM_SHARDING_REPLICATED (default: every rank holds every param and a full
     /// gradient buffer) or MUON_PARAM_SHARDING_SHARDED (ZeRO-3 / FSDP style with whole-matrix
     /// owners: a rank keeps persistently only what it owns, its Muon matrices whole and its
@@ -267,8 +270,9 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// 136 → 144), so every later layout has a size of its own; `network` and `expert_network`
 /// (two 24-byte `muon_network_t`, 8-byte aligned, starting at the 144-byte end) make 192, which
 /// ends on the struct's alignment, and `muon_variant`, `adaptive_muon_beta2` and
-/// `adaptive_muon_eps` follow it: 208; `param_sharding`, `reshard_after_forward` and
-/// `param_prefetch_buckets` end at 220, rounded up to 224.
+/// `adaptive_muon_eps` follow it: 208; after a `reserved4` filling that layout's tail padding,
+/// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets` end at 220, rounded
+/// up to 224.
 pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 10] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
@@ -345,6 +349,7 @@ impl muon_config_t {
             muon_variant: cfg.muon_variant.code(),
             adaptive_muon_beta2: cfg.adaptive_muon_beta2,
             adaptive_muon_eps: cfg.adaptive_muon_eps,
+            reserved4: 0,
             param_sharding: cfg.param_sharding.code(),
             reshard_after_forward: cfg.reshard_after_forward as u32,
             param_prefetch_buckets: cfg.param_prefetch_buckets,

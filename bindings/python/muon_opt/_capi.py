@@ -230,6 +230,7 @@ class muon_config_t(Structure):
         ("muon_variant", c_uint32),
         ("adaptive_muon_beta2", c_float),
         ("adaptive_muon_eps", c_float),
+        ("reserved4", c_uint32),
         ("param_sharding", c_uint32),
         ("reshard_after_forward", c_uint32),
         ("param_prefetch_buckets", c_uint32),

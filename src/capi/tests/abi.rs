@@ -87,7 +87,7 @@ fn older_sizes_read_the_default(
 ) {
     let mut cfg = default_config();
     set(&mut cfg, code);
-    (cfg.reserved, cfg.reserved2, cfg.reserved3) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
+    (cfg.reserved, cfg.reserved2, cfg.reserved3, cfg.reserved4) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert!(!is_default(&read), "code {code} is read at the current size");
     set(&mut cfg, 0xABAB_ABAB);
@@ -201,7 +201,6 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
     use crate::config::{DEFAULT_ADAPTIVE_MUON_BETA2, DEFAULT_ADAPTIVE_MUON_EPS, MuonVariant};
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_variant), 192);
     assert_eq!(std::mem::offset_of!(muon_config_t, adaptive_muon_eps), 200);
-    assert_eq!(std::mem::offset_of!(muon_config_t, param_sharding), 208);
     let cfg = default_config();
     assert_eq!(
         (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps),
@@ -238,6 +237,7 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
 #[test]
 fn param_sharding_appends_a_layout_of_its_own_size_and_older_ones_get_replicated() {
     use crate::config::{DEFAULT_PARAM_PREFETCH_BUCKETS, ParamSharding};
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved4), 204);
     assert_eq!(std::mem::offset_of!(muon_config_t, param_sharding), 208);
     assert_eq!(std::mem::offset_of!(muon_config_t, param_prefetch_buckets), 216);
     assert_eq!(std::mem::size_of::<muon_config_t>(), 224);
@@ -467,7 +467,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208, 224]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -654,7 +654,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192, 208]);
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192, 208, 224]);
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode
