@@ -15,12 +15,13 @@ pub mod metrics;
 pub mod profile;
 pub mod qk_clip;
 pub mod scenarios;
+mod sharding;
 pub mod work;
 
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, TpMode};
+use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, ParamSharding, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::presets::{Attention, ModelDesc, attention};
@@ -85,6 +86,11 @@ pub struct Scenario {
     /// The network the library is told it runs on (`muon_config_t.network`): the profile's
     /// figures by default, as a job on this cluster would declare them.
     pub plan_network: PlanNetwork,
+    /// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets`: sharded, the
+    /// gathers around the forward and backward are priced (`sharding.rs`).
+    pub param_sharding: ParamSharding,
+    pub reshard_after_forward: bool,
+    pub param_prefetch_buckets: u32,
 }
 
 /// The batch as trained (Megatron-LM's `--global-batch-size`, `--micro-batch-size`,
@@ -154,6 +160,9 @@ impl Scenario {
             attention: attention(&model.name),
             expert_parallel: None,
             plan_network: PlanNetwork::Profile,
+            param_sharding: Config::default().param_sharding,
+            reshard_after_forward: Config::default().reshard_after_forward,
+            param_prefetch_buckets: Config::default().param_prefetch_buckets,
             model,
         }
     }
@@ -244,6 +253,9 @@ impl Scenario {
             vocab_size: self.model.vocab_size,
             muon_tp_mode: self.tp.map_or(TpMode::Blockwise, |(_, mode)| mode),
             grad_dtype: self.grad_dtype,
+            param_sharding: self.param_sharding,
+            reshard_after_forward: self.reshard_after_forward,
+            param_prefetch_buckets: self.param_prefetch_buckets,
             ..Config::default()
         }
     }
@@ -275,8 +287,16 @@ pub struct Simulation {
     pub adamw_only: bool,
     #[serde(flatten)]
     pub figures: Figures,
-    /// The largest per-rank device footprint, by kind.
+    /// `param_sharding` of the run.
+    pub param_sharding: String,
+    /// The largest per-rank device footprint, by kind, as the cuda backend allocates it for
+    /// replicated params.
     pub device_bytes: DeviceBytes,
+    /// Sharded: the largest per-rank footprint with the param and gradient buffers replaced by
+    /// what the rank owns and the working set of gathered buckets (the plan report's
+    /// `sharding`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharded_device_bytes: Option<u64>,
     /// The profile's device memory, GB, and whether the library's bytes fit in it (the
     /// framework's activations and workspace come on top).
     pub memory_gb: f64,
@@ -286,6 +306,13 @@ pub struct Simulation {
     pub adamw_baseline: Option<Overhead>,
     #[serde(skip)]
     pub timelines: Vec<Timeline>,
+}
+
+impl Simulation {
+    /// The library's bytes on the busiest rank: sharded where params are, else as allocated.
+    pub fn rank_bytes(&self) -> u64 {
+        self.sharded_device_bytes.unwrap_or(self.device_bytes.total)
+    }
 }
 
 /// Runs `scenario`.
@@ -304,6 +331,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     let trainer = scenario.trainer()?;
     let mut programs = Vec::with_capacity(scenario.dp);
     let mut device_bytes = DeviceBytes::default();
+    let mut sharded_bytes = 0;
     for rank in 0..scenario.dp {
         let clips = if scenario.qk_clip {
             qk_clip::requests(&setup.optimizers[0].params)
@@ -321,11 +349,20 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
             },
         )?;
         let bytes = DeviceBytes::of(&recorded.allocations);
+        let own = &setup.optimizers[0].plan.report.sharding.sharded;
+        let rank_in_group = members[0].rank;
+        sharded_bytes = sharded_bytes.max(
+            bytes.total - bytes.params - bytes.grads
+                + own.params[rank_in_group]
+                + own.grads[rank_in_group]
+                + own.working_set,
+        );
         if bytes.total > device_bytes.total {
             device_bytes = bytes;
         }
         programs.push(recorded.items);
     }
+    let sharded = setup.optimizers[0].cfg.sharded().then_some(sharded_bytes);
     let cost = &setup.optimizers[0].cost;
     let first = engine::run(programs.clone())?;
     let model = metrics::model_compute(&first[0], scenario.iterations - 1);
@@ -350,7 +387,9 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         adamw_only: scenario.adamw_only,
         figures: metrics::figures(&timelines, scenario.iterations, model, &first),
         memory_gb: scenario.hardware.memory_gb,
-        fits: device_bytes.total as f64 <= scenario.hardware.memory_gb * 1e9,
+        param_sharding: scenario.param_sharding.name().to_string(),
+        sharded_device_bytes: sharded,
+        fits: sharded.unwrap_or(device_bytes.total) as f64 <= scenario.hardware.memory_gb * 1e9,
         device_bytes,
         adamw_baseline: None,
         timelines,
@@ -537,7 +576,7 @@ pub fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
             f64::NAN
         },
         adamw_exposed_ms: a.exposed_ms,
-        adamw_device_bytes: adamw.device_bytes.total,
+        adamw_device_bytes: adamw.rank_bytes(),
     });
     muon
 }

@@ -5,7 +5,7 @@
 //! table.
 
 use crate::bail;
-use crate::config::{Dtype, TpMode};
+use crate::config::{Dtype, ParamSharding, TpMode};
 use crate::error::Result;
 use crate::plan::presets::preset;
 
@@ -30,6 +30,9 @@ pub struct Job {
     pub expert_parallel: Option<ExpertParallel>,
     /// The batch as trained; None = 8192 tokens per GPU in one micro-batch.
     pub batch: Option<Batch>,
+    /// `param_sharding = sharded` (with the default policy: reshard after forward, one bucket
+    /// prefetched), against AdamW with ZeRO-3 (its params sharded the same way).
+    pub sharded: bool,
 }
 
 /// DeepSeek-V3's training layout (DeepSeek-V3 Technical Report, arXiv 2412.19437, §3.2:
@@ -63,6 +66,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-8b dp64 nvlink",
@@ -74,6 +78,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-70b tp8 dp8 ib",
@@ -85,6 +90,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-70b tp8 dp64 ib",
@@ -96,6 +102,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
@@ -110,6 +117,20 @@ pub const JOBS: &[Job] = &[
             experts_per_token: DSV3_EXPERTS_PER_TOKEN,
         }),
         batch: None,
+        sharded: false,
+    },
+    // Issue 41: 70B on 64 GPUs without tensor parallelism, which replicated params cannot fit.
+    Job {
+        name: "llama3-70b dp64 nvlink sharded",
+        model: "llama3-70b",
+        hardware: "h100-nvlink",
+        dp: 64,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: None,
+        sharded: true,
     },
     // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72.
     Job {
@@ -129,6 +150,7 @@ pub const JOBS: &[Job] = &[
             micro: 1,
             seq_len: 4096,
         }),
+        sharded: false,
     },
     Job {
         name: "qwen3-30b-a3b ep8 dp8 gb300",
@@ -147,6 +169,7 @@ pub const JOBS: &[Job] = &[
             micro: 8,
             seq_len: 4096,
         }),
+        sharded: false,
     },
 ];
 
@@ -212,6 +235,11 @@ impl Job {
             virtual_stages: self.virtual_stages,
             batch: self.batch,
             expert_parallel: self.expert_parallel,
+            param_sharding: if self.sharded {
+                ParamSharding::Sharded
+            } else {
+                ParamSharding::Replicated
+            },
             ..Scenario::new(model, self.dp, hardware)
         })
     }

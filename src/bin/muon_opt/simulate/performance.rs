@@ -1,6 +1,7 @@
 //! `muon-opt simulate --scenario NAME|all [--markdown]`: named jobs against their AdamW
 //! baseline; `--scenario all --markdown` writes `docs/performance.md`.
 
+use muon_opt::config::ParamSharding;
 use muon_opt::sim::scenarios::{JOBS, Job, job};
 use muon_opt::sim::{Scenario, Simulation, simulate_adamw_baseline, simulate_against_adamw, simulate_best_ownership};
 
@@ -11,6 +12,8 @@ struct Row {
     job: Job,
     mxfp8: bool,
     sim: Simulation,
+    /// A sharded job's Muon run with replicated params, beside it.
+    replicated: Option<Simulation>,
 }
 
 fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
@@ -20,19 +23,36 @@ fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
         vec![job(name).map_err(|e| e.to_string())?]
     };
     let mut rows = Vec::new();
+    let run = |scenario: &Scenario| match ownership {
+        OwnershipChoice::Auto => {
+            simulate_adamw_baseline(scenario).and_then(|adamw| simulate_best_ownership(scenario, Some(&adamw)))
+        }
+        _ => simulate_against_adamw(&Scenario {
+            ownership: ownership.for_layout(scenario.layout),
+            ..scenario.clone()
+        }),
+    };
     for job in jobs {
-        for mxfp8 in [false, true] {
+        // Sharded params gather MXFP8 ones as bf16 into the working set: no MXFP8 staging row.
+        let modes: &[bool] = if job.sharded { &[false] } else { &[false, true] };
+        for &mxfp8 in modes {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
-            let sim = match ownership {
-                OwnershipChoice::Auto => simulate_adamw_baseline(&scenario)
-                    .and_then(|adamw| simulate_best_ownership(&scenario, Some(&adamw))),
-                _ => simulate_against_adamw(&Scenario {
-                    ownership: ownership.for_layout(scenario.layout),
+            let sim = run(&scenario).map_err(|e| format!("{}: {e}", job.name))?;
+            let replicated = if job.sharded {
+                let replicated = Scenario {
+                    param_sharding: ParamSharding::Replicated,
                     ..scenario
-                }),
+                };
+                Some(run(&replicated).map_err(|e| format!("{} (replicated): {e}", job.name))?)
+            } else {
+                None
             };
-            let sim = sim.map_err(|e| format!("{}: {e}", job.name))?;
-            rows.push(Row { job, mxfp8, sim });
+            rows.push(Row {
+                job,
+                mxfp8,
+                sim,
+                replicated,
+            });
         }
     }
     Ok(rows)
@@ -63,7 +83,7 @@ fn line(r: &Row) -> String {
         f.optimizer_compute_ms,
         f.unhidden_comm_ms,
         f.contention_ms,
-        r.sim.device_bytes.total as f64 / 1e9,
+        r.sim.rank_bytes() as f64 / 1e9,
         b.adamw_device_bytes as f64 / 1e9,
         if r.sim.fits { "yes" } else { "no" }
     )
@@ -112,7 +132,45 @@ fn markdown(rows: &[Row]) -> String {
     for r in rows {
         out.push_str(&line(r));
     }
+    out.push_str(SHARDED_TEXT);
+    out.push_str(SHARDED_HEADER);
+    for r in rows {
+        out.push_str(&sharded_line(r));
+    }
     out
+}
+
+const SHARDED_TEXT: &str = "\n## Sharded params (`param_sharding = sharded`)\n\n\
+    A sharded job keeps on each rank only the params it owns (its Muon matrices whole, its AdamW\n\
+    shards) and gathers each bucket around its use, one bucket prefetched, released after the\n\
+    forward and gathered again for the backward (`reshard_after_forward`): the gathers are\n\
+    priced on the comm stream against the modelled forward and backward (`docs/simulate.md`).\n\
+    Its AdamW baseline above is AdamW with ZeRO-3 (all-gather of params in the forward and again\n\
+    in the backward, reduce-scatter of gradients). Beside it, the same Muon job with replicated\n\
+    params, whose bytes do not fit the GPU. **GB / rank**: sharded, the library's allocations\n\
+    with the param and gradient buffers replaced by what the rank owns and the peak working set\n\
+    (`muon-opt plan --param-sharding sharded` prints the same figure).\n\n";
+
+const SHARDED_HEADER: &str = "| job | Muon replicated ms | Muon sharded ms | sharded / replicated − 1 | AdamW ZeRO-3 ms | Muon sharded / AdamW ZeRO-3 − 1 | GB / rank (replicated, sharded, AdamW ZeRO-3) | sharded fits |\n|---|---|---|---|---|---|---|---|\n";
+
+fn sharded_line(r: &Row) -> String {
+    let (Some(replicated), Some(b)) = (&r.replicated, &r.sim.adamw_baseline) else {
+        return String::new();
+    };
+    let (sharded, full) = (r.sim.figures.iteration_ms, replicated.figures.iteration_ms);
+    format!(
+        "| {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.2} % | {:.1}, {:.1}, {:.1} | {} |\n",
+        r.job.name,
+        full,
+        sharded,
+        100.0 * (sharded / full - 1.0),
+        b.adamw_iteration_ms,
+        100.0 * b.muon_overhead,
+        replicated.rank_bytes() as f64 / 1e9,
+        r.sim.rank_bytes() as f64 / 1e9,
+        b.adamw_device_bytes as f64 / 1e9,
+        if r.sim.fits { "yes" } else { "no" }
+    )
 }
 
 pub fn run(name: &str, ownership: OwnershipChoice, as_markdown: bool, json: bool) -> Result<(), String> {
