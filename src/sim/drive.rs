@@ -46,9 +46,11 @@ struct Recorder {
     call: Call,
     memory: VirtualMemory,
     out: Recorded,
-    /// Sharded params: the step's param collectives move to the gathers around the forward
-    /// and backward (`sharding.rs`), so the schedule's are priced at zero.
-    sharded: bool,
+    /// Sharded params: the step's param collectives (one per bucket, in forward order) but the
+    /// first `Some(n)` are the forward's gathers, moved to the forward (`sharding.rs`), and
+    /// priced at zero; the count of the current step's so far.
+    sharded: Option<usize>,
+    step_gathers: usize,
 }
 
 /// The executor of optimizer `.1` of a simulated rank: prices actions instead of running them.
@@ -161,10 +163,13 @@ impl Recorder {
             what: what(action),
         };
         let mut cost = self.costs[self.optimizer].cost(action);
-        if let (true, Call::Step, Cost::Collective { device, .. }) = (self.sharded, self.call, &mut cost)
+        if let (Some(prefetched), Call::Step, Cost::Collective { device, .. }) = (self.sharded, self.call, &mut cost)
             && is_param_gather(action)
         {
-            *device = 0.0;
+            if self.step_gathers >= prefetched {
+                *device = 0.0;
+            }
+            self.step_gathers += 1;
         }
         let items = &mut self.out.items;
         match cost {
@@ -451,7 +456,8 @@ pub fn record_shared(
             actions: keep_actions.then(Vec::new),
             ..Recorded::default()
         },
-        sharded: gathers.is_some(),
+        sharded: gathers.as_ref().map(Gathers::prefetched_at_step),
+        step_gathers: 0,
     }));
     let mut runtimes = Vec::with_capacity(members.len());
     for (k, m) in members.iter().enumerate() {
@@ -518,6 +524,7 @@ pub fn record_shared(
         match event {
             TrainerEvent::Iteration => {
                 r.out.items.push(Item::IterationStart);
+                r.step_gathers = 0;
                 if let Some(g) = gathers.as_mut() {
                     g.start_iteration();
                 }

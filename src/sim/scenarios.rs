@@ -210,8 +210,22 @@ pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
 ];
 
 impl Job {
+    /// The MXFP8 settings the job runs with: off and on, or off alone for a sharded job (which
+    /// gathers MXFP8 params as bf16 into its working set, never staged: `mxfp8_param_gather`
+    /// is incompatible with it).
+    pub fn mxfp8_modes(&self) -> &'static [bool] {
+        if self.sharded { &[false] } else { &[false, true] }
+    }
+
     /// The job's scenario, MXFP8 params gathered as bf16 or not.
     pub fn scenario(&self, mxfp8: bool) -> Result<Scenario> {
+        if !self.mxfp8_modes().contains(&mxfp8) {
+            bail!(
+                IncompatibleOptions,
+                "scenario {}: sharded params with MXFP8 staged gathers (mxfp8_param_gather)",
+                self.name
+            );
+        }
         let Some(hardware) = builtin(self.hardware) else {
             bail!(
                 Internal,

@@ -6,12 +6,19 @@
 //! Per iteration, with buckets in forward order and a window of `param_prefetch_buckets`:
 //! - **forward gather** of each bucket: the collective that brings a bucket's params from
 //!   their owners today (an all-gather of an equal-shard bucket, a broadcast from each owner of
-//!   an owner-range bucket), issued once the bucket `window + 1` places before it has been
-//!   released (its last forward use done), so at most `window + 1` buckets are gathered; the
-//!   forward waits for it before the bucket's first use. The schedule's own param collective
-//!   after the step — the same collective, which sharding moves here — is priced at zero.
+//!   an owner-range bucket). The first `window + 1` buckets in forward order are gathered by
+//!   the step, as replicated params are — each bucket's collective right after its update, so
+//!   it overlaps the Newton–Schulz of later buckets — into the working set the next forward
+//!   starts with (the schedule's own collectives, priced as they are); the step's collectives
+//!   of the other buckets are priced at zero, and each of those buckets is gathered in the
+//!   forward once the bucket `window + 1` places before it has been released (its last
+//!   forward use done), so at most `window + 1` buckets are gathered. The forward waits for a
+//!   gather before the bucket's first use.
 //! - **backward re-gather** (`reshard_after_forward`): the same collective again, in reverse
-//!   forward order under the same window, waited for before the bucket's first backward use;
+//!   forward order under the same window, waited for before the bucket's first backward use —
+//!   but for the forward's last bucket, the backward's first, which stays gathered (as FSDP2
+//!   keeps its root module's params, "since its parameters would typically be immediately
+//!   all-gathered for backward": PyTorch 2.5 `fully_shard`, `reshard_after_forward`);
 //!   without resharding the forward's buckets stay gathered and the backward gathers nothing.
 //!
 //! The gradients' collectives are the schedule's own (reduced to the owners, as replicated).
@@ -44,6 +51,8 @@ pub(crate) struct Gathers {
     last_param: Vec<usize>,
     /// The position in `order` of each bucket.
     position: Vec<usize>,
+    /// Positions in backward order: by first backward use (last param), latest first.
+    backward: Vec<usize>,
     window: usize,
     reshard: bool,
     /// Per phase: gathers issued, and buckets released (by position).
@@ -82,7 +91,7 @@ impl Gathers {
                 BucketSplit::OwnerRanges(ranges) => ranges
                     .iter()
                     .enumerate()
-                    .filter(|(_, r)| r.len() > 0)
+                    .filter(|(_, r)| !r.is_empty())
                     .map(|(root, r)| NcclCall::Broadcast {
                         send: 0,
                         recv: 0,
@@ -96,7 +105,10 @@ impl Gathers {
             last_param.push(bucket.params.iter().copied().max().unwrap_or(0) as usize);
         }
         let n = order.len();
+        let mut backward: Vec<usize> = (0..n).collect();
+        backward.sort_by_key(|&i| std::cmp::Reverse((last_param[i], i)));
         Some(Gathers {
+            backward,
             order,
             calls,
             first_param,
@@ -113,17 +125,30 @@ impl Gathers {
         EventId(FIRST_EVENT + 4 * position + 2 * (phase as usize) + released as usize)
     }
 
-    /// The position of the `k`-th bucket of `phase` (reverse forward order in the backward).
+    /// The position of the `k`-th bucket of `phase` (in the backward, by first backward use: a
+    /// bucket spanning layers, such as AdamW's of the embedding and every norm, is needed from
+    /// the backward's start).
     fn at(&self, phase: Phase, k: usize) -> usize {
         match phase {
             Phase::Forward => k,
-            Phase::Backward => self.order.len() - 1 - k,
+            Phase::Backward => self.backward[k],
         }
     }
 
-    /// An iteration begins: nothing gathered, nothing released.
+    /// The buckets the step gathers for the next forward (module docs).
+    pub(crate) fn prefetched_at_step(&self) -> usize {
+        (self.window + 1).min(self.order.len())
+    }
+
+    /// The buckets the backward finds still gathered: the forward's last.
+    fn kept_for_backward(&self) -> usize {
+        self.order.len().min(1)
+    }
+
+    /// An iteration begins: the step before it gathered the first buckets of the forward
+    /// (the first iteration's come from the initial values), nothing is released.
     pub(crate) fn start_iteration(&mut self) {
-        self.issued = [0, 0];
+        self.issued = [self.prefetched_at_step(), self.kept_for_backward()];
         for released in &mut self.released {
             released.iter_mut().for_each(|r| *r = false);
         }
@@ -181,7 +206,18 @@ impl Gathers {
         if param != first_use {
             return;
         }
-        let k = self.at(phase, position);
+        let k = match phase {
+            Phase::Forward => position,
+            Phase::Backward => self.backward.iter().position(|&p| p == position).unwrap_or(0),
+        };
+        let gathered = match phase {
+            // Gathered by the step: the schedule's own wait_params waits for it.
+            Phase::Forward => self.prefetched_at_step(),
+            Phase::Backward => self.kept_for_backward(),
+        };
+        if k < gathered {
+            return;
+        }
         self.issue(phase, Some(k), out);
         let event = self.event(phase, position, false);
         out.push((

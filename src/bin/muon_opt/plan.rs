@@ -162,7 +162,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         let mut summary: serde_json::Value =
             serde_json::from_str(&render::json_summary(&model.name, &plans, args.timing)).map_err(|e| e.to_string())?;
         for (entry, device) in summary["plans"].as_array_mut().into_iter().flatten().zip(&devices) {
-            entry["device_bytes"] = serde_json::to_value(&device.replicated).map_err(|e| e.to_string())?;
+            entry["device_bytes"] = serde_json::to_value(device.replicated).map_err(|e| e.to_string())?;
             entry["sharded_device_bytes"] = serde_json::to_value(device.sharded).map_err(|e| e.to_string())?;
         }
         if args.buckets {

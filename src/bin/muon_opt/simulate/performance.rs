@@ -33,9 +33,7 @@ fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
         }),
     };
     for job in jobs {
-        // Sharded params gather MXFP8 ones as bf16 into the working set: no MXFP8 staging row.
-        let modes: &[bool] = if job.sharded { &[false] } else { &[false, true] };
-        for &mxfp8 in modes {
+        for &mxfp8 in job.mxfp8_modes() {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
             let sim = run(&scenario).map_err(|e| format!("{}: {e}", job.name))?;
             let replicated = if job.sharded {
