@@ -58,6 +58,13 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.adaptive_muon_eps, b.adaptive_muon_eps);
     EXPECT_EQ(a.adaptive_muon_beta2, 0.95f);
     EXPECT_EQ(a.adaptive_muon_eps, 1e-8f);
+    EXPECT_EQ(a.reserved4, b.reserved4);
+    EXPECT_EQ(a.param_sharding, b.param_sharding);
+    EXPECT_EQ(a.param_sharding, MUON_PARAM_SHARDING_REPLICATED);
+    EXPECT_EQ(a.reshard_after_forward, b.reshard_after_forward);
+    EXPECT_EQ(a.reshard_after_forward, 1u);
+    EXPECT_EQ(a.param_prefetch_buckets, b.param_prefetch_buckets);
+    EXPECT_EQ(a.param_prefetch_buckets, 1u);
 }
 
 TEST(Config, ADeclaredNetworkValidatesAndAnOlderStructSizeIgnoresIt) {
@@ -106,6 +113,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_variant", [](muon_config_t &c) { c.muon_variant = MUON_VARIANT_NORMUON + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"adaptive_muon_beta2", [](muon_config_t &c) { c.adaptive_muon_beta2 = 1.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"adaptive_muon_eps", [](muon_config_t &c) { c.adaptive_muon_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"param_sharding", [](muon_config_t &c) { c.param_sharding = MUON_PARAM_SHARDING_SHARDED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"reshard_after_forward", [](muon_config_t &c) { c.reshard_after_forward = 2; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"param_sharding", [](muon_config_t &c) {
+            c.param_sharding = MUON_PARAM_SHARDING_SHARDED;
+            c.overlap_param_gather = 0;
+        }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
         BadField{"muon_ownership", [](muon_config_t &c) {
             c.muon_layout = MUON_LAYOUT_PADDED;
             c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;

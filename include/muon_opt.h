@@ -199,6 +199,16 @@ struct ncclComm;
 #define MUON_VARIANT_NORMUON 1
 
 /**
+ * Every rank holds every param (default; muon_config_t.param_sharding).
+ */
+#define MUON_PARAM_SHARDING_REPLICATED 0
+
+/**
+ * Each rank keeps what it owns; buckets gathered around their use (muon_config_t.param_sharding).
+ */
+#define MUON_PARAM_SHARDING_SHARDED 1
+
+/**
  * Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
  */
 #define MUON_COMM_MODE_FROM_ENV 0
@@ -799,6 +809,37 @@ typedef struct muon_config_t {
    * MUON_VARIANT_NORMUON.
    */
   float adaptive_muon_eps;
+  /**
+   * Padding that ended the 208-byte layout (after adaptive_muon_eps), named so the next
+   * field makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved4;
+  /**
+   * MUON_PARAM_SHARDING_REPLICATED (default: every rank holds every param and a full
+   * gradient buffer) or MUON_PARAM_SHARDING_SHARDED (ZeRO-3 / FSDP style with whole-matrix
+   * owners: a rank keeps persistently only what it owns, its Muon matrices whole and its
+   * AdamW shards, and gathers each bucket into a bounded working set around its use;
+   * docs/design.md §4). Sharded is planned (`muon-opt plan --param-sharding sharded`) and
+   * simulated; its iteration is not implemented yet, so muon_optimizer_finalize refuses it
+   * on every rank (after checking that every rank asked for it) with
+   * MUON_STATUS_UNSUPPORTED. Sharded needs overlap_param_gather = 1 and
+   * mxfp8_param_gather = 0 (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise). Every rank must use
+   * the same value (finalize checks it). A caller compiled against an older header gets
+   * replicated.
+   */
+  uint32_t param_sharding;
+  /**
+   * Sharded: 1 (default, FSDP2's) = release a bucket after its forward use and gather it
+   * again before its backward use; 0 = keep it gathered from forward to backward. Read only
+   * with MUON_PARAM_SHARDING_SHARDED.
+   */
+  uint32_t reshard_after_forward;
+  /**
+   * Sharded: buckets gathered ahead of the one in use (0 = on first use); default 1. The
+   * working set holds at most this many plus one buckets. Read only with
+   * MUON_PARAM_SHARDING_SHARDED.
+   */
+  uint32_t param_prefetch_buckets;
 } muon_config_t;
 
 /**
@@ -1679,7 +1720,10 @@ muon_status_t muon_optimizer_set_param_scales(struct muon_optimizer_t *opt,
  *         MUON_STATUS_ROUTING_CONFLICT on every rank of the norm group (the data-parallel
  *         group without one) when, with vocab_size 0, a Muon-routed param has as many rows as
  *         the embedding declared on any of its ranks (muon_config_t.vocab_size; the message
- *         names the param and its rank).
+ *         names the param and its rank);
+ *         MUON_STATUS_UNSUPPORTED on every rank, once they agreed, for param_sharding =
+ *         MUON_PARAM_SHARDING_SHARDED (planned and simulated; its iteration is not
+ *         implemented yet).
  */
 MUON_API
 MUON_NODISCARD
@@ -1815,4 +1859,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, 0, MUON_PARAM_SHARDING_REPLICATED, 1, 1 }

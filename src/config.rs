@@ -176,6 +176,19 @@ coded_enum! {
 }
 
 coded_enum! {
+    /// Whether every rank keeps every param (docs/design.md §4, "Sharded params").
+    ParamSharding {
+        /// Every rank holds every param and a full gradient buffer (the layouts as they are).
+        Replicated = 0 => "replicated",
+        /// ZeRO-3 / FSDP style with whole-matrix owners: a rank keeps persistently only what it
+        /// owns (its Muon matrices whole, its AdamW shards) and gathers each bucket into a
+        /// bounded working set around its forward and backward use. Planned and simulated;
+        /// the iteration itself is not implemented yet (finalize refuses it).
+        Sharded = 1 => "sharded",
+    }
+}
+
+coded_enum! {
     /// When the host backend's comm stream runs its queue.
     CommMode {
         /// Take the mode from `MUON_HOST_COMM_MODE` (`eager` or `lazy`), else eager.
@@ -259,6 +272,11 @@ pub const DEFAULT_ADAPTIVE_MUON_BETA2: f32 = 0.95;
 /// Emerging-Optimizers' `AdaptiveMuon` `eps` (same sources).
 pub const DEFAULT_ADAPTIVE_MUON_EPS: f32 = 1e-8;
 
+/// The default `param_prefetch_buckets`: one bucket gathered ahead of the one in use, FSDP2's
+/// implicit forward prefetch of the next module (PyTorch 2.5 `torch.distributed.fsdp.
+/// fully_shard`: "FSDP2 implicitly prefetches the next all-gather").
+pub const DEFAULT_PARAM_PREFETCH_BUCKETS: u32 = 1;
+
 /// The default `collective_timeout_ms`: five minutes, NCCL-watchdog-like.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u32 = 300_000;
 
@@ -321,6 +339,17 @@ pub struct Config {
     /// The expert data-parallel group's ring, where it differs: an optimizer whose every
     /// Muon-routed param is an expert stack plans on it (`None`: on `network`).
     pub expert_network: Option<Network>,
+    /// Replicated params (every rank holds every param) or sharded ones (each rank keeps what
+    /// it owns; buckets gathered around their use).
+    pub param_sharding: ParamSharding,
+    /// Sharded: release a bucket after its forward use and gather it again before its backward
+    /// use (FSDP2's `reshard_after_forward`, default true); false keeps every gathered bucket
+    /// from its forward to its backward. Read only with `param_sharding = sharded`.
+    pub reshard_after_forward: bool,
+    /// Sharded: buckets gathered ahead of the one in use (0 = each gathered when first used);
+    /// the working set holds at most this many plus one. Read only with `param_sharding =
+    /// sharded`.
+    pub param_prefetch_buckets: u32,
 }
 
 impl Default for Config {
@@ -359,6 +388,9 @@ impl Default for Config {
             muon_ns_symmetric_tile: DEFAULT_SYMMETRIC_TILE as u32,
             network: None,
             expert_network: None,
+            param_sharding: ParamSharding::Replicated,
+            reshard_after_forward: true,
+            param_prefetch_buckets: DEFAULT_PARAM_PREFETCH_BUCKETS,
         }
     }
 }
@@ -419,6 +451,7 @@ impl Config {
                 "muon_ownership: contiguous needs a compact, compact_rooted or allreduce muon_layout; padded keeps Megatron-LM's per-bucket owners"
             );
         }
+        self.validate_sharding()?;
         for (field, network) in [("network", &self.network), ("expert_network", &self.expert_network)] {
             if let Some(network) = network {
                 network.validate(field)?;
@@ -435,6 +468,31 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// The combinations `param_sharding = sharded` cannot run with.
+    fn validate_sharding(&self) -> Result<()> {
+        if self.param_sharding != ParamSharding::Sharded {
+            return Ok(());
+        }
+        if !self.overlap_param_gather {
+            bail!(
+                IncompatibleOptions,
+                "param_sharding: sharded needs overlap_param_gather = 1; overlap_param_gather = 0 makes step() return with every param gathered on every rank, which a sharded rank has no storage for (its buckets are gathered around their forward and backward use)"
+            );
+        }
+        if self.mxfp8_param_gather {
+            bail!(
+                IncompatibleOptions,
+                "param_sharding: sharded needs mxfp8_param_gather = 0; mxfp8_param_gather = 1 stages MXFP8 params as bf16 on their bucket's idle gradient bytes, which a sharded rank releases after each bucket's reduction (sharded always gathers MXFP8 params as bf16 into its working set)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether params are sharded.
+    pub fn sharded(&self) -> bool {
+        self.param_sharding == ParamSharding::Sharded
     }
 
     /// The threads of one rank's matrix products on the host backend in a data-parallel group

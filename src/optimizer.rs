@@ -239,6 +239,12 @@ impl Optimizer {
                 Box::new(backend)
             }
         };
+        if self.cfg.sharded() {
+            bail!(
+                Unsupported,
+                "finalize: param_sharding = sharded is planned and simulated (`muon-opt plan --param-sharding sharded`, `muon-opt simulate --param-sharding sharded`) but its iteration is not implemented yet; use param_sharding = replicated"
+            );
+        }
         let init = &self.init_values;
         let runtime = Runtime::new(
             Box::new(plan),

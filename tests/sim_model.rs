@@ -384,7 +384,7 @@ fn the_library_default_plan_is_within_one_percent_of_the_fastest_on_every_named_
     use muon_opt::config::{MuonLayout, MuonOwnership};
     use muon_opt::sim::PlanNetwork;
     for job in JOBS {
-        for mxfp8 in [false, true] {
+        for &mxfp8 in job.mxfp8_modes() {
             let scenario = job.scenario(mxfp8).unwrap();
             assert_eq!(
                 (scenario.layout, scenario.ownership, scenario.plan_network),
@@ -445,7 +445,7 @@ fn the_library_default_plan_is_within_one_percent_of_the_fastest_on_every_named_
 fn muon_costs_at_most_its_newton_schulz_on_every_named_job() {
     let mut picked = std::collections::BTreeSet::new();
     for job in JOBS {
-        for mxfp8 in [false, true] {
+        for &mxfp8 in job.mxfp8_modes() {
             let scenario = job.scenario(mxfp8).unwrap();
             let adamw = simulate_adamw_baseline(&scenario).unwrap();
             let sim = simulate_best_ownership(&scenario, Some(&adamw)).unwrap();

@@ -5,7 +5,7 @@ use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
 use crate::config::{
     CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, MuonVariant, Network, NsMethod, NsPrecision,
-    ScaleMode, TpMode, WeightDecayRule,
+    ParamSharding, ScaleMode, TpMode, WeightDecayRule,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -226,6 +226,29 @@ pub struct muon_config_t {
     /// Frobenius norm; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
     /// MUON_VARIANT_NORMUON.
     pub adaptive_muon_eps: f32,
+    /// Padding that ended the 208-byte layout (after adaptive_muon_eps), named so the next
+    /// field makes a layout of another size: ignored, written as 0.
+    pub reserved4: u32,
+    /// MUON_PARAM_SHARDING_REPLICATED (default: every rank holds every param and a full
+    /// gradient buffer) or MUON_PARAM_SHARDING_SHARDED (ZeRO-3 / FSDP style with whole-matrix
+    /// owners: a rank keeps persistently only what it owns, its Muon matrices whole and its
+    /// AdamW shards, and gathers each bucket into a bounded working set around its use;
+    /// docs/design.md §4). Sharded is planned (`muon-opt plan --param-sharding sharded`) and
+    /// simulated; its iteration is not implemented yet, so muon_optimizer_finalize refuses it
+    /// on every rank (after checking that every rank asked for it) with
+    /// MUON_STATUS_UNSUPPORTED. Sharded needs overlap_param_gather = 1 and
+    /// mxfp8_param_gather = 0 (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise). Every rank must use
+    /// the same value (finalize checks it). A caller compiled against an older header gets
+    /// replicated.
+    pub param_sharding: u32,
+    /// Sharded: 1 (default, FSDP2's) = release a bucket after its forward use and gather it
+    /// again before its backward use; 0 = keep it gathered from forward to backward. Read only
+    /// with MUON_PARAM_SHARDING_SHARDED.
+    pub reshard_after_forward: u32,
+    /// Sharded: buckets gathered ahead of the one in use (0 = on first use); default 1. The
+    /// working set holds at most this many plus one buckets. Read only with
+    /// MUON_PARAM_SHARDING_SHARDED.
+    pub param_prefetch_buckets: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -247,8 +270,10 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// 136 → 144), so every later layout has a size of its own; `network` and `expert_network`
 /// (two 24-byte `muon_network_t`, 8-byte aligned, starting at the 144-byte end) make 192, which
 /// ends on the struct's alignment, and `muon_variant`, `adaptive_muon_beta2` and
-/// `adaptive_muon_eps` follow it: 208.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 9] = [
+/// `adaptive_muon_eps` follow it: 208; after a `reserved4` filling that layout's tail padding,
+/// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets` end at 220, rounded
+/// up to 224.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 10] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
@@ -258,6 +283,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 9] = [
     ("weight_decay_rule", 144),
     ("expert_network", 192),
     ("adaptive_muon_eps", 208),
+    ("param_prefetch_buckets", 224),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -323,6 +349,10 @@ impl muon_config_t {
             muon_variant: cfg.muon_variant.code(),
             adaptive_muon_beta2: cfg.adaptive_muon_beta2,
             adaptive_muon_eps: cfg.adaptive_muon_eps,
+            reserved4: 0,
+            param_sharding: cfg.param_sharding.code(),
+            reshard_after_forward: cfg.reshard_after_forward as u32,
+            param_prefetch_buckets: cfg.param_prefetch_buckets,
         }
     }
 
@@ -378,6 +408,9 @@ impl muon_config_t {
             muon_variant: MuonVariant::from_code("muon_variant", self.muon_variant)?,
             adaptive_muon_beta2: self.adaptive_muon_beta2,
             adaptive_muon_eps: self.adaptive_muon_eps,
+            param_sharding: ParamSharding::from_code("param_sharding", self.param_sharding)?,
+            reshard_after_forward: flag("reshard_after_forward", self.reshard_after_forward)?,
+            param_prefetch_buckets: self.param_prefetch_buckets,
             ..Config::default()
         };
         cfg.validate()?;

@@ -81,6 +81,11 @@ pub const MUON_VARIANT_STANDARD: u32 = 0;
 /// (Emerging-Optimizers' `AdaptiveMuon`; muon_config_t.muon_variant).
 pub const MUON_VARIANT_NORMUON: u32 = 1;
 
+/// Every rank holds every param (default; muon_config_t.param_sharding).
+pub const MUON_PARAM_SHARDING_REPLICATED: u32 = 0;
+/// Each rank keeps what it owns; buckets gathered around their use (muon_config_t.param_sharding).
+pub const MUON_PARAM_SHARDING_SHARDED: u32 = 1;
+
 /// Host comm mode from MUON_HOST_COMM_MODE (eager|lazy), else eager (default).
 pub const MUON_COMM_MODE_FROM_ENV: u32 = 0;
 /// Host comm worker runs work as soon as it can.
@@ -168,8 +173,8 @@ pub fn route_code(route: Route) -> u32 {
 mod tests {
     use super::*;
     use crate::config::{
-        CoefficientSet, CommMode, Dtype, MuonLayout, MuonOwnership, MuonVariant, NsMethod, NsPrecision, ScaleMode,
-        TpMode, WeightDecayRule,
+        CoefficientSet, CommMode, Dtype, MuonLayout, MuonOwnership, MuonVariant, NsMethod, NsPrecision, ParamSharding,
+        ScaleMode, TpMode, WeightDecayRule,
     };
     use crate::model::ParamFlags;
 
@@ -215,6 +220,8 @@ mod tests {
         assert_eq!(WeightDecayRule::Flagged.code(), MUON_WEIGHT_DECAY_RULE_FLAGGED);
         assert_eq!(MuonVariant::Standard.code(), MUON_VARIANT_STANDARD);
         assert_eq!(MuonVariant::Normuon.code(), MUON_VARIANT_NORMUON);
+        assert_eq!(ParamSharding::Replicated.code(), MUON_PARAM_SHARDING_REPLICATED);
+        assert_eq!(ParamSharding::Sharded.code(), MUON_PARAM_SHARDING_SHARDED);
         assert_eq!(MuonOwnership::Balanced.code(), MUON_OWNERSHIP_BALANCED);
         assert_eq!(MuonOwnership::Contiguous.code(), MUON_OWNERSHIP_CONTIGUOUS);
         assert_eq!(MuonOwnership::Auto.code(), MUON_OWNERSHIP_AUTO);

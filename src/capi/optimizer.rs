@@ -253,7 +253,10 @@ pub unsafe extern "C" fn muon_optimizer_set_param_scales(
 ///         MUON_STATUS_ROUTING_CONFLICT on every rank of the norm group (the data-parallel
 ///         group without one) when, with vocab_size 0, a Muon-routed param has as many rows as
 ///         the embedding declared on any of its ranks (muon_config_t.vocab_size; the message
-///         names the param and its rank).
+///         names the param and its rank);
+///         MUON_STATUS_UNSUPPORTED on every rank, once they agreed, for param_sharding =
+///         MUON_PARAM_SHARDING_SHARDED (planned and simulated; its iteration is not
+///         implemented yet).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_finalize(opt: *mut muon_optimizer_t) -> muon_status_t {

@@ -97,7 +97,9 @@ fn candidates(cfg: &Config, declared: bool) -> Vec<(MuonOwnership, GroupWindow)>
     if cfg.muon_layout == MuonLayout::Padded {
         return vec![(MuonOwnership::Balanced, GroupWindow::Rooted)];
     }
-    let windows: &[GroupWindow] = if cfg.muon_layout == MuonLayout::Compact {
+    // Sharded params are gathered bucket by bucket around their use: a group holds one matrix
+    // of each of dp layers, so every one would be gathered whole (sharding.rs).
+    let windows: &[GroupWindow] = if cfg.muon_layout == MuonLayout::Compact && !cfg.sharded() {
         &GroupWindow::CANDIDATES
     } else {
         &[GroupWindow::Rooted]

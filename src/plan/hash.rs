@@ -12,7 +12,7 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// Version tag of the encoding; bump when the encoding changes.
-const ENCODING: &str = "muon_opt.plan.v2";
+const ENCODING: &str = "muon_opt.plan.v3";
 
 /// FNV-1a 64-bit hasher.
 pub(crate) struct Fnv1a(u64);
@@ -81,6 +81,11 @@ pub(crate) fn plan_hash(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp
     h.u64(cfg.overlap_grad_reduce as u64);
     h.u64(cfg.muon_num_ns_steps as u64);
     h.u64(cfg.grad_dtype.code() as u64);
+    h.u64(cfg.param_sharding.code() as u64);
+    if cfg.sharded() {
+        h.u64(cfg.reshard_after_forward as u64);
+        h.u64(cfg.param_prefetch_buckets as u64);
+    }
     for network in [cfg.network, cfg.expert_network] {
         match network {
             Some(n) => h.list([1, n.hop_latency_us.to_bits(), n.bus_bandwidth_gbps.to_bits()].into_iter()),

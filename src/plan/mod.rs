@@ -37,6 +37,7 @@ mod padded;
 pub mod presets;
 mod queries;
 mod report;
+mod sharding;
 mod types;
 
 use std::collections::BTreeSet;
@@ -55,6 +56,7 @@ pub use report::{
     ADAMW_MOMENT_BYTES_PER_ELEMENT, BucketTraffic, Collective, CollectiveMix, MASTER_BYTES_PER_ELEMENT,
     MUON_MOMENT_BYTES_PER_ELEMENT, RankStats, Report, RouteElements,
 };
+pub use sharding::{ModeBytes, ShardingBytes};
 pub use types::{Bucket, BucketSplit, Buffer, ElemRange, ParamPlacement, Plan, forward_order};
 
 use buckets::{BufferGroup, BufferKey, backward_chunks, group_buffers};

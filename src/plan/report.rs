@@ -43,6 +43,7 @@ use super::choice::Choice;
 use super::cost::NsLoads;
 use super::ownership::OwnershipMethod;
 use super::queries::shard_pieces;
+use super::sharding::ShardingBytes;
 use super::types::BucketSplit;
 
 /// Muon: fp32 momentum.
@@ -169,6 +170,9 @@ pub struct Report {
     /// 4 B more per element of a param that is not f32 (its fp32 master); with NorMuon 4 B per
     /// line of every owned Muon matrix's components (their longer sides).
     pub optimizer_state_bytes: RankStats<u64>,
+    /// Persistent param and gradient bytes per rank and the peak working set of gathered
+    /// buckets, replicated and sharded (`sharding.rs`), for the config's sharding policy.
+    pub sharding: ShardingBytes,
     /// Newton–Schulz cost per rank, `T·(4m²n + 2m³)` summed over owned matrices.
     pub ns_cost: RankStats<f64>,
     /// `max(total / dp, largest unit)`.
@@ -234,6 +238,7 @@ impl Report {
                 }
             }
         }
+        let sharding = ShardingBytes::of(params, cfg, dp, layout, &state);
         let ns = NsLoads::of(params, &layout.params, dp, cfg.muon_num_ns_steps);
         let ns_lower_bound = (ns.total as f64 / dp as f64).max(ns.largest as f64);
         let makespan = ns.makespan as f64;
@@ -265,6 +270,7 @@ impl Report {
             grad_buffer_bytes: buffer_numel * cfg.grad_dtype.size() as u64,
             muon_elements: RankStats::<u64>::of(muon_elements),
             optimizer_state_bytes: RankStats::<u64>::of(state),
+            sharding,
             ns_cost: RankStats::<f64>::of(ns.per_rank.into_iter().map(|c| c as f64).collect()),
             ns_lower_bound,
             ns_makespan_over_lower_bound: ratio(makespan, ns_lower_bound),

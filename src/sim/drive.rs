@@ -25,6 +25,7 @@ use crate::schedule::{QkClipRequest, Runtime, StepArgs, StepOverrides};
 
 use super::cost::{Cost, CostModel};
 use super::engine::{Call, Class, Item, Label};
+use super::sharding::{Gathers, Issue, Phase};
 
 /// What the simulation of one rank recorded.
 #[derive(Debug, Default)]
@@ -45,6 +46,11 @@ struct Recorder {
     call: Call,
     memory: VirtualMemory,
     out: Recorded,
+    /// Sharded params: the step's param collectives (one per bucket, in forward order) but the
+    /// first `Some(n)` are the forward's gathers, moved to the forward (`sharding.rs`), and
+    /// priced at zero; the count of the current step's so far.
+    sharded: Option<usize>,
+    step_gathers: usize,
 }
 
 /// The executor of optimizer `.1` of a simulated rank: prices actions instead of running them.
@@ -120,7 +126,29 @@ fn signature(calls: &[NcclCall]) -> u64 {
     h.finish()
 }
 
+/// A collective bringing params from their owners (not an exchange of scalars or norms).
+fn is_param_gather(action: &Action) -> bool {
+    match action {
+        Action::Nccl(NcclComm::Data, calls) => matches!(
+            calls.first(),
+            Some(NcclCall::Broadcast { dtype, .. } | NcclCall::AllGather { dtype, .. })
+                if !matches!(dtype, NcclType::U8 | NcclType::U64)
+        ),
+        _ => false,
+    }
+}
+
 impl Recorder {
+    /// Records the gathers of sharded params, each labelled as its bucket's `wait_params`.
+    fn record_gathers(&mut self, issues: Vec<Issue>) {
+        let call = self.call;
+        for (bucket, action) in issues {
+            self.call = Call::WaitParams(bucket);
+            self.record(&action);
+        }
+        self.call = call;
+    }
+
     /// Items from here on are optimizer `k`'s.
     fn switch_to(&mut self, k: usize) {
         if self.optimizer != k {
@@ -134,8 +162,17 @@ impl Recorder {
             call: self.call,
             what: what(action),
         };
+        let mut cost = self.costs[self.optimizer].cost(action);
+        if let (Some(prefetched), Call::Step, Cost::Collective { device, .. }) = (self.sharded, self.call, &mut cost)
+            && is_param_gather(action)
+        {
+            if self.step_gathers >= prefetched {
+                *device = 0.0;
+            }
+            self.step_gathers += 1;
+        }
         let items = &mut self.out.items;
-        match self.costs[self.optimizer].cost(action) {
+        match cost {
             Cost::Free => {}
             Cost::Work { stream, host, device } => items.push(Item::Work {
                 stream,
@@ -418,6 +455,13 @@ pub fn record_shared(
     trainer: Trainer,
     RecordOptions { keep_actions, clips }: RecordOptions<'_>,
 ) -> Result<Recorded> {
+    let mut gathers = Gathers::new(members[0].plan, members[0].cfg);
+    if members.iter().skip(1).any(|m| m.cfg.sharded()) || (gathers.is_some() && members.len() > 1) {
+        bail!(
+            Unsupported,
+            "simulate: sharded params with a second optimizer (expert parallelism) are not modelled"
+        );
+    }
     let recorder = Arc::new(Mutex::new(Recorder {
         costs: members.iter().map(|m| m.cost.clone()).collect(),
         optimizer: 0,
@@ -427,6 +471,8 @@ pub fn record_shared(
             actions: keep_actions.then(Vec::new),
             ..Recorded::default()
         },
+        sharded: gathers.as_ref().map(Gathers::prefetched_at_step),
+        step_gathers: 0,
     }));
     let mut runtimes = Vec::with_capacity(members.len());
     for (k, m) in members.iter().enumerate() {
@@ -495,24 +541,47 @@ pub fn record_shared(
     };
     let mut hooks = |event: TrainerEvent| {
         let mut r = lock(&recorder);
+        let mut issues = Vec::new();
         match event {
-            TrainerEvent::Iteration => r.out.items.push(Item::IterationStart),
+            TrainerEvent::Iteration => {
+                r.out.items.push(Item::IterationStart);
+                r.step_gathers = 0;
+                if let Some(g) = gathers.as_mut() {
+                    g.start_iteration();
+                }
+            }
             TrainerEvent::Call(call) => r.call = call,
             TrainerEvent::Compute { param, backward } => {
+                let phase = if backward { Phase::Backward } else { Phase::Forward };
+                let (k, p) = order[param];
+                let bucket = members[k].plan.params[p].bucket;
+                if let Some(g) = gathers.as_mut() {
+                    g.before(phase, p, bucket, &mut issues);
+                }
+                r.record_gathers(std::mem::take(&mut issues));
                 let share = if backward { 2.0 / 3.0 } else { 1.0 / 3.0 };
                 let device = model_cost.model_compute(flops_params[param], micro_tokens, share);
                 model(&mut r, device, backward, "model");
+                if let Some(g) = gathers.as_mut() {
+                    g.after(phase, p, bucket, &mut issues);
+                }
+                r.record_gathers(issues);
             }
             TrainerEvent::Accumulate { forwards, backwards } => {
                 let share = (forwards as f64 + 2.0 * backwards as f64) / 3.0;
                 let device = model_cost.model_compute(model_params, micro_tokens, share);
                 model(&mut r, device, true, "model (accumulated micro-batches)");
             }
-            TrainerEvent::Bubble if trainer.bubble > 0.0 => {
-                let ideal = model_cost.model_compute(model_params, micro_tokens * micro_batches as u64, 1.0);
-                model(&mut r, trainer.bubble * ideal, true, "pipeline bubble");
+            TrainerEvent::Bubble => {
+                if trainer.bubble > 0.0 {
+                    let ideal = model_cost.model_compute(model_params, micro_tokens * micro_batches as u64, 1.0);
+                    model(&mut r, trainer.bubble * ideal, true, "pipeline bubble");
+                }
+                if let Some(g) = gathers.as_mut() {
+                    g.issue(Phase::Backward, None, &mut issues);
+                }
+                r.record_gathers(issues);
             }
-            TrainerEvent::Bubble => {}
         }
     };
     let plans: Vec<&Plan> = members.iter().map(|m| m.plan).collect();

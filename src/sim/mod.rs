@@ -16,12 +16,13 @@ pub mod metrics;
 pub mod profile;
 pub mod qk_clip;
 pub mod scenarios;
+mod sharding;
 pub mod work;
 
 use serde::Serialize;
 
 use crate::bail;
-use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, TpMode};
+use crate::config::{Config, Dtype, MuonLayout, MuonOwnership, Network, NsMethod, NsPrecision, ParamSharding, TpMode};
 use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::presets::{Attention, ModelDesc, attention};
@@ -90,6 +91,11 @@ pub struct Scenario {
     /// Whose step: this library's, or Megatron-LM's as it runs the same job (set with
     /// [`Scenario::with_schedule`], which also sets the layout and overlap it implies).
     pub schedule: Schedule,
+    /// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets`: sharded, the
+    /// gathers around the forward and backward are priced (`sharding.rs`).
+    pub param_sharding: ParamSharding,
+    pub reshard_after_forward: bool,
+    pub param_prefetch_buckets: u32,
 }
 
 /// The batch as trained (Megatron-LM's `--global-batch-size`, `--micro-batch-size`,
@@ -160,6 +166,9 @@ impl Scenario {
             expert_parallel: None,
             plan_network: PlanNetwork::Profile,
             schedule: Schedule::Ours,
+            param_sharding: Config::default().param_sharding,
+            reshard_after_forward: Config::default().reshard_after_forward,
+            param_prefetch_buckets: Config::default().param_prefetch_buckets,
             model,
         }
     }
@@ -266,6 +275,9 @@ impl Scenario {
             vocab_size: self.model.vocab_size,
             muon_tp_mode: self.tp.map_or(TpMode::Blockwise, |(_, mode)| mode),
             grad_dtype: self.grad_dtype,
+            param_sharding: self.param_sharding,
+            reshard_after_forward: self.reshard_after_forward,
+            param_prefetch_buckets: self.param_prefetch_buckets,
             ..Config::default()
         }
     }
@@ -299,8 +311,16 @@ pub struct Simulation {
     pub adamw_only: bool,
     #[serde(flatten)]
     pub figures: Figures,
-    /// The largest per-rank device footprint, by kind.
+    /// `param_sharding` of the run.
+    pub param_sharding: String,
+    /// The largest per-rank device footprint, by kind, as the cuda backend allocates it for
+    /// replicated params.
     pub device_bytes: DeviceBytes,
+    /// Sharded: the largest per-rank footprint with the param and gradient buffers replaced by
+    /// what the rank owns and the working set of gathered buckets (the plan report's
+    /// `sharding`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sharded_device_bytes: Option<u64>,
     /// The profile's device memory, GB, and whether the library's bytes fit in it (the
     /// framework's activations and workspace come on top).
     pub memory_gb: f64,
@@ -310,6 +330,13 @@ pub struct Simulation {
     pub adamw_baseline: Option<Overhead>,
     #[serde(skip)]
     pub timelines: Vec<Timeline>,
+}
+
+impl Simulation {
+    /// The library's bytes on the busiest rank: sharded where params are, else as allocated.
+    pub fn rank_bytes(&self) -> u64 {
+        self.sharded_device_bytes.unwrap_or(self.device_bytes.total)
+    }
 }
 
 /// Runs `scenario`.
@@ -328,6 +355,7 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
     let trainer = scenario.trainer()?;
     let mut programs = Vec::with_capacity(scenario.dp);
     let mut device_bytes = DeviceBytes::default();
+    let mut sharded_bytes = 0;
     for rank in 0..scenario.dp {
         let clips = if scenario.qk_clip {
             qk_clip::requests(&setup.optimizers[0].params)
@@ -345,11 +373,20 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
             },
         )?;
         let bytes = DeviceBytes::of(&recorded.allocations);
+        let own = &setup.optimizers[0].plan.report.sharding.sharded;
+        let rank_in_group = members[0].rank;
+        sharded_bytes = sharded_bytes.max(
+            bytes.total - bytes.params - bytes.grads
+                + own.params[rank_in_group]
+                + own.grads[rank_in_group]
+                + own.working_set,
+        );
         if bytes.total > device_bytes.total {
             device_bytes = bytes;
         }
         programs.push(recorded.items);
     }
+    let sharded = setup.optimizers[0].cfg.sharded().then_some(sharded_bytes);
     let cost = &setup.optimizers[0].cost;
     let first = engine::run(programs.clone())?;
     let model = metrics::model_compute(&first[0], scenario.iterations - 1);
@@ -375,7 +412,9 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
         adamw_only: scenario.adamw_only,
         figures: metrics::figures(&timelines, scenario.iterations, model, &first),
         memory_gb: scenario.hardware.memory_gb,
-        fits: device_bytes.total as f64 <= scenario.hardware.memory_gb * 1e9,
+        param_sharding: scenario.param_sharding.name().to_string(),
+        sharded_device_bytes: sharded,
+        fits: sharded.unwrap_or(device_bytes.total) as f64 <= scenario.hardware.memory_gb * 1e9,
         device_bytes,
         adamw_baseline: None,
         timelines,
@@ -565,7 +604,7 @@ pub fn with_baseline(mut muon: Simulation, adamw: &Simulation) -> Simulation {
             f64::NAN
         },
         adamw_exposed_ms: a.exposed_ms,
-        adamw_device_bytes: adamw.device_bytes.total,
+        adamw_device_bytes: adamw.rank_bytes(),
     });
     muon
 }

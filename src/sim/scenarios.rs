@@ -5,7 +5,7 @@
 //! table.
 
 use crate::bail;
-use crate::config::{Dtype, TpMode};
+use crate::config::{Dtype, ParamSharding, TpMode};
 use crate::error::Result;
 use crate::plan::presets::preset;
 
@@ -30,6 +30,9 @@ pub struct Job {
     pub expert_parallel: Option<ExpertParallel>,
     /// The batch as trained; None = 8192 tokens per GPU in one micro-batch.
     pub batch: Option<Batch>,
+    /// `param_sharding = sharded` (with the default policy: reshard after forward, one bucket
+    /// prefetched), against AdamW with ZeRO-3 (its params sharded the same way).
+    pub sharded: bool,
 }
 
 /// DeepSeek-V3's training layout (DeepSeek-V3 Technical Report, arXiv 2412.19437, §3.2:
@@ -82,6 +85,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-8b dp8 nvlink, 2048 x 8192",
@@ -93,6 +97,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
+        sharded: false,
     },
     Job {
         name: "llama3-8b dp64 nvlink",
@@ -104,6 +109,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-8b dp64 nvlink, 2048 x 8192",
@@ -115,6 +121,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
+        sharded: false,
     },
     Job {
         name: "llama3-70b tp8 dp8 ib",
@@ -126,6 +133,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-70b tp8 dp8 ib, 2048 x 8192",
@@ -137,6 +145,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
+        sharded: false,
     },
     Job {
         name: "llama3-70b tp8 dp64 ib",
@@ -148,6 +157,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: None,
+        sharded: false,
     },
     Job {
         name: "llama3-70b tp8 dp64 ib, 2048 x 8192",
@@ -159,6 +169,7 @@ pub const JOBS: &[Job] = &[
         virtual_stages: 1,
         expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
+        sharded: false,
     },
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
@@ -173,6 +184,7 @@ pub const JOBS: &[Job] = &[
             experts_per_token: DSV3_EXPERTS_PER_TOKEN,
         }),
         batch: None,
+        sharded: false,
     },
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink, 15360 x 4096",
@@ -187,6 +199,20 @@ pub const JOBS: &[Job] = &[
             experts_per_token: DSV3_EXPERTS_PER_TOKEN,
         }),
         batch: Some(DSV3_BATCH),
+        sharded: false,
+    },
+    // Issue 41: 70B on 64 GPUs without tensor parallelism, which replicated params cannot fit.
+    Job {
+        name: "llama3-70b dp64 nvlink sharded",
+        model: "llama3-70b",
+        hardware: "h100-nvlink",
+        dp: 64,
+        tp: None,
+        pipeline: None,
+        virtual_stages: 1,
+        expert_parallel: None,
+        batch: None,
+        sharded: true,
     },
     // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72.
     Job {
@@ -206,6 +232,7 @@ pub const JOBS: &[Job] = &[
             micro: KIMI_K2_MICRO_BATCH,
             seq_len: 4096,
         }),
+        sharded: false,
     },
     Job {
         name: "qwen3-30b-a3b ep8 dp8 gb300",
@@ -224,6 +251,7 @@ pub const JOBS: &[Job] = &[
             micro: 8,
             seq_len: 4096,
         }),
+        sharded: false,
     },
 ];
 
@@ -270,8 +298,22 @@ pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
 ];
 
 impl Job {
+    /// The MXFP8 settings the job runs with: off and on, or off alone for a sharded job (which
+    /// gathers MXFP8 params as bf16 into its working set, never staged: `mxfp8_param_gather`
+    /// is incompatible with it).
+    pub fn mxfp8_modes(&self) -> &'static [bool] {
+        if self.sharded { &[false] } else { &[false, true] }
+    }
+
     /// The job's scenario, MXFP8 params gathered as bf16 or not.
     pub fn scenario(&self, mxfp8: bool) -> Result<Scenario> {
+        if !self.mxfp8_modes().contains(&mxfp8) {
+            bail!(
+                IncompatibleOptions,
+                "scenario {}: sharded params with MXFP8 staged gathers (mxfp8_param_gather)",
+                self.name
+            );
+        }
         let Some(hardware) = builtin(self.hardware) else {
             bail!(
                 Internal,
@@ -295,6 +337,11 @@ impl Job {
             virtual_stages: self.virtual_stages,
             batch: self.batch,
             expert_parallel: self.expert_parallel,
+            param_sharding: if self.sharded {
+                ParamSharding::Sharded
+            } else {
+                ParamSharding::Replicated
+            },
             ..Scenario::new(model, self.dp, hardware)
         })
     }

@@ -58,6 +58,7 @@ CommMode = _enum("CommMode", "MUON_COMM_MODE_")
 TpMode = _enum("TpMode", "MUON_TP_MODE_")
 WeightDecayRule = _enum("WeightDecayRule", "MUON_WEIGHT_DECAY_RULE_")
 MuonVariant = _enum("MuonVariant", "MUON_VARIANT_")
+ParamSharding = _enum("ParamSharding", "MUON_PARAM_SHARDING_")
 Route = _enum("Route", "MUON_ROUTE_")
 ParamFlag = _enum("ParamFlag", "MUON_PARAM_FLAG_", enum.IntFlag)
 Mxfp8Scales = _enum("Mxfp8Scales", "MUON_MXFP8_SCALES_")
@@ -767,6 +768,7 @@ __all__ = [
     "TpMode",
     "WeightDecayRule",
     "MuonVariant",
+    "ParamSharding",
     "Route",
     "ParamFlag",
     "Mxfp8Scales",

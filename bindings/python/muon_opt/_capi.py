@@ -78,6 +78,8 @@ MUON_WEIGHT_DECAY_RULE_FLAGGED = 2
 
 MUON_VARIANT_STANDARD = 0
 MUON_VARIANT_NORMUON = 1
+MUON_PARAM_SHARDING_REPLICATED = 0
+MUON_PARAM_SHARDING_SHARDED = 1
 
 MUON_COMM_MODE_FROM_ENV = 0
 MUON_COMM_MODE_EAGER = 1
@@ -228,6 +230,10 @@ class muon_config_t(Structure):
         ("muon_variant", c_uint32),
         ("adaptive_muon_beta2", c_float),
         ("adaptive_muon_eps", c_float),
+        ("reserved4", c_uint32),
+        ("param_sharding", c_uint32),
+        ("reshard_after_forward", c_uint32),
+        ("param_prefetch_buckets", c_uint32),
     ]
 
 

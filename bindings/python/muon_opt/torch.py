@@ -129,7 +129,7 @@ from pathlib import Path
 
 import torch
 
-from . import Dtype, MuonVariant, NsMethod, Optimizer, Ownership, ParamFlag, QkClip, QkKind, Route
+from . import Dtype, MuonVariant, NsMethod, Optimizer, Ownership, ParamFlag, ParamSharding, QkClip, QkKind, Route
 from . import _torch_groups as _groups
 from . import _torch_state as _state
 from ._qk_layout import check_maxima_count, expected_rows
@@ -164,6 +164,10 @@ _CHOICES = {
         {"balanced": Ownership.BALANCED, "contiguous": Ownership.CONTIGUOUS, "auto": Ownership.AUTO},
     ),
     "variant": ("muon_variant", {"standard": MuonVariant.STANDARD, "normuon": MuonVariant.NORMUON}),
+    "param_sharding": (
+        "param_sharding",
+        {"replicated": ParamSharding.REPLICATED, "sharded": ParamSharding.SHARDED},
+    ),
 }
 
 
@@ -233,7 +237,11 @@ class Muon(torch.optim.Optimizer):
     ``muon_extra_scale_factor`` 0.2, Moonlight's convention); ``ns_method``: ``"standard"`` or
     ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"auto"``,
     ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership``; ``variant``:
-    ``"standard"`` or ``"normuon"``, in place of its ``muon_variant``; ``network`` and
+    ``"standard"`` or ``"normuon"``, in place of its ``muon_variant``; ``param_sharding``:
+    ``"replicated"`` or ``"sharded"`` (ZeRO-3 style with whole-matrix owners: planned and
+    simulated, its iteration not implemented yet, so the optimizer refuses it with
+    ``Status.UNSUPPORTED``), with ``reshard_after_forward`` and ``param_prefetch_buckets``, in
+    place of the config's fields of those names; ``network`` and
     ``expert_network``: ``(hop_latency_us, bus_bandwidth_gbps)`` of the data-parallel (and
     expert data-parallel) ring, in place of the config's (the config passed is not changed).
     See the module's docstring for the groups, the grads, ``state_dict`` and the defaults.
@@ -263,6 +271,9 @@ class Muon(torch.optim.Optimizer):
         network=None,
         expert_network=None,
         variant=None,
+        param_sharding=None,
+        reshard_after_forward=None,
+        param_prefetch_buckets=None,
         overlap_grad_reduce=False,
         state_dir=None,
     ):
@@ -285,10 +296,16 @@ class Muon(torch.optim.Optimizer):
             config = Config(muon_extra_scale_factor=MOONLIGHT_SCALE)
             if len(dtypes) == 1:
                 config.grad_dtype = _DTYPES[dtypes.pop()]
-        for argument, value in (("ns_method", ns_method), ("ownership", ownership), ("variant", variant)):
+        choices = (("ns_method", ns_method), ("ownership", ownership), ("variant", variant))
+        for argument, value in choices + (("param_sharding", param_sharding),):
             if value is not None:
                 config = _with_choice(config, argument, value)
-        for field, value in (("network", network), ("expert_network", expert_network)):
+        for field, value in (
+            ("network", network),
+            ("expert_network", expert_network),
+            ("reshard_after_forward", None if reshard_after_forward is None else int(bool(reshard_after_forward))),
+            ("param_prefetch_buckets", param_prefetch_buckets),
+        ):
             if value is not None:
                 config = type(config)(**dict(config.as_dict(), **{field: value}))
         for name, p in named:

@@ -314,6 +314,19 @@ class TorchAdapter(unittest.TestCase):
         with self.assertRaises(ValueError):
             one_gram_step("standard", variant="adamuon")
 
+    def test_param_sharding_keywords_reach_the_config(self):
+        """``param_sharding="sharded"`` with its policy reaches muon_config_t, where finalize
+        refuses it as UNSUPPORTED (its iteration is not implemented yet), and a name that is no
+        mode is a ValueError."""
+        with mo.HostGroup(1) as group:
+            with self.assertRaises(mo.MuonError) as caught:
+                Muon(gram_model(), group[0], param_sharding="sharded", reshard_after_forward=False, param_prefetch_buckets=2)
+            self.assertEqual(caught.exception.status, mo.Status.UNSUPPORTED)
+            self.assertIn("param_sharding = sharded", str(caught.exception))
+            with self.assertRaises(ValueError):
+                Muon(gram_model(), group[0], param_sharding="zero3")
+            Muon(gram_model(), group[0], param_sharding="replicated", param_prefetch_buckets=4).close()
+
     def test_an_untied_output_head_must_be_named(self):
         class Untied(torch.nn.Module):
             def __init__(self):

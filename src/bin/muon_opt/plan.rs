@@ -7,11 +7,11 @@ use clap::Args;
 use muon_opt::config::{Config, Network};
 use muon_opt::plan::build_plans;
 use muon_opt::sim::cost::CostModel;
-use muon_opt::sim::device::device_bytes;
+use muon_opt::sim::device::rank_device_bytes;
 use muon_opt::sim::metrics::DeviceBytes;
 
 use crate::render;
-use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
+use crate::shared_args::{LayoutChoice, OwnershipChoice, ShardingArgs, load_model};
 use crate::simulate::load_hardware;
 
 #[derive(Args)]
@@ -65,6 +65,8 @@ pub struct PlanArgs {
     /// MoE layer (its padded layout then matches Megatron's for MoE models).
     #[arg(long)]
     experts_as_params: bool,
+    #[command(flatten)]
+    sharding: ShardingArgs,
 }
 
 /// `--network LATENCY_US,BANDWIDTH_GBPS`, checked as muon_config_t.network is.
@@ -90,6 +92,33 @@ pub fn parse_network(text: &str) -> Result<Network, String> {
     Ok(network)
 }
 
+/// A plan's device bytes: the rank needing the most as the cuda backend allocates replicated
+/// params, and the most any rank needs with sharded params: its allocations with the param and
+/// gradient buffers replaced by what it owns and the working set (the report's `sharding`).
+struct PlanDeviceBytes {
+    replicated: DeviceBytes,
+    sharded: u64,
+}
+
+fn plan_device_bytes(
+    plan: &muon_opt::plan::Plan,
+    params: &[muon_opt::model::ParamSpec],
+    cfg: &Config,
+) -> muon_opt::error::Result<PlanDeviceBytes> {
+    let mut replicated = DeviceBytes::default();
+    let mut sharded = 0;
+    let bytes = &plan.report.sharding.sharded;
+    for rank in 0..plan.dp as usize {
+        let device = rank_device_bytes(plan, params, cfg, rank)?;
+        let own = bytes.params[rank] + bytes.grads[rank] + bytes.working_set;
+        sharded = sharded.max(device.total - device.params - device.grads + own);
+        if device.total > replicated.total {
+            replicated = device;
+        }
+    }
+    Ok(PlanDeviceBytes { replicated, sharded })
+}
+
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let model = load_model(&args.model, args.experts_as_params)?;
     let network = match (&args.network, &args.hardware) {
@@ -97,12 +126,13 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         (None, Some(profile)) => Some(CostModel::new(load_hardware(profile)?, args.dp).network()),
         (None, None) => None,
     };
-    let cfg = Config {
+    let cfg = args.sharding.apply(Config {
         bucket_size: args.bucket_size.unwrap_or(0),
         vocab_size: model.vocab_size,
         network,
         ..Config::default()
-    };
+    });
+    cfg.validate().map_err(|e| e.to_string())?;
     let mut plans = Vec::new();
     for layout in args.layout.layouts() {
         let cfg = Config {
@@ -120,9 +150,9 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
                 muon_ownership: args.ownership.for_layout(plan.layout),
                 ..cfg.clone()
             };
-            device_bytes(plan, registry.params(), &cfg).map_err(|e| e.to_string())
+            plan_device_bytes(plan, registry.params(), &cfg).map_err(|e| e.to_string())
         })
-        .collect::<Result<Vec<DeviceBytes>, String>>()?;
+        .collect::<Result<Vec<PlanDeviceBytes>, String>>()?;
     if let Some(path) = &args.svg {
         std::fs::write(path, render::svg(&model.name, &plans))
             .map_err(|e| format!("--svg '{}': cannot write: {e}", path.display()))?;
@@ -132,7 +162,8 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         let mut summary: serde_json::Value =
             serde_json::from_str(&render::json_summary(&model.name, &plans, args.timing)).map_err(|e| e.to_string())?;
         for (entry, device) in summary["plans"].as_array_mut().into_iter().flatten().zip(&devices) {
-            entry["device_bytes"] = serde_json::to_value(device).map_err(|e| e.to_string())?;
+            entry["device_bytes"] = serde_json::to_value(device.replicated).map_err(|e| e.to_string())?;
+            entry["sharded_device_bytes"] = serde_json::to_value(device.sharded).map_err(|e| e.to_string())?;
         }
         if args.buckets {
             for (entry, plan) in summary["plans"].as_array_mut().into_iter().flatten().zip(&plans) {
@@ -145,12 +176,14 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         return Ok(());
     }
     print!("{}", render::table(&model.name, &plans, args.timing));
-    let totals: Vec<u64> = devices.iter().map(|d| d.total).collect();
+    let totals: Vec<u64> = devices.iter().map(|d| d.replicated.total).collect();
     print!("{}", render::bytes_row("device bytes / rank (cuda), max", &totals));
     for (k, (kind, _)) in DeviceBytes::default().parts().into_iter().enumerate() {
-        let values: Vec<u64> = devices.iter().map(|d| d.parts()[k].1).collect();
+        let values: Vec<u64> = devices.iter().map(|d| d.replicated.parts()[k].1).collect();
         print!("{}", render::bytes_row(&format!("  {kind}"), &values));
     }
+    let sharded: Vec<u64> = devices.iter().map(|d| d.sharded).collect();
+    print!("{}", render::bytes_row("device bytes / rank, sharded, max", &sharded));
     println!();
     for plan in &plans {
         print!("{}", render::choice_table(plan));

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use muon_opt::plan::{BucketSplit, Collective, Plan};
+use muon_opt::plan::{BucketSplit, Collective, ModeBytes, Plan};
 
 #[cfg(test)]
 mod tests;
@@ -76,6 +76,24 @@ pub fn table(model: &str, plans: &[Plan], timing: bool) -> String {
     row(&mut out, "grad buffers", plans, |p| {
         bytes(p.report.grad_buffer_bytes as f64)
     });
+    for (mode, of) in [
+        (
+            "replicated",
+            (|p: &Plan| &p.report.sharding.replicated) as fn(&Plan) -> &ModeBytes,
+        ),
+        ("sharded", |p: &Plan| &p.report.sharding.sharded),
+    ] {
+        row(&mut out, &format!("{mode}: params+grads / rank"), plans, |p| {
+            let m = of(p);
+            bytes(m.params.iter().zip(&m.grads).map(|(a, b)| a + b).max().unwrap_or(0) as f64)
+        });
+        row(&mut out, &format!("{mode}: working set"), plans, |p| {
+            bytes(of(p).working_set as f64)
+        });
+        row(&mut out, &format!("{mode}: + optimizer state"), plans, |p| {
+            bytes(of(p).max_total as f64)
+        });
+    }
     row(&mut out, "optimizer state / rank, max", plans, |p| {
         bytes(p.report.optimizer_state_bytes.max as f64)
     });

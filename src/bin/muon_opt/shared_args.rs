@@ -1,9 +1,9 @@
 //! The arguments `plan` and `simulate` share: `--model` (a preset or a JSON parameter list),
-//! `--layout` and `--ownership`.
+//! `--layout`, `--ownership` and the param sharding.
 
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 
-use muon_opt::config::{MuonLayout, MuonOwnership};
+use muon_opt::config::{Config, DEFAULT_PARAM_PREFETCH_BUCKETS, MuonLayout, MuonOwnership, ParamSharding};
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 
 use crate::model_json::parse_model_json;
@@ -47,6 +47,44 @@ impl OwnershipChoice {
             OwnershipChoice::Contiguous if layout.takes_contiguous_ownership() => MuonOwnership::Contiguous,
             OwnershipChoice::Auto => MuonOwnership::Auto,
             _ => MuonOwnership::Balanced,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShardingChoice {
+    Replicated,
+    Sharded,
+}
+
+/// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets` as muon_config_t
+/// sets them.
+#[derive(Args, Clone, Copy)]
+pub struct ShardingArgs {
+    /// Every rank holds every param (`replicated`, the library's default) or keeps only what it
+    /// owns and gathers buckets around their use (`sharded`, ZeRO-3 style).
+    #[arg(long, value_enum, default_value_t = ShardingChoice::Replicated)]
+    param_sharding: ShardingChoice,
+    /// Sharded: gather each bucket again for its backward (true, FSDP2's default) or keep it
+    /// gathered from its forward (false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    reshard_after_forward: bool,
+    /// Sharded: buckets gathered ahead of the one in use (param_prefetch_buckets).
+    #[arg(long, default_value_t = DEFAULT_PARAM_PREFETCH_BUCKETS)]
+    prefetch: u32,
+}
+
+impl ShardingArgs {
+    /// `cfg` with these sharding fields.
+    pub fn apply(&self, cfg: Config) -> Config {
+        Config {
+            param_sharding: match self.param_sharding {
+                ShardingChoice::Replicated => ParamSharding::Replicated,
+                ShardingChoice::Sharded => ParamSharding::Sharded,
+            },
+            reshard_after_forward: self.reshard_after_forward,
+            param_prefetch_buckets: self.prefetch,
+            ..cfg
         }
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use muon_opt::config::{Dtype, MuonOwnership, NsMethod, NsPrecision, TpMode};
+use muon_opt::config::{Config, Dtype, MuonOwnership, NsMethod, NsPrecision, TpMode};
 use muon_opt::sim::profile::{HARDWARE_NAMES, Hardware, builtin};
 use muon_opt::sim::{
     Batch, ExpertParallel, PlanNetwork, Scenario, Schedule, Simulation, simulate, simulate_adamw_baseline,
@@ -18,7 +18,7 @@ use muon_opt::sim::{
 };
 
 use crate::plan::parse_network;
-use crate::shared_args::{LayoutChoice, OwnershipChoice, load_model};
+use crate::shared_args::{LayoutChoice, OwnershipChoice, ShardingArgs, load_model};
 
 #[derive(Args)]
 pub struct SimulateArgs {
@@ -143,6 +143,8 @@ pub struct SimulateArgs {
     /// ownership; --baseline adamw stays distributed AdamW.
     #[arg(long, value_enum, default_value_t = ScheduleChoice::Ours, conflicts_with_all = ["layout", "ownership", "scenario", "validation", "device_run"])]
     schedule: ScheduleChoice,
+    #[command(flatten)]
+    sharding: ShardingArgs,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
@@ -293,6 +295,13 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             }),
             ..Scenario::new(model.clone(), dp, hardware.clone())
         };
+        let cfg = args.sharding.apply(Config::default());
+        let scenario = Scenario {
+            param_sharding: cfg.param_sharding,
+            reshard_after_forward: cfg.reshard_after_forward,
+            param_prefetch_buckets: cfg.param_prefetch_buckets,
+            ..scenario
+        };
         if matches!(args.baseline, Some(BaselineChoice::Adamw)) && adamw.is_none() {
             adamw = Some(simulate_adamw_baseline(&scenario).map_err(|e| e.to_string())?);
         }
@@ -315,7 +324,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             sim.model,
             sim.dp,
             sim.layout,
-            sim.device_bytes.total as f64 / 1e9,
+            sim.rank_bytes() as f64 / 1e9,
             sim.memory_gb
         );
     }

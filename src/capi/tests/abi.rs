@@ -87,7 +87,7 @@ fn older_sizes_read_the_default(
 ) {
     let mut cfg = default_config();
     set(&mut cfg, code);
-    (cfg.reserved, cfg.reserved2, cfg.reserved3) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
+    (cfg.reserved, cfg.reserved2, cfg.reserved3, cfg.reserved4) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert!(!is_default(&read), "code {code} is read at the current size");
     set(&mut cfg, 0xABAB_ABAB);
@@ -201,7 +201,6 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
     use crate::config::{DEFAULT_ADAPTIVE_MUON_BETA2, DEFAULT_ADAPTIVE_MUON_EPS, MuonVariant};
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_variant), 192);
     assert_eq!(std::mem::offset_of!(muon_config_t, adaptive_muon_eps), 200);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 208);
     let cfg = default_config();
     assert_eq!(
         (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps),
@@ -229,6 +228,58 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
             DEFAULT_ADAPTIVE_MUON_BETA2,
             DEFAULT_ADAPTIVE_MUON_EPS
         )
+    );
+}
+
+/// param_sharding, reshard_after_forward and param_prefetch_buckets follow the released
+/// 208-byte layout: 224 bytes, and a caller compiled against any older header gets replicated
+/// params whatever lies beyond its struct; the current layout reads sharded with its policy.
+#[test]
+fn param_sharding_appends_a_layout_of_its_own_size_and_older_ones_get_replicated() {
+    use crate::config::{DEFAULT_PARAM_PREFETCH_BUCKETS, ParamSharding};
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved4), 204);
+    assert_eq!(std::mem::offset_of!(muon_config_t, param_sharding), 208);
+    assert_eq!(std::mem::offset_of!(muon_config_t, param_prefetch_buckets), 216);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 224);
+    let cfg = default_config();
+    assert_eq!(
+        (
+            cfg.param_sharding,
+            cfg.reshard_after_forward,
+            cfg.param_prefetch_buckets
+        ),
+        (MUON_PARAM_SHARDING_REPLICATED, 1, DEFAULT_PARAM_PREFETCH_BUCKETS)
+    );
+    older_sizes_read_the_default(
+        |c, v| c.param_sharding = v,
+        MUON_PARAM_SHARDING_SHARDED,
+        |r| r.param_sharding == ParamSharding::Replicated,
+        &[208, 192, 144, 136, 128, 120, 112, 104],
+    );
+    let mut cfg = default_config();
+    (
+        cfg.param_sharding,
+        cfg.reshard_after_forward,
+        cfg.param_prefetch_buckets,
+    ) = (MUON_PARAM_SHARDING_SHARDED, 0, 3);
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        (
+            read.param_sharding,
+            read.reshard_after_forward,
+            read.param_prefetch_buckets
+        ),
+        (ParamSharding::Sharded, false, 3)
+    );
+    cfg.struct_size = 208;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(
+        (
+            read.param_sharding,
+            read.reshard_after_forward,
+            read.param_prefetch_buckets
+        ),
+        (ParamSharding::Replicated, true, DEFAULT_PARAM_PREFETCH_BUCKETS)
     );
 }
 
@@ -416,7 +467,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208, 224]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -473,6 +524,26 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             |c| c.muon_variant = 2,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "muon_variant: unknown value 2; valid values are 0 (standard), 1 (normuon)",
+        ),
+        (
+            |c| c.param_sharding = 2,
+            MUON_STATUS_INVALID_ENUM_VALUE,
+            "param_sharding: unknown value 2; valid values are 0 (replicated), 1 (sharded)",
+        ),
+        (
+            |c| c.reshard_after_forward = 2,
+            MUON_STATUS_OUT_OF_RANGE,
+            "reshard_after_forward: 2 is not a boolean",
+        ),
+        (
+            |c| (c.param_sharding, c.overlap_param_gather) = (MUON_PARAM_SHARDING_SHARDED, 0),
+            MUON_STATUS_INCOMPATIBLE_OPTIONS,
+            "param_sharding: sharded needs overlap_param_gather = 1",
+        ),
+        (
+            |c| (c.param_sharding, c.mxfp8_param_gather) = (MUON_PARAM_SHARDING_SHARDED, 1),
+            MUON_STATUS_INCOMPATIBLE_OPTIONS,
+            "param_sharding: sharded needs mxfp8_param_gather = 0",
         ),
         (
             |c| c.adaptive_muon_beta2 = 1.0,
@@ -560,6 +631,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "muon_ownership" => word + offset_of!(muon_config_t, muon_ownership),
             "weight_decay_rule" => word + offset_of!(muon_config_t, weight_decay_rule),
             "adaptive_muon_eps" => word + offset_of!(muon_config_t, adaptive_muon_eps),
+            "param_prefetch_buckets" => word + offset_of!(muon_config_t, param_prefetch_buckets),
             "expert_network" => std::mem::size_of::<muon_network_t>() + offset_of!(muon_config_t, expert_network),
             other => panic!("no field {other}"),
         }
@@ -582,7 +654,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192, 208]);
+    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192, 208, 224]);
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode

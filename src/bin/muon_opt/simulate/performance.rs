@@ -1,6 +1,7 @@
 //! `muon-opt simulate --scenario NAME|all [--markdown]`: named jobs against their AdamW
 //! baseline; `--scenario all --markdown` writes `docs/performance.md`.
 
+use muon_opt::config::ParamSharding;
 use muon_opt::sim::scenarios::{JOBS, Job, job};
 use muon_opt::sim::{
     Scenario, Schedule, Simulation, simulate, simulate_adamw_baseline, simulate_best_ownership, with_baseline,
@@ -14,7 +15,11 @@ struct Row {
     job: Job,
     mxfp8: bool,
     sim: Simulation,
-    megatron: Simulation,
+    /// Megatron-LM's schedule for the same job; none for a sharded job (`src/sim/megatron.rs`
+    /// models its layer-wise optimizer over replicated params only).
+    megatron: Option<Simulation>,
+    /// A sharded job's Muon run with replicated params, beside it.
+    replicated: Option<Simulation>,
 }
 
 fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
@@ -24,31 +29,39 @@ fn rows(name: &str, ownership: OwnershipChoice) -> Result<Vec<Row>, String> {
         vec![job(name).map_err(|e| e.to_string())?]
     };
     let mut rows = Vec::new();
+    let run = |scenario: &Scenario, adamw: &Simulation| match ownership {
+        OwnershipChoice::Auto => simulate_best_ownership(scenario, Some(adamw)),
+        _ => simulate(&Scenario {
+            ownership: ownership.for_layout(scenario.layout),
+            ..scenario.clone()
+        })
+        .map(|sim| with_baseline(sim, adamw)),
+    };
     for job in jobs {
-        for mxfp8 in [false, true] {
+        for &mxfp8 in job.mxfp8_modes() {
             let scenario = job.scenario(mxfp8).map_err(|e| e.to_string())?;
-            let run = |adamw: &Simulation| {
-                let sim = match ownership {
-                    OwnershipChoice::Auto => simulate_best_ownership(&scenario, Some(adamw))?,
-                    _ => with_baseline(
-                        simulate(&Scenario {
-                            ownership: ownership.for_layout(scenario.layout),
-                            ..scenario.clone()
-                        })?,
-                        adamw,
-                    ),
+            let named = |e: muon_opt::error::Error| format!("{}: {e}", job.name);
+            let adamw = simulate_adamw_baseline(&scenario).map_err(named)?;
+            let sim = run(&scenario, &adamw).map_err(named)?;
+            let (megatron, replicated) = if job.sharded {
+                let replicated = Scenario {
+                    param_sharding: ParamSharding::Replicated,
+                    ..scenario
                 };
-                let megatron = with_baseline(simulate(&scenario.with_schedule(Schedule::Megatron))?, adamw);
-                Ok((sim, megatron))
+                let sim = simulate_adamw_baseline(&replicated)
+                    .and_then(|adamw| run(&replicated, &adamw))
+                    .map_err(|e| format!("{} (replicated): {e}", job.name))?;
+                (None, Some(sim))
+            } else {
+                let megatron = simulate(&scenario.with_schedule(Schedule::Megatron)).map_err(named)?;
+                (Some(with_baseline(megatron, &adamw)), None)
             };
-            let (sim, megatron) = simulate_adamw_baseline(&scenario)
-                .and_then(|adamw| run(&adamw))
-                .map_err(|e: muon_opt::error::Error| format!("{}: {e}", job.name))?;
             rows.push(Row {
                 job,
                 mxfp8,
                 sim,
                 megatron,
+                replicated,
             });
         }
     }
@@ -64,13 +77,19 @@ fn line(r: &Row) -> String {
         .adamw_baseline
         .as_ref()
         .expect("every row is simulated against AdamW");
-    let m = r
-        .megatron
-        .adamw_baseline
-        .as_ref()
-        .expect("every row is simulated against AdamW");
+    let megatron = r.megatron.as_ref().map_or_else(
+        || "— (not modelled for sharded params)".to_string(),
+        |m| {
+            let overhead = m
+                .adamw_baseline
+                .as_ref()
+                .expect("every row is simulated against AdamW")
+                .muon_overhead;
+            format!("{:.1}, {:.2} %", m.figures.iteration_ms, 100.0 * overhead)
+        },
+    );
     format!(
-        "| {} | {} ({}) | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} | {:.1}, {:.2} % |\n",
+        "| {} | {} ({}) | {} | {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} / {:.1} | {:.1}, {:.1} | {} | {} |\n",
         r.job.name,
         r.sim.tokens_per_gpu,
         r.sim.micro_batches,
@@ -85,11 +104,10 @@ fn line(r: &Row) -> String {
         f.optimizer_compute_ms,
         f.unhidden_comm_ms,
         f.contention_ms,
-        r.sim.device_bytes.total as f64 / 1e9,
+        r.sim.rank_bytes() as f64 / 1e9,
         b.adamw_device_bytes as f64 / 1e9,
         if r.sim.fits { "yes" } else { "no" },
-        r.megatron.figures.iteration_ms,
-        100.0 * m.muon_overhead
+        megatron
     )
 }
 
@@ -148,7 +166,47 @@ fn markdown(rows: &[Row]) -> String {
     for r in rows {
         out.push_str(&line(r));
     }
+    out.push_str(SHARDED_TEXT);
+    out.push_str(SHARDED_HEADER);
+    for r in rows {
+        out.push_str(&sharded_line(r));
+    }
     out
+}
+
+const SHARDED_TEXT: &str = "\n## Sharded params (`param_sharding = sharded`)\n\n\
+    A sharded job keeps on each rank only the params it owns (its Muon matrices whole, its AdamW\n\
+    shards) and gathers each bucket around its use, one bucket prefetched, released after the\n\
+    forward and gathered again for the backward (`reshard_after_forward`): the gathers are\n\
+    priced on the comm stream against the modelled forward and backward (`docs/simulate.md`).\n\
+    Its AdamW baseline above is AdamW with ZeRO-3 (all-gather of params in the forward and again\n\
+    in the backward, reduce-scatter of gradients). Beside it, the same Muon job with replicated\n\
+    params, whose bytes do not fit the GPU. **GB / rank**: sharded, the library's allocations\n\
+    with the param and gradient buffers replaced by what the rank owns and the peak working set\n\
+    (`muon-opt plan --param-sharding sharded` prints the same figure). Planned and simulated\n\
+    only: the library's runtime refuses `sharded` at finalize (`UNSUPPORTED`) until the sharded\n\
+    iteration is built (`docs/design.md` §4).\n\n";
+
+const SHARDED_HEADER: &str = "| job | Muon replicated ms | Muon sharded ms | sharded / replicated − 1 | AdamW ZeRO-3 ms | Muon sharded / AdamW ZeRO-3 − 1 | GB / rank (replicated, sharded, AdamW ZeRO-3) | sharded fits |\n|---|---|---|---|---|---|---|---|\n";
+
+fn sharded_line(r: &Row) -> String {
+    let (Some(replicated), Some(b)) = (&r.replicated, &r.sim.adamw_baseline) else {
+        return String::new();
+    };
+    let (sharded, full) = (r.sim.figures.iteration_ms, replicated.figures.iteration_ms);
+    format!(
+        "| {} | {:.1} | {:.1} | {:.2} % | {:.1} | {:.2} % | {:.1}, {:.1}, {:.1} | {} |\n",
+        r.job.name,
+        full,
+        sharded,
+        100.0 * (sharded / full - 1.0),
+        b.adamw_iteration_ms,
+        100.0 * b.muon_overhead,
+        replicated.rank_bytes() as f64 / 1e9,
+        r.sim.rank_bytes() as f64 / 1e9,
+        b.adamw_device_bytes as f64 / 1e9,
+        if r.sim.fits { "yes" } else { "no" }
+    )
 }
 
 pub fn run(name: &str, ownership: OwnershipChoice, as_markdown: bool, json: bool) -> Result<(), String> {

@@ -49,7 +49,7 @@ pub fn table(sims: &[Simulation]) -> String {
         ("launches / step", Box::new(|s| s.figures.launches.to_string())),
         ("host syncs / step", Box::new(|s| s.figures.host_syncs.to_string())),
         ("host stall ms", Box::new(|s| ms(s.figures.host_stall_ms))),
-        ("device GB / rank", Box::new(|s| gb(s.device_bytes.total))),
+        ("device GB / rank", Box::new(|s| gb(s.rank_bytes()))),
         (
             "fits the GPU",
             Box::new(|s| format!("{} ({} GB)", if s.fits { "yes" } else { "NO" }, s.memory_gb)),
