@@ -404,6 +404,41 @@ fn emulated_gram_newton_schulz_matches_the_host_backend_bitwise() {
     }
 }
 
+/// Every coefficient set, the caller's table among them, takes the same `(a, b, c)` in the
+/// translated kernels as on the host: bit for bit, with the fixed schedules at their 5 steps
+/// and the others past the end of their tables (cycled or the last repeated).
+#[test]
+fn emulated_coefficient_sets_match_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    use muon_opt::config::CoefficientSet;
+    let specs = cuda_model();
+    for (coefficients, steps, table) in [
+        (CoefficientSet::Cans, 6, vec![]),
+        (CoefficientSet::Aol, 6, vec![]),
+        (CoefficientSet::Cubic5, 5, vec![]),
+        (CoefficientSet::DeepseekV4, 11, vec![]),
+        (CoefficientSet::PolarExpress5, 5, vec![]),
+        (
+            CoefficientSet::Custom,
+            7,
+            vec![[3.5, -4.5, 2.0], [3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
+        ),
+    ] {
+        let cfg = Config {
+            bucket_size: 4096,
+            muon_ns_symmetric_tile: SMALL_TILE,
+            host_comm_mode: CommMode::Eager,
+            muon_coefficient_set: coefficients,
+            muon_custom_coefficients: table,
+            muon_num_ns_steps: steps,
+            ..Config::default()
+        };
+        compare_runs(&format!("{} NS, {steps} steps", coefficients.name()), &cfg, &specs);
+    }
+}
+
 /// The element-wise ops the dp=1 runs do not reach (scale, casts in every direction, bf16
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]

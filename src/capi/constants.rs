@@ -25,6 +25,20 @@ pub const MUON_COEFFICIENTS_SIMPLE: u32 = 1;
 pub const MUON_COEFFICIENTS_POLAR_EXPRESS: u32 = 2;
 /// The five quintic triples cycled past the fifth step (Megatron-LM's schedule).
 pub const MUON_COEFFICIENTS_QUINTIC_CYCLIC: u32 = 3;
+/// Emerging-Optimizers' `cans` (CANS): five triples, the last repeated.
+pub const MUON_COEFFICIENTS_CANS: u32 = 4;
+/// Emerging-Optimizers' `aol`: four triples, cycled.
+pub const MUON_COEFFICIENTS_AOL: u32 = 5;
+/// Emerging-Optimizers' `cubic5`: five cubic steps; muon_num_ns_steps must be 5.
+pub const MUON_COEFFICIENTS_CUBIC5: u32 = 6;
+/// Emerging-Optimizers' `deepseekv4`: the simple triple 8 times, then (2, −1.5, 0.5).
+pub const MUON_COEFFICIENTS_DEEPSEEK_V4: u32 = 7;
+/// The 5-step Polar Express of microsoft/dion and modded-nanogpt; muon_num_ns_steps must be 5.
+pub const MUON_COEFFICIENTS_POLAR_EXPRESS_5: u32 = 8;
+/// The caller's table, muon_config_t.muon_custom_coefficients, cycled.
+pub const MUON_COEFFICIENTS_CUSTOM: u32 = 9;
+/// Most (a, b, c) triples of muon_config_t.muon_custom_coefficients.
+pub const MUON_MAX_CUSTOM_COEFFICIENTS: u32 = 16;
 
 /// bf16 operands, fp32 accumulation (default).
 pub const MUON_NS_PRECISION_BF16: u32 = 0;
@@ -185,6 +199,16 @@ mod tests {
         assert_eq!(CoefficientSet::Simple.code(), MUON_COEFFICIENTS_SIMPLE);
         assert_eq!(CoefficientSet::PolarExpress.code(), MUON_COEFFICIENTS_POLAR_EXPRESS);
         assert_eq!(CoefficientSet::QuinticCyclic.code(), MUON_COEFFICIENTS_QUINTIC_CYCLIC);
+        assert_eq!(CoefficientSet::Cans.code(), MUON_COEFFICIENTS_CANS);
+        assert_eq!(CoefficientSet::Aol.code(), MUON_COEFFICIENTS_AOL);
+        assert_eq!(CoefficientSet::Cubic5.code(), MUON_COEFFICIENTS_CUBIC5);
+        assert_eq!(CoefficientSet::DeepseekV4.code(), MUON_COEFFICIENTS_DEEPSEEK_V4);
+        assert_eq!(CoefficientSet::PolarExpress5.code(), MUON_COEFFICIENTS_POLAR_EXPRESS_5);
+        assert_eq!(CoefficientSet::Custom.code(), MUON_COEFFICIENTS_CUSTOM);
+        assert_eq!(
+            crate::config::MAX_CUSTOM_NS_COEFFICIENTS,
+            MUON_MAX_CUSTOM_COEFFICIENTS as usize
+        );
         assert_eq!(NsPrecision::Bf16.code(), MUON_NS_PRECISION_BF16);
         assert_eq!(NsPrecision::F32.code(), MUON_NS_PRECISION_F32);
         assert_eq!(NsPrecision::Bf16Iterate.code(), MUON_NS_PRECISION_BF16_ITERATE);

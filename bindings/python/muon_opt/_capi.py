@@ -54,6 +54,13 @@ MUON_COEFFICIENTS_QUINTIC = 0
 MUON_COEFFICIENTS_SIMPLE = 1
 MUON_COEFFICIENTS_POLAR_EXPRESS = 2
 MUON_COEFFICIENTS_QUINTIC_CYCLIC = 3
+MUON_COEFFICIENTS_CANS = 4
+MUON_COEFFICIENTS_AOL = 5
+MUON_COEFFICIENTS_CUBIC5 = 6
+MUON_COEFFICIENTS_DEEPSEEK_V4 = 7
+MUON_COEFFICIENTS_POLAR_EXPRESS_5 = 8
+MUON_COEFFICIENTS_CUSTOM = 9
+MUON_MAX_CUSTOM_COEFFICIENTS = 16
 
 MUON_NS_PRECISION_BF16 = 0
 MUON_NS_PRECISION_F32 = 1
@@ -228,6 +235,9 @@ class muon_config_t(Structure):
         ("muon_variant", c_uint32),
         ("adaptive_muon_beta2", c_float),
         ("adaptive_muon_eps", c_float),
+        ("reserved4", c_uint32),
+        ("muon_custom_coefficient_steps", c_uint32),
+        ("muon_custom_coefficients", c_float * (3 * MUON_MAX_CUSTOM_COEFFICIENTS)),
     ]
 
 
