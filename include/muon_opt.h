@@ -332,6 +332,18 @@ struct ncclComm;
 #define MUON_PARAM_FLAG_WEIGHT_DECAY (1 << 10)
 
 /**
+ * A MUON_PARAM_FLAG_TP_SHARD_ROWS shard whose split_sizes components are whole components of
+ * the unsharded param — per-head Muon where TP holds whole heads (split_sizes one entry per
+ * head of this rank; Megatron-LM's `--muon-split-qkv-per-head`, its PR #6326): each component
+ * is orthogonalized alone on its rank in every muon_tp_mode, bit for bit as the unsharded
+ * param's. Checkpoints place the shard as whole rows, as for TP_WHOLE_GROUPS; resharding it
+ * to another TP size is not supported yet.
+ * Needs TP_SHARD_ROWS and split_sizes; not with num_split_groups > 1, TP_WHOLE_GROUPS or an
+ * expert stack.
+ */
+#define MUON_PARAM_FLAG_TP_WHOLE_COMPONENTS (1 << 11)
+
+/**
  * muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
  */
 #define MUON_STEP_OVERRIDE_MUON_MOMENTUM (1 << 0)

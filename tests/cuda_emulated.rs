@@ -572,8 +572,8 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
 /// their collectives over a host group) against the host backend's TP 2 run, bit for bit after
 /// every step: column-parallel and row-parallel matrices whose whole result is stored plain or
 /// transposed (both for each split dimension), a square shard, an expert stack split per
-/// expert (expert tensor parallelism), and Megatron's QKV split per query group (two groups per
-/// shard). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
+/// expert (expert tensor parallelism), Megatron's QKV split per query group (two groups per
+/// shard) and a per-head split holding whole heads (`TP_WHOLE_COMPONENTS`). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
 /// the 2-D assembly of column blocks, the chunk of a transposed result read with its row
 /// stride, the whole-shape scale; `distributed` in f32 and bf16_iterate — the forced
 /// orientation and the all-reduced norm and Gram matrices; the Gram iteration in both modes
@@ -594,8 +594,16 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
     let mut qkv = shard("attn.qkv.weight", &[32, 16], ParamFlags::TP_SHARD_ROWS);
     qkv.split_sizes = vec![8, 4, 4];
     qkv.split_groups = 2;
+    // Per-head Muon, two whole heads per TP rank: each orthogonalized alone on its rank.
+    let mut heads = shard(
+        "attn.q_heads.weight",
+        &[16, 24],
+        ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_COMPONENTS,
+    );
+    heads.split_sizes = vec![8, 8];
     let specs = vec![
         qkv,
+        heads,
         shard("mlp.fc1.weight", &[32, 24], ParamFlags::TP_SHARD_ROWS),
         shard("mlp.fc2.weight", &[24, 16], ParamFlags::TP_SHARD_COLS),
         shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),

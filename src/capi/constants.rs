@@ -147,6 +147,15 @@ pub const MUON_PARAM_FLAG_TP_WHOLE_GROUPS: u32 = 1 << 9;
 /// Weight decay for a param muon_config_t.weight_decay_rule exempts (a 1-D param or one named
 /// `*.bias` under the Megatron rules); not with MUON_PARAM_FLAG_NO_WEIGHT_DECAY.
 pub const MUON_PARAM_FLAG_WEIGHT_DECAY: u32 = 1 << 10;
+/// A MUON_PARAM_FLAG_TP_SHARD_ROWS shard whose split_sizes components are whole components of
+/// the unsharded param — per-head Muon where TP holds whole heads (split_sizes one entry per
+/// head of this rank; Megatron-LM's `--muon-split-qkv-per-head`, its PR #6326): each component
+/// is orthogonalized alone on its rank in every muon_tp_mode, bit for bit as the unsharded
+/// param's. Checkpoints place the shard as whole rows, as for TP_WHOLE_GROUPS; resharding it
+/// to another TP size is not supported yet.
+/// Needs TP_SHARD_ROWS and split_sizes; not with num_split_groups > 1, TP_WHOLE_GROUPS or an
+/// expert stack.
+pub const MUON_PARAM_FLAG_TP_WHOLE_COMPONENTS: u32 = 1 << 11;
 
 /// muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
 pub const MUON_STEP_OVERRIDE_MUON_MOMENTUM: u32 = 1 << 0;
@@ -230,6 +239,7 @@ mod tests {
         assert_eq!(ParamFlags::TP_SHARD_ROWS, MUON_PARAM_FLAG_TP_SHARD_ROWS);
         assert_eq!(ParamFlags::TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_COLS);
         assert_eq!(ParamFlags::TP_WHOLE_GROUPS, MUON_PARAM_FLAG_TP_WHOLE_GROUPS);
+        assert_eq!(ParamFlags::TP_WHOLE_COMPONENTS, MUON_PARAM_FLAG_TP_WHOLE_COMPONENTS);
         assert_eq!(ParamFlags::WEIGHT_DECAY, MUON_PARAM_FLAG_WEIGHT_DECAY);
         assert_eq!(WeightDecayRule::Megatron.code(), MUON_WEIGHT_DECAY_RULE_MEGATRON);
         assert_eq!(
