@@ -181,6 +181,7 @@ fn main() {
     };
     let opts = |precision| NsOptions {
         coefficients: CoefficientSet::Quintic,
+        custom: muon_opt::numerics::newton_schulz::CustomCoefficients::NONE,
         steps: STEPS,
         precision,
         eps: muon_opt::config::DEFAULT_NS_EPS,

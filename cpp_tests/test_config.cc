@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 TEST(Config, MacroAndInitAgreeFieldByField) {
     muon_config_t a = MUON_CONFIG_INIT;
@@ -65,6 +68,30 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
     EXPECT_EQ(a.reshard_after_forward, 1u);
     EXPECT_EQ(a.param_prefetch_buckets, b.param_prefetch_buckets);
     EXPECT_EQ(a.param_prefetch_buckets, 1u);
+    EXPECT_EQ(a.reserved5, b.reserved5);
+    EXPECT_EQ(a.muon_custom_coefficient_steps, b.muon_custom_coefficient_steps);
+    EXPECT_EQ(a.muon_custom_coefficient_steps, 0u);
+    for (size_t i = 0; i < 3 * MUON_MAX_CUSTOM_COEFFICIENTS; ++i) {
+        EXPECT_EQ(a.muon_custom_coefficients[i], b.muon_custom_coefficients[i]);
+        EXPECT_EQ(a.muon_custom_coefficients[i], 0.0f);
+    }
+}
+
+TEST(Config, ACustomTableOfTheQuinticTriplesIsQuinticCyclic) {
+    std::vector<float> in(16 * 48), cyclic(in.size()), custom(in.size());
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>((i * 37) % 101) / 50.0f - 1.0f;
+    muon_config_t cfg = default_config();
+    cfg.muon_num_ns_steps = 7;
+    cfg.muon_coefficient_set = MUON_COEFFICIENTS_QUINTIC_CYCLIC;
+    ASSERT_EQ(muon_newton_schulz_host_config(in.data(), cyclic.data(), 16, 48, &cfg), MUON_STATUS_SUCCESS) << last_error();
+    muon::set_custom_coefficients(cfg, {{4.0848f, -6.8946f, 2.9270f},
+                                        {3.9505f, -6.3029f, 2.6377f},
+                                        {3.7418f, -5.5913f, 2.3037f},
+                                        {2.8769f, -3.1427f, 1.2046f},
+                                        {2.8366f, -3.0525f, 1.2012f}});
+    ASSERT_EQ(muon_newton_schulz_host_config(in.data(), custom.data(), 16, 48, &cfg), MUON_STATUS_SUCCESS) << last_error();
+    EXPECT_EQ(std::memcmp(cyclic.data(), custom.data(), in.size() * sizeof(float)), 0);
+    EXPECT_THROW(muon::set_custom_coefficients(cfg, {}), muon::Error);
 }
 
 TEST(Config, ADeclaredNetworkValidatesAndAnOlderStructSizeIgnoresIt) {
@@ -132,4 +159,20 @@ INSTANTIATE_TEST_SUITE_P(
             c.network = muon::network(14.0, 45.0);
             c.network.declared = 2;
         }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_coefficient_set", [](muon_config_t &c) { c.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_num_ns_steps", [](muon_config_t &c) {
+            c.muon_coefficient_set = MUON_COEFFICIENTS_CUBIC5;
+            c.muon_num_ns_steps = 6;
+        }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
+        BadField{"muon_custom_coefficients", [](muon_config_t &c) { c.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_custom_coefficient_steps", [](muon_config_t &c) {
+            c.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM;
+            c.muon_custom_coefficient_steps = MUON_MAX_CUSTOM_COEFFICIENTS + 1;
+        }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_custom_coefficients[1].c", [](muon_config_t &c) {
+            c.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM;
+            c.muon_custom_coefficient_steps = 2;
+            c.muon_custom_coefficients[5] = INFINITY;
+        }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_custom_coefficients", [](muon_config_t &c) { c.muon_custom_coefficient_steps = 1; }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

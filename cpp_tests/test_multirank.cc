@@ -129,8 +129,12 @@ TEST(MultiRank, NewtonSchulzReferenceUtility) {
         diag += dot;
     }
     EXPECT_NEAR(diag / 16.0, 0.85, 0.2);
-    EXPECT_EQ(muon_newton_schulz_host(in.data(), out.data(), 16, 48, 9, 5, MUON_NS_PRECISION_F32),
+    EXPECT_EQ(muon_newton_schulz_host(in.data(), out.data(), 16, 48, MUON_COEFFICIENTS_CUSTOM + 1, 5, MUON_NS_PRECISION_F32),
               MUON_STATUS_INVALID_ENUM_VALUE);
+    // The custom set's table comes only with a config (muon_newton_schulz_host_config).
+    EXPECT_EQ(muon_newton_schulz_host(in.data(), out.data(), 16, 48, MUON_COEFFICIENTS_CUSTOM, 5, MUON_NS_PRECISION_F32),
+              MUON_STATUS_OUT_OF_RANGE);
+    EXPECT_NE(last_error().find("custom coefficients"), std::string::npos) << last_error();
 }
 
 // The config variant: with the standard method it is the utility above bit for bit; with the

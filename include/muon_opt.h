@@ -94,6 +94,41 @@ struct ncclComm;
 #define MUON_COEFFICIENTS_QUINTIC_CYCLIC 3
 
 /**
+ * Emerging-Optimizers' `cans` (CANS): five triples, the last repeated.
+ */
+#define MUON_COEFFICIENTS_CANS 4
+
+/**
+ * Emerging-Optimizers' `aol`: four triples, cycled.
+ */
+#define MUON_COEFFICIENTS_AOL 5
+
+/**
+ * Emerging-Optimizers' `cubic5`: five cubic steps; muon_num_ns_steps must be 5.
+ */
+#define MUON_COEFFICIENTS_CUBIC5 6
+
+/**
+ * Emerging-Optimizers' `deepseekv4`: the simple triple 8 times, then (2, −1.5, 0.5).
+ */
+#define MUON_COEFFICIENTS_DEEPSEEK_V4 7
+
+/**
+ * The 5-step Polar Express of microsoft/dion and modded-nanogpt; muon_num_ns_steps must be 5.
+ */
+#define MUON_COEFFICIENTS_POLAR_EXPRESS_5 8
+
+/**
+ * The caller's table, muon_config_t.muon_custom_coefficients, cycled.
+ */
+#define MUON_COEFFICIENTS_CUSTOM 9
+
+/**
+ * Most (a, b, c) triples of muon_config_t.muon_custom_coefficients.
+ */
+#define MUON_MAX_CUSTOM_COEFFICIENTS 16
+
+/**
  * bf16 operands, fp32 accumulation (default).
  */
 #define MUON_NS_PRECISION_BF16 0
@@ -305,6 +340,18 @@ struct ncclComm;
  * `*.bias` under the Megatron rules); not with MUON_PARAM_FLAG_NO_WEIGHT_DECAY.
  */
 #define MUON_PARAM_FLAG_WEIGHT_DECAY (1 << 10)
+
+/**
+ * A MUON_PARAM_FLAG_TP_SHARD_ROWS shard whose split_sizes components are whole components of
+ * the unsharded param — per-head Muon where TP holds whole heads (split_sizes one entry per
+ * head of this rank; Megatron-LM's `--muon-split-qkv-per-head`, its PR #6326): each component
+ * is orthogonalized alone on its rank in every muon_tp_mode, bit for bit as the unsharded
+ * param's. Checkpoints place the shard as whole rows, as for TP_WHOLE_GROUPS; resharding it
+ * to another TP size is not supported yet.
+ * Needs TP_SHARD_ROWS and split_sizes; not with num_split_groups > 1, TP_WHOLE_GROUPS or an
+ * expert stack.
+ */
+#define MUON_PARAM_FLAG_TP_WHOLE_COMPONENTS (1 << 11)
 
 /**
  * muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
@@ -617,7 +664,11 @@ typedef struct muon_config_t {
    */
   uint32_t muon_nesterov;
   /**
-   * MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE, _POLAR_EXPRESS or _QUINTIC_CYCLIC.
+   * MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE, _POLAR_EXPRESS, _QUINTIC_CYCLIC,
+   * Emerging-Optimizers' _CANS, _AOL, _CUBIC5 and _DEEPSEEK_V4, dion's and modded-nanogpt's
+   * _POLAR_EXPRESS_5, or _CUSTOM (the table muon_custom_coefficients). _CUBIC5 and
+   * _POLAR_EXPRESS_5 are 5-step schedules: other muon_num_ns_steps are refused
+   * (MUON_STATUS_INCOMPATIBLE_OPTIONS). docs/newton-schulz.md lists the sets.
    */
   uint32_t muon_coefficient_set;
   /**
@@ -840,6 +891,24 @@ typedef struct muon_config_t {
    * MUON_PARAM_SHARDING_SHARDED.
    */
   uint32_t param_prefetch_buckets;
+  /**
+   * Padding that ended the 224-byte layout (after param_prefetch_buckets), named so the
+   * next field makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved5;
+  /**
+   * With MUON_COEFFICIENTS_CUSTOM: the number of (a, b, c) triples of
+   * muon_custom_coefficients, 1..=MUON_MAX_CUSTOM_COEFFICIENTS; otherwise 0 (default). Part
+   * of the plan hash and of a checkpoint's record, as the set is.
+   */
+  uint32_t muon_custom_coefficient_steps;
+  /**
+   * With MUON_COEFFICIENTS_CUSTOM: triple k (a, b, c) of Newton–Schulz step k at
+   * [3k], [3k + 1], [3k + 2], every value finite; step k of a run uses triple
+   * k mod muon_custom_coefficient_steps (Emerging-Optimizers cycles a custom set). Entries
+   * past the count are ignored. A caller compiled against an older header gets no table.
+   */
+  float muon_custom_coefficients[48];
 } muon_config_t;
 
 /**
@@ -1495,8 +1564,9 @@ muon_status_t muon_optimizer_synchronize(struct muon_optimizer_t *opt);
  * @param[in]  in   rows×cols row-major f32 input (host).
  * @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
  * @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
- * @param[in]  coefficient_set MUON_COEFFICIENTS_*; @p steps 1..=100;
- *             @p precision MUON_NS_PRECISION_*.
+ * @param[in]  coefficient_set MUON_COEFFICIENTS_* but _CUSTOM (whose table only
+ *             muon_newton_schulz_host_config() takes); @p steps 1..=100 (5 with
+ *             _CUBIC5 and _POLAR_EXPRESS_5); @p precision MUON_NS_PRECISION_*.
  */
 MUON_API
 MUON_NODISCARD
@@ -1633,8 +1703,8 @@ muon_status_t muon_optimizer_set_norm_group(struct muon_optimizer_t *opt,
  * of the shards. Every TP rank registers the same shard names, shapes and order, so each
  * matrix's shards have owners at one data-parallel index, and in these two modes uses the same
  * Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps,
- * muon_coefficient_set, muon_ns_eps), so the shards of a matrix are orthogonalized alike
- * (finalize checks both over the group: MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
+ * muon_coefficient_set, muon_custom_coefficients, muon_ns_eps), so the shards of a matrix are
+ * orthogonalized alike (finalize checks both over the group: MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
  * ranks too, so the shards are clipped and skipped alike. On the cuda backend the gather is
  * an NCCL all-gather on this communicator, on the optimizer's comm stream between event
  * waits, inside the owner's update (no host synchronization). In any muon_tp_mode, a group of
@@ -1859,4 +1929,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, 0, MUON_PARAM_SHARDING_REPLICATED, 1, 1 }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, 0, MUON_PARAM_SHARDING_REPLICATED, 1, 1, 0, 0, { 0 } }

@@ -102,6 +102,27 @@ inline muon_network_t network(double hop_latency_us, double bus_bandwidth_gbps) 
     return n;
 }
 
+/// Sets @p cfg's Newton–Schulz coefficients to the caller's table: muon_coefficient_set
+/// MUON_COEFFICIENTS_CUSTOM, muon_custom_coefficient_steps the number of (a, b, c) triples and
+/// muon_custom_coefficients the triples. Throws muon::Error (MUON_STATUS_OUT_OF_RANGE) for an
+/// empty table or one of more than MUON_MAX_CUSTOM_COEFFICIENTS triples; the library checks
+/// the values (finite) when it reads the config.
+inline void set_custom_coefficients(muon_config_t &cfg, std::initializer_list<std::array<float, 3>> table) {
+    if (table.size() == 0 || table.size() > MUON_MAX_CUSTOM_COEFFICIENTS) {
+        throw Error(MUON_STATUS_OUT_OF_RANGE,
+                    "muon_custom_coefficient_steps: " + std::to_string(table.size()) + " triples is outside 1..=" +
+                        std::to_string(MUON_MAX_CUSTOM_COEFFICIENTS));
+    }
+    cfg.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM;
+    cfg.muon_custom_coefficient_steps = static_cast<uint32_t>(table.size());
+    size_t i = 0;
+    for (const auto &triple : table) {
+        for (float value : triple) {
+            cfg.muon_custom_coefficients[i++] = value;
+        }
+    }
+}
+
 /// Throws muon::Error naming the first invalid field or combination of @p cfg.
 inline void validate(const muon_config_t &cfg) { check(muon_config_validate(&cfg)); }
 

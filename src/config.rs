@@ -120,7 +120,81 @@ coded_enum! {
         /// The five quintic triples cycled (step k uses triple k mod 5), Megatron-LM's and
         /// Emerging-Optimizers' schedule beyond five steps.
         QuinticCyclic = 3 => "quintic_cyclic",
+        /// Emerging-Optimizers' `cans` (CANS, Chebyshev-type polynomials), the last of its
+        /// five triples repeated.
+        Cans = 4 => "cans",
+        /// Emerging-Optimizers' `aol`: four triples, cycled.
+        Aol = 5 => "aol",
+        /// Emerging-Optimizers' `cubic5`: five cubic steps (`c = 0`); exactly 5 steps.
+        Cubic5 = 6 => "cubic5",
+        /// Emerging-Optimizers' `deepseekv4`: the `simple` triple for 8 steps, then
+        /// (2, −1.5, 0.5), repeated.
+        DeepseekV4 = 7 => "deepseekv4",
+        /// The five-step Polar Express of microsoft/dion and modded-nanogpt (safety factor
+        /// 1.02); exactly 5 steps.
+        PolarExpress5 = 8 => "polar_express_5",
+        /// The caller's table (`muon_custom_coefficients`), cycled past its end.
+        Custom = 9 => "custom",
     }
+}
+
+impl CoefficientSet {
+    /// The step count a fixed schedule must run: `cubic5` (Emerging-Optimizers'
+    /// `newton_schulz` refuses any other) and `polar_express_5` (dion runs its five triples).
+    pub fn fixed_steps(self) -> Option<u32> {
+        match self {
+            CoefficientSet::Cubic5 | CoefficientSet::PolarExpress5 => Some(5),
+            _ => None,
+        }
+    }
+}
+
+/// Upper bound on the triples of a `custom` coefficient table (`muon_custom_coefficients`);
+/// the longest published set, `deepseekv4`, has 10.
+pub const MAX_CUSTOM_NS_COEFFICIENTS: usize = 16;
+
+/// Checks a coefficient set with the step count and the caller's table it runs with; errors
+/// name `set_field`, `steps_field` or `table_field` and the rule.
+pub fn check_coefficients(
+    (set_field, set): (&str, CoefficientSet),
+    (steps_field, steps): (&str, u32),
+    (table_field, table): (&str, &[[f32; 3]]),
+) -> Result<()> {
+    if let Some(fixed) = set.fixed_steps()
+        && steps != fixed
+    {
+        bail!(
+            IncompatibleOptions,
+            "{steps_field}: {steps} steps with {set_field} {}, a fixed {fixed}-step schedule; use {fixed} steps or a custom table",
+            set.name()
+        );
+    }
+    if set != CoefficientSet::Custom {
+        if !table.is_empty() {
+            bail!(
+                IncompatibleOptions,
+                "{table_field}: a table of {} triples is given but {set_field} is {}; set {set_field} to custom or give no table",
+                table.len(),
+                set.name()
+            );
+        }
+        return Ok(());
+    }
+    if table.is_empty() || table.len() > MAX_CUSTOM_NS_COEFFICIENTS {
+        bail!(
+            OutOfRange,
+            "{table_field}: {} triples is outside 1..={MAX_CUSTOM_NS_COEFFICIENTS} ({set_field} custom needs a table)",
+            table.len()
+        );
+    }
+    for (step, triple) in table.iter().enumerate() {
+        for (value, name) in triple.iter().zip(["a", "b", "c"]) {
+            if !value.is_finite() {
+                bail!(OutOfRange, "{table_field}[{step}].{name}: {value} is not finite");
+            }
+        }
+    }
+    Ok(())
 }
 
 coded_enum! {
@@ -294,6 +368,9 @@ pub struct Config {
     pub muon_momentum: f32,
     pub muon_nesterov: bool,
     pub muon_coefficient_set: CoefficientSet,
+    /// The caller's `(a, b, c)` table of the `custom` set, one triple per step (cycled);
+    /// empty with every other set.
+    pub muon_custom_coefficients: Vec<[f32; 3]>,
     pub muon_num_ns_steps: u32,
     pub muon_ns_precision: NsPrecision,
     pub muon_ns_method: NsMethod,
@@ -364,6 +441,7 @@ impl Default for Config {
             muon_momentum: 0.95,
             muon_nesterov: false,
             muon_coefficient_set: CoefficientSet::Quintic,
+            muon_custom_coefficients: Vec::new(),
             muon_num_ns_steps: 5,
             muon_ns_precision: NsPrecision::Bf16,
             muon_ns_method: NsMethod::Standard,
@@ -438,6 +516,11 @@ impl Config {
                 self.muon_num_ns_steps
             );
         }
+        check_coefficients(
+            ("muon_coefficient_set", self.muon_coefficient_set),
+            ("muon_num_ns_steps", self.muon_num_ns_steps),
+            ("muon_custom_coefficients", &self.muon_custom_coefficients),
+        )?;
         if !(self.clip_grad.is_finite() && self.clip_grad >= 0.0) {
             bail!(
                 OutOfRange,

@@ -43,8 +43,13 @@ impl ParamFlags {
     /// Weight decay for a parameter the config's `weight_decay_rule` exempts (a 1-D param or
     /// a `*.bias` under Megatron's rule); not with `NO_WEIGHT_DECAY`.
     pub const WEIGHT_DECAY: u32 = 1 << 10;
+    /// A `TP_SHARD_ROWS` shard whose split components are whole components of the unsharded
+    /// param (per-head Muon where TP holds whole heads: `split_sizes` one entry per head of
+    /// this rank, Megatron-LM's `--muon-split-qkv-per-head` of its PR #6326): each component is
+    /// orthogonalized alone on its rank in every TP mode, as the unsharded param's is.
+    pub const TP_WHOLE_COMPONENTS: u32 = 1 << 11;
     /// Every defined bit.
-    pub const ALL: u32 = (1 << 11) - 1;
+    pub const ALL: u32 = (1 << 12) - 1;
 
     pub fn has(self, bit: u32) -> bool {
         self.0 & bit != 0
@@ -271,6 +276,14 @@ impl ParamSpec {
     }
 
     /// The dimension a tensor-parallel shard is split along, from its flags.
+    /// The dimension along which the TP ranks' shards of this Muon matrix are orthogonalized
+    /// together in the duplicated and distributed modes: [`ParamSpec::tp_shard`], but none for
+    /// a shard of whole components (`TP_WHOLE_COMPONENTS`), each orthogonalized on its rank.
+    pub fn tp_joined(&self) -> Option<TpDim> {
+        self.tp_shard()
+            .filter(|_| !self.flags.has(ParamFlags::TP_WHOLE_COMPONENTS))
+    }
+
     pub fn tp_shard(&self) -> Option<TpDim> {
         if self.flags.has(ParamFlags::TP_SHARD_ROWS) {
             Some(TpDim::Rows)
@@ -296,6 +309,19 @@ impl ParamSpec {
             bail!(
                 InvalidParam,
                 "param '{}': TP_WHOLE_GROUPS describes a TP_SHARD_ROWS shard of a per-group split; it needs TP_SHARD_ROWS and split_sizes, and no EXPERT_STACK",
+                self.name
+            );
+        }
+        if self.flags.has(ParamFlags::TP_WHOLE_COMPONENTS)
+            && (!self.flags.has(ParamFlags::TP_SHARD_ROWS)
+                || self.split_sizes.is_empty()
+                || self.split_groups > 1
+                || self.flags.has(ParamFlags::TP_WHOLE_GROUPS)
+                || self.is_expert_stack())
+        {
+            bail!(
+                InvalidParam,
+                "param '{}': TP_WHOLE_COMPONENTS describes a TP_SHARD_ROWS shard holding whole components (heads); it needs TP_SHARD_ROWS and split_sizes, and no split groups, TP_WHOLE_GROUPS or EXPERT_STACK",
                 self.name
             );
         }
@@ -705,6 +731,37 @@ mod tests {
             (
                 flagged("g", &[4, 4], ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_GROUPS),
                 "TP_WHOLE_GROUPS describes",
+            ),
+            (
+                flagged(
+                    "h",
+                    &[4, 4],
+                    ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_COMPONENTS,
+                ),
+                "TP_WHOLE_COMPONENTS describes",
+            ),
+            (
+                ParamSpec {
+                    split_sizes: vec![2, 2],
+                    ..flagged(
+                        "c",
+                        &[4, 4],
+                        ParamFlags::TP_SHARD_COLS | ParamFlags::TP_WHOLE_COMPONENTS,
+                    )
+                },
+                "TP_WHOLE_COMPONENTS describes",
+            ),
+            (
+                ParamSpec {
+                    split_sizes: vec![1, 1],
+                    split_groups: 2,
+                    ..flagged(
+                        "q",
+                        &[4, 4],
+                        ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_COMPONENTS,
+                    )
+                },
+                "TP_WHOLE_COMPONENTS describes",
             ),
         ];
         for (spec, needle) in cases {

@@ -433,6 +433,10 @@ impl Optimizer {
                 Setting::new("muon_ns_precision", cfg.muon_ns_precision.name()),
                 Setting::new("muon_num_ns_steps", cfg.muon_num_ns_steps),
                 Setting::new("muon_coefficient_set", cfg.muon_coefficient_set.name()),
+                Setting::new(
+                    "muon_custom_coefficients",
+                    format!("{:?}", cfg.muon_custom_coefficients),
+                ),
                 Setting::new("muon_ns_eps", cfg.muon_ns_eps),
             ]);
             for (k, (p, spec)) in self.tp_shards().enumerate() {
@@ -458,7 +462,7 @@ impl Optimizer {
         agreement::verify_settings(
             &settings,
             ("TP", tp_rank),
-            "every TP rank must use the same muon_tp_mode and muon_variant (with NorMuon the same adaptive_muon_beta2 and adaptive_muon_eps), the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
+            "every TP rank must use the same muon_tp_mode and muon_variant (with NorMuon the same adaptive_muon_beta2 and adaptive_muon_eps), the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_custom_coefficients, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
             exchange,
         )?;
         if mode != TpMode::Blockwise {

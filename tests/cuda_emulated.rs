@@ -404,6 +404,45 @@ fn emulated_gram_newton_schulz_matches_the_host_backend_bitwise() {
     }
 }
 
+/// Every coefficient set, the caller's table among them, takes the same `(a, b, c)` in the
+/// translated kernels as on the host: bit for bit, with the fixed schedules at their 5 steps
+/// and the others past the end of their tables (cycled or the last repeated).
+#[test]
+fn emulated_coefficient_sets_match_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    use muon_opt::config::CoefficientSet;
+    // A wide matrix (order 32: two tiles a side) and a tall fused one: the coefficients enter
+    // the same kernels whatever the shape, so two matrices cover them and keep six runs short.
+    let mut tall = ParamSpec::new("fused.tall.weight", &[48, 16], Dtype::Bf16);
+    tall.split_sizes = vec![32, 16];
+    let specs = vec![ParamSpec::new("wide.weight", &[32, 48], Dtype::Bf16), tall];
+    for (coefficients, steps, table) in [
+        (CoefficientSet::Cans, 6, vec![]),
+        (CoefficientSet::Aol, 6, vec![]),
+        (CoefficientSet::Cubic5, 5, vec![]),
+        (CoefficientSet::DeepseekV4, 11, vec![]),
+        (CoefficientSet::PolarExpress5, 5, vec![]),
+        (
+            CoefficientSet::Custom,
+            7,
+            vec![[3.5, -4.5, 2.0], [3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
+        ),
+    ] {
+        let cfg = Config {
+            bucket_size: 4096,
+            muon_ns_symmetric_tile: SMALL_TILE,
+            host_comm_mode: CommMode::Eager,
+            muon_coefficient_set: coefficients,
+            muon_custom_coefficients: table,
+            muon_num_ns_steps: steps,
+            ..Config::default()
+        };
+        compare_runs(&format!("{} NS, {steps} steps", coefficients.name()), &cfg, &specs);
+    }
+}
+
 /// The element-wise ops the dp=1 runs do not reach (scale, casts in every direction, bf16
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]
@@ -533,8 +572,8 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
 /// their collectives over a host group) against the host backend's TP 2 run, bit for bit after
 /// every step: column-parallel and row-parallel matrices whose whole result is stored plain or
 /// transposed (both for each split dimension), a square shard, an expert stack split per
-/// expert (expert tensor parallelism), and Megatron's QKV split per query group (two groups per
-/// shard). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
+/// expert (expert tensor parallelism), Megatron's QKV split per query group (two groups per
+/// shard) and a per-head split holding whole heads (`TP_WHOLE_COMPONENTS`). `duplicated` in f32 and bf16 Newton–Schulz — the gather,
 /// the 2-D assembly of column blocks, the chunk of a transposed result read with its row
 /// stride, the whole-shape scale; `distributed` in f32 and bf16_iterate — the forced
 /// orientation and the all-reduced norm and Gram matrices; the Gram iteration in both modes
@@ -555,8 +594,16 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
     let mut qkv = shard("attn.qkv.weight", &[32, 16], ParamFlags::TP_SHARD_ROWS);
     qkv.split_sizes = vec![8, 4, 4];
     qkv.split_groups = 2;
+    // Per-head Muon, two whole heads per TP rank: each orthogonalized alone on its rank.
+    let mut heads = shard(
+        "attn.q_heads.weight",
+        &[16, 24],
+        ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_COMPONENTS,
+    );
+    heads.split_sizes = vec![8, 8];
     let specs = vec![
         qkv,
+        heads,
         shard("mlp.fc1.weight", &[32, 24], ParamFlags::TP_SHARD_ROWS),
         shard("mlp.fc2.weight", &[24, 16], ParamFlags::TP_SHARD_COLS),
         shard("attn.proj.weight", &[16, 16], ParamFlags::TP_SHARD_COLS),

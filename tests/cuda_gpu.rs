@@ -364,6 +364,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                 nesterov: false,
                 ns: NsOptions {
                     coefficients,
+                    custom: muon_opt::numerics::newton_schulz::CustomCoefficients::NONE,
                     steps: case["steps"].as_u64().unwrap() as u32,
                     precision,
                     eps: muon_opt::config::DEFAULT_NS_EPS,

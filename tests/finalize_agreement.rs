@@ -110,6 +110,18 @@ fn a_differing_numerics_setting_is_named() {
         ..normuon.clone()
     };
     assert_mismatch(&finalize([normuon, other], None, false), &["'adaptive_muon_beta2'"]);
+    // Two custom tables differing in one value orthogonalize one matrix two ways.
+    let custom = Config {
+        muon_coefficient_set: muon_opt::config::CoefficientSet::Custom,
+        muon_custom_coefficients: vec![[3.0, -3.2, 1.2], [2.0, -1.5, 0.5]],
+        ..Config::default()
+    };
+    let mut other = custom.clone();
+    other.muon_custom_coefficients[1][0] = 2.5;
+    assert_mismatch(
+        &finalize([custom, other], None, false),
+        &["config field 'muon_custom_coefficients'"],
+    );
 }
 
 /// The declared network is part of the agreement: a rank that declares other figures, or none

@@ -44,6 +44,7 @@ fn peer_cases() -> Vec<PeerCase> {
                 opts: NsOptions {
                     coefficients: CoefficientSet::from_name("coefficients", c["coefficients"].as_str().unwrap())
                         .unwrap(),
+                    custom: muon_opt::numerics::newton_schulz::CustomCoefficients::NONE,
                     steps: c["steps"].as_u64().unwrap() as u32,
                     precision: NsPrecision::F32,
                     eps: DEFAULT_NS_EPS,

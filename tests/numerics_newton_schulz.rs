@@ -6,8 +6,8 @@ mod support;
 use muon_opt::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_TILE, NsMethod, NsPrecision};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::newton_schulz::{
-    GRAM_MIN_ASPECT, NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched, newton_schulz_gram,
-    newton_schulz_gram_always, newton_schulz_in_place, newton_schulz_split, ns_coefficients,
+    CustomCoefficients, GRAM_MIN_ASPECT, NsOptions, NsWorkspace, newton_schulz, newton_schulz_batched,
+    newton_schulz_gram, newton_schulz_gram_always, newton_schulz_in_place, newton_schulz_split, ns_coefficients,
 };
 use support::golden::{NS_BF16_BOUND, read, read_f32, read_f64};
 use support::numerics::{max_abs_diff, ns_reference_f64, ns_reference_f64_eps, singular_values, to_f64, transpose};
@@ -51,6 +51,7 @@ fn golden_cases() -> Vec<GoldenCase> {
 fn opts(set: CoefficientSet, steps: u32, precision: NsPrecision) -> NsOptions {
     NsOptions {
         coefficients: set,
+        custom: CustomCoefficients::NONE,
         steps,
         precision,
         eps: DEFAULT_NS_EPS,
@@ -132,7 +133,7 @@ fn golden_bf16_close_to_f64_truth() {
 /// `σ ↦ p_T(…p_1(σ))`, `p_t(x) = a x + b x³ + c x⁵`, in f64.
 fn scalar_composition(set: CoefficientSet, steps: usize, mut x: f64) -> f64 {
     for t in 0..steps {
-        let [a, b, c] = ns_coefficients(set, t).map(f64::from);
+        let [a, b, c] = ns_coefficients(set, &[], t).map(f64::from);
         x = a * x + b * x.powi(3) + c * x.powi(5);
     }
     x
@@ -208,7 +209,13 @@ fn bf16_close_to_f32() {
     let mut rng = Rng::new(9);
     for (rows, cols) in [(64, 128), (100, 36)] {
         let input = rng.normal_vec(rows * cols, 0.01);
-        for set in CoefficientSet::ALL.iter().copied() {
+        // The original four sets; tests/ns_coefficient_sets.rs bounds the later ones.
+        for set in [
+            CoefficientSet::Quintic,
+            CoefficientSet::Simple,
+            CoefficientSet::PolarExpress,
+            CoefficientSet::QuinticCyclic,
+        ] {
             let f = run(&input, rows, cols, &opts(set, 5, NsPrecision::F32));
             let b = run(&input, rows, cols, &opts(set, 5, NsPrecision::Bf16));
             let num: f64 = f.iter().zip(&b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
@@ -308,22 +315,22 @@ fn coefficient_schedules() {
     // Quintic: five distinct triples, then the fifth repeats.
     for t in 0..4 {
         assert_ne!(
-            ns_coefficients(CoefficientSet::Quintic, t),
-            ns_coefficients(CoefficientSet::Quintic, t + 1)
+            ns_coefficients(CoefficientSet::Quintic, &[], t),
+            ns_coefficients(CoefficientSet::Quintic, &[], t + 1)
         );
     }
     for t in 5..12 {
         assert_eq!(
-            ns_coefficients(CoefficientSet::Quintic, t),
-            ns_coefficients(CoefficientSet::Quintic, 4)
+            ns_coefficients(CoefficientSet::Quintic, &[], t),
+            ns_coefficients(CoefficientSet::Quintic, &[], 4)
         );
     }
     // Quintic cyclic (Megatron-LM, Emerging-Optimizers): step t uses triple t mod 5, so ten
     // steps are the five-step polynomial applied twice, and up to five steps it is Quintic.
     for t in 0..12 {
         assert_eq!(
-            ns_coefficients(CoefficientSet::QuinticCyclic, t),
-            ns_coefficients(CoefficientSet::Quintic, t % 5)
+            ns_coefficients(CoefficientSet::QuinticCyclic, &[], t),
+            ns_coefficients(CoefficientSet::Quintic, &[], t % 5)
         );
     }
     for x in [1e-3, 0.1, 0.5, 0.9, 1.0] {
@@ -338,17 +345,17 @@ fn coefficient_schedules() {
     // Simple: one triple.
     for t in 1..12 {
         assert_eq!(
-            ns_coefficients(CoefficientSet::Simple, t),
-            ns_coefficients(CoefficientSet::Simple, 0)
+            ns_coefficients(CoefficientSet::Simple, &[], t),
+            ns_coefficients(CoefficientSet::Simple, &[], 0)
         );
     }
     // Polar Express: the last listed polynomial (eighth, no safety factor) has a fixed point
     // at 1 with zero slope, p(1) = a + b + c = 1, p'(1) = a + 3b + 5c = 0, and repeats.
-    let [a, b, c] = ns_coefficients(CoefficientSet::PolarExpress, 7);
+    let [a, b, c] = ns_coefficients(CoefficientSet::PolarExpress, &[], 7);
     assert_eq!(a + b + c, 1.0);
     assert_eq!(a + 3.0 * b + 5.0 * c, 0.0);
     for t in 8..20 {
-        assert_eq!(ns_coefficients(CoefficientSet::PolarExpress, t), [a, b, c]);
+        assert_eq!(ns_coefficients(CoefficientSet::PolarExpress, &[], t), [a, b, c]);
     }
     // The eight Polar Express steps, safety factor included, take every singular value in
     // [1e-3, 1] (the design interval) to 1.
@@ -481,7 +488,7 @@ fn bf16_iterate_reference(u: &[f32], rows: usize, cols: usize, steps: usize) -> 
     let norm = (u.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt() as f32).max(1e-7);
     let mut x: Vec<f64> = u.iter().map(|&v| bf16(f64::from(v / norm))).collect();
     for t in 0..steps {
-        let [a, b, c] = ns_coefficients(CoefficientSet::QuinticCyclic, t).map(f64::from);
+        let [a, b, c] = ns_coefficients(CoefficientSet::QuinticCyclic, &[], t).map(f64::from);
         let xt = transpose(&x, m, n);
         let gram: Vec<f64> = support::numerics::matmul(&x, &xt, m, n, m)
             .into_iter()

@@ -97,6 +97,7 @@ fn gram_stays_as_close_to_the_polar_factor_as_the_standard_iteration() {
                 for precision in [NsPrecision::F32, NsPrecision::Bf16] {
                     let opts = NsOptions {
                         coefficients: set,
+                        custom: muon_opt::numerics::newton_schulz::CustomCoefficients::NONE,
                         steps,
                         precision,
                         eps: DEFAULT_NS_EPS,

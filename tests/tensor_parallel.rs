@@ -7,7 +7,9 @@
 //! every shard registered as a matrix of its own. Column-parallel (rows) and row-parallel
 //! (columns) shards, a fused gate|up split per shard and Megatron's QKV split per query group
 //! (TP shards whole groups) are covered, with the standard and the Gram Newton–Schulz
-//! (`muon_ns_method`).
+//! (`muon_ns_method`). A per-head split whose shards hold whole heads (`TP_WHOLE_COMPONENTS`)
+//! orthogonalizes each head alone on its rank in every mode: bit for bit the unsharded
+//! per-head model in all three.
 
 mod support;
 
@@ -38,9 +40,12 @@ struct Logical {
     /// the pattern of one query group (Megatron's QKV: TP shards whole groups).
     splits: &'static [usize],
     groups: usize,
+    /// The components are heads and TP holds whole ones (`TP_WHOLE_COMPONENTS`): shard t is
+    /// rows `t·rows/TP ..`, its split the heads it holds.
+    whole_heads: bool,
 }
 
-const MODEL: [Logical; 8] = [
+const MODEL: [Logical; 9] = [
     Logical {
         name: "attn.qkv.weight",
         rows: 64,
@@ -48,6 +53,7 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Rows),
         splits: &[16, 8, 8],
         groups: 2,
+        whole_heads: false,
     },
     Logical {
         name: "mlp.gate_up.weight",
@@ -56,6 +62,7 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Rows),
         splits: &[32, 32],
         groups: 1,
+        whole_heads: false,
     },
     Logical {
         name: "attn.proj.weight",
@@ -64,6 +71,7 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Cols),
         splits: &[],
         groups: 1,
+        whole_heads: false,
     },
     Logical {
         name: "mlp.fc1.weight",
@@ -72,6 +80,7 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Rows),
         splits: &[],
         groups: 1,
+        whole_heads: false,
     },
     Logical {
         name: "mlp.fc2.weight",
@@ -80,6 +89,7 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Cols),
         splits: &[],
         groups: 1,
+        whole_heads: false,
     },
     Logical {
         name: "mlp.wide_in.weight",
@@ -88,6 +98,7 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Rows),
         splits: &[],
         groups: 1,
+        whole_heads: false,
     },
     Logical {
         name: "mlp.wide_out.weight",
@@ -96,6 +107,16 @@ const MODEL: [Logical; 8] = [
         tp: Some(TpDim::Cols),
         splits: &[],
         groups: 1,
+        whole_heads: false,
+    },
+    Logical {
+        name: "attn.q_heads.weight",
+        rows: 32,
+        cols: 24,
+        tp: Some(TpDim::Rows),
+        splits: &[8, 8, 8, 8],
+        groups: 1,
+        whole_heads: true,
     },
     Logical {
         name: "norm.weight",
@@ -104,6 +125,7 @@ const MODEL: [Logical; 8] = [
         tp: None,
         splits: &[],
         groups: 1,
+        whole_heads: false,
     },
 ];
 
@@ -127,6 +149,11 @@ impl Logical {
                     .flat_map(|r| (0..c).map(move |j| r * self.cols + t * c + j))
                     .collect();
                 (self.rows, c, Vec::new(), map)
+            }
+            Some(TpDim::Rows) if self.whole_heads => {
+                let (rows, heads) = (self.rows / TP, self.splits.len() / TP);
+                let map = (t * rows * self.cols..(t + 1) * rows * self.cols).collect();
+                (rows, self.cols, self.splits[t * heads..(t + 1) * heads].to_vec(), map)
             }
             Some(TpDim::Rows) if self.groups > 1 => {
                 let rows = self.rows / TP;
@@ -236,6 +263,7 @@ fn sharded_params(t: usize) -> Params {
         .map(|l| {
             let (rows, cols, split, map) = l.shard(t);
             let flags = match l.tp {
+                Some(TpDim::Rows) if l.whole_heads => ParamFlags::TP_SHARD_ROWS | ParamFlags::TP_WHOLE_COMPONENTS,
                 Some(TpDim::Rows) => ParamFlags::TP_SHARD_ROWS,
                 Some(TpDim::Cols) => ParamFlags::TP_SHARD_COLS,
                 None if t > 0 => ParamFlags::NORM_REPLICA,
@@ -359,7 +387,9 @@ fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
     assert_same_model(&blockwise, &reference_run(true, NsMethod::Standard));
     let unsharded = reference_run(false, NsMethod::Standard);
     for (l, (b, u)) in MODEL.iter().zip(blockwise.iter().zip(&unsharded)) {
-        if l.tp.is_some() {
+        if l.whole_heads {
+            assert_eq!(bits(b), bits(u), "{}: each head is orthogonalized alone", l.name);
+        } else if l.tp.is_some() {
             assert_ne!(
                 bits(b),
                 bits(u),
@@ -394,8 +424,13 @@ fn distributed_shards_train_like_the_unsharded_model_up_to_rounding() {
     let distributed = tp_run(TpMode::Distributed, NsMethod::Standard);
     let blockwise = tp_run(TpMode::Blockwise, NsMethod::Standard);
     for (l, ((d, u), b)) in MODEL.iter().zip(distributed.iter().zip(&unsharded).zip(&blockwise)) {
-        if l.tp.is_none() {
-            assert_eq!(bits(d), bits(u), "{}: element-wise params are bitwise", l.name);
+        if l.tp.is_none() || l.whole_heads {
+            assert_eq!(
+                bits(d),
+                bits(u),
+                "{}: element-wise params and heads are bitwise",
+                l.name
+            );
             continue;
         }
         let moved = max_abs_diff(u, &initial(l));
@@ -444,7 +479,8 @@ fn distributed_shards_with_gram_train_like_the_unsharded_gram_model_up_to_roundi
     let gram = tp_run(TpMode::Distributed, NsMethod::Gram);
     let standard = tp_run(TpMode::Distributed, NsMethod::Standard);
     for (l, ((g, s), u)) in MODEL.iter().zip(gram.iter().zip(&standard).zip(&unsharded)) {
-        let wide_shards = l.name.starts_with("mlp.wide");
+        // The heads (8 × 24 each) are wide on their rank too.
+        let wide_shards = l.name.starts_with("mlp.wide") || l.whole_heads;
         assert_eq!(bits(g) != bits(s), wide_shards, "{}", l.name);
         if l.tp.is_none() {
             assert_eq!(bits(g), bits(u), "{}: element-wise params are bitwise", l.name);

@@ -4,8 +4,8 @@ use crate::capi::boundary::{non_null, run, run_or};
 use crate::capi::status::muon_status_t;
 use crate::capi::version::MUON_VERSION_CODE;
 use crate::config::{
-    CoefficientSet, CommMode, Config, Dtype, MuonLayout, MuonOwnership, MuonVariant, Network, NsMethod, NsPrecision,
-    ParamSharding, ScaleMode, TpMode, WeightDecayRule,
+    CoefficientSet, CommMode, Config, Dtype, MAX_CUSTOM_NS_COEFFICIENTS, MuonLayout, MuonOwnership, MuonVariant,
+    Network, NsMethod, NsPrecision, ParamSharding, ScaleMode, TpMode, WeightDecayRule,
 };
 use crate::error::{Error, ErrorKind, Result};
 
@@ -89,7 +89,11 @@ pub struct muon_config_t {
     pub muon_momentum: f32,
     /// 1 = Nesterov momentum; default 0.
     pub muon_nesterov: u32,
-    /// MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE, _POLAR_EXPRESS or _QUINTIC_CYCLIC.
+    /// MUON_COEFFICIENTS_QUINTIC (default), _SIMPLE, _POLAR_EXPRESS, _QUINTIC_CYCLIC,
+    /// Emerging-Optimizers' _CANS, _AOL, _CUBIC5 and _DEEPSEEK_V4, dion's and modded-nanogpt's
+    /// _POLAR_EXPRESS_5, or _CUSTOM (the table muon_custom_coefficients). _CUBIC5 and
+    /// _POLAR_EXPRESS_5 are 5-step schedules: other muon_num_ns_steps are refused
+    /// (MUON_STATUS_INCOMPATIBLE_OPTIONS). docs/newton-schulz.md lists the sets.
     pub muon_coefficient_set: u32,
     /// Newton–Schulz steps, 1..=100; default 5.
     pub muon_num_ns_steps: u32,
@@ -249,6 +253,18 @@ pub struct muon_config_t {
     /// working set holds at most this many plus one buckets. Read only with
     /// MUON_PARAM_SHARDING_SHARDED.
     pub param_prefetch_buckets: u32,
+    /// Padding that ended the 224-byte layout (after param_prefetch_buckets), named so the
+    /// next field makes a layout of another size: ignored, written as 0.
+    pub reserved5: u32,
+    /// With MUON_COEFFICIENTS_CUSTOM: the number of (a, b, c) triples of
+    /// muon_custom_coefficients, 1..=MUON_MAX_CUSTOM_COEFFICIENTS; otherwise 0 (default). Part
+    /// of the plan hash and of a checkpoint's record, as the set is.
+    pub muon_custom_coefficient_steps: u32,
+    /// With MUON_COEFFICIENTS_CUSTOM: triple k (a, b, c) of Newton–Schulz step k at
+    /// [3k], [3k + 1], [3k + 2], every value finite; step k of a run uses triple
+    /// k mod muon_custom_coefficient_steps (Emerging-Optimizers cycles a custom set). Entries
+    /// past the count are ignored. A caller compiled against an older header gets no table.
+    pub muon_custom_coefficients: [f32; 48],
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -272,8 +288,10 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// ends on the struct's alignment, and `muon_variant`, `adaptive_muon_beta2` and
 /// `adaptive_muon_eps` follow it: 208; after a `reserved4` filling that layout's tail padding,
 /// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets` end at 220, rounded
-/// up to 224.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 10] = [
+/// up to 224; after a `reserved5` filling that layout's tail padding,
+/// `muon_custom_coefficient_steps` and the 48 floats of `muon_custom_coefficients` end at 420,
+/// rounded up to 424.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 11] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
@@ -284,6 +302,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 10] = [
     ("expert_network", 192),
     ("adaptive_muon_eps", 208),
     ("param_prefetch_buckets", 224),
+    ("muon_custom_coefficients", 424),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -295,6 +314,18 @@ pub(crate) fn released_config_sizes() -> Vec<usize> {
     let mut sizes: Vec<usize> = RELEASED_CONFIG_LAYOUTS.iter().map(|&(_, size)| size).collect();
     sizes.dedup();
     sizes
+}
+
+// `muon_custom_coefficients` holds the longest custom table, three floats a triple.
+const _: () = assert!(48 == 3 * MAX_CUSTOM_NS_COEFFICIENTS);
+
+/// The C array of a custom table (zeros past its end; validation keeps it within the array).
+fn custom_coefficients_c(table: &[[f32; 3]]) -> [f32; 48] {
+    let mut out = [0.0; 48];
+    for (slot, value) in out.iter_mut().zip(table.iter().flatten()) {
+        *slot = *value;
+    }
+    out
 }
 
 fn flag(field: &str, value: u32) -> Result<bool> {
@@ -353,6 +384,9 @@ impl muon_config_t {
             param_sharding: cfg.param_sharding.code(),
             reshard_after_forward: cfg.reshard_after_forward as u32,
             param_prefetch_buckets: cfg.param_prefetch_buckets,
+            reserved5: 0,
+            muon_custom_coefficient_steps: cfg.muon_custom_coefficients.len() as u32,
+            muon_custom_coefficients: custom_coefficients_c(&cfg.muon_custom_coefficients),
         }
     }
 
@@ -371,6 +405,22 @@ impl muon_config_t {
             cfg.muon_tp_mode = TpMode::Blockwise;
         }
         muon_config_t::from_config(&cfg)
+    }
+
+    /// The custom table's triples: the first `muon_custom_coefficient_steps` of the array
+    /// (checked against its bound here; the values by [`Config::validate`]).
+    fn custom_coefficients(&self) -> Result<Vec<[f32; 3]>> {
+        let steps = self.muon_custom_coefficient_steps as usize;
+        if steps > MAX_CUSTOM_NS_COEFFICIENTS {
+            crate::bail!(
+                OutOfRange,
+                "muon_custom_coefficient_steps: {steps} is outside 0..={MAX_CUSTOM_NS_COEFFICIENTS}"
+            );
+        }
+        Ok(self.muon_custom_coefficients[..3 * steps]
+            .chunks_exact(3)
+            .map(|t| [t[0], t[1], t[2]])
+            .collect())
     }
 
     /// Decodes and validates every field.
@@ -411,6 +461,7 @@ impl muon_config_t {
             param_sharding: ParamSharding::from_code("param_sharding", self.param_sharding)?,
             reshard_after_forward: flag("reshard_after_forward", self.reshard_after_forward)?,
             param_prefetch_buckets: self.param_prefetch_buckets,
+            muon_custom_coefficients: self.custom_coefficients()?,
             ..Config::default()
         };
         cfg.validate()?;

@@ -25,6 +25,20 @@ pub const MUON_COEFFICIENTS_SIMPLE: u32 = 1;
 pub const MUON_COEFFICIENTS_POLAR_EXPRESS: u32 = 2;
 /// The five quintic triples cycled past the fifth step (Megatron-LM's schedule).
 pub const MUON_COEFFICIENTS_QUINTIC_CYCLIC: u32 = 3;
+/// Emerging-Optimizers' `cans` (CANS): five triples, the last repeated.
+pub const MUON_COEFFICIENTS_CANS: u32 = 4;
+/// Emerging-Optimizers' `aol`: four triples, cycled.
+pub const MUON_COEFFICIENTS_AOL: u32 = 5;
+/// Emerging-Optimizers' `cubic5`: five cubic steps; muon_num_ns_steps must be 5.
+pub const MUON_COEFFICIENTS_CUBIC5: u32 = 6;
+/// Emerging-Optimizers' `deepseekv4`: the simple triple 8 times, then (2, −1.5, 0.5).
+pub const MUON_COEFFICIENTS_DEEPSEEK_V4: u32 = 7;
+/// The 5-step Polar Express of microsoft/dion and modded-nanogpt; muon_num_ns_steps must be 5.
+pub const MUON_COEFFICIENTS_POLAR_EXPRESS_5: u32 = 8;
+/// The caller's table, muon_config_t.muon_custom_coefficients, cycled.
+pub const MUON_COEFFICIENTS_CUSTOM: u32 = 9;
+/// Most (a, b, c) triples of muon_config_t.muon_custom_coefficients.
+pub const MUON_MAX_CUSTOM_COEFFICIENTS: u32 = 16;
 
 /// bf16 operands, fp32 accumulation (default).
 pub const MUON_NS_PRECISION_BF16: u32 = 0;
@@ -138,6 +152,15 @@ pub const MUON_PARAM_FLAG_TP_WHOLE_GROUPS: u32 = 1 << 9;
 /// Weight decay for a param muon_config_t.weight_decay_rule exempts (a 1-D param or one named
 /// `*.bias` under the Megatron rules); not with MUON_PARAM_FLAG_NO_WEIGHT_DECAY.
 pub const MUON_PARAM_FLAG_WEIGHT_DECAY: u32 = 1 << 10;
+/// A MUON_PARAM_FLAG_TP_SHARD_ROWS shard whose split_sizes components are whole components of
+/// the unsharded param — per-head Muon where TP holds whole heads (split_sizes one entry per
+/// head of this rank; Megatron-LM's `--muon-split-qkv-per-head`, its PR #6326): each component
+/// is orthogonalized alone on its rank in every muon_tp_mode, bit for bit as the unsharded
+/// param's. Checkpoints place the shard as whole rows, as for TP_WHOLE_GROUPS; resharding it
+/// to another TP size is not supported yet.
+/// Needs TP_SHARD_ROWS and split_sizes; not with num_split_groups > 1, TP_WHOLE_GROUPS or an
+/// expert stack.
+pub const MUON_PARAM_FLAG_TP_WHOLE_COMPONENTS: u32 = 1 << 11;
 
 /// muon_step_args_t.overrides: the step's Muon momentum is muon_step_args_t.muon_momentum.
 pub const MUON_STEP_OVERRIDE_MUON_MOMENTUM: u32 = 1 << 0;
@@ -190,6 +213,16 @@ mod tests {
         assert_eq!(CoefficientSet::Simple.code(), MUON_COEFFICIENTS_SIMPLE);
         assert_eq!(CoefficientSet::PolarExpress.code(), MUON_COEFFICIENTS_POLAR_EXPRESS);
         assert_eq!(CoefficientSet::QuinticCyclic.code(), MUON_COEFFICIENTS_QUINTIC_CYCLIC);
+        assert_eq!(CoefficientSet::Cans.code(), MUON_COEFFICIENTS_CANS);
+        assert_eq!(CoefficientSet::Aol.code(), MUON_COEFFICIENTS_AOL);
+        assert_eq!(CoefficientSet::Cubic5.code(), MUON_COEFFICIENTS_CUBIC5);
+        assert_eq!(CoefficientSet::DeepseekV4.code(), MUON_COEFFICIENTS_DEEPSEEK_V4);
+        assert_eq!(CoefficientSet::PolarExpress5.code(), MUON_COEFFICIENTS_POLAR_EXPRESS_5);
+        assert_eq!(CoefficientSet::Custom.code(), MUON_COEFFICIENTS_CUSTOM);
+        assert_eq!(
+            crate::config::MAX_CUSTOM_NS_COEFFICIENTS,
+            MUON_MAX_CUSTOM_COEFFICIENTS as usize
+        );
         assert_eq!(NsPrecision::Bf16.code(), MUON_NS_PRECISION_BF16);
         assert_eq!(NsPrecision::F32.code(), MUON_NS_PRECISION_F32);
         assert_eq!(NsPrecision::Bf16Iterate.code(), MUON_NS_PRECISION_BF16_ITERATE);
@@ -211,6 +244,7 @@ mod tests {
         assert_eq!(ParamFlags::TP_SHARD_ROWS, MUON_PARAM_FLAG_TP_SHARD_ROWS);
         assert_eq!(ParamFlags::TP_SHARD_COLS, MUON_PARAM_FLAG_TP_SHARD_COLS);
         assert_eq!(ParamFlags::TP_WHOLE_GROUPS, MUON_PARAM_FLAG_TP_WHOLE_GROUPS);
+        assert_eq!(ParamFlags::TP_WHOLE_COMPONENTS, MUON_PARAM_FLAG_TP_WHOLE_COMPONENTS);
         assert_eq!(ParamFlags::WEIGHT_DECAY, MUON_PARAM_FLAG_WEIGHT_DECAY);
         assert_eq!(WeightDecayRule::Megatron.code(), MUON_WEIGHT_DECAY_RULE_MEGATRON);
         assert_eq!(

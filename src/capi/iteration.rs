@@ -14,7 +14,7 @@ use crate::capi::optimizer::muon_optimizer_t;
 use crate::capi::status::muon_status_t;
 use crate::config::{CoefficientSet, DEFAULT_NS_EPS, DEFAULT_SYMMETRIC_TILE, NsMethod, NsPrecision};
 use crate::error::{Error, ErrorKind};
-use crate::numerics::newton_schulz::{NsOptions, NsWorkspace, newton_schulz};
+use crate::numerics::newton_schulz::{CustomCoefficients, NsOptions, NsWorkspace, newton_schulz};
 use crate::optimizer::Optimizer;
 use crate::schedule::{StepArgs, StepOverrides};
 
@@ -431,8 +431,9 @@ pub unsafe extern "C" fn muon_optimizer_synchronize(opt: *mut muon_optimizer_t) 
 /// @param[in]  in   rows×cols row-major f32 input (host).
 /// @param[out] out  rows×cols row-major f32 output (host); may not alias @p in.
 /// @param[in]  rows, cols >= 1 each (else MUON_STATUS_OUT_OF_RANGE).
-/// @param[in]  coefficient_set MUON_COEFFICIENTS_*; @p steps 1..=100;
-///             @p precision MUON_NS_PRECISION_*.
+/// @param[in]  coefficient_set MUON_COEFFICIENTS_* but _CUSTOM (whose table only
+///             muon_newton_schulz_host_config() takes); @p steps 1..=100 (5 with
+///             _CUBIC5 and _POLAR_EXPRESS_5); @p precision MUON_NS_PRECISION_*.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_newton_schulz_host(
@@ -448,6 +449,7 @@ pub unsafe extern "C" fn muon_newton_schulz_host(
         let opts = || {
             Ok(NsOptions {
                 coefficients: CoefficientSet::from_code("coefficient_set", coefficient_set)?,
+                custom: CustomCoefficients::NONE,
                 steps,
                 precision: NsPrecision::from_code("precision", precision)?,
                 eps: DEFAULT_NS_EPS,

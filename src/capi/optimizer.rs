@@ -136,8 +136,8 @@ pub unsafe extern "C" fn muon_optimizer_set_norm_group(
 /// of the shards. Every TP rank registers the same shard names, shapes and order, so each
 /// matrix's shards have owners at one data-parallel index, and in these two modes uses the same
 /// Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps,
-/// muon_coefficient_set, muon_ns_eps), so the shards of a matrix are orthogonalized alike
-/// (finalize checks both over the group: MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
+/// muon_coefficient_set, muon_custom_coefficients, muon_ns_eps), so the shards of a matrix are
+/// orthogonalized alike (finalize checks both over the group: MUON_STATUS_PLAN_MISMATCH otherwise). Give the optimizers a norm group spanning the TP
 /// ranks too, so the shards are clipped and skipped alike. On the cuda backend the gather is
 /// an NCCL all-gather on this communicator, on the optimizer's comm stream between event
 /// waits, inside the owner's update (no host synchronization). In any muon_tp_mode, a group of

@@ -69,6 +69,10 @@ pub struct NumericsConfig {
     pub adaptive_muon_beta2: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive_muon_eps: Option<f32>,
+    /// The `custom` set's table, written with that set only (every other checkpoint keeps its
+    /// bytes): a load with another table is refused as one with another set is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub muon_custom_coefficients: Option<Vec<[f32; 3]>>,
 }
 
 fn standard_variant() -> MuonVariant {
@@ -122,6 +126,8 @@ impl NumericsConfig {
             muon_variant: cfg.muon_variant,
             adaptive_muon_beta2: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_beta2),
             adaptive_muon_eps: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_eps),
+            muon_custom_coefficients: (cfg.muon_coefficient_set == CoefficientSet::Custom)
+                .then(|| cfg.muon_custom_coefficients.clone()),
         }
     }
 }

@@ -53,7 +53,13 @@ impl TpSplit {
         }
         Some(match spec.tp_shard()? {
             TpDim::Cols => TpSplit::Cols,
-            TpDim::Rows if spec.split_groups > 1 || spec.flags.has(ParamFlags::TP_WHOLE_GROUPS) => TpSplit::Groups,
+            TpDim::Rows
+                if spec.split_groups > 1
+                    || spec.flags.has(ParamFlags::TP_WHOLE_GROUPS)
+                    || spec.flags.has(ParamFlags::TP_WHOLE_COMPONENTS) =>
+            {
+                TpSplit::Groups
+            }
             TpDim::Rows => TpSplit::Rows,
         })
     }

@@ -6,7 +6,7 @@
 //! 2. `X = U / max(‖U‖_F, eps)` (`eps` = `muon_ns_eps`, 1e-7 by default as in Megatron-LM,
 //!    see [`crate::config::DEFAULT_NS_EPS`]; the squared norm is
 //!    summed in f64, see [`squared_norm`]; the quotient is an f32 division by the f32 norm);
-//! 3. for `t` in `0..steps`, with `(a, b, c)` = [`ns_coefficients`]`(set, t)`:
+//! 3. for `t` in `0..steps`, with `(a, b, c)` = [`ns_coefficients`]`(set, table, t)`:
 //!    `A = X·Xᵀ`, `B = b·A + c·A·A`, `X = a·X + B·X`;
 //! 4. transpose back if step 1 transposed.
 //!
@@ -34,7 +34,7 @@
 //!   so every operand and every `β·C` addend is a bf16 value; products accumulate in f32.
 
 use crate::bail;
-use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsMethod, NsPrecision};
+use crate::config::{CoefficientSet, Config, MAX_NS_STEPS, NsMethod, NsPrecision, check_coefficients};
 use crate::error::Result;
 use crate::numerics::bf16::{
     round_slice_through_bf16_in_place, round_through_bf16, round_through_bf16_and_scale, scale_then_round_through_bf16,
@@ -46,7 +46,7 @@ use crate::numerics::transpose::transpose_map;
 
 mod coefficients;
 
-pub use coefficients::ns_coefficients;
+pub use coefficients::{CustomCoefficients, ns_coefficients};
 
 /// What a Newton–Schulz run computes: coefficient set, number of steps, product precision,
 /// normalization floor.
@@ -54,6 +54,8 @@ pub use coefficients::ns_coefficients;
 pub struct NsOptions {
     /// The coefficient schedule.
     pub coefficients: CoefficientSet,
+    /// The caller's table of the `custom` set ([`CustomCoefficients::NONE`] otherwise).
+    pub custom: CustomCoefficients,
     /// Number of iterations, `1..=MAX_NS_STEPS`.
     pub steps: u32,
     /// Precision of the matrix products.
@@ -73,6 +75,7 @@ impl NsOptions {
     pub fn from_config(cfg: &Config) -> Self {
         NsOptions {
             coefficients: cfg.muon_coefficient_set,
+            custom: CustomCoefficients::new(&cfg.muon_custom_coefficients),
             steps: cfg.muon_num_ns_steps,
             precision: cfg.muon_ns_precision,
             eps: cfg.muon_ns_eps,
@@ -81,10 +84,12 @@ impl NsOptions {
         }
     }
 
-    /// Checks `steps`.
+    /// Checks `steps` and the coefficients ([`check_coefficients`]).
     ///
     /// # Errors
-    /// `OutOfRange` if `steps` is outside `1..=MAX_NS_STEPS`.
+    /// `OutOfRange` if `steps` is outside `1..=MAX_NS_STEPS` or the `custom` table is empty or
+    /// holds a non-finite value; `IncompatibleOptions` for a fixed schedule run with another
+    /// step count, or a table with a named set.
     pub fn validate(&self) -> Result<()> {
         if self.steps == 0 || self.steps > MAX_NS_STEPS {
             bail!(
@@ -93,7 +98,16 @@ impl NsOptions {
                 self.steps
             );
         }
-        Ok(())
+        check_coefficients(
+            ("coefficient_set", self.coefficients),
+            ("steps", self.steps),
+            ("custom coefficients", self.custom.as_slice()),
+        )
+    }
+
+    /// The `(a, b, c)` triple of step `step` ([`ns_coefficients`]).
+    pub fn coefficients_at(&self, step: usize) -> [f32; 3] {
+        ns_coefficients(self.coefficients, self.custom.as_slice(), step)
     }
 }
 
@@ -301,7 +315,7 @@ impl NsWorkspace {
         let threads = *threads;
         let (wide, square) = (Strides::row_major(m, n), Strides::row_major(m, m));
         for step in 0..opts.steps as usize {
-            let [a, b, c] = ns_coefficients(opts.coefficients, step);
+            let [a, b, c] = opts.coefficients_at(step);
             // The next X starts as a·X (the last product adds B·X to it, as gemm's β = a pass
             // would scale it: the same f32 products); in bf16 the products read X rounded, made
             // in the same pass.
@@ -480,7 +494,7 @@ impl NsWorkspace {
                 gram(&x[..mn], xs, r, &mut sums)?;
                 accumulated = false;
             }
-            let [a, b, c] = ns_coefficients(opts.coefficients, step);
+            let [a, b, c] = opts.coefficients_at(step);
             // Z = b·R + c·R·R.
             z.copy_from_slice(r);
             let r_read = read(r, r_op, rounded);
@@ -665,16 +679,21 @@ pub fn newton_schulz_gram(
 }
 
 /// Whether [`newton_schulz_gram`] runs the Gram iteration on an `m × n` iterate (`m ≤ n`):
-/// `n/m ≥ GRAM_MIN_ASPECT` (flops), and in the bf16 precisions at most 5 steps and not
-/// `polar_express` (accuracy). The accuracy study (`tests/numerics_ns_accuracy.rs`,
+/// `n/m ≥ GRAM_MIN_ASPECT` (flops), and in the bf16 precisions at most 5 steps of `quintic`,
+/// `quintic_cyclic` or `simple`, the sets the study below found accurate (the other sets, whose
+/// first coefficients are as large as `polar_express`'s or which the study has not covered,
+/// keep the standard iteration in bf16). The accuracy study (`tests/numerics_ns_accuracy.rs`,
 /// docs/newton-schulz.md) finds the Gram iteration within 1.5× the standard iteration's
 /// distance to the polar factor in every f32 case and in bf16 with up to 5 steps, except
 /// `polar_express` (1.54×); in bf16 with 8 or 10 steps it loses the small singular values of
 /// ill-conditioned and low-rank inputs (their squares in `R` fall below bf16's resolution):
 /// up to 16× and worse.
 pub fn gram_applies(m: usize, n: usize, opts: &NsOptions) -> bool {
-    let accurate =
-        opts.precision == NsPrecision::F32 || (opts.steps <= 5 && opts.coefficients != CoefficientSet::PolarExpress);
+    let studied_in_bf16 = matches!(
+        opts.coefficients,
+        CoefficientSet::Quintic | CoefficientSet::QuinticCyclic | CoefficientSet::Simple
+    );
+    let accurate = opts.precision == NsPrecision::F32 || (opts.steps <= 5 && studied_in_bf16);
     (n as f64) >= GRAM_MIN_ASPECT * m as f64 && accurate
 }
 

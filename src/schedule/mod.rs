@@ -638,7 +638,7 @@ impl Runtime {
                 },
                 split_groups: spec.split_groups as usize,
                 tp: spec
-                    .tp_shard()
+                    .tp_joined()
                     .filter(|_| self.cfg.muon_tp_mode != TpMode::Blockwise)
                     .map(|dim| TpJob {
                         dim,

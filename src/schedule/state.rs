@@ -135,7 +135,7 @@ impl StateLayout {
             // A duplicated or distributed TP shard never runs Newton–Schulz as it is shaped here
             // (whole, or in the orientation the mode forces): its Gram iteration is sized with
             // the TP components (`tp_components`), by the translator, which knows the TP size.
-            if spec.tp_shard().is_some() && cfg.muon_tp_mode != TpMode::Blockwise {
+            if spec.tp_joined().is_some() && cfg.muon_tp_mode != TpMode::Blockwise {
                 job.gram_iteration = 0;
             }
             need.max(job)
@@ -144,7 +144,7 @@ impl StateLayout {
         if cfg.muon_tp_mode != TpMode::Blockwise {
             for batch in &muon_batches {
                 let spec = &params[muon[batch.first].unit.param as usize];
-                if let Some(dim) = spec.tp_shard() {
+                if let Some(dim) = spec.tp_joined() {
                     let cols = spec.unit_matrix().cols as usize;
                     tp_components.extend(component_rows(spec, 1).into_iter().map(|rows| TpComponent {
                         rows,

@@ -55,7 +55,7 @@ pub fn ns_reference_f64_eps(
     let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt().max(eps);
     x.iter_mut().for_each(|v| *v /= norm);
     for step in 0..steps {
-        let [a, b, c] = ns_coefficients(set, step).map(f64::from);
+        let [a, b, c] = ns_coefficients(set, &[], step).map(f64::from);
         let xt = transpose(&x, m, n);
         let gram = matmul(&x, &xt, m, n, m);
         let gram2 = matmul(&gram, &gram, m, m, m);

@@ -113,11 +113,13 @@ def newton_schulz_host(
     steps=5,
     precision=_capi.MUON_NS_PRECISION_F32,
     method=_capi.MUON_NS_METHOD_STANDARD,
+    custom_coefficients=(),
 ):
     """The library's host Newton–Schulz of a rows×cols row-major f32 buffer, as an optimizer
     with these settings (and the default ``muon_ns_eps``) computes it; returns a new
     ``array('f')``. ``method``: :class:`NsMethod`; ``GRAM`` runs the Gram iteration where it
-    applies (``muon_config_t.muon_ns_method``), the standard one elsewhere."""
+    applies (``muon_config_t.muon_ns_method``), the standard one elsewhere.
+    ``custom_coefficients``: the ``(a, b, c)`` triples of ``Coefficients.CUSTOM``."""
     import array
 
     src = memoryview(data).cast("B")
@@ -128,6 +130,7 @@ def newton_schulz_host(
         muon_num_ns_steps=steps,
         muon_ns_precision=precision,
         muon_ns_method=method,
+        muon_custom_coefficients=custom_coefficients,
     )
     src_arr = (c_float * (rows * cols)).from_buffer_copy(src)
     out = array.array("f", bytes(rows * cols * 4))
@@ -161,6 +164,9 @@ class Config:
     ``Config(bucket_size=4096, muon_layout=Layout.PADDED)``; unknown names raise AttributeError.
     ``network`` and ``expert_network`` read and take a :class:`Network` (or a
     ``(hop_latency_us, bus_bandwidth_gbps)`` pair), or None for undeclared.
+    ``muon_custom_coefficients`` reads and takes a list of ``(a, b, c)`` triples, and setting
+    it also sets ``muon_custom_coefficient_steps`` (``Config(muon_coefficient_set=
+    Coefficients.CUSTOM, muon_custom_coefficients=[(a, b, c), ...])``).
     """
 
     _FIELDS = dict(_capi.muon_config_t._fields_)
@@ -177,6 +183,9 @@ class Config:
         value = getattr(self.struct, name)
         if Config._FIELDS[name] is _capi.muon_network_t:
             return Network(value.hop_latency_us, value.bus_bandwidth_gbps) if value.declared else None
+        if name == "muon_custom_coefficients":
+            steps = min(self.struct.muon_custom_coefficient_steps, _capi.MUON_MAX_CUSTOM_COEFFICIENTS)
+            return [tuple(value[3 * k : 3 * k + 3]) for k in range(steps)]
         return value
 
     def __setattr__(self, name, value):
@@ -185,6 +194,10 @@ class Config:
             raise AttributeError(f"muon_config_t has no field '{name}'")
         if ctype is _capi.muon_network_t:
             value = _network_struct(value, f"muon_config_t.{name}")
+        elif name == "muon_custom_coefficients":
+            value = _coefficient_table(value)
+            self.struct.muon_custom_coefficient_steps = len(value) // 3
+            value = ctype(*value)
         elif ctype is not c_float:
             value = _capi.check_integer(ctype, value, f"muon_config_t.{name}")
         setattr(self.struct, name, value)
@@ -198,6 +211,21 @@ class Config:
 
     def __repr__(self):
         return "Config(" + ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items()) + ")"
+
+
+def _coefficient_table(value):
+    """The flat a, b, c values of a list of (a, b, c) triples, at most
+    MUON_MAX_CUSTOM_COEFFICIENTS of them (the library checks that they are finite)."""
+    field = "muon_config_t.muon_custom_coefficients"
+    try:
+        triples = [tuple(float(v) for v in triple) for triple in value]
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{field}: expected a list of (a, b, c) triples, got {value!r}") from e
+    if any(len(t) != 3 for t in triples):
+        raise TypeError(f"{field}: expected a list of (a, b, c) triples, got {value!r}")
+    if len(triples) > _capi.MUON_MAX_CUSTOM_COEFFICIENTS:
+        raise ValueError(f"{field}: {len(triples)} triples is more than {_capi.MUON_MAX_CUSTOM_COEFFICIENTS}")
+    return [v for t in triples for v in t]
 
 
 def _network_struct(value, field):

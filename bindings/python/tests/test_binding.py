@@ -322,6 +322,32 @@ class Library(unittest.TestCase):
         diag = sum(sum(out[r * cols + c] ** 2 for c in range(cols)) for r in range(rows)) / rows
         self.assertAlmostEqual(diag, 0.85, delta=0.2)  # rows of an orthogonalized matrix: near unit norm
 
+    def test_custom_coefficients(self):
+        """A custom table of the five quintic triples cycles as quintic_cyclic does, bit for
+        bit; the table reads back as set; a bad table names its field."""
+        rows, cols = 8, 24
+        data = array.array("f", [((i * 37) % 23 - 11) / 11.0 for i in range(rows * cols)])
+        quintic = [(4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+                   (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012)]
+        cyclic = mo.newton_schulz_host(data, rows, cols, coefficient_set=mo.Coefficients.QUINTIC_CYCLIC, steps=7)
+        custom = mo.newton_schulz_host(data, rows, cols, coefficient_set=mo.Coefficients.CUSTOM, steps=7,
+                                       custom_coefficients=quintic)
+        self.assertEqual(cyclic.tobytes(), custom.tobytes())
+        self.assertNotEqual(cyclic.tobytes(), mo.newton_schulz_host(data, rows, cols, steps=7).tobytes())
+        config = mo.Config(muon_coefficient_set=mo.Coefficients.CUSTOM, muon_custom_coefficients=quintic[:2])
+        self.assertEqual(config.muon_custom_coefficient_steps, 2)
+        self.assertEqual(len(config.muon_custom_coefficients), 2)
+        config.validate()
+        config.muon_custom_coefficients = [(1.0, float("inf"), 0.0)]
+        with self.assertRaises(mo.MuonError) as ctx:
+            config.validate()
+        self.assertIn("muon_custom_coefficients[0].b", ctx.exception.message)
+        with self.assertRaises(mo.MuonError) as ctx:
+            mo.Config(muon_coefficient_set=mo.Coefficients.CUBIC5, muon_num_ns_steps=4).validate()
+        self.assertIs(ctx.exception.status, mo.Status.INCOMPATIBLE_OPTIONS)
+        with self.assertRaises(TypeError):
+            mo.Config(muon_custom_coefficients=[(1.0, 2.0)])
+
     def test_newton_schulz_host_gram(self):
         """8 × 24 (n/m = 3): the Gram iteration applies; another rounding of the same result.
         8 × 10 (n/m = 1.25): it does not, and the standard iteration runs bit for bit."""

@@ -162,11 +162,15 @@ def gram_model():
         )
 
 
-def one_gram_step(ns_method, variant=None):
-    """One step of gram_model on one rank: (initial params, grads, params after)."""
+def one_gram_step(ns_method, variant=None, custom=None):
+    """One step of gram_model on one rank: (initial params, grads, params after); ``custom``: a
+    custom coefficient table in place of the simple set."""
     with mo.HostGroup(1) as group:
         model = gram_model()
         cfg = mo.Config(clip_grad=0.0, muon_ns_precision=mo.NsPrecision.F32, muon_coefficient_set=mo.Coefficients.SIMPLE)
+        if custom is not None:
+            cfg.muon_coefficient_set = mo.Coefficients.CUSTOM
+            cfg.muon_custom_coefficients = custom
         opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, ns_method=ns_method, variant=variant)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.zero_grad()
@@ -326,6 +330,17 @@ class TorchAdapter(unittest.TestCase):
             with self.assertRaises(ValueError):
                 Muon(gram_model(), group[0], param_sharding="zero3")
             Muon(gram_model(), group[0], param_sharding="replicated", param_prefetch_buckets=4).close()
+
+    def test_a_custom_coefficient_table_reaches_the_optimizer(self):
+        """A config's custom table goes through the adapter (whose ``ns_method`` keyword
+        copies the config): one triple, the simple one, steps bit for bit as the simple set;
+        another table steps otherwise."""
+        _, _, simple = one_gram_step("standard")
+        _, _, custom = one_gram_step("standard", custom=[(3.4445, -4.7750, 2.0315)])
+        _, _, other = one_gram_step("standard", custom=[(3.0, -3.2, 1.2)])
+        for name in simple:
+            self.assertTrue(torch.equal(custom[name], simple[name]), name)
+            self.assertFalse(torch.equal(other[name], simple[name]), name)
 
     def test_an_untied_output_head_must_be_named(self):
         class Untied(torch.nn.Module):

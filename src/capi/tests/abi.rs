@@ -87,7 +87,8 @@ fn older_sizes_read_the_default(
 ) {
     let mut cfg = default_config();
     set(&mut cfg, code);
-    (cfg.reserved, cfg.reserved2, cfg.reserved3, cfg.reserved4) = (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
+    (cfg.reserved, cfg.reserved2, cfg.reserved3, cfg.reserved4, cfg.reserved5) =
+        (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert!(!is_default(&read), "code {code} is read at the current size");
     set(&mut cfg, 0xABAB_ABAB);
@@ -201,6 +202,7 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
     use crate::config::{DEFAULT_ADAPTIVE_MUON_BETA2, DEFAULT_ADAPTIVE_MUON_EPS, MuonVariant};
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_variant), 192);
     assert_eq!(std::mem::offset_of!(muon_config_t, adaptive_muon_eps), 200);
+    assert_eq!(RELEASED_CONFIG_LAYOUTS[8], ("adaptive_muon_eps", 208));
     let cfg = default_config();
     assert_eq!(
         (cfg.muon_variant, cfg.adaptive_muon_beta2, cfg.adaptive_muon_eps),
@@ -240,7 +242,7 @@ fn param_sharding_appends_a_layout_of_its_own_size_and_older_ones_get_replicated
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved4), 204);
     assert_eq!(std::mem::offset_of!(muon_config_t, param_sharding), 208);
     assert_eq!(std::mem::offset_of!(muon_config_t, param_prefetch_buckets), 216);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 224);
+    assert_eq!(RELEASED_CONFIG_LAYOUTS[9], ("param_prefetch_buckets", 224));
     let cfg = default_config();
     assert_eq!(
         (
@@ -467,7 +469,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208, 224]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208, 224, 424]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -486,7 +488,7 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
         ),
         (|c| c.grad_dtype = 9, MUON_STATUS_INVALID_ENUM_VALUE, "grad_dtype"),
         (
-            |c| c.muon_coefficient_set = 4,
+            |c| c.muon_coefficient_set = 10,
             MUON_STATUS_INVALID_ENUM_VALUE,
             "muon_coefficient_set",
         ),
@@ -613,6 +615,35 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
     }
 }
 
+/// reserved5 fills the 224-byte layout's tail padding (param_sharding's layout ends at 220),
+/// muon_custom_coefficient_steps and the 48 floats of the table follow: 424 bytes. An older caller gets no table (a custom set there is refused
+/// for want of one); the current layout round-trips the table, and reads only the triples
+/// its count names.
+#[test]
+fn the_custom_coefficient_table_appends_a_layout_of_its_own_size() {
+    use crate::config::CoefficientSet;
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved5), 220);
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_custom_coefficient_steps), 224);
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_custom_coefficients), 228);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 424);
+    let mut cfg = default_config();
+    cfg.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM;
+    cfg.muon_custom_coefficient_steps = 2;
+    cfg.muon_custom_coefficients[..6].copy_from_slice(&[3.0, -3.2, 1.2, 2.0, -1.5, 0.5]);
+    cfg.muon_custom_coefficients[6] = f32::NAN;
+    let read = unsafe { read_config(&cfg) }.unwrap();
+    assert_eq!(read.muon_coefficient_set, CoefficientSet::Custom);
+    assert_eq!(read.muon_custom_coefficients, vec![[3.0, -3.2, 1.2], [2.0, -1.5, 0.5]]);
+    let back = muon_config_t::from_config(&read);
+    assert_eq!(back.muon_custom_coefficient_steps, 2);
+    assert_eq!(back.muon_custom_coefficients[..6], cfg.muon_custom_coefficients[..6]);
+    assert!(back.muon_custom_coefficients[6..].iter().all(|&v| v == 0.0));
+    cfg.struct_size = 224;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_OUT_OF_RANGE, "{message}");
+    assert!(message.contains("muon_custom_coefficients"), "{message}");
+}
+
 /// The released layouts are the ABI's history: each row's size is its last field's end
 /// rounded up to the struct's alignment, the current struct is the last row, and no two rows
 /// share a size but the documented host_threads / muon_tp_mode pair — so a field appended into
@@ -632,6 +663,9 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "weight_decay_rule" => word + offset_of!(muon_config_t, weight_decay_rule),
             "adaptive_muon_eps" => word + offset_of!(muon_config_t, adaptive_muon_eps),
             "param_prefetch_buckets" => word + offset_of!(muon_config_t, param_prefetch_buckets),
+            "muon_custom_coefficients" => {
+                std::mem::size_of::<[f32; 48]>() + offset_of!(muon_config_t, muon_custom_coefficients)
+            }
             "expert_network" => std::mem::size_of::<muon_network_t>() + offset_of!(muon_config_t, expert_network),
             other => panic!("no field {other}"),
         }
@@ -654,7 +688,32 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "the {a} and {b} layouts are both {b_size} bytes: put a reserved uint32_t before {b}"
         );
     }
-    assert_eq!(released_config_sizes(), [104, 112, 120, 128, 136, 144, 192, 208, 224]);
+    // A caller of an older layout leaves its tail padding unspecified: no later field may live
+    // there (each needs a reserved word before it), so junk in that padding reads as zeros do.
+    for (field, size) in RELEASED_CONFIG_LAYOUTS {
+        if size == AMBIGUOUS_CONFIG_SIZE {
+            continue;
+        }
+        let read = |fill: u8| {
+            let mut cfg = default_config();
+            cfg.struct_size = size as u32;
+            // SAFETY: `end(field)..size` lies inside the struct (size ≤ its size, checked above).
+            unsafe {
+                let bytes = std::ptr::from_mut(&mut cfg).cast::<u8>();
+                std::ptr::write_bytes(bytes.add(end(field)), fill, size - end(field));
+            }
+            unsafe { read_config(&cfg) }.map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            read(0xAB),
+            read(0),
+            "the {field} layout's tail padding is read as a field"
+        );
+    }
+    assert_eq!(
+        released_config_sizes(),
+        [104, 112, 120, 128, 136, 144, 192, 208, 224, 424]
+    );
 }
 
 /// A 112-byte struct is read as the muon_tp_mode layout; a muon_tp_mode word that is no tp mode

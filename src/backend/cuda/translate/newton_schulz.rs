@@ -11,7 +11,7 @@ use crate::bail;
 use crate::config::{Dtype, NsPrecision};
 use crate::error::Result;
 use crate::numerics::gemm::SymmetricTiles;
-use crate::numerics::newton_schulz::{ns_coefficients, runs_gram};
+use crate::numerics::newton_schulz::runs_gram;
 
 /// One row-major product `C (m×n) = alpha·A (m×k)·op(B) + beta·C` per matrix of a strided
 /// batch; `B` is `k×n`, or `n×k` read transposed when `b_transposed`. `ld` holds the row
@@ -402,7 +402,7 @@ impl Translator {
             return Ok((x, transposed));
         }
         for step in 0..self.muon.ns.steps as usize {
-            let [a, b, c] = ns_coefficients(self.muon.ns.coefficients, step);
+            let [a, b, c] = self.muon.ns.coefficients_at(step);
             match self.muon.ns.precision {
                 NsPrecision::Bf16 | NsPrecision::Bf16Iterate => {
                     // Bf16Iterate keeps `x` at bf16 values, with `xb` holding the same values

@@ -20,7 +20,7 @@ use crate::backend::ops::StreamKind;
 use crate::bail;
 use crate::config::NsPrecision;
 use crate::error::Result;
-use crate::numerics::newton_schulz::{gram_restarts_at, ns_coefficients};
+use crate::numerics::newton_schulz::gram_restarts_at;
 
 /// One Gram iteration's translation: its shape, buffers and the actions so far.
 struct Gram<'a> {
@@ -251,7 +251,7 @@ impl Translator {
                 gram.gram()?;
                 accumulated = false;
             }
-            let [a, b, c] = ns_coefficients(ns.coefficients, step);
+            let [a, b, c] = ns.coefficients_at(step);
             gram.poly(b, c)?;
             if accumulated {
                 gram.next_q(a)?;
