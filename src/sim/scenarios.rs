@@ -72,134 +72,107 @@ const DSV3_BATCH: Batch = Batch {
     seq_len: 4096,
 };
 
+/// The jobs at 8192 tokens per GPU that [`JOBS`] also lists at their published batch.
+const LLAMA3_8B_DP8_NVLINK: Job = Job {
+    name: "llama3-8b dp8 nvlink",
+    model: "llama3-8b",
+    hardware: "h100-nvlink",
+    dp: 8,
+    tp: None,
+    pipeline: None,
+    virtual_stages: 1,
+    expert_parallel: None,
+    batch: None,
+    sharded: false,
+};
+
+const LLAMA3_8B_DP64_NVLINK: Job = Job {
+    name: "llama3-8b dp64 nvlink",
+    model: "llama3-8b",
+    hardware: "h100-nvlink",
+    dp: 64,
+    tp: None,
+    pipeline: None,
+    virtual_stages: 1,
+    expert_parallel: None,
+    batch: None,
+    sharded: false,
+};
+
+const LLAMA3_70B_TP8_DP8_IB: Job = Job {
+    name: "llama3-70b tp8 dp8 ib",
+    model: "llama3-70b",
+    hardware: "h100-ib",
+    dp: 8,
+    tp: Some(8),
+    pipeline: None,
+    virtual_stages: 1,
+    expert_parallel: None,
+    batch: None,
+    sharded: false,
+};
+
+const LLAMA3_70B_TP8_DP64_IB: Job = Job {
+    name: "llama3-70b tp8 dp64 ib",
+    model: "llama3-70b",
+    hardware: "h100-ib",
+    dp: 64,
+    tp: Some(8),
+    pipeline: None,
+    virtual_stages: 1,
+    expert_parallel: None,
+    batch: None,
+    sharded: false,
+};
+
+const DEEPSEEK_V3_LIKE_PP16_EP64_DP64_NVLINK: Job = Job {
+    name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
+    model: "deepseek-v3-like",
+    hardware: "h100-nvlink",
+    dp: DSV3_EXPERT_PARALLEL,
+    tp: None,
+    pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
+    virtual_stages: 1,
+    expert_parallel: Some(ExpertParallel {
+        ep: DSV3_EXPERT_PARALLEL,
+        experts_per_token: DSV3_EXPERTS_PER_TOKEN,
+    }),
+    batch: None,
+    sharded: false,
+};
+
 /// Every named job, in table order: the dense and DeepSeek-V3-like jobs at 8192 tokens per
 /// GPU and at their published batch, then NVIDIA's measured jobs at theirs.
 pub const JOBS: &[Job] = &[
-    Job {
-        name: "llama3-8b dp8 nvlink",
-        model: "llama3-8b",
-        hardware: "h100-nvlink",
-        dp: 8,
-        tp: None,
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
-        batch: None,
-        sharded: false,
-    },
+    LLAMA3_8B_DP8_NVLINK,
     Job {
         name: "llama3-8b dp8 nvlink, 2048 x 8192",
-        model: "llama3-8b",
-        hardware: "h100-nvlink",
-        dp: 8,
-        tp: None,
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
-        sharded: false,
+        ..LLAMA3_8B_DP8_NVLINK
     },
-    Job {
-        name: "llama3-8b dp64 nvlink",
-        model: "llama3-8b",
-        hardware: "h100-nvlink",
-        dp: 64,
-        tp: None,
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
-        batch: None,
-        sharded: false,
-    },
+    LLAMA3_8B_DP64_NVLINK,
     Job {
         name: "llama3-8b dp64 nvlink, 2048 x 8192",
-        model: "llama3-8b",
-        hardware: "h100-nvlink",
-        dp: 64,
-        tp: None,
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
-        sharded: false,
+        ..LLAMA3_8B_DP64_NVLINK
     },
-    Job {
-        name: "llama3-70b tp8 dp8 ib",
-        model: "llama3-70b",
-        hardware: "h100-ib",
-        dp: 8,
-        tp: Some(8),
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
-        batch: None,
-        sharded: false,
-    },
+    LLAMA3_70B_TP8_DP8_IB,
     Job {
         name: "llama3-70b tp8 dp8 ib, 2048 x 8192",
-        model: "llama3-70b",
-        hardware: "h100-ib",
-        dp: 8,
-        tp: Some(8),
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
-        sharded: false,
+        ..LLAMA3_70B_TP8_DP8_IB
     },
-    Job {
-        name: "llama3-70b tp8 dp64 ib",
-        model: "llama3-70b",
-        hardware: "h100-ib",
-        dp: 64,
-        tp: Some(8),
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
-        batch: None,
-        sharded: false,
-    },
+    LLAMA3_70B_TP8_DP64_IB,
     Job {
         name: "llama3-70b tp8 dp64 ib, 2048 x 8192",
-        model: "llama3-70b",
-        hardware: "h100-ib",
-        dp: 64,
-        tp: Some(8),
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: None,
         batch: Some(LLAMA3_BATCH),
-        sharded: false,
+        ..LLAMA3_70B_TP8_DP64_IB
     },
-    Job {
-        name: "deepseek-v3-like pp16 ep64 dp64 nvlink",
-        model: "deepseek-v3-like",
-        hardware: "h100-nvlink",
-        dp: DSV3_EXPERT_PARALLEL,
-        tp: None,
-        pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
-        virtual_stages: 1,
-        expert_parallel: Some(ExpertParallel {
-            ep: DSV3_EXPERT_PARALLEL,
-            experts_per_token: DSV3_EXPERTS_PER_TOKEN,
-        }),
-        batch: None,
-        sharded: false,
-    },
+    DEEPSEEK_V3_LIKE_PP16_EP64_DP64_NVLINK,
     Job {
         name: "deepseek-v3-like pp16 ep64 dp64 nvlink, 15360 x 4096",
-        model: "deepseek-v3-like",
-        hardware: "h100-nvlink",
-        dp: DSV3_EXPERT_PARALLEL,
-        tp: None,
-        pipeline: Some((DSV3_PIPELINE_STAGES, DSV3_SIMULATED_STAGE)),
-        virtual_stages: 1,
-        expert_parallel: Some(ExpertParallel {
-            ep: DSV3_EXPERT_PARALLEL,
-            experts_per_token: DSV3_EXPERTS_PER_TOKEN,
-        }),
         batch: Some(DSV3_BATCH),
-        sharded: false,
+        ..DEEPSEEK_V3_LIKE_PP16_EP64_DP64_NVLINK
     },
     // Issue 41: 70B on 64 GPUs without tensor parallelism, which replicated params cannot fit.
     Job {
