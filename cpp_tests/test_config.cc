@@ -75,6 +75,9 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
         EXPECT_EQ(a.muon_custom_coefficients[i], b.muon_custom_coefficients[i]);
         EXPECT_EQ(a.muon_custom_coefficients[i], 0.0f);
     }
+    EXPECT_EQ(a.reserved6, b.reserved6);
+    EXPECT_EQ(a.cautious_weight_decay, b.cautious_weight_decay);
+    EXPECT_EQ(a.cautious_weight_decay, 0u);
 }
 
 TEST(Config, ACustomTableOfTheQuinticTriplesIsQuinticCyclic) {
@@ -175,4 +178,5 @@ INSTANTIATE_TEST_SUITE_P(
             c.muon_custom_coefficients[5] = INFINITY;
         }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_custom_coefficients", [](muon_config_t &c) { c.muon_custom_coefficient_steps = 1; }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
+        BadField{"cautious_weight_decay", [](muon_config_t &c) { c.cautious_weight_decay = 2; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

@@ -264,11 +264,12 @@ extern "C" __global__ void muon_normuon_moments(const double *sums, float *momen
 // host's f32 products, lr and wd read from the step's scalars. With NorMuon (`moment2` not
 // NULL: the matrices' second moments, `rows` values each when `per_row`, else `cols`; `ratio`
 // one per matrix, from muon_normuon_moments) X is first (x * inv) * ratio with
-// inv = 1 / sqrt(max(V, eps)) of its line.
+// inv = 1 / sqrt(max(V, eps)) of its line. With `cautious` (cautious weight decay) an element
+// is decayed only where it and X share a sign (muon_cautious_decay).
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
                                       int transposed, muon_u32 x_ld, const double *scalars, float lr_scale,
                                       float wd_scale, float scale, const float *moment2, int per_row,
-                                      const double *ratio, float eps) {
+                                      const double *ratio, float eps, int cautious) {
     __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     if (muon_step_skipped(scalars)) {
         return;
@@ -306,7 +307,8 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
                         const float inv = 1.0f / sqrtf(fmaxf(vk[per_row ? r : c], eps));
                         xv = (xv * inv) * ratio_k;
                     }
-                    wk[r * cols + c] = wk[r * cols + c] * decay - step * xv;
+                    const float wv = wk[r * cols + c];
+                    wk[r * cols + c] = wv * muon_cautious_decay(cautious, decay, wv, xv) - step * xv;
                 }
             }
             if (transposed) {

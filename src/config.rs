@@ -427,6 +427,11 @@ pub struct Config {
     /// the working set holds at most this many plus one. Read only with `param_sharding =
     /// sharded`.
     pub param_prefetch_buckets: u32,
+    /// Cautious weight decay (microsoft/dion's `cautious_wd`, arXiv 2510.12402) on Muon and
+    /// AdamW: an element is decayed only where it and its update have the same sign
+    /// (`w·u ≥ 0`); default false (every element decayed).
+    #[serde(default)]
+    pub cautious_weight_decay: bool,
 }
 
 impl Default for Config {
@@ -469,6 +474,7 @@ impl Default for Config {
             param_sharding: ParamSharding::Replicated,
             reshard_after_forward: true,
             param_prefetch_buckets: DEFAULT_PARAM_PREFETCH_BUCKETS,
+            cautious_weight_decay: false,
         }
     }
 }

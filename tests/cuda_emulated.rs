@@ -443,6 +443,42 @@ fn emulated_coefficient_sets_match_the_host_backend_bitwise() {
     }
 }
 
+/// Cautious weight decay (`cautious_weight_decay`) takes the same mask in `muon_apply` and
+/// `muon_adamw` as on the host: bit for bit with f32 Newton–Schulz, and with NorMuon (the mask
+/// of the normalized update), bf16 grads, Nesterov and clipping. The host's runs differ from
+/// plain decay (tests/numerics_muon.rs, tests/numerics_adamw.rs), so a kernel that ignored the
+/// flag would differ here.
+#[test]
+fn emulated_cautious_weight_decay_matches_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        cautious_weight_decay: true,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    let launched = compare_clipped_runs("cautious wd, f32 NS", &cfg, &cuda_model(), false);
+    for kernel in ["muon_apply", "muon_adamw"] {
+        assert!(launched.contains(kernel), "{kernel} did not run: {launched:?}");
+    }
+    let cfg = Config {
+        muon_variant: MuonVariant::Normuon,
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        clip_grad: 0.05,
+        ..cfg
+    };
+    compare_runs(
+        "cautious wd, normuon, bf16 grads, nesterov, clipping",
+        &cfg,
+        &cuda_model(),
+    );
+}
+
 /// The element-wise ops the dp=1 runs do not reach (scale, casts in every direction, bf16
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]

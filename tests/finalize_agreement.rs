@@ -122,6 +122,15 @@ fn a_differing_numerics_setting_is_named() {
         &finalize([custom, other], None, false),
         &["config field 'muon_custom_coefficients'"],
     );
+    // Cautious weight decay keeps other weights than plain decay.
+    let cautious = Config {
+        cautious_weight_decay: true,
+        ..Config::default()
+    };
+    assert_mismatch(
+        &finalize([cautious, Config::default()], None, false),
+        &["config field 'cautious_weight_decay'"],
+    );
 }
 
 /// The declared network is part of the agreement: a rank that declares other figures, or none

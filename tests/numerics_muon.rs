@@ -5,7 +5,7 @@ mod support;
 use muon_opt::config::{CoefficientSet, Config, NsPrecision, ScaleMode};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_scale, muon_update};
-use muon_opt::numerics::step_args::ParamScales;
+use muon_opt::numerics::step_args::{ParamScales, param_rates};
 use support::docs::assert_quotes;
 use support::numerics::{max_abs_diff, ns_reference_f64, to_f64};
 use support::rng::Rng;
@@ -527,4 +527,60 @@ fn rejects_bad_arguments_without_touching_state() {
     bad.ns.steps = 0;
     check(plain, &g, &bad, ErrorKind::OutOfRange);
     assert!(w.iter().all(|&v| v == 1.0) && m.iter().all(|&v| v == 0.5));
+}
+
+/// Cautious weight decay (microsoft/dion's `cautious_wd` in `muon_update_post_orthogonalize`):
+/// a weight is decayed only where it and its orthogonalized update `X` share a sign. Against a
+/// per-element reference built from the same step's scaled update `s·X` — read off a zero
+/// master, which no decay moves, so `W' = 0·d − s·X = −(s·X)` exactly — bit for bit, with both
+/// kinds of element present; the momentum is plain Muon's, and plain decay (checked against
+/// the same `s·X`) differs wherever the weight was kept.
+#[test]
+fn cautious_weight_decay_decays_only_where_weight_and_update_agree() {
+    let (rows, cols) = (24, 16);
+    let n = rows * cols;
+    let mut rng = Rng::new(77);
+    let (w0, m0, g) = (rng.normal_vec(n, 1.0), rng.normal_vec(n, 0.01), rng.normal_vec(n, 0.01));
+    let shape = MuonShape {
+        rows,
+        cols,
+        split_rows: &[],
+        split_groups: 1,
+    };
+    let a = args();
+    let plain = options(ScaleMode::Spectral, true, 1.0);
+    let cautious = MuonOptions {
+        cautious_weight_decay: true,
+        ..plain
+    };
+    let run = |w0: &[f32], o: &MuonOptions| {
+        let (mut w, mut m) = (w0.to_vec(), m0.clone());
+        muon_update(&mut w, &mut m, &g, &shape, &a, o, &mut MuonWorkspace::default()).unwrap();
+        (w, m)
+    };
+    let (minus_step_x, m_plain) = run(&vec![0.0; n], &plain);
+    let (w_cautious, m_cautious) = run(&w0, &cautious);
+    let (w_plain, _) = run(&w0, &plain);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&m_cautious), bits(&m_plain));
+    let decay = param_rates(a.lr, a.weight_decay, a.scales).decay;
+    let (mut kept, mut decayed) = (0, 0);
+    for i in 0..n {
+        let step_x = -minus_step_x[i];
+        assert_eq!(
+            w_plain[i].to_bits(),
+            (w0[i] * decay - step_x).to_bits(),
+            "plain, element {i}"
+        );
+        let expected = if w0[i] * step_x >= 0.0 {
+            decayed += 1;
+            w0[i] * decay - step_x
+        } else {
+            kept += 1;
+            w0[i] - step_x
+        };
+        assert_eq!(w_cautious[i].to_bits(), expected.to_bits(), "cautious, element {i}");
+        assert_eq!(w_cautious[i] == w_plain[i], w0[i] * step_x >= 0.0, "element {i}");
+    }
+    assert!(kept > n / 4 && decayed > n / 4, "kept {kept}, decayed {decayed} of {n}");
 }

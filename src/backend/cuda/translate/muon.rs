@@ -422,6 +422,7 @@ impl Translator {
                     Arg::I32(i32::from(m2.as_ref().is_some_and(|m| m.per_row))),
                     Arg::Ptr(m2.as_ref().map_or(0, |m| m.ratio)),
                     Arg::F32(opts.normuon.eps),
+                    Arg::I32(i32::from(opts.cautious_weight_decay)),
                 ],
             )?);
             start += batch * comp_rows * cols;

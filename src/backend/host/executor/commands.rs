@@ -365,6 +365,7 @@ impl HostBackend {
                 step: s.get(Scalar::Step) as u64,
                 grad_scale: s.f32(Scalar::GradScale),
                 clip_coef: s.f32(Scalar::ClipCoef),
+                cautious_weight_decay: self.muon_opts.cautious_weight_decay,
             }
         };
         let mut scratch = std::mem::take(&mut self.scratch);
