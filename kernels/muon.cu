@@ -6,10 +6,11 @@
 #include "muon_common.cuh"
 
 // g = (grad * grad_scale) * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m, with the
-// step's mu (and 1 - mu one f32 subtraction, as on the host). Without Nesterov `update` may be
-// `momentum` itself (u = m): then nothing more is stored.
-extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
-                                         muon_u64 n, const double *scalars, int nesterov) {
+// step's mu (and 1 - mu one f32 subtraction, as on the host). A bf16 momentum (`momentum_bf16`) is
+// read exactly and m rounded to bf16 (nearest even) before it is stored and used. Without Nesterov
+// an f32 `update` may be `momentum` itself (u = m): then nothing more is stored.
+extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, void *momentum, float *update,
+                                         muon_u64 n, const double *scalars, int nesterov, int momentum_bf16) {
     if (muon_step_skipped(scalars)) {
         return;
     }
@@ -19,9 +20,12 @@ extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float 
     const float one_minus_mu = 1.0f - mu;
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
         const float g = muon_scaled_grad(grad, grad_bf16, i, mean_scale, clip);
-        const float m = mu * momentum[i] + one_minus_mu * g;
-        momentum[i] = m;
-        if (update != momentum) {
+        float m = mu * muon_load(momentum, momentum_bf16, i) + one_minus_mu * g;
+        if (momentum_bf16) {
+            m = muon_bf16_to_f32(muon_f32_to_bf16_rne(m));
+        }
+        muon_store(momentum, momentum_bf16, i, m);
+        if ((void *)update != momentum) {
             update[i] = nesterov ? g + mu * (m - g) : m;
         }
     }

@@ -432,6 +432,15 @@ pub struct Config {
     /// (`w·u ≥ 0`); default false (every element decayed).
     #[serde(default)]
     pub cautious_weight_decay: bool,
+    /// Storage of the Muon momentum: `f32` (default) or `bf16` (microsoft/dion's
+    /// `DionMixedPrecisionConfig(momentum_dtype=torch.bfloat16)`): the new momentum is rounded
+    /// to bf16 where it is updated, and the update reads the rounded value.
+    #[serde(default = "f32_dtype")]
+    pub muon_momentum_dtype: Dtype,
+}
+
+fn f32_dtype() -> Dtype {
+    Dtype::F32
 }
 
 impl Default for Config {
@@ -475,6 +484,7 @@ impl Default for Config {
             reshard_after_forward: true,
             param_prefetch_buckets: DEFAULT_PARAM_PREFETCH_BUCKETS,
             cautious_weight_decay: false,
+            muon_momentum_dtype: Dtype::F32,
         }
     }
 }

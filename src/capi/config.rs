@@ -274,6 +274,12 @@ pub struct muon_config_t {
     /// rank must use the same value (finalize checks it). A caller compiled against an older
     /// header gets 0.
     pub cautious_weight_decay: u32,
+    /// MUON_DTYPE_F32 (default) or MUON_DTYPE_BF16: storage of the Muon momentum (microsoft/dion's
+    /// `momentum_dtype`). BF16 halves its bytes; the new momentum is rounded to bf16 (nearest
+    /// even) where it is updated and the update reads the rounded value. A checkpoint records
+    /// it and loads only with the same dtype. A caller compiled against an older header gets
+    /// F32.
+    pub muon_momentum_dtype: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -300,7 +306,7 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// up to 224; after a `reserved5` filling that layout's tail padding,
 /// `muon_custom_coefficient_steps` and the 48 floats of `muon_custom_coefficients` end at 420,
 /// rounded up to 424; after a `reserved6` filling that layout's tail padding,
-/// `cautious_weight_decay` ends at 428, rounded up to 432.
+/// `cautious_weight_decay` and `muon_momentum_dtype` end at 432.
 pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 12] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
@@ -313,7 +319,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 12] = [
     ("adaptive_muon_eps", 208),
     ("param_prefetch_buckets", 224),
     ("muon_custom_coefficients", 424),
-    ("cautious_weight_decay", 432),
+    ("muon_momentum_dtype", 432),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -400,6 +406,7 @@ impl muon_config_t {
             muon_custom_coefficients: custom_coefficients_c(&cfg.muon_custom_coefficients),
             reserved6: 0,
             cautious_weight_decay: cfg.cautious_weight_decay as u32,
+            muon_momentum_dtype: cfg.muon_momentum_dtype.code(),
         }
     }
 
@@ -476,6 +483,7 @@ impl muon_config_t {
             param_prefetch_buckets: self.param_prefetch_buckets,
             muon_custom_coefficients: self.custom_coefficients()?,
             cautious_weight_decay: flag("cautious_weight_decay", self.cautious_weight_decay)?,
+            muon_momentum_dtype: Dtype::from_code("muon_momentum_dtype", self.muon_momentum_dtype)?,
             ..Config::default()
         };
         cfg.validate()?;

@@ -4,7 +4,8 @@
 //! For one owned matrix `W` (`rows × cols`) with momentum `M` and reduced gradient `G`, every
 //! scalar operation in f32, in this order (`lr_eff = lr·lr_scale`, `wd_eff = wd·wd_scale`,
 //! `decay = 1 − lr_eff·wd_eff` from [`param_rates`]):
-//! 1. `g = (G·grad_scale)·clip_coef`, `M = μ·M + (1−μ)·g`;
+//! 1. `g = (G·grad_scale)·clip_coef`, `M = μ·M + (1−μ)·g`, with a bf16 momentum
+//!    (`muon_momentum_dtype = bf16`) rounded to bf16 (nearest even) as it is stored;
 //! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
 //! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
 //!    split): `X_k = NS(U_k)` ([`newton_schulz`](super::newton_schulz)) and
@@ -33,8 +34,9 @@
 //! QKV components one by one through `scaled_orthogonalize_fn`.
 
 use crate::bail;
-use crate::config::{Config, MuonVariant, NsPrecision, ScaleMode, TpMode};
+use crate::config::{Config, Dtype, MuonVariant, NsPrecision, ScaleMode, TpMode};
 use crate::error::Result;
+use crate::numerics::bf16::round_through_bf16;
 use crate::numerics::newton_schulz::{
     NsOptions, NsWorkspace, ShardSums, newton_schulz_in_place, newton_schulz_sharded_in_place,
 };
@@ -58,12 +60,14 @@ pub struct MuonOptions {
     pub normuon: NormuonOptions,
     /// Cautious weight decay: decay only where the weight and its update share a sign.
     pub cautious_weight_decay: bool,
+    /// The momentum is stored in bf16: each new value is rounded to bf16 (`muon_momentum_dtype`).
+    pub momentum_bf16: bool,
 }
 
 impl MuonOptions {
     /// Takes `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode`,
     /// `muon_extra_scale_factor`, `muon_variant`, NorMuon's constants and
-    /// `cautious_weight_decay` from `cfg`.
+    /// `cautious_weight_decay` and whether `muon_momentum_dtype` is bf16 from `cfg`.
     pub fn from_config(cfg: &Config) -> Self {
         MuonOptions {
             nesterov: cfg.muon_nesterov,
@@ -76,6 +80,7 @@ impl MuonOptions {
                 eps: cfg.adaptive_muon_eps,
             },
             cautious_weight_decay: cfg.cautious_weight_decay,
+            momentum_bf16: cfg.muon_momentum_dtype == Dtype::Bf16,
         }
     }
 
@@ -356,6 +361,9 @@ pub fn muon_update_sharded(
     for ((u, m), &g) in update.iter_mut().zip(momentum.iter_mut()).zip(grad) {
         let g = (g * scale) * clip;
         *m = mu * *m + one_minus_mu * g;
+        if opts.momentum_bf16 {
+            *m = round_through_bf16(*m);
+        }
         *u = if opts.nesterov { g + mu * (*m - g) } else { *m };
     }
 

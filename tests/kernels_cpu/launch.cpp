@@ -148,8 +148,8 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         };
     } else if (k == "muon_momentum") {
         kernel = [&] {
-            muon_momentum(arg<const void *>(a, 0), arg<int>(a, 1), arg<float *>(a, 2), arg<float *>(a, 3),
-                          arg<muon_u64>(a, 4), arg<const double *>(a, 5), arg<int>(a, 6));
+            muon_momentum(arg<const void *>(a, 0), arg<int>(a, 1), arg<void *>(a, 2), arg<float *>(a, 3),
+                          arg<muon_u64>(a, 4), arg<const double *>(a, 5), arg<int>(a, 6), arg<int>(a, 7));
         };
     } else if (k == "muon_ns_normalize") {
         kernel = [&] {

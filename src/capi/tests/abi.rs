@@ -657,14 +657,23 @@ fn the_custom_coefficient_table_appends_a_layout_of_its_own_size() {
     assert!(message.contains("muon_custom_coefficients"), "{message}");
 }
 
-/// reserved6 fills the 424-byte layout's tail padding (the table ends at 420) and
-/// cautious_weight_decay follows: 432 bytes. An older caller gets plain weight decay; the
-/// current layout reads the flag, and a word other than 0 or 1 is refused naming it.
+/// reserved6 fills the 424-byte layout's tail padding (the table ends at 420),
+/// cautious_weight_decay and muon_momentum_dtype follow: 432 bytes. An older caller gets plain
+/// weight decay and f32 momentum; the current layout reads both, and a word that is no
+/// boolean or no dtype is refused naming its field.
 #[test]
-fn cautious_weight_decay_appends_a_layout_of_its_own_size() {
+fn cautious_weight_decay_and_momentum_dtype_append_a_layout_of_its_own_size() {
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved6), 420);
     assert_eq!(std::mem::offset_of!(muon_config_t, cautious_weight_decay), 424);
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_momentum_dtype), 428);
     assert_eq!(std::mem::size_of::<muon_config_t>(), 432);
+    assert_eq!(default_config().muon_momentum_dtype, MUON_DTYPE_F32);
+    older_sizes_read_the_default(
+        |c, v| c.muon_momentum_dtype = v,
+        MUON_DTYPE_BF16,
+        |r| r.muon_momentum_dtype == crate::config::Dtype::F32,
+        &[424, 224, 208, 192, 144, 104],
+    );
     assert_eq!(default_config().cautious_weight_decay, 0);
     older_sizes_read_the_default(
         |c, v| c.cautious_weight_decay = v,
@@ -684,6 +693,11 @@ fn cautious_weight_decay_appends_a_layout_of_its_own_size() {
         message.contains("cautious_weight_decay: 2 is not a boolean (0 or 1)"),
         "{message}"
     );
+    let mut cfg = default_config();
+    cfg.muon_momentum_dtype = 7;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_INVALID_ENUM_VALUE, "{message}");
+    assert!(message.contains("muon_momentum_dtype"), "{message}");
 }
 
 /// The released layouts are the ABI's history: each row's size is its last field's end
@@ -708,7 +722,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "muon_custom_coefficients" => {
                 std::mem::size_of::<[f32; 48]>() + offset_of!(muon_config_t, muon_custom_coefficients)
             }
-            "cautious_weight_decay" => word + offset_of!(muon_config_t, cautious_weight_decay),
+            "muon_momentum_dtype" => word + offset_of!(muon_config_t, muon_momentum_dtype),
             "expert_network" => std::mem::size_of::<muon_network_t>() + offset_of!(muon_config_t, expert_network),
             other => panic!("no field {other}"),
         }

@@ -134,7 +134,7 @@ const fn to_f32<const N: usize>(table: [[f64; 3]; N]) -> [[f32; 3]; N] {
     out
 }
 
-/// A caller's coefficient table (the `custom` set) held by value, so [`NsOptions`] stays
+/// A caller's coefficient table (the `custom` set) held by value, so [`NsOptions`](super::NsOptions) stays
 /// `Copy`: up to [`MAX_CUSTOM_NS_COEFFICIENTS`] triples.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CustomCoefficients {
