@@ -571,7 +571,8 @@ fn duplicated_expert_stacks_train_like_the_unsharded_stack() {
     assert_eq!(bits(&assembled), bits(&whole));
 }
 
-/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
+/// Finalize refuses a duplicated shard without a TP group, TP ranks whose shards differ, and TP
+/// ranks whose momentum dtypes differ.
 #[test]
 fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     let comm = host_comms(1).remove(0);
@@ -614,5 +615,23 @@ fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
         ] {
             assert!(err.message.contains(part), "{err}");
         }
+    }
+
+    let tensor = host_comms(TP);
+    let results: Vec<Result<()>> = on_ranks(0..TP, |_, t| -> Result<()> {
+        let cfg = Config {
+            muon_momentum_dtype: if t == 0 { Dtype::F32 } else { Dtype::Bf16 },
+            ..config(TpMode::Duplicated)
+        };
+        let comm = host_comms(1).remove(0);
+        let mut opt = Optimizer::new(cfg, comm.claim()?, CallerStream::NULL)?;
+        opt.set_tp_group(tensor[t].clone())?;
+        opt.add_param(sharded_params(t).remove(0).0, None)?;
+        opt.finalize()
+    });
+    for r in results {
+        let err = r.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PlanMismatch);
+        assert!(err.message.contains("muon_momentum_dtype"), "{err}");
     }
 }
