@@ -75,6 +75,11 @@ TEST(Config, MacroAndInitAgreeFieldByField) {
         EXPECT_EQ(a.muon_custom_coefficients[i], b.muon_custom_coefficients[i]);
         EXPECT_EQ(a.muon_custom_coefficients[i], 0.0f);
     }
+    EXPECT_EQ(a.reserved6, b.reserved6);
+    EXPECT_EQ(a.cautious_weight_decay, b.cautious_weight_decay);
+    EXPECT_EQ(a.cautious_weight_decay, 0u);
+    EXPECT_EQ(a.muon_momentum_dtype, b.muon_momentum_dtype);
+    EXPECT_EQ(a.muon_momentum_dtype, static_cast<uint32_t>(MUON_DTYPE_F32));
 }
 
 TEST(Config, ACustomTableOfTheQuinticTriplesIsQuinticCyclic) {
@@ -175,4 +180,6 @@ INSTANTIATE_TEST_SUITE_P(
             c.muon_custom_coefficients[5] = INFINITY;
         }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"muon_custom_coefficients", [](muon_config_t &c) { c.muon_custom_coefficient_steps = 1; }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
+        BadField{"cautious_weight_decay", [](muon_config_t &c) { c.cautious_weight_decay = 2; }, MUON_STATUS_OUT_OF_RANGE},
+        BadField{"muon_momentum_dtype", [](muon_config_t &c) { c.muon_momentum_dtype = MUON_DTYPE_BF16 + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"abi_version", [](muon_config_t &c) { c.abi_version = 990000; }, MUON_STATUS_ABI_MISMATCH}));

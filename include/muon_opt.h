@@ -909,6 +909,27 @@ typedef struct muon_config_t {
    * past the count are ignored. A caller compiled against an older header gets no table.
    */
   float muon_custom_coefficients[48];
+  /**
+   * Padding that ended the 424-byte layout (after muon_custom_coefficients), named so the
+   * next field makes a layout of another size: ignored, written as 0.
+   */
+  uint32_t reserved6;
+  /**
+   * 1 = cautious weight decay on Muon and AdamW (microsoft/dion's `cautious_wd`, arXiv
+   * 2510.12402): an element is decayed only where it and its update have the same sign
+   * (w·u >= 0), the rest of the update unchanged; default 0 (every element decayed). Every
+   * rank must use the same value (finalize checks it). A caller compiled against an older
+   * header gets 0.
+   */
+  uint32_t cautious_weight_decay;
+  /**
+   * MUON_DTYPE_F32 (default) or MUON_DTYPE_BF16: storage of the Muon momentum (microsoft/dion's
+   * `momentum_dtype`). BF16 halves its bytes; the new momentum is rounded to bf16 (nearest
+   * even) where it is updated and the update reads the rounded value. A checkpoint records
+   * it and loads only with the same dtype. A caller compiled against an older header gets
+   * F32.
+   */
+  uint32_t muon_momentum_dtype;
 } muon_config_t;
 
 /**
@@ -1929,4 +1950,4 @@ uint32_t muon_get_version(void);
 #endif  /* MUON_OPT_H */
 
 /** Static initializer equal to what muon_config_init() writes (C99 and C++). */
-#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, 0, MUON_PARAM_SHARDING_REPLICATED, 1, 1, 0, 0, { 0 } }
+#define MUON_CONFIG_INIT { sizeof(muon_config_t), MUON_VERSION_CODE, 0, MUON_LAYOUT_COMPACT, 1, 1, MUON_DTYPE_F32, 0.95f, 0, MUON_COEFFICIENTS_QUINTIC, 5, MUON_NS_PRECISION_BF16, MUON_SCALE_SPECTRAL, 1.0f, 0.9f, 0.999f, 1e-8f, 1.0f, 0, 0, 0, 300000, MUON_COMM_MODE_FROM_ENV, 0, MUON_TP_MODE_DUPLICATED, 1e-7f, 0, MUON_NS_METHOD_STANDARD, 0, MUON_OWNERSHIP_AUTO, 0, MUON_WEIGHT_DECAY_RULE_MEGATRON, { 0, 0, 0.0, 0.0 }, { 0, 0, 0.0, 0.0 }, MUON_VARIANT_STANDARD, 0.95f, 1e-8f, 0, MUON_PARAM_SHARDING_REPLICATED, 1, 1, 0, 0, { 0 }, 0, 0, MUON_DTYPE_F32 }

@@ -3,14 +3,15 @@
 // are read from device memory (muon_step_scalars); 1 - beta1, 1 - beta2,
 // lr = the scalar of slot lr_slot (MUON_SCALAR_ADAM_LR, or MUON_SCALAR_DECOUPLED_LR for an
 // embedding or output param) * lr_scale, wd = adam_wd * wd_scale and
-// decay = 1 - lr * wd are the host's f32 products. Per element, each operation one f32 rounding, in the host's order
+// decay = 1 - lr * wd are the host's f32 products; with `cautious` (cautious weight decay) an
+// element is decayed only where it and its update share a sign (muon_cautious_decay). Per element, each operation one f32 rounding, in the host's order
 // (--fmad=false, IEEE division and square root). Launch: block 256, any 1-D grid.
 
 #include "muon_common.cuh"
 
 extern "C" __global__ void muon_adamw(float *w, float *exp_avg, float *exp_avg_sq, const void *grad, int grad_bf16,
                                       muon_u64 n, float lr_scale, float wd_scale, const double *scalars,
-                                      int lr_slot) {
+                                      int lr_slot, int cautious) {
     if (muon_step_skipped(scalars)) {
         return;
     }
@@ -34,6 +35,7 @@ extern "C" __global__ void muon_adamw(float *w, float *exp_avg, float *exp_avg_s
         exp_avg_sq[i] = v;
         const float mhat = m / bc1;
         const float vhat = v / bc2;
-        w[i] = w[i] * decay - lr * mhat / (sqrtf(vhat) + eps);
+        const float u = lr * mhat / (sqrtf(vhat) + eps);
+        w[i] = w[i] * muon_cautious_decay(cautious, decay, w[i], u) - u;
     }
 }

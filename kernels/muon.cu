@@ -6,10 +6,11 @@
 #include "muon_common.cuh"
 
 // g = (grad * grad_scale) * clip; m = mu * m + (1 - mu) * g; u = nesterov ? g + mu * (m - g) : m, with the
-// step's mu (and 1 - mu one f32 subtraction, as on the host). Without Nesterov `update` may be
-// `momentum` itself (u = m): then nothing more is stored.
-extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float *momentum, float *update,
-                                         muon_u64 n, const double *scalars, int nesterov) {
+// step's mu (and 1 - mu one f32 subtraction, as on the host). A bf16 momentum (`momentum_bf16`) is
+// read exactly and m rounded to bf16 (nearest even) before it is stored and used. Without Nesterov
+// an f32 `update` may be `momentum` itself (u = m): then nothing more is stored.
+extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, void *momentum, float *update,
+                                         muon_u64 n, const double *scalars, int nesterov, int momentum_bf16) {
     if (muon_step_skipped(scalars)) {
         return;
     }
@@ -19,9 +20,12 @@ extern "C" __global__ void muon_momentum(const void *grad, int grad_bf16, float 
     const float one_minus_mu = 1.0f - mu;
     for (muon_u64 i = muon_first_index(); i < n; i += muon_grid_stride()) {
         const float g = muon_scaled_grad(grad, grad_bf16, i, mean_scale, clip);
-        const float m = mu * momentum[i] + one_minus_mu * g;
-        momentum[i] = m;
-        if (update != momentum) {
+        float m = mu * muon_load(momentum, momentum_bf16, i) + one_minus_mu * g;
+        if (momentum_bf16) {
+            m = muon_bf16_to_f32(muon_f32_to_bf16_rne(m));
+        }
+        muon_store(momentum, momentum_bf16, i, m);
+        if ((void *)update != momentum) {
             update[i] = nesterov ? g + mu * (m - g) : m;
         }
     }
@@ -264,11 +268,12 @@ extern "C" __global__ void muon_normuon_moments(const double *sums, float *momen
 // host's f32 products, lr and wd read from the step's scalars. With NorMuon (`moment2` not
 // NULL: the matrices' second moments, `rows` values each when `per_row`, else `cols`; `ratio`
 // one per matrix, from muon_normuon_moments) X is first (x * inv) * ratio with
-// inv = 1 / sqrt(max(V, eps)) of its line.
+// inv = 1 / sqrt(max(V, eps)) of its line. With `cautious` (cautious weight decay) an element
+// is decayed only where it and X share a sign (muon_cautious_decay).
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
                                       int transposed, muon_u32 x_ld, const double *scalars, float lr_scale,
                                       float wd_scale, float scale, const float *moment2, int per_row,
-                                      const double *ratio, float eps) {
+                                      const double *ratio, float eps, int cautious) {
     __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     if (muon_step_skipped(scalars)) {
         return;
@@ -306,7 +311,8 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
                         const float inv = 1.0f / sqrtf(fmaxf(vk[per_row ? r : c], eps));
                         xv = (xv * inv) * ratio_k;
                     }
-                    wk[r * cols + c] = wk[r * cols + c] * decay - step * xv;
+                    const float wv = wk[r * cols + c];
+                    wk[r * cols + c] = wv * muon_cautious_decay(cautious, decay, wv, xv) - step * xv;
                 }
             }
             if (transposed) {

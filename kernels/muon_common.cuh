@@ -91,6 +91,12 @@ __device__ __forceinline__ float muon_scaled_grad(const void *grad, int grad_bf1
     return (muon_load(grad, grad_bf16, i) * mean_scale) * clip;
 }
 
+// The factor weight w with update u (the direction subtracted from it) is decayed by: decay, or
+// with cautious weight decay 1 where w * u < 0 (src/numerics/muon.rs cautious_decay).
+__device__ __forceinline__ float muon_cautious_decay(int cautious, float decay, float w, float u) {
+    return (!cautious || w * u >= 0.0f) ? decay : 1.0f;
+}
+
 // An f32 scalar of the step (stored exactly as f64).
 __device__ __forceinline__ float muon_scalar(const double *scalars, int slot) {
     return (float)scalars[slot];

@@ -427,6 +427,20 @@ pub struct Config {
     /// the working set holds at most this many plus one. Read only with `param_sharding =
     /// sharded`.
     pub param_prefetch_buckets: u32,
+    /// Cautious weight decay (microsoft/dion's `cautious_wd`, arXiv 2510.12402) on Muon and
+    /// AdamW: an element is decayed only where it and its update have the same sign
+    /// (`w·u ≥ 0`); default false (every element decayed).
+    #[serde(default)]
+    pub cautious_weight_decay: bool,
+    /// Storage of the Muon momentum: `f32` (default) or `bf16` (microsoft/dion's
+    /// `DionMixedPrecisionConfig(momentum_dtype=torch.bfloat16)`): the new momentum is rounded
+    /// to bf16 where it is updated, and the update reads the rounded value.
+    #[serde(default = "f32_dtype")]
+    pub muon_momentum_dtype: Dtype,
+}
+
+fn f32_dtype() -> Dtype {
+    Dtype::F32
 }
 
 impl Default for Config {
@@ -469,6 +483,8 @@ impl Default for Config {
             param_sharding: ParamSharding::Replicated,
             reshard_after_forward: true,
             param_prefetch_buckets: DEFAULT_PARAM_PREFETCH_BUCKETS,
+            cautious_weight_decay: false,
+            muon_momentum_dtype: Dtype::F32,
         }
     }
 }

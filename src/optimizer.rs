@@ -409,7 +409,9 @@ impl Optimizer {
         agreement::verify_vocab_default(&self.registry, self.cfg.vocab_size, named, &mut |v| exchange(group, v))
     }
 
-    /// Collective over the TP group: the ranks agree on `muon_tp_mode` and, unless it is
+    /// Collective over the TP group: the ranks agree on `muon_tp_mode`, the Muon variant,
+    /// `cautious_weight_decay` and `muon_momentum_dtype` (the shards of one matrix take one
+    /// update rule) and, unless it is
     /// blockwise, on the Newton–Schulz settings (the shards of a matrix are orthogonalized
     /// together: in `distributed` mode one iteration whose collectives follow the method and the
     /// steps, in `duplicated` mode each rank's copy of the whole matrix), on every TP-sharded
@@ -420,6 +422,8 @@ impl Optimizer {
         let mut settings = vec![
             Setting::new("muon_tp_mode", mode.name()),
             Setting::new("muon_variant", cfg.muon_variant.name()),
+            Setting::new("cautious_weight_decay", cfg.cautious_weight_decay),
+            Setting::new("muon_momentum_dtype", cfg.muon_momentum_dtype.name()),
         ];
         if cfg.muon_variant == MuonVariant::Normuon {
             settings.extend([
@@ -462,7 +466,7 @@ impl Optimizer {
         agreement::verify_settings(
             &settings,
             ("TP", tp_rank),
-            "every TP rank must use the same muon_tp_mode and muon_variant (with NorMuon the same adaptive_muon_beta2 and adaptive_muon_eps), the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_custom_coefficients, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
+            "every TP rank must use the same muon_tp_mode, muon_variant (with NorMuon the same adaptive_muon_beta2 and adaptive_muon_eps), cautious_weight_decay and muon_momentum_dtype, the same Newton–Schulz settings (muon_ns_method, muon_ns_precision, muon_num_ns_steps, muon_coefficient_set, muon_custom_coefficients, muon_ns_eps) unless blockwise, and register the same TP-sharded params (names, shard shapes, shard dimension, flags, order)",
             exchange,
         )?;
         if mode != TpMode::Blockwise {

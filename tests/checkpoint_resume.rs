@@ -130,6 +130,72 @@ fn the_newton_schulz_method_is_recorded_and_a_gram_run_resumes_bitwise() {
         .assert_same(&expected, "gram: resumed vs uninterrupted");
 }
 
+/// The momentum dtype is part of the numerics record: a checkpoint of a bf16 momentum records
+/// `muon_momentum_dtype`, holds momenta that are bf16 values (stored as f32, exactly), refuses
+/// an f32 optimizer naming the field (and an f32 checkpoint refuses a bf16 optimizer), and
+/// resumes bitwise at another dp.
+#[test]
+fn a_bf16_momentum_is_recorded_and_resumes_bitwise() {
+    use muon_opt::numerics::bf16::round_through_bf16;
+    let bf16 = Config {
+        muon_momentum_dtype: Dtype::Bf16,
+        ..config(MuonLayout::Compact)
+    };
+    let tmp = TempDir::new("momentum_dtype");
+    let (f32_dir, bf16_dir) = (tmp.join("f32"), tmp.join("bf16"));
+    let mut f32_saver = Group::new(&config(MuonLayout::Compact), 2);
+    f32_saver.train(SAVED_AT);
+    all_ok(f32_saver.save(&f32_dir), "save f32");
+    let mut saver = Group::new(&bf16, 2);
+    saver.train(SAVED_AT);
+    all_ok(saver.save(&bf16_dir), "save bf16");
+    let saved = saver.snapshot();
+    drop((saver, f32_saver));
+
+    let text = |dir: &std::path::Path| std::fs::read_to_string(dir.join(INDEX_FILE)).unwrap();
+    assert!(!text(&f32_dir).contains("muon_momentum_dtype"));
+    assert!(text(&bf16_dir).contains(r#""muon_momentum_dtype": "bf16""#));
+    let (index, tensors) = read_back(&bf16_dir);
+    assert_eq!(index.config.muon_momentum_dtype, Dtype::Bf16);
+    let momenta: Vec<f32> = (tensors.iter())
+        .filter(|((_, kind), _)| *kind == StateKind::Momentum)
+        .flat_map(|(_, values)| values.iter().copied())
+        .collect();
+    assert!(momenta.iter().any(|&m| m != 0.0));
+    assert!(momenta.iter().all(|&m| round_through_bf16(m).to_bits() == m.to_bits()));
+
+    for (dir, cfg, saved_with) in [
+        (&bf16_dir, config(MuonLayout::Compact), r#"saved with "bf16""#),
+        (&f32_dir, bf16.clone(), "saved with the default"),
+    ] {
+        let mut other = Group::new(&cfg, 2);
+        for result in other.load(dir) {
+            let err = result.expect_err("a different momentum dtype must not load");
+            if !err.message.contains("failed on rank") {
+                assert!(
+                    err.message.contains("config field muon_momentum_dtype"),
+                    "{}",
+                    err.message
+                );
+                assert!(err.message.contains(saved_with), "{}", err.message);
+            }
+        }
+    }
+
+    let mut reference = Group::new(&bf16, 3);
+    reference.train(SAVED_AT + MORE);
+    let expected = reference.snapshot();
+    let mut resumed = Group::new(&bf16, 3);
+    all_ok(resumed.load(&bf16_dir), "load bf16 at dp=3");
+    resumed
+        .snapshot()
+        .assert_same(&saved, "bf16 momentum: right after load");
+    resumed.train(MORE);
+    resumed
+        .snapshot()
+        .assert_same(&expected, "bf16 momentum: resumed vs uninterrupted");
+}
+
 /// Every state tensor of every param, assembled from the rank files through the index.
 fn read_back(dir: &std::path::Path) -> (Index, BTreeMap<(String, StateKind), Vec<f32>>) {
     let index = Index::decode(&std::fs::read(dir.join(INDEX_FILE)).unwrap()).unwrap();

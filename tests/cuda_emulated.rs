@@ -443,6 +443,68 @@ fn emulated_coefficient_sets_match_the_host_backend_bitwise() {
     }
 }
 
+/// Cautious weight decay (`cautious_weight_decay`) takes the same mask in `muon_apply` and
+/// `muon_adamw` as on the host: bit for bit with f32 Newton–Schulz, and with NorMuon (the mask
+/// of the normalized update), bf16 grads, Nesterov and clipping. The host's runs differ from
+/// plain decay (tests/numerics_muon.rs, tests/numerics_adamw.rs), so a kernel that ignored the
+/// flag would differ here.
+#[test]
+fn emulated_cautious_weight_decay_matches_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        cautious_weight_decay: true,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    let launched = compare_clipped_runs("cautious wd, f32 NS", &cfg, &cuda_model(), false);
+    for kernel in ["muon_apply", "muon_adamw"] {
+        assert!(launched.contains(kernel), "{kernel} did not run: {launched:?}");
+    }
+    let cfg = Config {
+        muon_variant: MuonVariant::Normuon,
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        clip_grad: 0.05,
+        ..cfg
+    };
+    compare_runs(
+        "cautious wd, normuon, bf16 grads, nesterov, clipping",
+        &cfg,
+        &cuda_model(),
+    );
+}
+
+/// A bf16 momentum (`muon_momentum_dtype = bf16`): `muon_momentum` reads and stores bf16 and
+/// writes the f32 update to the workspace; the state (downloaded as f32) and the params equal
+/// the host's bit for bit, with and without Nesterov, bf16 grads and a per-group split among
+/// the params.
+#[test]
+fn emulated_bf16_momentum_matches_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        muon_momentum_dtype: Dtype::Bf16,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    compare_runs("bf16 momentum, f32 NS", &cfg, &cuda_model());
+    let cfg = Config {
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        ..cfg
+    };
+    compare_runs("bf16 momentum, nesterov, bf16 grads", &cfg, &cuda_model());
+}
+
 /// The element-wise ops the dp=1 runs do not reach (scale, casts in every direction, bf16
 /// buffers), bit for bit, including NaN, infinities, subnormals and rounding ties.
 #[test]
@@ -536,6 +598,7 @@ fn a_failed_collective_breaks_the_backend_and_later_calls_return_at_once() {
                 grad_dtype: Dtype::F32,
                 master: 0,
                 momentum: 0,
+                momentum_dtype: muon_opt::config::Dtype::F32,
                 moment2: 0,
                 adam_moments: 0,
                 max_component: (0, 0),

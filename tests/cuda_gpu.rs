@@ -390,6 +390,7 @@ fn newton_schulz_matches_the_golden_vectors() {
                     grad_dtype: Dtype::F32,
                     master: n,
                     momentum: n,
+                    momentum_dtype: muon_opt::config::Dtype::F32,
                     moment2: 0,
                     adam_moments: 0,
                     max_component: (rows * cols, rows.min(cols)),

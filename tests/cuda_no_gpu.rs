@@ -151,6 +151,7 @@ fn the_translator_rejects_what_the_host_backend_rejects() {
         grad_dtype: Dtype::F32,
         master: 10,
         momentum: 0,
+        momentum_dtype: muon_opt::config::Dtype::F32,
         moment2: 0,
         adam_moments: 0,
         max_component: (0, 0),

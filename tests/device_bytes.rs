@@ -2,7 +2,7 @@
 //! here they are checked against the planner's report (buffers, optimizer state per rank) and
 //! against what the simulator's full run allocates.
 
-use muon_opt::config::{Config, MuonLayout, MuonVariant};
+use muon_opt::config::{Config, Dtype, MuonLayout, MuonVariant};
 use muon_opt::model::{ParamFlags, Registry, Route};
 use muon_opt::plan::build_plan;
 use muon_opt::plan::presets::preset;
@@ -14,12 +14,17 @@ use muon_opt::sim::{Scenario, simulate};
 fn the_translator_allocates_what_the_plan_report_counts() {
     for name in ["gpt2-124m", "deepseek-v3-like"] {
         let model = preset(name).unwrap();
-        let layouts = MuonLayout::ALL.iter().map(|&l| (l, MuonVariant::Standard));
-        for (muon_layout, muon_variant) in layouts.chain([(MuonLayout::Compact, MuonVariant::Normuon)]) {
+        let layouts = MuonLayout::ALL.iter().map(|&l| (l, MuonVariant::Standard, Dtype::F32));
+        let others = [
+            (MuonLayout::Compact, MuonVariant::Normuon, Dtype::F32),
+            (MuonLayout::Compact, MuonVariant::Normuon, Dtype::Bf16),
+        ];
+        for (muon_layout, muon_variant, muon_momentum_dtype) in layouts.chain(others) {
             let cfg = Config {
                 vocab_size: model.vocab_size,
                 muon_layout,
                 muon_variant,
+                muon_momentum_dtype,
                 ..Config::default()
             };
             let registry = model.registry(&cfg).unwrap();
@@ -28,7 +33,12 @@ fn the_translator_allocates_what_the_plan_report_counts() {
             let r = &plan.report;
             for rank in 0..dp {
                 let d = rank_device_bytes(&plan, registry.params(), &cfg, rank).unwrap();
-                let label = format!("{name} {} {} rank {rank}", muon_layout.name(), muon_variant.name());
+                let label = format!(
+                    "{name} {} {} {} momentum rank {rank}",
+                    muon_layout.name(),
+                    muon_variant.name(),
+                    muon_momentum_dtype.name()
+                );
                 assert_eq!(d.params, r.param_buffer_bytes, "{label}: param buffers");
                 assert_eq!(d.grads, r.grad_buffer_bytes, "{label}: grad buffers");
                 assert_eq!(
@@ -47,6 +57,13 @@ fn the_translator_allocates_what_the_plan_report_counts() {
                     0
                 };
                 assert_eq!(d.muon_moment2, moment2, "{label}: NorMuon second moments");
+                // The momentum: one value of its dtype per owned Muon element.
+                let elements: u64 = plan.muon_units_of(rank).iter().map(|u| u.range.len()).sum();
+                assert_eq!(
+                    d.momenta,
+                    muon_momentum_dtype.size() as u64 * elements,
+                    "{label}: momenta"
+                );
                 let parts = d.params
                     + d.grads
                     + d.masters
@@ -291,16 +308,17 @@ fn tensor_parallel_shards_size_the_gram_iteration_by_what_runs() {
 }
 
 /// Without Nesterov the update is the momentum itself: the update workspace (one f32 per
-/// element of the largest Muon job) is allocated only for a Nesterov step, or as large as the
+/// element of the largest Muon job) is allocated only for a Nesterov step or a bf16 momentum, or as large as the
 /// largest per-group split that parks its masters there. gpt2-124m at dp 1 (every matrix one
 /// job on rank 0, no per-group split): exactly 4 bytes per element of its largest Muon matrix.
 #[test]
-fn the_update_workspace_is_allocated_only_for_nesterov() {
+fn the_update_workspace_is_allocated_only_for_nesterov_or_a_bf16_momentum() {
     let model = preset("gpt2-124m").unwrap();
-    let workspaces = |nesterov: bool| {
+    let workspaces = |nesterov: bool, muon_momentum_dtype: Dtype| {
         let cfg = Config {
             vocab_size: model.vocab_size,
             muon_nesterov: nesterov,
+            muon_momentum_dtype,
             ..Config::default()
         };
         let registry = model.registry(&cfg).unwrap();
@@ -318,6 +336,8 @@ fn the_update_workspace_is_allocated_only_for_nesterov() {
             largest,
         )
     };
-    let ((with, largest), (without, _)) = (workspaces(true), workspaces(false));
+    let ((with, largest), (without, _)) = (workspaces(true, Dtype::F32), workspaces(false, Dtype::F32));
     assert_eq!(with - without, 4 * largest);
+    // A bf16 momentum's update is its f32 value, in the workspace, with or without Nesterov.
+    assert_eq!(workspaces(false, Dtype::Bf16).0, with);
 }

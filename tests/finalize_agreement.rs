@@ -122,6 +122,24 @@ fn a_differing_numerics_setting_is_named() {
         &finalize([custom, other], None, false),
         &["config field 'muon_custom_coefficients'"],
     );
+    // Cautious weight decay keeps other weights than plain decay.
+    let cautious = Config {
+        cautious_weight_decay: true,
+        ..Config::default()
+    };
+    assert_mismatch(
+        &finalize([cautious, Config::default()], None, false),
+        &["config field 'cautious_weight_decay'"],
+    );
+    // A bf16 momentum rounds every step's momentum.
+    let bf16 = Config {
+        muon_momentum_dtype: muon_opt::config::Dtype::Bf16,
+        ..Config::default()
+    };
+    assert_mismatch(
+        &finalize([Config::default(), bf16], None, false),
+        &["config field 'muon_momentum_dtype'"],
+    );
 }
 
 /// The declared network is part of the agreement: a rank that declares other figures, or none

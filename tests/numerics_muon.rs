@@ -5,7 +5,7 @@ mod support;
 use muon_opt::config::{CoefficientSet, Config, NsPrecision, ScaleMode};
 use muon_opt::error::ErrorKind;
 use muon_opt::numerics::muon::{MuonOptions, MuonShape, MuonStepArgs, MuonWorkspace, muon_scale, muon_update};
-use muon_opt::numerics::step_args::ParamScales;
+use muon_opt::numerics::step_args::{ParamScales, param_rates};
 use support::docs::assert_quotes;
 use support::numerics::{max_abs_diff, ns_reference_f64, to_f64};
 use support::rng::Rng;
@@ -527,4 +527,132 @@ fn rejects_bad_arguments_without_touching_state() {
     bad.ns.steps = 0;
     check(plain, &g, &bad, ErrorKind::OutOfRange);
     assert!(w.iter().all(|&v| v == 1.0) && m.iter().all(|&v| v == 0.5));
+}
+
+/// Cautious weight decay (microsoft/dion's `cautious_wd` in `muon_update_post_orthogonalize`):
+/// a weight is decayed only where it and its orthogonalized update `X` share a sign. Against a
+/// per-element reference built from the same step's scaled update `s·X` — read off a zero
+/// master, which no decay moves, so `W' = 0·d − s·X = −(s·X)` exactly — bit for bit, with both
+/// kinds of element present; the momentum is plain Muon's, and plain decay (checked against
+/// the same `s·X`) differs wherever the weight was kept.
+#[test]
+fn cautious_weight_decay_decays_only_where_weight_and_update_agree() {
+    let (rows, cols) = (24, 16);
+    let n = rows * cols;
+    let mut rng = Rng::new(77);
+    let (w0, m0, g) = (rng.normal_vec(n, 1.0), rng.normal_vec(n, 0.01), rng.normal_vec(n, 0.01));
+    let shape = MuonShape {
+        rows,
+        cols,
+        split_rows: &[],
+        split_groups: 1,
+    };
+    let a = args();
+    let plain = options(ScaleMode::Spectral, true, 1.0);
+    let cautious = MuonOptions {
+        cautious_weight_decay: true,
+        ..plain
+    };
+    let run = |w0: &[f32], o: &MuonOptions| {
+        let (mut w, mut m) = (w0.to_vec(), m0.clone());
+        muon_update(&mut w, &mut m, &g, &shape, &a, o, &mut MuonWorkspace::default()).unwrap();
+        (w, m)
+    };
+    let (minus_step_x, m_plain) = run(&vec![0.0; n], &plain);
+    let (w_cautious, m_cautious) = run(&w0, &cautious);
+    let (w_plain, _) = run(&w0, &plain);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&m_cautious), bits(&m_plain));
+    let decay = param_rates(a.lr, a.weight_decay, a.scales).decay;
+    let (mut kept, mut decayed) = (0, 0);
+    for i in 0..n {
+        let step_x = -minus_step_x[i];
+        assert_eq!(
+            w_plain[i].to_bits(),
+            (w0[i] * decay - step_x).to_bits(),
+            "plain, element {i}"
+        );
+        let expected = if w0[i] * step_x >= 0.0 {
+            decayed += 1;
+            w0[i] * decay - step_x
+        } else {
+            kept += 1;
+            w0[i] - step_x
+        };
+        assert_eq!(w_cautious[i].to_bits(), expected.to_bits(), "cautious, element {i}");
+        assert_eq!(w_cautious[i] == w_plain[i], w0[i] * step_x >= 0.0, "element {i}");
+    }
+    assert!(kept > n / 4 && decayed > n / 4, "kept {kept}, decayed {decayed} of {n}");
+}
+
+/// A bf16 momentum (`muon_momentum_dtype = bf16`, microsoft/dion's `momentum_dtype`): each new
+/// momentum value is `μ·M + (1−μ)·g` rounded to bf16 (nearest even), and the update is that of
+/// the rounded momentum — bit for bit the f32 update of a step with μ = 0 and the rounded
+/// momentum as its gradient (then `M = 0·M + 1·g` is that gradient exactly), with and without
+/// Nesterov.
+#[test]
+fn a_bf16_momentum_is_rounded_where_it_is_updated() {
+    use muon_opt::numerics::bf16::round_through_bf16;
+    let (rows, cols) = (24, 16);
+    let n = rows * cols;
+    let mut rng = Rng::new(79);
+    let w0 = rng.normal_vec(n, 1.0);
+    let m0: Vec<f32> = rng.normal_vec(n, 0.01).into_iter().map(round_through_bf16).collect();
+    let g = rng.normal_vec(n, 0.01);
+    let shape = MuonShape {
+        rows,
+        cols,
+        split_rows: &[],
+        split_groups: 1,
+    };
+    let a = args();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for nesterov in [false, true] {
+        let f32_opts = options(ScaleMode::Spectral, nesterov, 1.0);
+        let bf16_opts = MuonOptions {
+            momentum_bf16: true,
+            ..f32_opts
+        };
+        let (mut w, mut m) = (w0.clone(), m0.clone());
+        muon_update(
+            &mut w,
+            &mut m,
+            &g,
+            &shape,
+            &a,
+            &bf16_opts,
+            &mut MuonWorkspace::default(),
+        )
+        .unwrap();
+        let (scale, clip) = (a.grad_scale, a.clip_coef);
+        let expected_m: Vec<f32> = (0..n)
+            .map(|i| round_through_bf16(a.momentum * m0[i] + (1.0 - a.momentum) * ((g[i] * scale) * clip)))
+            .collect();
+        assert_eq!(bits(&m), bits(&expected_m), "nesterov {nesterov}: momentum");
+        let (mut f32_w, mut f32_m) = (w0.clone(), vec![0.0; n]);
+        let direct = MuonStepArgs {
+            momentum: 0.0,
+            grad_scale: 1.0,
+            clip_coef: 1.0,
+            ..a
+        };
+        let plain = options(ScaleMode::Spectral, false, 1.0);
+        let u: Vec<f32> = if nesterov {
+            let g: Vec<f32> = g.iter().map(|&g| (g * scale) * clip).collect();
+            (0..n).map(|i| g[i] + a.momentum * (expected_m[i] - g[i])).collect()
+        } else {
+            expected_m.clone()
+        };
+        muon_update(
+            &mut f32_w,
+            &mut f32_m,
+            &u,
+            &shape,
+            &direct,
+            &plain,
+            &mut MuonWorkspace::default(),
+        )
+        .unwrap();
+        assert_eq!(bits(&w), bits(&f32_w), "nesterov {nesterov}: master");
+    }
 }

@@ -254,6 +254,7 @@ fn the_values_follow_a_reference_when_changed_mid_run() {
             step: step + 1,
             grad_scale: 1.0,
             clip_coef: 1.0,
+            cautious_weight_decay: false,
         };
         adamw_update(&mut b, &mut m, &mut v, &grad(step, 1, 40), &adamw).unwrap();
         assert_eq!(bits(&got[step as usize][0]), bits(&w), "Muon param after step {step}");

@@ -277,13 +277,18 @@ fn sharded_params(t: usize) -> Params {
 /// The full logical model of a dp × tp run: each weight assembled from its TP shards (as
 /// trained by data-parallel rank 0; every data-parallel rank holds the same values).
 fn tp_run(mode: TpMode, method: NsMethod) -> Vec<Vec<f32>> {
+    tp_run_with(&with_method(mode, method))
+}
+
+/// [`tp_run`] under `cfg`.
+fn tp_run_with(cfg: &Config) -> Vec<Vec<f32>> {
     let data: Vec<Vec<Arc<Communicator>>> = (0..TP).map(|_| host_comms(DP)).collect();
     let tensor: Vec<Vec<Arc<Communicator>>> = (0..DP).map(|_| host_comms(TP)).collect();
     let results: Vec<Result<Vec<Vec<f32>>>> = on_ranks(
         (0..TP).flat_map(|t| (0..DP).map(move |d| (d, t))),
         |_, (d, t)| -> Result<Vec<Vec<f32>>> {
             let (dp_comm, tp_comm) = (data[t][d].clone(), tensor[d][t].clone());
-            let mut opt = Optimizer::new(with_method(mode, method), dp_comm.claim()?, CallerStream::NULL)?;
+            let mut opt = Optimizer::new(cfg.clone(), dp_comm.claim()?, CallerStream::NULL)?;
             opt.set_tp_group(tp_comm)?;
             train(&mut opt, &sharded_params(t), d)
         },
@@ -315,6 +320,11 @@ fn tp_run(mode: TpMode, method: NsMethod) -> Vec<Vec<f32>> {
 
 /// The unsharded model (or, `split_shards`, every shard a matrix of its own) at dp 2, TP 1.
 fn reference_run(split_shards: bool, method: NsMethod) -> Vec<Vec<f32>> {
+    reference_run_with(split_shards, &with_method(TpMode::Blockwise, method))
+}
+
+/// [`reference_run`] under `cfg` (its TP mode unused: nothing is sharded).
+fn reference_run_with(split_shards: bool, cfg: &Config) -> Vec<Vec<f32>> {
     let params: Params = MODEL
         .iter()
         .flat_map(|l| {
@@ -342,11 +352,7 @@ fn reference_run(split_shards: bool, method: NsMethod) -> Vec<Vec<f32>> {
     let comms = host_comms(DP);
     let results: Vec<Result<Vec<Vec<f32>>>> = on_ranks(0..DP, |_, d| -> Result<Vec<Vec<f32>>> {
         let (comm, params) = (comms[d].clone(), &params);
-        let mut opt = Optimizer::new(
-            with_method(TpMode::Blockwise, method),
-            comm.claim()?,
-            CallerStream::NULL,
-        )?;
+        let mut opt = Optimizer::new(cfg.clone(), comm.claim()?, CallerStream::NULL)?;
         train(&mut opt, params, d)
     });
     let values = results.into_iter().next().unwrap().unwrap();
@@ -379,6 +385,21 @@ fn duplicated_shards_train_bitwise_like_the_unsharded_model() {
     let duplicated = tp_run(TpMode::Duplicated, NsMethod::Standard);
     assert_ne!(bits(&duplicated[0]), bits(&initial), "the weights moved");
     assert_same_model(&duplicated, &reference_run(false, NsMethod::Standard));
+}
+
+/// A bf16 momentum (`muon_momentum_dtype = bf16`) in duplicated mode: each TP rank rounds its
+/// shard's momentum as the unsharded param rounds those elements, so the model trains bitwise
+/// like the unsharded bf16-momentum model, and differs from the f32-momentum one.
+#[test]
+fn duplicated_shards_with_a_bf16_momentum_train_bitwise_like_the_unsharded_model() {
+    let cfg = Config {
+        muon_momentum_dtype: muon_opt::config::Dtype::Bf16,
+        ..config(TpMode::Duplicated)
+    };
+    let bf16 = tp_run_with(&cfg);
+    assert_same_model(&bf16, &reference_run_with(false, &cfg));
+    let f32 = tp_run(TpMode::Duplicated, NsMethod::Standard);
+    assert_ne!(bits(&bf16[0]), bits(&f32[0]), "the momentum dtype changes the update");
 }
 
 #[test]
@@ -550,7 +571,8 @@ fn duplicated_expert_stacks_train_like_the_unsharded_stack() {
     assert_eq!(bits(&assembled), bits(&whole));
 }
 
-/// Finalize refuses a duplicated shard without a TP group, and TP ranks whose shards differ.
+/// Finalize refuses a duplicated shard without a TP group, TP ranks whose shards differ, and TP
+/// ranks whose momentum dtypes differ.
 #[test]
 fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
     let comm = host_comms(1).remove(0);
@@ -593,5 +615,23 @@ fn duplicated_mode_needs_the_tp_group_and_matching_shards() {
         ] {
             assert!(err.message.contains(part), "{err}");
         }
+    }
+
+    let tensor = host_comms(TP);
+    let results: Vec<Result<()>> = on_ranks(0..TP, |_, t| -> Result<()> {
+        let cfg = Config {
+            muon_momentum_dtype: if t == 0 { Dtype::F32 } else { Dtype::Bf16 },
+            ..config(TpMode::Duplicated)
+        };
+        let comm = host_comms(1).remove(0);
+        let mut opt = Optimizer::new(cfg, comm.claim()?, CallerStream::NULL)?;
+        opt.set_tp_group(tensor[t].clone())?;
+        opt.add_param(sharded_params(t).remove(0).0, None)?;
+        opt.finalize()
+    });
+    for r in results {
+        let err = r.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PlanMismatch);
+        assert!(err.message.contains("muon_momentum_dtype"), "{err}");
     }
 }

@@ -265,6 +265,21 @@ pub struct muon_config_t {
     /// k mod muon_custom_coefficient_steps (Emerging-Optimizers cycles a custom set). Entries
     /// past the count are ignored. A caller compiled against an older header gets no table.
     pub muon_custom_coefficients: [f32; 48],
+    /// Padding that ended the 424-byte layout (after muon_custom_coefficients), named so the
+    /// next field makes a layout of another size: ignored, written as 0.
+    pub reserved6: u32,
+    /// 1 = cautious weight decay on Muon and AdamW (microsoft/dion's `cautious_wd`, arXiv
+    /// 2510.12402): an element is decayed only where it and its update have the same sign
+    /// (w·u >= 0), the rest of the update unchanged; default 0 (every element decayed). Every
+    /// rank must use the same value (finalize checks it). A caller compiled against an older
+    /// header gets 0.
+    pub cautious_weight_decay: u32,
+    /// MUON_DTYPE_F32 (default) or MUON_DTYPE_BF16: storage of the Muon momentum (microsoft/dion's
+    /// `momentum_dtype`). BF16 halves its bytes; the new momentum is rounded to bf16 (nearest
+    /// even) where it is updated and the update reads the rounded value. A checkpoint records
+    /// it and loads only with the same dtype. A caller compiled against an older header gets
+    /// F32.
+    pub muon_momentum_dtype: u32,
 }
 
 /// `muon_config_t` fields of the first ABI (up to `host_comm_mode`); a smaller struct_size is
@@ -290,8 +305,9 @@ pub(crate) const MIN_CONFIG_SIZE: usize = std::mem::offset_of!(muon_config_t, ho
 /// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets` end at 220, rounded
 /// up to 224; after a `reserved5` filling that layout's tail padding,
 /// `muon_custom_coefficient_steps` and the 48 floats of `muon_custom_coefficients` end at 420,
-/// rounded up to 424.
-pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 11] = [
+/// rounded up to 424; after a `reserved6` filling that layout's tail padding,
+/// `cautious_weight_decay` and `muon_momentum_dtype` end at 432.
+pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 12] = [
     ("host_comm_mode", 104),
     ("host_threads", 112),
     ("muon_tp_mode", 112),
@@ -303,6 +319,7 @@ pub(crate) const RELEASED_CONFIG_LAYOUTS: [(&str, usize); 11] = [
     ("adaptive_muon_eps", 208),
     ("param_prefetch_buckets", 224),
     ("muon_custom_coefficients", 424),
+    ("muon_momentum_dtype", 432),
 ];
 
 /// The size two released layouts share (see [`RELEASED_CONFIG_LAYOUTS`]).
@@ -387,6 +404,9 @@ impl muon_config_t {
             reserved5: 0,
             muon_custom_coefficient_steps: cfg.muon_custom_coefficients.len() as u32,
             muon_custom_coefficients: custom_coefficients_c(&cfg.muon_custom_coefficients),
+            reserved6: 0,
+            cautious_weight_decay: cfg.cautious_weight_decay as u32,
+            muon_momentum_dtype: cfg.muon_momentum_dtype.code(),
         }
     }
 
@@ -462,6 +482,8 @@ impl muon_config_t {
             reshard_after_forward: flag("reshard_after_forward", self.reshard_after_forward)?,
             param_prefetch_buckets: self.param_prefetch_buckets,
             muon_custom_coefficients: self.custom_coefficients()?,
+            cautious_weight_decay: flag("cautious_weight_decay", self.cautious_weight_decay)?,
+            muon_momentum_dtype: Dtype::from_code("muon_momentum_dtype", self.muon_momentum_dtype)?,
             ..Config::default()
         };
         cfg.validate()?;

@@ -73,6 +73,19 @@ pub struct NumericsConfig {
     /// bytes): a load with another table is refused as one with another set is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub muon_custom_coefficients: Option<Vec<[f32; 3]>>,
+    /// Written only when it is not `f32` (older checkpoints read as `f32`): a bf16 momentum
+    /// rounds every step's momentum, so a checkpoint loads only with the dtype it was saved
+    /// with, as with the precision.
+    #[serde(default = "f32_momentum", skip_serializing_if = "is_f32_momentum")]
+    pub muon_momentum_dtype: Dtype,
+}
+
+fn f32_momentum() -> Dtype {
+    Dtype::F32
+}
+
+fn is_f32_momentum(value: &Dtype) -> bool {
+    *value == Dtype::F32
 }
 
 fn standard_variant() -> MuonVariant {
@@ -128,6 +141,7 @@ impl NumericsConfig {
             adaptive_muon_eps: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_eps),
             muon_custom_coefficients: (cfg.muon_coefficient_set == CoefficientSet::Custom)
                 .then(|| cfg.muon_custom_coefficients.clone()),
+            muon_momentum_dtype: cfg.muon_momentum_dtype,
         }
     }
 }

@@ -20,10 +20,15 @@
 //! vhat = v / bc2
 //! w    = w·decay − (lr·mhat) / (sqrt(vhat) + eps)
 //! ```
-//! (`1 − β1`, `1 − β2` are f32 scalars computed once.)
+//! (`1 − β1`, `1 − β2` are f32 scalars computed once.) With cautious weight decay the last
+//! line is `u = (lr·mhat) / (sqrt(vhat) + eps)`, `w = w·d − u` with `d = decay` where `w·u ≥ 0`
+//! and `d = 1` elsewhere ([`cautious_decay`]): microsoft/dion's `adamw_update`
+//! (`dion/scalar_opts.py`, commit 0a059a4542e5aa74b40dcd1dce363836c7afcd48) masks the decay
+//! with `(M / denom)·X ≥ 0`, the sign of the same update before its learning rate.
 
 use crate::bail;
 use crate::error::Result;
+use crate::numerics::muon::cautious_decay;
 use crate::numerics::split_workers;
 use crate::numerics::step_args::{ParamScales, param_rates};
 
@@ -50,6 +55,9 @@ pub struct AdamWArgs {
     /// The global gradient-clip multiplier ([`clip_coefficient`](super::clip_coefficient)),
     /// applied to the mean; 1 when clipping is off.
     pub clip_coef: f32,
+    /// Cautious weight decay (`cautious_weight_decay`): decay only where the weight and its
+    /// update share a sign.
+    pub cautious_weight_decay: bool,
 }
 
 /// `base^exp` in f32 by binary exponentiation, every product rounded to f32: scanning the bits
@@ -144,7 +152,7 @@ fn apply(master: &mut [f32], exp_avg: &mut [f32], exp_avg_sq: &mut [f32], grad: 
     let (one_minus_b1, one_minus_b2) = (1.0 - b1, 1.0 - b2);
     let rates = param_rates(args.lr, args.weight_decay, args.scales);
     let (lr, decay, eps) = (rates.lr, rates.decay, args.eps);
-    let (scale, clip) = (args.grad_scale, args.clip_coef);
+    let (scale, clip, cautious) = (args.grad_scale, args.clip_coef, args.cautious_weight_decay);
     let elements = master
         .iter_mut()
         .zip(exp_avg.iter_mut())
@@ -156,6 +164,7 @@ fn apply(master: &mut [f32], exp_avg: &mut [f32], exp_avg_sq: &mut [f32], grad: 
         *v = b2 * *v + one_minus_b2 * g * g;
         let mhat = *m / bc1;
         let vhat = *v / bc2;
-        *w = *w * decay - lr * mhat / (vhat.sqrt() + eps);
+        let u = lr * mhat / (vhat.sqrt() + eps);
+        *w = *w * cautious_decay(cautious, decay, *w, u) - u;
     }
 }

@@ -4,7 +4,8 @@
 //! For one owned matrix `W` (`rows × cols`) with momentum `M` and reduced gradient `G`, every
 //! scalar operation in f32, in this order (`lr_eff = lr·lr_scale`, `wd_eff = wd·wd_scale`,
 //! `decay = 1 − lr_eff·wd_eff` from [`param_rates`]):
-//! 1. `g = (G·grad_scale)·clip_coef`, `M = μ·M + (1−μ)·g`;
+//! 1. `g = (G·grad_scale)·clip_coef`, `M = μ·M + (1−μ)·g`, with a bf16 momentum
+//!    (`muon_momentum_dtype = bf16`) rounded to bf16 (nearest even) as it is stored;
 //! 2. `U = g + μ·(M − g)` with Nesterov, else `U = M`;
 //! 3. per fused component `k` (rows split along dim 0; the whole matrix when there is no
 //!    split): `X_k = NS(U_k)` ([`newton_schulz`](super::newton_schulz)) and
@@ -19,16 +20,23 @@
 //!    as this rank holds it — a TP shard's own, as Megatron-LM's `TensorParallelAdaptiveMuon`
 //!    keeps them — each component with its `lines` values of the param's moment2 state, in
 //!    component order);
-//! 5. `W = W·decay − (lr_eff·scale_k)·X_k`.
+//! 5. `W = W·decay − (lr_eff·scale_k)·X_k`; with cautious weight decay
+//!    (`cautious_weight_decay`) `W = W·d − (lr_eff·scale_k)·X_k`, `d = decay` where
+//!    `W·X_k ≥ 0` (the f32 product) and `d = 1` (no rounding) elsewhere.
 //!
-//! Step 4 fuses Megatron's decoupled weight decay `p.mul_(1 − lr·wd)` (done before the
-//! update there) with the update; it is the same `W ← W − lr·wd·W − lr·scale·X`. The scale is
+//! Step 5 fuses Megatron's decoupled weight decay `p.mul_(1 − lr·wd)` (done before the
+//! update there) with the update; it is the same `W ← W − lr·wd·W − lr·scale·X`. Cautious
+//! weight decay is microsoft/dion's `cautious_wd` (arXiv 2510.12402): `dion/muon.py`
+//! `muon_update_post_orthogonalize` (commit 0a059a4542e5aa74b40dcd1dce363836c7afcd48) decays
+//! `X` by `base_lr·weight_decay·X·mask` with `mask = min(sign(X·U) + 1, 1)`, i.e. 1 where
+//! `X·U ≥ 0`, before `X −= adjusted_lr·U` — the same rule, fused as the plain decay is. The scale is
 //! computed per component shape, as Emerging-Optimizers does when it orthogonalizes split
 //! QKV components one by one through `scaled_orthogonalize_fn`.
 
 use crate::bail;
-use crate::config::{Config, MuonVariant, NsPrecision, ScaleMode, TpMode};
+use crate::config::{Config, Dtype, MuonVariant, NsPrecision, ScaleMode, TpMode};
 use crate::error::Result;
+use crate::numerics::bf16::round_through_bf16;
 use crate::numerics::newton_schulz::{
     NsOptions, NsWorkspace, ShardSums, newton_schulz_in_place, newton_schulz_sharded_in_place,
 };
@@ -50,11 +58,16 @@ pub struct MuonOptions {
     pub variant: MuonVariant,
     /// NorMuon's β2 and ε (read with [`MuonVariant::Normuon`] only).
     pub normuon: NormuonOptions,
+    /// Cautious weight decay: decay only where the weight and its update share a sign.
+    pub cautious_weight_decay: bool,
+    /// The momentum is stored in bf16: each new value is rounded to bf16 (`muon_momentum_dtype`).
+    pub momentum_bf16: bool,
 }
 
 impl MuonOptions {
     /// Takes `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode`,
-    /// `muon_extra_scale_factor`, `muon_variant` and NorMuon's constants from `cfg`.
+    /// `muon_extra_scale_factor`, `muon_variant`, NorMuon's constants and
+    /// `cautious_weight_decay` and whether `muon_momentum_dtype` is bf16 from `cfg`.
     pub fn from_config(cfg: &Config) -> Self {
         MuonOptions {
             nesterov: cfg.muon_nesterov,
@@ -66,6 +79,8 @@ impl MuonOptions {
                 beta2: cfg.adaptive_muon_beta2,
                 eps: cfg.adaptive_muon_eps,
             },
+            cautious_weight_decay: cfg.cautious_weight_decay,
+            momentum_bf16: cfg.muon_momentum_dtype == Dtype::Bf16,
         }
     }
 
@@ -346,6 +361,9 @@ pub fn muon_update_sharded(
     for ((u, m), &g) in update.iter_mut().zip(momentum.iter_mut()).zip(grad) {
         let g = (g * scale) * clip;
         *m = mu * *m + one_minus_mu * g;
+        if opts.momentum_bf16 {
+            *m = round_through_bf16(*m);
+        }
         *u = if opts.nesterov { g + mu * (*m - g) } else { *m };
     }
 
@@ -390,9 +408,10 @@ pub fn muon_update_sharded(
             line += lines;
         }
         let step = rates.lr * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
+        let cautious = opts.cautious_weight_decay;
         let apply = |w: &mut [f32], x: &[f32]| {
             for (w, &x) in w.iter_mut().zip(x) {
-                *w = *w * rates.decay - step * x;
+                *w = *w * cautious_decay(cautious, rates.decay, *w, x) - step * x;
             }
         };
         match &order {
@@ -406,6 +425,14 @@ pub fn muon_update_sharded(
         }
     }
     Ok(())
+}
+
+/// The factor a weight `w` with update `u` (the direction subtracted from it) is decayed by:
+/// `decay`, except with cautious weight decay where `w·u < 0` (or is NaN), where it is 1 — the
+/// weight kept, as dion's mask of `X·U ≥ 0` keeps it. The AdamW update uses it too.
+#[inline]
+pub fn cautious_decay(cautious: bool, decay: f32, w: f32, u: f32) -> f32 {
+    if !cautious || w * u >= 0.0 { decay } else { 1.0 }
 }
 
 /// Orthogonalizes the `rows × cols` shard `x` of one component in place with Megatron's

@@ -46,7 +46,7 @@ use super::queries::shard_pieces;
 use super::sharding::ShardingBytes;
 use super::types::BucketSplit;
 
-/// Muon: fp32 momentum.
+/// Muon: fp32 momentum (half of it with `muon_momentum_dtype = bf16`).
 pub const MUON_MOMENT_BYTES_PER_ELEMENT: u64 = 4;
 /// NorMuon (`muon_variant = normuon`): one fp32 second moment per line of the longer side of
 /// each component of a unit ([`ParamSpec::normuon_lines`]).
@@ -219,7 +219,8 @@ impl Report {
                 Route::Muon => elements.muon += spec.numel(),
                 Route::Adamw => elements.adamw += spec.numel(),
             }
-            let per_element = state_bytes_per_element(spec, MUON_MOMENT_BYTES_PER_ELEMENT);
+            let momentum = MUON_MOMENT_BYTES_PER_ELEMENT * cfg.muon_momentum_dtype.size() as u64 / 4;
+            let per_element = state_bytes_per_element(spec, momentum);
             let moment2 = if placement.route == Route::Muon && cfg.muon_variant == MuonVariant::Normuon {
                 spec.normuon_lines() * MUON_MOMENT2_BYTES_PER_LINE
             } else {

@@ -184,6 +184,7 @@ impl StateLayout {
             grad_dtype: cfg.grad_dtype,
             master,
             momentum,
+            momentum_dtype: cfg.muon_momentum_dtype,
             moment2,
             adam_moments: moments,
             max_component,

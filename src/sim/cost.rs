@@ -378,11 +378,11 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         },
         // a few partials per group
         Kernel::SumsqFinish => u64::from(l.grid[0]) * 8 * 64,
-        // grad (dtype), momentum read+write, update write unless it is the momentum
+        // grad (dtype), momentum (dtype) read+write, update write unless it is the momentum
         Kernel::MuonMomentum => {
             let in_place = matches!((a.get(2), a.get(3)), (Some(Arg::Ptr(m)), Some(Arg::Ptr(u))) if m == u);
             let update = if in_place { 0 } else { 4 };
-            arg_u64(a, 4) * (elem(a, 1) + 8 + update)
+            arg_u64(a, 4) * (elem(a, 1) + 2 * elem(a, 7) + update)
         }
         // (u, x, norms, batch, rows, cols, t): read and write f32
         Kernel::NsNormalize => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 5) * 8,

@@ -138,7 +138,7 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         kernel = [&] {
             muon_adamw(arg<float *>(a, 0), arg<float *>(a, 1), arg<float *>(a, 2), arg<const void *>(a, 3),
                        arg<int>(a, 4), arg<muon_u64>(a, 5), arg<float>(a, 6), arg<float>(a, 7),
-                       arg<const double *>(a, 8), arg<int>(a, 9));
+                       arg<const double *>(a, 8), arg<int>(a, 9), arg<int>(a, 10));
         };
     } else if (k == "muon_cast_f32_to_bf16") {
         kernel = [&] { muon_cast_f32_to_bf16(arg<const float *>(a, 0), arg<muon_u16 *>(a, 1), arg<muon_u64>(a, 2)); };
@@ -148,8 +148,8 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         };
     } else if (k == "muon_momentum") {
         kernel = [&] {
-            muon_momentum(arg<const void *>(a, 0), arg<int>(a, 1), arg<float *>(a, 2), arg<float *>(a, 3),
-                          arg<muon_u64>(a, 4), arg<const double *>(a, 5), arg<int>(a, 6));
+            muon_momentum(arg<const void *>(a, 0), arg<int>(a, 1), arg<void *>(a, 2), arg<float *>(a, 3),
+                          arg<muon_u64>(a, 4), arg<const double *>(a, 5), arg<int>(a, 6), arg<int>(a, 7));
         };
     } else if (k == "muon_ns_normalize") {
         kernel = [&] {
@@ -174,7 +174,7 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
             muon_apply(arg<float *>(a, 0), arg<const float *>(a, 1), arg<muon_u32>(a, 2), arg<muon_u32>(a, 3),
                        arg<muon_u32>(a, 4), arg<int>(a, 5), arg<muon_u32>(a, 6), arg<const double *>(a, 7),
                        arg<float>(a, 8), arg<float>(a, 9), arg<float>(a, 10), arg<const float *>(a, 11),
-                       arg<int>(a, 12), arg<const double *>(a, 13), arg<float>(a, 14));
+                       arg<int>(a, 12), arg<const double *>(a, 13), arg<float>(a, 14), arg<int>(a, 15));
         };
     } else if (k == "muon_normuon_line_sums") {
         kernel = [&] {

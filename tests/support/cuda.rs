@@ -128,6 +128,7 @@ pub fn elementwise_script(backend: &mut dyn Backend, n: u64, specials: &[f32]) -
         grad_dtype: Dtype::Bf16,
         master: n,
         momentum: 0,
+        momentum_dtype: muon_opt::config::Dtype::F32,
         moment2: 0,
         adam_moments: 0,
         max_component: (0, 0),

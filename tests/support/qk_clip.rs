@@ -248,6 +248,7 @@ pub fn clip_script(backend: &mut dyn Backend, device: bool) -> Vec<Vec<u32>> {
                 grad_dtype: Dtype::F32,
                 master: n as u64,
                 momentum: 0,
+                momentum_dtype: muon_opt::config::Dtype::F32,
                 moment2: 0,
                 adam_moments: 0,
                 max_component: (0, 0),

@@ -245,6 +245,9 @@ class muon_config_t(Structure):
         ("reserved5", c_uint32),
         ("muon_custom_coefficient_steps", c_uint32),
         ("muon_custom_coefficients", c_float * (3 * MUON_MAX_CUSTOM_COEFFICIENTS)),
+        ("reserved6", c_uint32),
+        ("cautious_weight_decay", c_uint32),
+        ("muon_momentum_dtype", c_uint32),
     ]
 
 

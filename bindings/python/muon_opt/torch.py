@@ -171,6 +171,13 @@ _CHOICES = {
 }
 
 
+def _momentum_dtype(dtype):
+    """The Dtype code of the ``momentum_dtype`` keyword (torch.float32 or torch.bfloat16)."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"momentum_dtype: expected torch.float32 or torch.bfloat16, got {dtype!r}")
+    return int(_DTYPES[dtype])
+
+
 def _with_choice(config, argument, value):
     """A copy of ``config`` with the field of keyword ``argument`` set to what ``value`` names."""
     field, names = _CHOICES[argument]
@@ -241,7 +248,11 @@ class Muon(torch.optim.Optimizer):
     ``"replicated"`` or ``"sharded"`` (ZeRO-3 style with whole-matrix owners: planned and
     simulated, its iteration not implemented yet, so the optimizer refuses it with
     ``Status.UNSUPPORTED``), with ``reshard_after_forward`` and ``param_prefetch_buckets``, in
-    place of the config's fields of those names; ``network`` and
+    place of the config's fields of those names; ``cautious_weight_decay``: True decays a
+    weight (Muon and AdamW) only where it and its update share a sign (microsoft/dion's
+    ``cautious_wd``), in place of the config's field; ``momentum_dtype``: ``torch.float32`` or
+    ``torch.bfloat16``, the storage of the Muon momentum (dion's ``momentum_dtype``), in place of
+    the config's ``muon_momentum_dtype``; ``network`` and
     ``expert_network``: ``(hop_latency_us, bus_bandwidth_gbps)`` of the data-parallel (and
     expert data-parallel) ring, in place of the config's (the config passed is not changed).
     See the module's docstring for the groups, the grads, ``state_dict`` and the defaults.
@@ -274,6 +285,8 @@ class Muon(torch.optim.Optimizer):
         param_sharding=None,
         reshard_after_forward=None,
         param_prefetch_buckets=None,
+        cautious_weight_decay=None,
+        momentum_dtype=None,
         overlap_grad_reduce=False,
         state_dir=None,
     ):
@@ -305,6 +318,8 @@ class Muon(torch.optim.Optimizer):
             ("expert_network", expert_network),
             ("reshard_after_forward", None if reshard_after_forward is None else int(bool(reshard_after_forward))),
             ("param_prefetch_buckets", param_prefetch_buckets),
+            ("cautious_weight_decay", None if cautious_weight_decay is None else int(bool(cautious_weight_decay))),
+            ("muon_momentum_dtype", None if momentum_dtype is None else _momentum_dtype(momentum_dtype)),
         ):
             if value is not None:
                 config = type(config)(**dict(config.as_dict(), **{field: value}))

@@ -162,7 +162,7 @@ def gram_model():
         )
 
 
-def one_gram_step(ns_method, variant=None, custom=None):
+def one_gram_step(ns_method, variant=None, custom=None, cautious_weight_decay=None, momentum_dtype=None):
     """One step of gram_model on one rank: (initial params, grads, params after); ``custom``: a
     custom coefficient table in place of the simple set."""
     with mo.HostGroup(1) as group:
@@ -171,7 +171,8 @@ def one_gram_step(ns_method, variant=None, custom=None):
         if custom is not None:
             cfg.muon_coefficient_set = mo.Coefficients.CUSTOM
             cfg.muon_custom_coefficients = custom
-        opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, ns_method=ns_method, variant=variant)
+        opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, ns_method=ns_method, variant=variant,
+                   cautious_weight_decay=cautious_weight_decay, momentum_dtype=momentum_dtype)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         opt.zero_grad()
         x = torch.linspace(-1.0, 1.0, 4 * 8).reshape(4, 8)
@@ -317,6 +318,48 @@ class TorchAdapter(unittest.TestCase):
             self.assertGreater(float((normuon[name] - standard[name]).abs().max()), 1e-4, name)
         with self.assertRaises(ValueError):
             one_gram_step("standard", variant="adamuon")
+
+    def test_cautious_weight_decay_keyword(self):
+        """``cautious_weight_decay=True`` (microsoft/dion's ``cautious_wd``): the weight is decayed
+        only where it and its update s·X (read off the plain step) share a sign; elsewhere it
+        keeps its value before the update."""
+        before, _, plain = one_gram_step("standard")
+        _, _, cautious = one_gram_step("standard", cautious_weight_decay=True)
+        lr, wd = 0.02, 0.1
+        for name in before:
+            w = before[name].double()
+            decayed = w * (1 - lr * wd)
+            step_x = decayed - plain[name].double()
+            agree = w * step_x >= 0
+            want = torch.where(agree, decayed, w) - step_x
+            torch.testing.assert_close(cautious[name].double(), want, rtol=0, atol=1e-6, msg=name)
+            self.assertTrue(bool(agree.any()) and not bool(agree.all()), name)
+
+    def test_momentum_dtype_keyword(self):
+        """``momentum_dtype=torch.bfloat16`` stores the Muon momentum in bf16: from zero state the
+        first momentum is (1 − μ)·g rounded to bf16 (read back through ``state_dict``, as
+        float32), and the step differs from the f32 one; any other dtype is a ValueError."""
+        with mo.HostGroup(1) as group:
+            model = gram_model()
+            cfg = mo.Config(clip_grad=0.0, muon_ns_precision=mo.NsPrecision.F32)
+            opt = Muon(model, group[0], cfg, lr=0.02, weight_decay=0.1, momentum_dtype=torch.bfloat16)
+            opt.zero_grad()
+            x = torch.linspace(-1.0, 1.0, 4 * 8).reshape(4, 8)
+            model(x).square().sum().backward()
+            grads = [p.grad.detach().clone() for p in model.parameters()]
+            opt.step()
+            state = opt.state_dict()["state"]
+            opt.close()
+        one_minus_mu = torch.tensor(1.0, dtype=torch.float32) - torch.tensor(0.95, dtype=torch.float32)
+        for k, g in enumerate(grads):
+            want = (one_minus_mu * g).to(torch.bfloat16).to(torch.float32)
+            self.assertTrue(torch.equal(state[k]["momentum"], want), k)
+        before, _, f32_after = one_gram_step("standard")
+        _, _, bf16_after = one_gram_step("standard", momentum_dtype=torch.bfloat16)
+        for name in before:
+            self.assertFalse(torch.equal(f32_after[name], bf16_after[name]), name)
+        with self.assertRaises(ValueError):
+            one_gram_step("standard", momentum_dtype=torch.float16)
 
     def test_param_sharding_keywords_reach_the_config(self):
         """``param_sharding="sharded"`` with its policy reaches muon_config_t, where finalize

@@ -108,6 +108,8 @@ pub struct MemoryLayout {
     pub grad_dtype: Dtype,
     pub master: u64,
     pub momentum: u64,
+    /// Storage of the Muon momentum (`muon_momentum_dtype`).
+    pub momentum_dtype: Dtype,
     /// Elements of the NorMuon second moment ([`super::Mem::Moment2`]; 0 for standard Muon).
     pub moment2: u64,
     pub adam_moments: u64,

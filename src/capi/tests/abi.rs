@@ -87,8 +87,21 @@ fn older_sizes_read_the_default(
 ) {
     let mut cfg = default_config();
     set(&mut cfg, code);
-    (cfg.reserved, cfg.reserved2, cfg.reserved3, cfg.reserved4, cfg.reserved5) =
-        (0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB, 0xABAB_ABAB);
+    (
+        cfg.reserved,
+        cfg.reserved2,
+        cfg.reserved3,
+        cfg.reserved4,
+        cfg.reserved5,
+        cfg.reserved6,
+    ) = (
+        0xABAB_ABAB,
+        0xABAB_ABAB,
+        0xABAB_ABAB,
+        0xABAB_ABAB,
+        0xABAB_ABAB,
+        0xABAB_ABAB,
+    );
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert!(!is_default(&read), "code {code} is read at the current size");
     set(&mut cfg, 0xABAB_ABAB);
@@ -469,7 +482,7 @@ fn a_torn_config_struct_size_is_refused() {
         );
     }
     let released = released_config_sizes();
-    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208, 224, 424]);
+    assert_eq!(released, [104, 112, 120, 128, 136, 144, 192, 208, 224, 424, 432]);
     for ok in released {
         let mut cfg = default_config();
         cfg.struct_size = ok as u32;
@@ -625,7 +638,7 @@ fn the_custom_coefficient_table_appends_a_layout_of_its_own_size() {
     assert_eq!(std::mem::offset_of!(muon_config_t, reserved5), 220);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_custom_coefficient_steps), 224);
     assert_eq!(std::mem::offset_of!(muon_config_t, muon_custom_coefficients), 228);
-    assert_eq!(std::mem::size_of::<muon_config_t>(), 424);
+    assert_eq!(RELEASED_CONFIG_LAYOUTS[10], ("muon_custom_coefficients", 424));
     let mut cfg = default_config();
     cfg.muon_coefficient_set = MUON_COEFFICIENTS_CUSTOM;
     cfg.muon_custom_coefficient_steps = 2;
@@ -642,6 +655,49 @@ fn the_custom_coefficient_table_appends_a_layout_of_its_own_size() {
     let (status, message) = validate(&cfg);
     assert_eq!(status, MUON_STATUS_OUT_OF_RANGE, "{message}");
     assert!(message.contains("muon_custom_coefficients"), "{message}");
+}
+
+/// reserved6 fills the 424-byte layout's tail padding (the table ends at 420),
+/// cautious_weight_decay and muon_momentum_dtype follow: 432 bytes. An older caller gets plain
+/// weight decay and f32 momentum; the current layout reads both, and a word that is no
+/// boolean or no dtype is refused naming its field.
+#[test]
+fn cautious_weight_decay_and_momentum_dtype_append_a_layout_of_its_own_size() {
+    assert_eq!(std::mem::offset_of!(muon_config_t, reserved6), 420);
+    assert_eq!(std::mem::offset_of!(muon_config_t, cautious_weight_decay), 424);
+    assert_eq!(std::mem::offset_of!(muon_config_t, muon_momentum_dtype), 428);
+    assert_eq!(std::mem::size_of::<muon_config_t>(), 432);
+    assert_eq!(default_config().muon_momentum_dtype, MUON_DTYPE_F32);
+    older_sizes_read_the_default(
+        |c, v| c.muon_momentum_dtype = v,
+        MUON_DTYPE_BF16,
+        |r| r.muon_momentum_dtype == crate::config::Dtype::F32,
+        &[424, 224, 208, 192, 144, 104],
+    );
+    assert_eq!(default_config().cautious_weight_decay, 0);
+    older_sizes_read_the_default(
+        |c, v| c.cautious_weight_decay = v,
+        1,
+        |r| !r.cautious_weight_decay,
+        &[424, 224, 208, 192, 144, 104],
+    );
+    let mut cfg = default_config();
+    cfg.cautious_weight_decay = 1;
+    let read = unsafe { read_config(&cfg) }.unwrap();
+    assert!(read.cautious_weight_decay);
+    assert_eq!(muon_config_t::from_config(&read).cautious_weight_decay, 1);
+    cfg.cautious_weight_decay = 2;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_OUT_OF_RANGE, "{message}");
+    assert!(
+        message.contains("cautious_weight_decay: 2 is not a boolean (0 or 1)"),
+        "{message}"
+    );
+    let mut cfg = default_config();
+    cfg.muon_momentum_dtype = 7;
+    let (status, message) = validate(&cfg);
+    assert_eq!(status, MUON_STATUS_INVALID_ENUM_VALUE, "{message}");
+    assert!(message.contains("muon_momentum_dtype"), "{message}");
 }
 
 /// The released layouts are the ABI's history: each row's size is its last field's end
@@ -666,6 +722,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
             "muon_custom_coefficients" => {
                 std::mem::size_of::<[f32; 48]>() + offset_of!(muon_config_t, muon_custom_coefficients)
             }
+            "muon_momentum_dtype" => word + offset_of!(muon_config_t, muon_momentum_dtype),
             "expert_network" => std::mem::size_of::<muon_network_t>() + offset_of!(muon_config_t, expert_network),
             other => panic!("no field {other}"),
         }
@@ -712,7 +769,7 @@ fn every_released_config_layout_has_a_size_of_its_own() {
     }
     assert_eq!(
         released_config_sizes(),
-        [104, 112, 120, 128, 136, 144, 192, 208, 224, 424]
+        [104, 112, 120, 128, 136, 144, 192, 208, 224, 424, 432]
     );
 }
 

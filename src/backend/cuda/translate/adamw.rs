@@ -37,6 +37,7 @@ impl Translator {
                 Arg::F32(job.scales.wd_scale),
                 Arg::Ptr(self.slot(0)?),
                 Arg::I32(job.lr.slot() as i32),
+                Arg::I32(i32::from(self.muon.cautious_weight_decay)),
             ],
         )])
     }

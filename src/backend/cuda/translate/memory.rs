@@ -103,7 +103,8 @@ impl Translator {
                 Some(sizes) => (span.mem, sizes.dtype),
                 None => bail!(Internal, "{:?} is not allocated", span.mem),
             },
-            Mem::Master | Mem::Momentum | Mem::Moment2 | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
+            Mem::Momentum => (span.mem, layout.momentum_dtype),
+            Mem::Master | Mem::Moment2 | Mem::ExpAvg | Mem::ExpAvgSq => (span.mem, Dtype::F32),
             Mem::Init(p) => (span.mem, self.init_dtype(p)?),
         };
         let (ptr, bytes) = self.buffer(Buf::Mem(mem))?;
@@ -145,7 +146,10 @@ impl Translator {
             alloc(Buf::Mem(Mem::Grad(i as u32)), b.numel * layout.grad_dtype.size() as u64);
         }
         alloc(Buf::Mem(Mem::Master), layout.master * 4);
-        alloc(Buf::Mem(Mem::Momentum), layout.momentum * 4);
+        alloc(
+            Buf::Mem(Mem::Momentum),
+            layout.momentum * layout.momentum_dtype.size() as u64,
+        );
         if layout.moment2 > 0 {
             alloc(Buf::Mem(Mem::Moment2), layout.moment2 * 4);
         }
@@ -177,9 +181,14 @@ impl Translator {
             lines: if layout.moment2 > 0 { need.lines } else { 0 },
             tile_pointers: self.tile_pointers(need.gram),
         };
-        // The update of a Nesterov step; without Nesterov it is the momentum itself, and the
-        // workspace only holds the masters of a per-group split while it runs in component order.
-        let update = if self.muon.nesterov { work.matrix } else { need.grouped };
+        // The update of a Nesterov step or of a bf16 momentum; otherwise it is the momentum
+        // itself, and the workspace only holds the masters of a per-group split while it runs
+        // in component order.
+        let update = if self.muon.nesterov || self.muon.momentum_bf16 {
+            work.matrix
+        } else {
+            need.grouped
+        };
         if update > 0 {
             alloc(Buf::Work(Work::Update), update * 4);
         }

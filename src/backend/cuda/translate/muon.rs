@@ -283,7 +283,7 @@ impl Translator {
         let groups = job.split_groups.max(1) as u64;
         let len = rows * cols;
         let master = self.resolve_f32(job.master)?;
-        let momentum = self.resolve_f32(job.momentum)?;
+        let momentum = self.resolve(job.momentum)?;
         let grad = self.resolve(job.grad)?;
         for (name, r) in [("master", master), ("momentum", momentum), ("grad", grad)] {
             if r.len != len {
@@ -323,9 +323,10 @@ impl Translator {
             }
             MuonVariant::Standard => None,
         };
-        // Without Nesterov the update is the new momentum: Newton–Schulz reads it where it is
-        // (nothing writes the momentum before the next step).
-        let momentum_out = if opts.nesterov {
+        // Without Nesterov the update is the new f32 momentum: Newton–Schulz reads it where it
+        // is (nothing writes the momentum before the next step). A bf16 momentum's update is
+        // its f32 value, in the workspace.
+        let momentum_out = if opts.nesterov || opts.momentum_bf16 {
             self.work(Work::Update)?
         } else {
             momentum.ptr
@@ -343,6 +344,7 @@ impl Translator {
                 Arg::U64(len),
                 Arg::Ptr(scalars),
                 Arg::I32(i32::from(opts.nesterov)),
+                Arg::I32(momentum.is_bf16()),
             ],
         )];
         // A per-group split runs in component order: the update into the grouped workspace,
@@ -422,6 +424,7 @@ impl Translator {
                     Arg::I32(i32::from(m2.as_ref().is_some_and(|m| m.per_row))),
                     Arg::Ptr(m2.as_ref().map_or(0, |m| m.ratio)),
                     Arg::F32(opts.normuon.eps),
+                    Arg::I32(i32::from(opts.cautious_weight_decay)),
                 ],
             )?);
             start += batch * comp_rows * cols;

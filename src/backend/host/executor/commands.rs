@@ -13,7 +13,7 @@ use crate::bail;
 use crate::config::Dtype;
 use crate::error::Result;
 use crate::numerics::adamw::{AdamWArgs, adamw_update_split};
-use crate::numerics::bf16::f32_to_bf16_rne;
+use crate::numerics::bf16::{bf16_to_f32, cast_f32_to_bf16, f32_to_bf16_rne};
 use crate::numerics::muon::{MuonShape, MuonStepArgs, MuonWorkspace, TpShard, muon_update_sharded};
 use crate::numerics::mxfp8::{Direction, scale_shape};
 use crate::numerics::{RANK_NORM_WORDS, RankNorm, SquareSum, mean_scale, step_scalars};
@@ -62,7 +62,7 @@ impl HostBackend {
             mems.insert(Mem::Grad(i as u32), Storage::new(b.numel, layout.grad_dtype)?);
         }
         mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
-        mems.insert(Mem::Momentum, Storage::new(layout.momentum, Dtype::F32)?);
+        mems.insert(Mem::Momentum, Storage::new(layout.momentum, layout.momentum_dtype)?);
         mems.insert(Mem::Moment2, Storage::new(layout.moment2, Dtype::F32)?);
         mems.insert(Mem::ExpAvg, Storage::new(layout.adam_moments, Dtype::F32)?);
         mems.insert(Mem::ExpAvgSq, Storage::new(layout.adam_moments, Dtype::F32)?);
@@ -297,7 +297,20 @@ impl HostBackend {
         let result = (|| {
             let grad = self.read_as_f32(job.grad, &mut scratch)?;
             let master = unsafe { self.f32s(job.master) }?;
-            let momentum = unsafe { self.f32s(job.momentum) }?;
+            // A bf16 momentum is updated as f32 values (exact) and stored back after: the
+            // update rounds each new value to bf16 already, so the store is exact too.
+            let (bf16_momentum, mut widened) = match self.resolve(job.momentum)?.1 {
+                Dtype::Bf16 => {
+                    let bits = unsafe { self.u16s(job.momentum) }?;
+                    let values: Vec<f32> = bits.iter().map(|&b| bf16_to_f32(b)).collect();
+                    (Some(bits), values)
+                }
+                Dtype::F32 => (None, Vec::new()),
+            };
+            let momentum = match bf16_momentum {
+                Some(_) => &mut widened[..],
+                None => unsafe { self.f32s(job.momentum) }?,
+            };
             let moment2 = unsafe { self.f32s(job.moment2) }?;
             let shape = MuonShape {
                 rows: job.rows,
@@ -306,16 +319,20 @@ impl HostBackend {
                 split_groups: job.split_groups,
             };
             let Some((tp, group)) = &tp_group else {
-                return muon_update_sharded(
+                muon_update_sharded(
                     master,
-                    (momentum, moment2),
+                    (&mut *momentum, moment2),
                     grad,
                     &shape,
                     &args,
                     &self.muon_opts,
                     &mut workspace,
                     None,
-                );
+                )?;
+                if let Some(bits) = bf16_momentum {
+                    cast_f32_to_bf16(momentum, bits);
+                }
+                return Ok(());
             };
             let mut gather = |shard: &[f32]| Self::gather_tp(group, shard);
             let mut shard = TpShard {
@@ -327,22 +344,26 @@ impl HostBackend {
             // A skipped step changes no state, yet the TP peers gather whatever this rank
             // does: the update runs on copies, so every collective of it is joined.
             let (mut master_copy, mut momentum_copy, mut moment2_copy);
-            let (master, momentum, moment2) = if skipped {
+            let (master, updated, moment2) = if skipped {
                 (master_copy, momentum_copy, moment2_copy) = (master.to_vec(), momentum.to_vec(), moment2.to_vec());
                 (&mut master_copy[..], &mut momentum_copy[..], &mut moment2_copy[..])
             } else {
-                (master, momentum, moment2)
+                (master, &mut *momentum, moment2)
             };
             muon_update_sharded(
                 master,
-                (momentum, moment2),
+                (updated, moment2),
                 grad,
                 &shape,
                 &args,
                 &self.muon_opts,
                 &mut workspace,
                 Some(&mut shard),
-            )
+            )?;
+            if let (Some(bits), false) = (bf16_momentum, skipped) {
+                cast_f32_to_bf16(momentum, bits);
+            }
+            Ok(())
         })();
         self.scratch = scratch;
         self.workspace = workspace;
@@ -365,6 +386,7 @@ impl HostBackend {
                 step: s.get(Scalar::Step) as u64,
                 grad_scale: s.f32(Scalar::GradScale),
                 clip_coef: s.f32(Scalar::ClipCoef),
+                cautious_weight_decay: self.muon_opts.cautious_weight_decay,
             }
         };
         let mut scratch = std::mem::take(&mut self.scratch);
