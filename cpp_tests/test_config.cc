@@ -142,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"muon_ns_method", [](muon_config_t &c) { c.muon_ns_method = MUON_NS_METHOD_GRAM + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"muon_ownership", [](muon_config_t &c) { c.muon_ownership = MUON_OWNERSHIP_AUTO + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"weight_decay_rule", [](muon_config_t &c) { c.weight_decay_rule = MUON_WEIGHT_DECAY_RULE_FLAGGED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
-        BadField{"muon_variant", [](muon_config_t &c) { c.muon_variant = MUON_VARIANT_NORMUON + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
+        BadField{"muon_variant", [](muon_config_t &c) { c.muon_variant = MUON_VARIANT_ADAMUON + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},
         BadField{"adaptive_muon_beta2", [](muon_config_t &c) { c.adaptive_muon_beta2 = 1.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"adaptive_muon_eps", [](muon_config_t &c) { c.adaptive_muon_eps = 0.0f; }, MUON_STATUS_OUT_OF_RANGE},
         BadField{"param_sharding", [](muon_config_t &c) { c.param_sharding = MUON_PARAM_SHARDING_SHARDED + 1; }, MUON_STATUS_INVALID_ENUM_VALUE},

@@ -234,6 +234,12 @@ struct ncclComm;
 #define MUON_VARIANT_NORMUON 1
 
 /**
+ * AdaMuon: Megatron-LM's `--optimizer adaptive_muon` with `moment2_method` "adamuon", its
+ * default (Emerging-Optimizers' `AdaptiveMuon`; muon_config_t.muon_variant).
+ */
+#define MUON_VARIANT_ADAMUON 2
+
+/**
  * Every rank holds every param (default; muon_config_t.param_sharding).
  */
 #define MUON_PARAM_SHARDING_REPLICATED 0
@@ -840,24 +846,28 @@ typedef struct muon_config_t {
    */
   struct muon_network_t expert_network;
   /**
-   * The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon) or
+   * The update of the Muon matrices: MUON_VARIANT_STANDARD (default; Muon),
    * MUON_VARIANT_NORMUON (NorMuon, Megatron-LM's `--optimizer adaptive_muon` with
    * `adaptive_muon_moment2_method = "normuon"`, Emerging-Optimizers' `AdaptiveMuon`: a
    * second moment per line of the orthogonalized update along its longer side, one f32 per
-   * line of every matrix, docs/design.md §6). Every rank of the data-parallel and TP groups
+   * line of every matrix) or MUON_VARIANT_ADAMUON (AdaMuon, the same flag with
+   * `"adamuon"`, Megatron-LM's default method: a second moment per element, one f32 per
+   * element; docs/design.md §6). Every rank of the data-parallel and TP groups
    * must use the same variant (finalize checks it); a checkpoint loads only with the variant
    * it was saved with. A caller compiled against an older header gets standard.
    */
   uint32_t muon_variant;
   /**
-   * NorMuon's second-moment EMA coefficient β2 in [0, 1); default 0.95 (Megatron-LM's
-   * `adaptive_muon_beta2`). Read only with MUON_VARIANT_NORMUON.
+   * The adaptive variants' second-moment EMA coefficient β2 in [0, 1); default 0.95
+   * (Megatron-LM's `adaptive_muon_beta2`). Read only with MUON_VARIANT_NORMUON and
+   * MUON_VARIANT_ADAMUON.
    */
   float adaptive_muon_beta2;
   /**
-   * NorMuon's ε (finite, > 0): floor of the second moment and of the normalized update's
-   * Frobenius norm; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
-   * MUON_VARIANT_NORMUON.
+   * The adaptive variants' ε (finite, > 0): NorMuon's floor of the second moment and of the
+   * normalized update's Frobenius norm, AdaMuon's term added to the root of the second
+   * moment; default 1e-8 (Megatron-LM's `adaptive_muon_eps`). Read only with
+   * MUON_VARIANT_NORMUON and MUON_VARIANT_ADAMUON.
    */
   float adaptive_muon_eps;
   /**

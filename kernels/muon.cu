@@ -265,15 +265,23 @@ extern "C" __global__ void muon_normuon_moments(const double *sums, float *momen
 // its stored rows `x_ld` elements apart (cols, or rows when transposed, unless X is a block of
 // a wider matrix: this rank's chunk of a gathered tensor-parallel matrix), with
 // lr_eff = lr * lr_scale, decay = 1 - lr_eff * (wd * wd_scale), step = lr_eff * scale: the
-// host's f32 products, lr and wd read from the step's scalars. With NorMuon (`moment2` not
-// NULL: the matrices' second moments, `rows` values each when `per_row`, else `cols`; `ratio`
-// one per matrix, from muon_normuon_moments) X is first (x * inv) * ratio with
-// inv = 1 / sqrt(max(V, eps)) of its line. With `cautious` (cautious weight decay) an element
-// is decayed only where it and X share a sign (muon_cautious_decay).
+// host's f32 products, lr and wd read from the step's scalars. With a second moment (`moment2`
+// not NULL) X is normalized first, by `moment2_layout`:
+// - MUON_MOMENT2_ROWS or MUON_MOMENT2_COLUMNS (NorMuon, src/numerics/normuon.rs): the matrices'
+//   second moments, `rows` or `cols` values each, and `ratio` one per matrix, from
+//   muon_normuon_moments: x = (x * inv) * ratio with inv = 1 / sqrt(max(V, eps)) of its line;
+// - MUON_MOMENT2_ELEMENTS (AdaMuon, src/numerics/adamuon.rs): one value V per element of the
+//   matrices (row-major), updated here: V = beta2 * V + (1 - beta2) * (x * x), then
+//   x = x / (sqrt(V) + eps); `ratio` is not read.
+// With `cautious` (cautious weight decay) an element is decayed only where it and X share a
+// sign (muon_cautious_decay).
+#define MUON_MOMENT2_COLUMNS 0
+#define MUON_MOMENT2_ROWS 1
+#define MUON_MOMENT2_ELEMENTS 2
 extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, muon_u32 rows, muon_u32 cols,
                                       int transposed, muon_u32 x_ld, const double *scalars, float lr_scale,
-                                      float wd_scale, float scale, const float *moment2, int per_row,
-                                      const double *ratio, float eps, int cautious) {
+                                      float wd_scale, float scale, float *moment2, int moment2_layout,
+                                      const double *ratio, float beta2, float eps, int cautious) {
     __shared__ float tile[MUON_TILE][MUON_TILE + 1];
     if (muon_step_skipped(scalars)) {
         return;
@@ -284,12 +292,13 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
     const float step = lr_eff * scale;
     const muon_u64 size = (muon_u64)rows * cols;
     const muon_u64 c0 = (muon_u64)blockIdx.x * MUON_TILE;
-    const muon_u64 lines = per_row ? rows : cols;
+    const int per_element = moment2_layout == MUON_MOMENT2_ELEMENTS;
+    const muon_u64 values = per_element ? size : (moment2_layout == MUON_MOMENT2_ROWS ? rows : cols);
     for (muon_u64 k = blockIdx.z; k < batch; k += gridDim.z) {
         float *wk = w + k * size;
         const float *xk = x + k * size;
-        const float *vk = moment2 ? moment2 + k * lines : moment2;
-        const float ratio_k = moment2 ? (float)ratio[k] : 1.0f;
+        float *vk = moment2 ? moment2 + k * values : moment2;
+        const float ratio_k = moment2 && !per_element ? (float)ratio[k] : 1.0f;
         for (muon_u64 r0 = (muon_u64)blockIdx.y * MUON_TILE; r0 < rows; r0 += (muon_u64)gridDim.y * MUON_TILE) {
             if (transposed) {
                 // Tile (c0, r0) of X (cols x rows) staged, so both X and W are read along rows.
@@ -307,8 +316,12 @@ extern "C" __global__ void muon_apply(float *w, const float *x, muon_u32 batch, 
                 const muon_u64 c = c0 + threadIdx.x;
                 if (r < rows && c < cols) {
                     float xv = transposed ? tile[threadIdx.x][dy] : xk[r * x_ld + c];
-                    if (vk) {
-                        const float inv = 1.0f / sqrtf(fmaxf(vk[per_row ? r : c], eps));
+                    if (vk && per_element) {
+                        const float v = beta2 * vk[r * cols + c] + (1.0f - beta2) * (xv * xv);
+                        vk[r * cols + c] = v;
+                        xv = xv / (sqrtf(v) + eps);
+                    } else if (vk) {
+                        const float inv = 1.0f / sqrtf(fmaxf(vk[moment2_layout == MUON_MOMENT2_ROWS ? r : c], eps));
                         xv = (xv * inv) * ratio_k;
                     }
                     const float wv = wk[r * cols + c];

@@ -246,6 +246,20 @@ coded_enum! {
         /// (rows when rows >= cols, else columns), the update divided by the root of it and
         /// brought back to its own Frobenius norm before the scale (`numerics::normuon`).
         Normuon = 1 => "normuon",
+        /// AdaMuon as Emerging-Optimizers' `AdaptiveMuon(moment2_method="adamuon")` computes it
+        /// (the same class and version; Megatron-LM's default `adaptive_muon_moment2_method`,
+        /// arXiv 2507.11005): an EMA of the square of every element of the orthogonalized
+        /// update, the update divided element-wise by its root plus ε before the scale
+        /// (`numerics::adamuon`).
+        Adamuon = 2 => "adamuon",
+    }
+}
+
+impl MuonVariant {
+    /// Whether the variant keeps a second moment (NorMuon, AdaMuon), read with
+    /// `adaptive_muon_beta2` and `adaptive_muon_eps`.
+    pub fn is_adaptive(self) -> bool {
+        self != MuonVariant::Standard
     }
 }
 

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use crate::bail;
-use crate::config::{Config, Dtype};
+use crate::config::{Config, Dtype, MuonVariant};
 use crate::error::Result;
+use crate::numerics::adaptive::moment2_values;
 use crate::numerics::muon::TpDim;
 use crate::numerics::step_args::ParamScales;
 
@@ -183,10 +184,13 @@ impl ParamSpec {
         }
     }
 
-    /// NorMuon's second-moment values of one unit (`muon_variant = normuon`): one per line of
-    /// the longer side of each of its [`ParamSpec::unit_components`] (`numerics::normuon`).
-    pub fn normuon_lines(&self) -> u64 {
-        self.unit_components().iter().map(|c| c.rows.max(c.cols)).sum()
+    /// The second-moment values of one unit under `variant`: per each of its
+    /// [`ParamSpec::unit_components`], NorMuon's one per line of the longer side, AdaMuon's one
+    /// per element (`numerics::adaptive::moment2_values`); 0 for standard Muon.
+    pub fn moment2_values(&self, variant: MuonVariant) -> u64 {
+        (self.unit_components().iter())
+            .map(|c| moment2_values(variant, c.rows as usize, c.cols as usize) as u64)
+            .sum()
     }
 
     /// The Newton–Schulz problems inside one unit: one per fused component (its blocks of

@@ -17,7 +17,7 @@ use crate::backend::{Backend, PeerGroup};
 use crate::bail;
 use crate::checkpoint::{self, TpRank};
 use crate::comm::{Claim, Communicator, Transport};
-use crate::config::{Config, MuonVariant, TpMode};
+use crate::config::{Config, TpMode};
 use crate::error::{Error, ErrorKind, Result};
 use crate::init_data::InitData;
 use crate::model::{ParamSpec, Registry, Route};
@@ -425,7 +425,7 @@ impl Optimizer {
             Setting::new("cautious_weight_decay", cfg.cautious_weight_decay),
             Setting::new("muon_momentum_dtype", cfg.muon_momentum_dtype.name()),
         ];
-        if cfg.muon_variant == MuonVariant::Normuon {
+        if cfg.muon_variant.is_adaptive() {
             settings.extend([
                 Setting::new("adaptive_muon_beta2", cfg.adaptive_muon_beta2),
                 Setting::new("adaptive_muon_eps", cfg.adaptive_muon_eps),

@@ -247,6 +247,48 @@ fn emulated_normuon_matches_the_host_backend_bitwise() {
     );
 }
 
+/// AdaMuon (`muon_variant = adamuon`) on the emulated device equals the host bit for bit —
+/// params, masters, momenta and the element-wise second moments, which `muon_apply` updates in
+/// place (no NorMuon kernel runs) — on every shape of the model (transposed Newton–Schulz
+/// outputs, batched experts, per-group splits), with f32 and bf16 products, Nesterov, bf16
+/// grads, clipping and cautious weight decay, a skipped step leaving the second moments as they
+/// were.
+#[test]
+fn emulated_adamuon_matches_the_host_backend_bitwise() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        muon_variant: MuonVariant::Adamuon,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    let launched = compare_clipped_runs("adamuon, f32 NS, compact", &cfg, &cuda_model(), false);
+    assert!(launched.contains("muon_apply"), "muon_apply did not run: {launched:?}");
+    for kernel in ["muon_normuon_line_sums", "muon_normuon_moments"] {
+        assert!(!launched.contains(kernel), "{kernel} ran for AdaMuon: {launched:?}");
+    }
+    let cfg = Config {
+        muon_layout: MuonLayout::Padded,
+        muon_ns_precision: NsPrecision::Bf16,
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        clip_grad: 0.05,
+        adaptive_muon_beta2: 0.9,
+        adaptive_muon_eps: 1e-3,
+        cautious_weight_decay: true,
+        ..cfg
+    };
+    compare_runs(
+        "adamuon, bf16 NS, padded, bf16 grads, nesterov, clipping, eps 1e-3, cautious wd",
+        &cfg,
+        &cuda_model(),
+    );
+}
+
 /// A step's overrides of the config's momentum and betas (a scheduler's, new every step) and
 /// the decoupled learning rate of the embedding (MUON_STEP_OVERRIDE_DECOUPLED_LR, the AdamW
 /// kernel's learning-rate slot) reach the kernels through the device's scalars: given with the
@@ -706,6 +748,13 @@ fn tensor_parallel_shards_match_the_host_backend_bitwise() {
             TpMode::Distributed,
             NsMethod::Standard,
             MuonVariant::Normuon,
+        ),
+        // AdaMuon's element-wise moments of each rank's shard.
+        (
+            NsPrecision::F32,
+            TpMode::Duplicated,
+            NsMethod::Standard,
+            MuonVariant::Adamuon,
         ),
     ];
     for precision in [NsPrecision::F32, NsPrecision::Bf16, NsPrecision::Bf16Iterate] {

@@ -92,6 +92,14 @@ fn cases() -> Vec<(&'static str, Config, Vec<ParamSpec>)> {
             },
             cuda_model(),
         ),
+        (
+            "compact, AdaMuon",
+            Config {
+                muon_variant: MuonVariant::Adamuon,
+                ..base.clone()
+            },
+            cuda_model(),
+        ),
         ("compact, MXFP8 without gather", base, cuda_model()),
     ]
 }

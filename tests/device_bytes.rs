@@ -18,6 +18,7 @@ fn the_translator_allocates_what_the_plan_report_counts() {
         let others = [
             (MuonLayout::Compact, MuonVariant::Normuon, Dtype::F32),
             (MuonLayout::Compact, MuonVariant::Normuon, Dtype::Bf16),
+            (MuonLayout::Padded, MuonVariant::Adamuon, Dtype::F32),
         ];
         for (muon_layout, muon_variant, muon_momentum_dtype) in layouts.chain(others) {
             let cfg = Config {
@@ -47,16 +48,18 @@ fn the_translator_allocates_what_the_plan_report_counts() {
                     "{label}: optimizer state"
                 );
                 assert!(d.workspaces > 0 && d.mxfp8 == 0, "{label}: {d:?}");
-                // One f32 per line of every owned Muon matrix's components with NorMuon.
-                let lines: u64 = (plan.muon_units_of(rank).iter())
-                    .map(|u| registry.params()[u.param as usize].normuon_lines())
-                    .sum();
-                let moment2 = if muon_variant == MuonVariant::Normuon {
-                    4 * lines
-                } else {
-                    0
+                // One f32 per line of every owned Muon matrix's components with NorMuon, per
+                // element with AdaMuon.
+                let units = plan.muon_units_of(rank);
+                let components = units
+                    .iter()
+                    .flat_map(|u| registry.params()[u.param as usize].unit_components());
+                let moment2: u64 = match muon_variant {
+                    MuonVariant::Standard => 0,
+                    MuonVariant::Normuon => components.map(|c| 4 * c.rows.max(c.cols)).sum(),
+                    MuonVariant::Adamuon => units.iter().map(|u| 4 * u.range.len()).sum(),
                 };
-                assert_eq!(d.muon_moment2, moment2, "{label}: NorMuon second moments");
+                assert_eq!(d.muon_moment2, moment2, "{label}: second moments");
                 // The momentum: one value of its dtype per owned Muon element.
                 let elements: u64 = plan.muon_units_of(rank).iter().map(|u| u.range.len()).sum();
                 assert_eq!(

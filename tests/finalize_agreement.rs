@@ -109,7 +109,24 @@ fn a_differing_numerics_setting_is_named() {
         adaptive_muon_beta2: 0.9,
         ..normuon.clone()
     };
-    assert_mismatch(&finalize([normuon, other], None, false), &["'adaptive_muon_beta2'"]);
+    assert_mismatch(
+        &finalize([normuon.clone(), other], None, false),
+        &["'adaptive_muon_beta2'"],
+    );
+    // NorMuon and AdaMuon keep different second moments of one matrix.
+    let adamuon = Config {
+        muon_variant: MuonVariant::Adamuon,
+        ..normuon.clone()
+    };
+    let results = finalize([normuon, adamuon], None, false);
+    assert_mismatch(&results, &["config field 'muon_variant'"]);
+    assert!(
+        results[1]
+            .as_ref()
+            .unwrap_err()
+            .message
+            .contains("is \"adamuon\" on rank 1")
+    );
     // Two custom tables differing in one value orthogonalize one matrix two ways.
     let custom = Config {
         muon_coefficient_set: muon_opt::config::CoefficientSet::Custom,

@@ -402,6 +402,22 @@ fn duplicated_shards_with_a_bf16_momentum_train_bitwise_like_the_unsharded_model
     assert_ne!(bits(&bf16[0]), bits(&f32[0]), "the momentum dtype changes the update");
 }
 
+/// AdaMuon (`muon_variant = adamuon`) in duplicated mode: its second moment is element-wise, so
+/// each TP rank's moments of its chunk of the gathered orthogonalized matrix are those the
+/// unsharded param keeps for those elements, and the model trains bitwise like the unsharded
+/// AdaMuon model, and differs from the Muon one.
+#[test]
+fn duplicated_shards_with_adamuon_train_bitwise_like_the_unsharded_model() {
+    let cfg = Config {
+        muon_variant: muon_opt::config::MuonVariant::Adamuon,
+        ..config(TpMode::Duplicated)
+    };
+    let adamuon = tp_run_with(&cfg);
+    assert_same_model(&adamuon, &reference_run_with(false, &cfg));
+    let muon = tp_run(TpMode::Duplicated, NsMethod::Standard);
+    assert_ne!(bits(&adamuon[0]), bits(&muon[0]), "the variant changes the update");
+}
+
 #[test]
 fn blockwise_shards_train_like_separate_matrices_and_differ_from_duplicated() {
     let blockwise = tp_run(TpMode::Blockwise, NsMethod::Standard);

@@ -94,6 +94,9 @@ pub const MUON_VARIANT_STANDARD: u32 = 0;
 /// NorMuon: Megatron-LM's `--optimizer adaptive_muon` with `moment2_method` "normuon"
 /// (Emerging-Optimizers' `AdaptiveMuon`; muon_config_t.muon_variant).
 pub const MUON_VARIANT_NORMUON: u32 = 1;
+/// AdaMuon: Megatron-LM's `--optimizer adaptive_muon` with `moment2_method` "adamuon", its
+/// default (Emerging-Optimizers' `AdaptiveMuon`; muon_config_t.muon_variant).
+pub const MUON_VARIANT_ADAMUON: u32 = 2;
 
 /// Every rank holds every param (default; muon_config_t.param_sharding).
 pub const MUON_PARAM_SHARDING_REPLICATED: u32 = 0;
@@ -254,6 +257,7 @@ mod tests {
         assert_eq!(WeightDecayRule::Flagged.code(), MUON_WEIGHT_DECAY_RULE_FLAGGED);
         assert_eq!(MuonVariant::Standard.code(), MUON_VARIANT_STANDARD);
         assert_eq!(MuonVariant::Normuon.code(), MUON_VARIANT_NORMUON);
+        assert_eq!(MuonVariant::Adamuon.code(), MUON_VARIANT_ADAMUON);
         assert_eq!(ParamSharding::Replicated.code(), MUON_PARAM_SHARDING_REPLICATED);
         assert_eq!(ParamSharding::Sharded.code(), MUON_PARAM_SHARDING_SHARDED);
         assert_eq!(MuonOwnership::Balanced.code(), MUON_OWNERSHIP_BALANCED);

@@ -36,7 +36,8 @@ pub enum StateKind {
     Master,
     /// Muon momentum.
     Momentum,
-    /// NorMuon second moment (`muon_variant = normuon`), stored per item: every item holds the
+    /// NorMuon or AdaMuon second moment (`muon_variant` normuon, adamuon), stored per item:
+    /// AdaMuon's is one value per item already; under NorMuon every item holds the
     /// value of its line (the row or column of its component the statistic belongs to,
     /// `numerics::normuon`), so it reshards like the momentum.
     Moment2,
@@ -52,7 +53,9 @@ impl StateKind {
     pub fn of(route: Route, variant: MuonVariant) -> &'static [StateKind] {
         match (route, variant) {
             (Route::Muon, MuonVariant::Standard) => &[StateKind::Master, StateKind::Momentum],
-            (Route::Muon, MuonVariant::Normuon) => &[StateKind::Master, StateKind::Momentum, StateKind::Moment2],
+            (Route::Muon, MuonVariant::Normuon | MuonVariant::Adamuon) => {
+                &[StateKind::Master, StateKind::Momentum, StateKind::Moment2]
+            }
             (Route::Adamw, _) => &[StateKind::Master, StateKind::ExpAvg, StateKind::ExpAvgSq],
         }
     }

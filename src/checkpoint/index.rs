@@ -60,11 +60,12 @@ pub struct NumericsConfig {
     #[serde(default = "standard_method", skip_serializing_if = "is_standard_method")]
     pub muon_ns_method: NsMethod,
     /// Written only when it is not `standard` (older checkpoints read as `standard`): a NorMuon
-    /// checkpoint holds a second moment a standard optimizer has no place for, and a standard
-    /// one none to resume NorMuon from, so a checkpoint loads only with its variant.
+    /// or AdaMuon checkpoint holds a second moment a standard optimizer has no place for (and
+    /// each a different statistic), and a standard one none to resume them from, so a
+    /// checkpoint loads only with its variant.
     #[serde(default = "standard_variant", skip_serializing_if = "is_standard_variant")]
     pub muon_variant: MuonVariant,
-    /// NorMuon's β2 and ε, written with `normuon` only.
+    /// The adaptive variants' β2 and ε, written with `normuon` and `adamuon` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive_muon_beta2: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,8 +138,8 @@ impl NumericsConfig {
             muon_ns_eps: cfg.muon_ns_eps,
             muon_ns_method: cfg.muon_ns_method,
             muon_variant: cfg.muon_variant,
-            adaptive_muon_beta2: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_beta2),
-            adaptive_muon_eps: (cfg.muon_variant == MuonVariant::Normuon).then_some(cfg.adaptive_muon_eps),
+            adaptive_muon_beta2: cfg.muon_variant.is_adaptive().then_some(cfg.adaptive_muon_beta2),
+            adaptive_muon_eps: cfg.muon_variant.is_adaptive().then_some(cfg.adaptive_muon_eps),
             muon_custom_coefficients: (cfg.muon_coefficient_set == CoefficientSet::Custom)
                 .then(|| cfg.muon_custom_coefficients.clone()),
             muon_momentum_dtype: cfg.muon_momentum_dtype,

@@ -13,7 +13,9 @@
 //!   result is the same bits at any data-parallel size, layout and ownership whenever the mean
 //!   gradient is.
 
+pub mod adamuon;
 pub mod adamw;
+pub mod adaptive;
 pub mod bf16;
 pub mod gemm;
 pub mod muon;

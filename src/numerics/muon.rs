@@ -15,11 +15,12 @@
 //!    over the TP ranks, orthogonalizes it and keeps this rank's chunk; `distributed` mode runs
 //!    Newton–Schulz on the shard with the norm and every `X·Xᵀ` summed over the ranks; both
 //!    scale by the whole component's shape;
-//! 4. with `muon_variant = normuon`, `X_k` is normalized by its second moment first
-//!    ([`normuon`]: statistics per line of the longer side of the component
-//!    as this rank holds it — a TP shard's own, as Megatron-LM's `TensorParallelAdaptiveMuon`
-//!    keeps them — each component with its `lines` values of the param's moment2 state, in
-//!    component order);
+//! 4. with `muon_variant = normuon` or `adamuon`, `X_k` is normalized by its second moment
+//!    first ([`normuon`](super::normuon): statistics per line of the longer side of the
+//!    component as this rank holds it — a TP shard's own, as Megatron-LM's
+//!    `TensorParallelAdaptiveMuon` keeps them; [`adamuon`](super::adamuon): one per element)
+//!    — each component with its [`adaptive::moment2_values`] values of the param's moment2
+//!    state, in component order;
 //! 5. `W = W·decay − (lr_eff·scale_k)·X_k`; with cautious weight decay
 //!    (`cautious_weight_decay`) `W = W·d − (lr_eff·scale_k)·X_k`, `d = decay` where
 //!    `W·X_k ≥ 0` (the f32 product) and `d = 1` (no rounding) elsewhere.
@@ -36,11 +37,11 @@
 use crate::bail;
 use crate::config::{Config, Dtype, MuonVariant, NsPrecision, ScaleMode, TpMode};
 use crate::error::Result;
+use crate::numerics::adaptive::{self, AdaptiveOptions};
 use crate::numerics::bf16::round_through_bf16;
 use crate::numerics::newton_schulz::{
     NsOptions, NsWorkspace, ShardSums, newton_schulz_in_place, newton_schulz_sharded_in_place,
 };
-use crate::numerics::normuon::{self, NormuonOptions};
 use crate::numerics::step_args::{ParamScales, param_rates};
 
 /// The Muon fields of a configuration (the momentum μ is the step's: [`MuonStepArgs`]).
@@ -54,10 +55,10 @@ pub struct MuonOptions {
     pub scale_mode: ScaleMode,
     /// Extra multiplier of the update scale (0.2 matches AdamW's update RMS, Moonlight).
     pub extra_scale_factor: f32,
-    /// Muon or NorMuon.
+    /// Muon, NorMuon or AdaMuon.
     pub variant: MuonVariant,
-    /// NorMuon's β2 and ε (read with [`MuonVariant::Normuon`] only).
-    pub normuon: NormuonOptions,
+    /// The adaptive variants' β2 and ε (not read by standard Muon).
+    pub adaptive: AdaptiveOptions,
     /// Cautious weight decay: decay only where the weight and its update share a sign.
     pub cautious_weight_decay: bool,
     /// The momentum is stored in bf16: each new value is rounded to bf16 (`muon_momentum_dtype`).
@@ -66,7 +67,7 @@ pub struct MuonOptions {
 
 impl MuonOptions {
     /// Takes `muon_nesterov`, the Newton–Schulz fields, `muon_scale_mode`,
-    /// `muon_extra_scale_factor`, `muon_variant`, NorMuon's constants and
+    /// `muon_extra_scale_factor`, `muon_variant`, the adaptive variants' constants and
     /// `cautious_weight_decay` and whether `muon_momentum_dtype` is bf16 from `cfg`.
     pub fn from_config(cfg: &Config) -> Self {
         MuonOptions {
@@ -75,7 +76,7 @@ impl MuonOptions {
             scale_mode: cfg.muon_scale_mode,
             extra_scale_factor: cfg.muon_extra_scale_factor,
             variant: cfg.muon_variant,
-            normuon: NormuonOptions {
+            adaptive: AdaptiveOptions {
                 beta2: cfg.adaptive_muon_beta2,
                 eps: cfg.adaptive_muon_eps,
             },
@@ -85,18 +86,18 @@ impl MuonOptions {
     }
 
     /// The second-moment values of a job of `shape` (0 for standard Muon): per component,
-    /// [`normuon::lines`] of its rows and the columns.
+    /// [`adaptive::moment2_values`] of its rows and the columns.
     pub fn moment2_len(&self, shape: &MuonShape<'_>) -> usize {
-        if self.variant != MuonVariant::Normuon {
-            return 0;
-        }
         let whole = [shape.rows];
         let components = if shape.split_rows.is_empty() {
             &whole[..]
         } else {
             shape.split_rows
         };
-        components.iter().map(|&rows| normuon::lines(rows, shape.cols)).sum()
+        components
+            .iter()
+            .map(|&rows| adaptive::moment2_values(self.variant, rows, shape.cols))
+            .sum()
     }
 }
 
@@ -402,11 +403,10 @@ pub fn muon_update_sharded(
                 (comp_rows, cols)
             }
         };
-        if opts.variant == MuonVariant::Normuon {
-            let lines = normuon::lines(comp_rows, cols);
-            normuon::normalize(x, comp_rows, cols, &mut moment2[line..line + lines], &opts.normuon)?;
-            line += lines;
-        }
+        let values = adaptive::moment2_values(opts.variant, comp_rows, cols);
+        let state = &mut moment2[line..line + values];
+        adaptive::normalize(opts.variant, x, comp_rows, cols, state, &opts.adaptive)?;
+        line += values;
         let step = rates.lr * muon_scale(opts.scale_mode, full_rows, full_cols, opts.extra_scale_factor);
         let cautious = opts.cautious_weight_decay;
         let apply = |w: &mut [f32], x: &[f32]| {

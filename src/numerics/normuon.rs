@@ -30,20 +30,14 @@
 //!
 //! The statistic of `mean_l` is summed in f64 where torch sums f32 (its `mean`), and `‖Y‖`
 //! comes from the line sums instead of the rounded `Y`: both differ from the peer by f32
-//! rounding only (`tests/numerics_normuon_peer.rs`).
+//! rounding only (`tests/numerics_adaptive_muon_peer.rs`).
 
 use crate::bail;
 use crate::error::Result;
+use crate::numerics::adaptive::AdaptiveOptions;
 
 /// Lanes of the Frobenius-norm sums (the device's threads per block).
 pub const LANES: usize = 256;
-
-/// NorMuon's constants (`adaptive_muon_beta2`, `adaptive_muon_eps`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct NormuonOptions {
-    pub beta2: f32,
-    pub eps: f32,
-}
 
 /// Whether the statistics of a `rows × cols` matrix are per row (else per column).
 pub fn per_row(rows: usize, cols: usize) -> bool {
@@ -83,7 +77,7 @@ pub fn inverse_root(v: f32, eps: f32) -> f32 {
 ///
 /// # Errors
 /// `InvalidArgument` if a slice has the wrong length.
-pub fn update_moment2(x: &[f32], rows: usize, cols: usize, moment2: &mut [f32], opts: &NormuonOptions) -> Result<f32> {
+pub fn update_moment2(x: &[f32], rows: usize, cols: usize, moment2: &mut [f32], opts: &AdaptiveOptions) -> Result<f32> {
     if x.len() != rows * cols || moment2.len() != lines(rows, cols) {
         bail!(
             InvalidArgument,
@@ -122,7 +116,7 @@ pub fn update_moment2(x: &[f32], rows: usize, cols: usize, moment2: &mut [f32], 
 ///
 /// # Errors
 /// As [`update_moment2`]; nothing changes then.
-pub fn normalize(x: &mut [f32], rows: usize, cols: usize, moment2: &mut [f32], opts: &NormuonOptions) -> Result<()> {
+pub fn normalize(x: &mut [f32], rows: usize, cols: usize, moment2: &mut [f32], opts: &AdaptiveOptions) -> Result<()> {
     let ratio = update_moment2(x, rows, cols, moment2, opts)?;
     let by_row = per_row(rows, cols);
     for (r, row) in x.chunks_exact_mut(cols).enumerate() {

@@ -35,7 +35,7 @@
 //! reverse registration order), averaged over every element and divided by the model's
 //! elements: 0 would be a collective per param as its gradient lands.
 
-use crate::config::{Config, Dtype, MuonLayout, MuonVariant};
+use crate::config::{Config, Dtype, MuonLayout};
 use crate::model::{ParamSpec, Route};
 
 use super::Layout;
@@ -48,9 +48,9 @@ use super::types::BucketSplit;
 
 /// Muon: fp32 momentum (half of it with `muon_momentum_dtype = bf16`).
 pub const MUON_MOMENT_BYTES_PER_ELEMENT: u64 = 4;
-/// NorMuon (`muon_variant = normuon`): one fp32 second moment per line of the longer side of
-/// each component of a unit ([`ParamSpec::normuon_lines`]).
-pub const MUON_MOMENT2_BYTES_PER_LINE: u64 = 4;
+/// NorMuon and AdaMuon (`muon_variant` normuon, adamuon): one fp32 per second-moment value of
+/// a unit ([`ParamSpec::moment2_values`]).
+pub const MUON_MOMENT2_BYTES_PER_VALUE: u64 = 4;
 /// AdamW: fp32 m + v.
 pub const ADAMW_MOMENT_BYTES_PER_ELEMENT: u64 = 8;
 /// The fp32 master of a param that is not f32 (an f32 param is its own master).
@@ -221,10 +221,9 @@ impl Report {
             }
             let momentum = MUON_MOMENT_BYTES_PER_ELEMENT * cfg.muon_momentum_dtype.size() as u64 / 4;
             let per_element = state_bytes_per_element(spec, momentum);
-            let moment2 = if placement.route == Route::Muon && cfg.muon_variant == MuonVariant::Normuon {
-                spec.normuon_lines() * MUON_MOMENT2_BYTES_PER_LINE
-            } else {
-                0
+            let moment2 = match placement.route {
+                Route::Muon => spec.moment2_values(cfg.muon_variant) * MUON_MOMENT2_BYTES_PER_VALUE,
+                Route::Adamw => 0,
             };
             for &r in &placement.unit_owners {
                 muon_elements[r as usize] += placement.unit_numel;

@@ -39,7 +39,7 @@ pub struct OwnedState {
     /// Element range inside the param.
     pub range: ElemRange,
     pub master: Vec<f32>,
-    /// Muon: `[momentum]`, with NorMuon `[momentum, moment2]` (the second moment as one value
+    /// Muon: `[momentum]`, with NorMuon or AdaMuon `[momentum, moment2]` (the second moment as one value
     /// per item, `state::moment2_to_items`); AdamW: `[exp_avg, exp_avg_sq]`.
     pub moments: Vec<Vec<f32>>,
 }
@@ -53,10 +53,11 @@ impl Runtime {
             let offset = self.plan.params[slot.unit.param as usize].offset;
             let mut moments = vec![self.backend.download(slot.momentum())?];
             if slot.moment2.1 > 0 {
-                let lines = self.backend.download(slot.moment2())?;
+                let values = self.backend.download(slot.moment2())?;
                 moments.push(super::state::moment2_to_items(
                     &self.params[slot.unit.param as usize],
-                    &lines,
+                    self.cfg.muon_variant,
+                    &values,
                 ));
             }
             out.push(OwnedState {

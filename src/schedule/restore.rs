@@ -80,8 +80,9 @@ impl Runtime {
             self.backend.upload(slot.master(), &piece.master)?;
             self.backend.upload(slot.momentum(), &piece.moments[0])?;
             if let Some(items) = piece.moments.get(1) {
-                let lines = super::state::moment2_from_items(&self.params[slot.unit.param as usize], items);
-                self.backend.upload(slot.moment2(), &lines)?;
+                let spec = &self.params[slot.unit.param as usize];
+                let values = super::state::moment2_from_items(spec, self.cfg.muon_variant, items);
+                self.backend.upload(slot.moment2(), &values)?;
             }
         }
         for (slot, piece) in self.layout.adamw.clone().iter().zip(adamw) {

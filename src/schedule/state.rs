@@ -255,14 +255,10 @@ impl AdamwSlot {
     }
 }
 
-/// The NorMuon second-moment values of one unit of `spec` under `cfg`: 0 for standard Muon,
-/// else per component one per line of its longer side (`numerics::normuon::lines`, of the
-/// component as this rank holds it: a TP shard's own).
+/// The second-moment values of one unit of `spec` under `cfg` ([`ParamSpec::moment2_values`]
+/// of the components as this rank holds them: a TP shard's own): 0 for standard Muon.
 pub fn moment2_lines(spec: &ParamSpec, cfg: &Config) -> u64 {
-    if cfg.muon_variant != MuonVariant::Normuon {
-        return 0;
-    }
-    spec.normuon_lines()
+    spec.moment2_values(cfg.muon_variant)
 }
 
 /// The rows of each component of a Muon job over `count` consecutive units of `spec`: every
@@ -273,12 +269,12 @@ pub fn component_rows(spec: &ParamSpec, count: usize) -> Vec<usize> {
     unit.repeat(count)
 }
 
-/// Calls `visit(item, line, first)` for every item of one unit of `spec` (row-major in the
-/// unit) with the index of its NorMuon line in the unit's [`moment2_lines`] values, and
-/// whether it is the first item of that line: per component (its rows in component order,
-/// `numerics::muon::component_row_order`), its lines are its rows when it has at least as
-/// many rows as columns, else its columns.
-fn visit_moment2_items(spec: &ParamSpec, mut visit: impl FnMut(usize, usize, bool)) {
+/// Calls `visit(item, value, first)` for every item of one unit of `spec` (row-major in the
+/// unit) with the index of its second-moment value in the unit's [`moment2_lines`] values
+/// under `variant`, and whether it is the first item of that value: per component (its rows in
+/// component order, `numerics::muon::component_row_order`), NorMuon's values are its rows when
+/// it has at least as many rows as columns, else its columns; AdaMuon's are its elements.
+fn visit_moment2_items(spec: &ParamSpec, variant: MuonVariant, mut visit: impl FnMut(usize, usize, bool)) {
     let cols = spec.unit_matrix().cols as usize;
     let rows = component_rows(spec, 1);
     let order = crate::numerics::muon::component_row_order(&rows, spec.split_groups.max(1) as usize);
@@ -288,33 +284,37 @@ fn visit_moment2_items(spec: &ParamSpec, mut visit: impl FnMut(usize, usize, boo
         for i in 0..comp_rows {
             let row = order[first_row + i];
             for j in 0..cols {
-                let (line, first) = if by_row { (i, j == 0) } else { (j, i == 0) };
-                visit(row * cols + j, base + line, first);
+                let (value, first) = match variant {
+                    MuonVariant::Adamuon => (i * cols + j, true),
+                    _ if by_row => (i, j == 0),
+                    _ => (j, i == 0),
+                };
+                visit(row * cols + j, base + value, first);
             }
         }
         first_row += comp_rows;
-        base += crate::numerics::normuon::lines(comp_rows, cols);
+        base += crate::numerics::adaptive::moment2_values(variant, comp_rows, cols);
     }
 }
 
-/// One unit's NorMuon second moment (`lines`, [`moment2_lines`] values) as one value per item
-/// of the unit: each item holds its line's value (how checkpoints store it,
-/// `checkpoint::StateKind::Moment2`).
-pub fn moment2_to_items(spec: &ParamSpec, lines: &[f32]) -> Vec<f32> {
+/// One unit's second moment under `variant` (`values`, [`moment2_lines`] values) as one value
+/// per item of the unit: each item holds its value (NorMuon: its line's; how checkpoints store
+/// it, `checkpoint::StateKind::Moment2`).
+pub fn moment2_to_items(spec: &ParamSpec, variant: MuonVariant, values: &[f32]) -> Vec<f32> {
     let mut items = vec![0.0; spec.unit_matrix().rows as usize * spec.unit_matrix().cols as usize];
-    visit_moment2_items(spec, |item, line, _| items[item] = lines[line]);
+    visit_moment2_items(spec, variant, |item, value, _| items[item] = values[value]);
     items
 }
 
-/// The inverse of [`moment2_to_items`]: each line takes the value of its first item (a
+/// The inverse of [`moment2_to_items`]: each value takes that of its first item (a NorMuon
 /// checkpoint of another TP shard shape, whose lines differ, gives each line the statistic
 /// its first item had).
-pub fn moment2_from_items(spec: &ParamSpec, items: &[f32]) -> Vec<f32> {
-    let mut lines = vec![0.0; spec.normuon_lines() as usize];
-    visit_moment2_items(spec, |item, line, first| {
+pub fn moment2_from_items(spec: &ParamSpec, variant: MuonVariant, items: &[f32]) -> Vec<f32> {
+    let mut values = vec![0.0; spec.moment2_values(variant) as usize];
+    visit_moment2_items(spec, variant, |item, value, first| {
         if first {
-            lines[line] = items[item];
+            values[value] = items[item];
         }
     });
-    lines
+    values
 }

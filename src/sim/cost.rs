@@ -397,8 +397,12 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         },
         // (src, dst, a, batch, m): the matrices read and written in f32
         Kernel::NsAddIdentity => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 8,
-        // (master, x, batch, rows, cols, t, scalars, …): master read+write, x read
-        Kernel::MuonApply => arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * 12,
+        // (master, x, batch, rows, cols, t, x_ld, scalars, …, moment2_layout at 12, …): master
+        // read+write, x read; AdaMuon's element-wise second moment (layout 2) read+write too
+        Kernel::MuonApply => {
+            let adamuon = matches!(a.get(12), Some(Arg::I32(2)));
+            arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * if adamuon { 20 } else { 12 }
+        }
         // (x, sums, batch, lines, n, …): x read, one f64 sum per line written
         Kernel::NormuonLineSums => arg_u64(a, 2) * arg_u64(a, 3) * (arg_u64(a, 4) * 4 + 8),
         // (sums, moment2, ratio, batch, lines, …): the sums read, the moments read and written

@@ -173,8 +173,9 @@ extern "C" int muon_cpu_launch(const char *name, const unsigned grid[3], const u
         kernel = [&] {
             muon_apply(arg<float *>(a, 0), arg<const float *>(a, 1), arg<muon_u32>(a, 2), arg<muon_u32>(a, 3),
                        arg<muon_u32>(a, 4), arg<int>(a, 5), arg<muon_u32>(a, 6), arg<const double *>(a, 7),
-                       arg<float>(a, 8), arg<float>(a, 9), arg<float>(a, 10), arg<const float *>(a, 11),
-                       arg<int>(a, 12), arg<const double *>(a, 13), arg<float>(a, 14), arg<int>(a, 15));
+                       arg<float>(a, 8), arg<float>(a, 9), arg<float>(a, 10), arg<float *>(a, 11),
+                       arg<int>(a, 12), arg<const double *>(a, 13), arg<float>(a, 14), arg<float>(a, 15),
+                       arg<int>(a, 16));
         };
     } else if (k == "muon_normuon_line_sums") {
         kernel = [&] {

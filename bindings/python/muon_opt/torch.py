@@ -91,7 +91,11 @@ Variant: ``variant="normuon"`` trains the Muon params with NorMuon (Megatron-LM'
 ``AdaptiveMuon``): each orthogonalized update is divided by the root of an EMA (β2
 ``config.adaptive_muon_beta2``, default 0.95) of its mean square per row or column (the longer
 side) and brought back to its own norm before the scale; its state holds one more float per
-row or column. ``"standard"`` (the default) is Muon. It overrides ``config.muon_variant``.
+row or column. ``variant="adamuon"`` trains them with AdaMuon (the same flag with
+``moment2_method="adamuon"``, Megatron-LM's default): each element of the orthogonalized update
+is divided by the root of an EMA of its own square plus ε (``config.adaptive_muon_eps``, default
+1e-8) before the scale; its state holds one more float per element. ``"standard"`` (the
+default) is Muon. It overrides ``config.muon_variant``.
 
 Grads: every ``.grad`` is a view of the library's buffer. Torch setting it to None
 (``model.zero_grad()``) or replacing it (a hook, a scaler) is harmless: the grad hook and
@@ -163,7 +167,10 @@ _CHOICES = {
         "muon_ownership",
         {"balanced": Ownership.BALANCED, "contiguous": Ownership.CONTIGUOUS, "auto": Ownership.AUTO},
     ),
-    "variant": ("muon_variant", {"standard": MuonVariant.STANDARD, "normuon": MuonVariant.NORMUON}),
+    "variant": (
+        "muon_variant",
+        {"standard": MuonVariant.STANDARD, "normuon": MuonVariant.NORMUON, "adamuon": MuonVariant.ADAMUON},
+    ),
     "param_sharding": (
         "param_sharding",
         {"replicated": ParamSharding.REPLICATED, "sharded": ParamSharding.SHARDED},
@@ -244,7 +251,7 @@ class Muon(torch.optim.Optimizer):
     ``muon_extra_scale_factor`` 0.2, Moonlight's convention); ``ns_method``: ``"standard"`` or
     ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"auto"``,
     ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership``; ``variant``:
-    ``"standard"`` or ``"normuon"``, in place of its ``muon_variant``; ``param_sharding``:
+    ``"standard"``, ``"normuon"`` or ``"adamuon"``, in place of its ``muon_variant``; ``param_sharding``:
     ``"replicated"`` or ``"sharded"`` (ZeRO-3 style with whole-matrix owners: planned and
     simulated, its iteration not implemented yet, so the optimizer refuses it with
     ``Status.UNSUPPORTED``), with ``reshard_after_forward`` and ``param_prefetch_buckets``, in

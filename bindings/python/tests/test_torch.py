@@ -317,7 +317,25 @@ class TorchAdapter(unittest.TestCase):
             torch.testing.assert_close(normuon[name].double(), want, rtol=0, atol=1e-5, msg=name)
             self.assertGreater(float((normuon[name] - standard[name]).abs().max()), 1e-4, name)
         with self.assertRaises(ValueError):
-            one_gram_step("standard", variant="adamuon")
+            one_gram_step("standard", variant="namo")
+
+    def test_adamuon_variant(self):
+        """``variant="adamuon"``: from zero state the second moment is (1 − β2) times the square
+        of each element of the orthogonalized update X (read off the standard step), X divided
+        by its root plus ε element by element, then scaled as Muon's (Emerging-Optimizers'
+        AdaptiveMuon, written here in float64)."""
+        before, grads, standard = one_gram_step("standard")
+        _, _, adamuon = one_gram_step("standard", variant="adamuon")
+        lr, wd, beta2, eps = 0.02, 0.1, 0.95, 1e-8
+        for name in before:
+            rows, cols = before[name].shape
+            scale = lr * max(rows, cols) ** 0.5
+            decayed = before[name].double() * (1 - lr * wd)
+            x = (decayed - standard[name].double()) / scale
+            y = x / (((1 - beta2) * x.square()).sqrt() + eps)
+            want = decayed - scale * y
+            torch.testing.assert_close(adamuon[name].double(), want, rtol=0, atol=1e-5, msg=name)
+            self.assertGreater(float((adamuon[name] - standard[name]).abs().max()), 1e-2, name)
 
     def test_cautious_weight_decay_keyword(self):
         """``cautious_weight_decay=True`` (microsoft/dion's ``cautious_wd``): the weight is decayed

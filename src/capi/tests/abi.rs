@@ -234,6 +234,9 @@ fn muon_variant_appends_a_layout_of_its_own_size_and_older_ones_get_standard() {
         (read.muon_variant, read.adaptive_muon_beta2, read.adaptive_muon_eps),
         (MuonVariant::Normuon, 0.9, 1e-6)
     );
+    cfg.muon_variant = MUON_VARIANT_ADAMUON;
+    let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
+    assert_eq!(read.muon_variant, MuonVariant::Adamuon);
     cfg.struct_size = 192;
     let read = unsafe { crate::capi::config::read_config(&cfg) }.unwrap();
     assert_eq!(
@@ -536,9 +539,9 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "weight_decay_rule: unknown value 3; valid values are 0 (megatron), 1 (megatron_qk_layernorm), 2 (flagged)",
         ),
         (
-            |c| c.muon_variant = 2,
+            |c| c.muon_variant = MUON_VARIANT_ADAMUON + 1,
             MUON_STATUS_INVALID_ENUM_VALUE,
-            "muon_variant: unknown value 2; valid values are 0 (standard), 1 (normuon)",
+            "muon_variant: unknown value 3; valid values are 0 (standard), 1 (normuon), 2 (adamuon)",
         ),
         (
             |c| c.param_sharding = 2,

@@ -6,7 +6,7 @@ use super::norm::PARTIALS;
 use crate::backend::cuda::action::{Action, Buf, DevPtr, Work};
 use crate::backend::ops::{Mem, MemoryLayout, Scalar, Span, StreamKind};
 use crate::bail;
-use crate::config::{Dtype, NsPrecision};
+use crate::config::{Dtype, MuonVariant, NsPrecision};
 use crate::error::Result;
 use crate::numerics::bf16::f32_to_bf16_rne;
 use crate::numerics::muon::TpDim;
@@ -178,7 +178,11 @@ impl Translator {
             gram: need.gram,
             gram_iteration: need.gram_iteration,
             norms: need.run.max(1),
-            lines: if layout.moment2 > 0 { need.lines } else { 0 },
+            lines: if self.muon.variant == MuonVariant::Normuon {
+                need.lines
+            } else {
+                0
+            },
             tile_pointers: self.tile_pointers(need.gram),
         };
         // The update of a Nesterov step or of a bf16 momentum; otherwise it is the momentum

@@ -12,14 +12,25 @@ use crate::config::{MuonVariant, TpMode};
 use crate::error::Result;
 use crate::numerics::muon::{MuonShape, TpDim, TpJob, muon_scale};
 use crate::numerics::newton_schulz::runs_gram;
-use crate::numerics::normuon;
+use crate::numerics::{adaptive, normuon};
 
 /// Where a NorMuon apply finds its second moments and norm ratios, and which side they run
 /// along.
 struct Moment2Args {
     moment2: DevPtr,
-    per_row: bool,
+    layout: Moment2Layout,
     ratio: DevPtr,
+}
+
+/// What one second-moment value of a matrix covers (`muon_apply`'s `moment2_layout`).
+#[derive(Clone, Copy)]
+enum Moment2Layout {
+    /// NorMuon, a line per column.
+    Columns = 0,
+    /// NorMuon, a line per row.
+    Rows = 1,
+    /// AdaMuon, every element.
+    Elements = 2,
 }
 
 /// Copies between a per-group split matrix in param row order (`param`) and in component order
@@ -224,7 +235,7 @@ impl Translator {
         let (line_stride, element_stride, n) = if per_row { (row, col, cols) } else { (col, row, rows) };
         let sums = self.work(Work::Moment2Sums)?;
         let ratio = sums + self.work.lines * 8;
-        let (opts, matrix) = (&self.muon.normuon, rows * cols);
+        let (opts, matrix) = (&self.muon.adaptive, rows * cols);
         actions.push(launch(
             Kernel::NormuonLineSums,
             batch * lines,
@@ -260,7 +271,11 @@ impl Translator {
         }));
         Ok(Moment2Args {
             moment2,
-            per_row,
+            layout: if per_row {
+                Moment2Layout::Rows
+            } else {
+                Moment2Layout::Columns
+            },
             ratio,
         })
     }
@@ -303,7 +318,7 @@ impl Translator {
         }
         let opts = &self.muon;
         let moment2 = match opts.variant {
-            MuonVariant::Normuon => {
+            MuonVariant::Normuon | MuonVariant::Adamuon => {
                 let shape = MuonShape {
                     rows: job.rows,
                     cols: job.cols,
@@ -389,20 +404,22 @@ impl Translator {
                 opts.extra_scale_factor,
             );
             let m2 = match moment2 {
-                Some(state) => {
-                    let m2 = self.normuon_moments(
-                        &mut actions,
-                        (x, transposed, ld),
-                        batch,
-                        (comp_rows, cols),
-                        state + line * 4,
-                        scalars,
-                    )?;
-                    line += batch * normuon::lines(comp_rows as usize, cols as usize) as u64;
-                    Some(m2)
-                }
+                Some(state) if opts.variant == MuonVariant::Normuon => Some(self.normuon_moments(
+                    &mut actions,
+                    (x, transposed, ld),
+                    batch,
+                    (comp_rows, cols),
+                    state + line * 4,
+                    scalars,
+                )?),
+                Some(state) => Some(Moment2Args {
+                    moment2: state + line * 4,
+                    layout: Moment2Layout::Elements,
+                    ratio: 0,
+                }),
                 None => None,
             };
+            line += batch * adaptive::moment2_values(opts.variant, comp_rows as usize, cols as usize) as u64;
             actions.push(launch_tiled(
                 Kernel::MuonApply,
                 comp_rows,
@@ -421,9 +438,10 @@ impl Translator {
                     Arg::F32(job.scales.wd_scale),
                     Arg::F32(scale),
                     Arg::Ptr(m2.as_ref().map_or(0, |m| m.moment2)),
-                    Arg::I32(i32::from(m2.as_ref().is_some_and(|m| m.per_row))),
+                    Arg::I32(m2.as_ref().map_or(0, |m| m.layout as i32)),
                     Arg::Ptr(m2.as_ref().map_or(0, |m| m.ratio)),
-                    Arg::F32(opts.normuon.eps),
+                    Arg::F32(opts.adaptive.beta2),
+                    Arg::F32(opts.adaptive.eps),
                     Arg::I32(i32::from(opts.cautious_weight_decay)),
                 ],
             )?);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Peer script: runs Emerging-Optimizers' published NorMuon on generated inputs.
+"""Peer script: runs Emerging-Optimizers' published NorMuon or AdaMuon on generated inputs.
 
 `emerging_optimizers.orthogonalized_optimizers.adaptive_muon.AdaptiveMuon` with
-`moment2_method="normuon"` from the PyPI package `emerging-optimizers==0.3.0` (the files of its
+`moment2_method="normuon"` or `"adamuon"` (`--method`) from the PyPI package `emerging-optimizers==0.3.0` (the files of its
 git tag v0.3.0, commit b309e2f01cda75dc96a6dc1a2355a7b3b64b5e16, which Megatron-LM pins),
 installed unchanged with
     pip install --no-deps --ignore-requires-python --target DIR emerging-optimizers==0.3.0 absl-py
@@ -15,10 +15,10 @@ of the package is stored in this repository.
 
 Usage (from the repository root):
     PYTHONPATH=DIR:~/.cache/muon_py/torch-2.15.0 python3 \
-        tests/data/golden/peer/normuon_emerging_optimizers.py tests/data/golden
+        tests/data/golden/peer/adaptive_muon_emerging_optimizers.py --method METHOD tests/data/golden
 
-Writes `normuon/*.bin` under the output directory and prints the manifest's `normuon` entries
-as JSON.
+Writes `METHOD/*.bin` under the output directory and prints the manifest's `METHOD` entries
+as JSON. Both methods draw the same inputs (the same seed and cases).
 """
 
 import argparse
@@ -44,11 +44,12 @@ CASES = [(96, 40, False), (40, 112, True), (64, 64, False)]
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--method", choices=["normuon", "adamuon"], required=True)
     parser.add_argument("out_dir")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = pathlib.Path(args.out_dir)
-    (out / "normuon").mkdir(parents=True, exist_ok=True)
+    (out / args.method).mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
     entries = []
     for rows, cols, nesterov in CASES:
@@ -62,7 +63,7 @@ def main():
             weight_decay=WEIGHT_DECAY,
             nesterov=nesterov,
             fp32_matmul_prec="highest",
-            moment2_method="normuon",
+            moment2_method=args.method,
         )
         params, moments = [], []
         for step in range(STEPS):
@@ -70,7 +71,7 @@ def main():
             opt.step()
             params.append(param.detach().numpy().astype("<f4").copy())
             moments.append(opt.state[param]["moment2_buffer"].numpy().astype("<f4").reshape(-1).copy())
-        stem = f"normuon/{rows}x{cols}"
+        stem = f"{args.method}/{rows}x{cols}"
         files = {
             "init_f32": f"{stem}_init.f32.bin",
             "grads_f32": f"{stem}_grads.f32.bin",
@@ -95,7 +96,7 @@ def main():
                 "momentum": MOMENTUM,
                 "nesterov": nesterov,
                 "moment2_lines": int(moments[0].size),
-                "peer": f"emerging-optimizers {EO_VERSION} AdaptiveMuon(moment2_method='normuon')",
+                "peer": f"emerging-optimizers {EO_VERSION} AdaptiveMuon(moment2_method='{args.method}')",
                 **files,
             }
         )

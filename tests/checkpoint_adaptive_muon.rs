@@ -1,7 +1,7 @@
-//! NorMuon's second moment in checkpoints: recorded with its variant, stored per item in
-//! global coordinates, reloaded at another data-parallel size and layout into a run that goes
-//! on bit for bit as the uninterrupted one, and refused by an optimizer of the other variant
-//! or another β2.
+//! NorMuon's and AdaMuon's second moments in checkpoints: recorded with their variant, stored
+//! per item in global coordinates, reloaded at another data-parallel size and layout into a run
+//! that goes on bit for bit as the uninterrupted one, and refused by an optimizer of another
+//! variant or another β2.
 
 mod support;
 
@@ -13,24 +13,36 @@ use support::tempdir::TempDir;
 const SAVED_AT: u64 = 3;
 const MORE: u64 = 3;
 
-fn normuon(layout: MuonLayout) -> Config {
+fn adaptive(variant: MuonVariant, layout: MuonLayout) -> Config {
     Config {
-        muon_variant: MuonVariant::Normuon,
+        muon_variant: variant,
         ..config(layout)
     }
 }
 
 #[test]
 fn a_normuon_checkpoint_resumes_bitwise_at_another_dp_and_layout() {
-    let tmp = TempDir::new("normuon");
+    resumes_bitwise_and_is_refused_by_others(MuonVariant::Normuon, MuonVariant::Adamuon);
+}
+
+#[test]
+fn an_adamuon_checkpoint_resumes_bitwise_at_another_dp_and_layout() {
+    resumes_bitwise_and_is_refused_by_others(MuonVariant::Adamuon, MuonVariant::Normuon);
+}
+
+/// Saves a `variant` run at dp 4, resumes it at dp 2 padded and dp 3 compact bit for bit, and
+/// checks that standard Muon, `other` and another β2 refuse it, naming the field.
+fn resumes_bitwise_and_is_refused_by_others(variant: MuonVariant, other: MuonVariant) {
+    let tmp = TempDir::new(variant.name());
     let dir = tmp.join("ckpt");
-    let mut saver = Group::new(&normuon(MuonLayout::Compact), 4);
+    let mut saver = Group::new(&adaptive(variant, MuonLayout::Compact), 4);
     saver.train(SAVED_AT);
     all_ok(saver.save(&dir), "save");
     let saved = saver.snapshot();
     drop(saver);
     let index = std::fs::read_to_string(dir.join(INDEX_FILE)).unwrap();
-    assert!(index.contains(r#""muon_variant": "normuon""#), "{index}");
+    let recorded = format!(r#""muon_variant": "{}""#, variant.name());
+    assert!(index.contains(&recorded), "{index}");
     assert!(index.contains(r#""moment2""#), "the pieces carry a moment2 key");
     // Every Muon param carries three state tensors: master, momentum, moment2.
     let muon_params = model()
@@ -42,7 +54,7 @@ fn a_normuon_checkpoint_resumes_bitwise_at_another_dp_and_layout() {
 
     for (dp, layout) in [(2, MuonLayout::Padded), (3, MuonLayout::Compact)] {
         let label = format!("dp={dp} {}", layout.name());
-        let cfg = normuon(layout);
+        let cfg = adaptive(variant, layout);
         let mut reference = Group::new(&cfg, dp);
         reference.train(SAVED_AT + MORE);
         let expected = reference.snapshot();
@@ -59,10 +71,11 @@ fn a_normuon_checkpoint_resumes_bitwise_at_another_dp_and_layout() {
 
     for (cfg, field) in [
         (config(MuonLayout::Compact), "muon_variant"),
+        (adaptive(other, MuonLayout::Compact), "muon_variant"),
         (
             Config {
                 adaptive_muon_beta2: 0.9,
-                ..normuon(MuonLayout::Compact)
+                ..adaptive(variant, MuonLayout::Compact)
             },
             "adaptive_muon_beta2",
         ),
