@@ -209,6 +209,45 @@ fn emulated_translation_matches_the_host_backend_f32_newton_schulz() {
     compare_runs("f32 NS, padded, bf16 grads, nesterov, clipping", &cfg, &cuda_model());
 }
 
+/// Runs `variant` on the emulated device against the host, bit for bit: in f32 on the compact
+/// layout with a skipped step (the second moments left as they were), where each kernel of
+/// `ran` must run and none of `not_ran`; then in bf16 on the padded layout with Nesterov, bf16
+/// grads, clipping, β2 0.9 and what `more` sets.
+fn compare_adaptive_variant(variant: MuonVariant, ran: &[&str], not_ran: &[&str], more: impl FnOnce(Config) -> Config) {
+    let cfg = Config {
+        bucket_size: 4096,
+        muon_ns_symmetric_tile: SMALL_TILE,
+        muon_ns_precision: NsPrecision::F32,
+        muon_variant: variant,
+        host_comm_mode: CommMode::Eager,
+        ..Config::default()
+    };
+    let label = format!("{}, f32 NS, compact", variant.name());
+    let launched = compare_clipped_runs(&label, &cfg, &cuda_model(), false);
+    for kernel in ran {
+        assert!(launched.contains(kernel), "{kernel} did not run: {launched:?}");
+    }
+    for kernel in not_ran {
+        assert!(!launched.contains(kernel), "{kernel} ran: {launched:?}");
+    }
+    let cfg = more(Config {
+        muon_layout: MuonLayout::Padded,
+        muon_ns_precision: NsPrecision::Bf16,
+        muon_nesterov: true,
+        grad_dtype: Dtype::Bf16,
+        clip_grad: 0.05,
+        adaptive_muon_beta2: 0.9,
+        ..cfg
+    });
+    let label = format!(
+        "{}, bf16 NS, padded, bf16 grads, nesterov, clipping, beta2 0.9, eps {}, cautious wd {}",
+        variant.name(),
+        cfg.adaptive_muon_eps,
+        cfg.cautious_weight_decay
+    );
+    compare_runs(&label, &cfg, &cuda_model());
+}
+
 /// NorMuon (`muon_variant = normuon`) on the emulated device equals the host bit for bit —
 /// params, masters, momenta and the second moments — on every shape of the model (tall and
 /// wide components, so per-row and per-column statistics, transposed Newton–Schulz outputs,
@@ -219,74 +258,27 @@ fn emulated_normuon_matches_the_host_backend_bitwise() {
     if !kernels_cpu::available() {
         return;
     }
-    let cfg = Config {
-        bucket_size: 4096,
-        muon_ns_symmetric_tile: SMALL_TILE,
-        muon_ns_precision: NsPrecision::F32,
-        muon_variant: MuonVariant::Normuon,
-        host_comm_mode: CommMode::Eager,
-        ..Config::default()
-    };
-    let launched = compare_clipped_runs("normuon, f32 NS, compact", &cfg, &cuda_model(), false);
-    for kernel in ["muon_normuon_line_sums", "muon_normuon_moments", "muon_apply"] {
-        assert!(launched.contains(kernel), "{kernel} did not run: {launched:?}");
-    }
-    let cfg = Config {
-        muon_layout: MuonLayout::Padded,
-        muon_ns_precision: NsPrecision::Bf16,
-        muon_nesterov: true,
-        grad_dtype: Dtype::Bf16,
-        clip_grad: 0.05,
-        adaptive_muon_beta2: 0.9,
-        ..cfg
-    };
-    compare_runs(
-        "normuon, bf16 NS, padded, bf16 grads, nesterov, clipping",
-        &cfg,
-        &cuda_model(),
-    );
+    let kernels = ["muon_normuon_line_sums", "muon_normuon_moments", "muon_apply"];
+    compare_adaptive_variant(MuonVariant::Normuon, &kernels, &[], |cfg| cfg);
 }
 
 /// AdaMuon (`muon_variant = adamuon`) on the emulated device equals the host bit for bit —
 /// params, masters, momenta and the element-wise second moments, which `muon_apply` updates in
 /// place (no NorMuon kernel runs) — on every shape of the model (transposed Newton–Schulz
 /// outputs, batched experts, per-group splits), with f32 and bf16 products, Nesterov, bf16
-/// grads, clipping and cautious weight decay, a skipped step leaving the second moments as they
-/// were.
+/// grads, clipping, a larger ε and cautious weight decay, a skipped step leaving the second
+/// moments as they were.
 #[test]
 fn emulated_adamuon_matches_the_host_backend_bitwise() {
     if !kernels_cpu::available() {
         return;
     }
-    let cfg = Config {
-        bucket_size: 4096,
-        muon_ns_symmetric_tile: SMALL_TILE,
-        muon_ns_precision: NsPrecision::F32,
-        muon_variant: MuonVariant::Adamuon,
-        host_comm_mode: CommMode::Eager,
-        ..Config::default()
-    };
-    let launched = compare_clipped_runs("adamuon, f32 NS, compact", &cfg, &cuda_model(), false);
-    assert!(launched.contains("muon_apply"), "muon_apply did not run: {launched:?}");
-    for kernel in ["muon_normuon_line_sums", "muon_normuon_moments"] {
-        assert!(!launched.contains(kernel), "{kernel} ran for AdaMuon: {launched:?}");
-    }
-    let cfg = Config {
-        muon_layout: MuonLayout::Padded,
-        muon_ns_precision: NsPrecision::Bf16,
-        muon_nesterov: true,
-        grad_dtype: Dtype::Bf16,
-        clip_grad: 0.05,
-        adaptive_muon_beta2: 0.9,
+    let normuon = ["muon_normuon_line_sums", "muon_normuon_moments"];
+    compare_adaptive_variant(MuonVariant::Adamuon, &["muon_apply"], &normuon, |cfg| Config {
         adaptive_muon_eps: 1e-3,
         cautious_weight_decay: true,
         ..cfg
-    };
-    compare_runs(
-        "adamuon, bf16 NS, padded, bf16 grads, nesterov, clipping, eps 1e-3, cautious wd",
-        &cfg,
-        &cuda_model(),
-    );
+    });
 }
 
 /// A step's overrides of the config's momentum and betas (a scheduler's, new every step) and
