@@ -40,6 +40,7 @@ mod report;
 mod sharding;
 mod types;
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -99,6 +100,8 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
 
 /// Lays out a plan of one ownership and (`compact`, balanced) group window: see
 /// [`lay_out_grouped`] and [`lay_out_contiguous`]; padded keeps Megatron-LM's owners.
+/// `byte_ceiling`: with no network declared, Megatron-LM's bytes, which `compact` must not
+/// exceed for balance ([`lay_out_grouped`]).
 pub(crate) fn lay_out_with(
     params: &[ParamSpec],
     routes: &[Route],
@@ -106,12 +109,60 @@ pub(crate) fn lay_out_with(
     dp: usize,
     ownership: MuonOwnership,
     window: GroupWindow,
+    byte_ceiling: Option<&MegatronBytes>,
 ) -> Result<(Layout, OwnershipMethod)> {
     match (cfg.muon_layout, ownership) {
         (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &BTreeSet::new()),
         (_, MuonOwnership::Contiguous) => lay_out_contiguous(params, routes, cfg, dp),
-        (MuonLayout::Compact, _) if window != GroupWindow::Rooted => lay_out_grouped(params, routes, cfg, dp, window),
+        (MuonLayout::Compact, _) if window != GroupWindow::Rooted => {
+            lay_out_grouped(params, routes, cfg, dp, window, byte_ceiling)
+        }
         _ => lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &BTreeSet::new()),
+    }
+}
+
+/// What Megatron-LM's layout (`padded`) of the same params moves per rank, laid out once and
+/// only when asked: with no network declared it bounds the bytes of `compact`
+/// (docs/design.md §4).
+pub(crate) struct MegatronBytes<'a> {
+    params: &'a [ParamSpec],
+    routes: &'a [Route],
+    cfg: &'a Config,
+    dp: usize,
+    bytes: OnceCell<f64>,
+}
+
+impl<'a> MegatronBytes<'a> {
+    pub(crate) fn new(params: &'a [ParamSpec], routes: &'a [Route], cfg: &'a Config, dp: usize) -> Self {
+        MegatronBytes {
+            params,
+            routes,
+            cfg,
+            dp,
+            bytes: OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> Result<f64> {
+        if let Some(&bytes) = self.bytes.get() {
+            return Ok(bytes);
+        }
+        let padded = Config {
+            muon_layout: MuonLayout::Padded,
+            ..self.cfg.clone()
+        };
+        let none = BTreeSet::new();
+        let (layout, _) = lay_out(
+            self.params,
+            self.routes,
+            &padded,
+            self.dp,
+            Grouping::Nothing,
+            GroupWindow::Rooted,
+            &none,
+        )?;
+        let bytes = wire_bytes_per_rank(&padded, self.dp, &layout);
+        Ok(*self.bytes.get_or_init(|| bytes))
     }
 }
 
@@ -123,21 +174,29 @@ pub(crate) fn lay_out_with(
 /// matrices among six ranks). If neither balances, the fewest grouped params are released to
 /// the rooted rest, cheapest Newton–Schulz first (they save the fewest bytes grouped and fill
 /// the gaps best), until it balances; releasing every group is the all-rooted plan.
+///
+/// With `byte_ceiling` (no network declared) the tolerance yields to Megatron-LM's bytes: if
+/// the balanced plan moves more than them, the plan taken is the most balanced of those that
+/// do not (within the ownership guarantee): gpt2-124m at dp 5, whose grouped plans within
+/// Megatron's bytes root 4 units and leave one rank a matrix above the tolerance.
 fn lay_out_grouped(
     params: &[ParamSpec],
     routes: &[Route],
     cfg: &Config,
     dp: usize,
     window: GroupWindow,
+    byte_ceiling: Option<&MegatronBytes>,
 ) -> Result<(Layout, OwnershipMethod)> {
     let steps = cfg.muon_num_ns_steps;
     let none = BTreeSet::new();
     let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &none)?;
     let limit = NsLoads::of(params, &rooted.0.params, dp, steps).makespan as f64 * (1.0 + NS_TOLERANCE);
+    let loads = |candidate: &(Layout, OwnershipMethod)| NsLoads::of(params, &candidate.0.params, dp, steps);
     let balanced = |candidate: &(Layout, OwnershipMethod)| {
-        let loads = NsLoads::of(params, &candidate.0.params, dp, steps);
+        let loads = loads(candidate);
         loads.makespan as f64 <= limit && loads.within_guarantee(dp)
     };
+    let bytes = |c: &(Layout, OwnershipMethod)| wire_bytes_per_rank(cfg, dp, &c.0);
     let everything = lay_out(params, routes, cfg, dp, Grouping::Everything, window, &none)?;
     if balanced(&everything) {
         return Ok(everything);
@@ -146,13 +205,46 @@ fn lay_out_grouped(
     if balanced(&matrices) {
         return Ok(matrices);
     }
-    let order = release_order(params, &everything.0, steps);
+    let released = fewest_released_that_balance(params, routes, cfg, dp, window, &everything.0, &balanced)?;
+    let balanced_plan = match released {
+        Some(plan) if bytes(&plan) < bytes(&rooted) => plan,
+        _ => rooted,
+    };
+    let ceiling = match byte_ceiling {
+        Some(megatron) => megatron.get()?,
+        None => return Ok(balanced_plan),
+    };
+    if bytes(&balanced_plan) <= ceiling {
+        return Ok(balanced_plan);
+    }
+    // The most balanced plan within Megatron-LM's bytes (fewest bytes on a tie); when none is,
+    // the fewest bytes. Every candidate keeps the ownership guarantee.
+    let key = |c: &(Layout, OwnershipMethod)| (bytes(c) > ceiling, loads(c).makespan, bytes(c));
+    let within_guarantee = [everything, matrices, balanced_plan]
+        .into_iter()
+        .filter(|c| loads(c).within_guarantee(dp));
+    Ok(within_guarantee
+        .min_by(|a, b| key(a).partial_cmp(&key(b)).expect("wire bytes are finite"))
+        .expect("the balanced plan keeps the guarantee"))
+}
+
+/// The fewest grouped params released to the rooted rest (in [`release_order`]) that make the
+/// plan `balanced`: doubling, then bisection between the last count that did not balance and
+/// the first that did; `None` if releasing every one does not.
+fn fewest_released_that_balance(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+    window: GroupWindow,
+    everything: &Layout,
+    balanced: &dyn Fn(&(Layout, OwnershipMethod)) -> bool,
+) -> Result<Option<(Layout, OwnershipMethod)>> {
+    let order = release_order(params, everything, cfg.muon_num_ns_steps);
     let release = |n: usize| {
         let released: BTreeSet<u32> = order[..n].iter().copied().collect();
         lay_out(params, routes, cfg, dp, Grouping::Everything, window, &released)
     };
-    // The fewest released params that balance: doubling, then bisection between the last
-    // count that did not balance and the first that did.
     let (mut failed, mut passed) = (0, None);
     let mut n = 1;
     while passed.is_none() && failed < order.len() {
@@ -166,7 +258,7 @@ fn lay_out_grouped(
         }
     }
     let Some((mut enough, mut best)) = passed else {
-        return Ok(rooted);
+        return Ok(None);
     };
     while enough - failed > 1 {
         let mid = (failed + enough) / 2;
@@ -177,8 +269,7 @@ fn lay_out_grouped(
             failed = mid;
         }
     }
-    let bytes = |c: &(Layout, OwnershipMethod)| wire_bytes_per_rank(cfg, dp, &c.0);
-    Ok(if bytes(&best) < bytes(&rooted) { best } else { rooted })
+    Ok(Some(best))
 }
 
 /// The grouped Muon params of a compact layout (those in equal-shard buckets), cheapest
