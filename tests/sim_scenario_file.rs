@@ -121,3 +121,26 @@ fn a_bad_scenario_file_is_refused_naming_what_is_wrong() {
         std::fs::remove_file(path).unwrap();
     }
 }
+
+/// The example file of docs/simulate.md runs, and its Megatron-schedule job is the row of
+/// docs/validation.md for the same job.
+#[test]
+fn the_example_of_simulate_md_runs() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/simulate.md")).unwrap();
+    let start = doc.find("```json\n{\"jobs\"").unwrap() + "```json\n".len();
+    let end = start + doc[start..].find("```").unwrap();
+    let path = scenario_file("simulate_md", &doc[start..end]);
+    let runs = file_runs(&path);
+    assert_eq!(runs.len(), 2);
+    let megatron_ms = runs[0].1[0]["iteration_ms"].as_f64().unwrap();
+    let validation = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/validation.md")).unwrap();
+    let row = validation
+        .lines()
+        .find(|l| l.starts_with("| qwen3-30b-a3b ep8 dp8 gb300, 512 x 4096 |"))
+        .unwrap();
+    assert!(
+        row.contains(&format!("| {megatron_ms:.1}, ")),
+        "{megatron_ms:.1} ms not in {row}"
+    );
+    std::fs::remove_file(path).unwrap();
+}
