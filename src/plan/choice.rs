@@ -4,9 +4,9 @@
 //!
 //! Every candidate is laid out in full. With no network declared the planner keeps the one
 //! that moves the fewest bytes per rank (widest window first on a tie), with balanced
-//! ownership, Megatron-LM's bytes bounding the Newton–Schulz balance rule ([`MegatronBytes`]):
-//! `compact` then moves no more than `padded`, Megatron-LM's layout, at every dp
-//! `tests/plan_api.rs` checks (docs/design.md §4). With a declared network it keeps the one
+//! ownership, searching harder for a balanced plan where balance would cost more bytes than
+//! Megatron-LM's layout ([`MegatronBytes`]): `compact` then moves no more than `padded` at
+//! every dp `tests/plan_api.rs` checks (docs/design.md §4). With a declared network it keeps the one
 //! whose collectives the model exposes least (fewest bytes, then widest window, on a tie).
 //!
 //! # The exposure model

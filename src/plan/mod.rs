@@ -36,6 +36,7 @@ mod ownership;
 mod padded;
 pub mod presets;
 mod queries;
+mod rebalance;
 mod report;
 mod sharding;
 mod types;
@@ -100,8 +101,8 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
 
 /// Lays out a plan of one ownership and (`compact`, balanced) group window: see
 /// [`lay_out_grouped`] and [`lay_out_contiguous`]; padded keeps Megatron-LM's owners.
-/// `byte_ceiling`: with no network declared, Megatron-LM's bytes, which `compact` must not
-/// exceed for balance ([`lay_out_grouped`]).
+/// `byte_ceiling`: with no network declared, Megatron-LM's bytes, beyond which `compact`
+/// searches a balanced plan harder ([`lay_out_grouped`]).
 pub(crate) fn lay_out_with(
     params: &[ParamSpec],
     routes: &[Route],
@@ -122,8 +123,8 @@ pub(crate) fn lay_out_with(
 }
 
 /// What Megatron-LM's layout (`padded`) of the same params moves per rank, laid out once and
-/// only when asked: with no network declared it bounds the bytes of `compact`
-/// (docs/design.md §4).
+/// only when asked: with no network declared, `compact` searches harder for a balanced plan
+/// that moves no more (docs/design.md §4).
 pub(crate) struct MegatronBytes<'a> {
     params: &'a [ParamSpec],
     routes: &'a [Route],
@@ -175,10 +176,12 @@ impl<'a> MegatronBytes<'a> {
 /// the rooted rest, cheapest Newton–Schulz first (they save the fewest bytes grouped and fill
 /// the gaps best), until it balances; releasing every group is the all-rooted plan.
 ///
-/// With `byte_ceiling` (no network declared) the tolerance yields to Megatron-LM's bytes: if
-/// the balanced plan moves more than them, the plan taken is the most balanced of those that
-/// do not (within the ownership guarantee): gpt2-124m at dp 5, whose grouped plans within
-/// Megatron's bytes root 4 units and leave one rank a matrix above the tolerance.
+/// With `byte_ceiling` (no network declared), where the balanced plan moves more bytes than
+/// Megatron-LM's layout, the fewest-bytes grouping is laid out once more with matrices
+/// exchanged between the ranks' shards of a bucket (the same elements each way, so the same
+/// bytes: `rebalance.rs`) and taken if that balances: gpt2-124m at dp 5, whose groups and
+/// packed leftovers leave one rank a QKV above the tolerance until a QKV and a projection
+/// trade places with an MLP matrix of another rank's shard.
 fn lay_out_grouped(
     params: &[ParamSpec],
     routes: &[Route],
@@ -191,9 +194,8 @@ fn lay_out_grouped(
     let none = BTreeSet::new();
     let rooted = lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &none)?;
     let limit = NsLoads::of(params, &rooted.0.params, dp, steps).makespan as f64 * (1.0 + NS_TOLERANCE);
-    let loads = |candidate: &(Layout, OwnershipMethod)| NsLoads::of(params, &candidate.0.params, dp, steps);
     let balanced = |candidate: &(Layout, OwnershipMethod)| {
-        let loads = loads(candidate);
+        let loads = NsLoads::of(params, &candidate.0.params, dp, steps);
         loads.makespan as f64 <= limit && loads.within_guarantee(dp)
     };
     let bytes = |c: &(Layout, OwnershipMethod)| wire_bytes_per_rank(cfg, dp, &c.0);
@@ -217,15 +219,14 @@ fn lay_out_grouped(
     if bytes(&balanced_plan) <= ceiling {
         return Ok(balanced_plan);
     }
-    // The most balanced plan within Megatron-LM's bytes (fewest bytes on a tie); when none is,
-    // the fewest bytes. Every candidate keeps the ownership guarantee.
-    let key = |c: &(Layout, OwnershipMethod)| (bytes(c) > ceiling, loads(c).makespan, bytes(c));
-    let within_guarantee = [everything, matrices, balanced_plan]
-        .into_iter()
-        .filter(|c| loads(c).within_guarantee(dp));
-    Ok(within_guarantee
-        .min_by(|a, b| key(a).partial_cmp(&key(b)).expect("wire bytes are finite"))
-        .expect("the balanced plan keeps the guarantee"))
+    // Balance costs more bytes than Megatron-LM's layout moves: the fewest-bytes grouping with
+    // matrices exchanged between its shards to even out Newton–Schulz (`rebalance.rs`).
+    let exchanged = lay_out_shards(params, routes, cfg, dp, Grouping::Everything, window, &none, true)?;
+    Ok(if balanced(&exchanged) && bytes(&exchanged) < bytes(&balanced_plan) {
+        exchanged
+    } else {
+        balanced_plan
+    })
 }
 
 /// The fewest grouped params released to the rooted rest (in [`release_order`]) that make the
@@ -301,6 +302,22 @@ fn lay_out(
     window: GroupWindow,
     released: &BTreeSet<u32>,
 ) -> Result<(Layout, OwnershipMethod)> {
+    lay_out_shards(params, routes, cfg, dp, grouping, window, released, false)
+}
+
+/// [`lay_out`], and with `rebalance` the shard buckets' matrices exchanged between ranks to
+/// even out Newton–Schulz once the rooted owners are placed (`rebalance.rs`).
+#[allow(clippy::too_many_arguments)]
+fn lay_out_shards(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+    grouping: Grouping,
+    window: GroupWindow,
+    released: &BTreeSet<u32>,
+    rebalance: bool,
+) -> Result<(Layout, OwnershipMethod)> {
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
     let groups = group_buffers(params, routes, cfg);
@@ -308,7 +325,7 @@ fn lay_out(
         .iter()
         .map(|g| backward_chunks(params, &g.params, bucket_size))
         .collect();
-    let sequences: Vec<Vec<CompactBucket>> = groups
+    let mut sequences: Vec<Vec<CompactBucket>> = groups
         .iter()
         .map(|g| match (g.route, cfg.muon_layout) {
             (Route::Muon, MuonLayout::Compact) => CompactBuffer {
@@ -345,6 +362,9 @@ fn lay_out(
             ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
         }
     };
+    if rebalance {
+        rebalance::rebalance_shards(params, &mut sequences, &placements, dp, cfg.muon_num_ns_steps);
+    }
     let layout = finish_layout(
         params,
         &groups,
