@@ -235,7 +235,10 @@ fn validation_md_is_what_simulate_validation_prints() {
         printed, committed,
         "docs/validation.md is stale: regenerate it with `muon-opt simulate --validation > docs/validation.md`"
     );
-    for job in ["kimi-k2 pp4 vpp4 ep64 dp64 gb300", "qwen3-30b-a3b ep8 dp8 gb300"] {
+    for job in [
+        "kimi-k2 pp4 vpp4 ep64 dp64 gb300, 4096 x 4096",
+        "qwen3-30b-a3b ep8 dp8 gb300, 512 x 4096",
+    ] {
         assert!(printed.contains(&format!("| {job} |")), "{job}");
     }
     assert!(

@@ -163,7 +163,7 @@ fn the_command_line_runs_the_named_job() {
         (run["tokens_per_gpu"].as_u64(), run["micro_batches"].as_u64()),
         (Some(512 * 4096 / 8), Some(8))
     );
-    let job = muon_opt::sim::scenarios::job("qwen3-30b-a3b ep8 dp8 gb300")
+    let job = muon_opt::sim::scenarios::job("qwen3-30b-a3b ep8 dp8 gb300, 512 x 4096")
         .unwrap()
         .scenario(true)
         .unwrap();
@@ -189,4 +189,37 @@ fn the_command_line_runs_the_named_job() {
         .unwrap();
     assert!(!uneven.status.success());
     assert!(String::from_utf8_lossy(&uneven.stderr).contains("not a multiple"));
+}
+
+/// Issue 39: every named job at its published batch also runs at a small batch (8192 tokens
+/// per GPU, one micro-batch) on the same model, cluster and parallelism, so the sensitivity
+/// of Muon's share to the batch shows in docs/performance.md.
+#[test]
+fn every_job_at_its_published_batch_has_a_small_batch_twin() {
+    use muon_opt::sim::scenarios::JOBS;
+    let published: Vec<_> = JOBS.iter().filter(|j| j.batch.is_some()).collect();
+    assert_eq!(published.len(), 7);
+    for job in published {
+        let twin = JOBS.iter().find(|t| {
+            t.batch.is_none()
+                && (t.model, t.hardware, t.dp, t.tp, t.pipeline, t.virtual_stages, t.sharded)
+                    == (
+                        job.model,
+                        job.hardware,
+                        job.dp,
+                        job.tp,
+                        job.pipeline,
+                        job.virtual_stages,
+                        job.sharded,
+                    )
+                && t.expert_parallel == job.expert_parallel
+        });
+        let twin = twin.unwrap_or_else(|| panic!("{}: no small-batch twin", job.name));
+        assert!(
+            job.name.starts_with(&format!("{}, ", twin.name)),
+            "{} / {}",
+            job.name,
+            twin.name
+        );
+    }
 }

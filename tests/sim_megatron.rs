@@ -245,7 +245,7 @@ fn the_measured_job_on_megatrons_schedule_is_one_command_and_the_validation_row(
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/validation.md")).unwrap();
     let row = doc
         .lines()
-        .find(|l| l.starts_with("| qwen3-30b-a3b ep8 dp8 gb300 |"))
+        .find(|l| l.starts_with("| qwen3-30b-a3b ep8 dp8 gb300, 512 x 4096 |"))
         .unwrap();
     let cells: Vec<&str> = row.split(" | ").collect();
     assert!(

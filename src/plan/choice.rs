@@ -4,10 +4,10 @@
 //!
 //! Every candidate is laid out in full. With no network declared the planner keeps the one
 //! that moves the fewest bytes per rank (widest window first on a tie), with balanced
-//! ownership: `compact` then moves no more than `padded`, Megatron-LM's layout, at every dp
-//! `tests/plan_api.rs` checks but one (gpt2-124m at dp 5, docs/design.md §4). With a
-//! declared network it keeps the one whose collectives the model exposes least (fewest bytes,
-//! then widest window, on a tie).
+//! ownership, searching harder for a balanced plan where balance would cost more bytes than
+//! Megatron-LM's layout ([`MegatronBytes`]): `compact` then moves no more than `padded` at
+//! every dp `tests/plan_api.rs` checks (docs/design.md §4). With a declared network it keeps the one
+//! whose collectives the model exposes least (fewest bytes, then widest window, on a tie).
 //!
 //! # The exposure model
 //!
@@ -40,7 +40,7 @@ use super::network::{NCCL_BASE_LATENCY_US, Ring, RingCollective};
 use super::ownership::OwnershipMethod;
 use super::report::wire_bytes_per_rank;
 use super::types::{Bucket, BucketSplit, forward_order};
-use super::{Layout, lay_out_with};
+use super::{Layout, MegatronBytes, lay_out_with};
 
 /// The model's forward over the byte-lower-bound all-gather of every param on the declared
 /// ring (module docs): a job whose forward just hides Megatron's distributed-optimizer param
@@ -127,8 +127,10 @@ pub(crate) fn choose(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: u
         network,
         ..Choice::default()
     };
+    let megatron = MegatronBytes::new(params, routes, cfg, dp);
+    let byte_ceiling = network.is_none().then_some(&megatron);
     for (ownership, window) in candidates(cfg, network.is_some()) {
-        let (layout, method) = lay_out_with(params, routes, cfg, dp, ownership, window)?;
+        let (layout, method) = lay_out_with(params, routes, cfg, dp, ownership, window, byte_ceiling)?;
         let bytes = wire_bytes_per_rank(cfg, dp, &layout);
         let exposed = network.map(|n| exposed_seconds(params, cfg, dp, &layout.buckets, n.ring()));
         choice.alternatives.push(Alternative {

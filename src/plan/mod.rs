@@ -36,10 +36,12 @@ mod ownership;
 mod padded;
 pub mod presets;
 mod queries;
+mod rebalance;
 mod report;
 mod sharding;
 mod types;
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -99,6 +101,8 @@ pub fn build_plan(params: &[ParamSpec], routes: &[Route], cfg: &Config, dp: usiz
 
 /// Lays out a plan of one ownership and (`compact`, balanced) group window: see
 /// [`lay_out_grouped`] and [`lay_out_contiguous`]; padded keeps Megatron-LM's owners.
+/// `byte_ceiling`: with no network declared, Megatron-LM's bytes, beyond which `compact`
+/// searches a balanced plan harder ([`lay_out_grouped`]).
 pub(crate) fn lay_out_with(
     params: &[ParamSpec],
     routes: &[Route],
@@ -106,12 +110,60 @@ pub(crate) fn lay_out_with(
     dp: usize,
     ownership: MuonOwnership,
     window: GroupWindow,
+    byte_ceiling: Option<&MegatronBytes>,
 ) -> Result<(Layout, OwnershipMethod)> {
     match (cfg.muon_layout, ownership) {
         (MuonLayout::Padded, _) => lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &BTreeSet::new()),
         (_, MuonOwnership::Contiguous) => lay_out_contiguous(params, routes, cfg, dp),
-        (MuonLayout::Compact, _) if window != GroupWindow::Rooted => lay_out_grouped(params, routes, cfg, dp, window),
+        (MuonLayout::Compact, _) if window != GroupWindow::Rooted => {
+            lay_out_grouped(params, routes, cfg, dp, window, byte_ceiling)
+        }
         _ => lay_out(params, routes, cfg, dp, Grouping::Nothing, window, &BTreeSet::new()),
+    }
+}
+
+/// What Megatron-LM's layout (`padded`) of the same params moves per rank, laid out once and
+/// only when asked: with no network declared, `compact` searches harder for a balanced plan
+/// that moves no more (docs/design.md §4).
+pub(crate) struct MegatronBytes<'a> {
+    params: &'a [ParamSpec],
+    routes: &'a [Route],
+    cfg: &'a Config,
+    dp: usize,
+    bytes: OnceCell<f64>,
+}
+
+impl<'a> MegatronBytes<'a> {
+    pub(crate) fn new(params: &'a [ParamSpec], routes: &'a [Route], cfg: &'a Config, dp: usize) -> Self {
+        MegatronBytes {
+            params,
+            routes,
+            cfg,
+            dp,
+            bytes: OnceCell::new(),
+        }
+    }
+
+    fn get(&self) -> Result<f64> {
+        if let Some(&bytes) = self.bytes.get() {
+            return Ok(bytes);
+        }
+        let padded = Config {
+            muon_layout: MuonLayout::Padded,
+            ..self.cfg.clone()
+        };
+        let none = BTreeSet::new();
+        let (layout, _) = lay_out(
+            self.params,
+            self.routes,
+            &padded,
+            self.dp,
+            Grouping::Nothing,
+            GroupWindow::Rooted,
+            &none,
+        )?;
+        let bytes = wire_bytes_per_rank(&padded, self.dp, &layout);
+        Ok(*self.bytes.get_or_init(|| bytes))
     }
 }
 
@@ -123,12 +175,20 @@ pub(crate) fn lay_out_with(
 /// matrices among six ranks). If neither balances, the fewest grouped params are released to
 /// the rooted rest, cheapest Newton–Schulz first (they save the fewest bytes grouped and fill
 /// the gaps best), until it balances; releasing every group is the all-rooted plan.
+///
+/// With `byte_ceiling` (no network declared), where the balanced plan moves more bytes than
+/// Megatron-LM's layout, the fewest-bytes grouping is laid out once more with matrices
+/// exchanged between the ranks' shards of a bucket (the same elements each way, so the same
+/// bytes: `rebalance.rs`) and taken if that balances: gpt2-124m at dp 5, whose groups and
+/// packed leftovers leave one rank a QKV above the tolerance until a QKV and a projection
+/// trade places with an MLP matrix of another rank's shard.
 fn lay_out_grouped(
     params: &[ParamSpec],
     routes: &[Route],
     cfg: &Config,
     dp: usize,
     window: GroupWindow,
+    byte_ceiling: Option<&MegatronBytes>,
 ) -> Result<(Layout, OwnershipMethod)> {
     let steps = cfg.muon_num_ns_steps;
     let none = BTreeSet::new();
@@ -138,6 +198,7 @@ fn lay_out_grouped(
         let loads = NsLoads::of(params, &candidate.0.params, dp, steps);
         loads.makespan as f64 <= limit && loads.within_guarantee(dp)
     };
+    let bytes = |c: &(Layout, OwnershipMethod)| wire_bytes_per_rank(cfg, dp, &c.0);
     let everything = lay_out(params, routes, cfg, dp, Grouping::Everything, window, &none)?;
     if balanced(&everything) {
         return Ok(everything);
@@ -146,13 +207,45 @@ fn lay_out_grouped(
     if balanced(&matrices) {
         return Ok(matrices);
     }
-    let order = release_order(params, &everything.0, steps);
+    let released = fewest_released_that_balance(params, routes, cfg, dp, window, &everything.0, &balanced)?;
+    let balanced_plan = match released {
+        Some(plan) if bytes(&plan) < bytes(&rooted) => plan,
+        _ => rooted,
+    };
+    let ceiling = match byte_ceiling {
+        Some(megatron) => megatron.get()?,
+        None => return Ok(balanced_plan),
+    };
+    if bytes(&balanced_plan) <= ceiling {
+        return Ok(balanced_plan);
+    }
+    // Balance costs more bytes than Megatron-LM's layout moves: the fewest-bytes grouping with
+    // matrices exchanged between its shards to even out Newton–Schulz (`rebalance.rs`).
+    let exchanged = lay_out_shards(params, routes, cfg, dp, Grouping::Everything, window, &none, true)?;
+    Ok(if balanced(&exchanged) && bytes(&exchanged) < bytes(&balanced_plan) {
+        exchanged
+    } else {
+        balanced_plan
+    })
+}
+
+/// The fewest grouped params released to the rooted rest (in [`release_order`]) that make the
+/// plan `balanced`: doubling, then bisection between the last count that did not balance and
+/// the first that did; `None` if releasing every one does not.
+fn fewest_released_that_balance(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+    window: GroupWindow,
+    everything: &Layout,
+    balanced: &dyn Fn(&(Layout, OwnershipMethod)) -> bool,
+) -> Result<Option<(Layout, OwnershipMethod)>> {
+    let order = release_order(params, everything, cfg.muon_num_ns_steps);
     let release = |n: usize| {
         let released: BTreeSet<u32> = order[..n].iter().copied().collect();
         lay_out(params, routes, cfg, dp, Grouping::Everything, window, &released)
     };
-    // The fewest released params that balance: doubling, then bisection between the last
-    // count that did not balance and the first that did.
     let (mut failed, mut passed) = (0, None);
     let mut n = 1;
     while passed.is_none() && failed < order.len() {
@@ -166,7 +259,7 @@ fn lay_out_grouped(
         }
     }
     let Some((mut enough, mut best)) = passed else {
-        return Ok(rooted);
+        return Ok(None);
     };
     while enough - failed > 1 {
         let mid = (failed + enough) / 2;
@@ -177,8 +270,7 @@ fn lay_out_grouped(
             failed = mid;
         }
     }
-    let bytes = |c: &(Layout, OwnershipMethod)| wire_bytes_per_rank(cfg, dp, &c.0);
-    Ok(if bytes(&best) < bytes(&rooted) { best } else { rooted })
+    Ok(Some(best))
 }
 
 /// The grouped Muon params of a compact layout (those in equal-shard buckets), cheapest
@@ -210,6 +302,22 @@ fn lay_out(
     window: GroupWindow,
     released: &BTreeSet<u32>,
 ) -> Result<(Layout, OwnershipMethod)> {
+    lay_out_shards(params, routes, cfg, dp, grouping, window, released, false)
+}
+
+/// [`lay_out`], and with `rebalance` the shard buckets' matrices exchanged between ranks to
+/// even out Newton–Schulz once the rooted owners are placed (`rebalance.rs`).
+#[allow(clippy::too_many_arguments)]
+fn lay_out_shards(
+    params: &[ParamSpec],
+    routes: &[Route],
+    cfg: &Config,
+    dp: usize,
+    grouping: Grouping,
+    window: GroupWindow,
+    released: &BTreeSet<u32>,
+    rebalance: bool,
+) -> Result<(Layout, OwnershipMethod)> {
     let bucket_size = cfg.overlap_grad_reduce.then(|| cfg.effective_bucket_size(dp));
     let mut placements = initial_placements(params, routes);
     let groups = group_buffers(params, routes, cfg);
@@ -217,7 +325,7 @@ fn lay_out(
         .iter()
         .map(|g| backward_chunks(params, &g.params, bucket_size))
         .collect();
-    let sequences: Vec<Vec<CompactBucket>> = groups
+    let mut sequences: Vec<Vec<CompactBucket>> = groups
         .iter()
         .map(|g| match (g.route, cfg.muon_layout) {
             (Route::Muon, MuonLayout::Compact) => CompactBuffer {
@@ -254,6 +362,9 @@ fn lay_out(
             ownership::assign_owners(params, &muon, dp, cfg.muon_num_ns_steps, &mut placements)
         }
     };
+    if rebalance {
+        rebalance::rebalance_shards(params, &mut sequences, &placements, dp, cfg.muon_num_ns_steps);
+    }
     let layout = finish_layout(
         params,
         &groups,

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod device;
 pub mod drive;
 pub mod engine;
+pub mod gram_speedup;
 pub mod megatron;
 pub mod metrics;
 pub mod profile;

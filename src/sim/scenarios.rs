@@ -141,8 +141,41 @@ const DEEPSEEK_V3_LIKE_PP16_EP64_DP64_NVLINK: Job = Job {
     sharded: false,
 };
 
-/// Every named job, in table order: the dense and DeepSeek-V3-like jobs at 8192 tokens per
-/// GPU and at their published batch, then NVIDIA's measured jobs at theirs.
+const KIMI_K2_PP4_VPP4_EP64_DP64_GB300: Job = Job {
+    name: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",
+    model: "kimi-k2",
+    hardware: "gb300-nvl72",
+    dp: 64,
+    tp: None,
+    pipeline: Some((4, 2)),
+    virtual_stages: 4,
+    expert_parallel: Some(ExpertParallel {
+        ep: 64,
+        experts_per_token: KIMI_K2_EXPERTS_PER_TOKEN,
+    }),
+    batch: None,
+    sharded: false,
+};
+
+const QWEN3_30B_A3B_EP8_DP8_GB300: Job = Job {
+    name: "qwen3-30b-a3b ep8 dp8 gb300",
+    model: "qwen3-30b-a3b",
+    hardware: "gb300-nvl72",
+    dp: 8,
+    tp: None,
+    pipeline: None,
+    virtual_stages: 1,
+    expert_parallel: Some(ExpertParallel {
+        ep: 8,
+        experts_per_token: QWEN3_EXPERTS_PER_TOKEN,
+    }),
+    batch: None,
+    sharded: false,
+};
+
+/// Every named job, in table order, each at 8192 tokens per GPU and at its published batch:
+/// the dense and DeepSeek-V3-like jobs, the sharded one (8192 tokens only), then NVIDIA's
+/// measured jobs.
 pub const JOBS: &[Job] = &[
     LLAMA3_8B_DP8_NVLINK,
     Job {
@@ -187,44 +220,19 @@ pub const JOBS: &[Job] = &[
         batch: None,
         sharded: true,
     },
-    // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72.
+    // NVIDIA's measured jobs ([`NVIDIA_MEGATRON_MUON`]): Megatron-Bridge 26.02 on GB300 NVL72,
+    // at 8192 tokens per GPU and at the batch NVIDIA measured.
+    KIMI_K2_PP4_VPP4_EP64_DP64_GB300,
     Job {
-        name: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",
-        model: "kimi-k2",
-        hardware: "gb300-nvl72",
-        dp: 64,
-        tp: None,
-        pipeline: Some((4, 2)),
-        virtual_stages: 4,
-        expert_parallel: Some(ExpertParallel {
-            ep: 64,
-            experts_per_token: KIMI_K2_EXPERTS_PER_TOKEN,
-        }),
-        batch: Some(Batch {
-            global: 4096,
-            micro: KIMI_K2_MICRO_BATCH,
-            seq_len: 4096,
-        }),
-        sharded: false,
+        name: "kimi-k2 pp4 vpp4 ep64 dp64 gb300, 4096 x 4096",
+        batch: Some(KIMI_K2_BATCH),
+        ..KIMI_K2_PP4_VPP4_EP64_DP64_GB300
     },
+    QWEN3_30B_A3B_EP8_DP8_GB300,
     Job {
-        name: "qwen3-30b-a3b ep8 dp8 gb300",
-        model: "qwen3-30b-a3b",
-        hardware: "gb300-nvl72",
-        dp: 8,
-        tp: None,
-        pipeline: None,
-        virtual_stages: 1,
-        expert_parallel: Some(ExpertParallel {
-            ep: 8,
-            experts_per_token: QWEN3_EXPERTS_PER_TOKEN,
-        }),
-        batch: Some(Batch {
-            global: 512,
-            micro: 8,
-            seq_len: 4096,
-        }),
-        sharded: false,
+        name: "qwen3-30b-a3b ep8 dp8 gb300, 512 x 4096",
+        batch: Some(QWEN3_30B_A3B_BATCH),
+        ..QWEN3_30B_A3B_EP8_DP8_GB300
     },
 ];
 
@@ -233,6 +241,22 @@ pub const JOBS: &[Job] = &[
 /// (`KIMI_K2_PRETRAIN_CONFIG_GB300`, `micro_batch_size=2`), kept at 067f987d
 /// (`src/megatron/bridge/perf_recipes/kimi/gb300/kimi_k2.py` line 159).
 const KIMI_K2_MICRO_BATCH: u64 = 2;
+
+/// Kimi K2 as NVIDIA measured it ([`NVIDIA_MEGATRON_MUON`]): global batch 4096 of 4096-token
+/// sequences, micro-batch [`KIMI_K2_MICRO_BATCH`].
+const KIMI_K2_BATCH: Batch = Batch {
+    global: 4096,
+    micro: KIMI_K2_MICRO_BATCH,
+    seq_len: 4096,
+};
+
+/// Qwen3-30B-A3B as NVIDIA measured it ([`NVIDIA_MEGATRON_MUON`]): global batch 512,
+/// micro-batch 8, 4096-token sequences (the Megatron-Bridge recipe's).
+const QWEN3_30B_A3B_BATCH: Batch = Batch {
+    global: 512,
+    micro: 8,
+    seq_len: 4096,
+};
 
 /// Routed experts per token: `num_experts_per_tok` of moonshotai/Kimi-K2-Instruct's and
 /// Qwen/Qwen3-30B-A3B's config.json.
@@ -257,13 +281,13 @@ pub struct Measured {
 /// Megatron-Bridge recipes', not stated in the table.
 pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
     Measured {
-        job: "kimi-k2 pp4 vpp4 ep64 dp64 gb300",
+        job: "kimi-k2 pp4 vpp4 ep64 dp64 gb300, 4096 x 4096",
         adamw_tflops: 1051.0,
         muon_tflops: 1029.0,
         source: "NVIDIA, Advancing Emerging Optimizers for Accelerated LLM Training with NVIDIA Megatron, Table 1",
     },
     Measured {
-        job: "qwen3-30b-a3b ep8 dp8 gb300",
+        job: "qwen3-30b-a3b ep8 dp8 gb300, 512 x 4096",
         adamw_tflops: 713.0,
         muon_tflops: 686.0,
         source: "NVIDIA, Advancing Emerging Optimizers for Accelerated LLM Training with NVIDIA Megatron, Table 1",
@@ -328,7 +352,7 @@ pub fn job(name: &str) -> Result<Job> {
             let names: Vec<&str> = JOBS.iter().map(|j| j.name).collect();
             bail!(
                 InvalidArgument,
-                "--scenario '{name}': unknown; the scenarios are all, {}",
+                "--scenario '{name}': unknown and not a scenario file; the scenarios are all, {}",
                 names.join(", ")
             )
         }

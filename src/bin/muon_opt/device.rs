@@ -12,7 +12,8 @@ use muon_opt::measure::step::{Options, measure};
 use muon_opt::measure::{DeviceRun, OpClass};
 use muon_opt::sim::cost::CostModel;
 
-use crate::simulate::{MethodChoice, PrecisionChoice, load_hardware};
+use crate::simulate::job::{MethodChoice, PrecisionChoice};
+use crate::simulate::load_hardware;
 
 #[derive(Args)]
 pub struct MeasureArgs {

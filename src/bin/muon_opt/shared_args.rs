@@ -2,13 +2,15 @@
 //! `--layout`, `--ownership` and the param sharding.
 
 use clap::{Args, ValueEnum};
+use serde::Deserialize;
 
 use muon_opt::config::{Config, DEFAULT_PARAM_PREFETCH_BUCKETS, MuonLayout, MuonOwnership, ParamSharding};
 use muon_opt::plan::presets::{ModelDesc, PRESET_NAMES, preset};
 
 use crate::model_json::parse_model_json;
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, Debug, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LayoutChoice {
     Compact,
     Padded,
@@ -30,7 +32,8 @@ impl LayoutChoice {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OwnershipChoice {
     Balanced,
     Contiguous,
@@ -51,15 +54,17 @@ impl OwnershipChoice {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ShardingChoice {
     Replicated,
     Sharded,
 }
 
 /// `param_sharding`, `reshard_after_forward` and `param_prefetch_buckets` as muon_config_t
-/// sets them.
-#[derive(Args, Clone, Copy)]
+/// sets them (in a scenario file, the object under `sharding`).
+#[derive(Args, Clone, Copy, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ShardingArgs {
     /// Every rank holds every param (`replicated`, the library's default) or keeps only what it
     /// owns and gathers buckets around their use (`sharded`, ZeRO-3 style).
@@ -72,6 +77,17 @@ pub struct ShardingArgs {
     /// Sharded: buckets gathered ahead of the one in use (param_prefetch_buckets).
     #[arg(long, default_value_t = DEFAULT_PARAM_PREFETCH_BUCKETS)]
     prefetch: u32,
+}
+
+impl Default for ShardingArgs {
+    /// The command line's defaults (the library's).
+    fn default() -> Self {
+        ShardingArgs {
+            param_sharding: ShardingChoice::Replicated,
+            reshard_after_forward: true,
+            prefetch: DEFAULT_PARAM_PREFETCH_BUCKETS,
+        }
+    }
 }
 
 impl ShardingArgs {

@@ -135,10 +135,11 @@ fn markdown(rows: &[Row]) -> String {
          rank: no expert gradient collectives) stepped with the dense optimizer under one clip;\n\
          each expert stack computes the tokens routed to it (8 experts per token). The report's\n\
          2048 GPUs give each expert 2 data-parallel ranks; 1024 hold the same params per rank.\n\
-         The gb300 jobs are NVIDIA's measured Megatron runs at their published batches\n\
-         (`docs/validation.md`): Kimi K2 (PP 4 × VPP 4, stage 2 simulated, EP 64 = DP 64, global\n\
-         batch 4096 of 4096 tokens, micro-batch 2) and Qwen3-30B-A3B (EP 8 = DP 8, global batch\n\
-         512, micro-batch 8, 4096 tokens), with causal attention FLOPs and the 1F1B bubble.\n\
+         The gb300 jobs are NVIDIA's measured Megatron runs (`docs/validation.md`), at their\n\
+         published batches `4096 x 4096` and `512 x 4096`: Kimi K2 (PP 4 × VPP 4, stage 2\n\
+         simulated, EP 64 = DP 64, global batch 4096 of 4096 tokens, micro-batch 2) and\n\
+         Qwen3-30B-A3B (EP 8 = DP 8, global batch 512, micro-batch 8, 4096 tokens), with causal\n\
+         attention FLOPs and the 1F1B bubble.\n\
          Each llama3 and the deepseek-v3-like job also runs at its published batch, micro-batch 1,\n\
          with causal attention FLOPs (and the bubble): `2048 x 8192`, the Llama 3 paper's 16M-token\n\
          batch (arXiv 2407.21783 §3.4.1, stated for 405B, the only Llama 3 batch it gives), and\n\
