@@ -24,7 +24,9 @@ struct Sharded {
             muon_param_desc_t w = make_desc(name.c_str(), {64, 64});
             EXPECT_EQ(muon_optimizer_add_param(opt, &w, nullptr), MUON_STATUS_SUCCESS) << last_error();
         }
-        if (finalize) EXPECT_EQ(muon_optimizer_finalize(opt), MUON_STATUS_SUCCESS) << last_error();
+        if (finalize) {
+            EXPECT_EQ(muon_optimizer_finalize(opt), MUON_STATUS_SUCCESS) << last_error();
+        }
     }
     ~Sharded() {
         EXPECT_EQ(muon_optimizer_destroy(opt), MUON_STATUS_SUCCESS);
