@@ -713,7 +713,8 @@ typedef struct muon_config_t {
   /**
    * 1 = MXFP8 params travel as bf16 staged on their bucket's idle grad bytes and every rank
    * re-quantizes the gathered bf16; 0 (default) = they are gathered as bf16 in the param
-   * buffer and quantized locally on every rank (same bits, more memory).
+   * buffer and quantized locally on every rank (same bits, more memory). With
+   * param_sharding = sharded both gather them as bf16 into the working set.
    */
   uint32_t mxfp8_param_gather;
   /**
@@ -879,12 +880,12 @@ typedef struct muon_config_t {
    * MUON_PARAM_SHARDING_REPLICATED (default: every rank holds every param and a full
    * gradient buffer) or MUON_PARAM_SHARDING_SHARDED (ZeRO-3 / FSDP style with whole-matrix
    * owners: a rank keeps persistently only what it owns, its Muon matrices whole and its
-   * AdamW shards, and gathers each bucket into a bounded working set around its use;
-   * docs/design.md §4). Sharded is planned (`muon-opt plan --param-sharding sharded`) and
-   * simulated; its iteration is not implemented yet, so muon_optimizer_finalize refuses it
-   * on every rank (after checking that every rank asked for it) with
-   * MUON_STATUS_UNSUPPORTED. Sharded needs overlap_param_gather = 1 and
-   * mxfp8_param_gather = 0 (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise). Every rank must use
+   * AdamW shards, and gathers each bucket into a bounded working set around its use, with
+   * muon_optimizer_gather_params, muon_optimizer_wait_params and
+   * muon_optimizer_release_params; docs/design.md "Sharded params"). Sharded trains bit for
+   * bit like replicated. It needs overlap_param_gather = 1
+   * (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise); MXFP8 params are gathered as bf16 into the
+   * working set and quantized there whatever mxfp8_param_gather says. Every rank must use
    * the same value (finalize checks it). A caller compiled against an older header gets
    * replicated.
    */
@@ -1428,13 +1429,66 @@ muon_status_t muon_optimizer_zero_grad(struct muon_optimizer_t *opt);
 
 /**
  * @brief Forward pre-hook: order the caller after bucket @p bucket's param collective.
+ *        With param_sharding = sharded (and before its backward use too) it first gathers
+ *        the bucket, as muon_optimizer_gather_params, unless it is gathered.
  * @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket); an
  *            unknown bucket is MUON_STATUS_INVALID_ARGUMENT.
+ * @note Stream: async, stream-ordered (the caller's stream waits for the bucket's param
+ *       collective), no host sync, graph-capture safe.
  */
 MUON_API
 MUON_NODISCARD
 muon_status_t muon_optimizer_wait_params(struct muon_optimizer_t *opt,
                                          uint32_t bucket);
+
+/**
+ * @brief Prefetch: with param_sharding = sharded, issue the gather of bucket @p bucket into
+ *        its slot of the gather window, on the library's comm stream after everything
+ *        enqueued on the caller's stream so far; muon_optimizer_wait_params(bucket) then orders
+ *        the caller after it. The gather copies each owner's range into the slot, zeroes the
+ *        slot's gradients and runs the bucket's param collectives (MXFP8 params are quantized
+ *        from the gathered bf16). A bucket always takes the same slot (its position in the
+ *        forward order modulo the slots: param_prefetch_buckets + 1 with
+ *        reshard_after_forward, else one per bucket), so its muon_param_view_t pointers are the
+ *        same at every gather; they are valid from the gather to its release.
+ *        A gathered bucket is left as it is; with replicated params (every bucket always
+ *        gathered) the call does nothing.
+ * @param[in,out] opt    Finalized optimizer (one thread at a time).
+ * @param[in]     bucket muon_param_view_t.bucket; an unknown bucket is
+ *                       MUON_STATUS_INVALID_ARGUMENT.
+ * @return MUON_STATUS_SUCCESS once enqueued; MUON_STATUS_INVALID_STATE when the bucket's slot
+ *         still holds another bucket (release it first), or when the bucket was released with
+ *         its gradients ready and their reduction is still to be issued; the message names
+ *         the buckets and the slot.
+ * @note Collective over the data-parallel group (every rank gathers the same buckets in the
+ *       same order). Stream: async, stream-ordered, no host sync, graph-capture safe (the
+ *       slots are allocated at finalize).
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_gather_params(struct muon_optimizer_t *opt,
+                                           uint32_t bucket);
+
+/**
+ * @brief With param_sharding = sharded, end bucket @p bucket's gathered window after its last
+ *        use on the caller's stream (after its forward with reshard_after_forward, after its
+ *        backward): its slot may take the next bucket, whose gather is ordered after the
+ *        caller's work enqueued before it. Call it before the first muon_optimizer_grad_ready
+ *        of the bucket's params or after the last: a bucket released with every gradient
+ *        ready keeps its slot until its gradient reduction is issued (the reductions run in
+ *        the plan's backward order). With replicated params the call does nothing.
+ * @param[in,out] opt    Finalized optimizer (one thread at a time).
+ * @param[in]     bucket muon_param_view_t.bucket; an unknown bucket is
+ *                       MUON_STATUS_INVALID_ARGUMENT.
+ * @return MUON_STATUS_SUCCESS; MUON_STATUS_INVALID_STATE when the bucket is not gathered, or
+ *         when only some of its params' gradients are ready (the others would be lost); the
+ *         message names the bucket and a param.
+ * @note Stream: nothing is enqueued; no host sync; graph-capture safe.
+ */
+MUON_API
+MUON_NODISCARD
+muon_status_t muon_optimizer_release_params(struct muon_optimizer_t *opt,
+                                            uint32_t bucket);
 
 /**
  * @brief Backward hook: param @p param_id's gradient is fully accumulated for this iteration.
@@ -1445,6 +1499,11 @@ muon_status_t muon_optimizer_wait_params(struct muon_optimizer_t *opt,
  *        the params whose gradients are complete; the step then reduces every bucket whose
  *        collective has not started, after everything enqueued on the caller's stream, so a
  *        step with no grad_ready at all gives the same bits, without the overlap.
+ *        With param_sharding = sharded the gradient lives in the bucket's gather slot, so the
+ *        call must come while the bucket is gathered (else MUON_STATUS_INVALID_STATE naming the
+ *        param and the bucket), and a bucket's gradients reach their owners only through it
+ *        or through a step while the bucket is still gathered (a step counts a bucket that is
+ *        not gathered as having no gradient).
  */
 MUON_API
 MUON_NODISCARD
@@ -1821,10 +1880,7 @@ muon_status_t muon_optimizer_set_param_scales(struct muon_optimizer_t *opt,
  *         MUON_STATUS_ROUTING_CONFLICT on every rank of the norm group (the data-parallel
  *         group without one) when, with vocab_size 0, a Muon-routed param has as many rows as
  *         the embedding declared on any of its ranks (muon_config_t.vocab_size; the message
- *         names the param and its rank);
- *         MUON_STATUS_UNSUPPORTED on every rank, once they agreed, for param_sharding =
- *         MUON_PARAM_SHARDING_SHARDED (planned and simulated; its iteration is not
- *         implemented yet).
+ *         names the param and its rank).
  */
 MUON_API
 MUON_NODISCARD
@@ -1858,7 +1914,10 @@ muon_status_t muon_optimizer_plan_json(const struct muon_optimizer_t *opt,
                                        size_t *len);
 
 /**
- * @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers.
+ * @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers. With
+ *        param_sharding = sharded the pointers are in the bucket's gather slot (the same at
+ *        every gather) and the call fails with MUON_STATUS_INVALID_STATE, naming the param and
+ *        the bucket, while the bucket is not gathered.
  * @param[in]  opt  Finalized optimizer.
  * @param[out] view Written on success; view->struct_size must be set by the caller
  *                  (sizeof(muon_param_view_t)): a struct of an older header gets the fields it

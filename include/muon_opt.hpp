@@ -418,6 +418,10 @@ public:
     void zero_grad() { check(muon_optimizer_zero_grad(handle_)); }
     /// Forward pre-hook: before the first use of a param of @p bucket.
     void wait_params(uint32_t bucket) { check(muon_optimizer_wait_params(handle_, bucket)); }
+    /// Sharded params: issue the gather of @p bucket ahead of its use (prefetch).
+    void gather_params(uint32_t bucket) { check(muon_optimizer_gather_params(handle_, bucket)); }
+    /// Sharded params: end @p bucket's gathered window after its last use.
+    void release_params(uint32_t bucket) { check(muon_optimizer_release_params(handle_, bucket)); }
     /// Backward hook: the param's gradient is complete for this iteration.
     void grad_ready(uint32_t param_id) { check(muon_optimizer_grad_ready(handle_, param_id)); }
     /// One step and what it did (waits for the caller's stream to read it back).

@@ -395,6 +395,9 @@ pub struct Config {
     pub adam_eps: f32,
     /// Global grad-norm clip threshold; 0 = off.
     pub clip_grad: f32,
+    /// MXFP8 params travel as bf16 staged on their bucket's idle grad bytes
+    /// ([`crate::model::ParamSpec::is_staged`]); with sharded params, which gather every
+    /// bucket into the working set, it changes nothing.
     pub mxfp8_param_gather: bool,
     pub mxfp8_swizzled_scales: bool,
     /// Vocabulary size used to catch untagged embeddings (docs/design.md §4). Non-zero: a
@@ -594,18 +597,20 @@ impl Config {
                 "param_sharding: sharded needs overlap_param_gather = 1; overlap_param_gather = 0 makes step() return with every param gathered on every rank, which a sharded rank has no storage for (its buckets are gathered around their forward and backward use)"
             );
         }
-        if self.mxfp8_param_gather {
-            bail!(
-                IncompatibleOptions,
-                "param_sharding: sharded needs mxfp8_param_gather = 0; mxfp8_param_gather = 1 stages MXFP8 params as bf16 on their bucket's idle gradient bytes, which a sharded rank releases after each bucket's reduction (sharded always gathers MXFP8 params as bf16 into its working set)"
-            );
-        }
         Ok(())
     }
 
     /// Whether params are sharded.
     pub fn sharded(&self) -> bool {
         self.param_sharding == ParamSharding::Sharded
+    }
+
+    /// This config with replicated params.
+    pub fn replicated(&self) -> Config {
+        Config {
+            param_sharding: ParamSharding::Replicated,
+            ..self.clone()
+        }
     }
 
     /// The threads of one rank's matrix products on the host backend in a data-parallel group

@@ -152,9 +152,10 @@ impl ParamSpec {
     }
 
     /// Whether this param is stored as MXFP8 only and travels as bf16 staged on the idle grad
-    /// buffer (MXFP8 with `mxfp8_param_gather`), never in param storage.
+    /// buffer (MXFP8 with `mxfp8_param_gather`), never in param storage. Never with sharded
+    /// params: their gathers bring MXFP8 params as bf16 into the working set.
     pub fn is_staged(&self, cfg: &Config) -> bool {
-        cfg.mxfp8_param_gather && self.flags.has(ParamFlags::MXFP8)
+        cfg.mxfp8_param_gather && !cfg.sharded() && self.flags.has(ParamFlags::MXFP8)
     }
 
     /// Its multipliers of its optimizer group's learning rate and weight decay: `lr_scale`, and

@@ -239,12 +239,6 @@ impl Optimizer {
                 Box::new(backend)
             }
         };
-        if self.cfg.sharded() {
-            bail!(
-                Unsupported,
-                "finalize: param_sharding = sharded is planned and simulated (`muon-opt plan --param-sharding sharded`, `muon-opt simulate --param-sharding sharded`) but its iteration is not implemented yet; use param_sharding = replicated"
-            );
-        }
         let init = &self.init_values;
         let runtime = Runtime::new(
             Box::new(plan),
@@ -562,6 +556,16 @@ impl Optimizer {
     /// Forward pre-hook for bucket `bucket`.
     pub fn wait_params(&mut self, bucket: u32) -> Result<()> {
         self.with_runtime("wait_params", |rt| rt.wait_params(bucket))
+    }
+
+    /// Gathers bucket `bucket` ahead of its use (sharded params; nothing when replicated).
+    pub fn gather_params(&mut self, bucket: u32) -> Result<()> {
+        self.with_runtime("gather_params", |rt| rt.gather_params(bucket))
+    }
+
+    /// Ends bucket `bucket`'s gathered window (sharded params; nothing when replicated).
+    pub fn release_params(&mut self, bucket: u32) -> Result<()> {
+        self.with_runtime("release_params", |rt| rt.release_params(bucket))
     }
 
     /// Param `id`'s multipliers of its route's learning rate and weight decay from the next

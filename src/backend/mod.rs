@@ -68,6 +68,10 @@ pub trait Backend: Send {
     fn cast(&mut self, src: Span, dst: Span) -> Result<()> {
         self.execute(&Op::Cast { src, dst })
     }
+    /// [`Op::Copy`].
+    fn copy(&mut self, stream: StreamKind, src: Span, dst: Span) -> Result<()> {
+        self.execute(&Op::Copy { stream, src, dst })
+    }
     /// [`Op::AttachInit`] of `init`.
     fn attach_init(&mut self, param: u32, init: InitValues<'_>) -> Result<()> {
         self.execute(&Op::attach_init(param, init))

@@ -39,6 +39,8 @@ pub enum Op {
     MemsetZero { stream: StreamKind, span: Span },
     /// Compute stream: `dst = src`, converted (f32 → bf16 rounds to nearest even).
     Cast { src: Span, dst: Span },
+    /// `stream`: `dst = src`, bytes for bytes (the same dtype and length, different memory).
+    Copy { stream: StreamKind, src: Span, dst: Span },
     /// Makes the values readable as `Mem::Init(param)` (host values are copied in; device
     /// values are read in place, so they must stay valid until the compute stream has read
     /// them: the runtime synchronizes before it returns from writing the initial values).
@@ -140,10 +142,18 @@ impl Op {
 /// A memory allocation of one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mem {
-    /// Param buffer `i` of the plan (model dtype).
+    /// Param buffer `i` of the plan (model dtype); with `param_sharding = sharded`, its gather
+    /// window (the slots the rank's gathered buckets of the buffer are gathered into).
     Param(u32),
-    /// Grad buffer `i` of the plan (grad dtype).
+    /// Grad buffer `i` of the plan (grad dtype); with `param_sharding = sharded`, the transient
+    /// gradients of the gather window.
     Grad(u32),
+    /// With `param_sharding = sharded`: the persistent model-dtype values of what this rank
+    /// owns of buffer `i` (its range of each bucket of it, back to back).
+    OwnedParam(u32),
+    /// With `param_sharding = sharded`: the reduced gradients (grad dtype) of what this rank
+    /// owns of buffer `i`, laid out as `OwnedParam(i)`.
+    OwnedGrad(u32),
     /// fp32 masters of everything this rank owns (Muon units, then AdamW shard pieces).
     Master,
     /// fp32 Muon momentum of the owned units (same layout as the Muon part of `Master`).

@@ -114,7 +114,8 @@ pub struct muon_config_t {
     pub clip_grad: f32,
     /// 1 = MXFP8 params travel as bf16 staged on their bucket's idle grad bytes and every rank
     /// re-quantizes the gathered bf16; 0 (default) = they are gathered as bf16 in the param
-    /// buffer and quantized locally on every rank (same bits, more memory).
+    /// buffer and quantized locally on every rank (same bits, more memory). With
+    /// param_sharding = sharded both gather them as bf16 into the working set.
     pub mxfp8_param_gather: u32,
     /// 1 = MXFP8 scales in the swizzled (GEMM) layout; 0 (default) = compact.
     pub mxfp8_swizzled_scales: u32,
@@ -240,12 +241,12 @@ pub struct muon_config_t {
     /// MUON_PARAM_SHARDING_REPLICATED (default: every rank holds every param and a full
     /// gradient buffer) or MUON_PARAM_SHARDING_SHARDED (ZeRO-3 / FSDP style with whole-matrix
     /// owners: a rank keeps persistently only what it owns, its Muon matrices whole and its
-    /// AdamW shards, and gathers each bucket into a bounded working set around its use;
-    /// docs/design.md §4). Sharded is planned (`muon-opt plan --param-sharding sharded`) and
-    /// simulated; its iteration is not implemented yet, so muon_optimizer_finalize refuses it
-    /// on every rank (after checking that every rank asked for it) with
-    /// MUON_STATUS_UNSUPPORTED. Sharded needs overlap_param_gather = 1 and
-    /// mxfp8_param_gather = 0 (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise). Every rank must use
+    /// AdamW shards, and gathers each bucket into a bounded working set around its use, with
+    /// muon_optimizer_gather_params, muon_optimizer_wait_params and
+    /// muon_optimizer_release_params; docs/design.md "Sharded params"). Sharded trains bit for
+    /// bit like replicated. It needs overlap_param_gather = 1
+    /// (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise); MXFP8 params are gathered as bf16 into the
+    /// working set and quantized there whatever mxfp8_param_gather says. Every rank must use
     /// the same value (finalize checks it). A caller compiled against an older header gets
     /// replicated.
     pub param_sharding: u32,

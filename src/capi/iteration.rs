@@ -137,12 +137,65 @@ pub unsafe extern "C" fn muon_optimizer_zero_grad(opt: *mut muon_optimizer_t) ->
 }
 
 /// @brief Forward pre-hook: order the caller after bucket @p bucket's param collective.
+///        With param_sharding = sharded (and before its backward use too) it first gathers
+///        the bucket, as muon_optimizer_gather_params, unless it is gathered.
 /// @param[in] bucket The bucket of the param about to be used (muon_param_view_t.bucket); an
 ///            unknown bucket is MUON_STATUS_INVALID_ARGUMENT.
+/// @note Stream: async, stream-ordered (the caller's stream waits for the bucket's param
+///       collective), no host sync, graph-capture safe.
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_wait_params(opt: *mut muon_optimizer_t, bucket: u32) -> muon_status_t {
     with_mut::<Optimizer>("muon_optimizer_wait_params", opt, "opt", |o| o.wait_params(bucket))
+}
+
+/// @brief Prefetch: with param_sharding = sharded, issue the gather of bucket @p bucket into
+///        its slot of the gather window, on the library's comm stream after everything
+///        enqueued on the caller's stream so far; muon_optimizer_wait_params(bucket) then orders
+///        the caller after it. The gather copies each owner's range into the slot, zeroes the
+///        slot's gradients and runs the bucket's param collectives (MXFP8 params are quantized
+///        from the gathered bf16). A bucket always takes the same slot (its position in the
+///        forward order modulo the slots: param_prefetch_buckets + 1 with
+///        reshard_after_forward, else one per bucket), so its muon_param_view_t pointers are the
+///        same at every gather; they are valid from the gather to its release.
+///        A gathered bucket is left as it is; with replicated params (every bucket always
+///        gathered) the call does nothing.
+/// @param[in,out] opt    Finalized optimizer (one thread at a time).
+/// @param[in]     bucket muon_param_view_t.bucket; an unknown bucket is
+///                       MUON_STATUS_INVALID_ARGUMENT.
+/// @return MUON_STATUS_SUCCESS once enqueued; MUON_STATUS_INVALID_STATE when the bucket's slot
+///         still holds another bucket (release it first), or when the bucket was released with
+///         its gradients ready and their reduction is still to be issued; the message names
+///         the buckets and the slot.
+/// @note Collective over the data-parallel group (every rank gathers the same buckets in the
+///       same order). Stream: async, stream-ordered, no host sync, graph-capture safe (the
+///       slots are allocated at finalize).
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_gather_params(opt: *mut muon_optimizer_t, bucket: u32) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_gather_params", opt, "opt", |o| o.gather_params(bucket))
+}
+
+/// @brief With param_sharding = sharded, end bucket @p bucket's gathered window after its last
+///        use on the caller's stream (after its forward with reshard_after_forward, after its
+///        backward): its slot may take the next bucket, whose gather is ordered after the
+///        caller's work enqueued before it. Call it before the first muon_optimizer_grad_ready
+///        of the bucket's params or after the last: a bucket released with every gradient
+///        ready keeps its slot until its gradient reduction is issued (the reductions run in
+///        the plan's backward order). With replicated params the call does nothing.
+/// @param[in,out] opt    Finalized optimizer (one thread at a time).
+/// @param[in]     bucket muon_param_view_t.bucket; an unknown bucket is
+///                       MUON_STATUS_INVALID_ARGUMENT.
+/// @return MUON_STATUS_SUCCESS; MUON_STATUS_INVALID_STATE when the bucket is not gathered, or
+///         when only some of its params' gradients are ready (the others would be lost); the
+///         message names the bucket and a param.
+/// @note Stream: nothing is enqueued; no host sync; graph-capture safe.
+#[must_use]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn muon_optimizer_release_params(opt: *mut muon_optimizer_t, bucket: u32) -> muon_status_t {
+    with_mut::<Optimizer>("muon_optimizer_release_params", opt, "opt", |o| {
+        o.release_params(bucket)
+    })
 }
 
 /// @brief Backward hook: param @p param_id's gradient is fully accumulated for this iteration.
@@ -153,6 +206,11 @@ pub unsafe extern "C" fn muon_optimizer_wait_params(opt: *mut muon_optimizer_t, 
 ///        the params whose gradients are complete; the step then reduces every bucket whose
 ///        collective has not started, after everything enqueued on the caller's stream, so a
 ///        step with no grad_ready at all gives the same bits, without the overlap.
+///        With param_sharding = sharded the gradient lives in the bucket's gather slot, so the
+///        call must come while the bucket is gathered (else MUON_STATUS_INVALID_STATE naming the
+///        param and the bucket), and a bucket's gradients reach their owners only through it
+///        or through a step while the bucket is still gathered (a step counts a bucket that is
+///        not gathered as having no gradient).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_grad_ready(opt: *mut muon_optimizer_t, param_id: u32) -> muon_status_t {

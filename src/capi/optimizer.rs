@@ -253,10 +253,7 @@ pub unsafe extern "C" fn muon_optimizer_set_param_scales(
 ///         MUON_STATUS_ROUTING_CONFLICT on every rank of the norm group (the data-parallel
 ///         group without one) when, with vocab_size 0, a Muon-routed param has as many rows as
 ///         the embedding declared on any of its ranks (muon_config_t.vocab_size; the message
-///         names the param and its rank);
-///         MUON_STATUS_UNSUPPORTED on every rank, once they agreed, for param_sharding =
-///         MUON_PARAM_SHARDING_SHARDED (planned and simulated; its iteration is not
-///         implemented yet).
+///         names the param and its rank).
 #[must_use]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn muon_optimizer_finalize(opt: *mut muon_optimizer_t) -> muon_status_t {
@@ -317,7 +314,10 @@ pub unsafe extern "C" fn muon_optimizer_plan_json(
     })
 }
 
-/// @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers.
+/// @brief Where param @p param_id lives: bucket, buffer offset, owner, and pointers. With
+///        param_sharding = sharded the pointers are in the bucket's gather slot (the same at
+///        every gather) and the call fails with MUON_STATUS_INVALID_STATE, naming the param and
+///        the bucket, while the bucket is not gathered.
 /// @param[in]  opt  Finalized optimizer.
 /// @param[out] view Written on success; view->struct_size must be set by the caller
 ///                  (sizeof(muon_param_view_t)): a struct of an older header gets the fields it

@@ -43,11 +43,13 @@ pub struct Mxfp8View {
 }
 
 impl Optimizer {
-    /// Param `id`'s view; fails before finalize or for an unknown id.
+    /// Param `id`'s view; fails before finalize, for an unknown id, and with sharded params
+    /// while its bucket is not gathered (its storage is then another bucket's or stale).
     pub fn param_view(&self, id: u32) -> Result<ParamView> {
         let placement = self.plan_for(id)?.param(id as usize);
         let runtime = self.runtime()?;
         let p = id as usize;
+        runtime.check_gathered("param_view", p)?;
         let mxfp8 = runtime.mxfp8_addresses(p).map(|parts| {
             let (rows, cols) = self.registry().params()[p].flat_2d();
             Mxfp8View { parts, rows, cols }

@@ -8,18 +8,29 @@ use crate::model::ParamFlags;
 use crate::plan::{Bucket, BucketSplit, ElemRange};
 
 use super::Runtime;
+use super::window::kept_param;
 
 impl Runtime {
     pub(super) fn bucket_span(bucket: &Bucket, mem: Mem) -> Span {
         Span::new(mem, bucket.start, bucket.numel())
     }
 
+    /// `range` (elements of `bucket`) where the framework accumulates its gradient and the
+    /// gradient collectives reduce it: the grad buffer, or with sharding the gather window.
+    pub(super) fn grad_span(&self, bucket: &Bucket, range: ElemRange) -> Span {
+        match self.window() {
+            Some(w) => w.gathered(bucket, range, Mem::Grad(bucket.buffer)),
+            None => Span::new(Mem::Grad(bucket.buffer), range.start, range.len()),
+        }
+    }
+
     pub(super) fn grad_ops(&self, bucket: &Bucket) -> Vec<CollOp> {
-        let span = Self::bucket_span(bucket, Mem::Grad(bucket.buffer));
+        let span = self.grad_span(bucket, ElemRange::new(bucket.start, bucket.end));
         match (&bucket.split, self.plan.layout) {
             (BucketSplit::OwnerRanges(_), MuonLayout::Allreduce) => vec![CollOp::AllReduce { span }],
-            (BucketSplit::OwnerRanges(ranges), _) => owner_ops(ranges, Mem::Grad(bucket.buffer), |root, span| {
-                CollOp::Reduce { root, span }
+            (BucketSplit::OwnerRanges(ranges), _) => owner_ops(ranges, |root, range| CollOp::Reduce {
+                root,
+                span: self.grad_span(bucket, range),
             }),
             (BucketSplit::EqualShards { .. }, _) => vec![CollOp::ReduceScatter { span }],
         }
@@ -31,7 +42,7 @@ impl Runtime {
             if staging {
                 Ok(self.staging_span(bucket, range))
             } else {
-                Self::param_span(bucket, range)
+                self.param_span(bucket, range)
             }
         };
         match &bucket.split {
@@ -52,8 +63,12 @@ impl Runtime {
         }
     }
 
-    /// `range` (elements of `bucket`) in its buffer's param storage.
-    pub(super) fn param_span(bucket: &Bucket, range: ElemRange) -> Result<Span> {
+    /// `range` (elements of `bucket`) where the framework reads it and the param collectives
+    /// bring it: its buffer's param storage, or with sharding the gather window.
+    pub(super) fn param_span(&self, bucket: &Bucket, range: ElemRange) -> Result<Span> {
+        if let Some(w) = self.window() {
+            return Ok(w.gathered(bucket, range, Mem::Param(bucket.buffer)));
+        }
         match bucket.param_range(range) {
             Some(r) => Ok(Span::new(Mem::Param(bucket.buffer), r.start, r.len())),
             None => bail!(
@@ -96,22 +111,29 @@ impl Runtime {
         self.params[p as usize].is_staged(&self.cfg)
     }
 
-    /// Where an owner writes the new value of `range` of param `p` (bucket `b`).
+    /// Where an owner writes the new value of `range` of param `p` (bucket `b`): the param
+    /// storage (with sharding its owned storage), or the bf16 staging of a staged param.
     pub(super) fn param_destination(&self, p: u32, b: u32, range: ElemRange) -> Result<Span> {
         let bucket = &self.plan.buckets[b as usize];
         if self.is_staged(p) {
-            Ok(self.staging_span(bucket, range))
-        } else {
-            Self::param_span(bucket, range)
+            return Ok(self.staging_span(bucket, range));
+        }
+        match kept_param(bucket, self.window(), range) {
+            Some(span) => Ok(span),
+            None => bail!(
+                Internal,
+                "bucket {} has no param storage: every param of it is staged on the grad buffer",
+                bucket.id
+            ),
         }
     }
 }
 
-fn owner_ops(ranges: &[ElemRange], mem: Mem, op: impl Fn(u32, Span) -> CollOp) -> Vec<CollOp> {
+fn owner_ops(ranges: &[ElemRange], op: impl Fn(u32, ElemRange) -> CollOp) -> Vec<CollOp> {
     ranges
         .iter()
         .enumerate()
         .filter(|(_, r)| !r.is_empty())
-        .map(|(root, r)| op(root as u32, Span::new(mem, r.start, r.len())))
+        .map(|(root, &r)| op(root as u32, r))
         .collect()
 }

@@ -23,7 +23,12 @@ impl Runtime {
         for p in 0..self.plan.params.len() {
             let placement = &self.plan.params[p];
             let (bucket, range) = (placement.bucket, placement.range());
-            let storage = self.param_destination(p as u32, bucket, range)?;
+            // With sharded params a rank keeps only its own ranges (written with the masters),
+            // and each gather quantizes its MXFP8 params.
+            let storage = match self.sharded {
+                Some(_) => None,
+                None => Some(self.param_destination(p as u32, bucket, range)?),
+            };
             if let Some(values) = init(p) {
                 self.write_param_initial_values(p as u32, values, storage)?;
                 attached = true;
@@ -31,7 +36,7 @@ impl Runtime {
                     staged_buckets.push(bucket);
                 }
             }
-            if self.is_mxfp8(p as u32) {
+            if let Some(storage) = storage.filter(|_| self.is_mxfp8(p as u32)) {
                 self.backend.mxfp8_quantize(StreamKind::Compute, storage, p as u32)?;
             }
         }
@@ -48,9 +53,11 @@ impl Runtime {
         Ok(())
     }
 
-    /// Casts param `p`'s initial values into `storage` and into the masters of the Muon units
-    /// and AdamW pieces of it this rank owns (an f32 param's masters are its storage).
-    fn write_param_initial_values(&mut self, p: u32, values: InitValues<'_>, storage: Span) -> Result<()> {
+    /// Casts param `p`'s initial values into `storage` (the whole param; None with sharded
+    /// params) and into the masters of the Muon units and AdamW pieces of it this rank owns
+    /// and, with sharded params, their persistent storage (an f32 param's masters are its
+    /// storage).
+    fn write_param_initial_values(&mut self, p: u32, values: InitValues<'_>, storage: Option<Span>) -> Result<()> {
         let numel = self.params[p as usize].numel();
         if values.numel != numel {
             bail!(
@@ -61,27 +68,35 @@ impl Runtime {
         }
         self.backend.attach_init(p, values)?;
         let init = |start: u64, len: u64| Span::new(Mem::Init(p), start, len);
-        self.backend.cast(init(0, numel), storage)?;
-        let offset = self.plan.params[p as usize].offset;
-        let separate = |master: Span| master.mem == Mem::Master;
-        for slot in self
-            .layout
-            .muon
-            .iter()
-            .filter(|s| s.unit.param == p && separate(s.master()))
-        {
-            let range = slot.unit.range;
-            self.backend
-                .cast(init(range.start - offset, range.len()), slot.master())?;
+        if let Some(storage) = storage {
+            self.backend.cast(init(0, numel), storage)?;
         }
-        for slot in self
+        let offset = self.plan.params[p as usize].offset;
+        // Per owned range: its values (in the param's coordinates), its place in the buffer,
+        // its bucket and its master.
+        let muon = self.layout.muon.iter().filter(|s| s.unit.param == p).map(|s| {
+            let range = s.unit.range;
+            (range.shifted_down(offset), range, s.unit.bucket, s.master())
+        });
+        let adamw = self
             .layout
             .adamw
             .iter()
-            .filter(|s| s.piece.param == p && separate(s.master()))
-        {
-            let range = slot.piece.param_range;
-            self.backend.cast(init(range.start, range.len()), slot.master())?;
+            .filter(|s| s.piece.param == p)
+            .map(|s| (s.piece.param_range, s.piece.buffer_range, s.bucket, s.master()));
+        let owned: Vec<_> = muon.chain(adamw).collect();
+        for (values, range, bucket, master) in owned {
+            let from = init(values.start, values.len());
+            if storage.is_none() {
+                let kept = self.param_destination(p, bucket, range)?;
+                self.backend.cast(from, kept)?;
+                if kept == master {
+                    continue;
+                }
+            }
+            if master.mem == Mem::Master {
+                self.backend.cast(from, master)?;
+            }
         }
         self.backend.detach_init(p)
     }

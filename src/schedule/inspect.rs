@@ -1,6 +1,6 @@
 //! Read access to a rank's state and storage, for tests, tools, views and checkpoints.
 
-use crate::backend::ops::{Mem, Span};
+use crate::backend::ops::Span;
 use crate::error::Result;
 use crate::numerics::mxfp8::{Output, dequantize_rowwise};
 use crate::plan::ElemRange;
@@ -14,21 +14,34 @@ impl Runtime {
     }
 
     /// Address of param `p`'s gradient (`grad`) or model-dtype storage; an MXFP8 param has no
-    /// model-dtype storage a framework may use (NULL).
+    /// model-dtype storage a framework may use (NULL). With sharded params both are in the
+    /// bucket's gather slot: the same at every gather, valid while it is gathered
+    /// ([`Runtime::check_gathered`]).
     pub fn address(&self, p: usize, grad: bool) -> *mut std::ffi::c_void {
         if !grad && self.is_mxfp8(p as u32) {
             return std::ptr::null_mut();
         }
         let placement = &self.plan.params[p];
+        let bucket = &self.plan.buckets[placement.bucket as usize];
         let span = if grad {
-            Span::new(Mem::Grad(placement.buffer), placement.offset, placement.numel)
+            self.grad_span(bucket, placement.range())
         } else {
-            match Self::param_span(&self.plan.buckets[placement.bucket as usize], placement.range()) {
+            match self.param_span(bucket, placement.range()) {
                 Ok(span) => span,
                 Err(_) => return std::ptr::null_mut(),
             }
         };
         self.backend.address(span)
+    }
+}
+
+impl Runtime {
+    /// Where param `p`'s gradient is accumulated (the framework's `grad` view as a span): the
+    /// grad buffer, or with sharded params its bucket's gather slot, only while gathered.
+    pub fn grad_storage(&self, p: usize) -> Result<Span> {
+        self.check_gathered("grad_storage", p)?;
+        let placement = &self.plan.params[p];
+        Ok(self.grad_span(&self.plan.buckets[placement.bucket as usize], placement.range()))
     }
 }
 
@@ -82,8 +95,9 @@ impl Runtime {
     }
 
     /// This rank's copy of param `p` as f32: what its forward reads, so the dequantized rowwise
-    /// copy of an MXFP8 param.
+    /// copy of an MXFP8 param. With sharded params, only while its bucket is gathered.
     pub fn param_values(&mut self, p: usize) -> Result<Vec<f32>> {
+        self.check_gathered("param_values", p)?;
         if let Some(tensor) = self.layout.memory.mxfp8.iter().find(|t| t.param == p as u32) {
             let (rows, cols) = (tensor.rows, tensor.cols);
             let data = self.backend.download_mxfp8(p as u32, 0)?;
@@ -95,7 +109,7 @@ impl Runtime {
         }
         let placement = &self.plan.params[p];
         let bucket = &self.plan.buckets[placement.bucket as usize];
-        let span = Self::param_span(bucket, placement.range())?;
+        let span = self.param_span(bucket, placement.range())?;
         self.backend.download(span)
     }
 }

@@ -14,7 +14,9 @@ mod inspect;
 mod profile;
 mod qk_clip;
 pub mod restore;
+mod sharded;
 pub mod state;
+mod window;
 
 use crate::backend::Backend;
 use crate::backend::ops::{
@@ -34,6 +36,8 @@ pub use inspect::OwnedState;
 pub use profile::StepProfile;
 use profile::timed;
 pub use qk_clip::QkClipRequest;
+use sharded::Sharded;
+pub use window::Window;
 
 /// One step of `members` optimizers sharing one gradient norm (`muon_optimizers_step`):
 /// every member begins its step ([`Runtime::begin_step`], with `args[k]`) before any waits for
@@ -152,6 +156,8 @@ pub struct Runtime {
     comm_unjoined: bool,
     /// QK-clips the next step applies ([`Runtime::request_qk_clip`]).
     qk_clips: qk_clip::QkClips,
+    /// With `param_sharding = sharded`: the gather window and where each bucket stands in it.
+    sharded: Option<Sharded>,
 }
 
 impl Runtime {
@@ -177,7 +183,9 @@ impl Runtime {
             bucket_adamw[slot.bucket as usize].push(i);
         }
         let live = vec![false; events::event_slots(plan.buckets.len())];
+        let sharded = layout.window.as_ref().map(|w| Sharded::new(w, plan.buckets.len()));
         let mut runtime = Runtime {
+            sharded,
             ready: vec![false; params.len()],
             launched: vec![false; plan.buckets.len()],
             zeroed_by_param_sync: vec![false; plan.buckets.len()],
@@ -282,8 +290,12 @@ impl Runtime {
     /// staged on it, their param gather and quantize. A bucket of staged params that the last
     /// step's param sync already zeroed (on the comm stream, before `ParamSynced`, which the
     /// forward waits for in `wait_params` before the backward can write the bucket) is left
-    /// alone: the compute stream never waits here for a param gather.
+    /// alone: the compute stream never waits here for a param gather. With sharded params
+    /// there is nothing to do: each gather zeroes its bucket's transient gradients.
     pub fn zero_grad(&mut self) -> Result<()> {
+        if self.sharded.is_some() {
+            return Ok(());
+        }
         for b in 0..self.plan.buckets.len() {
             if std::mem::take(&mut self.zeroed_by_param_sync[b]) {
                 continue;
@@ -304,7 +316,8 @@ impl Runtime {
         self.plan.buckets[b].params.iter().any(|&p| self.is_staged(p))
     }
 
-    /// Forward pre-hook: the compute stream waits for bucket `b`'s params.
+    /// Forward pre-hook: the compute stream waits for bucket `b`'s params; with sharded
+    /// params it gathers the bucket first unless it is gathered ([`Runtime::gather_params`]).
     pub fn wait_params(&mut self, b: u32) -> Result<()> {
         if b as usize >= self.plan.buckets.len() {
             bail!(
@@ -312,6 +325,9 @@ impl Runtime {
                 "wait_params: bucket {b} does not exist (the plan has {} buckets)",
                 self.plan.buckets.len()
             );
+        }
+        if !self.is_gathered(b as usize) {
+            self.gather_params(b)?;
         }
         self.wait(StreamKind::Compute, event(b as usize, Ev::ParamSynced))
     }
@@ -332,7 +348,8 @@ impl Runtime {
                 self.params[p as usize].name
             );
         }
-        *ready = true;
+        self.check_gathered("grad_ready", p as usize)?;
+        self.ready[p as usize] = true;
         let b = self.plan.params[p as usize].bucket as usize;
         self.pending[b] -= 1;
         if self.cfg.overlap_grad_reduce {
@@ -370,8 +387,9 @@ impl Runtime {
         self.record(StreamKind::Compute, event(b, Ev::GradReady))?;
         self.wait(StreamKind::Comm, event(b, Ev::GradReady))?;
         self.backend.collectives(ops)?;
-        self.record(StreamKind::Comm, event(b, Ev::GradSynced))?;
         self.launched[b] = true;
+        self.keep_reduced_grads(b)?;
+        self.record(StreamKind::Comm, event(b, Ev::GradSynced))?;
         Ok(())
     }
 
@@ -432,9 +450,12 @@ impl Runtime {
         timed(&mut profile.grad_collectives, || {
             for i in 0..self.forward_order.len() {
                 let b = self.grad_sync_bucket(i);
-                if !self.launched[b] {
+                if !self.launched[b] && !self.zero_ungathered_grads(b)? {
                     self.launch_grad_sync(b)?;
                 }
+            }
+            if let Some(sharded) = &mut self.sharded {
+                sharded.release_all();
             }
             for b in 0..buckets {
                 self.wait(StreamKind::Compute, event(b, Ev::GradSynced))?;
@@ -519,7 +540,9 @@ impl Runtime {
             self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;
         }
         let last = self.forward_order.last().copied();
-        for i in 0..self.forward_order.len() {
+        // With sharded params there is none: the next gather of each bucket brings its new
+        // values.
+        for i in 0..self.forward_order.len() * usize::from(self.sharded.is_none()) {
             let b = self.forward_order[i];
             let after = if self.params_after_step { last.unwrap_or(b) } else { b };
             timed(&mut profile.param_collectives, || self.launch_param_sync(b, after))?;
@@ -628,7 +651,7 @@ impl Runtime {
                     first.moment2.0,
                     last.moment2.0 + last.moment2.1 - first.moment2.0,
                 ),
-                grad: Span::new(Mem::Grad(first.unit.buffer), range.start, len),
+                grad: window::kept_grad(&self.plan.buckets[first.unit.bucket as usize], self.window(), range),
                 rows: batch.count * matrix.rows as usize,
                 cols: matrix.cols as usize,
                 split_rows: if batch.count == 1 && spec.split_sizes.is_empty() {

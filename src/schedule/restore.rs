@@ -96,7 +96,9 @@ impl Runtime {
 
     /// Collective: every owner writes its masters into the param buffer (bf16 staging for
     /// gathered MXFP8 params) exactly as a step does, the same param collectives as after a
-    /// step follow, and the call returns once they completed on this rank.
+    /// step follow, and the call returns once they completed on this rank. With sharded params
+    /// the owners write their persistent storage and every bucket is released, so the next
+    /// gather of each brings the loaded values.
     pub fn resync_params(&mut self) -> Result<()> {
         self.backend.synchronize()?;
         for slot in self.layout.muon.clone() {
@@ -106,6 +108,10 @@ impl Runtime {
         for slot in self.layout.adamw.clone() {
             let destination = self.param_destination(slot.piece.param, slot.bucket, slot.piece.buffer_range)?;
             self.write_master(slot.master(), destination)?;
+        }
+        if let Some(sharded) = &mut self.sharded {
+            sharded.release_all();
+            return self.backend.synchronize();
         }
         for b in 0..self.plan.buckets.len() {
             self.record(StreamKind::Compute, event(b, Ev::ParamReady))?;

@@ -1,6 +1,7 @@
 //! Where a rank keeps its fp32 masters and optimizer state: the Muon units it owns, then the
 //! AdamW pieces of its shards, packed in plan order. The master of an f32 param is the param
-//! itself (its range of the param buffer): a copy would hold the same bits.
+//! itself (its range of the param buffer, or with sharding of the owned storage): a copy would
+//! hold the same bits.
 
 use crate::backend::ops::{BufferSizes, Mem, MemoryLayout, MuonWork, Mxfp8Tensor, Span, TpComponent};
 use crate::config::{Config, Dtype, MuonVariant, TpMode};
@@ -10,6 +11,8 @@ use crate::numerics::mxfp8::ScaleLayout;
 use crate::numerics::newton_schulz::NsOptions;
 use crate::plan::Plan;
 use crate::plan::{ElemRange, OwnedUnit, ShardPiece};
+
+use super::window::{Window, kept_grad, kept_param};
 
 /// One owned Muon unit and where its state is.
 #[derive(Debug, Clone, Copy)]
@@ -22,6 +25,8 @@ pub struct MuonSlot {
     pub moment2: (u64, u64),
     /// Its fp32 master: in `Mem::Master`, or the unit's range of an f32 param buffer.
     pub master: Span,
+    /// Its reduced gradient ([`kept_grad`]).
+    pub grad: Span,
 }
 
 /// One owned AdamW piece and where its state is.
@@ -32,20 +37,22 @@ pub struct AdamwSlot {
     pub piece: ShardPiece,
     /// Its fp32 master: in `Mem::Master`, or the piece's range of an f32 param buffer.
     pub master: Span,
+    /// Its reduced gradient ([`kept_grad`]).
+    pub grad: Span,
     /// Offset in `Mem::ExpAvg` and `Mem::ExpAvgSq`.
     pub moments: u64,
 }
 
-/// Where the master of `range` (elements of bucket `bucket`'s buffer) lives: the param storage
-/// itself when the buffer is f32, else the next `range.len()` elements of `Mem::Master` from
-/// `*offset` (which advances).
-fn master_span(plan: &Plan, bucket: u32, range: ElemRange, offset: &mut u64) -> Span {
+/// Where the master of `range` (elements of bucket `bucket`'s buffer) lives: the owner's
+/// model-dtype storage itself when the buffer is f32 ([`kept_param`]), else the next
+/// `range.len()` elements of `Mem::Master` from `*offset` (which advances).
+fn master_span(plan: &Plan, window: Option<&Window>, bucket: u32, range: ElemRange, offset: &mut u64) -> Span {
     let bucket = &plan.buckets[bucket as usize];
     let in_place = (plan.buffers[bucket.buffer as usize].dtype == Dtype::F32)
-        .then(|| bucket.param_range(range))
+        .then(|| kept_param(bucket, window, range))
         .flatten();
     match in_place {
-        Some(r) => Span::new(Mem::Param(bucket.buffer), r.start, r.len()),
+        Some(span) => span,
         None => {
             let span = Span::new(Mem::Master, *offset, range.len());
             *offset += range.len();
@@ -63,6 +70,9 @@ pub struct StateLayout {
     /// together (one strided batch on the GPU), up to [`MAX_BATCH_ELEMENTS`].
     pub muon_batches: Vec<MuonBatch>,
     pub memory: MemoryLayout,
+    /// With `param_sharding = sharded`: the owned storage and gather window of the params and
+    /// gradients.
+    pub window: Option<Window>,
 }
 
 /// Largest number of elements batched into one Muon job (the job's workspace scales with it);
@@ -98,8 +108,10 @@ fn batch_units(muon: &[MuonSlot]) -> Vec<MuonBatch> {
 }
 
 impl StateLayout {
-    /// Lays out the state of `rank`.
+    /// Lays out the state of `rank` (with `param_sharding = sharded`, in its [`Window`]).
     pub fn new(plan: &Plan, params: &[ParamSpec], cfg: &Config, rank: usize) -> Self {
+        let sharded = cfg.sharded().then(|| Window::new(plan, cfg, rank));
+        let window = sharded.as_ref();
         let (mut momentum, mut master, mut moment2) = (0u64, 0u64, 0u64);
         let muon: Vec<MuonSlot> = plan
             .muon_units_of(rank)
@@ -110,7 +122,8 @@ impl StateLayout {
                     unit,
                     state: momentum,
                     moment2: (moment2, lines),
-                    master: master_span(plan, unit.bucket, unit.range, &mut master),
+                    master: master_span(plan, window, unit.bucket, unit.range, &mut master),
+                    grad: kept_grad(&plan.buckets[unit.bucket as usize], window, unit.range),
                 };
                 momentum += unit.range.len();
                 moment2 += lines;
@@ -165,7 +178,8 @@ impl StateLayout {
                     bucket: shard.bucket,
                     buffer: shard.buffer,
                     piece,
-                    master: master_span(plan, shard.bucket, piece.buffer_range, &mut master),
+                    master: master_span(plan, window, shard.bucket, piece.buffer_range, &mut master),
+                    grad: kept_grad(&plan.buckets[shard.bucket as usize], window, piece.buffer_range),
                     moments,
                 });
                 moments += piece.param_range.len();
@@ -175,10 +189,20 @@ impl StateLayout {
             buffers: plan
                 .buffers
                 .iter()
-                .map(|b| BufferSizes {
-                    numel: b.numel,
-                    param_numel: b.param_numel,
-                    dtype: b.dtype,
+                .enumerate()
+                .map(|(i, b)| match window {
+                    Some(w) => BufferSizes {
+                        numel: w.window_numel[i],
+                        param_numel: w.window_numel[i],
+                        owned_numel: w.owned_numel[i],
+                        dtype: b.dtype,
+                    },
+                    None => BufferSizes {
+                        numel: b.numel,
+                        param_numel: b.param_numel,
+                        owned_numel: 0,
+                        dtype: b.dtype,
+                    },
                 })
                 .collect(),
             grad_dtype: cfg.grad_dtype,
@@ -214,6 +238,7 @@ impl StateLayout {
             adamw,
             muon_batches,
             memory,
+            window: sharded,
         }
     }
 }
@@ -229,11 +254,7 @@ impl MuonSlot {
         Span::new(Mem::Moment2, self.moment2.0, self.moment2.1)
     }
     pub fn grad(&self) -> Span {
-        Span::new(
-            Mem::Grad(self.unit.buffer),
-            self.unit.range.start,
-            self.unit.range.len(),
-        )
+        self.grad
     }
 }
 
@@ -251,7 +272,7 @@ impl AdamwSlot {
         Span::new(Mem::ExpAvgSq, self.moments, self.len())
     }
     pub fn grad(&self) -> Span {
-        Span::new(Mem::Grad(self.buffer), self.piece.buffer_range.start, self.len())
+        self.grad
     }
 }
 

@@ -484,10 +484,12 @@ pub fn record_shared(
             translator = translator.with_tp_group(ranks, 0);
         }
         let backend = CudaBackend::with_executor(translator, SimExecutor(Arc::clone(&recorder), k))?;
+        // Sharded params are priced on the replicated schedule, with the gathers around the
+        // forward and backward added by `sharding.rs`.
         let mut runtime = Runtime::new(
             Box::new(m.plan.clone()),
             m.params.to_vec(),
-            m.cfg.clone(),
+            m.cfg.replicated(),
             m.rank,
             Box::new(backend),
             |_| None,

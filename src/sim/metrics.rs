@@ -44,8 +44,8 @@ impl DeviceBytes {
         for &(buf, bytes) in allocations {
             let slot = match buf {
                 // Initial values are mapped from the caller's copy, never allocated here.
-                Buf::Mem(Mem::Param(_) | Mem::Init(_)) => &mut d.params,
-                Buf::Mem(Mem::Grad(_) | Mem::Staging(_)) => &mut d.grads,
+                Buf::Mem(Mem::Param(_) | Mem::OwnedParam(_) | Mem::Init(_)) => &mut d.params,
+                Buf::Mem(Mem::Grad(_) | Mem::OwnedGrad(_) | Mem::Staging(_)) => &mut d.grads,
                 Buf::Mem(Mem::Master) => &mut d.masters,
                 Buf::Mem(Mem::Momentum) => &mut d.momenta,
                 Buf::Mem(Mem::Moment2) => &mut d.muon_moment2,

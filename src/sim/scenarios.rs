@@ -296,8 +296,8 @@ pub const NVIDIA_MEGATRON_MUON: &[Measured] = &[
 
 impl Job {
     /// The MXFP8 settings the job runs with: off and on, or off alone for a sharded job (which
-    /// gathers MXFP8 params as bf16 into its working set, never staged: `mxfp8_param_gather`
-    /// is incompatible with it).
+    /// gathers MXFP8 params as bf16 into its working set, never staged, whatever
+    /// `mxfp8_param_gather` says).
     pub fn mxfp8_modes(&self) -> &'static [bool] {
         if self.sharded { &[false] } else { &[false, true] }
     }

@@ -18,14 +18,14 @@ use muon_opt::backend::host::comm::{HostComm, HostGroup};
 use muon_opt::backend::host::executor::HostBackend;
 use muon_opt::backend::ops::QkMaxima;
 use muon_opt::comm::{Communicator, Transport};
-use muon_opt::config::{CommMode, Config, MuonLayout, MuonOwnership, NsMethod, NsPrecision};
+use muon_opt::config::{CommMode, Config, MuonLayout, MuonOwnership, NsMethod, NsPrecision, ParamSharding};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::schedule::{Runtime, StepInfo, step_shared};
 
 use super::emulator::{Emulator, SMALL_TILE};
 use super::kernels_cpu;
-use super::support::cuda::{backward, grouped_qkv, mxfp8_params, runtime};
+use super::support::cuda::{backward, grouped_qkv, mxfp8_params, runtime, sharded_backward};
 use super::support::qk_clip::grouped_qkv_request;
 use super::support::ranks::on_ranks;
 use super::support::training::{ARGS, bits, model};
@@ -96,19 +96,44 @@ pub(super) fn clip(rt: &mut Runtime, specs: &[ParamSpec], device: bool) {
 
 /// Asserts the host and emulated runtimes of one rank hold the same bits.
 fn assert_same(label: &str, rank: usize, step: u64, runs: &mut [Runtime], infos: [StepInfo; 2], specs: &[ParamSpec]) {
+    let every: Vec<usize> = (0..specs.len()).collect();
+    assert_same_params(label, rank, step, runs, specs, &every);
+    assert_same_state(label, rank, step, runs, infos, specs);
+}
+
+/// Asserts the host and emulated runtimes of one rank see the same bits of params `params`.
+fn assert_same_params(
+    label: &str,
+    rank: usize,
+    step: u64,
+    runs: &mut [Runtime],
+    specs: &[ParamSpec],
+    params: &[usize],
+) {
+    for &p in params {
+        assert!(
+            bits(&runs[0].param_values(p).unwrap()) == bits(&runs[1].param_values(p).unwrap()),
+            "{label}: rank {rank} step {step}: param {} differs",
+            specs[p].name
+        );
+    }
+}
+
+/// Asserts the host and emulated runtimes of one rank hold the same step info and owned state.
+fn assert_same_state(
+    label: &str,
+    rank: usize,
+    step: u64,
+    runs: &mut [Runtime],
+    infos: [StepInfo; 2],
+    specs: &[ParamSpec],
+) {
     let [a, b] = infos;
     assert_eq!(
         (a.grad_norm.to_bits(), a.clip_coef.to_bits(), a.skipped, a.step),
         (b.grad_norm.to_bits(), b.clip_coef.to_bits(), b.skipped, b.step),
         "{label}: rank {rank} step {step}: step info"
     );
-    for (p, spec) in specs.iter().enumerate() {
-        assert!(
-            bits(&runs[0].param_values(p).unwrap()) == bits(&runs[1].param_values(p).unwrap()),
-            "{label}: rank {rank} step {step}: param {} differs",
-            spec.name
-        );
-    }
     let (sa, sb) = (runs[0].owned_state().unwrap(), runs[1].owned_state().unwrap());
     assert_eq!(sa.len(), sb.len(), "{label}: rank {rank}: owned pieces");
     for (x, y) in sa.iter().zip(&sb) {
@@ -142,6 +167,56 @@ fn compare(label: &str, cfg: &Config, dp: usize, qk_clip: bool) {
             assert_same(label, rank, step, &mut runs, infos, &specs);
         }
     });
+}
+
+/// [`compare`] with `param_sharding = sharded` (MXFP8 params gathered as bf16 into the
+/// window and quantized there): each rank's iteration is [`sharded_backward`] and the step;
+/// then every bucket is gathered on both runtimes, its params compared, and released.
+fn compare_sharded(label: &str, cfg: &Config, dp: usize) {
+    let specs = ranks_model();
+    let cfg = Config {
+        param_sharding: ParamSharding::Sharded,
+        ..cfg.clone()
+    };
+    let groups = HostGroup::new(dp, TIMEOUT).into_iter().zip(HostGroup::new(dp, TIMEOUT));
+    on_ranks(groups, |rank, (host, emulated)| {
+        let mut runs = pair(&cfg, &specs, rank, dp, host, emulated);
+        for step in 0..STEPS {
+            let infos = [0, 1].map(|k| {
+                let rt = &mut runs[k];
+                sharded_backward(rt, rank, step);
+                rt.step(Some(&ARGS)).unwrap();
+                rt.step_info().unwrap()
+            });
+            assert_same_state(label, rank, step, &mut runs, infos, &specs);
+            for b in 0..runs[0].plan().buckets.len() {
+                let params: Vec<usize> = runs[0].plan().buckets[b].params.iter().map(|&p| p as usize).collect();
+                for rt in runs.iter_mut() {
+                    rt.wait_params(b as u32).unwrap();
+                }
+                assert_same_params(label, rank, step, &mut runs, &specs, &params);
+                for rt in runs.iter_mut() {
+                    rt.release_params(b as u32).unwrap();
+                }
+            }
+        }
+    });
+}
+
+/// Sharded params on the emulated device equal the host backend's bit for bit at dp 2 and 3,
+/// every layout (balanced ownership; the host backend's sharded runs equal its replicated ones
+/// in every layout and ownership: `tests/sharded_parity.rs`).
+#[test]
+fn ranks_sharded_params_every_layout() {
+    if !kernels_cpu::available() {
+        return;
+    }
+    for dp in [2, 3] {
+        for &layout in MuonLayout::ALL {
+            let label = format!("sharded dp {dp} {}", layout.name());
+            compare_sharded(&label, &config(layout, MuonOwnership::Balanced), dp);
+        }
+    }
 }
 
 #[test]

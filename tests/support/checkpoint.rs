@@ -18,7 +18,7 @@ use muon_opt::optimizer::Optimizer;
 
 use super::ranks::{on_ranks, optimizers};
 use super::rng::mix;
-use super::training::{ARGS, assemble, bits};
+use super::training::{ARGS, assemble, bits, sharded_iteration, sharded_params};
 
 fn flagged(name: String, shape: &[u64], flags: u32) -> ParamSpec {
     let mut p = ParamSpec::new(name, shape, Dtype::Bf16);
@@ -187,17 +187,24 @@ impl Group {
             for _ in 0..steps {
                 let step = opt.running().unwrap().steps().unwrap();
                 opt.zero_grad().unwrap();
-                let buckets = opt.plan().unwrap().buckets.len() as u32;
-                for b in 0..buckets {
-                    opt.wait_params(b).unwrap();
-                }
-                for p in (0..n).rev() {
+                let grad = |opt: &mut Optimizer, p: usize| {
                     let seen = opt.running().unwrap().param_values(p).unwrap();
                     let g = gradients(step, p, &seen);
                     let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
                     // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
                     unsafe { std::slice::from_raw_parts_mut(ptr, g.len()) }.copy_from_slice(&g);
                     opt.grad_ready(p as u32).unwrap();
+                };
+                let order = muon_opt::plan::forward_order(&opt.plan().unwrap().buckets);
+                if opt.config().sharded() {
+                    sharded_iteration(opt, &order, &mut |opt, p| grad(opt, p));
+                } else {
+                    for &b in &order {
+                        opt.wait_params(b as u32).unwrap();
+                    }
+                    for p in (0..n).rev() {
+                        grad(opt, p);
+                    }
                 }
                 assert!(!opt.step(&ARGS).unwrap().skipped);
             }
@@ -215,9 +222,15 @@ impl Group {
     pub fn snapshot(&mut self) -> Snapshot {
         let per_rank = self.run(|_, opt| {
             let n = opt.registry().len();
+            opt.running().unwrap().synchronize().unwrap();
+            let params: Vec<Vec<f32>> = if opt.config().sharded() {
+                let order = muon_opt::plan::forward_order(&opt.plan().unwrap().buckets);
+                sharded_params(opt, &order, n)
+            } else {
+                let rt = opt.running().unwrap();
+                (0..n).map(|p| rt.param_values(p).unwrap()).collect()
+            };
             let rt = opt.running().unwrap();
-            rt.synchronize().unwrap();
-            let params: Vec<Vec<f32>> = (0..n).map(|p| rt.param_values(p).unwrap()).collect();
             (rt.steps().unwrap(), params, rt.owned_state().unwrap())
         });
         let steps = per_rank.iter().map(|r| r.0).collect();

@@ -98,10 +98,38 @@ pub fn backward(rt: &mut Runtime, rank: usize, step: u64, nan: bool) {
         if nan && rank == 0 && p == 0 {
             grad[0] = f32::NAN;
         }
-        let placement = &rt.plan().params[p];
-        let span = Span::new(Mem::Grad(placement.buffer), placement.offset, placement.numel);
+        let span = rt.grad_storage(p).unwrap();
         rt.backend_mut().upload(span, &grad).unwrap();
         rt.grad_ready(p as u32).unwrap();
+    }
+}
+
+/// With sharded params: the forward gathers every bucket in forward order (one ahead of the
+/// one in use) and releases it after its use; the backward gathers them again in reverse
+/// order, uploads each gradient into its slot (as [`backward`] computes it), announces it and
+/// releases the bucket.
+pub fn sharded_backward(rt: &mut Runtime, rank: usize, step: u64) {
+    let order = muon_opt::plan::forward_order(&rt.plan().buckets);
+    for (i, &b) in order.iter().enumerate() {
+        if let Some(&next) = order.get(i + 1) {
+            rt.gather_params(next as u32).unwrap();
+        }
+        rt.wait_params(b as u32).unwrap();
+        rt.release_params(b as u32).unwrap();
+    }
+    for (i, &b) in order.iter().enumerate().rev() {
+        if i > 0 {
+            rt.gather_params(order[i - 1] as u32).unwrap();
+        }
+        rt.wait_params(b as u32).unwrap();
+        for p in rt.plan().buckets[b].params.clone() {
+            let seen = rt.param_values(p as usize).unwrap();
+            let grad = rank_grad(step, rank, p as usize, &seen);
+            let span = rt.grad_storage(p as usize).unwrap();
+            rt.backend_mut().upload(span, &grad).unwrap();
+            rt.grad_ready(p).unwrap();
+        }
+        rt.release_params(b as u32).unwrap();
     }
 }
 

@@ -175,44 +175,103 @@ fn run_rank(
     }
     opt.finalize().unwrap();
     let mut out = Vec::new();
+    let order = muon_opt::plan::forward_order(&opt.plan().unwrap().buckets);
     for step in 0..steps {
         opt.zero_grad().unwrap();
-        let num_buckets = opt.plan().unwrap().buckets.len() as u32;
-        for b in 0..num_buckets {
-            opt.wait_params(b).unwrap();
-        }
-        for p in (0..specs.len()).rev() {
-            let seen = opt.running().unwrap().param_values(p).unwrap();
-            let grad = if dp == 1 && data.emulated_dp > 1 {
-                // The ranks' gradients are summed in rank order; the optimizer scales the
-                // sum by clip_coef / dp in one multiply, which is this multiply at clip 1.
-                let scale = 1.0 / data.emulated_dp as f32;
-                let mut sum = vec![0.0f32; seen.len()];
-                for r in 0..data.emulated_dp {
-                    for (s, g) in sum.iter_mut().zip(rank_grad(step, r, p, &seen)) {
-                        *s += g;
-                    }
-                }
-                sum.iter().map(|s| s * scale).collect()
-            } else {
-                rank_grad(step, rank, p, &seen)
-            };
-            let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
-            // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
-            unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
+        let grads = |opt: &mut Optimizer, p: usize| {
+            write_grad(opt, step, rank, p, (dp, data));
             if data.grad_ready {
                 opt.grad_ready(p as u32).unwrap();
             }
-        }
-        let info = opt.step(&args(step)).unwrap();
-        assert!(!info.skipped);
-        for b in 0..num_buckets {
-            opt.wait_params(b).unwrap();
-        }
-        let params = (0..specs.len())
-            .map(|p| opt.running().unwrap().param_values(p).unwrap())
-            .collect();
+        };
+        let params = if opt.config().sharded() {
+            sharded_iteration(opt, &order, &mut |opt, p| grads(opt, p));
+            let info = opt.step(&args(step)).unwrap();
+            assert!(!info.skipped);
+            sharded_params(opt, &order, specs.len())
+        } else {
+            for &b in &order {
+                opt.wait_params(b as u32).unwrap();
+            }
+            for p in (0..specs.len()).rev() {
+                grads(opt, p);
+            }
+            let info = opt.step(&args(step)).unwrap();
+            assert!(!info.skipped);
+            for &b in &order {
+                opt.wait_params(b as u32).unwrap();
+            }
+            (0..specs.len())
+                .map(|p| opt.running().unwrap().param_values(p).unwrap())
+                .collect()
+        };
         out.push((params, opt.running().unwrap().owned_state().unwrap()));
     }
     out
+}
+
+/// Writes rank `rank`'s gradient of param `p` at `step` (from the values of p it sees) into
+/// p's gradient storage.
+fn write_grad(opt: &mut Optimizer, step: u64, rank: usize, p: usize, (dp, data): (usize, Data)) {
+    let seen = opt.running().unwrap().param_values(p).unwrap();
+    let grad = if dp == 1 && data.emulated_dp > 1 {
+        // The ranks' gradients are summed in rank order; the optimizer scales the
+        // sum by clip_coef / dp in one multiply, which is this multiply at clip 1.
+        let scale = 1.0 / data.emulated_dp as f32;
+        let mut sum = vec![0.0f32; seen.len()];
+        for r in 0..data.emulated_dp {
+            for (s, g) in sum.iter_mut().zip(rank_grad(step, r, p, &seen)) {
+                *s += g;
+            }
+        }
+        sum.iter().map(|s| s * scale).collect()
+    } else {
+        rank_grad(step, rank, p, &seen)
+    };
+    let ptr = opt.running().unwrap().address(p, true).cast::<f32>();
+    // SAFETY: the grad view of param p holds numel f32 values (grad_dtype f32).
+    unsafe { std::slice::from_raw_parts_mut(ptr, grad.len()) }.copy_from_slice(&grad);
+}
+
+/// One forward and backward with sharded params, as a framework with FSDP-style hooks runs it:
+/// the forward gathers the buckets in `order` (`param_prefetch_buckets` ahead of the one in
+/// use) and releases each after its use when `reshard_after_forward`; the backward gathers
+/// them again in reverse order (those still gathered are left), calls `grads(opt, p)` for
+/// each param of a bucket and releases it.
+pub fn sharded_iteration(opt: &mut Optimizer, order: &[usize], grads: &mut dyn FnMut(&mut Optimizer, usize)) {
+    let ahead = opt.config().param_prefetch_buckets as usize;
+    let reshard = opt.config().reshard_after_forward;
+    for (i, &b) in order.iter().enumerate() {
+        for &next in order.iter().skip(i + 1).take(ahead) {
+            opt.gather_params(next as u32).unwrap();
+        }
+        opt.wait_params(b as u32).unwrap();
+        if reshard {
+            opt.release_params(b as u32).unwrap();
+        }
+    }
+    for (i, &b) in order.iter().enumerate().rev() {
+        for &next in order[..i].iter().rev().take(ahead) {
+            opt.gather_params(next as u32).unwrap();
+        }
+        opt.wait_params(b as u32).unwrap();
+        let params = opt.plan().unwrap().buckets[b].params.clone();
+        for &p in params.iter().rev() {
+            grads(opt, p as usize);
+        }
+        opt.release_params(b as u32).unwrap();
+    }
+}
+
+/// Every param as this rank sees it, each bucket gathered for the reading and released.
+pub fn sharded_params(opt: &mut Optimizer, order: &[usize], params: usize) -> Vec<Vec<f32>> {
+    let mut values = vec![Vec::new(); params];
+    for &b in order {
+        opt.wait_params(b as u32).unwrap();
+        for &p in &opt.plan().unwrap().buckets[b].params.clone() {
+            values[p as usize] = opt.running().unwrap().param_values(p as usize).unwrap();
+        }
+        opt.release_params(b as u32).unwrap();
+    }
+    values
 }

@@ -620,8 +620,17 @@ class Optimizer(_Owner):
         lib().muon_optimizer_zero_grad(self._handle)
 
     def wait_params(self, bucket):
-        """Forward pre-hook: before the first use of a param of ``bucket``."""
+        """Forward pre-hook: before the first use of a param of ``bucket`` (with sharded params
+        it gathers the bucket first unless it is gathered)."""
         lib().muon_optimizer_wait_params(self._handle, bucket)
+
+    def gather_params(self, bucket):
+        """Sharded params: issue the gather of ``bucket`` ahead of its use (prefetch)."""
+        lib().muon_optimizer_gather_params(self._handle, bucket)
+
+    def release_params(self, bucket):
+        """Sharded params: end ``bucket``'s gathered window after its last use."""
+        lib().muon_optimizer_release_params(self._handle, bucket)
 
     def grad_ready(self, param_id):
         """Backward hook: the param's gradient is complete for this iteration."""

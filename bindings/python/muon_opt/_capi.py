@@ -363,6 +363,8 @@ PROTOTYPES = {
     "muon_config_validate": (muon_status_t, [POINTER(muon_config_t)]),
     "muon_optimizer_zero_grad": (muon_status_t, [_opt]),
     "muon_optimizer_wait_params": (muon_status_t, [_opt, c_uint32]),
+    "muon_optimizer_gather_params": (muon_status_t, [_opt, c_uint32]),
+    "muon_optimizer_release_params": (muon_status_t, [_opt, c_uint32]),
     "muon_optimizer_grad_ready": (muon_status_t, [_opt, c_uint32]),
     "muon_optimizer_step": (muon_status_t, [_opt, POINTER(muon_step_args_t), POINTER(muon_step_info_t)]),
     "muon_optimizer_step_info": (muon_status_t, [_opt, POINTER(muon_step_info_t)]),

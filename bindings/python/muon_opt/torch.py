@@ -134,6 +134,7 @@ from pathlib import Path
 import torch
 
 from . import Dtype, MuonVariant, NsMethod, Optimizer, Ownership, ParamFlag, ParamSharding, QkClip, QkKind, Route
+from ._window import Window
 from . import _torch_groups as _groups
 from . import _torch_state as _state
 from ._qk_layout import check_maxima_count, expected_rows
@@ -251,10 +252,11 @@ class Muon(torch.optim.Optimizer):
     ``muon_extra_scale_factor`` 0.2, Moonlight's convention); ``ns_method``: ``"standard"`` or
     ``"gram"``, in place of the config's ``muon_ns_method``; ``ownership``: ``"auto"``,
     ``"balanced"`` or ``"contiguous"``, in place of its ``muon_ownership``; ``variant``:
-    ``"standard"``, ``"normuon"`` or ``"adamuon"``, in place of its ``muon_variant``; ``param_sharding``:
-    ``"replicated"`` or ``"sharded"`` (ZeRO-3 style with whole-matrix owners: planned and
-    simulated, its iteration not implemented yet, so the optimizer refuses it with
-    ``Status.UNSUPPORTED``), with ``reshard_after_forward`` and ``param_prefetch_buckets``, in
+    ``"standard"``, ``"normuon"`` or ``"adamuon"``, in place of its ``muon_variant``;
+    ``param_sharding``: ``"replicated"`` or ``"sharded"`` (ZeRO-3 style with whole-matrix owners,
+    with FSDP2's module hooks: ``muon_opt._window``; a param exists only while its bucket is
+    gathered, so read params outside a forward with :meth:`named_param_values`), with
+    ``reshard_after_forward`` and ``param_prefetch_buckets``, in
     place of the config's fields of those names; ``cautious_weight_decay``: True decays a
     weight (Muon and AdamW) only where it and its update share a sign (microsoft/dion's
     ``cautious_wd``), in place of the config's field; ``momentum_dtype``: ``torch.float32`` or
@@ -408,7 +410,12 @@ class Muon(torch.optim.Optimizer):
             # Each group's momentum (= betas[0]) at the last step, to tell which a scheduler set.
             self._first_moments = _groups.first_moments(self.param_groups)
             self._opt.finalize()
-            self.views = [self._opt.param_view(i) for i in range(len(named))]
+            self._window = None
+            if config.param_sharding == ParamSharding.SHARDED:
+                self._window = Window(self._opt, config, self._opt.plan())
+                self.views = self._window.views(len(named))
+            else:
+                self.views = [self._opt.param_view(i) for i in range(len(named))]
             self._params = [p for _, p in named]
             self._pid_of = {id(p): pid for pid, p in enumerate(self._params)}
             self._grads = []
@@ -417,7 +424,9 @@ class Muon(torch.optim.Optimizer):
                 self._rebind(p, view)
                 self._grads.append(p.grad)
                 self._hooks.append(p.register_post_accumulate_grad_hook(lambda q, pid=ids[id(p)]: self._grad_hook(q, pid)))
-            for m in module.modules():
+            if self._window is not None:
+                self._hooks.extend(self._window.install(module, ids))
+            for m in module.modules() if self._window is None else ():
                 buckets = sorted({self.views[ids[id(p)]].bucket for p in m.parameters(recurse=False)})
                 if buckets:
                     self._hooks.append(m.register_forward_pre_hook(lambda _m, _args, b=buckets: self._wait(b)))
@@ -507,13 +516,22 @@ class Muon(torch.optim.Optimizer):
     def _grad_hook(self, _p, pid):
         if not self._bound(pid):
             self._take_grad(pid)  # accumulated into a new tensor: the grad was None or replaced
-        if self._overlap and self._report_grads:
+        if self._window is not None:
+            self._window.grad_ready(pid)
+        elif self._overlap and self._report_grads:
             self._opt.grad_ready(pid)
             self._reported[pid] = self._grads[pid]._version
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside accumulate gradients without reporting them ready."""
+        """Backward passes inside accumulate gradients without reporting them ready (not with
+        sharded params, whose gradients exist only while their bucket is gathered: accumulate
+        micro-batches into one backward there)."""
+        if self._window is not None:
+            raise RuntimeError(
+                "no_sync: with param_sharding='sharded' each bucket's gradients are reduced to their owners "
+                "and released as its backward ends; accumulate micro-batches into one backward"
+            )
         previous, self._report_grads = self._report_grads, False
         try:
             yield
@@ -530,7 +548,10 @@ class Muon(torch.optim.Optimizer):
 
     def _check_grads(self):
         """Every ``.grad`` is the library's buffer again before the step reads it; with
-        ``overlap_grad_reduce`` a grad reported ready must not have changed since."""
+        ``overlap_grad_reduce`` a grad reported ready must not have changed since. With sharded
+        params the gradients were reduced and released by the backward's hooks."""
+        if self._window is not None:
+            return
         for pid, name in enumerate(self.names):
             if pid in self._reported:
                 if not self._bound(pid):
@@ -566,6 +587,7 @@ class Muon(torch.optim.Optimizer):
         self._check_grads()
         self._request_qk_clips()
         info = self._opt.step(lr=1.0, weight_decay=1.0, adam_lr=1.0, adam_weight_decay=1.0, **overrides)
+        self._released_all()
         self._reported = {}
         self.last_info = info
         return loss if closure is not None else info
@@ -613,8 +635,26 @@ class Muon(torch.optim.Optimizer):
             self._pending_max_logits, self._max_logits = self._max_logits, {}
 
     def synchronize(self):
-        """Waits for every bucket's params (before reading params outside a forward)."""
+        """Waits for every bucket's params (before reading params outside a forward); with
+        sharded params, for the library's streams (the params exist only while gathered: read
+        them with :meth:`named_param_values`)."""
+        if self._window is not None:
+            self._opt.synchronize()
+            return
         self._wait(sorted({v.bucket for v in self.views}))
+
+    def named_param_values(self):
+        """Every param's values by name, as copies; with sharded params each bucket is gathered
+        for the copy and released (call it outside a forward and backward)."""
+        if self._window is None:
+            self.synchronize()
+            return {name: p.detach().clone() for name, p in zip(self.names, self._params)}
+        copies = self._window.read(lambda pid: self._params[pid].detach().clone())
+        return {self.names[pid]: copies[pid] for pid in range(len(self._params))}
+
+    def _released_all(self):
+        if self._window is not None:
+            self._window.released_all()
 
     def routes(self):
         """Parameter name -> :class:`muon_opt.Route`."""
@@ -679,6 +719,7 @@ class Muon(torch.optim.Optimizer):
         try:
             _state.write(scratch / "ckpt", state_dict["muon_opt"]["model"], tensors)
             self._opt.load(scratch / "ckpt")
+            self._released_all()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         for group, saved_group in zip(self.param_groups, groups):
@@ -691,6 +732,7 @@ class Muon(torch.optim.Optimizer):
     def load(self, directory):
         """Collective: the state of ``directory`` (any dp size); params re-synchronized."""
         self._opt.load(directory)
+        self._released_all()
 
     def close(self):
         """Removes every hook it installed (forward pre-hooks, grad hooks) and closes the library

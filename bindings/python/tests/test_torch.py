@@ -98,6 +98,70 @@ def train(comm, world, mode=mo.CommMode.EAGER, **options):
     return losses, params, routes
 
 
+SEQ = 6
+
+
+def make_transformer():
+    """A two-block causal transformer without biases or affine norms (so each module's params
+    lie in one bucket) and an untied output head; the same on every rank."""
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(WIDTH, 3 * WIDTH, bias=False)
+            self.proj = torch.nn.Linear(WIDTH, WIDTH, bias=False)
+            self.fc1 = torch.nn.Linear(WIDTH, 2 * WIDTH, bias=False)
+            self.fc2 = torch.nn.Linear(2 * WIDTH, WIDTH, bias=False)
+
+        def forward(self, h):
+            norm = torch.nn.functional.layer_norm
+            q, k, v = self.qkv(norm(h, (WIDTH,))).chunk(3, dim=-1)
+            attention = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + self.proj(attention)
+            return h + self.fc2(torch.relu(self.fc1(norm(h, (WIDTH,)))))
+
+    class TinyTransformer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+            self.blocks = torch.nn.ModuleList([Block(), Block()])
+            self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+
+        def forward(self, tokens):
+            h = self.embed(tokens)
+            for block in self.blocks:
+                h = block(h)
+            return self.head(h)
+
+    with _SEED_LOCK:
+        torch.manual_seed(1)
+        return TinyTransformer()
+
+
+def train_transformer(comm, world, **options):
+    """One rank of :func:`make_transformer`'s training: rank r takes its share of every batch
+    of sequences; returns the losses and the final params by name."""
+    model = make_transformer()
+    opt = Muon(model, comm, config(), lr=0.02, adam_lr=0.01, embedding_or_output=("head.weight",), **options)
+    share = BATCH // world
+    losses = []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(2000 + step)
+        tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+        targets = (tokens * 7 + 3) % VOCAB
+        mine = slice(comm.rank * share, (comm.rank + 1) * share)
+        opt.zero_grad()
+        logits = model(tokens[mine])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets[mine].reshape(-1))
+        loss.backward()
+        info = opt.step()
+        assert not info.skipped, info
+        losses.append(float(loss.detach()))
+    params = opt.named_param_values()
+    opt.close()
+    return losses, params
+
+
 def run_ranks(world, fn):
     results, errors = [None] * world, [None] * world
     with mo.HostGroup(world) as group:
@@ -380,17 +444,49 @@ class TorchAdapter(unittest.TestCase):
             one_gram_step("standard", momentum_dtype=torch.float16)
 
     def test_param_sharding_keywords_reach_the_config(self):
-        """``param_sharding="sharded"`` with its policy reaches muon_config_t, where finalize
-        refuses it as UNSUPPORTED (its iteration is not implemented yet), and a name that is no
-        mode is a ValueError."""
+        """``param_sharding="sharded"`` with its policy reaches the library's config (its plan
+        hash differs from replicated's), and a name that is no mode is a ValueError."""
         with mo.HostGroup(1) as group:
-            with self.assertRaises(mo.MuonError) as caught:
-                Muon(gram_model(), group[0], param_sharding="sharded", reshard_after_forward=False, param_prefetch_buckets=2)
-            self.assertEqual(caught.exception.status, mo.Status.UNSUPPORTED)
-            self.assertIn("param_sharding = sharded", str(caught.exception))
+            opt = Muon(gram_model(), group[0], param_sharding="sharded", reshard_after_forward=False, param_prefetch_buckets=2)
+            self.assertEqual(opt.config.param_sharding, mo.ParamSharding.SHARDED)
+            self.assertEqual((opt.config.reshard_after_forward, opt.config.param_prefetch_buckets), (0, 2))
+            sharded_hash = opt._opt.plan()["hash"]
+            opt.close()
             with self.assertRaises(ValueError):
                 Muon(gram_model(), group[0], param_sharding="zero3")
-            Muon(gram_model(), group[0], param_sharding="replicated", param_prefetch_buckets=4).close()
+        with mo.HostGroup(1) as group:  # the closed optimizer's views keep its claim on the first
+            opt = Muon(gram_model(), group[0], param_sharding="replicated", param_prefetch_buckets=4)
+            self.assertNotEqual(opt._opt.plan()["hash"], sharded_hash)
+            opt.close()
+
+    def test_a_small_transformer_trains_sharded_with_the_losses_of_replicated(self):
+        """A two-block transformer at two ranks with sharded params — FSDP2's hooks: gather
+        before each module's forward and backward, release after, prefetch one bucket — gives
+        the losses and params of replicated params bit for bit, with and without
+        ``reshard_after_forward``; a param read outside its gathered bucket is refused."""
+        replicated = run_ranks(2, lambda comm, world: train_transformer(comm, world))
+        for reshard in (True, False):
+            sharded = run_ranks(
+                2,
+                lambda comm, world: train_transformer(
+                    comm, world, param_sharding="sharded", reshard_after_forward=reshard, param_prefetch_buckets=1
+                ),
+            )
+            for (losses_r, params_r), (losses_s, params_s) in zip(replicated, sharded):
+                self.assertEqual(losses_s, losses_r, f"reshard_after_forward={reshard}")
+                self.assertLess(losses_s[-1], losses_s[0], "the loss falls")
+                for name in params_r:
+                    self.assertTrue(torch.equal(params_s[name], params_r[name]), f"{name} reshard={reshard}")
+        with mo.HostGroup(1) as group:
+            opt = Muon(make_transformer(), group[0], config(), param_sharding="sharded", embedding_or_output=("head.weight",))
+            with self.assertRaises(mo.MuonError) as caught:
+                opt._opt.param_view(0)
+            self.assertEqual(caught.exception.status, mo.Status.INVALID_STATE)
+            self.assertIn("'embed.weight' is in bucket", str(caught.exception))
+            with self.assertRaises(RuntimeError):
+                with opt.no_sync():
+                    pass
+            opt.close()
 
     def test_a_custom_coefficient_table_reaches_the_optimizer(self):
         """A config's custom table goes through the adapter (whose ``ns_method`` keyword

@@ -198,6 +198,7 @@ impl Translator {
                 }])
             }
             Op::Cast { src, dst } => self.cast(*src, *dst),
+            &Op::Copy { stream, src, dst } => self.copy(stream, src, dst),
             Op::AttachInit {
                 param,
                 dtype,

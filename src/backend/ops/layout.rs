@@ -86,6 +86,9 @@ pub struct BufferSizes {
     pub numel: u64,
     /// Elements of the param storage (fewer when buckets of staged params need none).
     pub param_numel: u64,
+    /// Elements of [`super::Mem::OwnedParam`] and [`super::Mem::OwnedGrad`] of the buffer (0
+    /// unless params are sharded).
+    pub owned_numel: u64,
     pub dtype: Dtype,
 }
 
@@ -95,6 +98,7 @@ impl BufferSizes {
         BufferSizes {
             numel,
             param_numel: numel,
+            owned_numel: 0,
             dtype,
         }
     }

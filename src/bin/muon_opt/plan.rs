@@ -109,7 +109,7 @@ fn plan_device_bytes(
     let mut sharded = 0;
     let bytes = &plan.report.sharding.sharded;
     for rank in 0..plan.dp as usize {
-        let device = rank_device_bytes(plan, params, cfg, rank)?;
+        let device = rank_device_bytes(plan, params, &cfg.replicated(), rank)?;
         let own = bytes.params[rank] + bytes.grads[rank] + bytes.working_set;
         sharded = sharded.max(device.total - device.params - device.grads + own);
         if device.total > replicated.total {

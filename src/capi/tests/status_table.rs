@@ -353,6 +353,48 @@ fn table() -> Vec<Row> {
             |o| muon_optimizer_wait_params(o, 99)
         ),
         row!(
+            "muon_optimizer_gather_params",
+            "NULL opt",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_gather_params(o, 0)
+        ),
+        row!(
+            "muon_optimizer_gather_params",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_gather_params(o, 0)
+        ),
+        row!(
+            "muon_optimizer_gather_params",
+            "unknown bucket",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizer_gather_params(o, 99)
+        ),
+        row!(
+            "muon_optimizer_release_params",
+            "NULL opt",
+            None,
+            MUON_STATUS_NULL_ARGUMENT,
+            |o| muon_optimizer_release_params(o, 0)
+        ),
+        row!(
+            "muon_optimizer_release_params",
+            "before finalize",
+            Registering,
+            MUON_STATUS_INVALID_STATE,
+            |o| muon_optimizer_release_params(o, 0)
+        ),
+        row!(
+            "muon_optimizer_release_params",
+            "unknown bucket",
+            Finalized,
+            MUON_STATUS_INVALID_ARGUMENT,
+            |o| muon_optimizer_release_params(o, 99)
+        ),
+        row!(
             "muon_optimizer_grad_ready",
             "before finalize",
             Registering,

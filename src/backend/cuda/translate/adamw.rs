@@ -1,4 +1,5 @@
-//! AdamW (`kernels/adamw.cu`) and the casts between storage types (`kernels/cast.cu`).
+//! AdamW (`kernels/adamw.cu`), the casts between storage types (`kernels/cast.cu`) and the
+//! plain copies.
 
 use super::{Translator, launch};
 use crate::backend::cuda::action::{Action, Arg, Kernel};
@@ -40,6 +41,22 @@ impl Translator {
                 Arg::I32(i32::from(self.muon.cautious_weight_decay)),
             ],
         )])
+    }
+
+    pub(super) fn copy(&self, stream: StreamKind, src: Span, dst: Span) -> Result<Vec<Action>> {
+        let (s, d) = (self.resolve(src)?, self.resolve(dst)?);
+        if src.len != dst.len || src.mem == dst.mem || s.dtype != d.dtype {
+            bail!(
+                Internal,
+                "copy {src:?} -> {dst:?}: lengths or dtypes differ, or spans share memory"
+            );
+        }
+        Ok(vec![Action::CopyDevice {
+            dst: d.ptr,
+            src: s.ptr,
+            bytes: s.bytes(),
+            stream,
+        }])
     }
 
     pub(super) fn cast(&self, src: Span, dst: Span) -> Result<Vec<Action>> {

@@ -98,8 +98,8 @@ impl Translator {
         let layout = self.layout()?;
         let (mem, dtype) = match span.mem {
             Mem::Staging(i) => (Mem::Grad(i), Dtype::Bf16),
-            Mem::Grad(_) => (span.mem, layout.grad_dtype),
-            Mem::Param(i) => match layout.buffers.get(i as usize) {
+            Mem::Grad(_) | Mem::OwnedGrad(_) => (span.mem, layout.grad_dtype),
+            Mem::Param(i) | Mem::OwnedParam(i) => match layout.buffers.get(i as usize) {
                 Some(sizes) => (span.mem, sizes.dtype),
                 None => bail!(Internal, "{:?} is not allocated", span.mem),
             },
@@ -144,6 +144,16 @@ impl Translator {
         for (i, b) in layout.buffers.iter().enumerate() {
             alloc(Buf::Mem(Mem::Param(i as u32)), b.param_numel * b.dtype.size() as u64);
             alloc(Buf::Mem(Mem::Grad(i as u32)), b.numel * layout.grad_dtype.size() as u64);
+            if b.owned_numel > 0 {
+                alloc(
+                    Buf::Mem(Mem::OwnedParam(i as u32)),
+                    b.owned_numel * b.dtype.size() as u64,
+                );
+                alloc(
+                    Buf::Mem(Mem::OwnedGrad(i as u32)),
+                    b.owned_numel * layout.grad_dtype.size() as u64,
+                );
+            }
         }
         alloc(Buf::Mem(Mem::Master), layout.master * 4);
         alloc(

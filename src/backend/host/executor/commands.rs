@@ -26,6 +26,7 @@ impl HostBackend {
             Op::Upload { dst, bits } => self.run_upload(*dst, bits),
             &Op::MemsetZero { stream, span } => self.run_memset_zero(stream, span),
             &Op::Cast { src, dst } => self.run_cast(src, dst),
+            &Op::Copy { stream, src, dst } => self.run_copy(stream, src, dst),
             Op::AttachInit {
                 param,
                 dtype,
@@ -60,6 +61,13 @@ impl HostBackend {
         for (i, b) in layout.buffers.iter().enumerate() {
             mems.insert(Mem::Param(i as u32), Storage::new(b.param_numel, b.dtype)?);
             mems.insert(Mem::Grad(i as u32), Storage::new(b.numel, layout.grad_dtype)?);
+            if b.owned_numel > 0 {
+                mems.insert(Mem::OwnedParam(i as u32), Storage::new(b.owned_numel, b.dtype)?);
+                mems.insert(
+                    Mem::OwnedGrad(i as u32),
+                    Storage::new(b.owned_numel, layout.grad_dtype)?,
+                );
+            }
         }
         mems.insert(Mem::Master, Storage::new(layout.master, Dtype::F32)?);
         mems.insert(Mem::Momentum, Storage::new(layout.momentum, layout.momentum_dtype)?);
@@ -116,6 +124,27 @@ impl HostBackend {
         let run = move || {
             // SAFETY: bounds checked by `region`; live and ordered by events (field order).
             unsafe { std::ptr::write_bytes(region.as_ptr(), 0, bytes) };
+            Ok(())
+        };
+        match stream {
+            StreamKind::Compute => run(),
+            StreamKind::Comm => self.stream.enqueue(run),
+        }
+    }
+
+    fn run_copy(&mut self, stream: StreamKind, src: Span, dst: Span) -> Result<()> {
+        let (from, to) = (self.region(src)?, self.region(dst)?);
+        if src.len != dst.len || src.mem == dst.mem || from.dtype() != to.dtype() {
+            bail!(
+                Internal,
+                "copy {src:?} -> {dst:?}: lengths or dtypes differ, or spans share memory"
+            );
+        }
+        let bytes = from.len() * from.dtype().size();
+        let run = move || {
+            // SAFETY: bounds checked by `region`, distinct allocations; live and ordered by
+            // events (field order).
+            unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), to.as_ptr(), bytes) };
             Ok(())
         };
         match stream {

@@ -184,9 +184,9 @@ const SHARDED_TEXT: &str = "\n## Sharded params (`param_sharding = sharded`)\n\n
     in the backward, reduce-scatter of gradients). Beside it, the same Muon job with replicated\n\
     params, whose bytes do not fit the GPU. **GB / rank**: sharded, the library's allocations\n\
     with the param and gradient buffers replaced by what the rank owns and the peak working set\n\
-    (`muon-opt plan --param-sharding sharded` prints the same figure). Planned and simulated\n\
-    only: the library's runtime refuses `sharded` at finalize (`UNSUPPORTED`) until the sharded\n\
-    iteration is built (`docs/design.md` §4).\n\n";
+    (`muon-opt plan --param-sharding sharded` prints the same figure). The library runs the\n\
+    sharded iteration bitwise like replicated params (`docs/design.md` §4, \"Sharded params\"); the\n\
+    simulator prices its gathers on the replicated schedule.\n\n";
 
 const SHARDED_HEADER: &str = "| job | Muon replicated ms | Muon sharded ms | sharded / replicated − 1 | AdamW ZeRO-3 ms | Muon sharded / AdamW ZeRO-3 − 1 | GB / rank (replicated, sharded, AdamW ZeRO-3) | sharded fits |\n|---|---|---|---|---|---|---|---|\n";
 
