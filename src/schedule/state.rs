@@ -25,7 +25,7 @@ pub struct MuonSlot {
     pub moment2: (u64, u64),
     /// Its fp32 master: in `Mem::Master`, or the unit's range of an f32 param buffer.
     pub master: Span,
-    /// Its reduced gradient ([`kept_grad`]).
+    /// Its reduced gradient: in the grad buffer, or with sharded params in its owned storage.
     pub grad: Span,
 }
 
@@ -37,7 +37,7 @@ pub struct AdamwSlot {
     pub piece: ShardPiece,
     /// Its fp32 master: in `Mem::Master`, or the piece's range of an f32 param buffer.
     pub master: Span,
-    /// Its reduced gradient ([`kept_grad`]).
+    /// Its reduced gradient: in the grad buffer, or with sharded params in its owned storage.
     pub grad: Span,
     /// Offset in `Mem::ExpAvg` and `Mem::ExpAvgSq`.
     pub moments: u64,
