@@ -556,11 +556,6 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "param_sharding: sharded needs overlap_param_gather = 1",
         ),
         (
-            |c| (c.param_sharding, c.mxfp8_param_gather) = (MUON_PARAM_SHARDING_SHARDED, 1),
-            MUON_STATUS_INCOMPATIBLE_OPTIONS,
-            "param_sharding: sharded needs mxfp8_param_gather = 0",
-        ),
-        (
             |c| c.adaptive_muon_beta2 = 1.0,
             MUON_STATUS_OUT_OF_RANGE,
             "adaptive_muon_beta2: 1 is outside [0, 1)",
