@@ -192,6 +192,16 @@ fn llama3_70b_at_dp_64_fits_an_80_gb_gpu_sharded() {
     let sharded = plan["sharded_device_bytes"].as_u64().unwrap();
     assert!(replicated > 80_000_000_000, "{replicated}");
     assert!(sharded < 40_000_000_000, "{sharded}");
+    let gb = |bytes: u64| format!("{:.1} GB", bytes as f64 / 1e9);
+    support::docs::assert_quotes(
+        "README.md",
+        &[format!(
+            "{} allocated per rank sharded against {} replicated",
+            gb(sharded),
+            gb(replicated)
+        )],
+    );
+    support::docs::assert_quotes("docs/design.md", &[format!("{} allocated", gb(sharded))]);
     assert!(sharded > plan["device_bytes"]["masters"].as_u64().unwrap());
     let plans = build_plans(
         &preset("llama3-70b").unwrap(),
