@@ -53,15 +53,27 @@ fn sharded_is_refused_with_the_options_it_cannot_run_with() {
         ..Config::default()
     };
     sharded(gathered).validate().expect("sharded with MXFP8 gathered");
-    let cfg = Config {
+    let param_gather = Config {
         overlap_param_gather: false,
         ..Config::default()
     };
-    cfg.validate().expect("valid replicated");
-    let err = sharded(cfg).validate().unwrap_err();
-    assert_eq!(err.kind, ErrorKind::IncompatibleOptions, "{err}");
-    assert!(err.message.starts_with("param_sharding: sharded needs"), "{err}");
-    assert!(err.message.contains("overlap_param_gather"), "{err}");
+    let grad_reduce = Config {
+        overlap_grad_reduce: false,
+        ..Config::default()
+    };
+    for (cfg, field) in [
+        (param_gather, "overlap_param_gather"),
+        (grad_reduce, "overlap_grad_reduce"),
+    ] {
+        cfg.validate().expect("valid replicated");
+        let err = sharded(cfg).validate().unwrap_err();
+        assert_eq!(err.kind, ErrorKind::IncompatibleOptions, "{err}");
+        assert!(
+            err.message
+                .starts_with(&format!("param_sharding: sharded needs {field} = 1")),
+            "{err}"
+        );
+    }
 }
 
 /// Ranks that all ask for sharded finalize; a rank asking for sharded beside a replicated one
