@@ -151,6 +151,10 @@ INSTANTIATE_TEST_SUITE_P(
             c.param_sharding = MUON_PARAM_SHARDING_SHARDED;
             c.overlap_param_gather = 0;
         }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
+        BadField{"param_sharding", [](muon_config_t &c) {
+            c.param_sharding = MUON_PARAM_SHARDING_SHARDED;
+            c.overlap_grad_reduce = 0;
+        }, MUON_STATUS_INCOMPATIBLE_OPTIONS},
         BadField{"muon_ownership", [](muon_config_t &c) {
             c.muon_layout = MUON_LAYOUT_PADDED;
             c.muon_ownership = MUON_OWNERSHIP_CONTIGUOUS;

@@ -597,6 +597,12 @@ impl Config {
                 "param_sharding: sharded needs overlap_param_gather = 1; overlap_param_gather = 0 makes step() return with every param gathered on every rank, which a sharded rank has no storage for (its buckets are gathered around their forward and backward use)"
             );
         }
+        if !self.overlap_grad_reduce {
+            bail!(
+                IncompatibleOptions,
+                "param_sharding: sharded needs overlap_grad_reduce = 1; overlap_grad_reduce = 0 reduces every bucket's gradients at the step, but a sharded rank's gradients live in the gather slots, which the backward's next buckets take over once a bucket is released"
+            );
+        }
         Ok(())
     }
 

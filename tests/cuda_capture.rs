@@ -194,3 +194,102 @@ fn the_captured_order_changes_no_bits() {
         assert!(run(true) == run(false), "{label}: joins changed the params");
     }
 }
+
+/// With sharded params: the forward gathers each bucket (one ahead), waits for it and releases
+/// it; the backward gathers them again in reverse order, writes each gradient into the slot in
+/// place, announces it and releases the bucket.
+fn sharded_pass(rt: &mut Runtime, rank: usize, step: u64) {
+    let order = muon_opt::plan::forward_order(&rt.plan().buckets);
+    for (i, &b) in order.iter().enumerate() {
+        if let Some(&next) = order.get(i + 1) {
+            rt.gather_params(next as u32).unwrap();
+        }
+        rt.wait_params(b as u32).unwrap();
+        rt.release_params(b as u32).unwrap();
+    }
+    for (i, &b) in order.iter().enumerate().rev() {
+        if i > 0 {
+            rt.gather_params(order[i - 1] as u32).unwrap();
+        }
+        rt.wait_params(b as u32).unwrap();
+        for p in rt.plan().buckets[b].params.clone() {
+            let n = rt.plan().params[p as usize].numel as usize;
+            let grad = rank_grad(step, rank, p as usize, &vec![0.5; n]);
+            let ptr = rt.address(p as usize, true).cast::<f32>();
+            // SAFETY: the host backend's f32 grad view of param p, in its gathered slot, holds n values.
+            unsafe { std::slice::from_raw_parts_mut(ptr, n) }.copy_from_slice(&grad);
+            rt.grad_ready(p).unwrap();
+        }
+        rt.release_params(b as u32).unwrap();
+    }
+}
+
+/// Sharded params (docs/design.md "Sharded params", CUDA-graph capture): the region `step(NULL);
+/// the forward's gathers, waits and releases; the backward's gathers, grad_ready and releases;
+/// join` translates to actions capture accepts, with collectives, and to the same operations
+/// at every iteration; on two ranks its params equal an eager run without joins bit for bit.
+#[test]
+fn a_sharded_iteration_is_capturable_and_replays_the_same_operations() {
+    let cfg = Config {
+        param_sharding: muon_opt::config::ParamSharding::Sharded,
+        ..configs().remove(0).1
+    };
+    let run = |join: bool, check: bool| -> Vec<Vec<u32>> {
+        let params = on_ranks(HostGroup::new(2, TIMEOUT), |rank, comm| {
+            let dp = comm.size();
+            let dry = Arc::new(Mutex::new(DryRun::new(rank, dp, MuonOptions::from_config(&cfg))));
+            let comm = Communicator::new(Transport::Host(comm));
+            let host = HostBackend::new(comm, CommMode::Lazy, MuonOptions::from_config(&cfg)).unwrap();
+            let mut rt = runtime(
+                &cfg,
+                &cuda_model(),
+                rank,
+                dp,
+                Box::new(Recording::new(host, dry.clone())),
+            );
+            rt.set_step_args(&ARGS).unwrap();
+            sharded_pass(&mut rt, rank, 0);
+            rt.join().unwrap();
+            let mut regions = Vec::new();
+            for step in 1..=3 {
+                let mark = log_len(&dry);
+                rt.step(None).unwrap();
+                rt.zero_grad().unwrap();
+                sharded_pass(&mut rt, rank, step);
+                if join {
+                    rt.join().unwrap();
+                }
+                let (ops, actions) = since(&dry, mark);
+                if check {
+                    let checked: Result<()> = check_capture(&actions);
+                    assert!(checked.is_ok(), "rank {rank}, step {step}: {}", checked.unwrap_err());
+                    assert!(
+                        actions
+                            .iter()
+                            .any(|a| matches!(a, muon_opt::backend::cuda::action::Action::Nccl(..)))
+                    );
+                }
+                regions.push(ops);
+            }
+            if check {
+                assert!(
+                    regions[0] == regions[1] && regions[1] == regions[2],
+                    "the region's operations change"
+                );
+            }
+            rt.step(None).unwrap();
+            let order = muon_opt::plan::forward_order(&rt.plan().buckets);
+            let mut params = vec![Vec::new(); rt.plan().params.len()];
+            for b in order {
+                rt.wait_params(b as u32).unwrap();
+                for p in rt.plan().buckets[b].params.clone() {
+                    params[p as usize] = bits(&rt.param_values(p as usize).unwrap());
+                }
+                rt.release_params(b as u32).unwrap();
+            }
+            params
+        });
+        params.into_iter().next().unwrap()
+    };
+    assert!(run(true, true) == run(false, false), "joins changed the params");
+}

@@ -53,15 +53,27 @@ fn sharded_is_refused_with_the_options_it_cannot_run_with() {
         ..Config::default()
     };
     sharded(gathered).validate().expect("sharded with MXFP8 gathered");
-    let cfg = Config {
+    let param_gather = Config {
         overlap_param_gather: false,
         ..Config::default()
     };
-    cfg.validate().expect("valid replicated");
-    let err = sharded(cfg).validate().unwrap_err();
-    assert_eq!(err.kind, ErrorKind::IncompatibleOptions, "{err}");
-    assert!(err.message.starts_with("param_sharding: sharded needs"), "{err}");
-    assert!(err.message.contains("overlap_param_gather"), "{err}");
+    let grad_reduce = Config {
+        overlap_grad_reduce: false,
+        ..Config::default()
+    };
+    for (cfg, field) in [
+        (param_gather, "overlap_param_gather"),
+        (grad_reduce, "overlap_grad_reduce"),
+    ] {
+        cfg.validate().expect("valid replicated");
+        let err = sharded(cfg).validate().unwrap_err();
+        assert_eq!(err.kind, ErrorKind::IncompatibleOptions, "{err}");
+        assert!(
+            err.message
+                .starts_with(&format!("param_sharding: sharded needs {field} = 1")),
+            "{err}"
+        );
+    }
 }
 
 /// Ranks that all ask for sharded finalize; a rank asking for sharded beside a replicated one
@@ -192,6 +204,16 @@ fn llama3_70b_at_dp_64_fits_an_80_gb_gpu_sharded() {
     let sharded = plan["sharded_device_bytes"].as_u64().unwrap();
     assert!(replicated > 80_000_000_000, "{replicated}");
     assert!(sharded < 40_000_000_000, "{sharded}");
+    let gb = |bytes: u64| format!("{:.1} GB", bytes as f64 / 1e9);
+    support::docs::assert_quotes(
+        "README.md",
+        &[format!(
+            "{} allocated per rank sharded against {} replicated",
+            gb(sharded),
+            gb(replicated)
+        )],
+    );
+    support::docs::assert_quotes("docs/design.md", &[format!("{} allocated", gb(sharded))]);
     assert!(sharded > plan["device_bytes"]["masters"].as_u64().unwrap());
     let plans = build_plans(
         &preset("llama3-70b").unwrap(),

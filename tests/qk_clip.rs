@@ -211,35 +211,67 @@ fn iterate_with(
     clip: Option<(Vec<QkClipRequest>, f32, f32)>,
 ) {
     rt.zero_grad().unwrap();
-    let buckets = rt.plan().buckets.len() as u32;
-    for b in 0..buckets {
-        rt.wait_params(b).unwrap();
+    let sharded = rt.config().sharded();
+    let order = muon_opt::plan::forward_order(&rt.plan().buckets);
+    for &b in &order {
+        rt.wait_params(b as u32).unwrap();
+        if sharded {
+            rt.release_params(b as u32).unwrap();
+        }
     }
-    for p in (0..rt.plan().params.len()).rev() {
-        let seen = rt.param_values(p).unwrap();
-        let grad = if rt.plan().dp == 1 && emulated_dp > 1 {
-            let mut sum = vec![0.0f32; seen.len()];
-            for r in 0..emulated_dp {
-                for (s, g) in sum.iter_mut().zip(rank_grad(step, r, p, &seen)) {
-                    *s += g;
-                }
-            }
-            sum.iter().map(|s| s * (1.0 / emulated_dp as f32)).collect()
-        } else {
-            rank_grad(step, rank, p, &seen)
-        };
-        let placement = &rt.plan().params[p];
-        let span = Span::new(Mem::Grad(placement.buffer), placement.offset, placement.numel);
-        rt.backend_mut().upload(span, &grad).unwrap();
-        rt.grad_ready(p as u32).unwrap();
+    // The backward bucket by bucket (gathered again and released with sharded params).
+    for &b in order.iter().rev() {
+        rt.wait_params(b as u32).unwrap();
+        for p in rt.plan().buckets[b].params.clone() {
+            backward_param(rt, rank, step, emulated_dp, p as usize);
+        }
+        if sharded {
+            rt.release_params(b as u32).unwrap();
+        }
     }
     if let Some((requests, tau, alpha)) = clip {
         rt.request_qk_clip(&requests, tau, alpha).unwrap();
     }
     rt.step(Some(&ARGS)).unwrap();
-    for b in 0..buckets {
-        rt.wait_params(b).unwrap();
+    for &b in order.iter().take(usize::from(!sharded) * order.len()) {
+        rt.wait_params(b as u32).unwrap();
     }
+}
+
+/// Param `p`'s gradient (of `emulated_dp` ranks at dp 1) written and announced.
+fn backward_param(rt: &mut Runtime, rank: usize, step: u64, emulated_dp: usize, p: usize) {
+    let seen = rt.param_values(p).unwrap();
+    let grad = if rt.plan().dp == 1 && emulated_dp > 1 {
+        let mut sum = vec![0.0f32; seen.len()];
+        for r in 0..emulated_dp {
+            for (s, g) in sum.iter_mut().zip(rank_grad(step, r, p, &seen)) {
+                *s += g;
+            }
+        }
+        sum.iter().map(|s| s * (1.0 / emulated_dp as f32)).collect()
+    } else {
+        rank_grad(step, rank, p, &seen)
+    };
+    let span = rt.grad_storage(p).unwrap();
+    rt.backend_mut().upload(span, &grad).unwrap();
+    rt.grad_ready(p as u32).unwrap();
+}
+
+/// Every param's values as this rank sees them (each bucket gathered for the reading with
+/// sharded params).
+fn param_bits(rt: &mut Runtime) -> Vec<Vec<u32>> {
+    let sharded = rt.config().sharded();
+    let mut values = vec![Vec::new(); rt.plan().params.len()];
+    for b in muon_opt::plan::forward_order(&rt.plan().buckets) {
+        rt.wait_params(b as u32).unwrap();
+        for p in rt.plan().buckets[b].params.clone() {
+            values[p as usize] = bits(&rt.param_values(p as usize).unwrap());
+        }
+        if sharded {
+            rt.release_params(b as u32).unwrap();
+        }
+    }
+    values
 }
 
 fn host_runtimes(cfg: &Config, specs: &[ParamSpec], dp: usize) -> Vec<Runtime> {
@@ -264,8 +296,32 @@ fn run(cfg: &Config, specs: &[ParamSpec], dp: usize, steps: u64) -> Vec<Vec<Vec<
         for step in 0..steps {
             iterate(&mut rt, rank, step, 3, Some((10.0, 0.5)));
         }
-        (0..specs.len()).map(|p| bits(&rt.param_values(p).unwrap())).collect()
+        param_bits(&mut rt)
     })
+}
+
+/// With sharded params (every copy of a clipped matrix comes from the next gather of the
+/// owner's clipped master) three clipped steps give every rank the bits of replicated params,
+/// at dp 3, with the QKV stored as bf16 and as MXFP8.
+#[test]
+fn sharded_params_clip_bitwise_like_replicated() {
+    for mxfp8 in [false, true] {
+        let cfg = Config {
+            bucket_size: 2048,
+            host_comm_mode: CommMode::Eager,
+            muon_ns_precision: muon_opt::config::NsPrecision::F32,
+            ..Config::default()
+        };
+        let sharded = Config {
+            param_sharding: muon_opt::config::ParamSharding::Sharded,
+            ..cfg.clone()
+        };
+        let specs = attention_model(mxfp8);
+        assert!(
+            run(&sharded, &specs, 3, 3) == run(&cfg, &specs, 3, 3),
+            "MXFP8 {mxfp8}: sharded differs from replicated"
+        );
+    }
 }
 
 /// dp = 1 and dp = 3 (owners spread over the ranks) give every rank the same bits after three

@@ -158,3 +158,28 @@ fn checkpoints_resume_across_modes_and_dp() {
         }
     }
 }
+
+/// The global gradient clip (each owner's reduced gradients counted once) clips sharded runs
+/// as it clips replicated ones: bitwise at dp 2 and 3 with a threshold every step exceeds.
+#[test]
+fn the_global_clip_clips_sharded_runs_bitwise_like_replicated() {
+    for dp in [2usize, 3] {
+        let cfg = Config {
+            clip_grad: 1e-2,
+            ..config(MuonLayout::Compact, MuonOwnership::Auto, CommMode::Lazy)
+        };
+        let reference = train(&cfg, dp, Data::ranks(dp), STEPS);
+        let unclipped = train(
+            &Config {
+                clip_grad: 0.0,
+                ..cfg.clone()
+            },
+            dp,
+            Data::ranks(dp),
+            STEPS,
+        );
+        assert_ne!(reference[1].state, unclipped[1].state, "dp={dp}: the clip must act");
+        let run = train(&sharded(&cfg, true, 1), dp, Data::ranks(dp), STEPS);
+        assert_same(&reference, &run, &format!("dp={dp} clipped"));
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use muon_opt::backend::cuda::CallerStream;
 use muon_opt::comm::Communicator;
-use muon_opt::config::{Config, Dtype, NsPrecision};
+use muon_opt::config::{Config, Dtype, NsPrecision, ParamSharding};
 use muon_opt::error::{ErrorKind, Result};
 use muon_opt::model::{ParamFlags, ParamSpec};
 use muon_opt::optimizer::Optimizer;
@@ -86,13 +86,28 @@ fn comms() -> Comms {
     }
 }
 
-fn config(clip_grad: f32) -> Config {
+fn config(clip_grad: f32, sharded: bool) -> Config {
     Config {
         bucket_size: 512,
         clip_grad,
         muon_ns_precision: NsPrecision::F32,
+        param_sharding: if sharded {
+            ParamSharding::Sharded
+        } else {
+            ParamSharding::Replicated
+        },
         ..Config::default()
     }
+}
+
+/// The buckets of `opt` in the order a backward reaches them, each with its params.
+fn backward_buckets(opt: &Optimizer) -> Result<Vec<(u32, Vec<u32>)>> {
+    let buckets = &opt.plan()?.buckets;
+    Ok(muon_opt::plan::forward_order(buckets)
+        .into_iter()
+        .rev()
+        .map(|b| (b as u32, buckets[b].params.clone()))
+        .collect())
 }
 
 fn optimizer(
@@ -116,19 +131,37 @@ fn optimizer(
 /// Writes step `step`'s gradients (`nan` = (world rank, param name) of a NaN) and marks them.
 fn backward(opt: &mut Optimizer, specs: &[ParamSpec], step: usize, w: usize, nan: Option<(usize, &str)>) -> Result<()> {
     opt.zero_grad()?;
-    for p in (0..specs.len()).rev() {
-        let ptr = opt.running()?.address(p, true).cast::<f32>();
-        let n = specs[p].numel() as usize;
-        // SAFETY: the host backend's f32 grad view of param p holds n values.
-        let g = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
-        for (i, v) in g.iter_mut().enumerate() {
-            *v = grad(step, w, &specs[p].name, i);
+    // Bucket by bucket, each gathered for its gradients (and released) with sharded params.
+    for (b, params) in backward_buckets(opt)? {
+        opt.wait_params(b)?;
+        for p in params {
+            write_grad(opt, specs, step, w, nan, p as usize)?;
         }
-        if nan == Some((w, specs[p].name.as_str())) {
-            g[0] = f32::NAN;
-        }
-        opt.grad_ready(p as u32)?;
+        opt.release_params(b)?;
     }
+    Ok(())
+}
+
+/// Writes param `p`'s gradient of step `step` (NaN at `nan`) and marks it ready.
+fn write_grad(
+    opt: &mut Optimizer,
+    specs: &[ParamSpec],
+    step: usize,
+    w: usize,
+    nan: Option<(usize, &str)>,
+    p: usize,
+) -> Result<()> {
+    let ptr = opt.running()?.address(p, true).cast::<f32>();
+    let n = specs[p].numel() as usize;
+    // SAFETY: the host backend's f32 grad view of param p holds n values.
+    let g = unsafe { std::slice::from_raw_parts_mut(ptr, n) };
+    for (i, v) in g.iter_mut().enumerate() {
+        *v = grad(step, w, &specs[p].name, i);
+    }
+    if nan == Some((w, specs[p].name.as_str())) {
+        g[0] = f32::NAN;
+    }
+    opt.grad_ready(p as u32)?;
     Ok(())
 }
 
@@ -153,6 +186,8 @@ struct Run<'a> {
     steps: usize,
     clip_grad: f32,
     nan: Option<(usize, &'a str)>,
+    /// `param_sharding = sharded`.
+    sharded: bool,
     /// Save the pair into `<dir>/dense` and `<dir>/experts` after this many steps.
     save_after: Option<(usize, &'a Path)>,
     /// Load the pair from there first, and count steps from this number.
@@ -161,7 +196,7 @@ struct Run<'a> {
 
 fn run(setup: Run) -> Vec<Result<RankResult>> {
     let comms = comms();
-    let cfg = config(setup.clip_grad);
+    let cfg = config(setup.clip_grad, setup.sharded);
     on_ranks(0..WORLD, |_, w| -> Result<RankResult> {
         let (e, edp_rank) = expert_coordinates(w);
         let (world, expert) = (&comms.world[w], &comms.expert_data[e][edp_rank]);
@@ -225,6 +260,23 @@ fn squared_norms_by_hand(step: usize) -> (f64, f64) {
         })
         .sum();
     (dense / (WORLD * WORLD) as f64, expert / (EDP * EDP) as f64)
+}
+
+/// With sharded params both optimizers of the pair step bitwise as with replicated ones: the
+/// same norm, clip and step on every rank and the same params, over two clipped steps.
+#[test]
+fn sharded_params_step_the_pair_bitwise_like_replicated() {
+    let (dense, expert) = squared_norms_by_hand(0);
+    let clip_grad = ((dense + expert).sqrt() * 0.5) as f32;
+    let setup = Run {
+        steps: 2,
+        clip_grad,
+        ..Run::default()
+    };
+    let replicated = all_ok(run(setup));
+    let sharded = all_ok(run(Run { sharded: true, ..setup }));
+    assert!(replicated[0].dense.clip_coef < 1.0, "{replicated:?}");
+    assert_eq!(sharded, replicated);
 }
 
 #[test]
@@ -306,8 +358,8 @@ fn a_shared_step_refuses_mismatched_optimizers_and_changes_nothing() {
         let (world, expert) = (&comms.world[w], &comms.expert_data[e][edp_rank]);
         let (dense_norm, expert_norm) = (&comms.dense_norm[w], &comms.expert_norm[w]);
         let (dense_specs, expert_specs) = (dense_model(), expert_model(e));
-        let mut dense = optimizer(&config(1.0), world, dense_norm, &dense_specs)?;
-        let mut experts = optimizer(&config(2.0), expert, expert_norm, &expert_specs)?;
+        let mut dense = optimizer(&config(1.0, false), world, dense_norm, &dense_specs)?;
+        let mut experts = optimizer(&config(2.0, false), expert, expert_norm, &expert_specs)?;
         let before = values(&mut dense, &dense_specs)?;
         backward(&mut dense, &dense_specs, 0, w, None)?;
         backward(&mut experts, &expert_specs, 0, w, None)?;
@@ -342,16 +394,19 @@ type Resumed = (Vec<(String, Vec<u32>)>, StepInfo, StepInfo);
 /// Each param's value bits by name.
 fn named_values(opt: &mut Optimizer, specs: &[ParamSpec]) -> Result<Vec<(String, Vec<u32>)>> {
     opt.synchronize()?;
-    specs
-        .iter()
-        .enumerate()
-        .map(|(p, spec)| {
-            let ptr = opt.running()?.address(p, false).cast::<f32>();
-            // SAFETY: the host backend's f32 param view of param p.
-            let v = unsafe { std::slice::from_raw_parts(ptr, spec.numel() as usize) };
-            Ok((spec.name.clone(), v.iter().map(|x| x.to_bits()).collect()))
-        })
-        .collect()
+    let mut values = vec![Vec::new(); specs.len()];
+    // Each bucket gathered for the reading (and released) with sharded params.
+    for (b, params) in backward_buckets(opt)? {
+        opt.wait_params(b)?;
+        for p in params {
+            let ptr = opt.running()?.address(p as usize, false).cast::<f32>();
+            // SAFETY: the host backend's f32 param view of param p, gathered.
+            let v = unsafe { std::slice::from_raw_parts(ptr, specs[p as usize].numel() as usize) };
+            values[p as usize] = v.iter().map(|x| x.to_bits()).collect();
+        }
+        opt.release_params(b)?;
+    }
+    Ok(specs.iter().map(|s| s.name.clone()).zip(values).collect())
 }
 
 /// After 2 shared steps at EP 2 × EDP 2 (dense, `experts.0`, `experts.1` saved), the experts
@@ -376,7 +431,7 @@ fn expert_checkpoints_reload_at_another_expert_parallel_split() {
         let (e, edp_rank) = expert_coordinates(w);
         let (expert, norm) = (&comms.expert_data[e][edp_rank], &comms.expert_norm[w]);
         let specs = expert_model(e);
-        let mut opt = optimizer(&config(0.5), expert, norm, &specs)?;
+        let mut opt = optimizer(&config(0.5, false), expert, norm, &specs)?;
         opt.load(&expert_dirs[e])?;
         named_values(&mut opt, &specs)
     }) {
@@ -395,8 +450,8 @@ fn expert_checkpoints_reload_at_another_expert_parallel_split() {
             let (world, dense_norm, expert_norm) = (&world[w], &dense_norm[w], &expert_norm[w]);
             let (dirs, root) = (&expert_dirs, tmp.path());
             let (dense_specs, expert_specs) = (dense_model(), experts(e * 4 / ep..(e + 1) * 4 / ep));
-            let mut dense = optimizer(&config(0.5), world, dense_norm, &dense_specs)?;
-            let mut moe = optimizer(&config(0.5), comm, expert_norm, &expert_specs)?;
+            let mut dense = optimizer(&config(0.5, false), world, dense_norm, &dense_specs)?;
+            let mut moe = optimizer(&config(0.5, false), comm, expert_norm, &expert_specs)?;
             dense.load(&root.join("dense"))?;
             moe.load_union(&[dirs[0].as_path(), dirs[1].as_path()])?;
             let loaded = named_values(&mut moe, &expert_specs)?;
@@ -435,7 +490,7 @@ fn a_union_load_needs_each_param_in_exactly_one_checkpoint() {
         let (comm, norm) = (&comms[w], &norms[w]);
         let (experts0, experts1) = (&experts0, &experts1);
         let specs = experts(0..4);
-        let mut opt = optimizer(&config(0.5), comm, norm, &specs)?;
+        let mut opt = optimizer(&config(0.5, false), comm, norm, &specs)?;
         let before = named_values(&mut opt, &specs)?;
         let err = opt.load_union(&[experts0.as_path()]).unwrap_err();
         assert_eq!(err.kind, ErrorKind::CheckpointMismatch);

@@ -233,27 +233,45 @@ fn train(opt: &mut Optimizer, params: &Params, d: usize) -> Result<Vec<Vec<f32>>
         opt.add_param(spec.clone(), Some(muon_opt::init_data::InitData::from_f32(&init)))?;
     }
     opt.finalize()?;
+    // Bucket by bucket in the backward's order: each gathered (and released) with sharded params.
+    let buckets: Vec<(u32, Vec<u32>)> = {
+        let plan = opt.plan()?;
+        muon_opt::plan::forward_order(&plan.buckets)
+            .into_iter()
+            .rev()
+            .map(|b| (b as u32, plan.buckets[b].params.clone()))
+            .collect()
+    };
     for step in 0..STEPS {
         opt.zero_grad()?;
-        for (p, (_, map, logical)) in params.iter().enumerate().rev() {
-            let ptr = opt.running()?.address(p, true).cast::<f32>();
-            // SAFETY: the host backend's f32 grad view of param p holds map.len() values.
-            let g = unsafe { std::slice::from_raw_parts_mut(ptr, map.len()) };
-            for (v, &i) in g.iter_mut().zip(map) {
-                *v = value(logical, Some(step), d, i);
+        for (b, members) in &buckets {
+            opt.wait_params(*b)?;
+            for &p in members {
+                let (_, map, logical) = &params[p as usize];
+                let ptr = opt.running()?.address(p as usize, true).cast::<f32>();
+                // SAFETY: the host backend's f32 grad view of param p holds map.len() values.
+                let g = unsafe { std::slice::from_raw_parts_mut(ptr, map.len()) };
+                for (v, &i) in g.iter_mut().zip(map) {
+                    *v = value(logical, Some(step), d, i);
+                }
+                opt.grad_ready(p)?;
             }
-            opt.grad_ready(p as u32)?;
+            opt.release_params(*b)?;
         }
         opt.step(&ARGS)?;
     }
     opt.synchronize()?;
-    (0..params.len())
-        .map(|p| {
-            let ptr = opt.running()?.address(p, false).cast::<f32>();
-            // SAFETY: the host backend's f32 param view of param p.
-            Ok(unsafe { std::slice::from_raw_parts(ptr, params[p].1.len()) }.to_vec())
-        })
-        .collect()
+    let mut values = vec![Vec::new(); params.len()];
+    for (b, members) in &buckets {
+        opt.wait_params(*b)?;
+        for &p in members {
+            let ptr = opt.running()?.address(p as usize, false).cast::<f32>();
+            // SAFETY: the host backend's f32 param view of param p, gathered.
+            values[p as usize] = unsafe { std::slice::from_raw_parts(ptr, params[p as usize].1.len()) }.to_vec();
+        }
+        opt.release_params(*b)?;
+    }
+    Ok(values)
 }
 
 /// TP rank `t`'s params, flagged as TP shards.
@@ -385,6 +403,18 @@ fn duplicated_shards_train_bitwise_like_the_unsharded_model() {
     let duplicated = tp_run(TpMode::Duplicated, NsMethod::Standard);
     assert_ne!(bits(&duplicated[0]), bits(&initial), "the weights moved");
     assert_same_model(&duplicated, &reference_run(false, NsMethod::Standard));
+}
+
+/// Sharded params (`param_sharding = sharded`) at dp 2 × tp 2 in duplicated mode: each TP
+/// rank's data-parallel group keeps its owned shards and gathers the rest around their use,
+/// and the model trains bitwise like the unsharded, replicated one.
+#[test]
+fn sharded_params_with_duplicated_shards_train_bitwise_like_the_unsharded_model() {
+    let cfg = Config {
+        param_sharding: muon_opt::config::ParamSharding::Sharded,
+        ..config(TpMode::Duplicated)
+    };
+    assert_same_model(&tp_run_with(&cfg), &reference_run(false, NsMethod::Standard));
 }
 
 /// A bf16 momentum (`muon_momentum_dtype = bf16`) in duplicated mode: each TP rank rounds its

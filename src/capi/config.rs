@@ -244,7 +244,7 @@ pub struct muon_config_t {
     /// AdamW shards, and gathers each bucket into a bounded working set around its use, with
     /// muon_optimizer_gather_params, muon_optimizer_wait_params and
     /// muon_optimizer_release_params; docs/design.md "Sharded params"). Sharded trains bit for
-    /// bit like replicated. It needs overlap_param_gather = 1
+    /// bit like replicated. It needs overlap_param_gather = 1 and overlap_grad_reduce = 1
     /// (MUON_STATUS_INCOMPATIBLE_OPTIONS otherwise); MXFP8 params are gathered as bf16 into the
     /// working set and quantized there whatever mxfp8_param_gather says. Every rank must use
     /// the same value (finalize checks it). A caller compiled against an older header gets

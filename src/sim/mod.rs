@@ -28,6 +28,7 @@ use crate::error::Result;
 use crate::model::{ParamFlags, ParamSpec, Route};
 use crate::plan::presets::{Attention, ModelDesc, attention};
 use crate::plan::{Plan, build_plan};
+use crate::schedule::state::StateLayout;
 
 use crate::backend::ops::StreamKind;
 use cost::CostModel;
@@ -374,14 +375,11 @@ pub fn simulate(scenario: &Scenario) -> Result<Simulation> {
             },
         )?;
         let bytes = DeviceBytes::of(&recorded.allocations);
-        let own = &setup.optimizers[0].plan.report.sharding.sharded;
-        let rank_in_group = members[0].rank;
-        sharded_bytes = sharded_bytes.max(
-            bytes.total - bytes.params - bytes.grads
-                + own.params[rank_in_group]
-                + own.grads[rank_in_group]
-                + own.working_set,
-        );
+        // Sharded: the recorded allocations with the param and gradient buffers replaced by the
+        // library's sharded storage of the rank (owned ranges and gather window).
+        let first = &setup.optimizers[0];
+        let storage = StateLayout::new(&first.plan, &first.params, &first.cfg, members[0].rank).memory;
+        sharded_bytes = sharded_bytes.max(bytes.total - bytes.params - bytes.grads + storage.param_and_grad_bytes());
         if bytes.total > device_bytes.total {
             device_bytes = bytes;
         }

@@ -104,6 +104,21 @@ impl BufferSizes {
     }
 }
 
+impl MemoryLayout {
+    /// Bytes of the param and gradient storage: every buffer's param and grad allocations and,
+    /// with sharded params, its owned storage.
+    pub fn param_and_grad_bytes(&self) -> u64 {
+        let grad = self.grad_dtype.size() as u64;
+        self.buffers
+            .iter()
+            .map(|b| {
+                let size = b.dtype.size() as u64;
+                b.param_numel * size + b.numel * grad + b.owned_numel * (size + grad)
+            })
+            .sum()
+    }
+}
+
 /// Sizes of every allocation of a rank (elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryLayout {

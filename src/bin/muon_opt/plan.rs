@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use muon_opt::config::{Config, Network};
+use muon_opt::config::{Config, Network, ParamSharding};
 use muon_opt::plan::build_plans;
 use muon_opt::sim::cost::CostModel;
 use muon_opt::sim::device::rank_device_bytes;
@@ -93,8 +93,8 @@ pub fn parse_network(text: &str) -> Result<Network, String> {
 }
 
 /// A plan's device bytes: the rank needing the most as the cuda backend allocates replicated
-/// params, and the most any rank needs with sharded params: its allocations with the param and
-/// gradient buffers replaced by what it owns and the working set (the report's `sharding`).
+/// params, and the most any rank needs with sharded params (its owned storage and gather
+/// window, `src/schedule/window.rs`).
 struct PlanDeviceBytes {
     replicated: DeviceBytes,
     sharded: u64,
@@ -107,11 +107,13 @@ fn plan_device_bytes(
 ) -> muon_opt::error::Result<PlanDeviceBytes> {
     let mut replicated = DeviceBytes::default();
     let mut sharded = 0;
-    let bytes = &plan.report.sharding.sharded;
+    let sharded_cfg = Config {
+        param_sharding: ParamSharding::Sharded,
+        ..cfg.clone()
+    };
     for rank in 0..plan.dp as usize {
         let device = rank_device_bytes(plan, params, &cfg.replicated(), rank)?;
-        let own = bytes.params[rank] + bytes.grads[rank] + bytes.working_set;
-        sharded = sharded.max(device.total - device.params - device.grads + own);
+        sharded = sharded.max(rank_device_bytes(plan, params, &sharded_cfg, rank)?.total);
         if device.total > replicated.total {
             replicated = device;
         }

@@ -559,6 +559,11 @@ fn each_invalid_field_gets_its_status_and_names_the_field() {
             "param_sharding: sharded needs overlap_param_gather = 1",
         ),
         (
+            |c| (c.param_sharding, c.overlap_grad_reduce) = (MUON_PARAM_SHARDING_SHARDED, 0),
+            MUON_STATUS_INCOMPATIBLE_OPTIONS,
+            "param_sharding: sharded needs overlap_grad_reduce = 1",
+        ),
+        (
             |c| c.adaptive_muon_beta2 = 1.0,
             MUON_STATUS_OUT_OF_RANGE,
             "adaptive_muon_beta2: 1 is outside [0, 1)",

@@ -183,8 +183,8 @@ const SHARDED_TEXT: &str = "\n## Sharded params (`param_sharding = sharded`)\n\n
     Its AdamW baseline above is AdamW with ZeRO-3 (all-gather of params in the forward and again\n\
     in the backward, reduce-scatter of gradients). Beside it, the same Muon job with replicated\n\
     params, whose bytes do not fit the GPU. **GB / rank**: sharded, the library's allocations\n\
-    with the param and gradient buffers replaced by what the rank owns and the peak working set\n\
-    (`muon-opt plan --param-sharding sharded` prints the same figure). The library runs the\n\
+    with sharded params: its owned ranges and the gather window of its slots\n\
+    (`src/schedule/window.rs`; `muon-opt plan --param-sharding sharded` prints the same figure). The library runs the\n\
     sharded iteration bitwise like replicated params (`docs/design.md` §4, \"Sharded params\"); the\n\
     simulator prices its gathers on the replicated schedule.\n\n";
 
