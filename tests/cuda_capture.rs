@@ -21,7 +21,7 @@ use muon_opt::config::{CommMode, Config, Dtype, MuonLayout};
 use muon_opt::error::Result;
 use muon_opt::numerics::muon::MuonOptions;
 use muon_opt::schedule::Runtime;
-use support::cuda::{cuda_model, runtime};
+use support::cuda::{cuda_model, runtime, sharded_pass};
 use support::ranks::{TIMEOUT, on_ranks};
 use support::training::{ARGS, bits, rank_grad};
 
@@ -195,33 +195,16 @@ fn the_captured_order_changes_no_bits() {
     }
 }
 
-/// With sharded params: the forward gathers each bucket (one ahead), waits for it and releases
-/// it; the backward gathers them again in reverse order, writes each gradient into the slot in
-/// place, announces it and releases the bucket.
-fn sharded_pass(rt: &mut Runtime, rank: usize, step: u64) {
-    let order = muon_opt::plan::forward_order(&rt.plan().buckets);
-    for (i, &b) in order.iter().enumerate() {
-        if let Some(&next) = order.get(i + 1) {
-            rt.gather_params(next as u32).unwrap();
-        }
-        rt.wait_params(b as u32).unwrap();
-        rt.release_params(b as u32).unwrap();
-    }
-    for (i, &b) in order.iter().enumerate().rev() {
-        if i > 0 {
-            rt.gather_params(order[i - 1] as u32).unwrap();
-        }
-        rt.wait_params(b as u32).unwrap();
-        for p in rt.plan().buckets[b].params.clone() {
-            let n = rt.plan().params[p as usize].numel as usize;
-            let grad = rank_grad(step, rank, p as usize, &vec![0.5; n]);
-            let ptr = rt.address(p as usize, true).cast::<f32>();
-            // SAFETY: the host backend's f32 grad view of param p, in its gathered slot, holds n values.
-            unsafe { std::slice::from_raw_parts_mut(ptr, n) }.copy_from_slice(&grad);
-            rt.grad_ready(p).unwrap();
-        }
-        rt.release_params(b as u32).unwrap();
-    }
+/// [`sharded_pass`] writing each gradient into its slot in place, through the host backend's
+/// view.
+fn sharded_iteration(rt: &mut Runtime, rank: usize, step: u64) {
+    sharded_pass(rt, |rt, p| {
+        let n = rt.plan().params[p as usize].numel as usize;
+        let grad = rank_grad(step, rank, p as usize, &vec![0.5; n]);
+        let ptr = rt.address(p as usize, true).cast::<f32>();
+        // SAFETY: the host backend's f32 grad view of param p, in its gathered slot, holds n values.
+        unsafe { std::slice::from_raw_parts_mut(ptr, n) }.copy_from_slice(&grad);
+    });
 }
 
 /// Sharded params (docs/design.md "Sharded params", CUDA-graph capture): the region `step(NULL);
@@ -248,14 +231,14 @@ fn a_sharded_iteration_is_capturable_and_replays_the_same_operations() {
                 Box::new(Recording::new(host, dry.clone())),
             );
             rt.set_step_args(&ARGS).unwrap();
-            sharded_pass(&mut rt, rank, 0);
+            sharded_iteration(&mut rt, rank, 0);
             rt.join().unwrap();
             let mut regions = Vec::new();
             for step in 1..=3 {
                 let mark = log_len(&dry);
                 rt.step(None).unwrap();
                 rt.zero_grad().unwrap();
-                sharded_pass(&mut rt, rank, step);
+                sharded_iteration(&mut rt, rank, step);
                 if join {
                     rt.join().unwrap();
                 }

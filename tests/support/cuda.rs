@@ -106,9 +106,9 @@ pub fn backward(rt: &mut Runtime, rank: usize, step: u64, nan: bool) {
 
 /// With sharded params: the forward gathers every bucket in forward order (one ahead of the
 /// one in use) and releases it after its use; the backward gathers them again in reverse
-/// order, uploads each gradient into its slot (as [`backward`] computes it), announces it and
-/// releases the bucket.
-pub fn sharded_backward(rt: &mut Runtime, rank: usize, step: u64) {
+/// order, lets `write_grad(rt, param)` put each of the bucket's gradients into its slot,
+/// announces it and releases the bucket.
+pub fn sharded_pass(rt: &mut Runtime, mut write_grad: impl FnMut(&mut Runtime, u32)) {
     let order = muon_opt::plan::forward_order(&rt.plan().buckets);
     for (i, &b) in order.iter().enumerate() {
         if let Some(&next) = order.get(i + 1) {
@@ -123,14 +123,21 @@ pub fn sharded_backward(rt: &mut Runtime, rank: usize, step: u64) {
         }
         rt.wait_params(b as u32).unwrap();
         for p in rt.plan().buckets[b].params.clone() {
-            let seen = rt.param_values(p as usize).unwrap();
-            let grad = rank_grad(step, rank, p as usize, &seen);
-            let span = rt.grad_storage(p as usize).unwrap();
-            rt.backend_mut().upload(span, &grad).unwrap();
+            write_grad(rt, p);
             rt.grad_ready(p).unwrap();
         }
         rt.release_params(b as u32).unwrap();
     }
+}
+
+/// [`sharded_pass`] uploading each gradient into its slot as [`backward`] computes it.
+pub fn sharded_backward(rt: &mut Runtime, rank: usize, step: u64) {
+    sharded_pass(rt, |rt, p| {
+        let seen = rt.param_values(p as usize).unwrap();
+        let grad = rank_grad(step, rank, p as usize, &seen);
+        let span = rt.grad_storage(p as usize).unwrap();
+        rt.backend_mut().upload(span, &grad).unwrap();
+    });
 }
 
 /// One iteration: [`backward`], step, forward waits; what the step did.
