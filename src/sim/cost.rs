@@ -13,7 +13,7 @@
 //! - host↔device copies: a fixed latency plus bytes at PCIe bandwidth, and the host waits.
 
 use crate::backend::cuda::action::{
-    Action, Arg, Gemm, GemmInputs, Kernel, Launch, Matrices, NcclCall, NcclComm, NcclType,
+    Action, Arg, Gemm, GemmInputs, Kernel, Launch, Matrices, Moment2Layout, NcclCall, NcclComm, NcclType,
 };
 use crate::backend::ops::StreamKind;
 use crate::plan::network::{Network, Ring, RingCollective};
@@ -398,9 +398,9 @@ pub(crate) fn kernel_bytes(l: &Launch) -> u64 {
         // (src, dst, a, batch, m): the matrices read and written in f32
         Kernel::NsAddIdentity => arg_u64(a, 3) * arg_u64(a, 4) * arg_u64(a, 4) * 8,
         // (master, x, batch, rows, cols, t, x_ld, scalars, …, moment2_layout at 12, …): master
-        // read+write, x read; AdaMuon's element-wise second moment (layout 2) read+write too
+        // read+write, x read; AdaMuon's element-wise second moment read+write too
         Kernel::MuonApply => {
-            let adamuon = matches!(a.get(12), Some(Arg::I32(2)));
+            let adamuon = matches!(a.get(12), Some(&Arg::I32(l)) if l == Moment2Layout::Elements as i32);
             arg_u64(a, 2) * arg_u64(a, 3) * arg_u64(a, 4) * if adamuon { 20 } else { 12 }
         }
         // (x, sums, batch, lines, n, …): x read, one f64 sum per line written

@@ -72,6 +72,18 @@ pub enum Work {
     Assembled,
 }
 
+/// What one second-moment value of a matrix covers: `muon_apply`'s `moment2_layout` argument
+/// (`kernels/muon.cu`'s `MUON_MOMENT2_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment2Layout {
+    /// NorMuon, a line per column.
+    Columns = 0,
+    /// NorMuon, a line per row.
+    Rows = 1,
+    /// AdaMuon, every element.
+    Elements = 2,
+}
+
 /// A kernel of `kernels/*.cu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {

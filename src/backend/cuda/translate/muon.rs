@@ -4,7 +4,7 @@
 
 use super::newton_schulz::Sharding;
 use super::{MAX_BLOCKS, THREADS, Translator, launch, launch_tiled, to_u32};
-use crate::backend::cuda::action::{Action, Arg, DevPtr, Kernel, Launch, NcclCall, NcclType, Work};
+use crate::backend::cuda::action::{Action, Arg, DevPtr, Kernel, Launch, Moment2Layout, NcclCall, NcclType, Work};
 use crate::backend::cuda::translate::collectives::on_tp_comm;
 use crate::backend::ops::{MemoryLayout, MuonJob, MuonWork, StreamKind};
 use crate::bail;
@@ -20,17 +20,6 @@ struct Moment2Args {
     moment2: DevPtr,
     layout: Moment2Layout,
     ratio: DevPtr,
-}
-
-/// What one second-moment value of a matrix covers (`muon_apply`'s `moment2_layout`).
-#[derive(Clone, Copy)]
-enum Moment2Layout {
-    /// NorMuon, a line per column.
-    Columns = 0,
-    /// NorMuon, a line per row.
-    Rows = 1,
-    /// AdaMuon, every element.
-    Elements = 2,
 }
 
 /// Copies between a per-group split matrix in param row order (`param`) and in component order
